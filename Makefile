@@ -1,0 +1,23 @@
+# Two entry points: `make demo` (the main job on the embedded demo) and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test clean
+
+$(STAMP): requirements.txt pyproject.toml scripts/setup_env.sh
+	PY=$(PY) bash scripts/setup_env.sh $(VENV)
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VPY) scripts/demo.py
+
+test: $(STAMP)
+	$(VPY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build

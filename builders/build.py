@@ -1,0 +1,96 @@
+"""`python builders/build.py config.yaml [--set a.b=v ...] [--dry-run] [--force] [--only STAGE ...]`
+
+Validates the config (all errors at once, exit 2, nothing written), runs every stage's preflight checks (exit 2,
+nothing written), then runs the stages in order, skipping those whose inputs and config are unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from builders.config import BuildConfig, ConfigError, dump_resolved, load_config  # noqa: E402
+from builders.pipeline import Stage, StageError, run_stage  # noqa: E402
+
+EXIT_CONFIG = 2
+EXIT_STAGE = 1
+
+
+def select_stages(cfg: BuildConfig, only: list[str] | None) -> list[Stage]:
+    from builders.stages import stages_for
+
+    stages = stages_for(cfg)
+    if only:
+        names = [s.name for s in stages]
+        unknown = [o for o in only if o not in names]
+        if unknown:
+            raise ConfigError([f"--only {u}: no such stage; stages are {', '.join(names)}" for u in unknown])
+        stages = [s for s in stages if s.name in only]
+    return stages
+
+
+def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
+    build_dir = Path(cfg.output_dir)
+    lim = cfg.limits()
+    print(f"plan for {cfg.name!r} -> {build_dir}  (config hash {cfg.config_hash()})")
+    print(
+        f"  tree: max_draft_len={lim.max_draft_len} num_eagle_layers={lim.num_eagle_layers} "
+        f"max_non_leaves_per_layer={lim.max_non_leaves_per_layer} max_num_tokens={lim.max_num_tokens}"
+    )
+    for i, s in enumerate(stages, 1):
+        print(f"  [{i}] {s.name}: {s.description}")
+        for p in s.external_inputs(cfg):
+            print(f"      input   {p}")
+        for dep in s.depends_on:
+            print(f"      input   {build_dir / dep}/ (stage {dep})")
+        print(f"      output  {build_dir / s.name}/")
+        for o in s.plan_outputs(cfg):
+            print(f"              {o}")
+        for argv in s.plan_commands(cfg, build_dir):
+            print(f"      command {' '.join(argv)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="build.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("config", help="YAML build config (see configs/)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value, e.g. --set engine.max_batch_size=8 (repeatable)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan (stages, inputs, outputs, commands); write nothing")
+    ap.add_argument("--force", action="store_true", help="rerun stages even when unchanged")
+    ap.add_argument("--only", action="append", metavar="STAGE", help="run only these stages (repeatable)")
+    args = ap.parse_args(argv)
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        stages = select_stages(cfg, args.only)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.dry_run:
+        print_plan(cfg, stages)
+        return 0
+    problems = [f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)]
+    if problems:
+        print(f"error: {ConfigError(problems, args.config)}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    build_dir = Path(cfg.output_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "config.resolved.yaml").write_text(dump_resolved(cfg))
+    for s in stages:
+        print(f"[{s.name}] {s.description} ...", flush=True)
+        try:
+            out, ran = run_stage(s, cfg, build_dir, force=args.force)
+        except StageError as e:
+            print(f"error: [{s.name}] {e}", file=sys.stderr)
+            return EXIT_STAGE
+        print(f"[{s.name}] {'done' if ran else 'unchanged, skipped (use --force to redo)'}: {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

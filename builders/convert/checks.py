@@ -1,0 +1,129 @@
+"""Preflight for the convert stage: every problem with the target, the head and their fit, found BEFORE anything is
+written (build.py exits 2 with all of them). Reads configs and safetensors headers only (plus d2t/t2d, which are
+small); no tensor data of the target is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from builders.config import BuildConfig
+from builders.convert.eagle import check_head, head_bias
+from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
+from builders.convert.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
+from builders.convert.llama import check_parallel
+from builders.convert.weights import WeightFileError, WeightSource
+from builders.demo_model import ModelSourceError, resolve_target
+
+
+def expected_target_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor the Llama converter reads, with its shape."""
+    h, i, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h), "model.norm.weight": (h,)}
+    for n in range(spec.num_hidden_layers):
+        p = f"model.layers.{n}"
+        out.update({
+            f"{p}.input_layernorm.weight": (h,),
+            f"{p}.post_attention_layernorm.weight": (h,),
+            f"{p}.self_attn.q_proj.weight": (q, h),
+            f"{p}.self_attn.k_proj.weight": (kv, h),
+            f"{p}.self_attn.v_proj.weight": (kv, h),
+            f"{p}.self_attn.o_proj.weight": (h, q),
+            f"{p}.mlp.gate_proj.weight": (i, h),
+            f"{p}.mlp.up_proj.weight": (i, h),
+            f"{p}.mlp.down_proj.weight": (h, i),
+        })
+    if not spec.tie_word_embeddings:
+        out["lm_head.weight"] = (spec.vocab_size, h)
+    return out
+
+
+def tensor_problems(src: WeightSource, expected: dict[str, tuple[int, ...]], what: str) -> list[str]:
+    p = []
+    missing = [n for n in expected if n not in src]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        p.append(f"{what} {src.dir}: missing tensor(s) {', '.join(missing[:3])}{more}")
+    for n, shape in expected.items():
+        if n in src and src.info(n).shape != shape:
+            p.append(f"{what} {src.dir}: {n} has shape {src.info(n).shape}, config.json implies {shape}")
+    return p
+
+
+def _tokenizer_fingerprint(d: Path) -> Any:
+    """The vocabulary of a tokenizer.json (model vocab + added tokens), or None when the directory has none."""
+    f = d / "tokenizer.json"
+    if not f.is_file():
+        return None
+    data = json.loads(f.read_text())
+    added = sorted((t["id"], t["content"]) for t in data.get("added_tokens", []))
+    return data.get("model", {}).get("vocab"), added
+
+
+def tokenizer_problems(target_dir: Path, head_dir: Path | None) -> list[str]:
+    if not (target_dir / "tokenizer.json").is_file() and not (target_dir / "tokenizer.model").is_file():
+        return [f"target.model {target_dir}: no tokenizer.json or tokenizer.model; the target directory must include "
+                "its tokenizer (it is copied into the checkpoint)"]
+    if head_dir is None:
+        return []
+    head_tok = _tokenizer_fingerprint(head_dir)
+    if head_tok is not None and head_tok != _tokenizer_fingerprint(target_dir):
+        return [f"draft.model {head_dir}: its tokenizer.json differs from the target's ({target_dir}); the head was "
+                "trained for another tokenizer"]
+    return []
+
+
+def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
+    try:
+        hf = resolve_target(cfg.target.model)
+        spec = llama_spec(hf)
+    except (ModelSourceError, ModelConfigError) as e:
+        return None, None, [f"target.model: {e}"]
+    p = check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)
+    if cfg.parallel.pp > 1:
+        p.append(f"parallel.pp={cfg.parallel.pp}: EAGLE checkpoints are written with pp=1 (TensorRT-LLM's "
+                 "EagleForCausalLM has no pipeline parallelism); set parallel.pp=1")
+    try:
+        with WeightSource(hf) as src:
+            p += tensor_problems(src, expected_target_shapes(spec), "target.model")
+    except (WeightFileError, ModelConfigError) as e:
+        p.append(f"target.model: {e}")
+    return hf, spec, p
+
+
+def _eagle_checks(cfg: BuildConfig, target: LlamaSpec, head_dir: Path) -> list[str]:
+    try:
+        head = llama_spec(head_dir, require_arch=False)
+        with WeightSource(head_dir) as src:
+            p = check_head(head, target, src) + check_parallel(head, cfg.parallel.tp, 1)
+            head_bias(head_dir, src)
+    except (WeightFileError, ModelConfigError) as e:
+        return [f"draft.model: {e}"]
+    return p
+
+
+def _eagle3_checks(cfg: BuildConfig, target: LlamaSpec, head_dir: Path) -> list[str]:
+    try:
+        ids = resolve_layer_ids(read_config(head_dir), cfg.draft.eagle3.layers_to_capture, head_dir)
+        with WeightSource(head_dir) as src:
+            return check_eagle3(head_dir, target, ids, src)
+    except (WeightFileError, ModelConfigError) as e:
+        return [f"draft.model: {e}"]
+
+
+def preflight(cfg: BuildConfig) -> list[str]:
+    """All problems of the convert stage's inputs; empty = safe to write."""
+    hf, target, p = _target_checks(cfg)
+    if hf is None or target is None:
+        return p
+    head_dir = None if cfg.draft.model == "random" else Path(cfg.draft.model)
+    if head_dir is not None and not head_dir.is_dir():
+        return p + [f"draft.model {head_dir}: not a directory; give the head's directory or `random`"]
+    p += tokenizer_problems(hf, head_dir)
+    if head_dir is None:
+        return p
+    if cfg.draft.type == "eagle":
+        return p + _eagle_checks(cfg, target, head_dir)
+    return p + _eagle3_checks(cfg, target, head_dir)

@@ -1,0 +1,120 @@
+"""The Llama-family fields a converter needs, read from an HF `config.json` (transformers 4 or 5 layout).
+
+transformers 5 moved `rope_theta` / `rope_scaling` into `rope_parameters` ({"rope_type", "rope_theta", ...});
+transformers 4 configs carry `rope_theta` and `rope_scaling` at the top level. Both are accepted here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
+
+
+class ModelConfigError(ValueError):
+    """An HF config that cannot be converted; the message names the file, key and fix."""
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    path: Path  # the config.json read
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_act: str
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # None = plain RoPE
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    raw: dict[str, Any]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+
+def _rope(cfg: dict[str, Any], path: Path) -> tuple[float, dict[str, Any] | None]:
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict):  # transformers 5
+        if "rope_theta" not in params:
+            raise ModelConfigError(f"{path}: rope_parameters has no rope_theta")
+        theta = float(params["rope_theta"])
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:  # transformers 4
+        theta = float(cfg["rope_theta"]) if "rope_theta" in cfg else 10000.0  # HF LlamaConfig default
+        scaling = dict(cfg["rope_scaling"]) if isinstance(cfg.get("rope_scaling"), dict) else None
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind in (None, "default"):
+            return theta, None
+        # TRT-LLM reads the scaling type from "type" (older releases) or "rope_type" (newer): write both.
+        scaling = dict(scaling, type=kind, rope_type=kind)
+    return theta, scaling
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelConfigError(f"{path}: missing; a model directory needs its Hugging Face config.json") from None
+    except ValueError as e:
+        raise ModelConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ModelConfigError(f"{path}: top level must be a JSON object")
+    return cfg
+
+
+def llama_spec(model_dir: Path, *, require_arch: bool = True) -> LlamaSpec:
+    """Parse a Llama config; `require_arch=False` for EAGLE heads (their architectures entry varies)."""
+    path = Path(model_dir) / "config.json"
+    cfg = read_config(model_dir)
+    arch = (cfg.get("architectures") or [None])[0]
+    if require_arch and arch not in LLAMA_ARCHITECTURES:
+        raise ModelConfigError(
+            f"{path}: architectures={cfg.get('architectures')!r}; only Llama-family targets ({', '.join(LLAMA_ARCHITECTURES)}) "
+            "can be converted (TensorRT-LLM's EagleForCausalLM subclasses LLaMAForCausalLM)"
+        )
+    need = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "rms_norm_eps"]
+    missing = [k for k in need if k not in cfg]
+    if missing:
+        raise ModelConfigError(f"{path}: missing key(s) {', '.join(missing)}")
+    heads = int(cfg["num_attention_heads"])
+    theta, scaling = _rope(cfg, path)
+    return LlamaSpec(
+        path=path,
+        architecture=str(arch),
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_hidden_layers=int(cfg["num_hidden_layers"]),
+        num_attention_heads=heads,
+        # Absent keys take HF LlamaConfig's documented defaults (transformers/models/llama/configuration_llama.py):
+        # num_key_value_heads = num_attention_heads, head_dim = hidden // heads, silu, 2048 positions, untied.
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+        hidden_act=str(cfg.get("hidden_act", "silu")),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        rms_norm_eps=float(cfg["rms_norm_eps"]),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        raw=cfg,
+    )

@@ -1,0 +1,111 @@
+"""The convert stage: target (+ head) -> `<output_dir>/checkpoint/`.
+
+- draft.type eagle  -> EagleForCausalLM checkpoint (tree limits from cfg.limits(), the single source of truth)
+- draft.type eagle3 -> LlamaForCausalLM target checkpoint + normalized head in checkpoint/eagle3/
+- draft.model random -> a random SafeAILab head is written to checkpoint/random_head/ first and converted; RANDOM
+  appears in the checkpoint config (`eagle_deploy.random_head`), the manifest notes and the stage log.
+The checkpoint is always 16-bit (target.dtype); FP8 (quantization.*) is applied by a later stage.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from builders.config import BuildConfig
+from builders.convert.checks import preflight
+from builders.convert.eagle import convert_eagle
+from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
+from builders.convert.llama import Provenance
+from builders.convert.random_head import RANDOM_LABEL, write_random_head
+from builders.demo_model import ModelSourceError, resolve_target
+from builders.pipeline import Stage, StageContext, StageError
+
+STAGE_NAME = "checkpoint"
+RANDOM_HEAD_DIR = "random_head"
+
+
+def _log(ctx: StageContext, msg: str) -> None:
+    with ctx.log_path.open("a") as f:
+        f.write(msg + "\n")
+    print(f"[{STAGE_NAME}] {msg}", file=sys.stderr, flush=True)
+
+
+def external_inputs(cfg: BuildConfig) -> list[Path]:
+    """Target directory (resolved: GGUF / pip targets map to their cached HF dir) and the head directory."""
+    try:
+        target = resolve_target(cfg.target.model)
+    except ModelSourceError:
+        target = Path(cfg.target.model)  # preflight has reported it; the fingerprint records it as missing
+    return [target] + ([] if cfg.draft.model == "random" else [Path(cfg.draft.model)])
+
+
+def plan_outputs(cfg: BuildConfig) -> list[str]:
+    world = cfg.parallel.tp * cfg.parallel.pp
+    arch = "EagleForCausalLM" if cfg.draft.type == "eagle" else "LlamaForCausalLM"
+    out = [f"config.json ({arch}, {cfg.target.dtype}, tp={cfg.parallel.tp})"]
+    out += [f"rank{r}.safetensors" for r in range(world)]
+    out.append("tokenizer/")
+    if cfg.draft.type == "eagle3":
+        out.append(f"{EAGLE3_DIR}/ (normalized EAGLE-3 head: config.json + model.safetensors)")
+    if cfg.draft.model == "random":
+        out.append(f"{RANDOM_HEAD_DIR}/ ({RANDOM_LABEL} EAGLE-1 head, seed {cfg.draft.seed}: acceptance ~0)")
+    return out
+
+
+def run(ctx: StageContext) -> None:
+    cfg = ctx.cfg
+    hf = resolve_target(cfg.target.model)
+    ctx.notes["hf_target_dir"] = str(hf)
+    ctx.notes["dtype"] = cfg.target.dtype
+    _log(ctx, f"target {cfg.target.model} -> {hf}")
+    random = cfg.draft.model == "random"
+    if random:
+        head_dir = ctx.out / RANDOM_HEAD_DIR
+        _log(ctx, f"{RANDOM_LABEL} head: writing a randomly initialized EAGLE-1 head (seed {cfg.draft.seed}) to "
+                  f"{RANDOM_HEAD_DIR}/; drafts will be noise (acceptance ~0)")
+        write_random_head(hf, head_dir, cfg.draft.seed)
+        ctx.notes["random_head"] = f"{RANDOM_LABEL}: randomly initialized head, seed {cfg.draft.seed}"
+    else:
+        head_dir = Path(cfg.draft.model)
+    prov = Provenance(
+        random_head=random,
+        target_source=cfg.target.model,
+        head_source=f"{RANDOM_LABEL} (seed {cfg.draft.seed})" if random else str(head_dir),
+    )
+    ctx.notes["head_source"] = prov.head_source
+    try:
+        if cfg.draft.type == "eagle":
+            lim = cfg.limits()
+            _log(ctx, f"EagleForCausalLM: max_draft_len={lim.max_draft_len} num_eagle_layers={lim.num_eagle_layers} "
+                      f"max_non_leaves_per_layer={lim.max_non_leaves_per_layer} tp={cfg.parallel.tp}")
+            convert_eagle(hf, head_dir, ctx.out, dtype=cfg.target.dtype, max_draft_len=lim.max_draft_len,
+                          num_eagle_layers=lim.num_eagle_layers, max_non_leaves_per_layer=lim.max_non_leaves_per_layer,
+                          tp=cfg.parallel.tp, provenance=prov)
+        else:
+            _log(ctx, f"LlamaForCausalLM target + EAGLE-3 head -> {EAGLE3_DIR}/, tp={cfg.parallel.tp}")
+            convert_eagle3(hf, head_dir, ctx.out, dtype=cfg.target.dtype, tp=cfg.parallel.tp,
+                           layers_to_capture=cfg.draft.eagle3.layers_to_capture, provenance=prov)
+    except ValueError as e:  # ModelConfigError / WeightFileError: inputs changed since preflight
+        raise StageError(str(e)) from e
+    _log(ctx, "checkpoint written")
+    # ---- FP8 (issue 4, builders/fp8.py): calibrate + export the target in FP8 into the checkpoint just written ----
+    if cfg.quantization.weights == "fp8" or cfg.quantization.kv_cache == "fp8":
+        from builders.fp8 import Fp8Error, run_fp8
+
+        try:
+            run_fp8(ctx, hf)
+        except Fp8Error as e:
+            raise StageError(str(e)) from e
+    # ---- end FP8 ----
+
+
+CONVERT_STAGE = Stage(
+    name=STAGE_NAME,
+    description="convert the target (+ EAGLE head) to a TensorRT-LLM checkpoint",
+    external_inputs=external_inputs,
+    depends_on=(),
+    run=run,
+    preflight=preflight,
+    plan_outputs=plan_outputs,
+)

@@ -15,6 +15,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from builders.config import BuildConfig, ConfigError, dump_resolved, load_config  # noqa: E402
 from builders.pipeline import Stage, StageError, run_stage  # noqa: E402
+from builders.versions import startup_problems  # noqa: E402
 
 EXIT_CONFIG = 2
 EXIT_STAGE = 1
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print_plan(cfg, stages)
         return 0
-    problems = [f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)]
+    problems = startup_problems(cfg.engine.backend) + [f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)]
     if problems:
         print(f"error: {ConfigError(problems, args.config)}", file=sys.stderr)
         return EXIT_CONFIG

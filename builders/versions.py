@@ -1,0 +1,112 @@
+"""The ONE record of the container this toolkit is pinned to, and the start-up check that uses it.
+
+Everything that names the GPU container (docker/Dockerfile, docker/docker-compose.yml, docker/k8s/*, docs/deploy.md)
+is checked against these constants by tests/test_docker.py, so changing the pin is a one-line edit here plus the
+places the tests point at.
+
+Sources (verified, not guessed):
+- NGC tag -> TensorRT-LLM version: Triton's release compatibility matrix, "Container Name: trtllm-python-py3",
+  https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/introduction/compatibility.html
+  (25.12 -> TensorRT-LLM 1.1.0, Python 3.12.3, CUDA 13.0.2, driver 580.95.05), consistent with
+  triton-inference-server/tensorrtllm_backend PR #830 "TensorRT-LLM Backend v1.1.0 release".
+- Removal of the engine flow: NVIDIA/TensorRT-LLM docs/source/legacy/tensorrt-backend-removal.md
+  ("`trtllm-build` / `trtllm-refit` / `trtllm-prune` ... No engine-build step", `LLM(backend="tensorrt")` raises)
+  and PRs #15918 (remove the TensorRT python modules) and #15907 (remove the TensorRT-engine Triton C++ backend),
+  merged on main in July 2026, after the 1.2 release branch (whose multimodal path is marked "End of Life:
+  TensorRT-LLM-V1.2"). So 1.2.x is the last series with `trtllm-build`; anything from 1.3 on has no engine flow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+from packaging.version import InvalidVersion, Version
+
+# ---- the pin ------------------------------------------------------------------------------------------------------
+TRITON_RELEASE = "25.12"  # NGC release (yy.mm) of nvcr.io/nvidia/tritonserver:<release>-trtllm-python-py3
+TRTLLM_VERSION = "1.1.0"  # TensorRT-LLM inside that image (compatibility matrix above)
+TRITON_IMAGE = f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-trtllm-python-py3"
+
+# Names of the images docker/ builds (compose, Kubernetes manifests and docs use these; tests check they agree).
+GPU_IMAGE = f"eagle-deploy:triton{TRITON_RELEASE}-trtllm{TRTLLM_VERSION}"
+CPU_IMAGE = "eagle-deploy:cpu"
+
+# ---- the engine flow ----------------------------------------------------------------------------------------------
+# Last TensorRT-LLM (major, minor) series that still ships convert_checkpoint + trtllm-build + the TRT engine runtime.
+LAST_ENGINE_FLOW_SERIES = (1, 2)
+TRTLLM_DISTRIBUTIONS = ("tensorrt_llm", "tensorrt-llm")  # wheel names seen on NVIDIA's index and NGC images
+
+
+@dataclass(frozen=True)
+class InstalledTrtllm:
+    distribution: str
+    version: str
+
+
+def installed_trtllm() -> InstalledTrtllm | None:
+    """TensorRT-LLM as recorded by the installed wheel's metadata (importing it would initialise CUDA)."""
+    for name in TRTLLM_DISTRIBUTIONS:
+        try:
+            return InstalledTrtllm(name, metadata.version(name))
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def has_engine_flow(trtllm_version: str) -> bool:
+    """True when this TensorRT-LLM version still has the TensorRT engine flow (<= 1.2.x).
+
+    Compares the release tuple only, so pre-releases of a later series count as that series
+    (1.3.0rc1 -> (1, 3): no engine flow), and NGC's build suffixes parse (1.0.3.2510 -> (1, 0)).
+    """
+    try:
+        release = Version(trtllm_version).release
+    except InvalidVersion:
+        raise ValueError(
+            f"cannot parse the installed TensorRT-LLM version {trtllm_version!r}; reinstall TensorRT-LLM or use the "
+            f"pinned image {TRITON_IMAGE}"
+        ) from None
+    return tuple(release[:2]) <= LAST_ENGINE_FLOW_SERIES
+
+
+def engine_flow_problems(backend: str, installed: InstalledTrtllm | None) -> list[str]:
+    """Start-up check: problems (one line each, with the fix) for this backend and this TensorRT-LLM install.
+
+    Only `engine.backend: tensorrt` depends on the engine flow. A missing TensorRT-LLM is not reported here: the
+    engine stage's own preflight names the missing `trtllm-build` / GPU (and --dry-run still prints the plan).
+    """
+    if backend != "tensorrt" or installed is None:
+        return []
+    try:
+        ok = has_engine_flow(installed.version)
+    except ValueError as e:
+        return [f"engine.backend=tensorrt: {e}"]
+    if ok:
+        return []
+    last = ".".join(map(str, LAST_ENGINE_FLOW_SERIES))
+    return [
+        f"engine.backend=tensorrt needs the TensorRT engine flow (convert_checkpoint + trtllm-build), but the "
+        f"installed TensorRT-LLM is {installed.version} ({installed.distribution}); the engine flow was removed after "
+        f"{last}.x. Fix: run in the pinned image {TRITON_IMAGE} (TensorRT-LLM {TRTLLM_VERSION}; docker/Dockerfile), "
+        f"install tensorrt_llm<={last}.*, or set engine.backend=pytorch (LLM API, no engine build)"
+    ]
+
+
+def startup_problems(backend: str) -> list[str]:
+    """The check build.py and the serve entrypoint run before anything is written or started."""
+    return engine_flow_problems(backend, installed_trtllm())
+
+
+def image_pin_problems() -> list[str]:
+    """Run by docker/Dockerfile while building the GPU image: the base image must hold the recorded TensorRT-LLM
+    (same major.minor.patch; NGC may append a build number, e.g. 1.0.3.2510)."""
+    got = installed_trtllm()
+    if got is None:
+        return [f"{TRITON_IMAGE} should contain TensorRT-LLM {TRTLLM_VERSION} but none is installed"]
+    if Version(got.version).release[:3] != Version(TRTLLM_VERSION).release[:3]:
+        return [
+            f"the base image holds TensorRT-LLM {got.version}, builders/versions.py records {TRTLLM_VERSION} for "
+            f"{TRITON_IMAGE}; update TRTLLM_VERSION from the Triton compatibility matrix (and the FROM line)"
+        ]
+    return []

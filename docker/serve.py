@@ -1,0 +1,144 @@
+"""`python docker/serve.py BUILD_DIR [--host H] [--http-port P] ... [--print-argv]`
+
+What `docker/entrypoint.sh serve BUILD_DIR` runs: checks that BUILD_DIR is a finished build that this container can
+serve, then replaces itself (exec) with `triton_repo/launch.py` on the build's model repository, so SIGTERM from
+`docker stop` / Kubernetes reaches the launcher, which stops tritonserver cleanly.
+
+Everything comes from the build itself (one source of truth): the resolved config `BUILD_DIR/config.resolved.yaml`
+written by builders/build.py gives the backend and the parallel sizes; the model repository is the output
+directory of the Triton stage (its `Stage.name`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: make the project importable
+    sys.path.insert(0, str(REPO))
+
+from builders.config import BuildConfig  # noqa: E402
+from builders.pipeline import MANIFEST  # noqa: E402
+from builders.versions import startup_problems  # noqa: E402
+
+RESOLVED = "config.resolved.yaml"
+EXIT_PROBLEM = 2
+# Triton's default ports; the compose file, the Kubernetes manifests and the entrypoint defaults use the same ones
+# (docker/k8s/render.py imports these, tests/test_docker.py checks the others).
+TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+class ServeError(RuntimeError):
+    """The build directory cannot be served; `problems` says why and what to do."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(f"  - {p}" for p in problems))
+
+
+def load_build_config(build_dir: Path) -> BuildConfig:
+    """The validated config the build was made with (its `derived` section is a record, recomputed here)."""
+    path = build_dir / RESOLVED
+    if not path.is_file():
+        raise ServeError([f"{path} not found: {build_dir} is not a finished build; run `entrypoint.sh build CONFIG`"])
+    data = yaml.safe_load(path.read_text())
+    data.pop("derived", None)  # written for the record by dump_resolved; BuildConfig derives it again
+    return BuildConfig.model_validate(data)
+
+
+def repository_stage_name() -> str:
+    """Name of the stage whose output directory is the Triton model repository."""
+    from triton_repo.stage import TRITON_STAGE
+
+    return TRITON_STAGE.name
+
+
+def world_size(cfg: BuildConfig) -> int:
+    """Server processes to start. A TensorRT engine has tp*pp ranks, one tritonserver per rank under mpirun
+    (tensorrtllm_backend launch_triton_server.py). The LLM-API (`pytorch`) model takes tensor_parallel_size from
+    its model.yaml and spawns its workers inside one server, launched with the default world size 1
+    (tensorrtllm_backend docs/llmapi.md); the reference engine runs in one server too."""
+    return cfg.parallel.tp * cfg.parallel.pp if cfg.engine.backend == "tensorrt" else 1
+
+
+def check_build(build_dir: Path, cfg: BuildConfig, repo_stage: str) -> list[str]:
+    problems = list(startup_problems(cfg.engine.backend))
+    made_at = Path(cfg.output_dir).resolve()
+    if made_at != build_dir.resolve():
+        # The rendered model configs hold absolute paths (engine, tokenizer, build dir): serve where it was built.
+        problems.append(
+            f"{build_dir} was built as {made_at}; mount the build directory at {made_at} (compose and the "
+            f"Kubernetes manifests mount builds at the same path for build and serve)"
+        )
+    repo = build_dir / repo_stage
+    if not (repo / MANIFEST).is_file():
+        problems.append(
+            f"{repo}/{MANIFEST} not found: the Triton stage `{repo_stage}` has not finished; rerun the build"
+        )
+    return problems
+
+
+def serve_argv(
+    build_dir: Path,
+    cfg: BuildConfig,
+    repo_stage: str,
+    *,
+    python: str,
+    host: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    log: str,
+    timeout_s: float,
+) -> list[str]:
+    """The launcher command (pure: computed from the build's config)."""
+    return [
+        python, str(REPO / "triton_repo" / "launch.py"),
+        "--repo", str(build_dir / repo_stage),
+        "--world-size", str(world_size(cfg)),
+        "--host", host,
+        "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+        "--log", log,
+        "--timeout", str(timeout_s),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="serve.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("build_dir", type=Path, help="a finished build directory (config output_dir)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (the entrypoint passes 0.0.0.0)")
+    ap.add_argument("--http-port", type=int, default=TRITON_PORTS["http"], help="HTTP port (/v2/health/ready)")
+    ap.add_argument("--grpc-port", type=int, default=TRITON_PORTS["grpc"], help="gRPC port (clients, load test)")
+    ap.add_argument("--metrics-port", type=int, default=TRITON_PORTS["metrics"], help="Prometheus port (/metrics)")
+    ap.add_argument("--log", default="/dev/stdout", help="tritonserver log file")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait until every model is loaded")
+    ap.add_argument("--print-argv", action="store_true", help="print the launcher command and exit")
+    args = ap.parse_args(argv)
+    build_dir = args.build_dir.resolve()
+    try:
+        cfg = load_build_config(build_dir)
+        stage = repository_stage_name()
+        problems = check_build(build_dir, cfg, stage)
+        if problems:
+            raise ServeError(problems)
+    except ServeError as e:
+        print(f"error: cannot serve {build_dir}:\n{e}", file=sys.stderr)
+        return EXIT_PROBLEM
+    cmd = serve_argv(
+        build_dir, cfg, stage, python=sys.executable, host=args.host, http_port=args.http_port,
+        grpc_port=args.grpc_port, metrics_port=args.metrics_port, log=args.log, timeout_s=args.timeout,
+    )  # fmt: skip
+    print(" ".join(cmd), flush=True)
+    if args.print_argv:
+        return 0
+    os.execv(cmd[0], cmd)
+    return 0  # not reached: execv replaces this process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,520 @@
+"""Containers and scale-out deployment (issue 8): lint, validate and run what docker/ ships.
+
+- hadolint on every Dockerfile, shellcheck on the entrypoint (no finding left unexplained);
+- every Kubernetes manifest validated offline by kubernetes-validate against K8S_VERSION (strict: unknown fields
+  fail); the two CRDs have no schema there and get the checks stated at CRD_CHECKS;
+- the manifests are a fresh render of their config (docker/k8s/render.py --check) and agree with it;
+- the compose file: services, ports, healthcheck, GPU reservation, shm, mounts;
+- the one version pin (builders/versions.py) against the Dockerfile, compose, manifests and docs, and the start-up
+  check refusing the engine flow with a TensorRT-LLM that no longer has it;
+- the entrypoint run outside Docker: build -> serve -> loadtest on the tiny fixtures against the CPU Triton server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from builders import versions
+from builders.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKER = REPO / "docker"
+K8S = DOCKER / "k8s"
+VENV_BIN = Path(sys.executable).parent
+K8S_VERSION = "1.33.0"  # the Kubernetes version every manifest is validated against (kubernetes-validate ships it)
+DOCKERFILES = sorted(p for p in DOCKER.glob("Dockerfile*") if p.suffix != ".dockerignore")
+# The config the committed manifests are rendered from (their header records the same command).
+# tp=2 across 1-GPU nodes, so the LeaderWorkerSet example really spans two pods.
+K8S_CONFIG = "configs/llama31-8b-eagle-fp8.yaml"
+K8S_SETS = ["parallel.tp=2"]
+K8S_ARGS = ["--set", "parallel.tp=2", "--gpus-per-node", "1"]
+
+sys.path.insert(0, str(DOCKER))
+sys.path.insert(0, str(K8S))
+import render  # noqa: E402  (docker/k8s/render.py)
+import serve  # noqa: E402  (docker/serve.py)
+
+
+def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # type: ignore[call-overload]
+        argv, capture_output=True, text=True, cwd=REPO, timeout=300, **kw
+    )
+
+
+# ---- Dockerfiles and the entrypoint: linters ----------------------------------------------------------------------
+
+
+def test_dockerfiles_found() -> None:
+    assert [p.name for p in DOCKERFILES] == ["Dockerfile", "Dockerfile.cpu"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_clean(dockerfile: Path) -> None:
+    proc = _run([str(VENV_BIN / "hadolint"), "--no-color", "--format", "json", str(dockerfile)])
+    findings = json.loads(proc.stdout or "[]")
+    assert findings == [], f"hadolint findings in {dockerfile.name}: {findings}"
+    assert proc.returncode == 0
+    # An ignore is allowed only with its reason on the comment line just above it.
+    lines = dockerfile.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "hadolint ignore=" in line:
+            assert i > 0 and lines[i - 1].startswith("#") and "hadolint" not in lines[i - 1], (
+                f"{dockerfile.name}:{i + 1}: `{line.strip()}` needs a reason comment on the line above"
+            )
+
+
+def test_hadolint_catches_unpinned_pip(tmp_path: Path) -> None:
+    """Control: the linter really runs and reports (an unpinned, cached pip install)."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.11-slim\nRUN pip install requests\n")
+    proc = _run([str(VENV_BIN / "hadolint"), "--no-color", "--format", "json", str(bad)])
+    codes = {f["code"] for f in json.loads(proc.stdout)}
+    assert {"DL3013", "DL3042"} <= codes and proc.returncode != 0
+
+
+def test_shellcheck_entrypoint() -> None:
+    proc = _run([str(VENV_BIN / "shellcheck"), "--format", "gcc", str(DOCKER / "entrypoint.sh")])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert os.access(DOCKER / "entrypoint.sh", os.X_OK), "docker/entrypoint.sh must be executable (ENTRYPOINT execs it)"
+
+
+def test_entrypoint_port_defaults_match_serve() -> None:
+    text = (DOCKER / "entrypoint.sh").read_text()
+    for key, port in serve.TRITON_PORTS.items():
+        assert f'"${{TRITON_{key.upper()}_PORT:-{port}}}"' in text
+    assert f"TRITON_READY_TIMEOUT:-{render.READY_TIMEOUT_S}" in text
+
+
+# ---- the one version pin ------------------------------------------------------------------------------------------
+
+
+def test_pin_matches_dockerfile_compose_manifests_docs() -> None:
+    assert re.fullmatch(r"\d\d\.\d\d", versions.TRITON_RELEASE)
+    assert versions.TRITON_IMAGE == f"nvcr.io/nvidia/tritonserver:{versions.TRITON_RELEASE}-trtllm-python-py3"
+    froms = [ln.split()[1] for ln in (DOCKER / "Dockerfile").read_text().splitlines() if ln.startswith("FROM ")]
+    assert froms == [versions.TRITON_IMAGE]
+    compose = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())["services"]
+    assert {compose[s]["image"] for s in ("build-gpu", "triton-gpu")} == {versions.GPU_IMAGE}
+    assert {compose[s]["image"] for s in ("build-cpu", "triton-cpu", "loadtest-cpu", "loadtest-gpu")} == {
+        versions.CPU_IMAGE
+    }
+    assert versions.TRITON_RELEASE in versions.GPU_IMAGE and versions.TRTLLM_VERSION in versions.GPU_IMAGE
+    for doc in _manifests():
+        for c in _containers(doc):
+            assert c["image"] == versions.GPU_IMAGE, f"{doc['kind']} {c['name']}"
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    assert versions.TRITON_IMAGE in deploy and f"TensorRT-LLM {versions.TRTLLM_VERSION}" in deploy
+    assert versions.GPU_IMAGE in deploy
+
+
+def test_no_other_triton_tag_anywhere() -> None:
+    """Any `tritonserver:<yy.mm>` named in docker/ or the guide must be the pinned one."""
+    files = [p for p in DOCKER.rglob("*") if p.is_file() and p.suffix != ".pyc"] + [REPO / "docs" / "deploy.md"]
+    for p in files:
+        for tag in re.findall(r"tritonserver:(\d\d\.\d\d)", p.read_text(errors="replace")):
+            assert tag == versions.TRITON_RELEASE, f"{p.relative_to(REPO)} names tritonserver:{tag}"
+
+
+@pytest.mark.parametrize(
+    "version,has_it",
+    [("0.15.0", True), ("1.0.3.2510", True), ("1.1.0", True), ("1.2.1", True), ("1.3.0rc1", False),
+     ("1.3.0", False), ("2.0.0", False)],
+)  # fmt: skip
+def test_has_engine_flow(version: str, has_it: bool) -> None:
+    assert versions.has_engine_flow(version) is has_it
+
+
+def test_pinned_trtllm_has_engine_flow() -> None:
+    assert versions.has_engine_flow(versions.TRTLLM_VERSION)
+
+
+def test_engine_flow_problems() -> None:
+    new = versions.InstalledTrtllm("tensorrt_llm", "1.3.0")
+    (msg,) = versions.engine_flow_problems("tensorrt", new)
+    assert "engine.backend=tensorrt" in msg and "1.3.0" in msg and "removed after 1.2.x" in msg
+    assert versions.TRITON_IMAGE in msg and "engine.backend=pytorch" in msg
+    assert versions.engine_flow_problems("pytorch", new) == []
+    assert versions.engine_flow_problems("reference", new) == []
+    assert versions.engine_flow_problems("tensorrt", versions.InstalledTrtllm("tensorrt_llm", "1.2.1")) == []
+    assert versions.engine_flow_problems("tensorrt", None) == []
+    (bad,) = versions.engine_flow_problems("tensorrt", versions.InstalledTrtllm("tensorrt_llm", "not-a-version"))
+    assert "cannot parse" in bad and "'not-a-version'" in bad
+
+
+def _tensorrt_config(tmp: Path, target: Path, head: Path) -> Path:
+    cfg = {
+        "name": "trt-check", "output_dir": str(tmp / "out"),
+        "target": {"model": str(target), "dtype": "float16"},
+        "draft": {"type": "eagle", "model": str(head)},
+        "tree": {"choices": "chain-2"},
+        "engine": {"backend": "tensorrt", "max_batch_size": 2, "max_input_len": 32, "max_seq_len": 64},
+    }  # fmt: skip
+    path = tmp / "trt.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _dist_info(site: Path, version: str) -> None:
+    """The metadata pip writes for an installed tensorrt_llm wheel: what the start-up check reads."""
+    d = site / f"tensorrt_llm-{version}.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {version}\n")
+
+
+def test_build_refuses_engine_flow_on_trtllm_without_it(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+    """builders/build.py runs the start-up check before any stage: exit 2, the fix named, nothing written."""
+    config = _tensorrt_config(tmp_path, tiny_target, eagle_head)
+    site = tmp_path / "site"
+    _dist_info(site, "1.3.0")
+    env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"}
+    proc = _run([sys.executable, "builders/build.py", str(config)], env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "installed TensorRT-LLM is 1.3.0" in proc.stderr and versions.TRITON_IMAGE in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ---- docker/serve.py ----------------------------------------------------------------------------------------------
+
+
+def _cfg(tmp: Path, target: Path, head: Path, backend: str, tp: int) -> object:
+    path = _tensorrt_config(tmp, target, head)
+    return load_config(path, [f"engine.backend={backend}", f"parallel.tp={tp}"])
+
+
+@pytest.mark.parametrize("backend,tp,world", [("tensorrt", 2, 2), ("tensorrt", 1, 1), ("pytorch", 2, 1),
+                                              ("reference", 2, 1)])  # fmt: skip
+def test_serve_world_size(tmp_path: Path, tiny_target: Path, eagle_head: Path, backend: str, tp: int,
+                          world: int) -> None:  # fmt: skip
+    cfg = _cfg(tmp_path, tiny_target, eagle_head, backend, tp)
+    argv = serve.serve_argv(Path(cfg.output_dir), cfg, "triton_repo", python="py", host="0.0.0.0", http_port=1,
+                            grpc_port=2, metrics_port=3, log="/dev/stdout", timeout_s=5.0)  # fmt: skip
+    assert argv[:2] == ["py", str(REPO / "triton_repo" / "launch.py")]
+    assert argv[argv.index("--world-size") + 1] == str(world)
+    assert argv[argv.index("--repo") + 1] == str(Path(cfg.output_dir) / "triton_repo")
+
+
+def test_serve_refuses_unfinished_or_moved_build(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+    cfg = _cfg(tmp_path, tiny_target, eagle_head, "reference", 1)
+    problems = serve.check_build(tmp_path / "elsewhere", cfg, "triton_repo")
+    assert any("was built as" in p and str(Path(cfg.output_dir).resolve()) in p for p in problems)
+    assert any("triton_repo/manifest.json not found" in p for p in problems)
+    proc = _run([sys.executable, "docker/serve.py", str(tmp_path)])
+    assert proc.returncode == 2 and "config.resolved.yaml not found" in proc.stderr
+
+
+# ---- Kubernetes ---------------------------------------------------------------------------------------------------
+
+
+def _manifests() -> list[dict]:
+    docs = []
+    for f in sorted(K8S.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return docs
+
+
+def _pod_specs(doc: dict) -> list[dict]:
+    kind, spec = doc["kind"], doc.get("spec")  # ConfigMaps have no spec
+    if kind in ("Deployment", "Job"):
+        return [spec["template"]["spec"]]
+    if kind == "LeaderWorkerSet":
+        t = spec["leaderWorkerTemplate"]
+        return [t["leaderTemplate"]["spec"], t["workerTemplate"]["spec"]]
+    return []
+
+
+def _containers(doc: dict) -> list[dict]:
+    return [c for s in _pod_specs(doc) for c in s["containers"]]
+
+
+# Kinds kubernetes-validate has no schema for (CRDs) and what is checked instead.
+CRD_CHECKS = {
+    # leaderworkerset.x-k8s.io/v1 (kubernetes-sigs/lws): its leader and worker templates are core PodTemplateSpecs
+    # and are validated as such; the LWS fields themselves are checked in test_leaderworkerset.
+    "LeaderWorkerSet": "pod templates validated as core v1 PodTemplate",
+    # monitoring.coreos.com/v1 (Prometheus Operator): no schema shipped; test_monitoring_wiring checks that its
+    # selector and endpoint port match the Service.
+    "ServiceMonitor": "selector / port consistency with the Service",
+}
+
+
+def test_manifests_validate_offline() -> None:
+    import kubernetes_validate
+
+    docs = _manifests()
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap", "Job",
+            "PersistentVolumeClaim", "ServiceMonitor", "LeaderWorkerSet"} <= kinds  # fmt: skip
+    for d in docs:
+        if d["kind"] in CRD_CHECKS:
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+            continue
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    lws = next(d for d in docs if d["kind"] == "LeaderWorkerSet")
+    for role in ("leaderTemplate", "workerTemplate"):
+        tmpl = lws["spec"]["leaderWorkerTemplate"][role]
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()},
+                                      "template": tmpl}, K8S_VERSION, strict=True)  # fmt: skip
+
+
+def test_validator_rejects_unknown_field() -> None:
+    """Control: strict validation catches a misspelt field (so the pass above means something)."""
+    import kubernetes_validate
+
+    dep = next(d for d in _manifests() if d["kind"] == "Deployment")
+    bad = json.loads(json.dumps(dep))
+    bad["spec"]["template"]["spec"]["containers"][0]["readynessProbe"] = {"tcpSocket": {"port": 8000}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_manifests_are_a_fresh_render() -> None:
+    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--check"])
+    assert proc.returncode == 0, proc.stderr
+    for f in K8S.glob("*.yaml"):  # every file records the command that regenerates it
+        first = f.read_text().splitlines()[0]
+        assert first.endswith(" ".join(["python docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS])), f.name
+
+
+def test_render_check_detects_drift(tmp_path: Path) -> None:
+    """Control: --check fails when a committed file differs from the render (e.g. the config's tp changed)."""
+    out = tmp_path / "k8s"
+    assert _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--out", str(out)]).returncode == 0
+    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, "--set", "parallel.tp=4", "--gpus-per-node", "1",
+                 "--out", str(out), "--check"])  # fmt: skip
+    assert proc.returncode == 1 and "deployment.yaml differs" in proc.stderr
+
+
+def test_manifests_agree_with_config() -> None:
+    cfg = load_config(REPO / K8S_CONFIG, K8S_SETS)
+    docs = {d["kind"]: d for d in _manifests()}
+    name = render.dns_name(cfg.name)
+    (server,) = _containers(docs["Deployment"])
+    build_dir = f"/build/{name}"
+    assert server["args"] == ["serve", build_dir]
+    (builder,) = _containers(docs["Job"])
+    assert builder["args"] == ["build", f"/opt/eagle-deploy/{K8S_CONFIG}", "--set", f"output_dir={build_dir}"]
+    for c in (server, builder):  # GPU count = tp * pp, from the config
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == str(cfg.parallel.tp * cfg.parallel.pp) == "2"
+    assert {p["name"]: p["containerPort"] for p in server["ports"]} == serve.TRITON_PORTS
+    assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert server["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    startup = server["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == render.READY_TIMEOUT_S
+    hpa = docs["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
+    assert hpa["metrics"][0]["pods"]["target"]["averageValue"] == str(max(1, cfg.engine.max_batch_size // 2))
+    assert hpa["minReplicas"] >= 2  # so maxUnavailable 1 in the PDB never takes the last replica
+
+
+def test_monitoring_wiring() -> None:
+    """Prometheus scrapes the Service's metrics port; the adapter publishes the queue series under the name the
+    HPA reads; the PDB and Service select the Deployment's pods."""
+    cfg = load_config(REPO / K8S_CONFIG, K8S_SETS)
+    docs = {d["kind"]: d for d in _manifests()}
+    pod_labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    svc = docs["Service"]
+    assert svc["spec"]["selector"] == pod_labels
+    assert docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == pod_labels
+    sm = docs["ServiceMonitor"]["spec"]
+    assert sm["selector"]["matchLabels"] == svc["metadata"]["labels"]
+    port = sm["endpoints"][0]["port"]
+    assert port == "metrics" and port in {p["name"] for p in svc["spec"]["ports"]}
+    rules = yaml.safe_load(docs["ConfigMap"]["data"]["config.yaml"])["rules"]
+    (rule,) = rules
+    assert rule["name"]["as"] == docs["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    assert rule["seriesQuery"].startswith("nv_trt_llm_request_metrics{")  # tensorrt backend: the batch manager queue
+    assert 'request_type="waiting"' in rule["seriesQuery"] and f'model="{cfg.triton.llm_model}"' in rule["seriesQuery"]
+    assert "<<.Series>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+
+
+def test_queue_series_follows_backend(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+    ref = _cfg(tmp_path, tiny_target, eagle_head, "reference", 1)
+    assert render.queue_series(ref) == f'nv_inference_pending_request_count{{model="{ref.triton.llm_model}"}}'
+
+
+def test_leaderworkerset() -> None:
+    lws = next(d for d in _manifests() if d["kind"] == "LeaderWorkerSet")
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    t = lws["spec"]["leaderWorkerTemplate"]
+    assert set(t) == {"size", "restartPolicy", "leaderTemplate", "workerTemplate"}
+    assert t["restartPolicy"] == "RecreateGroupOnPodRestart"
+    per_pod = [int(c["resources"]["limits"]["nvidia.com/gpu"])
+               for role in ("leaderTemplate", "workerTemplate") for c in t[role]["spec"]["containers"]]  # fmt: skip
+    assert per_pod == [1, 1] and t["size"] == 2  # tp=2 on 1-GPU nodes: a group of two pods holds both ranks
+    vols = {v["name"]: v for v in t["workerTemplate"]["spec"]["volumes"]}
+    assert vols["builds"]["persistentVolumeClaim"]["claimName"].endswith("-builds")  # every rank reads its engine
+
+
+# ---- compose ------------------------------------------------------------------------------------------------------
+
+
+def _compose() -> dict:
+    return yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+
+
+def _expand(value: str) -> str:
+    """Compose's `${VAR:-default}` with nothing set: the default."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def test_compose_services_and_profiles() -> None:
+    services = _compose()["services"]
+    assert {n: s["profiles"] for n, s in services.items()} == {
+        "build-gpu": ["gpu"], "triton-gpu": ["gpu"], "loadtest-gpu": ["gpu"],
+        "build-cpu": ["cpu"], "triton-cpu": ["cpu"], "loadtest-cpu": ["cpu"],
+    }  # fmt: skip
+    for p in ("gpu", "cpu"):  # build -> serve -> loadtest, each waiting on the previous one
+        assert services[f"triton-{p}"]["depends_on"] == {f"build-{p}": {"condition": "service_completed_successfully"}}
+        assert services[f"loadtest-{p}"]["depends_on"] == {f"triton-{p}": {"condition": "service_healthy"}}
+        build_cmd = [_expand(a) for a in services[f"build-{p}"]["command"]]
+        serve_cmd = [_expand(a) for a in services[f"triton-{p}"]["command"]]
+        assert build_cmd == ["build", "configs/demo.yaml", "--set", "output_dir=/build/demo"]
+        assert serve_cmd == ["serve", "/build/demo"]  # served at the path it was built at
+        assert (REPO / build_cmd[1]).is_file()
+        entry = services[f"loadtest-{p}"]["entrypoint"]
+        assert entry[1:] == ["loadtest", f"triton-{p}:{serve.TRITON_PORTS['grpc']}"]
+        args = [_expand(a) for a in services[f"loadtest-{p}"]["command"]]
+        assert (REPO / args[args.index("--prompts") + 1]).is_file()
+
+
+def test_compose_server_ports_healthcheck_shm_mounts() -> None:
+    services = _compose()["services"]
+    for name in ("triton-gpu", "triton-cpu"):
+        s = services[name]
+        assert sorted(s["ports"]) == sorted(f"{p}:{p}" for p in serve.TRITON_PORTS.values())
+        test = s["healthcheck"]["test"]
+        assert test[0] == "CMD" and f"127.0.0.1:{serve.TRITON_PORTS['http']}/v2/health/ready" in test[-1]
+        assert s["healthcheck"]["start_period"] == "30m" and 30 * 60 == render.READY_TIMEOUT_S
+        assert s["shm_size"] == "2gb" and render.RenderOptions("x").shm_size == "2Gi"
+        assert [_expand(v) for v in s["volumes"]] == ["../build:/build"]
+    # The healthcheck command itself works: run it against nothing listening -> it must fail.
+    cmd = services["triton-cpu"]["healthcheck"]["test"][1:]
+    cmd[-1] = cmd[-1].replace(f":{serve.TRITON_PORTS['http']}/", ":9/")
+    assert _run([sys.executable, *cmd[1:]]).returncode != 0
+
+
+def test_compose_gpu_reservation() -> None:
+    services = _compose()["services"]
+    for name in ("build-gpu", "triton-gpu"):
+        (dev,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"] and _expand(str(dev["count"])) == "1"
+    for name in ("build-cpu", "triton-cpu", "loadtest-cpu", "loadtest-gpu"):
+        assert "deploy" not in services[name]
+
+
+# ---- the entrypoint, outside Docker -------------------------------------------------------------------------------
+
+
+def _entry(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = {**os.environ, "EAGLE_DEPLOY_PYTHON": sys.executable, **(env or {})}
+    return _run(["bash", str(DOCKER / "entrypoint.sh"), *args], env=e)
+
+
+def test_entrypoint_usage_and_errors(tmp_path: Path) -> None:
+    ok = _entry("help")
+    assert ok.returncode == 0 and "build CONFIG" in ok.stdout and "serve BUILD_DIR" in ok.stdout
+    bad = _entry("deploy")
+    assert bad.returncode == 2 and "unknown command 'deploy'" in bad.stderr
+    assert _entry("build").returncode == 2 and "build needs a config" in _entry("build").stderr
+    none = _entry("serve", str(tmp_path))
+    assert none.returncode == 2 and "config.resolved.yaml not found" in none.stderr
+
+
+def _http_ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.server
+@pytest.mark.slow  # ~1-3 min on 2 busy cores (the CPU server loads five python models); run by `make test`
+def test_entrypoint_build_serve_loadtest(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+    """What the compose CPU profile runs, outside Docker: entrypoint build -> serve (real CPU tritonserver) ->
+    loadtest, then SIGTERM stops the server cleanly."""
+    from triton_repo.launch import free_port
+
+    build_dir = tmp_path / "build"
+    cfg = {
+        "name": "docker-e2e", "output_dir": str(build_dir),
+        "target": {"model": str(tiny_target), "dtype": "float32"},
+        "draft": {"type": "eagle", "model": str(eagle_head)},
+        "tree": {"choices": "chain-2"},
+        "engine": {"backend": "reference", "device": "cpu", "max_batch_size": 2, "max_input_len": 64,
+                   "max_seq_len": 128},
+    }  # fmt: skip
+    config = tmp_path / "e2e.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    built = _entry("build", str(config), env={"HF_HUB_OFFLINE": "1"})
+    assert built.returncode == 0, built.stdout + built.stderr
+    stage = serve.repository_stage_name()
+    assert (build_dir / "config.resolved.yaml").is_file() and (build_dir / stage / "manifest.json").is_file()
+
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = tmp_path / "triton.log"
+    env = {**os.environ, "EAGLE_DEPLOY_PYTHON": sys.executable, "TRITON_HOST": "127.0.0.1",
+           "TRITON_HTTP_PORT": str(http), "TRITON_GRPC_PORT": str(grpc), "TRITON_METRICS_PORT": str(metrics),
+           "TRITON_LOG": str(log), "TRITON_READY_TIMEOUT": "240"}  # fmt: skip
+    # bash execs serve.py, which execs launch.py: one PID all along, so SIGTERM below reaches the launcher.
+    server = subprocess.Popen(
+        ["bash", str(DOCKER / "entrypoint.sh"), "serve", str(build_dir)], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not _http_ready(http):
+            assert server.poll() is None, f"serve exited {server.returncode}:\n{server.communicate()[0]}"
+            assert time.monotonic() < deadline, f"not ready in 240 s; log:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        out = tmp_path / "loadtest"
+        lt = _entry("loadtest", f"127.0.0.1:{grpc}", "--prompts", str(DOCKER / "prompts.jsonl"), "--out", str(out),
+                    "--concurrency", "2", "--requests", "4", "--max-tokens", "8", "--no-progress")  # fmt: skip
+        assert lt.returncode == 0, lt.stdout + lt.stderr
+        report = json.loads((out / "report.json").read_text())
+        levels = [(lv["level"], lv["requests_sent"], lv["requests_ok"], lv["errors"]) for lv in report["levels"]]
+        assert levels == [(2, 4, 4, {})]
+        assert all(lv["output_tokens"] > 0 for lv in report["levels"])
+        # The series the rendered HPA scales on (via the adapter rule) is really exported for this backend.
+        series = render.queue_series(load_config(config))
+        name, labels = series[: series.index("{")], series[series.index("{") + 1 : -1].split(",")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as r:
+            lines = [ln for ln in r.read().decode().splitlines() if ln.startswith(name + "{")]
+        assert any(all(lb in ln for lb in labels) for ln in lines), (series, lines)
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=90)
+    assert code == 0, server.communicate()[0]
+    assert not _http_ready(http)
+
+
+def test_cpu_image_python_has_a_pytriton_stub() -> None:
+    """The bundled tritonserver's python backend needs a stub built for the image's Python."""
+    from importlib import metadata
+
+    (base,) = [ln.split()[1] for ln in (DOCKER / "Dockerfile.cpu").read_text().splitlines() if ln.startswith("FROM ")]
+    version = re.fullmatch(r"python:(\d+\.\d+)-slim-\w+", base).group(1)  # type: ignore[union-attr]
+    dist = metadata.distribution("nvidia-pytriton")
+    stubs = Path(str(dist.locate_file("pytriton/tritonserver/python_backend_stubs")))
+    assert (stubs / version / "triton_python_backend_stub").is_file(), sorted(p.name for p in stubs.iterdir())
+
+
+def test_gpu_requirements_leave_nvidia_builds_alone() -> None:
+    names = {re.split(r"[<>=\[ ;]", ln.strip(), maxsplit=1)[0].lower()
+             for ln in (DOCKER / "requirements-gpu.txt").read_text().splitlines() if ln.strip() and ln[0] != "#"}
+    nvidia_builds = {"torch", "transformers", "tensorrt_llm", "tensorrt-llm", "nvidia-modelopt", "tensorrt"}
+    assert names and not names & nvidia_builds
+    assert "numpy" in names  # and numpy is held < 2 like the image's TensorRT-LLM needs

@@ -123,8 +123,9 @@ class EngineConfig(Strict):
     max_seq_len: PositiveInt = Field(description="Max prompt + generated tokens.")
     max_num_tokens: PositiveInt | None = Field(
         default=None,
-        description="Max tokens per engine step; must be >= max_batch_size * (max_draft_len + 1). None = exactly "
-        "that product (the smallest valid value).",
+        description="Max tokens per engine step; must be >= max_batch_size * (max_draft_len + 1) and >= "
+        "max_input_len (EAGLE engines have no chunked context, so one prompt must fit in one step). None = the "
+        "smallest valid value, max(max_batch_size * (max_draft_len + 1), max_input_len).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Reference engine device: `auto` = CUDA when present, else CPU."
@@ -205,7 +206,8 @@ def _tree_values(cfg: BuildConfig) -> tuple[int, int, int]:
 
 def derive_limits(cfg: BuildConfig) -> DerivedLimits:
     mdl, layers, non_leaves = _tree_values(cfg)
-    mnt = cfg.engine.max_num_tokens or cfg.engine.max_batch_size * (mdl + 1)
+    e = cfg.engine
+    mnt = e.max_num_tokens if e.max_num_tokens is not None else max(e.max_batch_size * (mdl + 1), e.max_input_len)
     return DerivedLimits(
         max_draft_len=mdl, num_eagle_layers=layers, max_non_leaves_per_layer=non_leaves, max_num_tokens=mnt
     )

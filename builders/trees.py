@@ -83,6 +83,12 @@ def preset(name: str) -> list[list[int]]:
             "tree preset 'mc_sim_7b_63' is ambiguous: TensorRT-LLM and the EAGLE repository use this name for two "
             "different trees. Use 'trtllm-default' (63 nodes, depth 4) or 'eagle-default' (25 nodes, depth 5)"
         )
+    if name.lstrip().startswith(("[", "{")):
+        # A quoted Python list (run.py --eagle_choices style) or Triton's brace syntax pasted into the YAML.
+        raise TreeError(
+            f"tree.choices is the string {name[:40]!r}...: write the paths as a YAML list without quotes, e.g. "
+            "choices: [[0], [0, 0], [1]] (Triton's `{0}, {0,0}` syntax is rendered from it, never written by hand)"
+        )
     raise TreeError(f"unknown tree preset {name!r}; use one of {PRESET_HELP}")
 
 

@@ -1,0 +1,1 @@
+"""Engine stage: trtllm-build argv (engine flow), LLM API YAML (PyTorch flow), reference.json (reference engine)."""

@@ -1,0 +1,57 @@
+"""`engine.backend: reference`: record what the reference engine needs as `<build>/engine/reference.json`.
+
+Everything is relative to the build directory (engines/spec.py), so Triton's reference model and the tools load
+the engine from the build directory alone, wherever it is mounted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builders.config import BuildConfig
+from engines.spec import DynamicTreeSpec, ReferenceSpec
+
+CHECKPOINT_STAGE = "checkpoint"  # builders/convert's stage name = its directory inside the build dir
+
+
+class ReferenceSpecError(ValueError):
+    """The checkpoint lacks what reference.json must record; the message names the file and key."""
+
+
+def random_head_flag(checkpoint_dir: Path) -> bool:
+    """`eagle_deploy.random_head` from the converted checkpoint's config.json (written by builders/convert)."""
+    f = checkpoint_dir / "config.json"
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ReferenceSpecError(f"cannot read {f}: {e}; rerun the checkpoint stage") from e
+    section = data.get("eagle_deploy") if isinstance(data, dict) else None
+    if not isinstance(section, dict) or not isinstance(section.get("random_head"), bool):
+        raise ReferenceSpecError(
+            f"{f} has no boolean `eagle_deploy.random_head`; it was not written by this project's converter "
+            "(rerun `python builders/build.py CONFIG --only checkpoint --force`)"
+        )
+    return section["random_head"]
+
+
+def reference_spec(cfg: BuildConfig, random_head: bool) -> ReferenceSpec:
+    """The spec rendered from the config (pure); paths relative to the build dir."""
+    tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
+    return ReferenceSpec(
+        checkpoint_dir=CHECKPOINT_STAGE,
+        tokenizer_dir=f"{CHECKPOINT_STAGE}/tokenizer",
+        draft_type=cfg.draft.type,
+        eagle3_head_dir=f"{CHECKPOINT_STAGE}/eagle3" if cfg.draft.type == "eagle3" else None,
+        random_head=random_head,
+        tree_choices=None if tree is None else tree.as_lists(),
+        dynamic_tree=None
+        if dyn is None
+        else DynamicTreeSpec(top_k=dyn.top_k, depth=dyn.depth, total_draft_tokens=dyn.total_draft_tokens),
+        dtype=cfg.target.dtype,
+        device=cfg.engine.device,
+        tp=cfg.parallel.tp,
+        max_batch_size=cfg.engine.max_batch_size,
+        max_input_len=cfg.engine.max_input_len,
+        max_seq_len=cfg.engine.max_seq_len,
+    )

@@ -1,0 +1,168 @@
+"""ENGINE_STAGE: `<build>/checkpoint/` -> `<build>/engine/`, by backend.
+
+- tensorrt: checks TensorRT-LLM's constraints, runs `trtllm-build` (only where the command and an NVIDIA GPU are
+  present; otherwise stops naming what is missing) and cross-checks the engine's config.json against the config.
+- pytorch: writes the LLM API options YAML and the `trtllm-serve` command (trtllm_serve.json).
+- reference: writes reference.json for engines/ (the project's PyTorch engine).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from builders.config import BuildConfig
+from builders.engine import crosscheck, llmapi, reference, trtllm_build
+from builders.pipeline import Stage, StageContext, StageError
+from engines.spec import SPEC_FILE, write_spec
+
+SERVE_FILE = "trtllm_serve.json"
+NGC_HINT = "run the build inside the NGC container instead: see docker/ngc/README.md"
+
+
+# ---- tool / GPU discovery (separate from the pure argv functions) --------------------------------------------------
+
+
+def gpu_compute_capabilities() -> list[tuple[int, int]]:
+    """Compute capability of each visible NVIDIA GPU via nvidia-smi; [] when there is none."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    proc = subprocess.run(
+        ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        return []
+    caps = []
+    for line in proc.stdout.split():
+        major, _, minor = line.strip().partition(".")
+        caps.append((int(major), int(minor or 0)))
+    return caps
+
+
+def tensorrt_environment_problems(cfg: BuildConfig, caps: list[tuple[int, int]], have_trtllm_build: bool) -> list[str]:
+    p = []
+    if not have_trtllm_build:
+        p.append(f"`{trtllm_build.TRTLLM_BUILD}` is not on PATH (TensorRT-LLM is not installed here)")
+    world = cfg.parallel.tp * cfg.parallel.pp
+    if not caps:
+        p.append("no NVIDIA GPU found (`nvidia-smi` missing or lists no GPU)")
+    elif len(caps) < world:
+        p.append(f"parallel.tp*pp={world} needs {world} GPUs, nvidia-smi lists {len(caps)}")
+    fp8 = cfg.quantization.weights == "fp8" or cfg.quantization.kv_cache == "fp8"
+    if caps and fp8 and min(caps) < trtllm_build.FP8_MIN_COMPUTE_CAPABILITY:
+        p.append(f"FP8 needs compute capability >= 8.9 (Ada/Hopper); this GPU has {min(caps)[0]}.{min(caps)[1]}")
+    return p
+
+
+# ---- per-backend runs ------------------------------------------------------------------------------------------
+
+
+def _run_tensorrt(ctx: StageContext) -> None:
+    cfg = ctx.cfg
+    problems = trtllm_build.constraint_problems(cfg)
+    if problems:
+        raise StageError("TensorRT-LLM constraints violated:\n  - " + "\n  - ".join(problems))
+    have_build = shutil.which(trtllm_build.TRTLLM_BUILD) is not None
+    env = tensorrt_environment_problems(cfg, gpu_compute_capabilities(), have_build)
+    if env:
+        argv = trtllm_build.trtllm_build_argv(cfg, ctx.stage_dir(reference.CHECKPOINT_STAGE), ctx.final)
+        raise StageError(
+            "cannot build the TensorRT engine here: " + "; ".join(env)
+            + f". The command would be:\n  {' '.join(argv)}\n"
+            f"Either {NGC_HINT}, or set engine.backend=reference to run on this machine."
+        )
+    ctx.run_command(trtllm_build.trtllm_build_argv(cfg, ctx.stage_dir(reference.CHECKPOINT_STAGE), ctx.out))
+    bad = crosscheck.crosscheck_engine_dir(ctx.out, cfg)
+    if bad:
+        raise StageError("built engine disagrees with the config:\n  - " + "\n  - ".join(bad))
+    ctx.notes["crosscheck"] = "engine config.json matches the config"
+
+
+def _eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> list[int]:
+    head_cfg_file = checkpoint_dir / "eagle3" / "config.json"
+    target_cfg_file = checkpoint_dir / "config.json"
+    try:
+        head_cfg = json.loads(head_cfg_file.read_text())
+        n_layers = int(json.loads(target_cfg_file.read_text())["num_hidden_layers"])
+    except (OSError, ValueError, KeyError) as e:
+        raise StageError(f"cannot read the EAGLE-3 head / target config in {checkpoint_dir}: {e}") from e
+    return llmapi.layers_to_capture(llmapi.resolve_input_layer_ids(cfg, head_cfg), n_layers)
+
+
+def _target_dir(cfg: BuildConfig) -> Path:
+    from builders.demo_model import resolve_target
+
+    return resolve_target(cfg.target.model)
+
+
+def _run_pytorch(ctx: StageContext) -> None:
+    cfg = ctx.cfg
+    ckpt = ctx.stage_dir(reference.CHECKPOINT_STAGE)
+    try:
+        options = llmapi.llm_api_options(cfg, ckpt / "eagle3", _eagle3_capture(cfg, ckpt))
+    except llmapi.LlmApiError as e:
+        raise StageError(str(e)) from e
+    (ctx.out / llmapi.OPTIONS_FILE).write_text(llmapi.dump_options(options))
+    argv = llmapi.trtllm_serve_argv(_target_dir(cfg), ctx.final / llmapi.OPTIONS_FILE)
+    serve = {"argv": argv, "llm_api": llmapi.LLMAPI_VERSION_NOTE}
+    (ctx.out / SERVE_FILE).write_text(json.dumps(serve, indent=2) + "\n")
+    ctx.notes["serve"] = " ".join(argv)
+
+
+def _run_reference(ctx: StageContext) -> None:
+    try:
+        random_head = reference.random_head_flag(ctx.stage_dir(reference.CHECKPOINT_STAGE))
+    except reference.ReferenceSpecError as e:
+        raise StageError(str(e)) from e
+    write_spec(reference.reference_spec(ctx.cfg, random_head), ctx.out)
+    ctx.notes["random_head"] = random_head
+
+
+def run(ctx: StageContext) -> None:
+    {"tensorrt": _run_tensorrt, "pytorch": _run_pytorch, "reference": _run_reference}[ctx.cfg.engine.backend](ctx)
+
+
+# ---- plan (dry run) and preflight --------------------------------------------------------------------------------
+
+
+def plan_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
+    if cfg.engine.backend == "tensorrt":
+        return [trtllm_build.trtllm_build_argv(cfg, build_dir / reference.CHECKPOINT_STAGE, build_dir / "engine")]
+    if cfg.engine.backend == "pytorch":
+        # Pure: a pip:/.gguf target is extracted only when the stage runs, so show what it will be.
+        target = Path(cfg.target.model) if Path(cfg.target.model).is_dir() else f"<HF dir of {cfg.target.model}>"
+        return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / "engine" / llmapi.OPTIONS_FILE)]
+    return []
+
+
+def preflight(cfg: BuildConfig) -> list[str]:
+    from builders.fp8 import fp8_problems
+
+    p = fp8_problems(cfg)
+    if cfg.engine.backend == "tensorrt":
+        p += [x for x in trtllm_build.constraint_problems(cfg) if x not in p]
+    if cfg.engine.backend == "pytorch":
+        p += llmapi.llmapi_problems(cfg)
+    return p
+
+
+def plan_outputs(cfg: BuildConfig) -> list[str]:
+    if cfg.engine.backend == "tensorrt":
+        return ["config.json"] + [f"rank{r}.engine" for r in range(cfg.parallel.tp * cfg.parallel.pp)]
+    if cfg.engine.backend == "pytorch":
+        return [llmapi.OPTIONS_FILE, SERVE_FILE]
+    return [SPEC_FILE]
+
+
+ENGINE_STAGE = Stage(
+    name="engine",
+    description="engine: trtllm-build (tensorrt) / LLM API YAML (pytorch) / reference.json (reference)",
+    external_inputs=lambda cfg: [],
+    depends_on=(reference.CHECKPOINT_STAGE,),
+    run=run,
+    plan_commands=plan_commands,
+    preflight=preflight,
+    plan_outputs=plan_outputs,
+)

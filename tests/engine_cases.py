@@ -1,0 +1,43 @@
+"""Config builders shared by the engine-stage / LLM API tests and their golden files.
+
+`UPDATE_GOLDEN=1 pytest tests/test_engine_stage.py tests/test_llmapi.py` rewrites tests/golden/ (review the diff:
+the golden files are the contract with TensorRT-LLM's CLI and llm_args).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from builders.config import BuildConfig, apply_overrides
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+BASE: dict[str, Any] = {
+    "name": "golden",
+    "output_dir": "/builds/golden",
+    "target": {"model": "/models/target", "dtype": "float16"},
+    "draft": {"type": "eagle", "model": "/models/head"},
+    "tree": {"choices": "trtllm-default"},
+    "engine": {"backend": "tensorrt", "max_batch_size": 4, "max_input_len": 1024, "max_seq_len": 2048,
+               "max_num_tokens": 2048},
+}
+
+
+def make_cfg(*overrides: str) -> BuildConfig:
+    data = copy.deepcopy(BASE)
+    assert apply_overrides(data, list(overrides)) == []
+    return BuildConfig.model_validate(data)
+
+
+def check_golden(name: str, actual: Any) -> None:
+    """Compare with tests/golden/<name> (JSON or text); rewrite it when UPDATE_GOLDEN=1."""
+    f = GOLDEN / name
+    text = actual if isinstance(actual, str) else json.dumps(actual, indent=2) + "\n"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    assert f.is_file(), f"golden file {f} missing; run with UPDATE_GOLDEN=1 and review it"
+    assert text == f.read_text(), f"{name} differs from the golden file (UPDATE_GOLDEN=1 to accept after review)"

@@ -1,0 +1,113 @@
+"""Send one prompt to a Triton LLM deployment and print the answer as it arrives, then the speculative stats.
+
+    python clients/generate.py --url localhost:8001 --prompt "Write a haiku about GPUs" --stream --max-tokens 64
+    python clients/generate.py --url localhost:8001 --prompt "Hi" --chat        # apply the model's chat template
+
+The request schema comes from the server's model config (or `--repo DIR`: the rendered repository's client.json).
+Output tokens are counted with the repository's tokenizer (or `--tokenizer DIR|whitespace`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import from the repository root, not from clients/ itself
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from clients import schema as sch  # noqa: E402
+from clients.client import DEFAULT_TIMEOUT_S, GenerationError, GenerationStats, LLMClient, sampling_of  # noqa: E402
+from clients.tokens import TokenCounter, make_counter  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="generate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--url", default="localhost:8001", help="gRPC endpoint host:port (default localhost:8001)")
+    ap.add_argument("--model", default="ensemble", help="model to call (default: ensemble)")
+    ap.add_argument("--repo", type=Path, default=None, help="rendered repository: read the schema from its client.json")
+    ap.add_argument("--prompt", required=True, help="prompt text")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    ap.add_argument("--stream", action="store_true", help="print text as it is generated")
+    ap.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    ap.add_argument("--tokenizer", default=None, help="HF tokenizer dir or `whitespace` (default: the repository's)")
+    ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: server's)")
+    ap.add_argument("--top-p", type=float, default=None, help="top-p (default: server's)")
+    ap.add_argument("--top-k", type=int, default=None, help="top-k (default: server's)")
+    ap.add_argument("--seed", type=int, default=None, help="sampling seed (default: server's)")
+    ap.add_argument("--stop", action="append", default=None, help="stop word (repeatable)")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="request deadline in seconds")
+    return ap
+
+
+def chat_prompt(tokenizer_dir: str | None, prompt: str) -> str:
+    """The prompt inside the model's chat template (the server applies none: contract.text_input)."""
+    if tokenizer_dir is None or tokenizer_dir == "whitespace":
+        raise ValueError("--chat needs the model's tokenizer: pass --tokenizer DIR (the repository names none)")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if not tok.chat_template:
+        raise ValueError(f"--chat: the tokenizer in {tokenizer_dir} has no chat template; drop --chat")
+    messages = [{"role": "user", "content": prompt}]
+    text: str = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return text
+
+
+def stats_lines(text: str, stats: GenerationStats, counter: TokenCounter | None) -> list[str]:
+    """Human-readable summary: timing, tokens and speculative-decoding statistics."""
+    e2e = stats.e2e or 0.0
+    ttft = stats.ttft or 0.0
+    lines = [f"responses: {stats.responses}, time to first response: {ttft * 1e3:.1f} ms, total: {e2e * 1e3:.1f} ms"]
+    tokens = None if counter is None else counter.count(text)
+    if tokens is None:
+        lines.append("output tokens: unknown (pass --tokenizer DIR to count them)")
+    else:
+        rate = tokens / e2e if e2e > 0 else 0.0
+        lines.append(f"output tokens: {tokens} ({counter.name}), {rate:.1f} tokens/s")
+    if stats.accepted_draft_tokens is None or stats.draft_tokens is None:
+        lines.append("speculative stats: not reported by the server")
+    else:
+        acc, drafted = stats.accepted_draft_tokens, stats.draft_tokens
+        rate_txt = f"{acc / drafted:.3f}" if drafted else "n/a"
+        line = f"speculative: accepted {acc} of {drafted} draft tokens (acceptance {rate_txt})"
+        if tokens is not None and tokens - acc > 0:
+            line += f", tau {tokens / (tokens - acc):.2f} tokens/step"  # stats.py: tau = tokens / (tokens - accepted)
+        lines.append(line)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        schema = sch.from_repository(args.repo, args.model) if args.repo else sch.fetch_schema(args.url, args.model)
+        tok_spec = args.tokenizer or schema.tokenizer
+        counter = make_counter(tok_spec) if tok_spec else None
+        prompt = chat_prompt(tok_spec, args.prompt) if args.chat else args.prompt
+        sampling = sampling_of({"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                                "seed": args.seed, "stop_words": args.stop})  # fmt: skip
+        with LLMClient(args.url, schema=schema, timeout_s=args.timeout) as client:
+            pieces = []
+            for chunk in client.stream(prompt, args.max_tokens, stream=args.stream, **sampling):
+                pieces.append(chunk.text)
+                print(chunk.text, end="", flush=True)
+            print(flush=True)
+            text, stats = "".join(pieces), client.last_stats
+    except (sch.SchemaError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except GenerationError as e:
+        print(f"\nerror: request failed: {e}", file=sys.stderr)
+        return 1
+    print("---", file=sys.stderr)
+    for line in stats_lines(text, stats, counter):
+        print(line, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

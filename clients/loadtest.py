@@ -1,0 +1,190 @@
+r"""Load tester for a Triton LLM deployment speaking the ensemble contract.
+
+    python clients/loadtest.py --url localhost:8001 --prompts prompts.jsonl --out results/ \
+        --concurrency 1,4,16 --requests 200 --max-tokens 128 --stream
+    python clients/loadtest.py --url localhost:8001 --prompts mt_bench.jsonl --out results/ \
+        --request-rate 2,8 --duration 60 --seed 0
+
+Per level it reports request throughput, output tokens/s, TTFT / inter-token / end-to-end latency (mean, p50, p90,
+p99), errors by status, and tau / acceptance rate from the server's speculative-decoding statistics. It writes
+report.json, report.csv, requests.jsonl (one line per request) and PNG plots into --out, rewritten after every level;
+Ctrl-C stops the run and writes what was measured (exit code 130). Refused connections, timeouts and server
+restarts are counted per status and the run carries on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import signal
+import sys
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: import from the repository root, not from clients/ itself
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from tqdm import tqdm  # noqa: E402
+
+from clients import schema as sch  # noqa: E402
+from clients.client import DEFAULT_TIMEOUT_S, AsyncLLMClient, sampling_of  # noqa: E402
+from clients.load import LevelResult, LevelRunner, LevelSpec  # noqa: E402
+from clients.plots import write_plots  # noqa: E402
+from clients.prompts import PromptFileError, load_prompts  # noqa: E402
+from clients.stats import CSV_COLUMNS, LevelReport, aggregate, csv_row  # noqa: E402
+from clients.tokens import make_counter  # noqa: E402
+
+EXIT_INTERRUPTED = 130
+
+
+def _numbers(text: str, kind: type[int] | type[float], flag: str) -> list[Any]:
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected comma-separated numbers ({e})") from e
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected positive values, e.g. 1,4,16")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="loadtest.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--url", required=True, help="gRPC endpoint host:port (e.g. localhost:8001)")
+    ap.add_argument("--model", default="ensemble", help="model to load (default: ensemble)")
+    ap.add_argument("--repo", type=Path, default=None,
+                    help="rendered repository: read the schema from its client.json (default: ask the server)")
+    ap.add_argument("--prompts", required=True, type=Path, help="JSONL file: `prompt` or MT-bench `turns` per line")
+    ap.add_argument("--out", required=True, type=Path, help="output directory for report.json/csv and plots")
+    load = ap.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", type=lambda t: _numbers(t, int, "--concurrency"),
+                      help="closed-loop levels: requests in flight, e.g. 1,4,16")
+    load.add_argument("--request-rate", type=lambda t: _numbers(t, float, "--request-rate"),
+                      help="open-loop levels: Poisson arrivals per second, e.g. 2 or 2,8")
+    bound = ap.add_mutually_exclusive_group(required=True)
+    bound.add_argument("--requests", type=int, help="measured requests per level")
+    bound.add_argument("--duration", type=float, help="seconds per level (no new request after it)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request (default 128)")
+    ap.add_argument("--stream", action="store_true", help="stream responses (needed for TTFT / inter-token latency)")
+    ap.add_argument("--warmup", type=int, default=0, help="unmeasured requests before each level (default 0)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of prompt order and Poisson arrivals (default 0)")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-request deadline in seconds")
+    ap.add_argument("--tokenizer", default=None,
+                    help="HF tokenizer dir or `whitespace` to count output tokens (default: the repository's)")
+    ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: server's)")
+    ap.add_argument("--top-p", type=float, default=None, help="top-p (default: server's)")
+    ap.add_argument("--top-k", type=int, default=None, help="top-k (default: server's)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap
+
+
+def level_specs(args: argparse.Namespace) -> list[LevelSpec]:
+    mode = "concurrency" if args.concurrency else "rate"
+    levels = args.concurrency or args.request_rate
+    sampling = sampling_of({"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k})
+    return [
+        LevelSpec(mode=mode, level=lv, max_tokens=args.max_tokens, stream=args.stream, requests=args.requests,
+                  duration_s=args.duration, warmup=args.warmup, seed=args.seed, sampling=sampling)
+        for lv in levels
+    ]  # fmt: skip
+
+
+def write_reports(out: Path, results: list[LevelResult], meta: dict[str, Any]) -> list[LevelReport]:
+    """report.json, report.csv, requests.jsonl and the plots for every level measured so far."""
+    out.mkdir(parents=True, exist_ok=True)
+    reports = [
+        aggregate(r.records, mode=r.spec.mode, level=r.spec.level, duration_s=r.duration_s, interrupted=r.interrupted)
+        for r in results
+    ]
+    doc = {"meta": meta, "levels": [rep.to_json() for rep in reports]}
+    (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+    with (out / "report.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(CSV_COLUMNS))
+        w.writeheader()
+        for rep in reports:
+            w.writerow(csv_row(rep))
+    with (out / "requests.jsonl").open("w") as f:
+        for r in results:
+            for rec in r.records:
+                f.write(json.dumps({"mode": r.spec.mode, "level": r.spec.level, **asdict(rec)}) + "\n")
+    ttfts = [[rec.ttft for rec in r.records if rec.ok and rec.ttft is not None] for r in results]
+    write_plots(reports, ttfts, out)
+    return reports
+
+
+def _summary_line(rep: LevelReport) -> str:
+    p50 = lambda s: "-" if s is None else f"{s.p50 * 1e3:.1f}ms"  # noqa: E731
+    spec = "" if rep.tau is None else f" tau={rep.tau:.2f} accept={rep.acceptance_rate or 0:.3f}"
+    errs = ", ".join(f"{k}={v}" for k, v in rep.errors.items()) or "none"
+    return (f"{rep.mode}={rep.level:g}: {rep.requests_ok}/{rep.requests_sent} ok, {rep.request_throughput:.2f} req/s, "
+            f"{rep.output_tokens_per_s:.1f} tok/s, TTFT p50 {p50(rep.ttft_s)}, ITL p50 {p50(rep.itl_s)}, "
+            f"e2e p50 {p50(rep.e2e_s)}{spec}; errors: {errs}")  # fmt: skip
+
+
+async def run(args: argparse.Namespace) -> int:
+    prompts = load_prompts(args.prompts)
+    specs = level_specs(args)
+    if args.repo is not None:
+        client = AsyncLLMClient(args.url, sch.from_repository(args.repo, args.model), timeout_s=args.timeout)
+    else:
+        client = await AsyncLLMClient.connect(args.url, args.model, timeout_s=args.timeout)
+    counter = make_counter(args.tokenizer or client.schema.tokenizer)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    meta = {
+        "argv": sys.argv, "url": args.url, "model": client.schema.model, "schema_source": client.schema.source,
+        "prompts_file": str(args.prompts), "prompts": len(prompts), "tokenizer": counter.name,
+        "max_tokens": args.max_tokens, "stream": args.stream, "seed": args.seed, "warmup": args.warmup,
+        "requests_per_level": args.requests, "duration_per_level_s": args.duration, "timeout_s": args.timeout,
+        "sampling": specs[0].sampling, "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "interrupted": False,
+    }  # fmt: skip
+    results: list[LevelResult] = []
+    try:
+        for spec in specs:
+            if stop.is_set():
+                break
+            bar = tqdm(total=spec.requests, desc=f"{spec.mode} {spec.level:g}", unit="req", disable=args.no_progress,
+                       file=sys.stderr)  # fmt: skip
+            with bar:
+                runner = LevelRunner(client, prompts, counter, spec, stop, on_done=lambda _r: bar.update(1))
+                result = await runner.run()
+            results.append(result)
+            meta["interrupted"] = result.interrupted
+            reports = write_reports(args.out, results, meta)
+            print(_summary_line(reports[-1]), flush=True)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        await client.close()
+    if stop.is_set():
+        meta["interrupted"] = True
+        write_reports(args.out, results, meta)
+        print(f"interrupted: wrote what was measured to {args.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"wrote {args.out}/report.json, report.csv, requests.jsonl and plots", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.requests is not None and args.requests < 1:
+        print(f"error: --requests {args.requests}: must be >= 1", file=sys.stderr)
+        return 2
+    if args.duration is not None and args.duration <= 0:
+        print(f"error: --duration {args.duration}: must be > 0", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(run(args))
+    except (PromptFileError, sch.SchemaError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

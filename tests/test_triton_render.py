@@ -1,0 +1,415 @@
+"""Rendering the Triton model repository (no server): every config.pbtxt parses as tritonclient's ModelConfig, the
+ensemble I/O equals tensorrtllm_backend's all_models/inflight_batcher_llm/ensemble/config.pbtxt for the tensors we
+serve, golden renders for tensorrt and pytorch, strict errors, launch argv (scripts/launch_triton_server.py form).
+
+`UPDATE_GOLDEN=1 pytest tests/test_triton_render.py` rewrites tests/golden/triton/ (review the diff)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from builders.build import main as build_main
+from builders.config import load_config
+from builders.trees import DraftTree, preset
+from triton_repo import contract as C
+from triton_repo import launch, render
+from triton_repo.models import batcher, common, llm_io
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "triton"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
+
+# tensorrtllm_backend all_models/inflight_batcher_llm/ensemble/config.pbtxt (commit 6a749f5^, May 2025):
+# (name, data_type, dims, optional) of the inputs/outputs we serve.
+UPSTREAM_ENSEMBLE_INPUTS = {
+    "text_input": ("TYPE_STRING", [1], False), "max_tokens": ("TYPE_INT32", [1], False),
+    "stop_words": ("TYPE_STRING", [-1], True), "exclude_input_in_output": ("TYPE_BOOL", [1], True),
+    "end_id": ("TYPE_INT32", [1], True), "pad_id": ("TYPE_INT32", [1], True), "top_k": ("TYPE_INT32", [1], True),
+    "top_p": ("TYPE_FP32", [1], True), "temperature": ("TYPE_FP32", [1], True), "seed": ("TYPE_UINT64", [1], True),
+    "beam_width": ("TYPE_INT32", [1], True), "return_perf_metrics": ("TYPE_BOOL", [1], True),
+    "stream": ("TYPE_BOOL", [1], True),
+}  # fmt: skip
+UPSTREAM_ENSEMBLE_OUTPUTS = {
+    "text_output": ("TYPE_STRING", [-1]), "acceptance_rate": ("TYPE_FP32", [1]),
+    "total_accepted_draft_tokens": ("TYPE_INT32", [1]), "total_draft_tokens": ("TYPE_INT32", [1]),
+}  # fmt: skip
+
+
+def _yaml(root: Path, target: Path, head: Path, draft_type: str, backend: str, tree: str, draft_extra: str = "") -> Path:
+    f = root / f"{backend}.yaml"
+    f.write_text(
+        f"name: render-{backend}\noutput_dir: {root / 'build'}\n"
+        f"target: {{model: {target}, dtype: float16}}\ndraft: {{type: {draft_type}, model: {head}{draft_extra}}}\n"
+        f"tree: {{choices: {tree}}}\n"
+        "engine: {backend: " + backend + ", max_batch_size: 8, max_input_len: 256, max_seq_len: 512}\n"
+    )
+    return f
+
+
+@pytest.fixture(scope="module")
+def reference_repo(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
+    root = tmp_path_factory.mktemp("render_ref")
+    assert build_main([str(_yaml(root, tiny_target, eagle_head, "eagle", "reference", "topk-2-2"))]) == 0
+    return root / "build" / "triton_repo"
+
+
+@pytest.fixture(scope="module")
+def tensorrt_build(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> tuple[Any, Path]:
+    """TensorRT-LLM cannot build engines here: the checkpoint stage runs, the repository renders from the config
+    (the engine path is only referenced)."""
+    root = tmp_path_factory.mktemp("render_trt")
+    cfg_file = _yaml(root, tiny_target, eagle_head, "eagle", "tensorrt", "trtllm-default")
+    assert build_main([str(cfg_file), "--only", "checkpoint"]) == 0
+    return load_config(cfg_file), root / "build"
+
+
+@pytest.fixture(scope="module")
+def target4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4-layer target: TensorRT-LLM's EAGLE-3 needs 3 distinct captured layers in 1..L-1 (builders/engine/llmapi.py)."""
+    from tests import tiny_models as tm
+
+    return tm.make_target(tmp_path_factory.mktemp("target4") / "target", layers=4)
+
+
+@pytest.fixture(scope="module")
+def pytorch_build(tmp_path_factory: pytest.TempPathFactory, target4: Path) -> tuple[Any, Path]:
+    from tests import tiny_models as tm
+
+    root = tmp_path_factory.mktemp("render_pt")
+    head = tm.make_eagle3_head(root / "eagle3", target4)
+    # Three distinct input-indexed layers (the fixture repeats one, which TensorRT-LLM's set cannot express).
+    head_cfg = json.loads((head / "config.json").read_text())
+    head_cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
+    (head / "config.json").write_text(json.dumps(head_cfg))
+    cfg_file = _yaml(root, target4, head, "eagle3", "pytorch", "chain-3")
+    assert build_main([str(cfg_file), "--only", "checkpoint", "--only", "engine"]) == 0
+    return load_config(cfg_file), root / "build"
+
+
+def parse(repo: Path, model: str) -> mc.ModelConfig:
+    return text_format.Parse((repo / model / "config.pbtxt").read_text(), mc.ModelConfig())
+
+
+def normalized(text: str, build: Path, target: Path | None = None) -> str:
+    text = text.replace(str(build.resolve()), "<BUILD>").replace(str(REPO_ROOT), "<PROJECT>")
+    return text if target is None else text.replace(str(target.resolve()), "<TARGET>")
+
+
+def check_golden(rel: str, text: str) -> None:
+    f = GOLDEN / rel
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    assert f.is_file(), f"golden file {f} missing; run with UPDATE_GOLDEN=1 and review it"
+    assert text == f.read_text(), f"{rel} differs from the golden file (UPDATE_GOLDEN=1 to accept after review)"
+
+
+# ---- contract and rendered configs -------------------------------------------------------------------------------
+
+
+def test_contract_wiring_is_consistent() -> None:
+    assert C.check_wiring() == []
+
+
+def test_every_config_parses_and_no_placeholder_survives(reference_repo: Path) -> None:
+    for m in MODELS:
+        text = (reference_repo / m / "config.pbtxt").read_text()
+        assert "${" not in text
+        cfg = parse(reference_repo, m)
+        assert cfg.name == m and cfg.max_batch_size == 8
+    for f in reference_repo.rglob("*"):
+        if f.is_file() and f.suffix in (".pbtxt", ".json", ".yaml"):
+            assert "${" not in f.read_text(), f
+    assert {p.name for p in reference_repo.iterdir()} == {*MODELS, "client.json", "manifest.json"}
+
+
+def test_ensemble_io_matches_tensorrtllm_backend(reference_repo: Path) -> None:
+    ens = parse(reference_repo, "ensemble")
+    got_in = {i.name: (mc.DataType.Name(i.data_type), list(i.dims), i.optional) for i in ens.input}
+    got_out = {o.name: (mc.DataType.Name(o.data_type), list(o.dims)) for o in ens.output}
+    assert got_in == UPSTREAM_ENSEMBLE_INPUTS
+    assert got_out == UPSTREAM_ENSEMBLE_OUTPUTS
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    bls = parse(reference_repo, "tensorrt_llm_bls")
+    assert [(i.name, i.data_type, list(i.dims), i.optional) for i in bls.input] == [
+        (i.name, i.data_type, list(i.dims), i.optional) for i in ens.input
+    ]
+
+
+def test_reference_llm_model_is_decoupled_python_with_queue_limit(reference_repo: Path) -> None:
+    llm = parse(reference_repo, "tensorrt_llm")
+    assert llm.backend == "python" and llm.model_transaction_policy.decoupled
+    assert llm.dynamic_batching.default_queue_policy.max_queue_size == 64  # TritonConfig default
+    params = {k: v.string_value for k, v in llm.parameters.items()}
+    assert params["llm_kind"] == "reference" and params["max_seq_len"] == "512" and params["max_input_len"] == "256"
+    assert Path(params["build_dir"]) == reference_repo.parent.resolve()
+    assert Path(params["project_root"]) == REPO_ROOT
+    assert (reference_repo / "tensorrt_llm" / "1" / "model.py").read_text() == (
+        REPO_ROOT / "triton_repo" / "models" / "reference_llm.py"
+    ).read_text()
+
+
+def test_client_json_is_generated_from_the_ensemble_config(reference_repo: Path) -> None:
+    desc = json.loads((reference_repo / "client.json").read_text())
+    ens = parse(reference_repo, "ensemble")
+    wire = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32",
+            "TYPE_BOOL": "BOOL"}  # fmt: skip
+    assert desc["model"] == ens.name and desc["streaming"] is True and desc["backend"] == "reference"
+    assert [(i["name"], i["datatype"], i["dims"], i["optional"]) for i in desc["inputs"]] == [
+        (i.name, wire[mc.DataType.Name(i.data_type)], list(i.dims), i.optional) for i in ens.input
+    ]
+    assert [o["name"] for o in desc["outputs"]] == [o.name for o in ens.output]
+    defaults = {i["name"]: i["default"] for i in desc["inputs"]}
+    assert defaults["temperature"] == 1.0 and defaults["stream"] is False and defaults["end_id"] is None
+    assert desc["max_seq_len"] == 512 and desc["perf_outputs"] == [t.name for t in C.PERF_OUTPUTS]
+
+
+def test_streaming_false_renders_non_decoupled_models(tensorrt_build: tuple[Any, Path], tmp_path: Path) -> None:
+    cfg, build = tensorrt_build
+    cfg = cfg.model_copy(update={"triton": cfg.triton.model_copy(update={"streaming": False})})
+    render.render(cfg, build, tmp_path / "repo")
+    assert not parse(tmp_path / "repo", "tensorrt_llm").model_transaction_policy.decoupled
+    assert not parse(tmp_path / "repo", "tensorrt_llm_bls").model_transaction_policy.decoupled
+    assert json.loads((tmp_path / "repo" / "client.json").read_text())["streaming"] is False
+
+
+# ---- golden renders -----------------------------------------------------------------------------------------------
+
+
+def test_tensorrt_render_golden(tensorrt_build: tuple[Any, Path], tmp_path: Path) -> None:
+    cfg, build = tensorrt_build
+    repo = tmp_path / "repo"
+    render.render(cfg, build, repo)
+    llm = parse(repo, "tensorrt_llm")
+    params = {k: v.string_value for k, v in llm.parameters.items()}
+    assert llm.backend == "tensorrtllm" and llm.model_transaction_policy.decoupled
+    assert params["eagle_choices"] == DraftTree.from_choices(preset("trtllm-default")).to_triton()
+    assert params["eagle_choices"].startswith("{0}, {1}, {2}") and params["eagle_choices"].count("{") == 63
+    assert params["decoding_mode"] == "eagle" and params["gpt_model_type"] == "inflight_fused_batching"
+    assert params["gpt_model_path"] == str((build / "engine").resolve())
+    assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()  # the C++ backend needs no model.py
+    for m in MODELS:
+        check_golden(f"tensorrt/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build))
+    desc = json.loads((repo / "client.json").read_text())
+    assert desc.pop("config_hash") == cfg.config_hash()  # depends on the tmp paths: not golden
+    check_golden("tensorrt/client.json", json.dumps(desc, indent=2) + "\n")
+
+
+def test_pytorch_render_golden(pytorch_build: tuple[Any, Path], target4: Path, tmp_path: Path) -> None:
+    import yaml
+
+    cfg, build = pytorch_build
+    repo = tmp_path / "repo"
+    render.render(cfg, build, repo)
+    doc = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    options = yaml.safe_load((build / "engine" / render.LLMAPI_OPTIONS_FILE).read_text())
+    assert doc["backend"] == "pytorch" and Path(doc["model"]) == target4.resolve()
+    assert {k: v for k, v in doc.items() if k not in ("model", "backend", "triton_config")} == options
+    assert doc["triton_config"] == {"max_batch_size": 8, "decoupled": True}
+    assert parse(repo, "tensorrt_llm").parameters["llm_kind"].string_value == "pytorch"
+    for m in MODELS:
+        check_golden(f"pytorch/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build))
+    check_golden("pytorch/model.yaml", normalized((repo / "tensorrt_llm" / "1" / "model.yaml").read_text(), build,
+                                                  target4))  # fmt: skip
+
+
+# ---- strictness ---------------------------------------------------------------------------------------------------
+
+
+def test_missing_tokenizer_is_an_error_naming_the_fix(tensorrt_build: tuple[Any, Path], tmp_path: Path) -> None:
+    cfg, _ = tensorrt_build
+    with pytest.raises(render.RenderError, match=r"tokenizer not found at .*run the checkpoint stage first"):
+        render.render(cfg, tmp_path / "empty_build", tmp_path / "repo")
+
+
+def test_render_refuses_a_non_empty_directory(tensorrt_build: tuple[Any, Path], tmp_path: Path) -> None:
+    cfg, build = tensorrt_build
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "old").write_text("x")
+    with pytest.raises(render.RenderError, match="is not empty"):
+        render.render(cfg, build, tmp_path / "repo")
+
+
+def test_duplicate_model_names_are_refused(tensorrt_build: tuple[Any, Path]) -> None:
+    cfg, _ = tensorrt_build
+    bad = cfg.model_copy(update={"triton": cfg.triton.model_copy(update={"bls_model": "ensemble"})})
+    assert render.config_problems(bad) == [
+        "triton.bls_model='ensemble' is also triton.ensemble_model; every Triton model needs its own name"
+    ]
+
+
+def test_pytorch_render_needs_the_engine_stage(pytorch_build: tuple[Any, Path], tmp_path: Path) -> None:
+    cfg, build = pytorch_build
+    fake = tmp_path / "b"
+    (fake / "checkpoint").mkdir(parents=True)
+    (fake / "checkpoint" / "tokenizer").symlink_to(build / "checkpoint" / "tokenizer")
+    with pytest.raises(render.RenderError, match="llm_api_options.yaml not found: run the engine stage"):
+        render.render(cfg, fake, tmp_path / "repo")
+
+
+# ---- model helpers (pure) -----------------------------------------------------------------------------------------
+
+
+def test_stop_word_list_round_trip_in_trtllm_format() -> None:
+    arr = common.word_list([[5, 6], [7]])
+    assert arr.tolist() == [[5, 6, 7], [2, 3, -1]]
+    assert common.parse_word_list(arr) == [[5, 6], [7]]
+    assert common.word_list([]).tolist() == [[0], [-1]] and common.parse_word_list(common.word_list([])) == []
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "p", "greedy", "top_p"),
+    [(1.0, 0, 0.0, True, 1.0), (0.0, 5, 0.9, True, 0.9), (0.7, 1, 0.0, True, 1.0), (0.7, 40, 0.0, False, 1.0),
+     (0.7, 0, 0.9, False, 0.9)],
+)  # fmt: skip
+def test_sampling_follows_trtllm_greedy_rule(t: float, k: int, p: float, greedy: bool, top_p: float) -> None:
+    s = llm_io.sampling_from(t, k, p, 3)
+    assert (s.greedy, s.top_p, s.seed) == (greedy, top_p, 3)
+
+
+def test_sampling_rejects_bad_values() -> None:
+    with pytest.raises(common.RequestError, match=r"temperature=-1.0 must be >= 0"):
+        llm_io.sampling_from(-1.0, 0, 0.0, 0)
+    with pytest.raises(common.RequestError, match=r"top_p=1.5 must be in \[0, 1\]"):
+        llm_io.sampling_from(1.0, 0, 1.5, 0)
+
+
+def test_batcher_admits_up_to_the_limit_then_refuses_and_recovers() -> None:
+    gate = threading.Event()
+    batches: list[int] = []
+    finished: list[Any] = []
+
+    def run_batch(jobs: list[batcher.Job]) -> None:
+        batches.append(len(jobs))
+        gate.wait(10)
+        for j in jobs:
+            j.result = j.payload
+
+    b = batcher.Batcher(run_batch, finished.append, max_batch_size=2, max_queue_size=3)
+    jobs = [batcher.Job(payload=i, is_cancelled=lambda: False, streaming=False) for i in range(6)]
+    assert [b.admit(j) for j in jobs[:5]] == [None] * 5
+    assert b.admit(jobs[5]) == (
+        "server busy: 5 requests in flight, limit max_batch_size 2 + triton.max_queue_size 3; retry later"
+    )
+    gate.set()
+    for j in jobs[:5]:
+        assert j.done.wait(10)
+    assert sorted(j.result for j in finished) == [0, 1, 2, 3, 4] and max(batches) == 2
+    deadline = time.time() + 5
+    while b.in_flight and time.time() < deadline:
+        time.sleep(0.01)
+    assert b.in_flight == 0 and b.admit(jobs[5]) is None  # room again
+    assert jobs[5].done.wait(10)
+    b.close()
+
+
+def test_batcher_skips_jobs_cancelled_while_queued() -> None:
+    ran: list[Any] = []
+    b = batcher.Batcher(lambda jobs: ran.extend(j.payload for j in jobs), lambda j: None, max_batch_size=4,
+                        max_queue_size=4)  # fmt: skip
+    j = batcher.Job(payload="x", is_cancelled=lambda: True, streaming=True)
+    assert b.admit(j) is None and j.done.wait(10)
+    assert j.cancelled and ran == []
+    b.close()
+
+
+# ---- launch argv --------------------------------------------------------------------------------------------------
+
+
+def _binary(tmp_path: Path) -> launch.ServerBinary:
+    return launch.ServerBinary(Path("/opt/tritonserver/bin/tritonserver"), Path("/opt/tritonserver/backends"))
+
+
+def test_single_server_argv_binds_loopback(tmp_path: Path) -> None:
+    argv = launch.launch_argv(_binary(tmp_path), Path("/r"), grpc_port=1, http_port=2, metrics_port=3,
+                              host="127.0.0.1", shm_tag="t")  # fmt: skip
+    assert argv[0] == "/opt/tritonserver/bin/tritonserver" and "--model-repository=/r" in argv
+    assert {"--grpc-address=127.0.0.1", "--http-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(argv)
+    assert {"--grpc-port=1", "--http-port=2", "--metrics-port=3", "--disable-auto-complete-config"} <= set(argv)
+    assert "--backend-config=python,shm-region-prefix-name=eaglet_rank0_" in argv
+    assert not any(a.startswith("--load-model") for a in argv)
+
+
+def test_world_size_gives_the_mpirun_form(tmp_path: Path) -> None:
+    """tensorrtllm_backend scripts/launch_triton_server.py: `mpirun --allow-run-as-root -n 1 <rank0> : -n 1 ...`,
+    ranks > 0 load only the LLM model, each rank its own python shm prefix."""
+    argv = launch.launch_argv(_binary(tmp_path), Path("/r"), grpc_port=1, http_port=2, metrics_port=3,
+                              host="127.0.0.1", world_size=2, shm_tag="t")  # fmt: skip
+    assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
+    sep = argv.index(":")
+    rank0, rank1 = argv[4:sep], argv[sep + 3 :]
+    assert argv[sep + 1 : sep + 3] == ["-n", "1"] and rank1[0] == rank0[0]
+    assert "--backend-config=python,shm-region-prefix-name=eaglet_rank0_" in rank0
+    assert "--backend-config=python,shm-region-prefix-name=eaglet_rank1_" in rank1
+    assert rank1[-2:] == ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+    assert not any(a.startswith("--load-model") for a in rank0) and argv.count(":") == 1
+
+
+def test_launch_cli_prints_the_command(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "triton_repo" / "launch.py"), "--repo", str(tmp_path / "repo"),
+         "--world-size", "2", "--grpc-port", "9001", "--print-argv"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert out[:2] == ["mpirun", "--allow-run-as-root"] and "--grpc-port=9001" in out and out.count(":") == 1
+    assert f"--model-repository={(tmp_path / 'repo').resolve()}" in out
+
+
+def test_bundled_binary_env_puts_this_interpreters_libpython_first() -> None:
+    b = launch.bundled_binary()
+    assert b.bundled and b.executable.is_file()
+    assert (b.backend_dir / "python" / "triton_python_backend_stub").exists()
+    ld = b.env["LD_LIBRARY_PATH"].split(":")
+    assert ld[0] == launch._libpython_dir() and ld[-1].endswith("nvidia_pytriton.libs")
+    assert b.env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = launch.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.server
+def test_launch_cli_serves_prints_endpoints_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The real bundled tritonserver on an empty repository (starts in seconds) plus a plain file at the root, as
+    client.json is: it is ignored, the server becomes ready, SIGTERM stops it cleanly."""
+    import signal
+    import urllib.request
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "client.json").write_text("{}\n")
+    ports = [launch.free_port() for _ in range(3)]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "triton_repo" / "launch.py"), "--repo", str(repo), "--grpc-port",
+         str(ports[0]), "--http-port", str(ports[1]), "--metrics-port", str(ports[2]), "--log", str(tmp_path / "log")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        lines = [proc.stdout.readline() for _ in range(4)]
+        assert lines[0].startswith("tritonserver ready"), lines
+        assert lines[1].split() == ["grpc", f"127.0.0.1:{ports[0]}"]
+        assert lines[3].split() == ["metrics", f"http://127.0.0.1:{ports[2]}/metrics"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/v2/health/ready", timeout=5) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "tritonserver stopped (exit code 0)" in out

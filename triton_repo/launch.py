@@ -1,0 +1,418 @@
+"""Start a real `tritonserver` on a model repository: a Python API (`TritonServer`) and a CLI.
+
+    python triton_repo/launch.py --repo DIR [--grpc-port 8001] [--http-port 8000] [--metrics-port 8002]
+                                 [--world-size N] [--host 127.0.0.1]
+
+Which binary: the system `tritonserver` when installed (NGC container: /opt/tritonserver), otherwise the CPU server
+bundled in the `nvidia-pytriton` wheel (tritonserver 2.51 + python backend). The bundled server needs three things
+pytriton itself sets up (pytriton/server/triton_server.py `_get_env`): its private shared libraries on
+LD_LIBRARY_PATH (`nvidia_pytriton.libs`), the venv's `bin` first on PATH (the python-backend stub runs the venv's
+interpreter environment), and a backend directory holding `python/` = libtriton_python.so + the stub built for this
+Python version. We prepare that directory once under the user cache.
+
+`--world-size N` gives the mpirun form of tensorrtllm_backend's scripts/launch_triton_server.py: one `-n 1
+tritonserver ...` block per rank, joined by `:`, each rank with its own python-backend shm prefix; ranks > 0 load
+only the LLM model (`--model-control-mode=explicit --load-model=tensorrt_llm`), as upstream.
+
+Python API (used by the clients and the load tester):
+
+    with TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()) as srv:
+        client = tritonclient.grpc.InferenceServerClient(srv.grpc_url)   # "127.0.0.1:PORT"
+        ...                                                                # srv.http_url "127.0.0.1:PORT"
+                                                                           # srv.metrics_url "http://.../metrics"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+SYSTEM_TRITON_DIRS = (Path("/opt/tritonserver"),)  # NGC tritonserver / trtllm containers
+READY_POLL_S = 0.25
+STOP_TIMEOUT_S = 30.0
+
+
+class LaunchError(RuntimeError):
+    """The server could not be started or did not become ready; the message carries its log tail."""
+
+
+@dataclass(frozen=True)
+class ServerBinary:
+    """A tritonserver executable, the backend directory it loads backends from, and the env it needs."""
+
+    executable: Path
+    backend_dir: Path
+    env: dict[str, str] = field(default_factory=dict)  # variables to set/prepend (values are full values)
+    bundled: bool = False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on `host` (the OS picks it; another process could take it before we bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# ---- finding the binary -------------------------------------------------------------------------------------------
+
+
+def system_binary() -> ServerBinary | None:
+    """`tritonserver` on PATH or in /opt/tritonserver, with its sibling `backends/` directory."""
+    found = shutil.which("tritonserver")
+    candidates = [Path(found)] if found else []
+    candidates += [d / "bin" / "tritonserver" for d in SYSTEM_TRITON_DIRS]
+    venv_bin = Path(sys.executable).parent
+    for exe in candidates:
+        # A `tritonserver` console script in our own venv would be a wrapper, not the server.
+        if exe.is_file() and os.access(exe, os.X_OK) and exe.resolve().parent != venv_bin.resolve():
+            backends = exe.resolve().parent.parent / "backends"
+            if backends.is_dir():
+                return ServerBinary(executable=exe, backend_dir=backends)
+    return None
+
+
+def _pytriton_root() -> Path:
+    try:
+        import pytriton
+    except ImportError as e:
+        raise LaunchError(
+            "no system tritonserver found and nvidia-pytriton is not installed; `pip install nvidia-pytriton` "
+            "(bundles a CPU tritonserver) or run inside the NGC tritonserver container"
+        ) from e
+    return Path(pytriton.__file__).resolve().parent
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "eagle-deploy"
+
+
+def prepare_bundled_backends(root: Path, cache: Path) -> Path:
+    """Backend directory for the bundled server: `python/` with the backend library and the stub for this Python.
+
+    Built in a temporary directory and renamed into place, so concurrent first starts never see a partial one."""
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "tritonserver" / "python_backend_stubs" / py / "triton_python_backend_stub"
+    backend_src = root / "tritonserver" / "backends" / "python"
+    if not stub.is_file():
+        raise LaunchError(f"nvidia-pytriton has no python-backend stub for Python {py} ({stub}); use Python 3.8-3.13")
+    target = cache / f"triton-backends-py{py}-{root.stat().st_mtime_ns}"
+    if (target / "python" / "triton_python_backend_stub").exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".backends-", dir=cache))
+    (tmp / "python").mkdir()
+    for src in backend_src.iterdir():
+        if src.is_file():
+            (tmp / "python" / src.name).symlink_to(src)
+    (tmp / "python" / "triton_python_backend_stub").symlink_to(stub)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process won the race: use its directory
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _libpython_dir() -> str | None:
+    """Directory of this interpreter's shared libpython (None for a static build: the system one is used)."""
+    libdir, name = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if libdir and name and (Path(libdir) / name).is_file():
+        return str(libdir)
+    return None
+
+
+def bundled_binary() -> ServerBinary:
+    root = _pytriton_root()
+    exe = root / "tritonserver" / "bin" / "tritonserver"
+    libs = root.parent / "nvidia_pytriton.libs"
+    if not exe.is_file():
+        raise LaunchError(f"nvidia-pytriton is installed but {exe} is missing; reinstall nvidia-pytriton")
+    env_path = os.environ.get("PATH", "")
+    ld = os.environ.get("LD_LIBRARY_PATH", "")
+    # The stub links `libpython3.X.so.1.0` dynamically; without help the loader picks the system one, whose
+    # patch level can differ from this interpreter's (extension modules then fail with undefined symbols such
+    # as `_PyModule_Add`). Put this interpreter's own shared libpython first.
+    lib_dirs = [d for d in (_libpython_dir(),) if d is not None] + ([ld] if ld else []) + [str(libs)]
+    env = {"PATH": f"{Path(sys.executable).parent}:{env_path}", "LD_LIBRARY_PATH": ":".join(lib_dirs)}
+    return ServerBinary(exe, prepare_bundled_backends(root, _cache_root()), env, bundled=True)
+
+
+def find_binary() -> ServerBinary:
+    """The system tritonserver when installed, else the one bundled in nvidia-pytriton."""
+    return system_binary() or bundled_binary()
+
+
+# ---- argv (pure) --------------------------------------------------------------------------------------------------
+
+
+def server_argv(
+    exe: Path,
+    repo: Path,
+    *,
+    backend_dir: Path,
+    grpc_port: int,
+    http_port: int,
+    metrics_port: int,
+    host: str,
+    shm_prefix: str,
+    load_only: str | None = None,
+) -> list[str]:
+    """One tritonserver invocation. `shm_prefix` keeps the python-backend shared-memory regions of servers running
+    side by side (tests, MPI ranks) apart. `load_only` = model name for ranks > 0 of a multi-GPU TensorRT-LLM
+    engine: as upstream, they load only the LLM model (explicit model control), whose backend instance then serves
+    as an MPI worker of rank 0."""
+    argv = [
+        str(exe),
+        f"--model-repository={repo}",
+        f"--backend-directory={backend_dir}",
+        f"--grpc-address={host}", f"--grpc-port={grpc_port}",
+        f"--http-address={host}", f"--http-port={http_port}",
+        f"--metrics-address={host}", f"--metrics-port={metrics_port}",
+        "--allow-metrics=true",
+        "--disable-auto-complete-config",  # configs are rendered complete; never let the server guess
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+    ]  # fmt: skip
+    if load_only is not None:
+        argv += ["--model-control-mode=explicit", f"--load-model={load_only}"]
+    return argv
+
+
+def mpirun_argv(world_size: int, rank_argv: list[list[str]]) -> list[str]:
+    """`mpirun --allow-run-as-root -n 1 <rank0> : -n 1 <rank1> ...` (tensorrtllm_backend
+    scripts/launch_triton_server.py `get_cmd`)."""
+    if world_size < 1 or len(rank_argv) != world_size:
+        raise ValueError(f"world_size={world_size} needs exactly {world_size} rank commands, got {len(rank_argv)}")
+    argv = ["mpirun", "--allow-run-as-root"]
+    for i, a in enumerate(rank_argv):
+        if i:
+            argv.append(":")
+        argv += ["-n", "1", *a]
+    return argv
+
+
+def launch_argv(
+    binary: ServerBinary,
+    repo: Path,
+    *,
+    grpc_port: int,
+    http_port: int,
+    metrics_port: int,
+    host: str,
+    world_size: int = 1,
+    shm_tag: str = "",
+    llm_model: str = "tensorrt_llm",
+) -> list[str]:
+    """The full command: one server, or the mpirun form for `world_size` > 1 (tensorrtllm_backend
+    scripts/launch_triton_server.py: rank 0 loads the whole repository, ranks > 0 only `llm_model`)."""
+    ranks = [
+        server_argv(
+            binary.executable, repo, backend_dir=binary.backend_dir, grpc_port=grpc_port, http_port=http_port,
+            metrics_port=metrics_port, host=host, shm_prefix=f"eagle{shm_tag}_rank{r}_",
+            load_only=None if r == 0 else llm_model,
+        )
+        for r in range(world_size)
+    ]  # fmt: skip
+    return ranks[0] if world_size == 1 else mpirun_argv(world_size, ranks)
+
+
+# ---- the running server -------------------------------------------------------------------------------------------
+
+
+class TritonServer:
+    """A tritonserver process on `repo`; a context manager (`start()` on enter, `stop()` on exit).
+
+    `grpc_url` and `http_url` are `host:port`, the form tritonclient's grpc/http `InferenceServerClient(url)` take;
+    `metrics_url` is the full Prometheus URL `http://host:port/metrics`. The server's output goes to `log_path`
+    (a temporary file when not given)."""
+
+    def __init__(
+        self,
+        repo: Path,
+        *,
+        grpc_port: int,
+        http_port: int,
+        metrics_port: int,
+        host: str = "127.0.0.1",
+        log_path: Path | None = None,
+        world_size: int = 1,
+        binary: ServerBinary | None = None,
+        llm_model: str = "tensorrt_llm",
+    ) -> None:
+        self.repo = Path(repo).resolve()
+        self.grpc_port, self.http_port, self.metrics_port = grpc_port, http_port, metrics_port
+        self.host = host
+        self.world_size = world_size
+        self.llm_model = llm_model
+        self._binary = binary
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(fd)
+            log_path = Path(name)
+        self.log_path = Path(log_path)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- endpoints
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def argv(self) -> list[str]:
+        binary = self._binary or find_binary()
+        self._binary = binary
+        return launch_argv(
+            binary, self.repo, grpc_port=self.grpc_port, http_port=self.http_port, metrics_port=self.metrics_port,
+            host=self.host, world_size=self.world_size, shm_tag=f"{os.getpid()}_{self.grpc_port}",
+            llm_model=self.llm_model,
+        )  # fmt: skip
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n_chars:]
+        except OSError:
+            return ""
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout_s: float = 180.0) -> TritonServer:
+        """Start the server and wait until `/v2/health/ready` answers 200 (every model loaded)."""
+        if not self.repo.is_dir():
+            raise LaunchError(f"model repository {self.repo} is not a directory; render it first (triton stage)")
+        if self.is_running():
+            raise LaunchError(f"server already running (pid {self.pid})")
+        argv = self.argv()
+        assert self._binary is not None
+        env = {**os.environ, **self._binary.env}
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.flush()
+            # Own process group: stop() can signal the server and its python-backend stubs together.
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                raise LaunchError(f"tritonserver exited with code {code} while starting; log {self.log_path}:\n"
+                                  f"{self.log_tail()}")
+            if self._ready():
+                return self
+            time.sleep(READY_POLL_S)
+        self.stop()
+        raise LaunchError(f"tritonserver not ready after {timeout_s:.0f}s; log {self.log_path}:\n{self.log_tail()}")
+
+    def _ready(self) -> bool:
+        url = f"http://{self.host}:{self.http_port}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGINT (tritonserver unloads models and exits), then SIGKILL of its process group after `timeout_s`.
+        Returns the exit code (None when it was not started)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        # Stubs normally exit with the server; make sure none of this group outlives it.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return proc.returncode
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+# ---- CLI ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="launch.py", description="Start tritonserver on a rendered model repository.")
+    ap.add_argument("--repo", required=True, type=Path, help="model repository (<build>/triton_repo)")
+    ap.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
+    ap.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000)")
+    ap.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (default 8002)")
+    ap.add_argument("--world-size", type=int, default=1, help="ranks (TP*PP) of a TensorRT-LLM engine: mpirun form")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    ap.add_argument("--llm-model", default="tensorrt_llm", help="LLM model that ranks > 0 load (--world-size > 1)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait until ready")
+    ap.add_argument("--log", type=Path, default=None, help="server log file (default: a temporary file)")
+    ap.add_argument("--print-argv", action="store_true", help="print the command and exit without starting")
+    args = ap.parse_args(argv)
+    if args.world_size < 1:
+        ap.error(f"--world-size {args.world_size}: must be >= 1")
+    srv = TritonServer(
+        args.repo, grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
+        host=args.host, world_size=args.world_size, log_path=args.log, llm_model=args.llm_model,
+    )  # fmt: skip
+    if args.print_argv:
+        print(" ".join(srv.argv()))
+        return 0
+    stopping = {"flag": False}
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stopping["flag"] = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        srv.start(args.timeout)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"tritonserver ready (pid {srv.pid}, log {srv.log_path})", flush=True)
+    print(f"  grpc     {srv.grpc_url}\n  http     http://{srv.http_url}\n  metrics  {srv.metrics_url}", flush=True)
+    while not stopping["flag"] and srv.is_running():
+        time.sleep(0.2)
+    died = not srv.is_running()
+    code = srv.stop()
+    print(f"tritonserver stopped (exit code {code})", flush=True)
+    return 1 if died and not stopping["flag"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

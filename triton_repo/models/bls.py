@@ -1,0 +1,183 @@
+"""Triton python model `tensorrt_llm_bls`: the ensemble's contract, run as business logic (upstream
+all_models/inflight_batcher_llm/tensorrt_llm_bls): preprocessing -> tensorrt_llm (decoupled when streaming) ->
+text, in one model. Streaming text is detokenized incrementally (a chunk is held back while it ends inside a
+multi-byte character), so the concatenated stream equals the unary text exactly. A cancelled client cancels the
+LLM request.
+"""
+
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _project_root(args):
+    cfg = json.loads(args["model_config"])
+    try:
+        return cfg["parameters"]["project_root"]["string_value"]
+    except KeyError:
+        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        root = _project_root(args)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        from triton_repo import contract
+        from triton_repo.models import common, llm_io
+
+        self.C, self.common, self.io = contract, common, llm_io
+        self._count = 0
+        p = common.Params(common.model_config(args))
+        self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
+        self.pre_model, self.llm_model = p.str("preprocessing_model"), p.str("llm_model")
+        self.decoupled = p.bool("decoupled")
+        self._lock = threading.Lock()
+        self.skip_special = contract.SKIP_SPECIAL_TOKENS
+        ens = contract.by_name(contract.ENSEMBLE_INPUTS)
+        self.stream_spec = ens["stream"]
+
+    def execute(self, requests):
+        """Requests are served one after the other, as upstream's BLS: run triton.bls_instances instances for
+        concurrency. (Serving them on threads of one instance stalled the python backend 24.10 stub under load.)"""
+        if self.decoupled:
+            for r in requests:
+                self._serve(self._read(r), r.get_response_sender())
+            return None
+        return [self._answer(self._read(r), None) for r in requests]
+
+    def _read(self, request):
+        out = {}
+        for t in self.C.ENSEMBLE_INPUTS:
+            x = pb_utils.get_input_tensor_by_name(request, t.name)
+            if x is not None:
+                out[t.name] = np.array(x.as_numpy(), copy=True)
+        return out
+
+    def _answer(self, request, sender):
+        try:
+            return self._one(request, sender)
+        except self.common.RequestError as e:
+            return self.common.error_response(pb_utils, str(e), e.code)
+        except pb_utils.TritonModelException as e:
+            return self.common.error_response(pb_utils, str(e), self.C.INVALID_ARGUMENT)
+
+    def _serve(self, request, sender):
+        try:
+            resp = self._answer(request, sender)
+        except Exception as e:  # never leave a client without a final response
+            resp = self.common.error_response(pb_utils, f"BLS error: {type(e).__name__}: {e}", "INTERNAL")
+        try:
+            if resp is None:
+                sender.send(flags=FINAL)
+            else:
+                sender.send(resp, flags=FINAL)
+        except Exception:
+            pass  # the client is gone
+
+    # ---- steps --------------------------------------------------------------------------------------------------
+    def _inputs(self, request, names_map):
+        """pb_utils.Tensors for a step: {step input: source}; a source is the name of an ensemble input present in
+        `request` (a dict of arrays) or an already computed internal array."""
+        tensors = []
+        for key, src in names_map.items():
+            if isinstance(src, np.ndarray):
+                tensors.append(pb_utils.Tensor(key, src))
+            elif src in request:
+                tensors.append(pb_utils.Tensor(key, request[src]))
+        return tensors
+
+    def _raise_if_error(self, resp):
+        if resp.has_error():
+            msg = resp.error().message()
+            raise self.common.RequestError(msg, self.C.INVALID_ARGUMENT)
+
+    def _one(self, request, sender):
+        C = self.C
+        pre = pb_utils.InferenceRequest(
+            model_name=self.pre_model,
+            inputs=self._inputs(request, C.PREPROCESSING_INPUT_MAP),
+            requested_output_names=list(C.PREPROCESSING_OUTPUT_MAP),
+        ).exec()
+        self._raise_if_error(pre)
+        internal = {v: pb_utils.get_output_tensor_by_name(pre, k).as_numpy() for k, v in C.PREPROCESSING_OUTPUT_MAP.items()}
+        llm_map = {k: internal[v] if v in internal else v for k, v in C.LLM_INPUT_MAP.items()}
+        streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
+        with self._lock:
+            self._count += 1
+            request_id = f"bls-{os.getpid()}-{self._count}"
+        llm_req = pb_utils.InferenceRequest(
+            model_name=self.llm_model, inputs=self._inputs(request, llm_map),
+            requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,
+        )  # fmt: skip
+        if not self.decoupled:
+            resp = llm_req.exec()
+            self._raise_if_error(resp)
+            return self._text_response(self._ids(resp), resp)
+        return self._stream(request, sender, llm_req, streaming, request_id)
+
+    def _ids(self, resp):
+        t = pb_utils.get_output_tensor_by_name(resp, "output_ids")
+        n = pb_utils.get_output_tensor_by_name(resp, "sequence_length")
+        if t is None:
+            return []
+        return t.as_numpy()[0, 0, : int(n.as_numpy().reshape(-1)[0])].tolist()
+
+    def _text_response(self, ids_or_text, resp):
+        text = ids_or_text if isinstance(ids_or_text, str) else self.tokenizer.decode(
+            ids_or_text, skip_special_tokens=self.skip_special)
+        tensors = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object))]
+        for p in self.C.PERF_OUTPUTS:
+            t = None if resp is None else pb_utils.get_output_tensor_by_name(resp, p.name)
+            if t is not None:
+                tensors.append(pb_utils.Tensor(p.name, t.as_numpy()))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _cancel_llm(self, request_id):
+        """Tell the LLM model to stop our request (upstream BLS: a `stop` request with the same request id)."""
+        stop = pb_utils.InferenceRequest(
+            model_name=self.llm_model, inputs=self.io.stop_request_tensors(pb_utils),
+            requested_output_names=[], request_id=request_id,
+        )  # fmt: skip
+        for _ in stop.exec(decoupled=True):
+            pass
+
+    def _stream(self, request, sender, llm_req, streaming, request_id):
+        """Decoupled LLM: forward chunks (streaming) or collect them (unary over a decoupled model)."""
+        responses = llm_req.exec(decoupled=True)
+        ids, emitted, last, cancelled = [], "", None, False
+        for resp in responses:
+            if not cancelled and sender.is_cancelled():
+                self._cancel_llm(request_id)
+                cancelled = True  # keep draining until the LLM's final response
+            if cancelled or resp is None:
+                continue
+            self._raise_if_error(resp)
+            if not resp.output_tensors():
+                continue
+            ids += self._ids(resp)
+            last = resp
+            if streaming:
+                text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+                if text.endswith("\ufffd"):
+                    continue  # the last token ends inside a multi-byte character: wait for the rest
+                if len(text) > len(emitted):
+                    sender.send(self._text_response(text[len(emitted):], None))
+                    emitted = text
+        if cancelled:
+            return None  # the client is gone: close the stream with the bare FINAL flag
+        if not streaming:
+            return self._text_response(ids, last)
+        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+        tail = text[len(emitted):]
+        has_perf = last is not None and pb_utils.get_output_tensor_by_name(last, "acceptance_rate") is not None
+        return self._text_response(tail, last) if (tail or has_perf) else None
+
+    def finalize(self):
+        pass

@@ -1,0 +1,111 @@
+"""Helpers shared by the python-backend models (imported inside the stub after `project_root` is on sys.path).
+
+`pb_utils` (triton_python_backend_utils) exists only inside the python-backend stub; it is passed in, never
+imported here, so this module also imports in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from triton_repo import contract as C
+
+
+class RequestError(ValueError):
+    """A bad request: answered with INVALID_ARGUMENT (or `code`) and this message; the server keeps serving."""
+
+    def __init__(self, message: str, code: str = C.INVALID_ARGUMENT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Params:
+    """The model's config.pbtxt `parameters`, strict: a missing one is an error naming it (render it)."""
+
+    def __init__(self, model_config: dict[str, Any]) -> None:
+        self.model = model_config["name"]
+        self._p = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+    def str(self, key: str) -> str:
+        if key not in self._p or self._p[key] == "" or "${" in self._p[key]:
+            raise KeyError(f"model {self.model}: parameter {key!r} missing or unset in config.pbtxt; re-render the "
+                           "repository with triton_repo.render")
+        return self._p[key]
+
+    def int(self, key: str) -> int:
+        return int(self.str(key))
+
+    def bool(self, key: str) -> bool:
+        v = self.str(key).lower()
+        if v not in ("true", "false"):
+            raise ValueError(f"model {self.model}: parameter {key}={v!r} must be true or false")
+        return v == "true"
+
+
+def load_tokenizer(path: str) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def end_pad_ids(tokenizer: Any) -> tuple[int, int]:
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos token; clients must send end_id")
+    pad = tokenizer.pad_token_id
+    return int(eos), int(eos if pad is None else pad)
+
+
+def tensor(pb_utils: Any, request: Any, name: str) -> np.ndarray | None:
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy()
+
+
+def scalar(pb_utils: Any, request: Any, spec: C.Tensor) -> Any:
+    """The first element of a [B, 1] input, or the contract's default when the optional input is absent."""
+    arr = tensor(pb_utils, request, spec.name)
+    if arr is None:
+        if not spec.optional:
+            raise RequestError(f"input {spec.name} is required")
+        return spec.default
+    if arr.size == 0:
+        raise RequestError(f"input {spec.name} is empty; send shape [1, 1]")
+    return arr.reshape(-1)[0].item()
+
+
+def error_response(pb_utils: Any, message: str, code: str = C.INVALID_ARGUMENT) -> Any:
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
+
+
+def word_list(words_ids: list[list[int]]) -> np.ndarray:
+    """TensorRT-LLM's stop/bad word format [2, L]: row 0 = the words' ids concatenated, row 1 = end offsets,
+    both padded (ids with 0, offsets with -1) to L = max(1, total ids) (upstream preprocessing
+    `_to_word_list_format`)."""
+    flat = [i for w in words_ids for i in w]
+    offsets = np.cumsum([len(w) for w in words_ids]).tolist() if words_ids else []
+    width = max(1, len(flat))
+    out = np.zeros((2, width), dtype=np.int32)
+    out[1, :] = -1
+    out[0, : len(flat)] = flat
+    out[1, : len(offsets)] = offsets
+    return out
+
+
+def parse_word_list(arr: np.ndarray) -> list[list[int]]:
+    """Inverse of `word_list` for one [2, L] array."""
+    flat, offsets = arr[0].tolist(), [int(o) for o in arr[1].tolist() if o >= 0]
+    words, start = [], 0
+    for end in offsets:
+        words.append([int(x) for x in flat[start:end]])
+        start = end
+    return [w for w in words if w]
+
+
+def model_config(args: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(args["model_config"])

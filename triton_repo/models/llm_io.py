@@ -1,0 +1,152 @@
+"""The `tensorrt_llm` model's request parsing and responses (contract.LLM_INPUTS / LLM_OUTPUTS), shared by the
+reference and LLM-API python models. Parsing raises RequestError (INVALID_ARGUMENT) naming the input and the fix.
+
+Sampling follows TensorRT-LLM's rules: temperature 0, top_k 1, or top_k 0 with top_p 0 (both "off") = greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from triton_repo import contract as C
+from triton_repo.models.common import RequestError, parse_word_list, scalar, tensor
+
+LLM_IN = C.by_name(C.LLM_INPUTS)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_input_len: int
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class Sampling:
+    greedy: bool
+    temperature: float
+    top_k: int
+    top_p: float  # 1.0 = off
+    seed: int
+
+
+@dataclass
+class Parsed:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    end_id: int
+    stop_strings: list[str]
+    sampling: Sampling
+    streaming: bool
+    exclude_input: bool
+    perf: bool
+    request: Any = None  # the engine's request object (engines.api.GenerationRequest for the reference engine)
+
+
+def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> Sampling:
+    if temperature < 0:
+        raise RequestError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if top_k < 0:
+        raise RequestError(f"top_k={top_k} must be >= 0 (0 = off)")
+    if not 0.0 <= top_p <= 1.0:
+        raise RequestError(f"top_p={top_p} must be in [0, 1] (0 = off)")
+    greedy = temperature == 0.0 or top_k == 1 or (top_k == 0 and top_p == 0.0)
+    return Sampling(greedy, float(temperature), int(top_k), float(top_p) if top_p > 0 else 1.0, int(seed))
+
+
+def parse_request(pb_utils: Any, request: Any, limits: Limits, tokenizer: Any, decoupled: bool) -> Parsed:
+    ids = tensor(pb_utils, request, "input_ids")
+    if ids is None or ids.ndim != 2 or ids.shape[0] != 1:
+        shape = None if ids is None else list(ids.shape)
+        raise RequestError(f"input_ids shape {shape}: send one prompt per request, shape [1, n] (concurrent "
+                           "requests are batched by the server)")
+    n_in = int(scalar(pb_utils, request, LLM_IN["input_lengths"]))
+    if not 1 <= n_in <= ids.shape[1]:
+        raise RequestError(f"input_lengths={n_in} must be in 1..{ids.shape[1]} (the input_ids given)")
+    prompt = [int(x) for x in ids[0, :n_in]]
+    n_out = int(scalar(pb_utils, request, LLM_IN["request_output_len"]))
+    if n_out <= 0:
+        raise RequestError(f"request_output_len (max_tokens)={n_out} must be >= 1")
+    if n_in > limits.max_input_len:
+        raise RequestError(f"prompt has {n_in} tokens > max_input_len={limits.max_input_len}; shorten it")
+    if n_in + n_out > limits.max_seq_len:
+        raise RequestError(f"prompt tokens {n_in} + max_tokens {n_out} > max_seq_len={limits.max_seq_len}; lower "
+                           f"max_tokens to at most {limits.max_seq_len - n_in}")
+    beam = int(scalar(pb_utils, request, LLM_IN["beam_width"]))
+    if beam != 1:
+        raise RequestError(f"beam_width={beam}: only 1 is supported (speculative decoding has no beam search)")
+    streaming = bool(scalar(pb_utils, request, LLM_IN["streaming"]))
+    if streaming and not decoupled:
+        raise RequestError("stream=true but this repository is not decoupled (rendered with triton.streaming="
+                           "false); send stream=false or re-render with triton.streaming=true")
+    end_id = scalar(pb_utils, request, LLM_IN["end_id"])
+    if end_id is None:
+        end_id = tokenizer.eos_token_id
+    stop = tensor(pb_utils, request, "stop_words_list")
+    stop_strings = [] if stop is None else [tokenizer.decode(w) for w in parse_word_list(stop.reshape(-1, *stop.shape[-2:])[0])]
+    sampling = sampling_from(
+        float(scalar(pb_utils, request, LLM_IN["temperature"])), int(scalar(pb_utils, request, LLM_IN["runtime_top_k"])),
+        float(scalar(pb_utils, request, LLM_IN["runtime_top_p"])), int(scalar(pb_utils, request, LLM_IN["seed"])),
+    )  # fmt: skip
+    parsed = Parsed(
+        prompt_ids=prompt, max_new_tokens=n_out, end_id=int(end_id), stop_strings=[s for s in stop_strings if s],
+        sampling=sampling, streaming=streaming,
+        exclude_input=bool(scalar(pb_utils, request, LLM_IN["exclude_input_in_output"])),
+        perf=bool(scalar(pb_utils, request, LLM_IN["return_perf_metrics"])),
+    )  # fmt: skip
+    parsed.request = reference_request(parsed)
+    return parsed
+
+
+def is_stop_request(pb_utils: Any, request: Any) -> bool:
+    return bool(scalar(pb_utils, request, LLM_IN["stop"]))
+
+
+def stop_request_tensors(pb_utils: Any) -> list[Any]:
+    """A `stop` request: the required inputs carry placeholders the model never reads (it only looks up the id)."""
+    one = np.ones((1, 1), np.int32)
+    return [
+        pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
+        pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), bool)),
+    ]  # fmt: skip
+
+
+def reference_request(p: Parsed) -> Any:
+    from engines.api import GenerationRequest, SamplingParams
+
+    s = p.sampling
+    params = (
+        SamplingParams(temperature=0.0)
+        if s.greedy
+        else SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    )
+    return GenerationRequest(
+        prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens, sampling=params, stop_token_ids=[p.end_id],
+        stop_strings=p.stop_strings,
+    )  # fmt: skip
+
+
+def ids_tensors(pb_utils: Any, ids: list[int]) -> list[Any]:
+    arr = np.asarray(ids, dtype=np.int32).reshape(1, 1, -1)
+    return [pb_utils.Tensor("output_ids", arr), pb_utils.Tensor("sequence_length", np.array([[len(ids)]], np.int32))]
+
+
+def perf_tensors(pb_utils: Any, accepted: int, drafted: int) -> list[Any]:
+    rate = accepted / drafted if drafted else 0.0
+    return [
+        pb_utils.Tensor("acceptance_rate", np.array([[rate]], np.float32)),
+        pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
+        pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
+    ]
+
+
+def final_response(pb_utils: Any, p: Parsed, output_ids: list[int], accepted: int, drafted: int) -> Any:
+    """Streaming: the chunks went out already, so the final response carries no tokens (only the metrics when
+    asked; None = send the FINAL flag alone). Not streaming: all ids (prompt first unless exclude_input)."""
+    perf = perf_tensors(pb_utils, accepted, drafted) if p.perf else []
+    if p.streaming:
+        return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, []) + perf) if perf else None
+    ids = list(output_ids) if p.exclude_input else p.prompt_ids + list(output_ids)
+    return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, ids) + perf)

@@ -1,0 +1,137 @@
+"""Triton python model `tensorrt_llm` for engine.backend=pytorch: TensorRT-LLM's LLM API (PyTorch backend, EAGLE-3)
+behind the tensorrt_llm model's I/O (contract.LLM_INPUTS / LLM_OUTPUTS), so the ensemble contract is the same as for
+the other backends.
+
+Like upstream's triton_backend/all_models/llmapi/tensorrt_llm/1/model.py it builds `LLM(**model.yaml minus
+triton_config)` and runs requests with `generate_async` on an asyncio loop in a thread; unlike it, it takes token ids
+(preprocessing tokenizes) and reports the speculative-decoding perf metrics (RequestOutput.outputs[0]
+.request_perf_metrics.speculative_decoding, filled when SamplingParams(return_perf_metrics=True)). The LLM API
+batches in flight itself; admission is bounded by max_batch_size + max_queue_size. Needs a GPU and tensorrt_llm
+(the NGC TensorRT-LLM container).
+"""
+
+import asyncio
+import json
+import os
+import sys
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _project_root(args):
+    cfg = json.loads(args["model_config"])
+    try:
+        return cfg["parameters"]["project_root"]["string_value"]
+    except KeyError:
+        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        root = _project_root(args)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        import yaml
+        from tensorrt_llm import LLM
+
+        from triton_repo import contract
+        from triton_repo.models import common, llm_io
+
+        self.C, self.common, self.io = contract, common, llm_io
+        p = common.Params(common.model_config(args))
+        self.decoupled = p.bool("decoupled")
+        self.limits = llm_io.Limits(max_input_len=p.int("max_input_len"), max_seq_len=p.int("max_seq_len"))
+        self.limit = p.int("max_batch_size") + p.int("max_queue_size")
+        self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
+        yaml_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.yaml")
+        with open(yaml_path) as f:
+            options = yaml.safe_load(f)
+        options.pop("triton_config")
+        self.llm = LLM(**options)
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def execute(self, requests):
+        futures, out = [], []
+        for r in requests:
+            sender = r.get_response_sender() if self.decoupled else None
+            try:
+                parsed = self.io.parse_request(pb_utils, r, self.limits, self.tokenizer, self.decoupled)
+            except self.common.RequestError as e:
+                err = self.common.error_response(pb_utils, str(e), e.code)
+                self._reply(sender, err, out)
+                continue
+            with self._lock:
+                full = self._in_flight >= self.limit
+                if not full:
+                    self._in_flight += 1
+            if full:
+                msg = f"server busy: {self.limit} requests in flight (max_batch_size + max_queue_size); retry later"
+                self._reply(sender, self.common.error_response(pb_utils, msg, self.C.UNAVAILABLE), out)
+                continue
+            fut = asyncio.run_coroutine_threadsafe(self._run(r, parsed, sender), self.loop)
+            futures.append((len(out), fut))
+            out.append(None)
+        if self.decoupled:
+            return None
+        for i, fut in futures:
+            out[i] = fut.result()
+        return out
+
+    def _reply(self, sender, resp, out):
+        if self.decoupled:
+            sender.send(resp, flags=FINAL)
+        else:
+            out.append(resp)
+
+    async def _run(self, request, parsed, sender):
+        from tensorrt_llm import SamplingParams
+
+        s = parsed.sampling
+        params = SamplingParams(
+            max_tokens=parsed.max_new_tokens, end_id=parsed.end_id, stop=parsed.stop_strings or None,
+            temperature=0.0 if s.greedy else s.temperature, top_k=1 if s.greedy else (s.top_k or None),
+            top_p=None if s.greedy else s.top_p, seed=s.seed, return_perf_metrics=True,
+        )  # fmt: skip
+        try:
+            stream = self.llm.generate_async(parsed.prompt_ids, params, streaming=parsed.streaming)
+            sent, final = 0, None
+            async for output in stream:
+                if request.is_cancelled():
+                    stream.abort()
+                    return self._done(sender, self.common.error_response(pb_utils, "request cancelled", "CANCELLED"))
+                ids = list(output.outputs[0].token_ids)
+                if parsed.streaming and len(ids) > sent:
+                    sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, ids[sent:])))
+                    sent = len(ids)
+                final = output
+            spec = final.outputs[0].request_perf_metrics.speculative_decoding
+            resp = self.io.final_response(
+                pb_utils, parsed, list(final.outputs[0].token_ids), int(spec.total_accepted_draft_tokens),
+                int(spec.total_draft_tokens),
+            )  # fmt: skip
+            return self._done(sender, resp)
+        except Exception as e:  # the engine failed for this request: report it, keep serving
+            return self._done(sender, self.common.error_response(pb_utils, f"LLM API error: {e}", "INTERNAL"))
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _done(self, sender, resp):
+        if not self.decoupled:
+            return resp
+        if resp is None:
+            sender.send(flags=FINAL)
+        else:
+            sender.send(resp, flags=FINAL)
+        return None
+
+    def finalize(self):
+        self.llm.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)

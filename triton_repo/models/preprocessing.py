@@ -1,0 +1,110 @@
+"""Triton python model `preprocessing`: text -> token ids, with the request checks (upstream
+all_models/inflight_batcher_llm/preprocessing, I/O in triton_repo/contract.py).
+
+Bad requests (empty or non-UTF-8 text, max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over
+max_seq_len) get INVALID_ARGUMENT with a message; the other requests of the batch are unaffected.
+"""
+
+import json
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _project_root(args):
+    cfg = json.loads(args["model_config"])
+    try:
+        return cfg["parameters"]["project_root"]["string_value"]
+    except KeyError:
+        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        root = _project_root(args)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        from triton_repo import contract
+        from triton_repo.models import common
+
+        self.C, self.common = contract, common
+        p = common.Params(common.model_config(args))
+        self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
+        self.add_special_tokens = p.bool("add_special_tokens")
+        self.max_input_len = p.int("max_input_len")
+        self.max_seq_len = p.int("max_seq_len")
+        self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            try:
+                out.append(self._one(r))
+            except self.common.RequestError as e:
+                out.append(self.common.error_response(pb_utils, str(e), e.code))
+        return out
+
+    def _decode_query(self, raw):
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)  # strict: UnicodeDecodeError below
+        if text == "":
+            raise self.common.RequestError("text_input is empty; send a non-empty prompt")
+        return text
+
+    def _one(self, request):
+        common = self.common
+        query = common.tensor(pb_utils, request, "QUERY")
+        out_len = common.tensor(pb_utils, request, "REQUEST_OUTPUT_LEN")
+        stop = common.tensor(pb_utils, request, "STOP_WORDS_DICT")
+        end_in = common.tensor(pb_utils, request, "END_ID")
+        pad_in = common.tensor(pb_utils, request, "PAD_ID")
+        batch = query.shape[0]
+        ids, stop_lists = [], []
+        for b in range(batch):
+            try:
+                text = self._decode_query(query[b].reshape(-1)[0])
+            except UnicodeDecodeError as e:
+                raise common.RequestError(f"text_input is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            n_out = int(out_len[b].reshape(-1)[0])
+            tok = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+            if n_out <= 0:
+                raise common.RequestError(f"max_tokens={n_out} must be >= 1")
+            if len(tok) > self.max_input_len:
+                raise common.RequestError(
+                    f"prompt has {len(tok)} tokens > max_input_len={self.max_input_len}; shorten it")
+            if len(tok) + n_out > self.max_seq_len:
+                raise common.RequestError(
+                    f"prompt tokens {len(tok)} + max_tokens {n_out} = {len(tok) + n_out} > max_seq_len="
+                    f"{self.max_seq_len}; lower max_tokens to at most {self.max_seq_len - len(tok)}")
+            ids.append(tok)
+            words = [] if stop is None else [w for w in stop[b].reshape(-1).tolist() if w not in (b"", "")]
+            try:
+                words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in words]
+            except UnicodeDecodeError:
+                raise common.RequestError("stop_words contains invalid UTF-8") from None
+            stop_lists.append(common.word_list(
+                [self.tokenizer.encode(w, add_special_tokens=False) for w in words]))
+        width = max(len(t) for t in ids)
+        end = np.full((batch, 1), self.end_id, np.int32) if end_in is None else end_in.astype(np.int32).reshape(batch, 1)
+        pad = np.full((batch, 1), self.pad_id, np.int32) if pad_in is None else pad_in.astype(np.int32).reshape(batch, 1)
+        input_ids = np.empty((batch, width), np.int32)
+        for b, t in enumerate(ids):
+            input_ids[b, :] = pad[b, 0]
+            input_ids[b, : len(t)] = t
+        swidth = max(s.shape[1] for s in stop_lists)
+        stop_ids = np.zeros((batch, 2, swidth), np.int32)
+        stop_ids[:, 1, :] = -1
+        for b, s in enumerate(stop_lists):
+            stop_ids[b, :, : s.shape[1]] = s
+        tensors = {
+            "INPUT_ID": input_ids,
+            "REQUEST_INPUT_LEN": np.array([[len(t)] for t in ids], np.int32),
+            "REQUEST_OUTPUT_LEN": out_len.astype(np.int32).reshape(batch, 1),
+            "STOP_WORDS_IDS": stop_ids,
+            "OUT_END_ID": end,
+            "OUT_PAD_ID": pad,
+        }
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+
+    def finalize(self):
+        pass

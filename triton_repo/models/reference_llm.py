@@ -1,0 +1,155 @@
+"""Triton python model `tensorrt_llm` for engine.backend=reference: the tensorrt_llm model's I/O (contract.py
+LLM_INPUTS / LLM_OUTPUTS) over this project's reference engine (`engines.api.ReferenceEngine.from_build`).
+
+Decoupled (triton.streaming=true): every accepted chunk is sent as it comes (`output_ids` [1, 1, n]), then a final
+response carrying the perf metrics when asked. Not decoupled: one response per request with the prompt + generated
+ids (unless exclude_input_in_output), as the tensorrtllm backend does. Concurrent requests are batched by
+triton_repo/models/batcher.py. `output_ids` end with the end_id token when generation stopped on it (the
+postprocessing model drops special tokens).
+"""
+
+import json
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _project_root(args):
+    cfg = json.loads(args["model_config"])
+    try:
+        return cfg["parameters"]["project_root"]["string_value"]
+    except KeyError:
+        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
+
+
+class _Metrics:
+    """Custom Prometheus metrics on Triton's metrics endpoint (python backend pb_utils.MetricFamily). The families
+    are kept alive here: a Metric whose family was garbage-collected can no longer be set."""
+
+    def __init__(self, kind):
+        fam, labels = pb_utils.MetricFamily, {"backend": kind}
+        self.families = [
+            fam("eagle_llm_requests_in_flight", "Requests admitted and not finished", fam.GAUGE),
+            fam("eagle_llm_requests_refused_total", "Requests refused: queue full", fam.COUNTER),
+            fam("eagle_llm_requests_cancelled_total", "Requests cancelled or disconnected mid-generation", fam.COUNTER),
+            fam("eagle_llm_generated_tokens_total", "Tokens generated (cancelled requests included)", fam.COUNTER),
+        ]
+        self.in_flight, self.refused, self.cancelled, self.tokens = (f.Metric(labels) for f in self.families)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        root = _project_root(args)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        from pathlib import Path
+
+        from engines.api import ReferenceEngine
+        from triton_repo import contract
+        from triton_repo.models import batcher, common, llm_io
+
+        self.C, self.common, self.io, self.batcher_mod = contract, common, llm_io, batcher
+        p = common.Params(common.model_config(args))
+        self.decoupled = p.bool("decoupled")
+        self.limits = llm_io.Limits(max_input_len=p.int("max_input_len"), max_seq_len=p.int("max_seq_len"))
+        self.engine = ReferenceEngine.from_build(Path(p.str("build_dir")))
+        self.tokenizer = self.engine.tokenizer
+        self.metrics = _Metrics(p.str("llm_kind"))
+        self.batcher = batcher.Batcher(
+            self._run_batch, self._finish, max_batch_size=p.int("max_batch_size"), max_queue_size=p.int("max_queue_size"),
+            on_count=self.metrics.in_flight.set,
+        )
+
+    # ---- requests in ------------------------------------------------------------------------------------------
+    def execute(self, requests):
+        jobs, replies = [], []
+        for r in requests:
+            sender = r.get_response_sender() if self.decoupled else None
+            if self.io.is_stop_request(pb_utils, r):
+                self._stop_job(r.request_id())
+                replies.append((sender, pb_utils.InferenceResponse(output_tensors=[]), None))
+                continue
+            try:
+                parsed = self.io.parse_request(pb_utils, r, self.limits, self.tokenizer, self.decoupled)
+            except self.common.RequestError as e:
+                replies.append((sender, self.common.error_response(pb_utils, str(e), e.code), None))
+                continue
+            # Decoupled: the request object is done once execute() returns; its sender keeps the cancel flag.
+            cancelled = sender.is_cancelled if self.decoupled else r.is_cancelled
+            job = self.batcher_mod.Job(payload=(parsed, sender), is_cancelled=cancelled, streaming=parsed.streaming)
+            if r.request_id():
+                job.request_id = r.request_id()
+            refusal = self.batcher.admit(job)
+            if refusal is not None:
+                self.metrics.refused.increment(1)
+                replies.append((sender, self.common.error_response(pb_utils, refusal, self.C.UNAVAILABLE), None))
+            else:
+                replies.append((sender, None, job))
+                jobs.append(job)
+        if self.decoupled:
+            for sender, err, _job in replies:
+                if err is not None:
+                    sender.send(err, flags=FINAL)
+            return None
+        out = []
+        for _sender, err, job in replies:
+            if err is not None:
+                out.append(err)
+                continue
+            job.done.wait()
+            out.append(job.result)
+        return out
+
+    def _stop_job(self, request_id):
+        for job in self.batcher.jobs():
+            if request_id and job.request_id == request_id:
+                job.cancelled = True
+
+    # ---- worker thread ----------------------------------------------------------------------------------------
+    def _run_batch(self, jobs):
+        def on_tokens(i, new_ids):
+            parsed, sender = jobs[i].payload
+            if jobs[i].cancelled or jobs[i].is_cancelled():
+                jobs[i].cancelled = True
+                return False
+            if parsed.streaming and new_ids:
+                try:
+                    sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, new_ids)))
+                except Exception:  # the client went away: stop this sequence
+                    jobs[i].cancelled = True
+                    return False
+            return True
+
+        results = self.engine.generate([j.payload[0].request for j in jobs], speculative=True, on_tokens=on_tokens)
+        for j, res in zip(jobs, results):
+            j.result = res
+            self.metrics.tokens.increment(len(res.output_ids))
+
+    def _finish(self, job):
+        parsed, sender = job.payload
+        if job.error is not None:
+            resp = self.common.error_response(pb_utils, job.error, job.error_code)
+        elif job.cancelled or (job.result is not None and job.result.finish_reason == "cancelled"):
+            self.metrics.cancelled.increment(1)
+            # A bare FINAL flag: an error response with code CANCELLED left the caller's (BLS) stub unable to
+            # unload in python backend 24.10.
+            resp = None if self.decoupled else self.common.error_response(pb_utils, "request cancelled", "CANCELLED")
+        else:
+            st = job.result.stats
+            resp = self.io.final_response(pb_utils, parsed, job.result.output_ids, st.accepted_draft_tokens,
+                                          st.draft_tokens)
+        if not self.decoupled:
+            job.result = resp  # execute() returns it
+            return
+        try:
+            if resp is None:
+                sender.send(flags=FINAL)
+            else:
+                sender.send(resp, flags=FINAL)
+        except Exception:
+            pass  # the client is gone; nothing left to free
+
+    def finalize(self):
+        self.batcher.close()

@@ -1,0 +1,348 @@
+"""Render a complete Triton model repository from the config and the build outputs.
+
+One ensemble contract (triton_repo/contract.py) for all backends; only the `tensorrt_llm` step differs:
+  - tensorrt : the C++ `tensorrtllm` backend on `<build>/engine` (inflight fused batching, decoding_mode eagle,
+               eagle_choices in the backend's brace syntax);
+  - pytorch  : a python model running the TensorRT-LLM LLM API from `model.yaml` (EAGLE-3), token ids in/out;
+  - reference: a python model running this project's reference engine on the build directory.
+preprocessing, postprocessing, ensemble and tensorrt_llm_bls are the same python models for all three.
+
+Configs are built as `ModelConfig` protobuf messages (tritonclient.grpc.model_config_pb2) and written with
+text_format, so every file is valid by construction and no `${placeholder}` can survive; a value we cannot fill is
+a RenderError naming the field and the fix. A `client.json` descriptor of the ensemble goes to the repository root
+(tritonserver ignores plain files there).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from builders.config import BuildConfig
+from triton_repo import contract as C
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MODELS_SRC = Path(__file__).resolve().parent / "models"
+CLIENT_FILE = "client.json"
+CHECKPOINT_STAGE = "checkpoint"  # builders/convert's output directory inside the build dir
+ENGINE_STAGE = "engine"
+LLMAPI_OPTIONS_FILE = "llm_api_options.yaml"  # builders/engine/llmapi.py OPTIONS_FILE
+
+
+class RenderError(ValueError):
+    """A value the repository needs is missing or invalid; the message names it and the fix."""
+
+
+# ---- protobuf helpers ---------------------------------------------------------------------------------------------
+
+
+def _io(msg: Any, t: C.Tensor) -> None:
+    msg.name = t.name
+    msg.data_type = mc.DataType.Value(t.dtype)
+    msg.dims.extend(t.dims)
+
+
+def _add_inputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...]) -> None:
+    for t in tensors:
+        i = cfg.input.add()
+        _io(i, t)
+        i.optional = t.optional
+
+
+def _add_outputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...]) -> None:
+    for t in tensors:
+        _io(cfg.output.add(), t)
+
+
+def _params(cfg: mc.ModelConfig, params: dict[str, str | int | float | bool]) -> None:
+    for k, v in params.items():
+        if v is None or (isinstance(v, str) and (v == "" or "${" in v)):
+            raise RenderError(f"model {cfg.name}: parameter {k} has no value ({v!r})")
+        text = ("true" if v else "false") if isinstance(v, bool) else str(v)
+        cfg.parameters[k].string_value = text
+
+
+def _base(name: str, max_batch_size: int, *, backend: str | None = None, platform: str | None = None) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name, max_batch_size=max_batch_size)
+    if backend:
+        cfg.backend = backend
+    if platform:
+        cfg.platform = platform
+    return cfg
+
+
+def _instances(cfg: mc.ModelConfig, count: int) -> None:
+    g = cfg.instance_group.add()
+    g.kind = mc.ModelInstanceGroup.KIND_CPU
+    g.count = count
+
+
+def _decoupled(cfg: mc.ModelConfig, on: bool) -> None:
+    cfg.model_transaction_policy.decoupled = on
+
+
+def _batching(cfg: mc.ModelConfig, bc: BuildConfig, queue: bool) -> None:
+    db = cfg.dynamic_batching
+    db.max_queue_delay_microseconds = bc.triton.max_queue_delay_microseconds
+    if queue:
+        # Requests beyond the queue are refused by Triton with UNAVAILABLE ("Exceeds maximum queue size").
+        db.default_queue_policy.max_queue_size = bc.triton.max_queue_size
+
+
+def to_text(cfg: mc.ModelConfig) -> str:
+    return text_format.MessageToString(cfg)
+
+
+# ---- models shared by all backends --------------------------------------------------------------------------------
+
+
+def _python_common(build_dir: Path) -> dict[str, str]:
+    tok = tokenizer_dir(build_dir)
+    return {"project_root": str(PROJECT_ROOT), "tokenizer_dir": str(tok)}
+
+
+def tokenizer_dir(build_dir: Path) -> Path:
+    tok = (build_dir / CHECKPOINT_STAGE / "tokenizer").resolve()
+    if not (tok / "tokenizer_config.json").is_file():
+        raise RenderError(
+            f"tokenizer not found at {tok} (no tokenizer_config.json); run the checkpoint stage first: "
+            "`python builders/build.py CONFIG --only checkpoint`"
+        )
+    return tok
+
+
+def preprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
+    t = bc.triton
+    cfg = _base(t.preprocessing_model, bc.engine.max_batch_size, backend="python")
+    _add_inputs(cfg, C.PREPROCESSING_INPUTS)
+    _add_outputs(cfg, C.PREPROCESSING_OUTPUTS)
+    _params(cfg, {
+        **_python_common(build_dir),
+        "add_special_tokens": C.ADD_SPECIAL_TOKENS,
+        "max_input_len": bc.engine.max_input_len,
+        "max_seq_len": bc.engine.max_seq_len,
+    })  # fmt: skip
+    _instances(cfg, t.preprocessing_instances)
+    return cfg
+
+
+def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
+    t = bc.triton
+    cfg = _base(t.postprocessing_model, bc.engine.max_batch_size, backend="python")
+    _add_inputs(cfg, C.POSTPROCESSING_INPUTS)
+    _add_outputs(cfg, C.POSTPROCESSING_OUTPUTS)
+    _params(cfg, {**_python_common(build_dir), "skip_special_tokens": C.SKIP_SPECIAL_TOKENS})
+    cfg.dynamic_batching.SetInParent()
+    _instances(cfg, t.postprocessing_instances)
+    return cfg
+
+
+def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
+    t = bc.triton
+    cfg = _base(t.ensemble_model, bc.engine.max_batch_size, platform="ensemble")
+    _add_inputs(cfg, C.ENSEMBLE_INPUTS)
+    _add_outputs(cfg, C.ENSEMBLE_OUTPUTS)
+    for model, imap, omap in (
+        (t.preprocessing_model, C.PREPROCESSING_INPUT_MAP, C.PREPROCESSING_OUTPUT_MAP),
+        (t.llm_model, C.LLM_INPUT_MAP, C.LLM_OUTPUT_MAP),
+        (t.postprocessing_model, C.POSTPROCESSING_INPUT_MAP, C.POSTPROCESSING_OUTPUT_MAP),
+    ):
+        step = cfg.ensemble_scheduling.step.add()
+        step.model_name = model
+        step.model_version = -1
+        step.input_map.update(imap)
+        step.output_map.update(omap)
+    return cfg
+
+
+def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
+    t = bc.triton
+    cfg = _base(t.bls_model, bc.engine.max_batch_size, backend="python")
+    _add_inputs(cfg, C.ENSEMBLE_INPUTS)
+    _add_outputs(cfg, C.ENSEMBLE_OUTPUTS)
+    _params(cfg, {
+        **_python_common(build_dir),
+        "preprocessing_model": t.preprocessing_model,
+        "llm_model": t.llm_model,
+        "decoupled": t.streaming,
+    })  # fmt: skip
+    _decoupled(cfg, t.streaming)
+    _instances(cfg, t.bls_instances)
+    return cfg
+
+
+# ---- the LLM model, per backend -----------------------------------------------------------------------------------
+
+
+def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
+    """C++ tensorrtllm backend (parameter names: tensorrtllm_backend all_models/inflight_batcher_llm/tensorrt_llm/
+    config.pbtxt and docs/model_config.md)."""
+    tree = bc.static_tree()
+    if tree is None:
+        raise RenderError("engine.backend=tensorrt needs tree.choices: the tensorrtllm backend takes eagle_choices only")
+    t = bc.triton
+    cfg = _base(t.llm_model, bc.engine.max_batch_size, backend="tensorrtllm")
+    _add_inputs(cfg, C.LLM_INPUTS)
+    _add_outputs(cfg, C.LLM_OUTPUTS)
+    _decoupled(cfg, t.streaming)
+    _batching(cfg, bc, queue=True)
+    cfg.dynamic_batching.preferred_batch_size.append(bc.engine.max_batch_size)
+    _instances(cfg, 1)  # the backend schedules in-flight batching itself; one instance owns the engine
+    _params(cfg, {
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": str((build_dir / ENGINE_STAGE).resolve()),
+        "max_beam_width": 1,
+        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+        "batch_scheduler_policy": "guaranteed_no_evict",
+        "kv_cache_free_gpu_mem_fraction": t.kv_cache_free_gpu_mem_fraction,
+        # Tree verification writes KV for rejected draft tokens; keep block reuse off (as builders/engine/llmapi.py).
+        "enable_kv_cache_reuse": False,
+        "enable_chunked_context": False,
+        "decoding_mode": "eagle",
+        "eagle_choices": tree.to_triton(),
+    })  # fmt: skip
+    return cfg
+
+
+def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelConfig:
+    """The reference / LLM-API python model with the tensorrt_llm model's I/O."""
+    t = bc.triton
+    cfg = _base(t.llm_model, bc.engine.max_batch_size, backend="python")
+    _add_inputs(cfg, C.LLM_INPUTS)
+    _add_outputs(cfg, C.LLM_OUTPUTS)
+    _decoupled(cfg, t.streaming)
+    _batching(cfg, bc, queue=True)
+    _instances(cfg, t.llm_instances)
+    params: dict[str, str | int | float | bool] = {
+        **_python_common(build_dir),
+        "llm_kind": kind,
+        "build_dir": str(build_dir.resolve()),
+        "max_batch_size": bc.engine.max_batch_size,
+        "max_queue_size": t.max_queue_size,
+        "max_input_len": bc.engine.max_input_len,
+        "max_seq_len": bc.engine.max_seq_len,
+        "decoupled": t.streaming,
+    }
+    _params(cfg, params)
+    return cfg
+
+
+def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
+    """upstream all_models/llmapi/tensorrt_llm/1/model.yaml: LLM(**args) + triton_config; the LLM args are the
+    engine stage's options file (builders/engine/llmapi.py), the one source for them."""
+    from builders.demo_model import resolve_target
+
+    options_file = build_dir / ENGINE_STAGE / LLMAPI_OPTIONS_FILE
+    if not options_file.is_file():
+        raise RenderError(f"{options_file} not found: run the engine stage (engine.backend=pytorch) first")
+    options = yaml.safe_load(options_file.read_text())
+    doc = {
+        "model": str(resolve_target(bc.target.model)),
+        "backend": "pytorch",
+        **options,
+        "triton_config": {"max_batch_size": bc.engine.max_batch_size, "decoupled": bc.triton.streaming},
+    }
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+
+
+# ---- the repository -----------------------------------------------------------------------------------------------
+
+
+def client_descriptor(bc: BuildConfig) -> dict[str, Any]:
+    """What clients need to call the ensemble (read by clients/): names, wire dtypes, dims, optional, defaults."""
+
+    def tensor(t: C.Tensor) -> dict[str, Any]:
+        return {
+            "name": t.name, "datatype": C.WIRE_DTYPE[t.dtype], "dims": list(t.dims), "optional": t.optional,
+            "default": t.default, "description": t.description,
+        }  # fmt: skip
+
+    t = bc.triton
+    return {
+        "model": t.ensemble_model,
+        "bls_model": t.bls_model,
+        "llm_model": t.llm_model,
+        "backend": bc.engine.backend,
+        "streaming": t.streaming,
+        "max_batch_size": bc.engine.max_batch_size,
+        "max_input_len": bc.engine.max_input_len,
+        "max_seq_len": bc.engine.max_seq_len,
+        "inputs": [tensor(x) for x in C.ENSEMBLE_INPUTS],
+        "outputs": [tensor(x) for x in C.ENSEMBLE_OUTPUTS],
+        "perf_outputs": [x.name for x in C.PERF_OUTPUTS],
+        "config_name": bc.name,
+        "config_hash": bc.config_hash(),
+    }
+
+
+def model_configs(bc: BuildConfig, build_dir: Path) -> list[mc.ModelConfig]:
+    backend = bc.engine.backend
+    llm = tensorrt_llm_config(bc, build_dir) if backend == "tensorrt" else python_llm_config(bc, build_dir, backend)
+    return [
+        preprocessing_config(bc, build_dir), llm, postprocessing_config(bc, build_dir), ensemble_config(bc),
+        bls_config(bc, build_dir),
+    ]  # fmt: skip
+
+
+LLM_SOURCE = {"reference": "reference_llm.py", "pytorch": "llmapi_llm.py"}
+MODEL_SOURCE = {"preprocessing": "preprocessing.py", "postprocessing": "postprocessing.py", "bls": "bls.py"}
+
+
+def config_problems(bc: BuildConfig) -> list[str]:
+    """Checks before anything is written (build preflight)."""
+    t = bc.triton
+    names = {
+        "triton.ensemble_model": t.ensemble_model, "triton.preprocessing_model": t.preprocessing_model,
+        "triton.postprocessing_model": t.postprocessing_model, "triton.llm_model": t.llm_model,
+        "triton.bls_model": t.bls_model,
+    }  # fmt: skip
+    p = []
+    seen: dict[str, str] = {}
+    for field, name in names.items():
+        if name in seen:
+            p.append(f"{field}={name!r} is also {seen[name]}; every Triton model needs its own name")
+        seen[name] = field
+        if not name or "/" in name or name.startswith("."):
+            p.append(f"{field}={name!r} is not a valid model directory name")
+    return p + [f"contract: {x}" for x in C.check_wiring()]
+
+
+def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
+    """Write the repository into `out` (must be empty or absent). Returns the files written."""
+    problems = config_problems(bc)
+    if problems:
+        raise RenderError("; ".join(problems))
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.iterdir()):
+        raise RenderError(f"{out} is not empty; render into a fresh directory")
+    t = bc.triton
+    sources = {
+        t.preprocessing_model: MODEL_SOURCE["preprocessing"],
+        t.postprocessing_model: MODEL_SOURCE["postprocessing"],
+        t.bls_model: MODEL_SOURCE["bls"],
+    }
+    if bc.engine.backend != "tensorrt":
+        sources[t.llm_model] = LLM_SOURCE[bc.engine.backend]
+    written: list[Path] = []
+    for cfg in model_configs(bc, build_dir):
+        d = out / cfg.name
+        (d / "1").mkdir(parents=True)
+        (d / "config.pbtxt").write_text(to_text(cfg))
+        written.append(d / "config.pbtxt")
+        if cfg.name in sources:
+            shutil.copyfile(MODELS_SRC / sources[cfg.name], d / "1" / "model.py")
+            written.append(d / "1" / "model.py")
+    if bc.engine.backend == "pytorch":
+        f = out / t.llm_model / "1" / "model.yaml"
+        f.write_text(llmapi_model_yaml(bc, build_dir))
+        written.append(f)
+    f = out / CLIENT_FILE
+    f.write_text(json.dumps(client_descriptor(bc), indent=2) + "\n")
+    written.append(f)
+    return written

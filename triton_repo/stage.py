@@ -1,0 +1,46 @@
+"""TRITON_STAGE: `<build>/checkpoint/` + `<build>/engine/` -> `<build>/triton_repo/` (the model repository).
+
+Serve it with `python triton_repo/launch.py --repo <build>/triton_repo`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builders.config import BuildConfig
+from builders.pipeline import Stage, StageContext, StageError
+from triton_repo import render
+
+STAGE_NAME = "triton_repo"
+
+
+def _sources(cfg: BuildConfig) -> list[Path]:
+    """The rendered repository copies these files: a change to any of them re-renders it."""
+    here = Path(__file__).resolve().parent
+    return [here / "contract.py", here / "render.py", *sorted((here / "models").glob("*.py"))]
+
+
+def run(ctx: StageContext) -> None:
+    try:
+        written = render.render(ctx.cfg, ctx.build_dir, ctx.out)
+    except render.RenderError as e:
+        raise StageError(str(e)) from e
+    ctx.notes["models"] = sorted({p.relative_to(ctx.out).parts[0] for p in written if len(p.relative_to(ctx.out).parts) > 1})
+    ctx.notes["serve"] = f"python triton_repo/launch.py --repo {ctx.final}"
+
+
+def plan_outputs(cfg: BuildConfig) -> list[str]:
+    t = cfg.triton
+    names = [t.preprocessing_model, t.llm_model, t.postprocessing_model, t.ensemble_model, t.bls_model]
+    return [f"{n}/config.pbtxt" for n in names] + [render.CLIENT_FILE]
+
+
+TRITON_STAGE = Stage(
+    name=STAGE_NAME,
+    description="Triton model repository: preprocessing, tensorrt_llm, postprocessing, ensemble, tensorrt_llm_bls",
+    external_inputs=_sources,
+    depends_on=(render.CHECKPOINT_STAGE, render.ENGINE_STAGE),
+    run=run,
+    preflight=lambda cfg: render.config_problems(cfg),
+    plan_outputs=plan_outputs,
+)

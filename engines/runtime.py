@@ -1,0 +1,369 @@
+"""Loading an engine and the decoding loop.
+
+One speculative step for a batch of sequences (gpt-fast's `speculative_decode`, with a tree):
+
+    tree   = draft(drafter state)                        # root = last chosen token, nodes = draft tokens
+    logits = target(tree.tokens, positions = len + depth, mask = ancestors)   # one forward verifies the tree
+    path, next = accept(tree, logits)                    # deepest accepted path + one token from the target
+    commit(path): compact the path's K/V to len .. len + |path| - 1; emit path tokens + next
+    drafter(path tokens[1:] + [next], target features on the path)           # drafter state for the next step
+
+Target-only decoding is the same loop with an empty tree.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from builders.trees import DraftTree, DynamicTree
+from engines.api import GenerationRequest, GenerationResult, OnTokens, RequestStats
+from engines.checkpoint import (
+    DTYPES,
+    CheckpointError,
+    Loader,
+    Tensors,
+    load_eagle1,
+    load_eagle3,
+    load_target,
+    quant_of,
+    rank_file,
+    read_config,
+    require,
+)
+from engines.draft import DraftState, draft_dynamic, draft_static
+from engines.model import Drafter, Eagle1Drafter, KVCache, Llama, make_step
+from engines.parallel import TPGroup, current_group
+from engines.sampling import accept_greedy, accept_sampling, choose
+from engines.spec import ReferenceSpec
+from engines.tree import StaticTree, TreeBatch
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is visible; use device auto or cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def load_tokenizer(path: Path) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
+        raise CheckpointError(f"{path}: no tokenizer files; the convert stage copies them to <checkpoint>/tokenizer")
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+
+    def check(self, requests: list[GenerationRequest]) -> None:
+        if len(requests) > self.max_batch_size:
+            raise ValueError(f"{len(requests)} requests exceed the build's engine.max_batch_size={self.max_batch_size}")
+        for i, r in enumerate(requests):
+            if len(r.prompt_ids) > self.max_input_len:
+                raise ValueError(
+                    f"request {i}: prompt of {len(r.prompt_ids)} tokens exceeds engine.max_input_len={self.max_input_len}"
+                )
+            if len(r.prompt_ids) + r.max_new_tokens > self.max_seq_len:
+                raise ValueError(
+                    f"request {i}: prompt {len(r.prompt_ids)} + max_new_tokens {r.max_new_tokens} exceeds "
+                    f"engine.max_seq_len={self.max_seq_len}; lower max_new_tokens"
+                )
+
+
+@dataclass
+class Runtime:
+    target: Llama
+    drafter: Drafter | None
+    tree: DraftTree | DynamicTree | None
+    static: StaticTree | None
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    random_head: bool
+    group: TPGroup
+    limits: Limits | None = None  # from the build's reference.json; None = only memory limits
+
+    @classmethod
+    def load(
+        cls, ckpt: Path, *, tree: DraftTree | DynamicTree | None, dtype: str, device: str,
+        eagle3_head_dir: Path | None, tokenizer_dir: Path | None = None,
+    ) -> Runtime:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
+        dev = resolve_device(device)
+        cfg = read_config(ckpt)
+        group = current_group(int(require(cfg, "mapping", ckpt)["tp_size"]))
+        tensors = Tensors(rank_file(ckpt, group.rank), dev)
+        ld = Loader(tensors, DTYPES[dtype], quant_of(cfg, ckpt))
+        target = load_target(ld, cfg, ckpt, group, dev)
+        arch = require(cfg, "architecture", ckpt)
+        drafter: Drafter | None = None
+        ignore: tuple[str, ...] = ()
+        if arch == "EagleForCausalLM":
+            ignore = tuple(f"eagle_nets.{k}." for k in range(1 if tree is not None else 0, cfg["num_eagle_layers"]))
+            if tree is not None:
+                if eagle3_head_dir is not None:
+                    raise CheckpointError(f"{ckpt} is an EagleForCausalLM (EAGLE-1/2) checkpoint; do not pass an EAGLE-3 head")
+                drafter = load_eagle1(ld, cfg, ckpt, group, dev)
+        elif arch != "LlamaForCausalLM":
+            raise CheckpointError(f"{ckpt}/config.json: architecture {arch!r}; expected LlamaForCausalLM or EagleForCausalLM")
+        elif tree is not None:
+            if eagle3_head_dir is None:
+                raise CheckpointError(
+                    f"{ckpt} holds no EAGLE head (architecture LlamaForCausalLM): pass eagle3_head_dir for an EAGLE-3 "
+                    "head, convert with an EAGLE-1/2 head, or use tree=None for target-only decoding"
+                )
+            drafter = load_eagle3(Path(eagle3_head_dir), target, len(target.layers), DTYPES[dtype], dev)
+        tensors.check_all_used(ignore)
+        tensors.close()
+        static = StaticTree.build(tree, dev) if isinstance(tree, DraftTree) else None
+        if tree is not None:
+            check_tree_fits(tree, drafter)
+        random_head = bool(cfg.get("eagle_deploy", {}).get("random_head", False))
+        tok = load_tokenizer(tokenizer_dir or ckpt / "tokenizer")
+        return cls(target, drafter, tree, static, tok, dev, DTYPES[dtype], random_head, group)
+
+    def generate(self, requests: list[GenerationRequest], *, speculative: bool, on_tokens: OnTokens | None) -> list[GenerationResult]:
+        if not requests:
+            return []
+        if self.limits is not None:
+            self.limits.check(requests)
+        with torch.inference_mode():
+            return Session(self, requests, speculative and self.drafter is not None, on_tokens).run()
+
+
+def check_tree_fits(tree: DraftTree | DynamicTree, drafter: Drafter | None) -> None:
+    assert drafter is not None
+    k = tree.max_top_k if isinstance(tree, DraftTree) else tree.top_k
+    vocab = drafter.lm_head.vocab_size if isinstance(drafter, Eagle1Drafter) else drafter.lm_head.weight.shape[0]
+    if k > vocab:
+        raise ValueError(f"the tree needs the top {k} draft tokens per node but the draft vocabulary has {vocab}")
+    if isinstance(tree, DynamicTree):
+        from builders.trees import tree_size_bound
+
+        bound = tree_size_bound(tree.top_k, tree.depth)
+        if tree.total_draft_tokens > bound:
+            raise ValueError(
+                f"dynamic tree total_draft_tokens={tree.total_draft_tokens} exceeds the {bound} candidates "
+                f"top_k={tree.top_k}, depth={tree.depth} produce"
+            )
+
+
+def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) -> Runtime:
+    tree: DraftTree | DynamicTree | None
+    if spec.tree_choices is not None:
+        tree = DraftTree.from_choices(spec.tree_choices)
+    elif spec.dynamic_tree is not None:
+        d = spec.dynamic_tree
+        tree = DynamicTree(d.top_k, d.depth, d.total_draft_tokens)
+    else:
+        raise CheckpointError(f"{build_dir}/engine/reference.json: neither tree_choices nor dynamic_tree is set")
+    head = spec.path(build_dir, spec.eagle3_head_dir) if spec.eagle3_head_dir else None
+    rt = Runtime.load(
+        spec.path(build_dir, spec.checkpoint_dir), tree=tree, dtype=spec.dtype, device=device or spec.device,
+        eagle3_head_dir=head, tokenizer_dir=spec.path(build_dir, spec.tokenizer_dir),
+    )
+    if rt.group.size != spec.tp:
+        raise CheckpointError(f"reference.json says tp={spec.tp} but the checkpoint has tp_size={rt.group.size}")
+    rt.limits = Limits(spec.max_batch_size, spec.max_input_len, spec.max_seq_len)
+    return rt
+
+
+class Session:
+    """The state of one `generate` call: caches with one row per request, outputs, stats."""
+
+    def __init__(self, rt: Runtime, requests: list[GenerationRequest], speculative: bool, on_tokens: OnTokens | None) -> None:
+        self.rt, self.reqs, self.spec, self.on_tokens = rt, requests, speculative, on_tokens
+        n, dev, tgt = len(requests), rt.device, rt.target
+        tree_size = (rt.tree.size if speculative and rt.tree is not None else 0) + 1
+        slots = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + tree_size + 1
+        self.tcache = KVCache.allocate(len(tgt.layers), n, slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
+        self.lens = torch.zeros(n, dtype=torch.long, device=dev)  # committed cache entries (target = drafter)
+        self.root = torch.zeros(n, dtype=torch.long, device=dev)  # last chosen token, not yet in the caches
+        self.out: list[list[int]] = [[] for _ in requests]
+        self.finish: list[str | None] = [None] * n
+        depth = (rt.tree.depth if speculative and rt.tree is not None else 0)
+        self.stats = [RequestStats(acceptance_by_depth=[0] * depth) for _ in requests]
+        # Unseeded requests get a random seed, the same on every TP rank (ranks must sample identically).
+        seeds = rt.group.broadcast_ints([r.sampling.seed if r.sampling.seed is not None else random.getrandbits(62) for r in requests])
+        self.gens = [torch.Generator().manual_seed(s) for s in seeds]
+        self.capture: tuple[int, ...] = ()
+        if speculative:
+            d = rt.drafter
+            assert d is not None
+            scratch = rt.static.num_runs if rt.static is not None else (rt.tree.depth - 1) * rt.tree.top_k  # type: ignore[union-attr]
+            self.dcache = KVCache.allocate(len(d.layers), n, slots + scratch, d.kv_heads, d.head_dim, rt.dtype, dev)
+            self.capture = d.capture
+            # Allocated on the first drafter pass, when the head's hidden size and draft vocabulary are known.
+            self.state = DraftState(torch.zeros(0, device=dev), torch.zeros(0, device=dev))
+
+    # ---- loop ---------------------------------------------------------------------------------------------------
+    def run(self) -> list[GenerationResult]:
+        by_length: dict[int, list[int]] = {}
+        for i, r in enumerate(self.reqs):
+            by_length.setdefault(len(r.prompt_ids), []).append(i)
+        for group in by_length.values():
+            self.prefill(group)
+        while active := [i for i, f in enumerate(self.finish) if f is None]:
+            self.speculative_step(active) if self.spec else self.target_step(active)
+        return [GenerationResult(o, f, s) for o, f, s in zip(self.out, self.finish, self.stats)]  # type: ignore[arg-type]
+
+    def prefill(self, group: list[int]) -> None:
+        """Prefill requests whose prompts have the same length in one forward; choose each one's first token."""
+        dev = self.rt.device
+        prompt = torch.tensor([self.reqs[i].prompt_ids for i in group], device=dev)
+        b, p = prompt.shape
+        rows, zero = torch.tensor(group, device=dev), torch.zeros(b, dtype=torch.long, device=dev)
+        causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril().expand(b, -1, -1)
+        arange = torch.arange(p, device=dev)
+        step = make_step(rows, zero, arange, arange.expand(b, p), causal)
+        hidden, captured = self.rt.target.forward(prompt, step, self.tcache, self.capture)
+        logits = self.rt.target.lm_head(hidden[:, -1])
+        first = [choose(logits[j], self.reqs[i].sampling, self.gens[i]) for j, i in enumerate(group)]
+        self.lens[rows] = p
+        if self.spec:
+            # Drafter pairs (x_{t+1}, f_t) for t = 0..p-1: the prompt shifted by one, then the token just chosen.
+            d_tokens = torch.cat([prompt[:, 1:], torch.tensor(first, device=dev)[:, None]], 1)
+            self.update_drafter(rows, zero, d_tokens, self._features(hidden, captured), [p] * b)
+        for i, tok in zip(group, first):
+            self.root[i] = tok
+            self.emit(i, [tok])
+
+    def target_step(self, active: list[int]) -> None:
+        rows = torch.tensor(active, device=self.rt.device)
+        lens = self.lens[rows]
+        b = len(active)
+        ones = torch.ones(b, 1, 1, dtype=torch.bool, device=self.rt.device)
+        step = make_step(rows, lens, torch.zeros(1, dtype=torch.long, device=self.rt.device), lens[:, None], ones)
+        hidden, _ = self.rt.target.forward(self.root[rows][:, None], step, self.tcache)
+        logits = self.rt.target.lm_head(hidden[:, 0])
+        self.lens[rows] += 1
+        for j, i in enumerate(active):
+            tok = choose(logits[j], self.reqs[i].sampling, self.gens[i])
+            self.stats[i].target_forwards += 1
+            self.root[i] = tok
+            self.emit(i, [tok])
+
+    def speculative_step(self, active: list[int]) -> None:
+        """draft a tree -> verify all of it in ONE target forward -> accept a path -> commit it."""
+        rt, dev = self.rt, self.rt.device
+        rows = torch.tensor(active, device=dev)
+        lens = self.lens[rows]
+        tree = self.draft(rows, lens)
+        step = make_step(rows, lens, torch.arange(tree.size, device=dev), lens[:, None] + tree.depth, tree.anc)
+        hidden, captured = rt.target.forward(tree.tokens, step, self.tcache, self.capture)
+        logits = rt.target.lm_head(hidden)  # (B, T, V): the target's next-token logits after every node
+        best, bonus = accept_greedy(tree.tokens, tree.parent, tree.depth, tree.anc, logits)
+        going: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (request, new tokens, their features)
+        for j, i in enumerate(active):
+            if self.reqs[i].sampling.greedy:
+                node, nxt = int(best[j]), int(bonus[j])
+            else:
+                node, nxt = accept_sampling(tree.tokens[j].tolist(), tree.children(j), logits[j], self.reqs[i].sampling, self.gens[i])
+            path = torch.nonzero(tree.anc[j, node])[:, 0]  # root .. node (tree order = depth order)
+            new = torch.cat([tree.tokens[j, path[1:]], torch.tensor([nxt], device=dev)])
+            if path.shape[0] > 1:  # KV compaction: the accepted path's entries become contiguous after the cache
+                base = int(lens[j])
+                self.tcache.move(i, base + path, base + torch.arange(path.shape[0], device=dev))
+            kept = self.emit(i, new.tolist())
+            self._count(i, drafted=tree.size - 1, accepted=min(path.shape[0] - 1, kept))
+            if self.finish[i] is None:
+                self.root[i] = nxt
+                feats = self._features(hidden[j, path][None], [c[j, path][None] for c in captured])[0]
+                going.append((i, new, feats))
+        if going:
+            self._commit_drafter(going)
+
+    def _count(self, i: int, drafted: int, accepted: int) -> None:
+        s = self.stats[i]
+        s.target_forwards += 1
+        s.draft_tokens += drafted
+        s.accepted_draft_tokens += accepted
+        for d in range(accepted):
+            s.acceptance_by_depth[d] += 1
+
+    # ---- drafter ------------------------------------------------------------------------------------------------
+    def _features(self, hidden: torch.Tensor, captured: list[torch.Tensor]) -> torch.Tensor:
+        assert self.rt.drafter is not None
+        return self.rt.drafter.features(hidden, captured)
+
+    def draft(self, rows: torch.Tensor, lens: torch.Tensor) -> TreeBatch:
+        rt = self.rt
+        assert rt.drafter is not None
+        state = DraftState(self.state.h[rows], self.state.logits[rows])
+        if rt.static is not None:
+            return draft_static(rt.drafter, self.dcache, rt.static, rows, lens, self.root[rows], state)
+        assert isinstance(rt.tree, DynamicTree)
+        return draft_dynamic(rt.drafter, self.dcache, rt.tree, rows, lens, self.root[rows], state)
+
+    def _commit_drafter(self, going: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """Feed each sequence's newly committed pairs (token, target feature at the previous position) to the
+        drafter, all sequences at once (padded to the longest); the caches grow by the path length."""
+        dev = self.rt.device
+        n = [len(new) for _, new, _ in going]
+        b, longest = len(going), max(n)
+        tok = torch.zeros(b, longest, dtype=torch.long, device=dev)
+        ft = going[0][2].new_zeros(b, longest, going[0][2].shape[-1])
+        for j, (_, new, feats) in enumerate(going):
+            tok[j, : n[j]] = new
+            ft[j, : n[j]] = feats
+        rows = torch.tensor([i for i, _, _ in going], device=dev)
+        self.update_drafter(rows, self.lens[rows], tok, ft, n)
+        self.lens[rows] += torch.tensor(n, device=dev)
+
+    def update_drafter(self, rows: torch.Tensor, lens: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, n: list[int]) -> None:
+        """Append pairs (tokens[:, t], feats[:, t]) at positions lens + t (causal); keep the state of the last real one."""
+        d = self.rt.drafter
+        assert d is not None
+        b, length = tokens.shape
+        dev = self.rt.device
+        causal = torch.ones(length, length, dtype=torch.bool, device=dev).tril().expand(b, -1, -1)
+        arange = torch.arange(length, device=dev)
+        step = make_step(rows, lens, arange, lens[:, None] + arange, causal)
+        h = d.forward(tokens, feats, step, self.dcache)
+        last = h[torch.arange(b, device=dev), torch.tensor(n, device=dev) - 1]
+        logits = d.logits(last)
+        if self.state.logits.numel() == 0:
+            self.state = DraftState(last.new_zeros(len(self.reqs), last.shape[-1]), logits.new_zeros(len(self.reqs), logits.shape[-1]))
+        self.state.h[rows] = last
+        self.state.logits[rows] = logits
+
+    # ---- output -------------------------------------------------------------------------------------------------
+    def emit(self, i: int, tokens: list[int]) -> int:
+        """Append accepted tokens until a stop condition; stream them; return how many were kept."""
+        req, out = self.reqs[i], self.out[i]
+        kept: list[int] = []
+        for tok in tokens:
+            out.append(tok)
+            kept.append(tok)
+            if tok in req.stop_token_ids:
+                self.finish[i] = "eos"
+            elif req.stop_strings and self._hit_stop_string(out, req.stop_strings):
+                self.finish[i] = "stop"
+            elif len(out) >= req.max_new_tokens:
+                self.finish[i] = "length"
+            if self.finish[i] is not None:
+                break
+        self.stats[i].generated_tokens = len(out)
+        if kept and self.on_tokens is not None and self.on_tokens(i, list(kept)) is False and self.finish[i] is None:
+            self.finish[i] = "cancelled"
+        return len(kept)
+
+    def _hit_stop_string(self, out: list[int], stops: list[str]) -> bool:
+        # Only the tail can contain a stop string that the previous token did not complete.
+        tail = self.rt.tokenizer.decode(out[-(max(len(s) for s in stops) + 8) :])
+        return any(s in tail for s in stops)

@@ -1,0 +1,200 @@
+"""Reference engine, speculative decoding: greedy EAGLE output == target-only greedy output, for every tree shape and
+head kind; acceptance actually happens with a head that predicts the target; streaming, stops, stats.
+
+Trees: chains, TensorRT-LLM's default 63-node tree, the EAGLE repository's 25-node tree, the EAGLE-2 dynamic tree
+(builders/trees.py presets, upstream tensorrt_llm/runtime/generation.py and SafeAILab eagle/model/choices.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from builders.trees import DraftTree, DynamicTree, preset  # noqa: E402
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
+
+PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+NEW = [30, 17, 24]  # different lengths: sequences finish at different steps
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def static(name: str) -> DraftTree:
+    return DraftTree.from_choices(preset(name))
+
+
+def requests(stop: list[int] | None = None) -> list[GenerationRequest]:
+    return [GenerationRequest(p, n, SamplingParams(), stop or []) for p, n in zip(PROMPTS, NEW)]
+
+
+def assert_lossless(engine: ReferenceEngine, reqs: list[GenerationRequest]) -> list:
+    plain = engine.generate(reqs, speculative=False)
+    spec = engine.generate(reqs)
+    for p, s in zip(plain, spec):
+        assert s.output_ids == p.output_ids
+        assert s.finish_reason == p.finish_reason
+        assert s.stats.generated_tokens == len(s.output_ids)
+        # tau counts the tokens produced after the prefill: 1 + accepted per forward (the last step's bonus token
+        # may be cut by max_new_tokens / a stop, hence the +1 slack).
+        gained = s.stats.accepted_draft_tokens + s.stats.target_forwards
+        assert len(s.output_ids) - 1 <= gained <= len(s.output_ids)
+        assert sum(s.stats.acceptance_by_depth) == s.stats.accepted_draft_tokens
+        depth = engine.tree.depth  # type: ignore[union-attr]
+        assert len(s.stats.acceptance_by_depth) == depth
+        # Reaching depth d requires reaching every shallower depth first.
+        assert all(a >= b for a, b in zip(s.stats.acceptance_by_depth, s.stats.acceptance_by_depth[1:]))
+    return spec
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [static("chain-1"), static("chain-4"), static("trtllm-default"), static("eagle-default"), DynamicTree(4, 4, 20)],
+    ids=["chain-1", "chain-4", "trtllm-63", "eagle-25", "dynamic-k4-d4-n20"],
+)
+def test_greedy_lossless_random_head(eagle_ckpt: Path, tree: DraftTree | DynamicTree) -> None:
+    engine = ReferenceEngine.from_checkpoint(eagle_ckpt, tree=tree, dtype="float32", device="cpu")
+    spec = assert_lossless(engine, requests())
+    size = tree.size
+    assert spec[0].stats.draft_tokens == size * spec[0].stats.target_forwards
+
+
+def test_greedy_lossless_head_without_fc_bias(eagle_ckpt_nobias: Path) -> None:
+    engine = ReferenceEngine.from_checkpoint(eagle_ckpt_nobias, tree=static("eagle-default"), dtype="float32", device="cpu")
+    assert_lossless(engine, requests())
+
+
+@pytest.mark.parametrize("tree", [static("eagle-default"), DynamicTree(3, 5, 16)], ids=["eagle-25", "dynamic"])
+def test_greedy_lossless_eagle3(eagle3_ckpt: Path, tree: DraftTree | DynamicTree) -> None:
+    engine = ReferenceEngine.from_checkpoint(
+        eagle3_ckpt, tree=tree, dtype="float32", device="cpu", eagle3_head_dir=eagle3_ckpt / "eagle3"
+    )
+    d = engine._rt.drafter
+    assert d is not None and d.d2t is not None and d.lm_head.weight.shape[0] == 96  # reduced draft vocabulary
+    assert_lossless(engine, requests())
+
+
+@pytest.mark.parametrize(
+    "tree", [static("chain-3"), static("trtllm-default"), static("eagle-default"), DynamicTree(4, 5, 24)],
+    ids=["chain-3", "trtllm-63", "eagle-25", "dynamic"],
+)
+def test_head_that_predicts_the_target_accepts(mimic_ckpt: Path, tree: DraftTree | DynamicTree) -> None:
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=tree, dtype="float32", device="cpu")
+    reqs = [GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []) for i in range(3)]
+    spec = assert_lossless(engine, reqs)
+    agg = engine.aggregate(spec)
+    assert agg.tau > 1.25  # a random head gives ~1.0
+    assert agg.acceptance_by_depth[1] > 0  # multi-token paths were accepted, not only depth 1
+    assert agg.target_forwards < 3 * 39  # fewer forwards than target-only decoding
+
+
+def test_streaming_callback_receives_exactly_the_output(mimic_ckpt: Path) -> None:
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("eagle-default"), dtype="float32", device="cpu")
+    got: dict[int, list[list[int]]] = {0: [], 1: []}
+
+    def on_tokens(i: int, toks: list[int]) -> bool:
+        got[i].append(toks)
+        return True
+
+    reqs = [GenerationRequest([5, 17, 33], 30, SamplingParams(), []), GenerationRequest([6, 17, 33], 20, SamplingParams(), [])]
+    res = engine.generate(reqs, on_tokens=on_tokens)
+    for i, r in enumerate(res):
+        assert [t for chunk in got[i] for t in chunk] == r.output_ids
+        assert any(len(chunk) > 1 for chunk in got[i])  # several tokens accepted in one step arrive together
+
+
+def test_cancel_from_callback_stops_only_that_sequence(mimic_ckpt: Path) -> None:
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
+    reqs = [GenerationRequest([5, 17, 33], 30, SamplingParams(), []), GenerationRequest([6, 17, 33], 30, SamplingParams(), [])]
+    full = engine.generate(reqs)
+    res = engine.generate(reqs, on_tokens=lambda i, toks: i != 0)
+    assert res[0].finish_reason == "cancelled"
+    assert res[0].output_ids == full[0].output_ids[:1]  # cancelled right after the first streamed chunk (prefill)
+    assert res[1].finish_reason == "length" and res[1].output_ids == full[1].output_ids
+
+
+def test_eos_and_max_tokens_cut_inside_an_accepted_path(mimic_ckpt: Path) -> None:
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("eagle-default"), dtype="float32", device="cpu")
+    [full] = engine.generate([GenerationRequest([5, 17, 33], 40, SamplingParams(), [])], speculative=False)
+    eos = full.output_ids[12]
+    cut = full.output_ids.index(eos)
+    for spec in (False, True):
+        [r] = engine.generate([GenerationRequest([5, 17, 33], 40, SamplingParams(), [eos])], speculative=spec)
+        assert r.finish_reason == "eos" and r.output_ids == full.output_ids[: cut + 1]
+        [r] = engine.generate([GenerationRequest([5, 17, 33], 7, SamplingParams(), [])], speculative=spec)
+        assert r.finish_reason == "length" and r.output_ids == full.output_ids[:7]
+
+
+def test_stop_string(mimic_ckpt: Path) -> None:
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("eagle-default"), dtype="float32", device="cpu")
+    tok = engine.tokenizer
+    [full] = engine.generate([GenerationRequest([5, 17, 33], 30, SamplingParams(), [])], speculative=False)
+    # A stop string made of the decoded tokens 9..10: generation must end with token 10.
+    stop = tok.decode(full.output_ids[9:11])
+    assert stop and stop not in tok.decode(full.output_ids[:10])
+    [r] = engine.generate([GenerationRequest([5, 17, 33], 30, SamplingParams(), [], [stop])])
+    assert r.finish_reason == "stop"
+    assert r.output_ids == full.output_ids[:11]
+
+
+def test_sampling_is_reproducible_with_a_seed(mimic_ckpt: Path) -> None:
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DynamicTree(3, 3, 8), dtype="float32", device="cpu")
+    sp = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, seed=123)
+    a = engine.generate([GenerationRequest([5, 17, 33], 25, sp, [])])
+    b = engine.generate([GenerationRequest([5, 17, 33], 25, sp, [])])
+    assert a[0].output_ids == b[0].output_ids and len(a[0].output_ids) == 25
+    assert a[0].stats.accepted_draft_tokens > 0
+
+
+def test_from_build_reads_reference_json(tmp_path: Path, eagle_ckpt: Path) -> None:
+    import shutil
+
+    from engines.spec import ReferenceSpec, write_spec
+
+    shutil.copytree(eagle_ckpt, tmp_path / "checkpoint")
+    (tmp_path / "engine").mkdir()
+    spec = ReferenceSpec(
+        checkpoint_dir="checkpoint", tokenizer_dir="checkpoint/tokenizer", draft_type="eagle", eagle3_head_dir=None,
+        random_head=True, tree_choices=static("chain-2").as_lists(), dynamic_tree=None, dtype="float32",
+        device="cpu", tp=1, max_batch_size=2, max_input_len=32, max_seq_len=64,
+    )
+    write_spec(spec, tmp_path / "engine")
+    engine = ReferenceEngine.from_build(tmp_path)
+    assert engine.has_draft and engine.tree == static("chain-2") and engine.device == "cpu"
+    [r] = engine.generate([GenerationRequest([5, 6, 7], 5, SamplingParams(), [])])
+    assert len(r.output_ids) == 5
+    with pytest.raises(ValueError, match="3 requests exceed the build's engine.max_batch_size=2"):
+        engine.generate([GenerationRequest([5, 6, 7], 5, SamplingParams(), [])] * 3)
+    with pytest.raises(ValueError, match="exceeds engine.max_seq_len=64; lower max_new_tokens"):
+        engine.generate([GenerationRequest([5, 6, 7], 62, SamplingParams(), [])])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the engine runs on CPU otherwise)")
+def test_cuda_greedy_equals_cpu(mimic_ckpt: Path) -> None:
+    tree = static("eagle-default")
+    cpu = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=tree, dtype="float32", device="cpu")
+    gpu = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=tree, dtype="float32", device="cuda")
+    assert gpu.device == "cuda"
+    reqs = requests()
+    assert [r.output_ids for r in gpu.generate(reqs)] == [r.output_ids for r in cpu.generate(reqs)]
+    sp = SamplingParams(temperature=0.8, seed=3)
+    sampled = [GenerationRequest([5, 17, 33], 16, sp, [])]
+    assert len(gpu.generate(sampled)[0].output_ids) == 16
+
+
+def test_impossible_trees_are_rejected(eagle_ckpt: Path, small_vocab_ckpt: Path) -> None:
+    with pytest.raises(ValueError, match="total_draft_tokens=30 exceeds the 20 candidates"):
+        ReferenceEngine.from_checkpoint(eagle_ckpt, tree=DynamicTree(4, 2, 30), dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="top 10 draft tokens per node but the draft vocabulary has 6"):
+        ReferenceEngine.from_checkpoint(small_vocab_ckpt, tree=static("trtllm-default"), dtype="float32", device="cpu")

@@ -1,0 +1,99 @@
+"""`python -m engines.verify`: a real build directory (builders/build.py: checkpoint + engine stages, reference backend)
+checked against Hugging Face generate() on the original target; a build whose checkpoint does not match the HF
+target must fail with exit status 1 and name the first divergence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engines.verify import first_divergence, main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
+    root = tmp_path_factory.mktemp("verify_build")
+    cfg = {
+        "name": "tiny-verify",
+        "output_dir": str(root / "out"),
+        "target": {"model": str(tiny_target), "dtype": "float32"},
+        "draft": {"type": "eagle", "model": str(eagle_head)},
+        "tree": {"choices": "eagle-default"},
+        "engine": {"backend": "reference", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128, "device": "cpu"},
+    }
+    (root / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [sys.executable, "builders/build.py", str(root / "cfg.yaml")], cwd=REPO, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (root / "out" / "engine" / "reference.json").is_file()
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    f.write_text('{"prompt": "Hello world!"}\n{"turns": ["What is the capital of France?", "And Italy?"]}\n{"prompt": "x"}\n')
+    return f
+
+
+def test_verify_identical(build_dir: Path, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "v.json"
+    rc = main(["--build", str(build_dir), "--prompts", str(prompts), "--max-new-tokens", "12", "--limit", "2", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "2/2 identical" in out
+    data = json.loads(report.read_text())
+    assert data["all_identical"] and len(data["prompts"]) == 2
+    assert all(p["identical"] and p["engine_tokens"] == p["hf_tokens"] == 12 for p in data["prompts"])
+    assert data["aggregate"]["generated_tokens"] == 24 and data["aggregate"]["tau"] >= 1.0
+
+
+def test_verify_fails_when_the_checkpoint_differs_from_the_target(
+    build_dir: Path, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Point the build at another HF target (same shapes and tokenizer, different weights): outputs must differ."""
+    import shutil
+
+    from tests import tiny_models as tm
+
+    other = tm.make_target(tmp_path / "other_target", seed=9)
+    tampered = tmp_path / "build"
+    shutil.copytree(build_dir, tampered)
+    resolved = yaml.safe_load((tampered / "config.resolved.yaml").read_text())
+    resolved["target"]["model"] = str(other)
+    (tampered / "config.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    rc = main(["--build", str(tampered), "--prompts", str(prompts), "--max-new-tokens", "8", "--limit", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "DIFFERS at token 0" in out and "0/1 identical" in out
+
+
+def test_first_divergence() -> None:
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--prompts", "x.jsonl", "--max-new-tokens", "4"])
+    assert e.value.code == 2 and "--build" in capsys.readouterr().err
+    assert main(["--build", "b", "--prompts", "x.jsonl", "--max-new-tokens", "0"]) == 2

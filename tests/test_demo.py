@@ -1,0 +1,68 @@
+"""`make demo` (scripts/demo.py) end to end on the tiny fixtures: build, real Triton server, streamed chat answer,
+load test with report and plots, server stopped, summary printed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import demo  # noqa: E402
+
+
+def test_commands_are_the_documented_client_invocations(tmp_path: Path) -> None:
+    plan = demo.plan_for(tmp_path / "c.yaml", quick=True, prompt="Hi there")
+    assert demo.build_argv(plan.config)[1:] == [str(REPO / "builders/build.py"), str(tmp_path / "c.yaml")]
+    gen = demo.generate_argv("127.0.0.1:9", tmp_path / "repo", plan)
+    assert gen[1] == str(REPO / "clients/generate.py")
+    assert gen[gen.index("--prompt") + 1] == "Hi there" and {"--stream", "--chat"} <= set(gen)
+    assert gen[gen.index("--max-tokens") + 1] == "12"
+    lt = demo.loadtest_argv("127.0.0.1:9", tmp_path / "repo", tmp_path / "p.jsonl", tmp_path / "out", plan)
+    assert lt[lt.index("--concurrency") + 1] == "1" and lt[lt.index("--requests") + 1] == "2"
+    assert lt[lt.index("--out") + 1] == str(tmp_path / "out")
+    full = demo.plan_for(tmp_path / "c.yaml", quick=False, prompt="x")
+    assert (full.answer_tokens, full.load_concurrency, full.load_prompts) == (96, "1,2", None)
+    assert gen[gen.index("--timeout") + 1] == lt[lt.index("--timeout") + 1] == str(demo.REQUEST_TIMEOUT_S)
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_demo_end_to_end_on_tiny_models(tiny_target: Path, eagle_head: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tritonclient.grpc")
+    cfg = tmp_path / "tiny-demo.yaml"
+    cfg.write_text(
+        f"name: tiny-demo\noutput_dir: {tmp_path / 'build'}\n"
+        f"target: {{model: {tiny_target}, dtype: float32}}\n"
+        f"draft: {{type: eagle, model: {eagle_head}}}\n"
+        "tree: {choices: topk-2-2}\n"
+        "engine: {backend: reference, device: cpu, max_batch_size: 2, max_input_len: 128, max_seq_len: 256}\n"
+    )
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello world!", "The quick brown fox")))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts/demo.py"), "--config", str(cfg), "--quick", "--prompts", str(prompts),
+         "--prompt", "What is the capital of France?"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for step in ("1/5 target", "2/5 build", "3/5 Triton server", "4/5 one streamed chat answer", "5/5 load test",
+                 "demo finished: server stopped"):
+        assert f"=== {step}" in out
+    summary = json.loads((tmp_path / "build/demo_results/summary.json").read_text())
+    assert summary["head"] == str(eagle_head)
+    level = summary["levels"]["c=1"]
+    assert level["requests_ok"] == 2 and level["output_tokens_per_s"] > 0
+    assert level["tau"] is not None and level["tau"] >= 1.0  # the server reported speculative stats
+    assert summary["plots"] and all(Path(p).is_file() for p in summary["plots"])
+    report = json.loads((tmp_path / "build/demo_results/loadtest/report.json").read_text())
+    assert report["levels"][0]["errors"] == {}
+    assert f"load c=1: tau {level['tau']:.2f} tokens/step" in out
+    for d in ("checkpoint", "engine", "triton_repo"):
+        assert (tmp_path / "build" / d / "manifest.json").is_file()

@@ -4,7 +4,8 @@
 - draft.type eagle3 -> LlamaForCausalLM target checkpoint + normalized head in checkpoint/eagle3/
 - draft.model random -> a random SafeAILab head is written to checkpoint/random_head/ first and converted; RANDOM
   appears in the checkpoint config (`eagle_deploy.random_head`), the manifest notes and the stage log.
-The checkpoint is always 16-bit (target.dtype); FP8 (quantization.*) is applied by a later stage.
+The checkpoint is 16-bit (target.dtype) unless quantization.weights or quantization.kv_cache is fp8: then the FP8
+branch below (builders/fp8.py: ModelOpt calibration + export) replaces the target's linears with FP8 weights and scales.
 """
 
 from __future__ import annotations

@@ -213,6 +213,9 @@ def test_crash_mid_stage_leaves_no_trusted_output(tiny_target: Path, eagle_head:
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "logs"]
 
 
+REPO_HEAD = CONFIGS.parent / "heads" / "smollm2-eagle"
+
+
 def test_real_smollm2_demo_config(tmp_path: Path) -> None:
     """configs/demo.yaml on the real SmolLM2-135M target (about 15 s): the checkpoint the reference engine loads."""
     from builders.demo_model import smollm2_dir
@@ -225,7 +228,9 @@ def test_real_smollm2_demo_config(tmp_path: Path) -> None:
     conf = json.loads((ck / "config.json").read_text())
     assert (conf["vocab_size"], conf["hidden_size"], conf["num_hidden_layers"]) == (49152, 576, 30)
     assert (conf["num_attention_heads"], conf["num_key_value_heads"], conf["rotary_base"]) == (9, 3, 100000.0)
-    assert conf["tie_word_embeddings"] is True and conf["eagle_deploy"]["random_head"] is True
+    # configs/demo.yaml uses the head trained here (heads/smollm2-eagle), not a random one
+    assert conf["tie_word_embeddings"] is True and conf["eagle_deploy"]["random_head"] is False
+    assert conf["eagle_deploy"]["head_source"] == str(REPO_HEAD)
     assert json.loads((ck / MANIFEST).read_text())["notes"]["hf_target_dir"] == str(hf)
     assert (ck / "tokenizer" / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
     from safetensors import safe_open

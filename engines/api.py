@@ -235,6 +235,28 @@ class ReferenceEngine:
         """
         return self._rt.generate(requests, speculative=speculative, on_tokens=on_tokens)
 
+    def session(
+        self,
+        capacity: int | None = None,
+        max_len: int | None = None,
+        *,
+        speculative: bool = True,
+        on_tokens: OnTokens | None = None,
+    ) -> Any:
+        """An in-flight batch (engines.runtime.Session): `add(request) -> slot` at any time, `step()` prefills the
+        new requests or advances every active sequence by one step, `cancel(slot)`, `finished`, `pop(slot) ->
+        GenerationResult`, `done`. A request's tokens do not depend on when it joined (greedy: identical to running
+        it alone). `capacity` (sequence slots) and `max_len` (prompt + output tokens per slot) default to the
+        build's engine.max_batch_size and engine.max_seq_len."""
+        limits = self._rt.limits
+        if (capacity is None or max_len is None) and limits is None:
+            raise ValueError("capacity and max_len are required for an engine loaded without a build (from_checkpoint)")
+        return self._rt.open_session(
+            capacity if capacity is not None else limits.max_batch_size,  # type: ignore[union-attr]
+            max_len if max_len is not None else limits.max_seq_len,  # type: ignore[union-attr]
+            speculative=speculative, on_tokens=on_tokens,
+        )  # fmt: skip
+
     @staticmethod
     def aggregate(results: list[GenerationResult]) -> RequestStats:
         return aggregate_stats([r.stats for r in results])

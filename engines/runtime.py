@@ -9,6 +9,11 @@ One speculative step for a batch of sequences (gpt-fast's `speculative_decode`, 
     drafter(path tokens[1:] + [next], target features on the path)           # drafter state for the next step
 
 Target-only decoding is the same loop with an empty tree.
+
+`Session` holds the batch as slots (one cache row each): `add` a request at any time, `step` prefills the new ones
+or advances every active sequence by one step, finished or cancelled sequences leave (`pop`). `generate` is a
+session holding exactly its requests, stepped until all are done; Triton's reference model keeps one session for
+its lifetime (in-flight batching).
 """
 
 from __future__ import annotations
@@ -73,15 +78,18 @@ class Limits:
         if len(requests) > self.max_batch_size:
             raise ValueError(f"{len(requests)} requests exceed the build's engine.max_batch_size={self.max_batch_size}")
         for i, r in enumerate(requests):
-            if len(r.prompt_ids) > self.max_input_len:
-                raise ValueError(
-                    f"request {i}: prompt of {len(r.prompt_ids)} tokens exceeds engine.max_input_len={self.max_input_len}"
-                )
-            if len(r.prompt_ids) + r.max_new_tokens > self.max_seq_len:
-                raise ValueError(
-                    f"request {i}: prompt {len(r.prompt_ids)} + max_new_tokens {r.max_new_tokens} exceeds "
-                    f"engine.max_seq_len={self.max_seq_len}; lower max_new_tokens"
-                )
+            self.check_request(i, r)
+
+    def check_request(self, i: int, r: GenerationRequest) -> None:
+        if len(r.prompt_ids) > self.max_input_len:
+            raise ValueError(
+                f"request {i}: prompt of {len(r.prompt_ids)} tokens exceeds engine.max_input_len={self.max_input_len}"
+            )
+        if len(r.prompt_ids) + r.max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"request {i}: prompt {len(r.prompt_ids)} + max_new_tokens {r.max_new_tokens} exceeds "
+                f"engine.max_seq_len={self.max_seq_len}; lower max_new_tokens"
+            )
 
 
 @dataclass
@@ -142,8 +150,24 @@ class Runtime:
             return []
         if self.limits is not None:
             self.limits.check(requests)
+        # A session sized for exactly these requests, all added before the first step: the prefill groups and
+        # decoding steps are those of one static batch.
         with torch.inference_mode():
-            return Session(self, requests, speculative and self.drafter is not None, on_tokens).run()
+            session = Session(self, requests, speculative and self.drafter is not None, on_tokens)
+            while not session.done:
+                session.step()
+            return [session.pop(i) for i in range(len(requests))]
+
+    def open_session(self, capacity: int, max_len: int, *, speculative: bool, on_tokens: OnTokens | None) -> Session:
+        """An empty session with `capacity` sequence slots, each holding up to `max_len` tokens (prompt + output)."""
+        if capacity < 1 or max_len < 2:
+            raise ValueError(f"session capacity={capacity} and max_len={max_len} must be >= 1 and >= 2")
+        if self.limits is not None and capacity > self.limits.max_batch_size:
+            raise ValueError(
+                f"session capacity {capacity} exceeds the build's engine.max_batch_size={self.limits.max_batch_size}"
+            )
+        spec = speculative and self.drafter is not None
+        return Session(self, [], spec, on_tokens, capacity=capacity, max_len=max_len)
 
 
 def check_tree_fits(tree: DraftTree | DynamicTree, drafter: Drafter | None) -> None:
@@ -184,48 +208,136 @@ def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) 
 
 
 class Session:
-    """The state of one `generate` call: caches with one row per request, outputs, stats."""
+    """A batch of sequence slots decoded together, step by step (in-flight batching).
 
-    def __init__(self, rt: Runtime, requests: list[GenerationRequest], speculative: bool, on_tokens: OnTokens | None) -> None:
-        self.rt, self.reqs, self.spec, self.on_tokens = rt, requests, speculative, on_tokens
-        n, dev, tgt = len(requests), rt.device, rt.target
+    `add(request)` puts a request in a free slot (its prompt is prefilled by the next `step()`); `step()` either
+    prefills the requests added since the last step or advances every active sequence by one speculative (or
+    target-only) step; a sequence leaves the batch when it finishes or is `cancel`led, and `pop(slot)` returns its
+    result and frees the slot for the next request. `on_tokens(slot, new_ids)` streams accepted tokens; returning
+    False cancels that sequence. Every row of the caches belongs to one slot; a new request overwrites its slot's
+    rows from position 0 (prefill), so nothing of the previous occupant is visible to it.
+
+    Not thread-safe: one thread drives a session (Triton's reference model runs it on its batcher thread)."""
+
+    def __init__(
+        self, rt: Runtime, requests: list[GenerationRequest], speculative: bool, on_tokens: OnTokens | None, *,
+        capacity: int | None = None, max_len: int | None = None,
+    ) -> None:
+        """`requests` are added in order (slots 0, 1, ...). `capacity` (slots) defaults to len(requests) and
+        `max_len` (prompt + output tokens of one slot) to the longest request: `generate` sizes its session exactly
+        as the static batch it replaces."""
+        capacity = len(requests) if capacity is None else capacity
+        max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) if max_len is None else max_len
+        self.rt, self.capacity, self.max_len, self.spec, self.on_tokens = rt, capacity, max_len, speculative, on_tokens
+        dev, tgt = rt.device, rt.target
         tree_size = (rt.tree.size if speculative and rt.tree is not None else 0) + 1
-        slots = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + tree_size + 1
-        self.tcache = KVCache.allocate(len(tgt.layers), n, slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
-        self.lens = torch.zeros(n, dtype=torch.long, device=dev)  # committed cache entries (target = drafter)
-        self.root = torch.zeros(n, dtype=torch.long, device=dev)  # last chosen token, not yet in the caches
-        self.out: list[list[int]] = [[] for _ in requests]
-        self.finish: list[str | None] = [None] * n
-        depth = (rt.tree.depth if speculative and rt.tree is not None else 0)
-        self.stats = [RequestStats(acceptance_by_depth=[0] * depth) for _ in requests]
-        # Unseeded requests get a random seed, the same on every TP rank (ranks must sample identically).
-        seeds = rt.group.broadcast_ints([r.sampling.seed if r.sampling.seed is not None else random.getrandbits(62) for r in requests])
-        self.gens = [torch.Generator().manual_seed(s) for s in seeds]
+        slots = max_len + tree_size + 1
+        self.tcache = KVCache.allocate(len(tgt.layers), capacity, slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
+        self.lens = torch.zeros(capacity, dtype=torch.long, device=dev)  # committed cache entries (target = drafter)
+        self.root = torch.zeros(capacity, dtype=torch.long, device=dev)  # last chosen token, not yet in the caches
+        self.reqs: list[GenerationRequest | None] = [None] * capacity  # None = free slot
+        self.out: list[list[int]] = [[] for _ in range(capacity)]
+        self.finish: list[str | None] = [None] * capacity
+        self.stats = [RequestStats() for _ in range(capacity)]
+        self.gens = [torch.Generator() for _ in range(capacity)]
+        self.pending: list[int] = []  # slots added since the last step: prefilled by the next one
+        self.depth = rt.tree.depth if speculative and rt.tree is not None else 0
         self.capture: tuple[int, ...] = ()
         if speculative:
             d = rt.drafter
             assert d is not None
             scratch = rt.static.num_runs if rt.static is not None else (rt.tree.depth - 1) * rt.tree.top_k  # type: ignore[union-attr]
-            self.dcache = KVCache.allocate(len(d.layers), n, slots + scratch, d.kv_heads, d.head_dim, rt.dtype, dev)
+            self.dcache = KVCache.allocate(len(d.layers), capacity, slots + scratch, d.kv_heads, d.head_dim, rt.dtype, dev)
             self.capture = d.capture
             # Allocated on the first drafter pass, when the head's hidden size and draft vocabulary are known.
             self.state = DraftState(torch.zeros(0, device=dev), torch.zeros(0, device=dev))
+        for r in requests:
+            self.add(r)
+
+    # ---- slots --------------------------------------------------------------------------------------------------
+    def add(self, request: GenerationRequest) -> int:
+        """Put `request` in the lowest free slot and return the slot; its prefill runs at the next `step()`."""
+        free = [i for i, r in enumerate(self.reqs) if r is None]
+        if not free:
+            raise ValueError(f"session full: all {self.capacity} slots are taken; pop a finished sequence first")
+        slot = free[0]
+        if self.rt.limits is not None:
+            self.rt.limits.check_request(slot, request)
+        if len(request.prompt_ids) + request.max_new_tokens > self.max_len:
+            raise ValueError(
+                f"request in slot {slot}: prompt {len(request.prompt_ids)} + max_new_tokens {request.max_new_tokens} "
+                f"exceeds the session's max_len={self.max_len}"
+            )
+        # Unseeded requests get a random seed, the same on every TP rank (ranks must sample identically).
+        s = request.sampling.seed
+        [seed] = self.rt.group.broadcast_ints([s if s is not None else random.getrandbits(62)])
+        self.reqs[slot], self.out[slot], self.finish[slot] = request, [], None
+        self.stats[slot] = RequestStats(acceptance_by_depth=[0] * self.depth)
+        self.gens[slot] = torch.Generator().manual_seed(seed)
+        self.pending.append(slot)
+        return slot
+
+    def cancel(self, slot: int) -> None:
+        """Stop the sequence in `slot` (finish_reason "cancelled"); it takes no further step. `pop` frees the slot."""
+        if self.reqs[slot] is None:
+            raise ValueError(f"slot {slot} is free; nothing to cancel")
+        if self.finish[slot] is None:
+            self.finish[slot] = "cancelled"
+        if slot in self.pending:
+            self.pending.remove(slot)
+
+    def pop(self, slot: int) -> GenerationResult:
+        """The result of the finished sequence in `slot`; the slot becomes free."""
+        if self.reqs[slot] is None or self.finish[slot] is None:
+            raise ValueError(f"slot {slot} holds no finished sequence")
+        res = GenerationResult(self.out[slot], self.finish[slot], self.stats[slot])  # type: ignore[arg-type]
+        self.reqs[slot], self.out[slot], self.finish[slot] = None, [], None
+        return res
+
+    @property
+    def active(self) -> list[int]:
+        """Slots whose sequence is still generating (prefilled or waiting for its prefill)."""
+        return [i for i, r in enumerate(self.reqs) if r is not None and self.finish[i] is None]
+
+    @property
+    def finished(self) -> list[int]:
+        """Slots whose sequence finished (or was cancelled) and was not popped yet."""
+        return [i for i, r in enumerate(self.reqs) if r is not None and self.finish[i] is not None]
+
+    @property
+    def free(self) -> int:
+        return sum(r is None for r in self.reqs)
+
+    @property
+    def done(self) -> bool:
+        return not self.active
 
     # ---- loop ---------------------------------------------------------------------------------------------------
-    def run(self) -> list[GenerationResult]:
-        by_length: dict[int, list[int]] = {}
-        for i, r in enumerate(self.reqs):
-            by_length.setdefault(len(r.prompt_ids), []).append(i)
-        for group in by_length.values():
-            self.prefill(group)
-        while active := [i for i, f in enumerate(self.finish) if f is None]:
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Prefill the requests added since the last step (same prompt length = one forward), or, when there are
+        none, advance every active sequence by one decoding step. A new request thus waits for at most the step
+        in progress plus its prefill, and then decodes with the others."""
+        if self.pending:
+            by_length: dict[int, list[int]] = {}
+            for i in self.pending:
+                by_length.setdefault(len(self._req(i).prompt_ids), []).append(i)
+            self.pending = []
+            for group in by_length.values():
+                self.prefill(group)
+            return
+        if active := self.active:
             self.speculative_step(active) if self.spec else self.target_step(active)
-        return [GenerationResult(o, f, s) for o, f, s in zip(self.out, self.finish, self.stats)]  # type: ignore[arg-type]
+
+    def _req(self, i: int) -> GenerationRequest:
+        r = self.reqs[i]
+        assert r is not None, f"slot {i} is free"
+        return r
 
     def prefill(self, group: list[int]) -> None:
         """Prefill requests whose prompts have the same length in one forward; choose each one's first token."""
         dev = self.rt.device
-        prompt = torch.tensor([self.reqs[i].prompt_ids for i in group], device=dev)
+        prompt = torch.tensor([self._req(i).prompt_ids for i in group], device=dev)
         b, p = prompt.shape
         rows, zero = torch.tensor(group, device=dev), torch.zeros(b, dtype=torch.long, device=dev)
         causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril().expand(b, -1, -1)
@@ -233,7 +345,7 @@ class Session:
         step = make_step(rows, zero, arange, arange.expand(b, p), causal)
         hidden, captured = self.rt.target.forward(prompt, step, self.tcache, self.capture)
         logits = self.rt.target.lm_head(hidden[:, -1])
-        first = [choose(logits[j], self.reqs[i].sampling, self.gens[i]) for j, i in enumerate(group)]
+        first = [choose(logits[j], self._req(i).sampling, self.gens[i]) for j, i in enumerate(group)]
         self.lens[rows] = p
         if self.spec:
             # Drafter pairs (x_{t+1}, f_t) for t = 0..p-1: the prompt shifted by one, then the token just chosen.
@@ -253,7 +365,7 @@ class Session:
         logits = self.rt.target.lm_head(hidden[:, 0])
         self.lens[rows] += 1
         for j, i in enumerate(active):
-            tok = choose(logits[j], self.reqs[i].sampling, self.gens[i])
+            tok = choose(logits[j], self._req(i).sampling, self.gens[i])
             self.stats[i].target_forwards += 1
             self.root[i] = tok
             self.emit(i, [tok])
@@ -270,10 +382,10 @@ class Session:
         best, bonus = accept_greedy(tree.tokens, tree.parent, tree.depth, tree.anc, logits)
         going: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (request, new tokens, their features)
         for j, i in enumerate(active):
-            if self.reqs[i].sampling.greedy:
+            if self._req(i).sampling.greedy:
                 node, nxt = int(best[j]), int(bonus[j])
             else:
-                node, nxt = accept_sampling(tree.tokens[j].tolist(), tree.children(j), logits[j], self.reqs[i].sampling, self.gens[i])
+                node, nxt = accept_sampling(tree.tokens[j].tolist(), tree.children(j), logits[j], self._req(i).sampling, self.gens[i])
             path = torch.nonzero(tree.anc[j, node])[:, 0]  # root .. node (tree order = depth order)
             new = torch.cat([tree.tokens[j, path[1:]], torch.tensor([nxt], device=dev)])
             if path.shape[0] > 1:  # KV compaction: the accepted path's entries become contiguous after the cache
@@ -338,14 +450,14 @@ class Session:
         last = h[torch.arange(b, device=dev), torch.tensor(n, device=dev) - 1]
         logits = d.logits(last)
         if self.state.logits.numel() == 0:
-            self.state = DraftState(last.new_zeros(len(self.reqs), last.shape[-1]), logits.new_zeros(len(self.reqs), logits.shape[-1]))
+            self.state = DraftState(last.new_zeros(self.capacity, last.shape[-1]), logits.new_zeros(self.capacity, logits.shape[-1]))
         self.state.h[rows] = last
         self.state.logits[rows] = logits
 
     # ---- output -------------------------------------------------------------------------------------------------
     def emit(self, i: int, tokens: list[int]) -> int:
         """Append accepted tokens until a stop condition; stream them; return how many were kept."""
-        req, out = self.reqs[i], self.out[i]
+        req, out = self._req(i), self.out[i]
         kept: list[int] = []
         for tok in tokens:
             out.append(tok)

@@ -3,11 +3,13 @@ engine called directly, at concurrency 1, 4 and 8.
 
     python scripts/bench_triton.py [--config configs/demo.yaml] [--max-tokens 32] [--rounds 2]
 
-Both sides run the same greedy requests (same prompts, end_id -1 so each generates exactly max_tokens) and batch the same
-way: up to engine.max_batch_size requests per engine.generate call, the rest waiting for the next batch. The direct
-side submits `concurrency` requests at a time; the Triton side runs `concurrency` client streams. Reported per
-level: output tokens/s (all generated tokens / wall time) and mean TTFT (request sent -> first token), and the
-overhead ratios direct/Triton for throughput and Triton/direct for TTFT, all measured in this one run.
+Both sides run the same greedy requests (same prompts, end_id -1 so each generates exactly max_tokens) and batch
+the same way, in flight: one engine session of engine.max_batch_size slots, a new request joins at the next step, a finished one
+leaves. Each level has `concurrency` closed-loop clients, each sending its next request when the previous one
+finished (Triton: one gRPC stream per client; direct: the same loop driving the session in this process); requests
+beyond max_batch_size wait for a free slot on both sides. Reported per level: output tokens/s (all generated tokens
+/ wall time) and mean TTFT (request sent -> first token, queueing included), and the overhead ratios direct/Triton
+for throughput and Triton/direct for TTFT, all measured in this one run.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ PROMPTS = [
 ]
 
 
-def direct_level(engine: Any, prompts: list[str], max_tokens: int, batch: int) -> dict[str, Any]:
+def direct_level(engine: Any, prompts: list[str], max_tokens: int, concurrency: int) -> dict[str, Any]:
+    """`concurrency` closed-loop clients over one in-flight session (engine.max_batch_size slots), as the Triton
+    model runs it."""
+    from collections import deque
+
     from engines.api import GenerationRequest, SamplingParams
 
     tok = engine.tokenizer
@@ -47,22 +53,39 @@ def direct_level(engine: Any, prompts: list[str], max_tokens: int, batch: int) -
                           sampling=SamplingParams(), stop_token_ids=[IGNORE_EOS])
         for p in prompts
     ]  # fmt: skip
-    ttft: list[float] = []
-    tokens = 0
+    sent: dict[int, float] = {}
+    first: dict[int, float] = {}
+    slot_of: dict[int, int] = {}  # session slot -> request index
+
+    def on_tokens(slot: int, new: list[int]) -> bool:
+        first.setdefault(slot_of[slot], time.perf_counter())
+        return True
+
+    session = engine.session(on_tokens=on_tokens)
+    todo, waiting = deque(range(len(reqs))), deque[int]()
+
+    def send() -> None:  # a client sends its next request
+        if todo:
+            k = todo.popleft()
+            sent[k] = time.perf_counter()
+            waiting.append(k)
+
+    tokens, done = 0, 0
     t0 = time.perf_counter()
-    for start in range(0, len(reqs), batch):
-        chunk = reqs[start : start + batch]
-        first: dict[int, float] = {}
-
-        def on_tokens(i: int, new: list[int], first: dict[int, float] = first) -> bool:
-            first.setdefault(i, time.perf_counter())
-            return True
-
-        results = engine.generate(chunk, on_tokens=on_tokens)
-        tokens += sum(len(r.output_ids) for r in results)
-        ttft += [first[i] - t0 for i in range(len(chunk))]  # all requests of this level were submitted at t0
+    for _ in range(concurrency):
+        send()
+    while done < len(reqs):
+        while waiting and session.free:
+            k = waiting.popleft()
+            slot_of[session.add(reqs[k])] = k
+        session.step()
+        for slot in session.finished:
+            tokens += len(session.pop(slot).output_ids)
+            done += 1
+            send()
     wall = time.perf_counter() - t0
-    return {"tokens": tokens, "wall": wall, "tok_s": tokens / wall, "ttft": statistics.mean(ttft)}
+    ttft = statistics.mean(first[k] - sent[k] for k in sent)
+    return {"tokens": tokens, "wall": wall, "tok_s": tokens / wall, "ttft": ttft}
 
 
 def triton_level(url: str, prompts: list[str], max_tokens: int, concurrency: int) -> dict[str, Any]:
@@ -96,6 +119,7 @@ def triton_level(url: str, prompts: list[str], max_tokens: int, concurrency: int
                 i = grpc.InferInput(name, list(arr.shape), dt)
                 i.set_data_from_numpy(arr)
                 ins.append(i)
+            sent = time.perf_counter()
             client.async_stream_infer("ensemble", ins, enable_empty_final_response=True)
             first, parts = None, []
             while True:
@@ -110,8 +134,8 @@ def triton_level(url: str, prompts: list[str], max_tokens: int, concurrency: int
                     break
             client.stop_stream()
             with lock:
-                # TTFT from the level's start, like the direct side (queueing behind earlier requests included)
-                ttft.append((first or time.perf_counter()) - t0)
+                # TTFT from the request's send, like the direct side (queueing for a free slot included)
+                ttft.append((first or time.perf_counter()) - sent)
                 texts.append("".join(parts))
         client.close()
 
@@ -148,12 +172,13 @@ def main() -> int:
     prompts_for = {c: [PROMPTS[i % len(PROMPTS)] for i in range(c * args.rounds)] for c in levels}
 
     engine = ReferenceEngine.from_build(build)
+    print("load average (1, 5, 15 min) at start: %.2f %.2f %.2f" % os.getloadavg())
     print(f"demo build {build} (device {engine.device}, random head: {engine.random_head}), "
           f"max_tokens={args.max_tokens}, max_batch_size={cfg.engine.max_batch_size}")
     direct_level(engine, PROMPTS[:1], 4, 1)  # warm-up
     direct = {}
     for c in levels:
-        direct[c] = direct_level(engine, prompts_for[c], args.max_tokens, min(c, cfg.engine.max_batch_size))
+        direct[c] = direct_level(engine, prompts_for[c], args.max_tokens, c)
         print(f"  direct  concurrency {c}: {direct[c]['tokens']} tokens in {direct[c]['wall']:.1f}s", flush=True)
     del engine
 
@@ -175,6 +200,7 @@ def main() -> int:
         print(f"{c:>4} {len(prompts_for[c]):>4} {d['tokens']:>6} | {d['tok_s']:>12.1f} {tok_s:>12.1f} "
               f"{d['tok_s'] / tok_s:>6.2f} | {d['ttft']:>13.3f} {s['ttft']:>13.3f} {s['ttft'] / d['ttft']:>6.2f}")
     print("ratio = serving overhead: direct/Triton tokens/s, Triton/direct TTFT (1.00 = no overhead)")
+    print("load average (1, 5, 15 min) at end: %.2f %.2f %.2f" % os.getloadavg())
     return 0
 
 

@@ -24,7 +24,8 @@ from builders.build import main as build_main  # noqa: E402
 from triton_repo.launch import TritonServer, free_port  # noqa: E402
 
 pytestmark = pytest.mark.server
-MAX_BATCH, MAX_QUEUE, MAX_INPUT, MAX_SEQ = 4, 48, 48, 96
+MAX_BATCH, MAX_QUEUE, MAX_INPUT, MAX_SEQ = 4, 48, 48, 400
+LONG = 300  # tokens of the requests that must still be running when the test acts on them (end_id -1)
 PROMPT = "The quick brown fox"
 
 
@@ -87,13 +88,14 @@ def inputs(text: str | bytes, max_tokens: int, **extra: tuple[Any, str]) -> list
 
 
 def stream_call(
-    client: Any, model: str, ins: list[Any], cancel_after: int | None = None, timeout: float = 120
+    client: Any, model: str, ins: list[Any], cancel_after: int | None = None, timeout: float = 120,
+    headers: dict[str, str] | None = None, request_id: str = "",
 ) -> list[dict[str, Any]]:
     """All responses of one request on a gRPC stream, as {output: array}; raises the first error."""
     q: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.start_stream(callback=lambda result, error: q.put((result, error)), headers=headers)
     try:
-        client.async_stream_infer(model, ins, enable_empty_final_response=True)
+        client.async_stream_infer(model, ins, enable_empty_final_response=True, request_id=request_id)
         out: list[dict[str, Any]] = []
         while True:
             result, error = q.get(timeout=timeout)
@@ -246,13 +248,14 @@ def test_bad_request_status_is_invalid_argument(client: Any, text: Any, max_toke
 def test_cancel_mid_stream_frees_the_sequence(server: TritonServer, client: Any) -> None:
     before_cancel = metric(server, "eagle_llm_requests_cancelled_total")
     before_tokens = metric(server, "eagle_llm_generated_tokens_total")
-    got = stream_call(client, "tensorrt_llm_bls", inputs("cancel me", 60, stream=(True, "BOOL")), cancel_after=1)
+    ins = inputs("cancel me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32"))
+    got = stream_call(client, "tensorrt_llm_bls", ins, cancel_after=1)
     assert len(got) == 1
     deadline = time.time() + 60
     while time.time() < deadline and metric(server, "eagle_llm_requests_cancelled_total") == before_cancel:
         time.sleep(0.2)
     assert metric(server, "eagle_llm_requests_cancelled_total") == before_cancel + 1
-    assert metric(server, "eagle_llm_generated_tokens_total") - before_tokens < 60  # stopped early
+    assert metric(server, "eagle_llm_generated_tokens_total") - before_tokens < LONG  # stopped early
     assert metric(server, "eagle_llm_requests_in_flight") == 0
     [ok] = stream_call(client, "ensemble", inputs(PROMPT, 2))  # still serving
     assert ok["text_output"].size == 1
@@ -311,3 +314,192 @@ def test_requests_beyond_the_queue_limit_are_refused_not_dropped(server: TritonS
         assert "server busy" in e.message() and f"max_batch_size {MAX_BATCH}" in e.message(), e.message()
     assert metric(server, "eagle_llm_requests_refused_total") == before + len(refused)
     assert metric(server, "eagle_llm_requests_in_flight") == 0
+
+
+# ---- in-flight batching (the reference model's batcher over one engine session) ------------------------------------
+
+
+def _timed_stream(url: str, ins: list[Any], marks: dict[str, Any], key: str, model: str = "ensemble") -> None:
+    """One stream; records when its first and its final response arrived, and its text."""
+    c = tritonclient_grpc.InferenceServerClient(url)
+    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    parts: list[str] = []
+    try:
+        c.async_stream_infer(model, ins, enable_empty_final_response=True)
+        while True:
+            result, error = q.get(timeout=120)
+            assert error is None, error
+            resp = result.get_response()
+            if resp.outputs:
+                marks.setdefault(f"{key}_first", time.perf_counter())
+                parts.append(result.as_numpy("text_output").reshape(-1)[0].decode())
+            if resp.parameters["triton_final_response"].bool_param:
+                marks[f"{key}_end"] = time.perf_counter()
+                marks[f"{key}_text"] = "".join(parts)
+                return
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def test_second_stream_gets_its_first_token_before_a_running_long_one_finishes(
+    server: TritonServer, engine: Any
+) -> None:
+    """In-flight batching: the short request joins the long one's batch at the next step instead of waiting for the
+    whole long generation (which is what the batch-at-a-time batcher did), and its greedy text is unchanged."""
+    marks: dict[str, Any] = {}
+    long_ins = inputs(PROMPT, LONG, stream=(True, "BOOL"), end_id=(-1, "INT32"))
+    long = threading.Thread(target=_timed_stream, args=(server.grpc_url, long_ins, marks, "long"))
+    long.start()
+    deadline = time.time() + 60
+    while "long_first" not in marks and time.time() < deadline:
+        time.sleep(0.005)
+    short_text = f"{PROMPT} too"
+    # The BLS model detokenizes incrementally (the ensemble decodes each chunk alone), so its text is exact.
+    _timed_stream(server.grpc_url, inputs(short_text, 6, stream=(True, "BOOL")), marks, "short", "tensorrt_llm_bls")
+    long.join(120)
+    assert "long_end" in marks and marks["short_first"] < marks["long_end"], marks
+    ids, _ = engine_greedy(engine, short_text, 6)
+    assert marks["short_text"] == engine.tokenizer.decode(ids, skip_special_tokens=True)
+    print(f"short first token {marks['short_first'] - marks['long_first']:.3f}s after long's first token; long ended "
+          f"{marks['long_end'] - marks['short_first']:.3f}s after the short's first token")
+
+
+# ---- cancellation through the ensemble -----------------------------------------------------------------------------
+
+
+def _wait_idle(server: TritonServer) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline and metric(server, "eagle_llm_requests_in_flight") > 0:
+        time.sleep(0.1)
+    assert metric(server, "eagle_llm_requests_in_flight") == 0
+
+
+def _stop_inputs() -> list[Any]:
+    """tensorrtllm_backend's stop request to the tensorrt_llm model (input stop=true; the other required inputs are
+    placeholders the model never reads)."""
+    return [_input("input_ids", 1, "INT32"), _input("input_lengths", 1, "INT32"),
+            _input("request_output_len", 1, "INT32"), _input("stop", True, "BOOL")]  # fmt: skip
+
+
+def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServer, client: Any) -> None:
+    """The way to cancel an ensemble stream on Triton 2.51: send tensorrtllm_backend's `stop` request to the
+    tensorrt_llm model with the ensemble request's id (the ensemble gives its composing requests its own id:
+    core r24.10 src/ensemble_scheduler/ensemble_scheduler.cc InitStep, irequest->SetId(request_id_)), then read the
+    ensemble stream to its final response instead of cancelling it. The model drops the sequence at the next step
+    and ends the request with a bare FINAL flag, which completes the ensemble normally (no leaked ensemble request,
+    see the test below)."""
+    import uuid
+
+    _wait_idle(server)
+    rid = f"stop-{uuid.uuid4().hex}"  # unique: a stop request stops every request that has its id
+    before = {m: metric(server, m) for m in ("eagle_llm_requests_cancelled_total", "eagle_llm_generated_tokens_total")}
+    ens_before = metric(server, "nv_inference_request_success", model="ensemble")
+    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    chunks = 0
+    try:
+        client.async_stream_infer("ensemble", inputs("stop me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32")),
+                                  enable_empty_final_response=True, request_id=rid)  # fmt: skip
+        while True:
+            result, error = q.get(timeout=120)
+            assert error is None, error
+            resp = result.get_response()
+            if resp.outputs:
+                chunks += 1
+                if chunks == 1:  # on a second client, as a cancelling caller would
+                    stopper = tritonclient_grpc.InferenceServerClient(server.grpc_url)
+                    assert stream_call(stopper, "tensorrt_llm", _stop_inputs(), request_id=rid) == []
+                    stopper.close()
+            if resp.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+    _wait_idle(server)
+    assert metric(server, "eagle_llm_requests_cancelled_total") == before["eagle_llm_requests_cancelled_total"] + 1
+    made = metric(server, "eagle_llm_generated_tokens_total") - before["eagle_llm_generated_tokens_total"]
+    assert chunks <= made < LONG  # stopped early
+    assert metric(server, "nv_inference_request_success", model="ensemble") == ens_before + 1  # completed, not stuck
+
+
+def test_ensemble_stream_cancel_on_triton_2_51_is_not_forwarded_and_leaks(build_dir: Path, tmp_path: Path) -> None:
+    """Documents Triton 2.51's limits, on a server of its own (it cannot stop cleanly afterwards). Cancelling an
+    ensemble stream (1) is not forwarded to the running tensorrt_llm request: core r24.10
+    src/ensemble_scheduler/ensemble_scheduler.cc EnsembleContext::ScheduleSteps cancels only the steps scheduled
+    after the cancellation, so the model generates to the end; and (2) leaves the ensemble request in flight for
+    good: the next postprocessing step is refused as CANCELLED, after which PrepareSteps skips UpdateEnsembleState,
+    so the in-flight step counter never reaches 0 (r25.12, the pinned NGC image, has the same code; fixed by core
+    commit 5280db8 "Ensemble requests stuck indefinitely", first in r26.03, which always runs UpdateEnsembleState).
+    If an upgraded Triton fixes either, this test fails: then clients may cancel ensemble streams directly."""
+    log = tmp_path / "tritonserver.log"
+    srv = TritonServer(build_dir / "triton_repo", grpc_port=free_port(), http_port=free_port(),
+                       metrics_port=free_port(), log_path=log)  # fmt: skip
+    srv.start(timeout_s=240)
+    try:
+        c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
+        got = stream_call(c, "ensemble", inputs("cancel me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32")),
+                          cancel_after=1)  # fmt: skip
+        assert len(got) == 1
+        _wait_idle(srv)
+        assert metric(srv, "eagle_llm_requests_cancelled_total") == 0  # (1) the model was never told
+        assert metric(srv, "eagle_llm_generated_tokens_total") == LONG  # ... and generated to the end
+        c.close()
+    finally:
+        code = srv.stop(timeout_s=8)  # Triton waits up to its exit timeout (30 s) for in-flight inferences
+    assert code != 0  # (2) it was still waiting: killed
+    assert "Model 'ensemble' (version 1) has 1 in-flight inferences" in log.read_text()
+
+
+# ---- gRPC status codes on the stream (triton_grpc_error) -----------------------------------------------------------
+
+GRPC_STATUS = {"triton_grpc_error": "true"}
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_streamed_bad_request_with_triton_grpc_error_header_is_invalid_argument(client: Any, model: str) -> None:
+    """Triton >= 2.49 (server r24.10 src/grpc/stream_infer_handler.cc StreamInferResponseComplete, header parsed in
+    src/grpc/infer_handler.h ExtractStateFromHeaders): with the stream header triton_grpc_error=true a response
+    error closes the stream with its gRPC status code instead of an in-band message without one."""
+    for text, max_tokens, extra, message in BAD_REQUESTS[:8]:  # errors the models raise
+        with pytest.raises(InferenceServerException) as err:
+            stream_call(client, model, inputs(text, max_tokens, **extra), headers=GRPC_STATUS)
+        assert message in err.value.message(), (message, err.value.message())
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT", (message, err.value.status())
+    [ok] = stream_call(client, model, inputs(PROMPT, 2), headers=GRPC_STATUS)  # a fresh stream serves again
+    assert ok["text_output"].reshape(-1)[0].decode().startswith(PROMPT)
+
+
+def test_request_rejected_before_any_model_runs_keeps_the_in_band_error_even_with_the_header(client: Any) -> None:
+    """Triton 2.51 applies triton_grpc_error only to response errors: a request the core refuses when it is enqueued
+    (an undeclared input) still gets ModelStreamInferResponse.error_message without a status
+    (stream_infer_handler.cc, the InferAsync failure branch of Process)."""
+    text, max_tokens, extra, message = BAD_REQUESTS[8]
+    with pytest.raises(InferenceServerException) as err:
+        stream_call(client, "ensemble", inputs(text, max_tokens, **extra), headers=GRPC_STATUS)
+    assert message in err.value.message()
+    assert err.value.status() is None
+
+
+def test_async_client_with_grpc_status_reports_invalid_argument(server: TritonServer) -> None:
+    """clients.client.AsyncLLMClient(grpc_status=True) (one stream per request, header triton_grpc_error) gives a
+    bad request the status INVALID_ARGUMENT instead of SERVER_ERROR; the next request is served."""
+    import asyncio
+
+    from clients import schema as sch
+    from clients.client import AsyncLLMClient, GenerationError
+
+    async def run() -> tuple[str, str, str]:
+        async with AsyncLLMClient(server.grpc_url, sch.from_repository(server.repo, "ensemble"), grpc_status=True) as c:
+            try:
+                await c.generate(PROMPT, MAX_SEQ)
+            except GenerationError as e:
+                status, message = e.status, e.message
+            else:
+                raise AssertionError("a request past max_seq_len was served")
+            ok = await c.generate(PROMPT, 2)
+            return status, message, ok.text
+
+    status, message, text = asyncio.run(run())
+    assert status == "INVALID_ARGUMENT" and f"> max_seq_len={MAX_SEQ}" in message, (status, message)
+    assert text

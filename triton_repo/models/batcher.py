@@ -1,11 +1,15 @@
-"""Request admission and batching for the python LLM models (reference engine; LLM API).
+"""Request admission and in-flight batching for the python LLM model (reference engine).
 
-Triton hands `execute()` whatever its dynamic batcher collected; the model must return quickly in decoupled mode,
-so requests become `Job`s on a queue and one worker thread runs them in batches of up to `max_batch_size`
-(requests that arrive while a batch runs wait for the next one: the reference engine's `generate` takes a fixed
-list). Admission is bounded: more than `max_batch_size + max_queue_size` jobs in flight are refused with
-UNAVAILABLE and a message saying so, never dropped. A job whose client cancelled or disconnected stops at its next
-`on_tokens` callback (returning False frees its sequence in the engine).
+Triton hands `execute()` whatever its scheduler collected; the model must return quickly in decoupled mode, so
+requests become `Job`s on a queue and one worker thread drives an in-flight batch (`Stepper`, which
+engines.runtime.Session implements): before every decoding step it moves queued jobs into free slots (up to the
+session's capacity, engine.max_batch_size) and drops the jobs whose client cancelled; after it, the jobs that
+finished leave the batch and get their final response. A request that arrives while others decode therefore waits
+for the step in progress and its own prefill, not for the whole batch.
+
+Admission is bounded: more than `capacity + max_queue_size` jobs in flight are refused with UNAVAILABLE and a
+message saying so, never dropped. A job whose client cancelled or disconnected leaves the batch at the next step
+(or at its next `on_tokens` callback, which returns False), which frees its sequence slot.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from triton_repo import contract as C
 
@@ -33,26 +37,54 @@ class Job:
     cancelled: bool = False
     request_id: str = ""
 
+    def gone(self) -> bool:
+        """True once the client cancelled (flag set by a `stop` request or a failed send, or Triton's own)."""
+        if not self.cancelled and self.is_cancelled():
+            self.cancelled = True
+        return self.cancelled
+
+
+class Stepper(Protocol):
+    """The in-flight batch the worker drives (engines.runtime.Session)."""
+
+    capacity: int
+
+    def add(self, request: Any) -> int: ...
+    def step(self) -> None: ...
+    def cancel(self, slot: int) -> None: ...
+    def pop(self, slot: int) -> Any: ...
+
+    @property
+    def finished(self) -> list[int]: ...
+
+    @property
+    def free(self) -> int: ...
+
+    @property
+    def done(self) -> bool: ...
+
 
 class Batcher:
-    """`run_batch(jobs)` runs a list of jobs to completion (filling job.result / job.error); `finish(job)` sends the
-    final response. Both run on the worker thread."""
+    """`request_of(job)` is the engine request of a job; `finish(job)` sends its final response (job.result is the
+    engine's result, or job.error / job.cancelled say why there is none). Both run on the worker thread, as do the
+    session's `on_tokens` callbacks, which find their job with `job_in(slot)`."""
 
     def __init__(
         self,
-        run_batch: Callable[[list[Job]], None],
+        session: Stepper,
+        request_of: Callable[[Job], Any],
         finish: Callable[[Job], None],
         *,
-        max_batch_size: int,
         max_queue_size: int,
         on_count: Callable[[int], None] = lambda n: None,
     ) -> None:
-        self._run_batch, self._finish, self._on_count = run_batch, finish, on_count
-        self.max_batch_size, self.max_queue_size = max_batch_size, max_queue_size
+        self._session, self._request_of, self._finish, self._on_count = session, request_of, finish, on_count
+        self.max_batch_size, self.max_queue_size = session.capacity, max_queue_size
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._in_flight = 0
         self._live: dict[int, Job] = {}
+        self._slots: dict[int, Job] = {}  # session slot -> job (worker thread only)
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="llm-batcher", daemon=True)
         self._thread.start()
@@ -85,49 +117,69 @@ class Batcher:
         with self._lock:
             return list(self._live.values())
 
-    def _take(self) -> list[Job]:
-        first = self._q.get()
-        if first is None:
-            return []
-        jobs = [first]
-        while len(jobs) < self.max_batch_size:
-            try:
-                nxt = self._q.get_nowait()
-            except queue.Empty:
-                break
-            if nxt is None:
-                self._stop = True
-                break
-            jobs.append(nxt)
-        return jobs
+    def job_in(self, slot: int) -> Job:
+        return self._slots[slot]
 
+    # ---- worker thread ------------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
-            jobs = self._take()
-            if not jobs:
-                return
-            live = []
-            for j in jobs:
-                if j.cancelled or j.is_cancelled():
-                    j.cancelled = True
-                else:
-                    live.append(j)
-            try:
-                if live:
-                    self._run_batch(live)
-            except Exception as e:  # the engine failed: every job of the batch gets the error, the server lives on
-                for j in live:
-                    j.error, j.error_code = f"engine error: {type(e).__name__}: {e}", "INTERNAL"
-            for j in jobs:
+            self._join_new()
+            self._drop_cancelled()
+            if not self._session.done:
                 try:
-                    self._finish(j)
-                finally:
-                    with self._lock:
-                        self._in_flight -= 1
-                        self._live.pop(id(j), None)
-                        self._on_count(self._in_flight)
-                    j.done.set()
+                    self._session.step()
+                except Exception as e:  # the engine failed: every running job gets the error, the server lives on
+                    self._fail_all(f"engine error: {type(e).__name__}: {e}")
+            for slot in self._session.finished:
+                job = self._slots.pop(slot)
+                result = self._session.pop(slot)
+                if job.error is None:
+                    job.result = result
+                self._complete(job)
+
+    def _join_new(self) -> None:
+        """Move queued jobs into free slots; wait for one when nothing is running."""
+        while self._session.free and not self._stop:
+            try:
+                job = self._q.get(block=self._session.done)
+            except queue.Empty:
+                return
+            if job is None:
+                self._stop = True
+                return
+            if job.gone():
+                self._complete(job)  # cancelled while queued: never prefilled
+                continue
+            try:
+                slot = self._session.add(self._request_of(job))
+            except ValueError as e:  # the engine's own limits (the model checks them first; this is the backstop)
+                job.error = str(e)
+                self._complete(job)
+                continue
+            self._slots[slot] = job
+
+    def _drop_cancelled(self) -> None:
+        for slot, job in self._slots.items():
+            if job.gone() and slot not in self._session.finished:
+                self._session.cancel(slot)
+
+    def _fail_all(self, message: str) -> None:
+        for slot, job in self._slots.items():
+            job.error, job.error_code = message, "INTERNAL"
+            if slot not in self._session.finished:
+                self._session.cancel(slot)
+
+    def _complete(self, job: Job) -> None:
+        try:
+            self._finish(job)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._live.pop(id(job), None)
+                self._on_count(self._in_flight)
+            job.done.set()
 
     def close(self) -> None:
+        self._stop = True  # the loop ends after the step in progress (model unload: nobody waits for the rest)
         self._q.put(None)
         self._thread.join(timeout=30)

@@ -3,9 +3,10 @@ LLM_INPUTS / LLM_OUTPUTS) over this project's reference engine (`engines.api.Ref
 
 Decoupled (triton.streaming=true): every accepted chunk is sent as it comes (`output_ids` [1, 1, n]), then a final
 response carrying the perf metrics when asked. Not decoupled: one response per request with the prompt + generated
-ids (unless exclude_input_in_output), as the tensorrtllm backend does. Concurrent requests are batched by
-triton_repo/models/batcher.py. `output_ids` end with the end_id token when generation stopped on it (the
-postprocessing model drops special tokens).
+ids (unless exclude_input_in_output), as the tensorrtllm backend does. Requests are batched in flight by
+triton_repo/models/batcher.py over one engine session (engines.runtime.Session): a new request joins the running
+batch at the next step, a finished or cancelled one leaves it. `output_ids` end with the end_id token when
+generation stopped on it (the postprocessing model drops special tokens).
 """
 
 import json
@@ -57,8 +58,12 @@ class TritonPythonModel:
         self.engine = ReferenceEngine.from_build(Path(p.str("build_dir")))
         self.tokenizer = self.engine.tokenizer
         self.metrics = _Metrics(p.str("llm_kind"))
+        # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
+        # max_seq_len tokens; slots are reused as requests come and go.
+        session = self.engine.session(p.int("max_batch_size"), self.limits.max_seq_len, speculative=True,
+                                      on_tokens=self._on_tokens)  # fmt: skip
         self.batcher = batcher.Batcher(
-            self._run_batch, self._finish, max_batch_size=p.int("max_batch_size"), max_queue_size=p.int("max_queue_size"),
+            session, lambda job: job.payload[0].request, self._finish, max_queue_size=p.int("max_queue_size"),
             on_count=self.metrics.in_flight.set,
         )
 
@@ -108,24 +113,20 @@ class TritonPythonModel:
                 job.cancelled = True
 
     # ---- worker thread ----------------------------------------------------------------------------------------
-    def _run_batch(self, jobs):
-        def on_tokens(i, new_ids):
-            parsed, sender = jobs[i].payload
-            if jobs[i].cancelled or jobs[i].is_cancelled():
-                jobs[i].cancelled = True
+    def _on_tokens(self, slot, new_ids):
+        """Stream one step's accepted tokens; False stops the sequence (the client cancelled or is gone)."""
+        job = self.batcher.job_in(slot)
+        parsed, sender = job.payload
+        self.metrics.tokens.increment(len(new_ids))
+        if job.gone():
+            return False
+        if parsed.streaming and new_ids:
+            try:
+                sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, new_ids)))
+            except Exception:  # the client went away: stop this sequence
+                job.cancelled = True
                 return False
-            if parsed.streaming and new_ids:
-                try:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, new_ids)))
-                except Exception:  # the client went away: stop this sequence
-                    jobs[i].cancelled = True
-                    return False
-            return True
-
-        results = self.engine.generate([j.payload[0].request for j in jobs], speculative=True, on_tokens=on_tokens)
-        for j, res in zip(jobs, results):
-            j.result = res
-            self.metrics.tokens.increment(len(res.output_ids))
+        return True
 
     def _finish(self, job):
         parsed, sender = job.payload

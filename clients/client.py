@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -97,7 +97,7 @@ class GenerationStats:
     first_response: float | None = None
     end: float | None = None
     responses: int = 0
-    chunk_times: list[float] = field(default_factory=list)
+    last_response: float | None = None  # O(1) bookkeeping per response: the reports need first and last only
     acceptance_rate: float | None = None
     accepted_draft_tokens: int | None = None
     draft_tokens: int | None = None
@@ -124,7 +124,7 @@ class Request:
 
     model: str
     inputs: list[grpcclient.InferInput]
-    outputs: list[grpcclient.InferRequestedOutput]
+    outputs: list[grpcclient.InferRequestedOutput]  # empty: all of the model's outputs
     stream: bool
     perf: bool
     request_id: str
@@ -159,7 +159,12 @@ def build_request(
         t.set_data_from_numpy(arr)
         inputs.append(t)
     wanted = [sch.TEXT_OUTPUT, *(sch.PERF_OUTPUTS if perf else ())]
-    outputs = [grpcclient.InferRequestedOutput(n) for n in wanted]
+    # No requested outputs means every output of the model (triton-inference-server/common
+    # protobuf/grpc_service.proto, ModelInferRequest.outputs: "if not specified all outputs produced by the model
+    # will be returned"). Naming them costs a protobuf message each on every request, so name them only to ask
+    # for fewer than all (the ensemble contract's outputs are exactly text_output + the perf outputs).
+    all_outputs = set(wanted) == set(schema.outputs)
+    outputs = [] if all_outputs else [grpcclient.InferRequestedOutput(n) for n in wanted]
     return Request(schema.model, inputs, outputs, stream, perf, f"r{next(_ids)}")
 
 
@@ -179,24 +184,36 @@ def _bytes_elements(raw: bytes) -> list[bytes]:
     return out
 
 
-def _read_response(result: grpcclient.InferResult, stats: GenerationStats, now: float) -> str:
-    """Text of one response; records its arrival in the stats. Decodes the raw bytes directly: tritonclient's
-    as_numpy builds numpy object arrays and was the largest per-response client cost (scripts/bench_client.py)."""
+def _text_bytes(result: grpcclient.InferResult) -> bytes:
+    """UTF-8 bytes of one response's text_output, undecoded. Reads the raw bytes directly: tritonclient's as_numpy
+    builds numpy object arrays and was the largest per-response client cost (scripts/bench_client.py)."""
     resp = result.get_response()
-    text = ""
     if resp.raw_output_contents:
         for i, out in enumerate(resp.outputs):  # absent in an empty final response
             if out.name == sch.TEXT_OUTPUT:
-                text = b"".join(_bytes_elements(resp.raw_output_contents[i])).decode("utf-8", errors="replace")
-                break
-    else:  # a server that sends typed contents instead of raw bytes
-        arr = result.as_numpy(sch.TEXT_OUTPUT)
-        text = "" if arr is None else b"".join(v for v in arr.reshape(-1)).decode("utf-8", errors="replace")
+                return b"".join(_bytes_elements(resp.raw_output_contents[i]))
+        return b""
+    arr = result.as_numpy(sch.TEXT_OUTPUT)  # a server that sends typed contents instead of raw bytes
+    return b"" if arr is None else b"".join(v for v in arr.reshape(-1))
+
+
+def decode_text(pieces: list[bytes]) -> str:
+    """The text of a request's responses, decoded once: cheaper than decoding every response, and a character
+    whose UTF-8 bytes are split across two responses decodes whole instead of as two U+FFFD."""
+    return b"".join(pieces).decode("utf-8", errors="replace")
+
+
+def _note_response(stats: GenerationStats, now: float) -> None:
     if stats.first_response is None:
         stats.first_response = now
     stats.responses += 1
-    stats.chunk_times.append(now)
-    return text
+    stats.last_response = now
+
+
+def _read_response(result: grpcclient.InferResult, stats: GenerationStats, now: float) -> str:
+    """Text of one response (for callers that show every chunk); records its arrival in the stats."""
+    _note_response(stats, now)
+    return _text_bytes(result).decode("utf-8", errors="replace")
 
 
 def _read_perf(result: grpcclient.InferResult, stats: GenerationStats) -> None:
@@ -312,14 +329,27 @@ class LLMClient:
 # ---- asyncio ------------------------------------------------------------------------------------------------------
 
 
+def stream_headers(grpc_status: bool) -> dict[str, str] | None:
+    """Stream headers. grpc_status=True asks Triton (>= 2.49; server src/grpc/stream_infer_handler.cc, header read in
+    src/grpc/infer_handler.h ExtractStateFromHeaders) to end a stream whose request failed in a model with that
+    error's gRPC status code (INVALID_ARGUMENT, UNAVAILABLE for "server busy", ...) instead of an in-band message
+    without one (counted as SERVER_ERROR). The stream closes after the error, so it suits one stream per request
+    (AsyncLLMClient). Requests the core refuses before any model runs (an undeclared input) keep the in-band form."""
+    return {"triton_grpc_error": "true"} if grpc_status else None
+
+
 class AsyncLLMClient:
     """asyncio client: every request opens its own gRPC stream on one shared channel, so any number can be in
-    flight at once; the server closes a request's stream after its final response."""
+    flight at once; the server closes a request's stream after its final response. `grpc_status`: see
+    `stream_headers`."""
 
-    def __init__(self, url: str, schema: Schema, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, schema: Schema, timeout_s: float = DEFAULT_TIMEOUT_S, *, grpc_status: bool = False
+    ) -> None:
         self.url = url
         self.schema = schema
         self.timeout_s = timeout_s
+        self.headers = stream_headers(grpc_status)
         self._client = aiogrpc.InferenceServerClient(url, channel_args=channel_args())
 
     @classmethod
@@ -343,7 +373,9 @@ class AsyncLLMClient:
         finished = False
         try:
             # gRPC's own deadline on the stream: DEADLINE_EXCEEDED when the request is not done in time
-            responses = self._client.stream_infer(self._one_request(req), stream_timeout=self.timeout_s)
+            responses = self._client.stream_infer(
+                self._one_request(req), stream_timeout=self.timeout_s, headers=self.headers
+            )
             async for result, error in responses:
                 now = time.perf_counter()
                 if error is not None:
@@ -361,18 +393,21 @@ class AsyncLLMClient:
     async def complete(self, req: Request, stats: GenerationStats) -> str:
         """Send `req` and return its whole text; fills `stats`. The same exchange as `run` without a generator
         layer and a Chunk per response: the load tester's path, where client CPU per request is the overhead
-        scripts/bench_client.py measures."""
-        pieces: list[str] = []
+        scripts/bench_client.py measures. Per response it only keeps the raw text bytes and the arrival time."""
+        pieces: list[bytes] = []
         responses = None
         last: grpcclient.InferResult | None = None
         finished = False
         try:
-            responses = self._client.stream_infer(self._one_request(req), stream_timeout=self.timeout_s)
+            responses = self._client.stream_infer(
+                self._one_request(req), stream_timeout=self.timeout_s, headers=self.headers
+            )
             async for result, error in responses:
                 if error is not None:
                     raise error
                 last = result
-                pieces.append(_read_response(result, stats, time.perf_counter()))
+                _note_response(stats, time.perf_counter())
+                pieces.append(_text_bytes(result))
             finished = True
         except (InferenceServerException, grpc.RpcError) as e:
             raise status_of(e) from e
@@ -380,7 +415,7 @@ class AsyncLLMClient:
             if not finished and responses is not None:
                 responses.cancel()
         self._finish(req, stats, last)
-        return "".join(pieces)
+        return decode_text(pieces)
 
     @staticmethod
     async def _one_request(req: Request) -> AsyncIterator[dict[str, Any]]:
@@ -391,7 +426,7 @@ class AsyncLLMClient:
     def _finish(req: Request, stats: GenerationStats, last: grpcclient.InferResult | None) -> None:
         if last is None:
             raise GenerationError("NO_RESPONSE", "the server closed the stream without sending a response")
-        stats.end = stats.chunk_times[-1]
+        stats.end = stats.last_response
         if req.perf:
             _read_perf(last, stats)
 

@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 if __package__ in (None, ""):  # run as a script: import from the repository root, not from clients/ itself
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -36,7 +36,7 @@ from clients.load import LevelResult, LevelRunner, LevelSpec  # noqa: E402
 from clients.plots import write_plots  # noqa: E402
 from clients.prompts import PromptFileError, load_prompts  # noqa: E402
 from clients.stats import CSV_COLUMNS, LevelReport, aggregate, csv_row  # noqa: E402
-from clients.tokens import make_counter  # noqa: E402
+from clients.tokens import TokenCounter, make_counter  # noqa: E402
 
 EXIT_INTERRUPTED = 130
 
@@ -126,6 +126,24 @@ def _summary_line(rep: LevelReport) -> str:
             f"e2e p50 {p50(rep.e2e_s)}{spec}; errors: {errs}")  # fmt: skip
 
 
+async def run_level(
+    client: AsyncLLMClient,
+    prompts: list[str],
+    counter: TokenCounter,
+    spec: LevelSpec,
+    stop: asyncio.Event,
+    *,
+    progress: bool,
+    progress_file: TextIO | None = None,  # None: tqdm writes to sys.stderr
+) -> LevelResult:
+    """One level as the CLI runs it, progress bar included (one update per finished request, not per response);
+    scripts/bench_client.py measures exactly this."""
+    bar = tqdm(total=spec.requests, desc=f"{spec.mode} {spec.level:g}", unit="req", disable=not progress,
+               file=progress_file)  # fmt: skip
+    with bar:
+        return await LevelRunner(client, prompts, counter, spec, stop, on_done=lambda _r: bar.update(1)).run()
+
+
 async def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts)
     specs = level_specs(args)
@@ -150,11 +168,7 @@ async def run(args: argparse.Namespace) -> int:
         for spec in specs:
             if stop.is_set():
                 break
-            bar = tqdm(total=spec.requests, desc=f"{spec.mode} {spec.level:g}", unit="req", disable=args.no_progress,
-                       file=sys.stderr)  # fmt: skip
-            with bar:
-                runner = LevelRunner(client, prompts, counter, spec, stop, on_done=lambda _r: bar.update(1))
-                result = await runner.run()
+            result = await run_level(client, prompts, counter, spec, stop, progress=not args.no_progress)
             results.append(result)
             meta["interrupted"] = result.interrupted
             reports = write_reports(args.out, results, meta)

@@ -12,7 +12,7 @@ import pytest
 
 from builders.config import load_config
 from clients import schema as sch
-from clients.client import build_request
+from clients.client import build_request, decode_text
 from clients.load import LevelSpec, poisson_arrivals, prompt_order
 from clients.plots import PLOT_FILES, write_plots
 from clients.prompts import PromptFileError, load_prompts
@@ -119,6 +119,15 @@ def test_prompt_order_is_a_seeded_permutation() -> None:
     assert order.tolist() == prompt_order(7, seed=1).tolist()
 
 
+def test_text_is_decoded_once_per_request() -> None:
+    """The load tester keeps each response's raw UTF-8 bytes and decodes the request's text once: a character split
+    across two responses comes out whole (decoding per response would give two U+FFFD and miscount tokens)."""
+    e_acute = "\u00e9".encode()  # 2 bytes in UTF-8
+    assert decode_text([b"caf" + e_acute[:1], e_acute[1:] + b" ok "]) == "caf\u00e9 ok "
+    assert decode_text([]) == ""
+    assert decode_text([b"bad \xff end"]) == "bad \ufffd end"  # invalid bytes are replaced, not fatal
+
+
 def test_level_spec_validation() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         LevelSpec(mode="concurrency", level=2, max_tokens=4, stream=True)
@@ -215,7 +224,10 @@ def test_schema_from_repository_pbtxt_and_encode(tmp_path: Path) -> None:
     req = build_request(s, "x y", 3, stream=True, temperature=0.0)
     names = {i.name(): i for i in req.inputs}
     assert set(names) == {"text_input", "max_tokens", "stream", "return_perf_metrics", "temperature"}
-    assert [o.name() for o in req.outputs] == ["text_output", *sch.PERF_OUTPUTS]
+    # text + perf outputs are all the model has: none named, so the server returns all (as a bare client's request)
+    assert set(s.outputs) == {"text_output", *sch.PERF_OUTPUTS} and req.outputs == [] and req.perf
+    # without perf stats only text_output is asked for, by name
+    assert [o.name() for o in build_request(s, "x", 3, stream=True, perf=False).outputs] == ["text_output"]
     # non-streamed: the prompt is excluded from text_output (the contract's default would repeat it)
     assert "exclude_input_in_output" in {i.name() for i in build_request(s, "x", 3, stream=False).inputs}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import math
 import os
@@ -23,7 +24,9 @@ import pytest
 
 from clients import generate, loadtest
 from clients import schema as sch
-from clients.client import AsyncLLMClient, GenerationError, LLMClient
+from clients.client import AsyncLLMClient, GenerationError, GenerationStats, LLMClient, build_request
+from clients.load import LevelResult, LevelSpec
+from clients.tokens import WhitespaceCounter
 from tests.fixtures.echo_repo import render_echo_repo
 from triton_repo import contract
 from triton_repo.launch import TritonServer, free_port
@@ -118,6 +121,44 @@ def test_async_client_concurrent(echo: TritonServer) -> None:
 
     texts = asyncio.run(go())
     assert texts == [_echo_text(f"w{i} v{i}", 4 + i) for i in range(12)]
+
+
+def test_async_complete_stats_and_non_ascii_text(echo: TritonServer) -> None:
+    """complete() (the load tester's path) keeps O(1) bookkeeping per response: count, first and last arrival; the
+    text is decoded once per request, non-ASCII intact."""
+    prompt = "caf\u00e9 na\u00efve \u00fcber"
+
+    async def go() -> tuple[str, GenerationStats]:
+        async with await AsyncLLMClient.connect(echo.grpc_url) as c:
+            stats = GenerationStats(start=time.perf_counter(), streamed=True)
+            text = await c.complete(build_request(c.schema, prompt, 7, stream=True), stats)
+            return text, stats
+
+    text, st = asyncio.run(go())
+    assert text == _echo_text(prompt, 7)
+    acc, drafted, _ = _spec_stats(7)
+    assert (st.responses, st.accepted_draft_tokens, st.draft_tokens) == (math.ceil(7 / K), acc, drafted)
+    assert st.first_response is not None and st.last_response is not None
+    assert st.start < st.first_response <= st.last_response == st.end
+
+
+def test_run_level_progress_bar_counts_requests(echo: TritonServer) -> None:
+    """run_level (the CLI's level, which scripts/bench_client.py measures) updates the bar once per finished
+    request: it ends at n/n, not at the number of responses."""
+    n, max_tokens = 9, 8
+    spec = LevelSpec(mode="concurrency", level=3, max_tokens=max_tokens, stream=True, requests=n)
+    bar = io.StringIO()
+
+    async def go() -> LevelResult:
+        async with await AsyncLLMClient.connect(echo.grpc_url) as c:
+            return await loadtest.run_level(c, ["one two"], WhitespaceCounter(), spec, asyncio.Event(),
+                                            progress=True, progress_file=bar)  # fmt: skip
+
+    result = asyncio.run(go())
+    assert [r.status for r in result.records] == ["OK"] * n
+    assert [r.output_tokens for r in result.records] == [max_tokens] * n
+    assert [r.responses for r in result.records] == [math.ceil(max_tokens / K)] * n
+    assert f"{n}/{n} [" in bar.getvalue() and f"{n + 1}/{n}" not in bar.getvalue()
 
 
 def test_loadtest_counts_agree_with_what_was_sent(echo: TritonServer, prompts: Path, tmp_path: Path) -> None:

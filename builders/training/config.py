@@ -84,8 +84,50 @@ class TrainConfig(Strict):
     threads: int = Field(ge=1, description="torch CPU threads.")
 
 
+class Eagle3Config(Strict):
+    """EAGLE-3 only (head: eagle3): SafeAILab/EAGLE eagle/traineagle3 (cnets.py Model, main.py loss weights)."""
+
+    draft_vocab_size: int = Field(
+        ge=2,
+        description="Draft vocabulary: the this-many most frequent target tokens in the training answers "
+        "(SafeAILab cnets.py scandata); the head's lm_head has this many rows, d2t/t2d map them to target ids.",
+    )
+    ttt_steps: int = Field(
+        ge=1,
+        description="Training-time-test steps unrolled per batch: step k feeds the head's own step k-1 output back "
+        "as the feature (SafeAILab: 7). Cost grows linearly with it.",
+    )
+    step_decay: float = Field(
+        gt=0, le=1, description="Loss weight of TTT step k is step_decay**k (SafeAILab main.py: 0.8)."
+    )
+    layer_ids: list[int] = Field(
+        min_length=1,
+        description="Target layers whose INPUT hidden states the head fuses (id j = input of decoder layer j, "
+        "0 = the embeddings; SafeAILab default for L layers: [2, L//2, L-3]). Written to config.json as "
+        "eagle_aux_hidden_state_layer_ids.",
+    )
+    chain_depth: int = Field(
+        ge=1, description="Depth of the held-out greedy chain acceptance estimate (eval chain_tau)."
+    )
+    lm_head_init: Literal["target", "random"] = Field(
+        description="`target` = start lm_head at the target's lm_head rows of the draft ids and norm at the "
+        "target's final norm (a short CPU run starts from the target's output space); `random` = torch default "
+        "init, as SafeAILab traineagle3 does."
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Eagle3Config:
+        if len(set(self.layer_ids)) != len(self.layer_ids) or min(self.layer_ids) < 0:
+            raise ValueError(f"eagle3.layer_ids={self.layer_ids} must be distinct ids >= 0")
+        return self
+
+
 class TrainHeadConfig(Strict):
     name: str = Field(min_length=1, description="Name of this head (written into config.json and the card).")
+    head: Literal["eagle", "eagle3"] = Field(
+        description="`eagle` = EAGLE-1/2 head (SafeAILab eagle/train); `eagle3` = EAGLE-3 head with a reduced draft "
+        "vocabulary and training-time test (SafeAILab eagle/traineagle3); needs the `eagle3` section."
+    )
     target: str = Field(
         description="Target model: an HF directory, a .gguf file or `pip:<distribution>` (as BuildConfig "
         "target.model). Relative paths are relative to the config file."
@@ -99,6 +141,27 @@ class TrainHeadConfig(Strict):
     )
     data: DataConfig = Field(description="Which conversations and how answers are produced.")
     train: TrainConfig = Field(description="Optimization.")
+    eagle3: Eagle3Config | None = Field(
+        default=None, description="EAGLE-3 settings; required when head is eagle3, not allowed otherwise."
+    )
+
+    @model_validator(mode="after")
+    def _head_rules(self) -> TrainHeadConfig:
+        p = []
+        if self.head == "eagle3" and self.eagle3 is None:
+            p.append("head=eagle3 needs an `eagle3:` section (draft_vocab_size, ttt_steps, step_decay, layer_ids, "
+                     "chain_depth, lm_head_init)")
+        if self.head == "eagle" and self.eagle3 is not None:
+            p.append("an `eagle3:` section is only used with head=eagle3; remove it or set head: eagle3")
+        if self.head == "eagle3" and self.train.v_weight != 0:
+            p.append(f"train.v_weight={self.train.v_weight}: EAGLE-3 has no feature-regression loss (SafeAILab "
+                     "traineagle3 trains on the token loss only); set train.v_weight: 0")
+        if self.head == "eagle3" and self.train.noise_std != 0:
+            p.append(f"train.noise_std={self.train.noise_std}: EAGLE-3 adds no feature noise (training-time test "
+                     "replaces it in SafeAILab traineagle3); set train.noise_std: 0")
+        if p:
+            raise ValueError("; ".join(p))
+        return self
 
 
 def _resolve(base: Path, p: str) -> str:

@@ -12,22 +12,33 @@ tensorrtllm_backend's own clients do (inflight_batcher_llm/client/end_to_end_grp
 LLM model is decoupled (streaming) refuses the unary ModelInfer call, and the stream works for both kinds.
 Every request has a deadline; failures raise `GenerationError` carrying a status (gRPC status code name,
 DEADLINE_EXCEEDED for the client deadline, or SERVER_ERROR) so callers (the load tester) can count them.
+
+Cancellation (closing a stream's iterator early, `break` + the iterator dropped, Ctrl-C in the sync client, a
+cancelled asyncio task, the client deadline) frees the request's sequence on the server. A plain gRPC cancel does
+that for a single model (the BLS model, the echo model), but Triton <= r26.02 does not forward it into an ensemble
+and leaks the ensemble request (README, Triton section, "Cancellation."). So a request to an ensemble is never
+cancelled: the client sends tensorrtllm_backend's `stop` request with the request's unique id to the ensemble's LLM
+model and reads the stream to its final response (`_stop_ensemble_request`, the drain loops of both clients).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import logging
 import queue
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import grpc
+import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
@@ -40,7 +51,22 @@ DEFAULT_TIMEOUT_S = 120.0
 # load test report "UNAVAILABLE" for minutes after the server is back.
 RECONNECT_MS = 250
 MAX_MESSAGE_BYTES = 2**31 - 1
+# Cancelling an ensemble request: the stop request's own deadline; how long to wait for the stream's final response
+# before sending the stop again (a stop that arrives while the request is still in preprocessing, before the LLM
+# model has it, finds nothing to stop); how long in all before giving up with CANCEL_TIMEOUT.
+STOP_REQUEST_TIMEOUT_S = 10.0
+STOP_RESEND_S = 0.5
+DRAIN_TIMEOUT_S = 15.0
+CANCEL_TIMEOUT = "CANCEL_TIMEOUT"
 _ids = itertools.count()
+log = logging.getLogger(__name__)
+
+
+def new_request_id() -> str:
+    """A request id unique across processes and clients: `r<n>-<16 hex>` (n counts this process's requests, for
+    reading logs; the random part is uuid4's). It must be unique because tensorrtllm_backend's stop request stops
+    every running request with its id, whoever sent it; the counter alone repeats in every process."""
+    return f"r{next(_ids)}-{uuid.uuid4().hex[:16]}"
 
 
 def channel_args() -> list[tuple[str, int]]:
@@ -101,6 +127,7 @@ class GenerationStats:
     acceptance_rate: float | None = None
     accepted_draft_tokens: int | None = None
     draft_tokens: int | None = None
+    request_id: str | None = None  # the id the request was sent with (new_request_id); set when it is sent
 
     @property
     def ttft(self) -> float | None:
@@ -120,14 +147,14 @@ class Generation:
 @dataclass(frozen=True)
 class Request:
     """A ready-to-send request: tritonclient inputs and requested outputs for one prompt. It only reads its
-    inputs when sent, so one Request can be sent any number of times, also concurrently (the load tester does)."""
+    inputs when sent, so one Request can be sent any number of times, also concurrently (the load tester does);
+    hence no request id here: every send gets a new one (new_request_id)."""
 
     model: str
     inputs: list[grpcclient.InferInput]
     outputs: list[grpcclient.InferRequestedOutput]  # empty: all of the model's outputs
     stream: bool
     perf: bool
-    request_id: str
 
 
 def build_request(
@@ -165,7 +192,7 @@ def build_request(
     # for fewer than all (the ensemble contract's outputs are exactly text_output + the perf outputs).
     all_outputs = set(wanted) == set(schema.outputs)
     outputs = [] if all_outputs else [grpcclient.InferRequestedOutput(n) for n in wanted]
-    return Request(schema.model, inputs, outputs, stream, perf, f"r{next(_ids)}")
+    return Request(schema.model, inputs, outputs, stream, perf)
 
 
 def _raw_outputs(result: grpcclient.InferResult) -> dict[str, bytes]:
@@ -234,11 +261,120 @@ def _read_perf(result: grpcclient.InferResult, stats: GenerationStats) -> None:
         stats.acceptance_rate = None if rate is None else float(rate.reshape(-1)[0])
 
 
+# ---- cancelling ensemble requests --------------------------------------------------------------------------------
+# tensorrtllm_backend's stop request: a request to the LLM model with input `stop`=true and the id of the request
+# to stop (upstream inflight_batcher_llm/client/inflight_batcher_llm_client.py prepare_stop_signals; our BLS model
+# sends the same, triton_repo/models/llm_io.py stop_request_tensors). Triton still checks the LLM model's required
+# inputs (triton_repo/contract.py LLM_INPUTS: input_ids, input_lengths, request_output_len), so they are sent as
+# placeholders the model never reads. Shapes carry the batch dimension: every LLM model batches (max_batch_size > 0).
+STOP_INPUT = "stop"
+STOP_REQUEST_TENSORS: tuple[tuple[str, str, bool | int], ...] = (
+    ("input_ids", "INT32", 1), ("input_lengths", "INT32", 1), ("request_output_len", "INT32", 1),
+    (STOP_INPUT, "BOOL", True),
+)  # fmt: skip
+
+
+def stop_request_inputs() -> list[grpcclient.InferInput]:
+    out = []
+    for name, datatype, value in STOP_REQUEST_TENSORS:
+        t = grpcclient.InferInput(name, [1, 1], datatype)
+        t.set_data_from_numpy(np.array([[value]], dtype=np.bool_ if datatype == "BOOL" else np.int32))
+        out.append(t)
+    return out
+
+
+def _input_names(cfg: Mapping[str, Any]) -> set[str]:
+    return {e["name"] for e in cfg.get("input", [])}  # proto3 JSON omits an empty list
+
+
+def resolve_stop_model(schema: Schema, get_config: sch.ConfigGetter) -> str | None:
+    """The LLM model that a cancelled request to `schema.model` is stopped through, or None when `schema.model` is
+    no ensemble (a plain gRPC cancel reaches it). A rendered repository's client.json names it (`llm_model`, next to
+    the ensemble's `model` and the BLS's `bls_model`); otherwise the served configs tell: the ensemble step whose
+    model takes a `stop` input. An ensemble without one cannot be stopped: SchemaError, not a cancel that leaks."""
+    extra = schema.extra
+    if "llm_model" in extra:
+        if schema.model == extra.get("model"):
+            return str(extra["llm_model"])
+        if schema.model == extra.get("bls_model"):
+            return None
+    cfg = get_config(schema.model)
+    if cfg is None:
+        raise sch.SchemaError(f"cannot read the config of model {schema.model!r} to tell how to cancel its requests")
+    if cfg.get("platform") != "ensemble":
+        return None
+    steps = [str(st["model_name"]) for st in cfg.get("ensemble_scheduling", {}).get("step", [])]
+    configs = {name: get_config(name) for name in steps}
+    stoppable = [name for name, c in configs.items() if c is not None and STOP_INPUT in _input_names(c)]
+    if len(stoppable) != 1:
+        raise sch.SchemaError(
+            f"ensemble {schema.model!r}: {len(stoppable)} of its steps {steps} take a {STOP_INPUT!r} input "
+            f"({stoppable}), need exactly one (the LLM model) to stop a cancelled request; Triton does not forward a "
+            "plain cancellation into an ensemble (README, Cancellation.): call the BLS model to cancel by closing"
+        )
+    return stoppable[0]
+
+
+def _server_stop_model(url: str, schema: Schema) -> str | None:
+    """resolve_stop_model with the configs the server at `url` serves."""
+    client = grpcclient.InferenceServerClient(url, channel_args=channel_args())
+
+    def get(name: str) -> Mapping[str, Any] | None:
+        try:
+            return client.get_model_config(name, as_json=True, client_timeout=STOP_REQUEST_TIMEOUT_S)["config"]
+        except InferenceServerException as e:
+            err = status_of(e)
+            raise GenerationError(err.status, f"reading the config of {name!r} to cancel a request: {err.message}")
+
+    try:
+        return resolve_stop_model(schema, get)
+    finally:
+        client.close()
+
+
+def _stop_ensemble_request(url: str, llm_model: str, request_id: str) -> None:
+    """Send the stop request for `request_id` to `llm_model` on a connection of its own (the sync client's stream
+    is busy with the request being stopped) and wait for its reply, an empty final response."""
+    client = grpcclient.InferenceServerClient(url, channel_args=channel_args())
+    replies: queue.Queue[tuple[grpcclient.InferResult | None, InferenceServerException | None]] = queue.Queue()
+    try:
+        client.start_stream(callback=lambda result, error: replies.put((result, error)),
+                            stream_timeout=STOP_REQUEST_TIMEOUT_S)
+        client.async_stream_infer(llm_model, stop_request_inputs(), request_id=request_id,
+                                  enable_empty_final_response=True)  # fmt: skip
+        while True:
+            result, error = replies.get(timeout=STOP_REQUEST_TIMEOUT_S)
+            if error is not None:
+                raise error
+            assert result is not None
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return
+    except (InferenceServerException, grpc.RpcError, queue.Empty) as e:
+        err = status_of(e)
+        raise GenerationError(err.status, f"stop request to {llm_model!r} for {request_id}: {err.message}") from e
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def _cancel_timeout(model: str, llm_model: str, request_id: str, stop_error: GenerationError | None) -> GenerationError:
+    why = "" if stop_error is None else f"; last stop request failed: {stop_error}"
+    return GenerationError(
+        CANCEL_TIMEOUT,
+        f"cancelled request {request_id} to {model!r}: its stream did not end within {DRAIN_TIMEOUT_S:g} s of "
+        f"sending {llm_model!r} stop requests{why}. The stream was closed; the server may still run the sequence "
+        "and hold the ensemble request",
+    )
+
+
 # ---- sync ---------------------------------------------------------------------------------------------------------
 
 
 class LLMClient:
-    """Synchronous client (one request at a time over one gRPC stream, reopened after a failure)."""
+    """Synchronous client (one request at a time over one gRPC stream, reopened after a failure).
+
+    Cancel a streamed request by closing its iterator (`it.close()`, or `break` and dropping it): close() returns
+    once the server has ended the request, or raises GenerationError (CANCEL_TIMEOUT) if it did not in time."""
 
     def __init__(
         self, url: str, model: str = "ensemble", schema: Schema | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
@@ -250,6 +386,8 @@ class LLMClient:
         self._queue: queue.Queue[tuple[grpcclient.InferResult | None, InferenceServerException | None]] = queue.Queue()
         self._lock = threading.Lock()
         self._stream_open = False
+        self._stop_model: str | None = None
+        self._stop_model_known = False  # resolved at the first cancellation: it may need the server's configs
 
     def _callback(self, result: grpcclient.InferResult | None, error: InferenceServerException | None) -> None:
         self._queue.put((result, error))
@@ -275,15 +413,18 @@ class LLMClient:
             yield from self._run(req)
 
     def _run(self, req: Request) -> Iterator[Chunk]:
-        stats = GenerationStats(start=time.perf_counter(), streamed=req.stream)
+        stats = GenerationStats(start=time.perf_counter(), streamed=req.stream, request_id=new_request_id())
+        assert stats.request_id is not None
         self.last_stats = stats
         deadline = stats.start + self.timeout_s
+        sent = False
         try:
             self._ensure_stream()
             self._client.async_stream_infer(
-                req.model, req.inputs, outputs=req.outputs, request_id=req.request_id,
+                req.model, req.inputs, outputs=req.outputs, request_id=stats.request_id,
                 enable_empty_final_response=True,
             )  # fmt: skip
+            sent = True
             last: grpcclient.InferResult | None = None
             while True:
                 result, error = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
@@ -301,12 +442,62 @@ class LLMClient:
                     if last is not None and req.perf:
                         _read_perf(last, stats)
                     return
-        except (InferenceServerException, grpc.RpcError, queue.Empty) as e:
+        except queue.Empty as e:  # the client deadline: end the request before reporting it
+            self._end_early(stats.request_id)
+            raise status_of(e) from e
+        except (InferenceServerException, grpc.RpcError) as e:
             self._reset_stream()
             raise status_of(e) from e
-        except GeneratorExit:  # the caller stopped iterating mid-request: cancel it, so no stale response remains
+        except (GeneratorExit, KeyboardInterrupt):  # the caller stopped iterating or pressed Ctrl-C mid-request
+            if sent:
+                self._end_early(stats.request_id)
+            else:
+                self._reset_stream()
+            raise
+
+    def _end_early(self, request_id: str) -> None:
+        """End the running request `request_id`, so its sequence is freed and no stale response remains on the
+        stream: a plain cancel, or for an ensemble the stop request and a drain to the final response."""
+        if not self._stop_model_known:
+            try:
+                self._stop_model = _server_stop_model(self.url, self.schema)
+            except BaseException:
+                self._reset_stream()
+                raise
+            self._stop_model_known = True
+        if self._stop_model is None:
+            self._reset_stream()
+            return
+        deadline = time.perf_counter() + DRAIN_TIMEOUT_S
+        stop_error: GenerationError | None = None
+        try:
+            while time.perf_counter() < deadline:
+                try:
+                    _stop_ensemble_request(self.url, self._stop_model, request_id)
+                except GenerationError as e:  # the stream may still end (it failed too, or an earlier stop worked)
+                    stop_error = e
+                if self._drained(min(deadline, time.perf_counter() + STOP_RESEND_S)):
+                    return
+        except BaseException:  # Ctrl-C during the drain: the stream holds the request's responses, drop it
             self._reset_stream()
             raise
+        self._reset_stream()
+        raise _cancel_timeout(self.schema.model, self._stop_model, request_id, stop_error)
+
+    def _drained(self, until: float) -> bool:
+        """Discard the stopped request's responses until its final one (True) or `until` (False)."""
+        while (left := until - time.perf_counter()) > 0:
+            try:
+                result, error = self._queue.get(timeout=left)
+            except queue.Empty:
+                return False
+            if error is not None:  # the request ended with an error: nothing of it runs any more
+                self._reset_stream()
+                return True
+            assert result is not None
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return True
+        return False
 
     def generate(self, prompt: str, max_tokens: int, *, stream: bool = False, **sampling: Any) -> Generation:
         """The whole text and the request's stats."""
@@ -341,7 +532,12 @@ def stream_headers(grpc_status: bool) -> dict[str, str] | None:
 class AsyncLLMClient:
     """asyncio client: every request opens its own gRPC stream on one shared channel, so any number can be in
     flight at once; the server closes a request's stream after its final response. `grpc_status`: see
-    `stream_headers`."""
+    `stream_headers`.
+
+    A request that is cancelled (its task, or `aclose()` of / `break` out of `stream`'s iterator) or passes the
+    client deadline is ended on the server before the cancellation or DEADLINE_EXCEEDED propagates (see the module
+    docstring). The gRPC stream itself is read by a task of its own (`_read`): cancelling a task that awaits a gRPC
+    read cancels the RPC (grpc.aio `_StreamResponseMixin._read`), which is exactly what an ensemble must not get."""
 
     def __init__(
         self, url: str, schema: Schema, timeout_s: float = DEFAULT_TIMEOUT_S, *, grpc_status: bool = False
@@ -351,6 +547,7 @@ class AsyncLLMClient:
         self.timeout_s = timeout_s
         self.headers = stream_headers(grpc_status)
         self._client = aiogrpc.InferenceServerClient(url, channel_args=channel_args())
+        self._stop_model: asyncio.Future[str | None] | None = None  # resolved once, at the first cancellation
 
     @classmethod
     async def connect(cls, url: str, model: str = "ensemble", timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncLLMClient:
@@ -363,31 +560,38 @@ class AsyncLLMClient:
     ) -> AsyncIterator[Chunk]:
         req = build_request(self.schema, prompt, max_tokens, stream=stream, **sampling)
         stats = GenerationStats(start=time.perf_counter(), streamed=stream)
-        async for chunk in self.run(req, stats):
-            yield chunk
+        # close run() as soon as this generator is closed, not whenever the garbage collector finalizes it
+        async with contextlib.aclosing(self.run(req, stats)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def run(self, req: Request, stats: GenerationStats) -> AsyncIterator[Chunk]:
         """Send `req` and yield its responses; fills `stats`. Raises GenerationError on any failure."""
-        responses = None
+        arrived: asyncio.Queue[tuple[grpcclient.InferResult, float] | None] = asyncio.Queue()
+        reader = self._start(req, stats, lambda result, now: arrived.put_nowait((result, now)))
+        reader.add_done_callback(lambda _task: arrived.put_nowait(None))  # wakes the loop below at the end
+        deadline = stats.start + self.timeout_s
         last: grpcclient.InferResult | None = None
-        finished = False
         try:
-            # gRPC's own deadline on the stream: DEADLINE_EXCEEDED when the request is not done in time
-            responses = self._client.stream_infer(
-                self._one_request(req), stream_timeout=self.timeout_s, headers=self.headers
-            )
-            async for result, error in responses:
-                now = time.perf_counter()
-                if error is not None:
-                    raise error
-                last = result
-                yield Chunk(_read_response(result, stats, now), now, stats.responses - 1)
-            finished = True
-        except (InferenceServerException, grpc.RpcError) as e:
-            raise status_of(e) from e
-        finally:  # failed, timed out, cancelled or abandoned: tell the server to stop working on it
-            if not finished and responses is not None:
-                responses.cancel()
+            while True:
+                # asyncio.timeout, not wait_for: 3.11's wait_for returns a result that arrives together with a
+                # cancellation and drops the cancellation. Not around the yield: the caller's time is not ours.
+                async with asyncio.timeout(deadline - time.perf_counter()):
+                    item = await arrived.get()
+                if item is None:
+                    break
+                last, now = item
+                yield Chunk(_read_response(last, stats, now), now, stats.responses - 1)
+            await reader  # raises the reader's GenerationError
+        except TimeoutError as e:
+            await self._end_request(reader, stats)
+            raise GenerationError("DEADLINE_EXCEEDED", "no final response before the client deadline") from e
+        except asyncio.CancelledError:
+            await self._cancelled(reader, stats)
+            raise
+        except GeneratorExit:  # aclose(): its caller gets a failure to end the request, as the sync close() does
+            await self._end_request(reader, stats)
+            raise
         self._finish(req, stats, last)
 
     async def complete(self, req: Request, stats: GenerationStats) -> str:
@@ -395,32 +599,141 @@ class AsyncLLMClient:
         layer and a Chunk per response: the load tester's path, where client CPU per request is the overhead
         scripts/bench_client.py measures. Per response it only keeps the raw text bytes and the arrival time."""
         pieces: list[bytes] = []
-        responses = None
         last: grpcclient.InferResult | None = None
-        finished = False
+
+        def on_response(result: grpcclient.InferResult, now: float) -> None:
+            nonlocal last
+            last = result
+            _note_response(stats, now)
+            pieces.append(_text_bytes(result))
+
+        reader = self._start(req, stats, on_response)
         try:
-            responses = self._client.stream_infer(
-                self._one_request(req), stream_timeout=self.timeout_s, headers=self.headers
-            )
-            async for result, error in responses:
-                if error is not None:
-                    raise error
-                last = result
-                _note_response(stats, time.perf_counter())
-                pieces.append(_text_bytes(result))
-            finished = True
-        except (InferenceServerException, grpc.RpcError) as e:
-            raise status_of(e) from e
-        finally:
-            if not finished and responses is not None:
-                responses.cancel()
+            # shield: the deadline and a cancellation of this task must not cancel the reader (see the class doc);
+            # asyncio.timeout, not wait_for, which can drop a cancellation (see run)
+            async with asyncio.timeout(stats.start + self.timeout_s - time.perf_counter()):
+                await asyncio.shield(reader)
+        except TimeoutError as e:
+            await self._end_request(reader, stats)
+            raise GenerationError("DEADLINE_EXCEEDED", "no final response before the client deadline") from e
+        except asyncio.CancelledError:
+            await self._cancelled(reader, stats)
+            raise
         self._finish(req, stats, last)
         return decode_text(pieces)
 
+    def _start(
+        self, req: Request, stats: GenerationStats, on_response: Callable[[grpcclient.InferResult, float], None]
+    ) -> asyncio.Task[None]:
+        stats.request_id = new_request_id()
+        return asyncio.ensure_future(self._read(req, stats.request_id, on_response))
+
+    async def _read(
+        self, req: Request, request_id: str, on_response: Callable[[grpcclient.InferResult, float], None]
+    ) -> None:
+        """Send `req` on a stream of its own and hand each response to `on_response` until the server closes it."""
+        try:
+            # gRPC's own deadline is a backstop only: the client deadline (timeout_s) is enforced by the callers,
+            # which must still be able to stop the request and drain its stream after it
+            responses = self._client.stream_infer(
+                self._one_request(req.model, req.inputs, req.outputs, request_id),
+                stream_timeout=self.timeout_s + DRAIN_TIMEOUT_S, headers=self.headers,
+            )  # fmt: skip
+            async for result, error in responses:
+                now = time.perf_counter()
+                if error is not None:
+                    raise error
+                on_response(result, now)
+        except (InferenceServerException, grpc.RpcError) as e:
+            raise status_of(e) from e
+
+    async def _cancelled(self, reader: asyncio.Task[None], stats: GenerationStats) -> None:
+        """End the request of a cancelled task or a closed iterator. The cancellation still propagates if that
+        fails (a caller that cancels must not get an error instead, which would read as "carry on"), with the
+        failure logged and as its message and __cause__, never swallowed."""
+        try:
+            await self._end_request(reader, stats)
+        except (GenerationError, sch.SchemaError) as e:
+            log.error("%s", e)
+            raise asyncio.CancelledError(str(e)) from e
+
+    async def _end_request(self, reader: asyncio.Task[None], stats: GenerationStats) -> None:
+        """_end_early, carried to its end even when this task is cancelled (again) meanwhile: code that cancels a
+        task repeatedly is common (asyncio.gather ends at its first cancelled child, then callers cancel the rest
+        once more), and aborting the drain would cancel the stream, the very leak it avoids.
+        It is bounded (DRAIN_TIMEOUT_S, STOP_REQUEST_TIMEOUT_S). A cancellation that arrived meanwhile is raised
+        after it, chained to its failure if it failed."""
+        ending = asyncio.ensure_future(self._end_early(reader, stats))
+        cancelled_again = False
+        while not ending.done():
+            try:
+                await asyncio.wait({ending})
+            except asyncio.CancelledError:
+                cancelled_again = True
+        if cancelled_again:
+            failure = None if ending.cancelled() else ending.exception()
+            raise asyncio.CancelledError("cancelled while ending the request on the server") from failure
+        ending.result()
+
+    async def _end_early(self, reader: asyncio.Task[None], stats: GenerationStats) -> None:
+        """End the unfinished request whose stream `reader` reads: a plain cancel, or for an ensemble the stop
+        request and a drain to the stream's end. Raises GenerationError (CANCEL_TIMEOUT) if it does not end."""
+        assert stats.request_id is not None
+        try:
+            if reader.done():
+                return
+            llm_model = await self._resolve_stop_model()
+            if llm_model is None:
+                return  # the finally cancels the reader, and with it the RPC
+            deadline = time.perf_counter() + DRAIN_TIMEOUT_S
+            stop_error: GenerationError | None = None
+            while time.perf_counter() < deadline:
+                try:
+                    await self._send_stop(llm_model, stats.request_id)
+                except GenerationError as e:  # the stream may still end (it failed too, or an earlier stop worked)
+                    stop_error = e
+                wait_s = min(STOP_RESEND_S, deadline - time.perf_counter())
+                if (await asyncio.wait({reader}, timeout=max(0.0, wait_s)))[0]:
+                    return
+            raise _cancel_timeout(self.schema.model, llm_model, stats.request_id, stop_error)
+        finally:
+            if not reader.done():
+                reader.cancel()  # cancels the RPC (grpc.aio cancels a call whose read is cancelled)
+                await asyncio.wait({reader})
+            if not reader.cancelled():
+                reader.exception()  # retrieved: a stopped request's own end (even an error) is no news
+
+    async def _resolve_stop_model(self) -> str | None:
+        if self._stop_model is None:  # one resolution for all requests cancelled at once (load tester Ctrl-C)
+            self._stop_model = asyncio.ensure_future(asyncio.to_thread(_server_stop_model, self.url, self.schema))
+        resolving = self._stop_model
+        try:
+            return await asyncio.shield(resolving)
+        except (GenerationError, sch.SchemaError):
+            if self._stop_model is resolving:  # not cached: the server may be back for the next cancellation
+                self._stop_model = None
+            raise
+
+    async def _send_stop(self, llm_model: str, request_id: str) -> None:
+        """_stop_ensemble_request on this client's channel: the stop request on a stream of its own."""
+        try:
+            responses = self._client.stream_infer(
+                self._one_request(llm_model, stop_request_inputs(), [], request_id),
+                stream_timeout=STOP_REQUEST_TIMEOUT_S,
+            )
+            async for _result, error in responses:
+                if error is not None:
+                    raise error
+        except (InferenceServerException, grpc.RpcError) as e:
+            err = status_of(e)
+            raise GenerationError(err.status, f"stop request to {llm_model!r} for {request_id}: {err.message}") from e
+
     @staticmethod
-    async def _one_request(req: Request) -> AsyncIterator[dict[str, Any]]:
-        # no request id: the stream carries this one request only
-        yield {"model_name": req.model, "inputs": req.inputs, "outputs": req.outputs}
+    async def _one_request(
+        model: str, inputs: list[grpcclient.InferInput], outputs: list[grpcclient.InferRequestedOutput],
+        request_id: str,
+    ) -> AsyncIterator[dict[str, Any]]:
+        yield {"model_name": model, "inputs": inputs, "outputs": outputs, "request_id": request_id}
 
     @staticmethod
     def _finish(req: Request, stats: GenerationStats, last: grpcclient.InferResult | None) -> None:

@@ -1,6 +1,11 @@
 """The load generator: closed-loop (fixed concurrency) or open-loop (Poisson arrivals at a request rate) runs of
 one load level, recording every request. Nothing a request does can crash a run: every failure becomes a record
-with a status. Every loop is bounded (a request count or a duration, each request a client deadline)."""
+with a status. Every loop is bounded (a request count or a duration, each request a client deadline).
+
+Stopping a level early (Ctrl-C: `stop`) cancels the requests in flight, and a request past its deadline is ended
+too; AsyncLLMClient.complete ends each on the server before its cancellation or DEADLINE_EXCEEDED propagates (for an
+ensemble: stop request and drain, see clients/client.py), and the level waits for that, so no sequence is left
+running behind a finished level."""
 
 from __future__ import annotations
 
@@ -113,8 +118,12 @@ class LevelRunner:
             stats = GenerationStats(start=time.perf_counter(), streamed=self.spec.stream)
             rec.start = stats.start  # the clock starts after the (first-use) build, as a bare client's would
             rec.output_tokens = self.counter.count(await self.client.complete(req, stats))
-        except asyncio.CancelledError:
-            rec.status, rec.error, rec.end = INTERRUPTED, "run interrupted before the response", time.perf_counter()
+        except asyncio.CancelledError as e:
+            # complete() ended the request on the server before this propagates (stop + drain for an ensemble); a
+            # failure to end it comes chained as the cause and belongs in the record
+            why = "" if e.__cause__ is None else f"; {e.__cause__}"
+            rec.status, rec.error = INTERRUPTED, f"run interrupted before the response{why}"
+            rec.end = time.perf_counter()
             raise
         except Exception as e:  # every failure is a countable record, never a crash
             err = status_of(e) if not isinstance(e, GenerationError) else e
@@ -185,8 +194,7 @@ class LevelRunner:
         try:
             await asyncio.gather(*workers)
         finally:
-            for w in workers:
-                w.cancel()
+            _cancel_once(workers)
             await asyncio.gather(*workers, return_exceptions=True)
 
     async def _open_loop(self, t0: float) -> None:
@@ -200,6 +208,14 @@ class LevelRunner:
                 tasks.append(asyncio.ensure_future(self.one(i)))
             await asyncio.gather(*tasks)
         finally:
-            for t in tasks:
-                t.cancel()
+            _cancel_once(tasks)
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _cancel_once(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    """Cancel the tasks not cancelled yet. gather() ends at its first cancelled task while the others are still
+    ending their requests on the server (stop + drain); cancelling those again would only interrupt that (the client
+    carries it through anyway, see AsyncLLMClient._end_request)."""
+    for t in tasks:
+        if not t.done() and t.cancelling() == 0:
+            t.cancel()

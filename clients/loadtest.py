@@ -8,8 +8,10 @@ r"""Load tester for a Triton LLM deployment speaking the ensemble contract.
 Per level it reports request throughput, output tokens/s, TTFT / inter-token / end-to-end latency (mean, p50, p90,
 p99), errors by status, and tau / acceptance rate from the server's speculative-decoding statistics. It writes
 report.json, report.csv, requests.jsonl (one line per request) and PNG plots into --out, rewritten after every level;
-Ctrl-C stops the run and writes what was measured (exit code 130). Refused connections, timeouts and server
-restarts are counted per status and the run carries on.
+Ctrl-C stops the run, ends the requests in flight on the server (through an ensemble: a stop request to its LLM
+model, then the stream drained) and writes what was measured (exit code 130). Refused connections, timeouts and
+server restarts are counted per status and the run carries on; a timed-out request is ended on the server the same
+way.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,14 @@ import pytest
 
 from builders.config import load_config
 from clients import schema as sch
-from clients.client import build_request, decode_text
+from clients.client import (
+    STOP_REQUEST_TENSORS,
+    build_request,
+    decode_text,
+    new_request_id,
+    resolve_stop_model,
+    stop_request_inputs,
+)
 from clients.load import LevelSpec, poisson_arrivals, prompt_order
 from clients.plots import PLOT_FILES, write_plots
 from clients.prompts import PromptFileError, load_prompts
@@ -239,6 +250,77 @@ def test_tokenizer_found_in_ensemble_steps(tmp_path: Path) -> None:
     configs = {"preprocessing": {"parameters": {"tokenizer_dir": {"string_value": "/tok"}}}, "tensorrt_llm": {}}
     assert sch.find_tokenizer(ens, configs.get) == "/tok"
     assert sch.find_tokenizer({"name": "m"}, configs.get) is None
+
+
+# ---- request ids and cancelling ensemble requests -----------------------------------------------------------------
+
+ID_FORMAT = re.compile(r"r\d+-[0-9a-f]{16}")
+
+
+def test_request_ids_are_unique_across_processes() -> None:
+    """The stop request stops every request with its id, so ids must not repeat, also across processes: the first
+    id of two fresh processes has the same counter part and still differs."""
+    code = "from clients.client import new_request_id; print(new_request_id())"
+    firsts = [subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+              .stdout.strip() for _ in range(2)]  # fmt: skip
+    assert all(ID_FORMAT.fullmatch(i) and i.startswith("r0-") for i in firsts), firsts
+    assert firsts[0] != firsts[1]
+    here = [new_request_id() for _ in range(1000)]
+    assert len(set(here)) == 1000 and all(ID_FORMAT.fullmatch(i) for i in here)
+    counters = [int(i[1:].split("-")[0]) for i in here]
+    assert counters == list(range(counters[0], counters[0] + 1000))  # readable: numbered in sending order
+
+
+def test_stop_request_follows_the_llm_contract() -> None:
+    """The stop request carries exactly the LLM model's required inputs (placeholders) and `stop`=true, with the
+    contract's wire types, batched as [1, 1]."""
+    llm = contract.by_name(contract.LLM_INPUTS)
+    required = {t.name for t in contract.LLM_INPUTS if not t.optional}
+    assert {name for name, _, _ in STOP_REQUEST_TENSORS} == required | {"stop"}
+    for name, datatype, _ in STOP_REQUEST_TENSORS:
+        assert datatype == contract.WIRE_DTYPE[llm[name].dtype], name
+    inputs = {t.name(): t for t in stop_request_inputs()}
+    assert all(t.shape() == [1, 1] for t in inputs.values())
+    assert inputs["stop"].datatype() == "BOOL"
+    # the serialized BOOL tensor [[True]] is one byte 0x01 (tritonclient keeps it as raw content)
+    assert inputs["stop"]._get_content() == b"\x01"
+
+
+def _configs(llm_inputs: list[str]) -> dict[str, dict]:
+    steps = [{"model_name": m} for m in ("preprocessing", "tensorrt_llm", "postprocessing")]
+    return {
+        "ensemble": {"name": "ensemble", "platform": "ensemble", "ensemble_scheduling": {"step": steps}},
+        "preprocessing": {"name": "preprocessing", "backend": "python", "input": [{"name": "QUERY"}]},
+        "tensorrt_llm": {"name": "tensorrt_llm", "backend": "python", "input": [{"name": n} for n in llm_inputs]},
+        "postprocessing": {"name": "postprocessing", "backend": "python", "input": [{"name": "TOKENS_BATCH"}]},
+    }
+
+
+def test_stop_model_from_the_descriptor(tmp_path: Path) -> None:
+    """client.json names the ensemble's LLM model; the BLS model is cancelled plainly; no server is asked."""
+
+    def no_server(name: str) -> dict:
+        raise AssertionError(f"asked for the config of {name}")
+
+    s = sch.from_descriptor(_write_descriptor(tmp_path / "a", []))
+    assert resolve_stop_model(s, no_server) == "tensorrt_llm"
+    renamed = sch.from_descriptor(_write_descriptor(tmp_path / "b", ["triton.llm_model=llm_step"]))
+    assert resolve_stop_model(renamed, no_server) == "llm_step"
+    assert resolve_stop_model(replace(s, model=s.extra["bls_model"]), no_server) is None
+
+
+def test_stop_model_from_served_configs(tmp_path: Path) -> None:
+    """Without client.json: the ensemble's step whose model takes `stop`; a single model needs no stop request;
+    an ensemble none of whose steps can be stopped is an error that says why, not a cancel that leaks."""
+    names = [t.name for t in contract.LLM_INPUTS]
+    s = sch.from_repository(render_echo_repo(tmp_path / "echo"))  # model "ensemble", no client.json
+    assert resolve_stop_model(s, _configs(names).get) == "tensorrt_llm"
+    assert resolve_stop_model(s, sch.repo_config_getter(tmp_path / "echo")) is None  # the echo model: python
+    with pytest.raises(sch.SchemaError, match=r"ensemble 'ensemble': 0 of its steps \['preprocessing', "
+                       r"'tensorrt_llm', 'postprocessing'\] take a 'stop' input .*call the BLS model"):
+        resolve_stop_model(s, _configs([n for n in names if n != "stop"]).get)
+    with pytest.raises(sch.SchemaError, match="cannot read the config of model 'ensemble'"):
+        resolve_stop_model(s, {}.get)
 
 
 # ---- plots --------------------------------------------------------------------------------------------------------

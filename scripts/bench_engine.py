@@ -64,7 +64,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--build", type=Path, help="build dir with a trained head (engine/reference.json)")
+    ap.add_argument("--build", type=Path, action="append", default=[],
+                    help="build dir with a trained head (engine/reference.json); repeat to compare several heads/trees "
+                    "in the same run (each adds an EAGLE row)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads for every method (1 is the most stable "
                     "on a shared machine)")
@@ -78,15 +80,16 @@ def main() -> int:
     hf_dir = smollm2_dir()
     with tempfile.TemporaryDirectory() as tmp:
         if args.build:
-            eagle = ReferenceEngine.from_build(args.build, device=args.device)
-            head = f"build {args.build}" + (" (RANDOM head)" if eagle.random_head else "")
+            eagles = [(f"build {b}" + (" (RANDOM head)" if e.random_head else ""), e)
+                      for b in args.build for e in [ReferenceEngine.from_build(b, device=args.device)]]
         else:
-            eagle = random_head_engine(hf_dir, Path(tmp), args.device)
-            head = "RANDOM head (tau ~1 expected; the trained head comes from another issue)"
-        tok = eagle.tokenizer
+            eagles = [("RANDOM head (tau ~1 expected; the trained head comes from another issue)",
+                       random_head_engine(hf_dir, Path(tmp), args.device))]
+        first = eagles[0][1]
+        tok = first.tokenizer
         eos = [int(tok.eos_token_id)]
         prompts = [chat_ids(tok, q.turns[0]) for q in mtbench_questions(args.questions)]
-        hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=eagle.dtype).to(args.device).eval()
+        hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=first.dtype).to(args.device).eval()
         n = args.max_new_tokens
 
         def hf_gen(ids: list[int], **kw: object) -> list[int]:
@@ -97,31 +100,35 @@ def main() -> int:
                 )
             return out[0, len(ids) :].tolist()
 
-        stats = []
+        stats: dict[int, list] = {k: [] for k in range(len(eagles))}
 
-        def ours(ids: list[int], speculative: bool) -> list[int]:
-            [r] = eagle.generate([GenerationRequest(ids, n, SamplingParams(), eos)], speculative=speculative)
-            if speculative:
-                stats.append(r.stats)
+        def ours(engine: ReferenceEngine, ids: list[int], speculative: bool, key: int | None = None) -> list[int]:
+            [r] = engine.generate([GenerationRequest(ids, n, SamplingParams(), eos)], speculative=speculative)
+            if key is not None:
+                stats[key].append(r.stats)
             return r.output_ids
 
         hf_gen(prompts[0][:8])  # warm-up (lazy initialisation), not timed
         results = {
             "(1) HF generate": timed("hf", prompts, hf_gen),
             "(2) HF prompt lookup": timed("hf-pld", prompts, lambda ids: hf_gen(ids, prompt_lookup_num_tokens=10)),
-            "(3) engine target-only": timed("ours", prompts, lambda ids: ours(ids, False)),
-            "(4) engine EAGLE": timed("eagle", prompts, lambda ids: ours(ids, True)),
+            "(3) engine target-only": timed("ours", prompts, lambda ids: ours(first, ids, False)),
         }
+        for k, (_, engine) in enumerate(eagles):
+            name = "(4) engine EAGLE" + (f" [{k + 1}]" if len(eagles) > 1 else "")
+            results[name] = timed(f"eagle{k}", prompts, lambda ids, e=engine, k=k: ours(e, ids, True, k))
     base, base_out = results["(1) HF generate"]
     print(f"SmolLM2-135M-Instruct, {len(prompts)} MT-bench questions, {n} new tokens, greedy, batch 1, {args.device}, "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"EAGLE head: {head}; {eagle.describe_tree()}")
+          f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at the end")
     for name, (tps, outs) in results.items():
         same = sum(a == b for a, b in zip(outs, base_out))
-        print(f"  {name:<26} {tps:8.1f} tok/s   {tps / base:5.2f}x   outputs identical to (1): {same}/{len(outs)}")
-    agg = aggregate_stats(stats)
-    print(f"  EAGLE tau {agg.tau:.3f} (accepted {agg.accepted_draft_tokens} draft tokens over {agg.target_forwards} "
-          f"target forwards; by depth {agg.acceptance_by_depth})")
+        print(f"  {name:<30} {tps:8.1f} tok/s   {tps / base:5.2f}x   outputs identical to (1): {same}/{len(outs)}")
+    for k, (head, engine) in enumerate(eagles):
+        agg = aggregate_stats(stats[k])
+        tag = f"[{k + 1}] " if len(eagles) > 1 else ""
+        print(f"  {tag}EAGLE head: {head}; {engine.describe_tree()}")
+        print(f"  {tag}EAGLE tau {agg.tau:.3f} (accepted {agg.accepted_draft_tokens} draft tokens over "
+              f"{agg.target_forwards} target forwards; by depth {agg.acceptance_by_depth})")
     return 0
 
 

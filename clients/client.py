@@ -18,91 +18,48 @@ cancelled asyncio task, the client deadline) frees the request's sequence on the
 that for a single model (the BLS model, the echo model), but Triton <= r26.02 does not forward it into an ensemble
 and leaks the ensemble request (README, Triton section, "Cancellation."). So a request to an ensemble is never
 cancelled: the client sends tensorrtllm_backend's `stop` request with the request's unique id to the ensemble's LLM
-model and reads the stream to its final response (`_stop_ensemble_request`, the drain loops of both clients).
+model and reads the stream to its final response (`stop_ensemble_request`, the drain loops of both clients).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import queue
 import struct
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import grpc
-import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
 from clients import schema as sch
+from clients.cancel import (
+    DRAIN_TIMEOUT_S,
+    STOP_REQUEST_TIMEOUT_S,
+    STOP_RESEND_S,
+    cancel_timeout_error,
+    server_stop_model,
+    stop_ensemble_request,
+    stop_request_inputs,
+)
 from clients.schema import Schema
+from clients.transport import (  # noqa: F401  (re-exported: the clients' public API)
+    DEFAULT_TIMEOUT_S,
+    GenerationError,
+    channel_args,
+    new_request_id,
+    status_of,
+)
 
-DEFAULT_TIMEOUT_S = 120.0
-# Reconnect quickly after a server restart: gRPC's default reconnect backoff grows to 120 s, which would make a
-# load test report "UNAVAILABLE" for minutes after the server is back.
-RECONNECT_MS = 250
-MAX_MESSAGE_BYTES = 2**31 - 1
-# Cancelling an ensemble request: the stop request's own deadline; how long to wait for the stream's final response
-# before sending the stop again (a stop that arrives while the request is still in preprocessing, before the LLM
-# model has it, finds nothing to stop); how long in all before giving up with CANCEL_TIMEOUT.
-STOP_REQUEST_TIMEOUT_S = 10.0
-STOP_RESEND_S = 0.5
-DRAIN_TIMEOUT_S = 15.0
-CANCEL_TIMEOUT = "CANCEL_TIMEOUT"
-_ids = itertools.count()
 log = logging.getLogger(__name__)
-
-
-def new_request_id() -> str:
-    """A request id unique across processes and clients: `r<n>-<16 hex>` (n counts this process's requests, for
-    reading logs; the random part is uuid4's). It must be unique because tensorrtllm_backend's stop request stops
-    every running request with its id, whoever sent it; the counter alone repeats in every process."""
-    return f"r{next(_ids)}-{uuid.uuid4().hex[:16]}"
-
-
-def channel_args() -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.initial_reconnect_backoff_ms", RECONNECT_MS),
-        ("grpc.min_reconnect_backoff_ms", RECONNECT_MS),
-        ("grpc.max_reconnect_backoff_ms", 4 * RECONNECT_MS),
-    ]
-
-
-class GenerationError(RuntimeError):
-    """A request that failed; `status` is a gRPC status code name (UNAVAILABLE: refused / server gone,
-    DEADLINE_EXCEEDED: the client deadline passed, CANCELLED, ...) or SERVER_ERROR (the model reported an error)."""
-
-    def __init__(self, status: str, message: str) -> None:
-        self.status = status
-        self.message = message
-        super().__init__(f"[{status}] {message}")
-
-
-def status_of(err: BaseException) -> GenerationError:
-    """Normalise any failure into a GenerationError with a countable status."""
-    if isinstance(err, GenerationError):
-        return err
-    if isinstance(err, grpc.aio.AioRpcError | grpc.RpcError) and hasattr(err, "code"):
-        return GenerationError(err.code().name, str(err.details() if hasattr(err, "details") else err))
-    if isinstance(err, InferenceServerException):
-        status = err.status()
-        if status:  # transport errors carry "StatusCode.X"; errors inside a stream response carry none
-            return GenerationError(str(status).removeprefix("StatusCode."), err.message())
-        return GenerationError("SERVER_ERROR", err.message())
-    if isinstance(err, TimeoutError | asyncio.TimeoutError | queue.Empty):  # the sync client's deadline
-        return GenerationError("DEADLINE_EXCEEDED", "no response before the client deadline")
-    return GenerationError(type(err).__name__.upper(), str(err))
 
 
 @dataclass
@@ -261,112 +218,6 @@ def _read_perf(result: grpcclient.InferResult, stats: GenerationStats) -> None:
         stats.acceptance_rate = None if rate is None else float(rate.reshape(-1)[0])
 
 
-# ---- cancelling ensemble requests --------------------------------------------------------------------------------
-# tensorrtllm_backend's stop request: a request to the LLM model with input `stop`=true and the id of the request
-# to stop (upstream inflight_batcher_llm/client/inflight_batcher_llm_client.py prepare_stop_signals; our BLS model
-# sends the same, triton_repo/models/llm_io.py stop_request_tensors). Triton still checks the LLM model's required
-# inputs (triton_repo/contract.py LLM_INPUTS: input_ids, input_lengths, request_output_len), so they are sent as
-# placeholders the model never reads. Shapes carry the batch dimension: every LLM model batches (max_batch_size > 0).
-STOP_INPUT = "stop"
-STOP_REQUEST_TENSORS: tuple[tuple[str, str, bool | int], ...] = (
-    ("input_ids", "INT32", 1), ("input_lengths", "INT32", 1), ("request_output_len", "INT32", 1),
-    (STOP_INPUT, "BOOL", True),
-)  # fmt: skip
-
-
-def stop_request_inputs() -> list[grpcclient.InferInput]:
-    out = []
-    for name, datatype, value in STOP_REQUEST_TENSORS:
-        t = grpcclient.InferInput(name, [1, 1], datatype)
-        t.set_data_from_numpy(np.array([[value]], dtype=np.bool_ if datatype == "BOOL" else np.int32))
-        out.append(t)
-    return out
-
-
-def _input_names(cfg: Mapping[str, Any]) -> set[str]:
-    return {e["name"] for e in cfg.get("input", [])}  # proto3 JSON omits an empty list
-
-
-def resolve_stop_model(schema: Schema, get_config: sch.ConfigGetter) -> str | None:
-    """The LLM model that a cancelled request to `schema.model` is stopped through, or None when `schema.model` is
-    no ensemble (a plain gRPC cancel reaches it). A rendered repository's client.json names it (`llm_model`, next to
-    the ensemble's `model` and the BLS's `bls_model`); otherwise the served configs tell: the ensemble step whose
-    model takes a `stop` input. An ensemble without one cannot be stopped: SchemaError, not a cancel that leaks."""
-    extra = schema.extra
-    if "llm_model" in extra:
-        if schema.model == extra.get("model"):
-            return str(extra["llm_model"])
-        if schema.model == extra.get("bls_model"):
-            return None
-    cfg = get_config(schema.model)
-    if cfg is None:
-        raise sch.SchemaError(f"cannot read the config of model {schema.model!r} to tell how to cancel its requests")
-    if cfg.get("platform") != "ensemble":
-        return None
-    steps = [str(st["model_name"]) for st in cfg.get("ensemble_scheduling", {}).get("step", [])]
-    configs = {name: get_config(name) for name in steps}
-    stoppable = [name for name, c in configs.items() if c is not None and STOP_INPUT in _input_names(c)]
-    if len(stoppable) != 1:
-        raise sch.SchemaError(
-            f"ensemble {schema.model!r}: {len(stoppable)} of its steps {steps} take a {STOP_INPUT!r} input "
-            f"({stoppable}), need exactly one (the LLM model) to stop a cancelled request; Triton does not forward a "
-            "plain cancellation into an ensemble (README, Cancellation.): call the BLS model to cancel by closing"
-        )
-    return stoppable[0]
-
-
-def _server_stop_model(url: str, schema: Schema) -> str | None:
-    """resolve_stop_model with the configs the server at `url` serves."""
-    client = grpcclient.InferenceServerClient(url, channel_args=channel_args())
-
-    def get(name: str) -> Mapping[str, Any] | None:
-        try:
-            return client.get_model_config(name, as_json=True, client_timeout=STOP_REQUEST_TIMEOUT_S)["config"]
-        except InferenceServerException as e:
-            err = status_of(e)
-            raise GenerationError(err.status, f"reading the config of {name!r} to cancel a request: {err.message}")
-
-    try:
-        return resolve_stop_model(schema, get)
-    finally:
-        client.close()
-
-
-def _stop_ensemble_request(url: str, llm_model: str, request_id: str) -> None:
-    """Send the stop request for `request_id` to `llm_model` on a connection of its own (the sync client's stream
-    is busy with the request being stopped) and wait for its reply, an empty final response."""
-    client = grpcclient.InferenceServerClient(url, channel_args=channel_args())
-    replies: queue.Queue[tuple[grpcclient.InferResult | None, InferenceServerException | None]] = queue.Queue()
-    try:
-        client.start_stream(callback=lambda result, error: replies.put((result, error)),
-                            stream_timeout=STOP_REQUEST_TIMEOUT_S)
-        client.async_stream_infer(llm_model, stop_request_inputs(), request_id=request_id,
-                                  enable_empty_final_response=True)  # fmt: skip
-        while True:
-            result, error = replies.get(timeout=STOP_REQUEST_TIMEOUT_S)
-            if error is not None:
-                raise error
-            assert result is not None
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return
-    except (InferenceServerException, grpc.RpcError, queue.Empty) as e:
-        err = status_of(e)
-        raise GenerationError(err.status, f"stop request to {llm_model!r} for {request_id}: {err.message}") from e
-    finally:
-        client.stop_stream(cancel_requests=True)
-        client.close()
-
-
-def _cancel_timeout(model: str, llm_model: str, request_id: str, stop_error: GenerationError | None) -> GenerationError:
-    why = "" if stop_error is None else f"; last stop request failed: {stop_error}"
-    return GenerationError(
-        CANCEL_TIMEOUT,
-        f"cancelled request {request_id} to {model!r}: its stream did not end within {DRAIN_TIMEOUT_S:g} s of "
-        f"sending {llm_model!r} stop requests{why}. The stream was closed; the server may still run the sequence "
-        "and hold the ensemble request",
-    )
-
-
 # ---- sync ---------------------------------------------------------------------------------------------------------
 
 
@@ -460,7 +311,7 @@ class LLMClient:
         stream: a plain cancel, or for an ensemble the stop request and a drain to the final response."""
         if not self._stop_model_known:
             try:
-                self._stop_model = _server_stop_model(self.url, self.schema)
+                self._stop_model = server_stop_model(self.url, self.schema)
             except BaseException:
                 self._reset_stream()
                 raise
@@ -473,7 +324,7 @@ class LLMClient:
         try:
             while time.perf_counter() < deadline:
                 try:
-                    _stop_ensemble_request(self.url, self._stop_model, request_id)
+                    stop_ensemble_request(self.url, self._stop_model, request_id)
                 except GenerationError as e:  # the stream may still end (it failed too, or an earlier stop worked)
                     stop_error = e
                 if self._drained(min(deadline, time.perf_counter() + STOP_RESEND_S)):
@@ -482,7 +333,7 @@ class LLMClient:
             self._reset_stream()
             raise
         self._reset_stream()
-        raise _cancel_timeout(self.schema.model, self._stop_model, request_id, stop_error)
+        raise cancel_timeout_error(self.schema.model, self._stop_model, request_id, stop_error)
 
     def _drained(self, until: float) -> bool:
         """Discard the stopped request's responses until its final one (True) or `until` (False)."""
@@ -695,7 +546,7 @@ class AsyncLLMClient:
                 wait_s = min(STOP_RESEND_S, deadline - time.perf_counter())
                 if (await asyncio.wait({reader}, timeout=max(0.0, wait_s)))[0]:
                     return
-            raise _cancel_timeout(self.schema.model, llm_model, stats.request_id, stop_error)
+            raise cancel_timeout_error(self.schema.model, llm_model, stats.request_id, stop_error)
         finally:
             if not reader.done():
                 reader.cancel()  # cancels the RPC (grpc.aio cancels a call whose read is cancelled)
@@ -705,7 +556,7 @@ class AsyncLLMClient:
 
     async def _resolve_stop_model(self) -> str | None:
         if self._stop_model is None:  # one resolution for all requests cancelled at once (load tester Ctrl-C)
-            self._stop_model = asyncio.ensure_future(asyncio.to_thread(_server_stop_model, self.url, self.schema))
+            self._stop_model = asyncio.ensure_future(asyncio.to_thread(server_stop_model, self.url, self.schema))
         resolving = self._stop_model
         try:
             return await asyncio.shield(resolving)
@@ -715,7 +566,7 @@ class AsyncLLMClient:
             raise
 
     async def _send_stop(self, llm_model: str, request_id: str) -> None:
-        """_stop_ensemble_request on this client's channel: the stop request on a stream of its own."""
+        """stop_ensemble_request on this client's channel: the stop request on a stream of its own."""
         try:
             responses = self._client.stream_infer(
                 self._one_request(llm_model, stop_request_inputs(), [], request_id),

@@ -16,14 +16,8 @@ import pytest
 
 from builders.config import load_config
 from clients import schema as sch
-from clients.client import (
-    STOP_REQUEST_TENSORS,
-    build_request,
-    decode_text,
-    new_request_id,
-    resolve_stop_model,
-    stop_request_inputs,
-)
+from clients.cancel import STOP_REQUEST_TENSORS, resolve_stop_model, stop_request_inputs
+from clients.client import build_request, decode_text, new_request_id
 from clients.load import LevelSpec, poisson_arrivals, prompt_order
 from clients.plots import PLOT_FILES, write_plots
 from clients.prompts import PromptFileError, load_prompts

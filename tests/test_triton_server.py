@@ -4,12 +4,14 @@ the whole module. Contract: tensorrtllm_backend all_models/inflight_batcher_llm/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from builders.build import main as build_main  # noqa: E402
+from clients.client import GenerationError  # noqa: E402
 from triton_repo.launch import TritonServer, free_port  # noqa: E402
 
 pytestmark = pytest.mark.server
@@ -262,11 +265,14 @@ def test_cancel_mid_stream_frees_the_sequence(server: TritonServer, client: Any)
 
 
 def _concurrent(
-    server: TritonServer, n: int, max_tokens: int, model: str = "ensemble", **kw: Any
+    server: TritonServer, n: int, max_tokens: int, model: str = "ensemble", end_id: int | None = None, **kw: Any
 ) -> list[Any]:
-    """n requests at once, one gRPC stream each; per request its responses or its InferenceServerException."""
+    """n requests at once, one gRPC stream each; per request its responses or its InferenceServerException.
+    end_id=-1 makes every request run to max_tokens (no eos can end it early)."""
     results: list[Any] = [None] * n
-    extra = {"stream": (True, "BOOL")} if "cancel_after" in kw else {}
+    extra: dict[str, Any] = {"stream": (True, "BOOL")} if "cancel_after" in kw else {}
+    if end_id is not None:
+        extra["end_id"] = (end_id, "INT32")
 
     def one(i: int) -> None:
         c = tritonclient_grpc.InferenceServerClient(server.grpc_url)
@@ -304,7 +310,10 @@ def test_requests_beyond_the_queue_limit_are_refused_not_dropped(server: TritonS
     refusal (the LLM model's admission: max_batch_size + triton.max_queue_size in flight)."""
     limit = MAX_BATCH + MAX_QUEUE
     before = metric(server, "eagle_llm_requests_refused_total")
-    results = _concurrent(server, limit + 30, 16)
+    # 100 tokens each, no early eos: the admitted requests still hold their slots and queue places when the excess
+    # arrives (in-flight batching frees a slot the moment its request ends; on a loaded CPU the 82 client threads
+    # start slowly enough for 16-token requests to end first, and then nothing is refused).
+    results = _concurrent(server, limit + 30, 100, end_id=-1)
     refused = [r for r in results if isinstance(r, InferenceServerException)]
     done = [r for r in results if isinstance(r, list)]
     assert len(refused) + len(done) == limit + 30  # every request answered: text or a refusal
@@ -454,43 +463,91 @@ def test_ensemble_stream_cancel_on_triton_2_51_is_not_forwarded_and_leaks(build_
 # ---- gRPC status codes on the stream (triton_grpc_error) -----------------------------------------------------------
 
 GRPC_STATUS = {"triton_grpc_error": "true"}
+# Triton 2.51 (server r24.10) has a race in its gRPC stream handler between a request's completion and the stream's
+# cancellation/close that can crash the server (SIGSEGV right after the log line below; server issue #8034, fixed by
+# server PR #7840 from r24.12). Closing a stream with an error status (triton_grpc_error) hits it now and then, so
+# these tests run on a server of their own: a crash there cannot take the other tests' server down, and it is
+# reported as this known upstream crash (xfail), not hidden.
+KNOWN_GRPC_RACE = "HandleCancellation called even when the context was not cancelled"
+
+
+@pytest.fixture(scope="module")
+def status_server(build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    log = tmp_path_factory.mktemp("triton_status_log") / "tritonserver.log"
+    srv = TritonServer(
+        build_dir / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), log_path=log
+    )
+    srv.start(timeout_s=240)
+    yield srv
+    code = srv.stop()
+    if code != 0 and KNOWN_GRPC_RACE in log.read_text():
+        return  # the known 2.51 crash; the test that met it was marked xfail with the log
+    assert code == 0, f"tritonserver did not stop cleanly (exit {code}); log {log}"
+
+
+@pytest.fixture()
+def status_client(status_server: TritonServer) -> Any:
+    c = tritonclient_grpc.InferenceServerClient(status_server.grpc_url)
+    yield c
+    c.close()
+
+
+@contextlib.contextmanager
+def known_grpc_race_is_xfail(srv: TritonServer) -> Iterator[None]:
+    """Turn a failure caused by the known Triton 2.51 crash (server dead, KNOWN_GRPC_RACE in its log) into xfail."""
+    try:
+        yield
+    except (AssertionError, InferenceServerException, GenerationError):
+        time.sleep(0.5)
+        if not srv.is_running() and KNOWN_GRPC_RACE in srv.log_path.read_text():
+            pytest.xfail(f"Triton 2.51 gRPC stream race crashed the server (server #8034, fixed in r24.12): "
+                         f"{srv.log_path}")
+        raise
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-def test_streamed_bad_request_with_triton_grpc_error_header_is_invalid_argument(client: Any, model: str) -> None:
+def test_streamed_bad_request_with_triton_grpc_error_header_is_invalid_argument(
+    status_server: TritonServer, status_client: Any, model: str
+) -> None:
     """Triton >= 2.49 (server r24.10 src/grpc/stream_infer_handler.cc StreamInferResponseComplete, header parsed in
     src/grpc/infer_handler.h ExtractStateFromHeaders): with the stream header triton_grpc_error=true a response
     error closes the stream with its gRPC status code instead of an in-band message without one."""
-    for text, max_tokens, extra, message in BAD_REQUESTS[:8]:  # errors the models raise
-        with pytest.raises(InferenceServerException) as err:
-            stream_call(client, model, inputs(text, max_tokens, **extra), headers=GRPC_STATUS)
-        assert message in err.value.message(), (message, err.value.message())
-        assert err.value.status() == "StatusCode.INVALID_ARGUMENT", (message, err.value.status())
-    [ok] = stream_call(client, model, inputs(PROMPT, 2), headers=GRPC_STATUS)  # a fresh stream serves again
-    assert ok["text_output"].reshape(-1)[0].decode().startswith(PROMPT)
+    client = status_client
+    with known_grpc_race_is_xfail(status_server):
+        for text, max_tokens, extra, message in BAD_REQUESTS[:8]:  # errors the models raise
+            with pytest.raises(InferenceServerException) as err:
+                stream_call(client, model, inputs(text, max_tokens, **extra), headers=GRPC_STATUS)
+            assert message in err.value.message(), (message, err.value.message())
+            assert err.value.status() == "StatusCode.INVALID_ARGUMENT", (message, err.value.status())
+        [ok] = stream_call(client, model, inputs(PROMPT, 2), headers=GRPC_STATUS)  # a fresh stream serves again
+        assert ok["text_output"].reshape(-1)[0].decode().startswith(PROMPT)
 
 
-def test_request_rejected_before_any_model_runs_keeps_the_in_band_error_even_with_the_header(client: Any) -> None:
+def test_request_rejected_before_any_model_runs_keeps_the_in_band_error_even_with_the_header(
+    status_server: TritonServer, status_client: Any
+) -> None:
     """Triton 2.51 applies triton_grpc_error only to response errors: a request the core refuses when it is enqueued
     (an undeclared input) still gets ModelStreamInferResponse.error_message without a status
     (stream_infer_handler.cc, the InferAsync failure branch of Process)."""
     text, max_tokens, extra, message = BAD_REQUESTS[8]
-    with pytest.raises(InferenceServerException) as err:
-        stream_call(client, "ensemble", inputs(text, max_tokens, **extra), headers=GRPC_STATUS)
-    assert message in err.value.message()
-    assert err.value.status() is None
+    with known_grpc_race_is_xfail(status_server):
+        with pytest.raises(InferenceServerException) as err:
+            stream_call(status_client, "ensemble", inputs(text, max_tokens, **extra), headers=GRPC_STATUS)
+        assert message in err.value.message()
+        assert err.value.status() is None
 
 
-def test_async_client_with_grpc_status_reports_invalid_argument(server: TritonServer) -> None:
+def test_async_client_with_grpc_status_reports_invalid_argument(status_server: TritonServer) -> None:
     """clients.client.AsyncLLMClient(grpc_status=True) (one stream per request, header triton_grpc_error) gives a
     bad request the status INVALID_ARGUMENT instead of SERVER_ERROR; the next request is served."""
     import asyncio
 
     from clients import schema as sch
-    from clients.client import AsyncLLMClient, GenerationError
+    from clients.client import AsyncLLMClient
 
     async def run() -> tuple[str, str, str]:
-        async with AsyncLLMClient(server.grpc_url, sch.from_repository(server.repo, "ensemble"), grpc_status=True) as c:
+        srv = status_server
+        async with AsyncLLMClient(srv.grpc_url, sch.from_repository(srv.repo, "ensemble"), grpc_status=True) as c:
             try:
                 await c.generate(PROMPT, MAX_SEQ)
             except GenerationError as e:
@@ -500,6 +557,7 @@ def test_async_client_with_grpc_status_reports_invalid_argument(server: TritonSe
             ok = await c.generate(PROMPT, 2)
             return status, message, ok.text
 
-    status, message, text = asyncio.run(run())
-    assert status == "INVALID_ARGUMENT" and f"> max_seq_len={MAX_SEQ}" in message, (status, message)
-    assert text
+    with known_grpc_race_is_xfail(status_server):
+        status, message, text = asyncio.run(run())
+        assert status == "INVALID_ARGUMENT" and f"> max_seq_len={MAX_SEQ}" in message, (status, message)
+        assert text

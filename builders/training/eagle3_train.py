@@ -25,17 +25,7 @@ from builders.training.eagle3_model import (
     eagle3_state_dict,
 )
 from builders.training.eagle3_vocab import DraftVocab, answer_token_counts, build_draft_vocab, coverage_table
-from builders.training.loop import (
-    CKPT_DIR,
-    TrainError,
-    batches_for_step,
-    latest_checkpoint,
-    load_checkpoint,
-    lr_factor,
-    save_checkpoint,
-    total_steps,
-    trajectory_key,
-)
+from builders.training.loop import CKPT_DIR, TrainError, run_training, step_generator, trajectory_key
 
 COVERAGE_SIZES = [1024, 2048, 4096, 8192, 16384, 32000]
 
@@ -68,49 +58,19 @@ def train3(
     cfg: TrainHeadConfig, head: Eagle3Head, lm_sub: torch.Tensor, train_set: list[Example3],
     eval_set: list[Example3], ckpt_dir: Path, stop_at: int | None = None, first_log: list[dict] | None = None,
 ) -> list[dict]:
-    """Train in place, resuming from the latest checkpoint in `ckpt_dir`; `stop_at` ends after that many steps
-    (as if interrupted). `first_log` starts a fresh log (the vocabulary record). Returns the metrics log."""
+    """Train an EAGLE-3 head in place (loop.run_training); `first_log` starts a fresh log (the vocabulary
+    record). Returns the metrics log."""
     tc, e3 = cfg.train, cfg.eagle3
     assert e3 is not None
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
-    key = trajectory_key3(cfg)
-    total = total_steps(len(train_set), tc)
-    step, log = 0, list(first_log or [])
-    ckpt = latest_checkpoint(ckpt_dir)
-    if ckpt is not None:
-        step, log = load_checkpoint(ckpt, head, opt, key)
-    end = total if stop_at is None else min(total, stop_at)
-    head.train()
-    bar = tqdm(range(step, end), initial=step, total=total, desc="train eagle3", unit="step")
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = tc.lr * lr_factor(step, total, tc.warmup_steps)
-        batch = collate3([train_set[i] for i in batches_for_step(step, len(train_set), tc)], e3.ttt_steps)
-        gen = torch.Generator().manual_seed(tc.seed * 1_000_003 + 7919 * step + 1)
-        loss, m = eagle3_loss(head, lm_sub, batch, e3.ttt_steps, e3.step_decay, tc, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_value_(params, tc.grad_clip_value)
-        opt.step()
-        log.append({"step": step + 1, "lr": opt.param_groups[0]["lr"], **m})
-        bar.set_postfix(loss=f"{m['loss']:.3f}", acc0=f"{m['acc_0']:.2f}")
-        done = step + 1
-        if done % tc.eval_every == 0 or done == total:
-            log.append({"step": done, **{f"eval_{k}": v for k, v in evaluate3(head, lm_sub, eval_set, cfg).items()}})
-            head.train()
-            tqdm.write(json.dumps(log[-1]))
-        if done % tc.checkpoint_every == 0 or done == end:
-            save_checkpoint(ckpt_dir, done, head, opt, key, log)
-            write_live_log(ckpt_dir / "train_log.jsonl", log)
-    return log
 
+    def step_loss(step: int, idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = collate3([train_set[i] for i in idx], e3.ttt_steps)
+        return eagle3_loss(head, lm_sub, batch, e3.ttt_steps, e3.step_decay, tc, step_generator(tc, step))
 
-def write_live_log(path: Path, log: list[dict]) -> None:
-    """The log so far, rewritten atomically at every checkpoint (to watch a long run)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in log))
-    tmp.replace(path)
+    return run_training(
+        cfg, head, trajectory_key3(cfg), len(train_set), step_loss, lambda: evaluate3(head, lm_sub, eval_set, cfg),
+        ckpt_dir, desc="train eagle3", progress=("acc0", "acc_0"), stop_at=stop_at, first_log=first_log,
+    )  # fmt: skip
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +177,72 @@ def make_examples(data_shards: list[Path], feat_shards: list[Path]) -> list[Exam
     return [Example(f, d["input_ids"], d["loss_mask"]) for d, f in zip(data, feats)]
 
 
+StepLoss = Callable[[int, list[int]], tuple[torch.Tensor, dict[str, float]]]
+
+
+def run_training(
+    cfg: TrainHeadConfig,
+    head: torch.nn.Module,
+    key: dict,
+    n_train: int,
+    step_loss: StepLoss,
+    evaluate_fn: Callable[[], dict],
+    ckpt_dir: Path,
+    *,
+    desc: str,
+    progress: tuple[str, str],
+    stop_at: int | None = None,
+    first_log: list[dict] | None = None,
+) -> list[dict]:
+    """The training loop both head kinds share: AdamW, lr schedule, value clipping, held-out evaluation every
+    eval_every steps, checkpoints (and the live train_log.jsonl) every checkpoint_every steps, resume from the latest
+    checkpoint in `ckpt_dir` (refused if written under another `key`). `step_loss(step, example indices)` returns the
+    step's loss and metrics; `progress` = (label, metric) shown on the bar. `stop_at` ends early after that many
+    steps (as if interrupted; used by tests); `first_log` starts a fresh log. Returns the metrics log."""
+    tc = cfg.train
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
+    total = total_steps(n_train, tc)
+    step, log = 0, list(first_log or [])
+    ckpt = latest_checkpoint(ckpt_dir)
+    if ckpt is not None:
+        step, log = load_checkpoint(ckpt, head, opt, key)
+    end = total if stop_at is None else min(total, stop_at)
+    head.train()
+    bar = tqdm(range(step, end), initial=step, total=total, desc=desc, unit="step")
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = tc.lr * lr_factor(step, total, tc.warmup_steps)
+        loss, m = step_loss(step, batches_for_step(step, n_train, tc))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(params, tc.grad_clip_value)
+        opt.step()
+        log.append({"step": step + 1, "lr": opt.param_groups[0]["lr"], **m})
+        bar.set_postfix(loss=f"{m['loss']:.3f}", **{progress[0]: f"{m[progress[1]]:.2f}"})
+        done = step + 1
+        if done % tc.eval_every == 0 or done == total:
+            log.append({"step": done, **{f"eval_{k}": v for k, v in evaluate_fn().items()}})
+            head.train()
+            tqdm.write(json.dumps(log[-1]))
+        if done % tc.checkpoint_every == 0 or done == end:
+            save_checkpoint(ckpt_dir, done, head, opt, key, log)
+            write_live_log(ckpt_dir / "train_log.jsonl", log)
+    return log
+
+
+def step_generator(tc: TrainConfig, step: int) -> torch.Generator:
+    """The step's own random stream (noise, sampled loss positions): a resumed run draws exactly the same numbers."""
+    return torch.Generator().manual_seed(tc.seed * 1_000_003 + 7919 * step + 1)
+
+
+def write_live_log(path: Path, log: list[dict]) -> None:
+    """The log so far, rewritten atomically at every checkpoint (to watch a long run)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in log))
+    tmp.replace(path)
+
+
 def train(
     cfg: TrainHeadConfig,
     head: EagleHead,
@@ -185,40 +252,18 @@ def train(
     ckpt_dir: Path,
     stop_at: int | None = None,
 ) -> list[dict]:
-    """Train `head` in place; resumes from the latest checkpoint in `ckpt_dir`. `stop_at` ends early after that
-    many steps (as if interrupted; used by tests). Returns the metrics log."""
+    """Train an EAGLE-1/2 `head` in place (run_training); returns the metrics log."""
     tc = cfg.train
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
-    key = trajectory_key(cfg)
-    total = total_steps(len(train_set), tc)
-    step, log = 0, []
-    ckpt = latest_checkpoint(ckpt_dir)
-    if ckpt is not None:
-        step, log = load_checkpoint(ckpt, head, opt, key)
-    end = total if stop_at is None else min(total, stop_at)
-    head.train()
-    bar = tqdm(range(step, end), initial=step, total=total, desc="train", unit="step")
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = tc.lr * lr_factor(step, total, tc.warmup_steps)
-        batch = collate([train_set[i] for i in batches_for_step(step, len(train_set), tc)])
-        noise_gen = torch.Generator().manual_seed(tc.seed * 1_000_003 + 7919 * step + 1)
-        loss, m = eagle_loss(head, lm_head, batch, add_noise(batch, tc.noise_std, noise_gen), tc, noise_gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_value_(params, tc.grad_clip_value)
-        opt.step()
-        log.append({"step": step + 1, "lr": opt.param_groups[0]["lr"], **m})
-        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc']:.2f}")
-        done = step + 1
-        if done % tc.eval_every == 0 or done == total:
-            log.append({"step": done, **{f"eval_{k}": v for k, v in evaluate(head, lm_head, eval_set, tc).items()}})
-            head.train()
-            tqdm.write(json.dumps(log[-1]))
-        if done % tc.checkpoint_every == 0 or done == end:
-            save_checkpoint(ckpt_dir, done, head, opt, key, log)
-    return log
+
+    def step_loss(step: int, idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = collate([train_set[i] for i in idx])
+        gen = step_generator(tc, step)
+        return eagle_loss(head, lm_head, batch, add_noise(batch, tc.noise_std, gen), tc, gen)
+
+    return run_training(
+        cfg, head, trajectory_key(cfg), len(train_set), step_loss, lambda: evaluate(head, lm_head, eval_set, tc),
+        ckpt_dir, desc="train", progress=("acc", "acc"), stop_at=stop_at,
+    )  # fmt: skip
 
 
 @torch.no_grad()

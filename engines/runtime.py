@@ -44,7 +44,7 @@ from engines.checkpoint import (
 from engines.draft import DraftState, draft_dynamic, draft_static
 from engines.model import Drafter, Eagle1Drafter, KVCache, Llama, make_step
 from engines.parallel import TPGroup, current_group
-from engines.sampling import accept_greedy, accept_sampling, choose
+from engines.sampling import choose, greedy_node, sampling_node
 from engines.spec import ReferenceSpec
 from engines.tree import StaticTree, TreeBatch
 
@@ -378,14 +378,10 @@ class Session:
         tree = self.draft(rows, lens)
         step = make_step(rows, lens, torch.arange(tree.size, device=dev), lens[:, None] + tree.depth, tree.anc)
         hidden, captured = rt.target.forward(tree.tokens, step, self.tcache, self.capture)
-        logits = rt.target.lm_head(hidden)  # (B, T, V): the target's next-token logits after every node
-        best, bonus = accept_greedy(tree.tokens, tree.parent, tree.depth, tree.anc, logits)
+        accepted = self.walk(active, tree, hidden)
         going: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (request, new tokens, their features)
         for j, i in enumerate(active):
-            if self._req(i).sampling.greedy:
-                node, nxt = int(best[j]), int(bonus[j])
-            else:
-                node, nxt = accept_sampling(tree.tokens[j].tolist(), tree.children(j), logits[j], self._req(i).sampling, self.gens[i])
+            node, nxt = accepted[j]
             path = torch.nonzero(tree.anc[j, node])[:, 0]  # root .. node (tree order = depth order)
             new = torch.cat([tree.tokens[j, path[1:]], torch.tensor([nxt], device=dev)])
             if path.shape[0] > 1:  # KV compaction: the accepted path's entries become contiguous after the cache
@@ -399,6 +395,35 @@ class Session:
                 going.append((i, new, feats))
         if going:
             self._commit_drafter(going)
+
+    def walk(self, active: list[int], tree: TreeBatch, hidden: torch.Tensor) -> list[tuple[int, int]]:
+        """Verify every sequence's tree: walk it from the root, moving to an accepted child (greedy_node /
+        sampling_node) until none is; returns (deepest accepted node, next token) per sequence.
+
+        The target's logits are computed only at the nodes the walk reaches, i.e. the accepted path plus the node
+        where it stops: tau rows of the 49k-wide lm_head per sequence instead of one per tree node (on a CPU the
+        lm_head of a whole tree costs as much as a fifth of the verification forward). The walk goes level by level,
+        all sequences still walking in one lm_head call."""
+        tokens = tree.tokens.tolist()
+        kids = [tree.children(j) for j in range(len(active))]
+        at = [0] * len(active)
+        result: list[tuple[int, int] | None] = [None] * len(active)
+        while walking := [j for j, r in enumerate(result) if r is None]:
+            rows = torch.tensor(walking, device=hidden.device)
+            nodes = torch.tensor([at[j] for j in walking], device=hidden.device)
+            logits = self.rt.target.lm_head(hidden[rows, nodes])  # (walking, V)
+            for r, j in enumerate(walking):
+                sp, node = self._req(active[j]).sampling, at[j]
+                if sp.greedy:
+                    child, tok = greedy_node(logits[r], kids[j][node], tokens[j])
+                else:
+                    child, tok = sampling_node(logits[r], kids[j][node], tokens[j], sp, self.gens[active[j]])
+                if child is None:
+                    assert tok is not None
+                    result[j] = (node, tok)
+                else:
+                    at[j] = child
+        return [r for r in result if r is not None]
 
     def _count(self, i: int, drafted: int, accepted: int) -> None:
         s = self.stats[i]

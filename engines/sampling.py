@@ -1,9 +1,12 @@
 """Token choice and draft verification.
 
+Verification walks each sequence's tree from the root, one node at a time (the engine computes the target's logits
+only at the nodes the walk reaches, see engines/runtime.py `walk`).
+
 Greedy (EAGLE eagle/model/utils.py `evaluate_posterior`, TRT-LLM EagleSampleAndAcceptDraftTokens with
-greedy_sampling): a draft node is correct when its token equals the target's argmax at its parent; a node is
-accepted when it and all its ancestors are correct; take the deepest accepted node (first in tree order on ties)
-and append the target's argmax there (the bonus token). The output equals target-only greedy decoding.
+greedy_sampling): a draft node is correct when its token equals the target's argmax at its parent; the walk moves to
+the child drafted with the argmax until no child was, and appends the target's argmax there (the bonus token). That
+node is the deepest node whose whole path is correct, and the output equals target-only greedy decoding.
 
 Sampling (drafts are the deterministic top-k of the drafter; EAGLE-2/3 `evaluate_posterior` with sampling): at the
 current node with target distribution p, try its children in rank order; accept child x with probability
@@ -48,34 +51,24 @@ def choose(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator) -> in
     return draw(target_probs(logits, sp), gen)
 
 
-def accept_greedy(tokens: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batched greedy verification. Returns (best node (B,), bonus token (B,)).
-
-    tokens/parent/depth (B, T), anc (B, T, T), logits (B, T, V)."""
-    top = logits.argmax(-1)  # (B, T): the target's choice after each node
-    correct = tokens == torch.gather(top, 1, parent)
-    correct[:, 0] = True  # the root is already chosen
-    accepted = ~(anc & ~correct[:, None, :]).any(-1)  # every node on the path is correct
-    best = torch.argmax(depth * accepted, dim=1)  # deepest; argmax returns the first on ties
-    bonus = torch.gather(top, 1, best[:, None])[:, 0]
-    return best, bonus
+def greedy_node(logits: torch.Tensor, kids: list[int], tokens: list[int]) -> tuple[int | None, int]:
+    """Greedy verification at one node whose target logits (V,) are given: the child drafted with the target's
+    argmax (None when no child was; siblings carry distinct tokens, so at most one matches) and that argmax."""
+    top = int(torch.argmax(logits))
+    return next((c for c in kids if tokens[c] == top), None), top
 
 
-def accept_sampling(
-    tokens: list[int], children: list[list[int]], logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator
-) -> tuple[int, int]:
-    """Walk one sequence's tree with sibling rejection. Returns (deepest accepted node, next token).
-
-    tokens: node tokens (T,); children: per node, children in rank order; logits (T, V) of this sequence."""
-    node = 0
-    while True:
-        p = target_probs(logits[node], sp).cpu()
-        for child in children[node]:
-            x = tokens[child]
-            mass = float(p.sum())
-            if mass > 0 and float(torch.rand((), generator=gen)) * mass < float(p[x]):
-                node = child
-                break
-            p[x] = 0.0  # rejected: x cannot be the token at this position; renormalize over the rest
-        else:
-            return node, draw(p, gen)
+def sampling_node(
+    logits: torch.Tensor, kids: list[int], tokens: list[int], sp: SamplingParams, gen: torch.Generator
+) -> tuple[int | None, int | None]:
+    """Sibling rejection at one node: try the children in rank order against the target distribution p there.
+    Returns (accepted child, None), or (None, token drawn from what is left of p) when every child is rejected
+    or the node is a leaf."""
+    p = target_probs(logits, sp).cpu()
+    for child in kids:
+        x = tokens[child]
+        mass = float(p.sum())
+        if mass > 0 and float(torch.rand((), generator=gen)) * mass < float(p[x]):
+            return child, None
+        p[x] = 0.0  # rejected: x cannot be the token at this position; renormalize over the rest
+    return None, draw(p, gen)

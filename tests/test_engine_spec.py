@@ -98,6 +98,31 @@ def test_head_that_predicts_the_target_accepts(mimic_ckpt: Path, tree: DraftTree
     assert agg.target_forwards < 3 * 39  # fewer forwards than target-only decoding
 
 
+def test_verification_computes_target_logits_only_along_the_walked_path(mimic_ckpt: Path) -> None:
+    """engines/runtime.py `walk`: the 49k-wide lm_head runs on the accepted path + the node where the walk stops
+    (accepted + 1 rows per sequence and forward), never on the rest of the tree; batches share one call per level."""
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("trtllm-default"), dtype="float32", device="cpu")
+    target = engine._rt.target
+    head = target.lm_head  # the EAGLE-1 drafter shares this LMHead; only the target's calls are counted
+    calls: list[int] = []
+
+    def counting(h: torch.Tensor) -> torch.Tensor:
+        calls.append(h.shape[0])
+        return head(h)
+
+    reqs = [GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []) for i in range(3)]
+    target.lm_head = counting  # type: ignore[assignment]
+    try:
+        spec = engine.generate(reqs)
+    finally:
+        target.lm_head = head
+    agg = engine.aggregate(spec)
+    prefill_rows = len(reqs)  # one prefill call (same prompt length): the last position of each prompt
+    assert sum(calls) == prefill_rows + agg.target_forwards + agg.accepted_draft_tokens
+    assert agg.accepted_draft_tokens > 0 and max(calls) <= len(reqs)  # never a row per tree node (63 of them)
+    assert spec == engine.generate(reqs)  # same outputs without the counting wrapper
+
+
 def test_streaming_callback_receives_exactly_the_output(mimic_ckpt: Path) -> None:
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("eagle-default"), dtype="float32", device="cpu")
     got: dict[int, list[list[int]]] = {0: [], 1: []}

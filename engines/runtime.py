@@ -42,7 +42,7 @@ from engines.checkpoint import (
     require,
 )
 from engines.draft import DraftState, draft_dynamic, draft_static
-from engines.model import Drafter, Eagle1Drafter, KVCache, Llama, make_step
+from engines.model import Drafter, Eagle1Drafter, KVCache, Llama, make_step, prepack_cpu
 from engines.parallel import TPGroup, current_group
 from engines.sampling import choose, greedy_node, sampling_node
 from engines.spec import ReferenceSpec
@@ -138,6 +138,7 @@ class Runtime:
             drafter = load_eagle3(Path(eagle3_head_dir), target, len(target.layers), DTYPES[dtype], dev)
         tensors.check_all_used(ignore)
         tensors.close()
+        prepack_cpu(target, drafter)  # float32 on CPU: oneDNN-packed weights for multi-row products (engines/model.py)
         static = StaticTree.build(tree, dev) if isinstance(tree, DraftTree) else None
         if tree is not None:
             check_tree_fits(tree, drafter)

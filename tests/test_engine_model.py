@@ -151,3 +151,26 @@ def test_tree_without_head_is_an_error(target_ckpt: Path) -> None:
 
     with pytest.raises(CheckpointError, match="holds no EAGLE head"):
         ReferenceEngine.from_checkpoint(target_ckpt, tree=DraftTree.from_choices(preset("chain-2")), dtype="float32")
+
+
+def test_cpu_float32_weights_are_prepacked_and_give_the_same_products(target_ckpt: Path) -> None:
+    """engines/model.py prepack_cpu: every float32 CPU linear gets a oneDNN-packed weight, used for multi-row inputs;
+    products equal ATen's to float32 rounding; other dtypes are left alone."""
+    from engines.model import Linear, prepack_cpu
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN (the engine then uses ATen for every product)")
+    engine = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="float32", device="cpu")
+    t = engine._rt.target
+    linears = [t.lm_head.linear] + [m for layer in t.layers for m in (layer.attn.qkv, layer.attn.dense, layer.mlp.fc, layer.mlp.gate, layer.mlp.proj)]
+    assert all(lin.packed is not None for lin in linears)
+    half = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="bfloat16", device="cpu")
+    assert half._rt.target.lm_head.linear.packed is None
+
+    g = torch.Generator().manual_seed(0)
+    lin = Linear(torch.randn(96, 64, generator=g), torch.randn(96, generator=g))
+    assert prepack_cpu(lin, [lin, [lin]]) == 1  # reached three times, packed once
+    assert prepack_cpu(lin) == 0 and lin.packed is not None  # already packed
+    for shape in [(1, 64), (1, 1, 64), (5, 64), (2, 7, 64)]:
+        x = torch.randn(*shape, generator=g)
+        torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)

@@ -1,10 +1,13 @@
 """`python -m engines.verify --build OUT_DIR --prompts FILE.jsonl --max-new-tokens N [--temperature T] [--json PATH]
-[--limit K] [--device D]`
+[--limit K] [--device D] [--reuse-hf REPORT.json]`
 
 Decodes every prompt twice: with Hugging Face `generate()` on the ORIGINAL HF target (the independent oracle) and
 with the reference engine using EAGLE over the build's converted checkpoint. Prints per prompt whether the outputs
 are identical (else the first differing position), tau and both speeds. Exit status 1 if any greedy output differs
 (sampled outputs are not expected to be identical: only tau and speed are reported), 2 on bad arguments.
+
+`--reuse-hf REPORT.json` (greedy only) takes the HF outputs and HF speeds from an earlier report of the same target,
+prompts and max_new_tokens instead of running HF again: comparing several trees or heads then costs one HF pass.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class PromptReport:
     tau: float
     hf_tokens_per_s: float
     engine_tokens_per_s: float
+    hf_output_ids: list[int]
 
 
 def eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -87,6 +91,33 @@ def hf_generate(model: Any, ids: list[int], n: int, temperature: float, eos: lis
     return out[0, len(ids) :].tolist(), time.perf_counter() - t0
 
 
+class ReuseError(ValueError):
+    """An earlier report that cannot stand in for this run's HF pass; the message says what differs."""
+
+
+def load_hf_outputs(
+    report: Path, target: Path, prompts: list[list[int]], max_new_tokens: int
+) -> tuple[list[tuple[list[int], float]], list[int]]:
+    """(HF output ids, HF tokens/s) per prompt and the eos ids HF stopped at, from an earlier greedy report, after
+    checking it ran the same target, the same prompts (token counts) and the same max_new_tokens."""
+    doc = json.loads(report.read_text())
+    problems = []
+    if doc.get("temperature") != 0:
+        problems.append(f"its temperature is {doc.get('temperature')!r} (only greedy HF outputs can be reused)")
+    if doc.get("hf_target_dir") != str(target):
+        problems.append(f"its target is {doc.get('hf_target_dir')!r}, this build's is {str(target)!r}")
+    if doc.get("max_new_tokens") != max_new_tokens:
+        problems.append(f"its max_new_tokens is {doc.get('max_new_tokens')!r}, this run's {max_new_tokens}")
+    rows = doc.get("prompts", [])
+    if [r.get("prompt_tokens") for r in rows] != [len(p) for p in prompts]:
+        problems.append(f"its {len(rows)} prompts are not this run's {len(prompts)} (prompt token counts differ)")
+    if any("hf_output_ids" not in r for r in rows) or "eos_token_ids" not in doc:
+        problems.append("it has no hf_output_ids / eos_token_ids (written by an older engines.verify)")
+    if problems:
+        raise ReuseError(f"--reuse-hf {report}: " + "; ".join(problems) + "; rerun without --reuse-hf")
+    return [(r["hf_output_ids"], float(r["hf_tokens_per_s"])) for r in rows], [int(e) for e in doc["eos_token_ids"]]
+
+
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM
 
@@ -96,16 +127,33 @@ def run(args: argparse.Namespace) -> int:
         print("error: the build has no EAGLE head to verify", file=sys.stderr)
         return 2
     tok = engine.tokenizer
-    hf = AutoModelForCausalLM.from_pretrained(str(hf_target_dir(build)), dtype=engine.dtype).to(engine.device).eval()
-    eos = eos_ids(hf, tok)
+    target = hf_target_dir(build)
+    prompts = [chat_ids(tok, text) for text in read_prompts(Path(args.prompts), args.limit)]
+    reused: list[tuple[list[int], float]] | None = None
+    if args.reuse_hf:
+        if args.temperature != 0:
+            print("error: --reuse-hf needs greedy decoding (--temperature 0)", file=sys.stderr)
+            return 2
+        try:
+            reused, eos = load_hf_outputs(Path(args.reuse_hf), target, prompts, args.max_new_tokens)
+        except ReuseError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=engine.dtype).to(engine.device).eval()
+        eos = eos_ids(hf, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     label = " [RANDOM HEAD: tau ~1 expected]" if engine.random_head else ""
-    print(f"verify {build}: {engine.describe_tree()}{label}, temperature {args.temperature}, device {engine.device}")
+    source = f", HF outputs from {args.reuse_hf}" if reused else ""
+    print(f"verify {build}: {engine.describe_tree()}{label}, temperature {args.temperature}, device {engine.device}{source}")
     reports, results = [], []
-    for i, text in enumerate(read_prompts(Path(args.prompts), args.limit)):
-        ids = chat_ids(tok, text)
-        with torch.inference_mode():
-            hf_ids, hf_s = hf_generate(hf, ids, args.max_new_tokens, args.temperature, eos, pad)
+    for i, ids in enumerate(prompts):
+        if reused is not None:
+            hf_ids, hf_tps = reused[i]
+        else:
+            with torch.inference_mode():
+                hf_ids, hf_s = hf_generate(hf, ids, args.max_new_tokens, args.temperature, eos, pad)
+            hf_tps = len(hf_ids) / hf_s
         req = GenerationRequest(ids, args.max_new_tokens, SamplingParams(temperature=args.temperature, seed=i), eos)
         t0 = time.perf_counter()
         [res] = engine.generate([req])
@@ -114,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         div = first_divergence(hf_ids, res.output_ids)
         r = PromptReport(
             i, len(ids), div is None, div, len(hf_ids), len(res.output_ids), round(res.stats.tau, 3),
-            round(len(hf_ids) / hf_s, 2), round(len(res.output_ids) / our_s, 2),
+            round(hf_tps, 2), round(len(res.output_ids) / our_s, 2), hf_ids,
         )
         reports.append(r)
         where = "identical" if r.identical else f"DIFFERS at token {div}"
@@ -130,8 +178,12 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "build": str(build),
+                    "hf_target_dir": str(target),
+                    "max_new_tokens": args.max_new_tokens,
+                    "eos_token_ids": eos,
                     "temperature": args.temperature,
                     "random_head": engine.random_head,
+                    "hf_reused_from": args.reuse_hf,
                     "prompts": [asdict(r) for r in reports],
                     "aggregate": stats_dict(agg),
                     "all_identical": not differ,
@@ -152,6 +204,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the per-prompt report here")
     p.add_argument("--limit", type=int, help="only the first K prompts")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the build's engine.device")
+    p.add_argument("--reuse-hf", metavar="REPORT.json", help="take HF outputs and speeds from this earlier greedy "
+                   "report (same target, prompts, max_new_tokens) instead of running HF again")
     return p
 
 

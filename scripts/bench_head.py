@@ -6,7 +6,8 @@
 
 For each tree it builds the config's checkpoint + engine stages with the head (`builders/build.py --set ...
 --only checkpoint engine`), runs `python -m engines.verify` (greedy; HF generate is the oracle and the baseline)
-and prints one table row: tree, nodes, tau, HF tok/s, engine tok/s, speedup. `--tune-budget N` also runs
+and prints one table row: tree, nodes, tau, HF tok/s, engine tok/s, speedup. HF runs once, with the first tree; the
+other trees reuse its outputs and speeds (`engines.verify --reuse-hf`; `--hf-every-tree` reruns it). `--tune-budget N` also runs
 `builders/tune_tree.py` on the first build and measures the tuned N-node tree. Everything measured in this one run
 is written to OUT/results.json; the markdown table is printed (the model card quotes it).
 """
@@ -43,9 +44,10 @@ def build_argv(config: Path, head: Path, out: Path, spec: str) -> list[str]:
             "--only", "checkpoint", "--only", "engine"]
 
 
-def verify_argv(build: Path, prompts: Path, max_new_tokens: int, json_path: Path) -> list[str]:
-    return [sys.executable, "-m", "engines.verify", "--build", str(build), "--prompts", str(prompts),
+def verify_argv(build: Path, prompts: Path, max_new_tokens: int, json_path: Path, reuse_hf: Path | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "engines.verify", "--build", str(build), "--prompts", str(prompts),
             "--max-new-tokens", str(max_new_tokens), "--json", str(json_path)]
+    return argv + (["--reuse-hf", str(reuse_hf)] if reuse_hf else [])
 
 
 def tune_argv(build: Path, prompts: Path, budget: int, max_new_tokens: int, out: Path, num_prompts: int | None) -> list[str]:
@@ -71,12 +73,12 @@ def row(name: str, verify_json: Path) -> dict:
             "hf_tok_s": hf_tokens / hf_s, "engine_tok_s": eng_tokens / eng_s, "speedup": (eng_tokens / eng_s) / (hf_tokens / hf_s)}
 
 
-def measure(args: argparse.Namespace, name: str, spec: str) -> tuple[dict, Path]:
+def measure(args: argparse.Namespace, name: str, spec: str, reuse_hf: Path | None) -> tuple[dict, Path, Path]:
     build = args.out / name.replace(":", "-").replace(",", "-").replace("/", "-")
     run(build_argv(args.config, args.head, build, spec))
     vj = args.out / f"verify-{build.name}.json"
-    run(verify_argv(build, args.prompts, args.max_new_tokens, vj))
-    return row(name, vj), build
+    run(verify_argv(build, args.prompts, args.max_new_tokens, vj, reuse_hf))
+    return row(name, vj), build, vj
 
 
 def write_mtbench(out: Path, every: int) -> Path:
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-prompts", type=int, default=None, help="tune_tree --num-prompts (default: all)")
     ap.add_argument("--tune-max-new-tokens", type=int, default=None, help="tune_tree --max-new-tokens (default: "
                     "--max-new-tokens)")
+    ap.add_argument("--hf-every-tree", action="store_true", help="run HF generate again for every tree (default: "
+                    "once, with the first tree; the others reuse its outputs and speeds)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.mtbench_every:
@@ -114,17 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     specs = [(t, t) for t in args.trees.split(",") if t]
     if args.dynamic:
         specs.append((f"dynamic:{args.dynamic}", f"dynamic:{args.dynamic}"))
-    rows, first_build = [], None
+    rows, first_build, hf_report = [], None, None
     for name, spec in specs:
-        r, build = measure(args, name, spec)
+        r, build, vj = measure(args, name, spec, None if args.hf_every_tree else hf_report)
         rows.append(r)
-        first_build = first_build or build
+        first_build, hf_report = first_build or build, hf_report or vj
         print(json.dumps(r), flush=True)
     if args.tune_budget:
         snippet = args.out / f"tuned-{args.tune_budget}.yaml"
         tokens = args.tune_max_new_tokens or args.max_new_tokens
         run(tune_argv(first_build, args.prompts, args.tune_budget, tokens, snippet, args.tune_prompts))
-        r, _ = measure(args, f"tuned-{args.tune_budget}", f"file:{snippet}")
+        r, _, _ = measure(args, f"tuned-{args.tune_budget}", f"file:{snippet}", None if args.hf_every_tree else hf_report)
         rows.append(r)
     (args.out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     print("\n| tree | prompts | outputs identical | tau | HF tok/s | EAGLE tok/s | speedup |")

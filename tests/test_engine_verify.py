@@ -86,6 +86,43 @@ def test_verify_fails_when_the_checkpoint_differs_from_the_target(
     assert "DIFFERS at token 0" in out and "0/1 identical" in out
 
 
+def test_reuse_hf_outputs_of_an_earlier_report(
+    build_dir: Path, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--reuse-hf: outputs still compared token by token (against the stored HF ids), HF not run again; a report of
+    other prompts / lengths / target, or a tampered HF output, is caught."""
+    first = tmp_path / "first.json"
+    base = ["--build", str(build_dir), "--prompts", str(prompts), "--limit", "2"]
+    assert main([*base, "--max-new-tokens", "10", "--json", str(first)]) == 0
+    doc = json.loads(first.read_text())
+    assert all(len(p["hf_output_ids"]) == p["hf_tokens"] == 10 for p in doc["prompts"]) and doc["eos_token_ids"]
+    capsys.readouterr()
+    again = tmp_path / "again.json"
+    assert main([*base, "--max-new-tokens", "10", "--reuse-hf", str(first), "--json", str(again)]) == 0
+    out = capsys.readouterr().out
+    assert f"HF outputs from {first}" in out and "2/2 identical" in out
+    second = json.loads(again.read_text())
+    assert [p["hf_tokens_per_s"] for p in second["prompts"]] == [p["hf_tokens_per_s"] for p in doc["prompts"]]
+    assert second["hf_reused_from"] == str(first)
+
+    tampered = tmp_path / "tampered.json"
+    doc["prompts"][1]["hf_output_ids"][4] += 1
+    tampered.write_text(json.dumps(doc))
+    assert main([*base, "--max-new-tokens", "10", "--reuse-hf", str(tampered)]) == 1
+    assert "DIFFERS at token 4" in capsys.readouterr().out
+
+    assert main([*base, "--max-new-tokens", "12", "--reuse-hf", str(first)]) == 2
+    assert "its max_new_tokens is 10, this run's 12; rerun without --reuse-hf" in capsys.readouterr().err
+    assert main([*base[:-1], "3", "--max-new-tokens", "10", "--reuse-hf", str(first)]) == 2
+    assert "its 2 prompts are not this run's 3" in capsys.readouterr().err
+    doc["hf_target_dir"] = "/elsewhere"
+    tampered.write_text(json.dumps(doc))
+    assert main([*base, "--max-new-tokens", "10", "--reuse-hf", str(tampered)]) == 2
+    assert "its target is '/elsewhere'" in capsys.readouterr().err
+    assert main([*base, "--max-new-tokens", "10", "--temperature", "0.7", "--reuse-hf", str(first)]) == 2
+    assert "--reuse-hf needs greedy decoding" in capsys.readouterr().err
+
+
 def test_first_divergence() -> None:
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1

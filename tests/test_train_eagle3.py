@@ -80,6 +80,8 @@ def test_config_head_kinds_and_cross_checks(tmp_path: Path) -> None:
     cfg = load_train_config(REPO / "configs/train/smollm2-eagle3.yaml")
     assert (cfg.head, cfg.eagle3.draft_vocab_size, cfg.eagle3.layer_ids) == ("eagle3", 8192, [2, 15, 27])
     assert cfg.output_dir == str(REPO / "heads/smollm2-eagle3")
+    sd = load_train_config(REPO / "configs/train/smollm2-eagle3-sd.yaml")  # the self-distillation experiment
+    assert (sd.data.responses, sd.eagle3.draft_vocab_size, sd.data.num_conversations) == ("regenerate", 4096, 512)
     raw = yaml.safe_load((REPO / "configs/train/smollm2-eagle3.yaml").read_text())
     raw["train"].update(v_weight=1.0, noise_std=0.2)
     raw["eagle3"]["layer_ids"] = [2, 2, 27]

@@ -22,7 +22,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -138,7 +138,7 @@ class Runtime:
             drafter = load_eagle3(Path(eagle3_head_dir), target, len(target.layers), DTYPES[dtype], dev)
         tensors.check_all_used(ignore)
         tensors.close()
-        prepack_cpu(target, drafter)  # float32 on CPU: oneDNN-packed weights for multi-row products (engines/model.py)
+        prepack_cpu(target, drafter)  # float32 on CPU: W^T for one-row and oneDNN-packed W for multi-row products
         static = StaticTree.build(tree, dev) if isinstance(tree, DraftTree) else None
         if tree is not None:
             check_tree_fits(tree, drafter)
@@ -424,7 +424,7 @@ class Session:
                     result[j] = (node, tok)
                 else:
                     at[j] = child
-        return [r for r in result if r is not None]
+        return cast(list[tuple[int, int]], result)  # the loop ends only when every sequence has its result
 
     def _count(self, i: int, drafted: int, accepted: int) -> None:
         s = self.stats[i]

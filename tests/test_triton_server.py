@@ -49,13 +49,19 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle
     return root / "build"
 
 
-@pytest.fixture(scope="module")
-def server(build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    log = tmp_path_factory.mktemp("triton_log") / "tritonserver.log"
+def start_server(build_dir: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> tuple[TritonServer, Path]:
+    """A real tritonserver on the build's repository, free loopback ports, its log in a fresh temp dir."""
+    log = tmp_path_factory.mktemp(name) / "tritonserver.log"
     srv = TritonServer(
         build_dir / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), log_path=log
     )
     srv.start(timeout_s=240)
+    return srv, log
+
+
+@pytest.fixture(scope="module")
+def server(build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    srv, log = start_server(build_dir, tmp_path_factory, "triton_log")
     yield srv
     code = srv.stop()
     assert code == 0, f"tritonserver did not stop cleanly (exit {code}); log {log}"
@@ -473,11 +479,7 @@ KNOWN_GRPC_RACE = "HandleCancellation called even when the context was not cance
 
 @pytest.fixture(scope="module")
 def status_server(build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    log = tmp_path_factory.mktemp("triton_status_log") / "tritonserver.log"
-    srv = TritonServer(
-        build_dir / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), log_path=log
-    )
-    srv.start(timeout_s=240)
+    srv, log = start_server(build_dir, tmp_path_factory, "triton_status_log")
     yield srv
     code = srv.stop()
     if code != 0 and KNOWN_GRPC_RACE in log.read_text():

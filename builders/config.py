@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from builders import trees
+from builders.trtllm import registry
+from builders.trtllm.rules import trtllm_problems
 
 
 class ConfigError(Exception):
@@ -118,9 +120,19 @@ class EngineConfig(Strict):
         description="`tensorrt` = TRT-LLM engine flow (trtllm-build); `pytorch` = TRT-LLM LLM API (trtllm-serve); "
         "`reference` = this project's PyTorch engine (CPU or CUDA)."
     )
-    max_batch_size: PositiveInt = Field(description="Max sequences in flight (TRT-LLM: <= 512).")
-    max_input_len: PositiveInt = Field(description="Max prompt tokens.")
-    max_seq_len: PositiveInt = Field(description="Max prompt + generated tokens.")
+    max_batch_size: PositiveInt | None = Field(
+        default=None,
+        description="Max sequences in flight. Unset = TensorRT-LLM's default (2048; for engine.backend tensorrt capped "
+        "at the EAGLE engine limit 512); reference backend: 4 (its KV cache is allocated up front).",
+    )
+    max_input_len: PositiveInt | None = Field(
+        default=None, description="Max prompt tokens. Unset = TensorRT-LLM's default 1024 (at most max_seq_len - 1)."
+    )
+    max_seq_len: PositiveInt | None = Field(
+        default=None,
+        description="Max prompt + generated tokens. Unset = as trtllm-build: the target's max_position_embeddings "
+        "times its RoPE scaling factor (2048 if absent); reference backend: at most 2048.",
+    )
     max_num_tokens: PositiveInt | None = Field(
         default=None,
         description="Max tokens per engine step; must be >= max_batch_size * (max_draft_len + 1) and >= "
@@ -153,6 +165,11 @@ class TritonConfig(Strict):
 
 class BuildConfig(Strict):
     name: str = Field(description="Name of this build (used in logs and manifests).", min_length=1)
+    trtllm_version: str = Field(
+        default=registry.DEFAULT_VERSION,
+        description="The TensorRT-LLM version the outputs are written for (what they may contain and which features "
+        "exist follow from it): " + registry.supported_help() + ".",
+    )
     output_dir: str = Field(description="Build directory; relative paths are relative to the config file.")
     target: TargetConfig = Field(description="The target model.")
     draft: DraftConfig = Field(description="The EAGLE head.")
@@ -161,6 +178,21 @@ class BuildConfig(Strict):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallelism.")
     engine: EngineConfig = Field(description="Engine backend and limits.")
     triton: TritonConfig = Field(default_factory=TritonConfig, description="Triton model repository options.")
+    # engine fields filled by load_config (builders/defaults.py) -> why; written to config.resolved.yaml
+    _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def defaults_applied(self) -> dict[str, str]:
+        return dict(self._defaults)
+
+    @field_validator("trtllm_version", mode="before")
+    @classmethod
+    def _known_version(cls, v: object) -> str:
+        key = str(v) if isinstance(v, (int, float)) else v  # YAML reads an unquoted 1.2 as a number
+        if not isinstance(key, str):
+            raise ValueError(f"trtllm_version={v!r}: give a version string such as '{registry.DEFAULT_VERSION}'")
+        registry.get(key)  # raises UnknownVersion (a ValueError) naming the supported versions
+        return key
 
     @model_validator(mode="after")
     def _cross_field(self) -> BuildConfig:
@@ -207,6 +239,8 @@ def _tree_values(cfg: BuildConfig) -> tuple[int, int, int]:
 def derive_limits(cfg: BuildConfig) -> DerivedLimits:
     mdl, layers, non_leaves = _tree_values(cfg)
     e = cfg.engine
+    if e.max_batch_size is None or e.max_input_len is None:
+        raise TypeError("engine limits are not set; load the config with builders.config.load_config")
     mnt = e.max_num_tokens if e.max_num_tokens is not None else max(e.max_batch_size * (mdl + 1), e.max_input_len)
     return DerivedLimits(
         max_draft_len=mdl, num_eagle_layers=layers, max_non_leaves_per_layer=non_leaves, max_num_tokens=mnt
@@ -241,36 +275,24 @@ def _rule_tree(cfg: BuildConfig) -> list[str]:
     return p
 
 
-def _rule_backend(cfg: BuildConfig) -> list[str]:
-    p: list[str] = []
-    backend = cfg.engine.backend
-    if cfg.draft.type == "eagle3" and backend == "tensorrt":
-        p.append(
-            "draft.type=eagle3 needs engine.backend pytorch or reference: TensorRT-LLM runs EAGLE-3 only on its "
-            "PyTorch backend (LLM API)"
-        )
-    if cfg.tree.dynamic is not None and backend == "tensorrt":
-        p.append(
-            "tree.dynamic with engine.backend=tensorrt: the Triton tensorrtllm backend passes only eagle_choices "
-            "(no dynamic tree); use tree.choices or engine.backend pytorch/reference"
-        )
-    return p
-
-
 def _rule_parallel(cfg: BuildConfig) -> list[str]:
     pp, backend = cfg.parallel.pp, cfg.engine.backend
-    if pp > 1 and backend == "tensorrt":
-        return [f"parallel.pp={pp}: TensorRT-LLM does not support pipeline parallelism for EAGLE; set pp=1"]
     if pp > 1 and backend == "reference":
         return [f"parallel.pp={pp}: the reference engine runs tp only; set pp=1"]
     return []
 
 
+ENGINE_LIMITS = ("max_batch_size", "max_input_len", "max_seq_len")
+
+
 def _rule_engine_limits(cfg: BuildConfig) -> list[str]:
     e = cfg.engine
+    unset = [f for f in ENGINE_LIMITS if getattr(e, f) is None]
+    if unset:
+        return [f"engine.{f}: not set and not derived (a BuildConfig made without builders.config.load_config, which "
+                "fills TensorRT-LLM's defaults); set it" for f in unset]
+    assert e.max_input_len is not None and e.max_seq_len is not None and e.max_batch_size is not None
     p: list[str] = []
-    if e.max_batch_size > 512:
-        p.append(f"engine.max_batch_size={e.max_batch_size} exceeds TensorRT-LLM's EAGLE limit 512")
     if e.max_input_len >= e.max_seq_len:
         p.append(f"engine.max_input_len={e.max_input_len} must be < engine.max_seq_len={e.max_seq_len}")
     try:
@@ -294,7 +316,13 @@ def _rule_draft(cfg: BuildConfig) -> list[str]:
 
 # Each rule reads some sections; when a section itself is invalid, the rule is skipped (its field errors are
 # reported instead), so one load reports field errors and cross-field errors together.
-CROSS_FIELD_RULES = (_rule_tree, _rule_backend, _rule_parallel, _rule_engine_limits, _rule_draft)
+def _rule_trtllm(cfg: BuildConfig) -> list[str]:
+    if cfg.engine.max_batch_size is None:
+        return []  # _rule_engine_limits reports the unset limits
+    return trtllm_problems(cfg)
+
+
+CROSS_FIELD_RULES = (_rule_tree, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm)
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:
@@ -303,7 +331,7 @@ def cross_field_problems(cfg: BuildConfig) -> list[str]:
     for rule in CROSS_FIELD_RULES:
         try:
             p.extend(rule(cfg))
-        except AttributeError:  # a section it needs failed validation (partial config from _partial_config)
+        except (AttributeError, registry.UnknownVersion):  # a section it needs failed validation (_partial_config)
             continue
     return p
 
@@ -387,6 +415,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
             sec[key] = resolve_path(sec[key], base)
     if isinstance(data.get("output_dir"), str):
         data["output_dir"] = resolve_path(data["output_dir"], base)
+    default_problems, applied = _fill_defaults(data)
+    problems.extend(default_problems)
     try:
         cfg = BuildConfig.model_validate(data)
     except ValidationError as e:
@@ -396,7 +426,20 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         raise ConfigError(problems, str(path)) from None
     if problems:
         raise ConfigError(problems, str(path))
+    cfg._defaults.update(applied)
     return cfg
+
+
+def _fill_defaults(data: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """Unset engine limits -> TensorRT-LLM's defaults for the config's version (builders/defaults.py)."""
+    from builders.defaults import fill_engine_defaults
+
+    key = data.get("trtllm_version", registry.DEFAULT_VERSION)
+    try:
+        version = registry.get(str(key))
+    except registry.UnknownVersion:
+        version = registry.get(registry.DEFAULT_VERSION)  # the field validator reports the bad value
+    return fill_engine_defaults(data, version.eagle_max_batch_size)
 
 
 def resolve_path(value: str, base: Path) -> str:
@@ -410,4 +453,6 @@ def dump_resolved(cfg: BuildConfig) -> str:
     """The resolved config as YAML, with the derived limits written out for the record."""
     data = cfg.model_dump(mode="json")
     data["derived"] = cfg.limits().model_dump()
+    if cfg.defaults_applied:
+        data["defaults"] = cfg.defaults_applied  # fields the config left out: the value used and why
     return yaml.safe_dump(data, sort_keys=False)

@@ -2,7 +2,8 @@
 
 Flow (called by the convert stage after it wrote the 16-bit checkpoint):
 1. load the HF target in float32, `mtq.quantize(model, FP8_DEFAULT_CFG [+ FP8_KV_CFG], forward_loop)` where the
-   loop runs the calibration prompts (chat template applied, truncated to calibration.max_length) under a tqdm bar;
+   loop runs the calibration prompts (chat template applied when the tokenizer has one, else the raw text of a base
+   model; truncated to calibration.max_length) under a tqdm bar;
    ModelOpt records per-tensor amax of every linear's weight and input (and of K/V with the KV config);
 2. `export_tensorrt_llm_checkpoint(model, "llama", dtype, dir, inference_tensor_parallel=tp)`: float8_e4m3fn
    weights with `weights_scaling_factor` = amax_w / 448 and `activation_scaling_factor` = amax_x / 448 per linear,
@@ -10,10 +11,12 @@ Flow (called by the convert stage after it wrote the 16-bit checkpoint):
    16-bit (FP8_DEFAULT_CFG disables `*lm_head*`, the export lists it in exclude_modules);
 3. merge: every target linear of our checkpoint is replaced by the exported FP8 weight + scales (same TRT-LLM
    names and shapes, or we stop); embeddings, norms and lm_head stay as our converter wrote them (its layout, e.g.
-   replicated embedding under tp, is the one our config.json describes), the EAGLE-1 head copies (`eagle_nets.*`) stay 16-bit as the converter wrote
-   them, and config.json gets quantization {quant_algo FP8, kv_cache_quant_algo, exclude_modules [lm_head,
-   eagle_nets.*]} — the head stays 16-bit because FP8 noise in the fed-back features costs acceptance, and
-   upstream's EAGLE FP8 recipe (examples/eagle, FP8 target + 16-bit head) does the same.
+   replicated embedding under tp, is the one our config.json describes). With an FP8 KV cache the EAGLE-1 drafter's
+   attentions get their own `kv_cache_scaling_factor`, measured on the 16-bit checkpoint by builders/fp8_drafter.py
+   (TensorRT-LLM requires one on every Attention), and `eagle_net_config.quantization` repeats the block.
+   config.json gets quantization {quant_algo FP8, kv_cache_quant_algo, exclude_modules [lm_head, eagle_nets.*]}:
+   the drafter's linears stay 16-bit (upstream's EAGLE FP8 recipe quantizes them and excludes only
+   `eagle_nets.{i}.lm_head`; the README's FP8 section has the tau measured both ways and the reason for the choice).
 The EAGLE-3 flow keeps its head in checkpoint/eagle3/ (never quantized).
 """
 
@@ -34,7 +37,6 @@ import torch
 from builders.config import BuildConfig
 
 HEAD_PREFIX = "eagle_nets."
-FP8_EXCLUDE = ["lm_head", "eagle_nets.*"]
 LINEAR_SUFFIXES = tuple(f".{m}.weight" for m in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"))
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -67,11 +69,22 @@ def quant_config(weights_fp8: bool, kv_fp8: bool) -> dict[str, Any]:
     return cfg
 
 
+def prompt_format(tokenizer: Any) -> str:
+    """"chat" when the tokenizer has a chat template (an instruct model is served chat-formatted prompts), else
+    "raw": a base model sees plain text, so it is calibrated on the plain prompt text."""
+    return "chat" if getattr(tokenizer, "chat_template", None) else "raw"
+
+
 def encode_prompts(tokenizer: Any, prompts: list[str], max_length: int) -> list[torch.Tensor]:
-    """Chat-formatted (engines.data.chat_ids), truncated token ids: calibrate on what the target sees in serving."""
+    """Truncated token ids of what the target sees in serving: chat-formatted (engines.data.chat_ids) for a tokenizer
+    with a chat template, the raw text (with the tokenizer's special tokens, as preprocessing adds them) otherwise."""
     from engines.data import chat_ids
 
-    return [torch.tensor([chat_ids(tokenizer, p)[:max_length]], dtype=torch.long) for p in prompts]
+    if prompt_format(tokenizer) == "chat":
+        ids = [chat_ids(tokenizer, p) for p in prompts]
+    else:
+        ids = [[int(i) for i in tokenizer(p, add_special_tokens=True)["input_ids"]] for p in prompts]
+    return [torch.tensor([x[:max_length]], dtype=torch.long) for x in ids]
 
 
 def calibration_prompts(cfg: BuildConfig) -> list[str]:
@@ -175,7 +188,9 @@ def check_dequantized(name: str, w8: torch.Tensor, scale: torch.Tensor, w16: tor
 
 
 def quantization_json(cfg: BuildConfig) -> dict[str, Any]:
-    exclude = list(FP8_EXCLUDE) if cfg.draft.type == "eagle" else ["lm_head"]
+    from builders.fp8_drafter import drafter_exclude
+
+    exclude = drafter_exclude(cfg.limits().num_eagle_layers, False) if cfg.draft.type == "eagle" else ["lm_head"]
     return {
         "quant_algo": "FP8" if cfg.quantization.weights == "fp8" else None,
         "kv_cache_quant_algo": "FP8" if cfg.quantization.kv_cache == "fp8" else None,
@@ -183,17 +198,23 @@ def quantization_json(cfg: BuildConfig) -> dict[str, Any]:
     }
 
 
-def merge_checkpoint(ckpt_dir: Path, fp8_dir: Path, cfg: BuildConfig) -> None:
-    """Rewrite ckpt_dir's rank files and config.json in place with the FP8 target."""
+def merge_checkpoint(ckpt_dir: Path, fp8_dir: Path, cfg: BuildConfig, extra: dict[str, torch.Tensor]) -> None:
+    """Rewrite ckpt_dir's rank files and config.json in place with the FP8 target; `extra` (the drafter's KV
+    scales: per-tensor, the same on every rank) is added to every rank. An EagleForCausalLM's `eagle_net_config`
+    gets the same quantization block, as upstream's examples/eagle/convert_checkpoint.py writes it: the drafter's
+    attention layers are built from that config, so its KV cache type must match the target's."""
     from safetensors.torch import save_file
 
     world = cfg.parallel.tp * cfg.parallel.pp
     for r in range(world):
         name = f"rank{r}.safetensors"
         merged = merge_rank(_load(ckpt_dir / name), _load(fp8_dir / name), name)
+        merged.update(extra)
         save_file({k: v.contiguous() for k, v in merged.items()}, str(ckpt_dir / name), metadata={"format": "pt"})
     conf = json.loads((ckpt_dir / "config.json").read_text())
     conf["quantization"] = quantization_json(cfg)
+    if isinstance(conf.get("eagle_net_config"), dict):
+        conf["eagle_net_config"]["quantization"] = dict(conf["quantization"])
     (ckpt_dir / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
 
 
@@ -237,18 +258,52 @@ def quantize_checkpoint(
         raise Fp8Error("; ".join(problems))
     tau16 = None
     with tempfile.TemporaryDirectory(prefix="eagle-fp8-") as tmp:
-        if tau_of is not None:
-            ref16 = Path(tmp) / "ckpt16"
+        ref16 = Path(tmp) / "ckpt16"
+        if tau_of is not None or _drafter_kv_needed(cfg):
             shutil.copytree(ckpt_dir, ref16)
+        if tau_of is not None:
             tau16 = tau_of(ref16)
+        extra = drafter_kv_scales(cfg, hf_dir, ref16, Path(tmp), prompts) if _drafter_kv_needed(cfg) else {}
         q = cfg.quantization
         model = calibrate(hf_dir, prompts, q.calibration.max_length, q.weights == "fp8", q.kv_cache == "fp8")
         export_dir = Path(tmp) / "fp8_export"
         export_fp8(model, cfg.target.dtype, cfg.parallel.tp, export_dir)
         del model
-        merge_checkpoint(ckpt_dir, export_dir, cfg)
+        merge_checkpoint(ckpt_dir, export_dir, cfg, extra)
     tau8 = tau_of(ckpt_dir) if tau_of is not None else None
     return Fp8Report(len(prompts), tau16, tau8, cfg.quantization.calibration.max_tau_drop)
+
+
+DRAFTER_CALIB_PROMPTS = 16  # prompts the drafter's K/V amax is measured on (greedy speculative decoding)
+DRAFTER_CALIB_TOKENS = 32
+
+
+def _drafter_kv_needed(cfg: BuildConfig) -> bool:
+    return cfg.draft.type == "eagle" and cfg.quantization.kv_cache == "fp8"
+
+
+def drafter_kv_scales(cfg: BuildConfig, hf_dir: Path, ckpt16: Path, tmp: Path, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """The drafter's `kv_cache_scaling_factor` tensors, measured on the 16-bit checkpoint `ckpt16` (a tp=1 copy is
+    converted when the build is tensor-parallel: the reference engine runs tp>1 only inside torch.distributed)."""
+    from builders.convert.eagle import convert_eagle
+    from builders.fp8_drafter import calibrate_drafter, kv_scale_tensors
+
+    lim = cfg.limits()
+    if cfg.parallel.tp > 1:
+        head = ckpt16 / "random_head" if cfg.draft.model == "random" else Path(cfg.draft.model)
+        one = tmp / "ckpt16_tp1"
+        convert_eagle(hf_dir, head, one, dtype=cfg.target.dtype, max_draft_len=lim.max_draft_len,
+                      num_eagle_layers=lim.num_eagle_layers, max_non_leaves_per_layer=lim.max_non_leaves_per_layer, tp=1)
+        ckpt16 = one
+    n = min(DRAFTER_CALIB_PROMPTS, len(prompts))
+    max_len = cfg.quantization.calibration.max_length
+
+    def encode(tok: Any) -> list[list[int]]:
+        return [t[0].tolist() for t in encode_prompts(tok, prompts[:n], max_len)]
+
+    stats = calibrate_drafter(ckpt16, cfg.static_tree() or cfg.dynamic_tree(), cfg.target.dtype, cfg.engine.device,
+                              encode, DRAFTER_CALIB_TOKENS)
+    return kv_scale_tensors(stats, lim.num_eagle_layers)
 
 
 def reference_tau(cfg: BuildConfig, prompts: list[str], max_new_tokens: int = 32) -> TauFn:
@@ -288,13 +343,18 @@ def run_fp8(ctx: Any, hf_dir: Path) -> Fp8Report:
     # parallel.py), which a build step does not start: tau is then not measured, and the report says so.
     tau_of = reference_tau(cfg, prompts[:n_tau], TAU_NEW_TOKENS) if cfg.parallel.tp == 1 else None
     report = quantize_checkpoint(cfg, hf_dir, ctx.out, prompts, tau_of=tau_of)
-    ctx.notes["fp8"] = dict(report.to_json(), tau_prompts=n_tau if tau_of else 0)
+    from transformers import AutoTokenizer
+
+    fmt = prompt_format(AutoTokenizer.from_pretrained(hf_dir))
+    ctx.notes["fp8"] = dict(report.to_json(), tau_prompts=n_tau if tau_of else 0, prompt_format=fmt)
     if report.tau_16bit is not None and report.tau_fp8 is not None:
         line = (f"FP8: tau 16-bit {report.tau_16bit:.3f} vs FP8 {report.tau_fp8:.3f} on {n_tau} calibration prompts "
                 f"({len(prompts)} used for calibration)")
     else:
         line = (f"FP8: calibrated on {len(prompts)} prompts; tau NOT measured (parallel.tp={cfg.parallel.tp}: run "
                 "the reference engine under torch.distributed to compare FP8 with 16-bit)")
+    if fmt == "raw":
+        line += "; the target's tokenizer has no chat template (a base model): calibrated on the raw prompt text"
     for msg in [line] + ([report.warning] if report.warning else []):
         with ctx.log_path.open("a") as f:
             f.write(msg + "\n")

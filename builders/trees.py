@@ -131,6 +131,10 @@ class DraftTree:
     def max_non_leaves_per_layer(self) -> int:
         return max(self.non_leaves_per_level())
 
+    def is_chain(self) -> bool:
+        """A linear tree: one node per depth, always the top-1 child (what TensorRT-LLM calls a linear tree)."""
+        return all(all(r == 0 for r in p) for p in self.paths) and self.size == self.depth
+
     def as_lists(self) -> list[list[int]]:
         return [list(p) for p in self.paths]
 

@@ -236,9 +236,11 @@ def load_eagle1(ld: Loader, cfg: dict[str, Any], where: Path, group: TPGroup, de
     net = require(cfg, "eagle_net_config", where)
     d = Dims.of(net, where)
     pre = "eagle_nets.0"
-    # The head is 16-bit unless the FP8 export explicitly quantized it (its linears then carry scales).
+    # The head's linears are FP8 only when the checkpoint quantized them (Loader.linear checks exclude_modules); an
+    # FP8 KV cache covers the drafter's attention too (TensorRT-LLM gives every Attention a kv_cache_scaling_factor).
     layers = [
-        decoder_layer(ld, f"{pre}.drafter.layers.{j}", d, group, input_norm=j > 0, kv_fp8=False) for j in range(d.layers)
+        decoder_layer(ld, f"{pre}.drafter.layers.{j}", d, group, input_norm=j > 0, kv_fp8=ld.quant.fp8_kv)
+        for j in range(d.layers)
     ]
     fc = ld.linear(f"{pre}.drafter.fc", bias=f"{pre}.drafter.fc.bias" in ld.t)
     gather: TPGroup | None = None

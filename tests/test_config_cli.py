@@ -64,8 +64,10 @@ def test_shipped_configs_validate() -> None:
     fp8 = load_config(CONFIGS / "llama31-8b-eagle-fp8.yaml")
     assert (fp8.quantization.weights, fp8.quantization.kv_cache, fp8.engine.backend) == ("fp8", "fp8", "tensorrt")
     e3 = load_config(CONFIGS / "llama31-8b-eagle3.yaml")
-    assert (e3.draft.type, e3.engine.backend, e3.tree.dynamic is not None) == ("eagle3", "pytorch", True)
-    assert e3.draft.eagle3.layers_to_capture == [2, 16, 29] and e3.limits().max_draft_len == 60
+    assert (e3.draft.type, e3.engine.backend, e3.trtllm_version, e3.tree.choices) == (
+        "eagle3", "pytorch", "1.2", "eagle-default")
+    assert e3.draft.eagle3.layers_to_capture == [2, 16, 29] and e3.limits().max_draft_len == 25
+    assert {demo.trtllm_version, vic.trtllm_version, fp8.trtllm_version} == {"1.1"}  # the pinned image's
 
 
 # ---- bad inputs: exit 2, error text, nothing written -----------------------------------------------------------------

@@ -81,32 +81,33 @@ def test_fp8_flags_only_where_valid(ov: list[str], gemm: str, fp8_fmha: bool) ->
 
 
 @pytest.mark.parametrize(("ov", "msg"), [
-    (["engine.max_num_tokens=100"], None),  # rejected by BuildConfig itself (checked below)
+    (["engine.max_num_tokens=100"], r"max_num_tokens=100 < max_batch_size \* \(max_draft_len \+ 1\) = 4 \* 64"),
     (["engine.max_input_len=3000", "engine.max_seq_len=4096"], "max_num_tokens=2048 < engine.max_input_len=3000"),
     (["engine.workers=2"], "engine.workers=2 > 1 rank engine"),
     (["target.dtype=float32"], "target.dtype=float32: TensorRT-LLM's paged context FMHA"),
     (["quantization.kv_cache=fp8"], "no kernel for 16-bit queries over an FP8 KV cache"),
+    (["engine.max_batch_size=513", "engine.max_num_tokens=40000"],
+     "engine.max_batch_size=513 exceeds TensorRT-LLM 1.1.0's EAGLE engine limit 512"),
+    (["parallel.pp=2"], "EAGLE engines do not support pipeline parallelism"),
 ])
-def test_constraints(ov: list[str], msg: str | None) -> None:
-    if msg is None:
-        with pytest.raises(ValueError, match=r"max_num_tokens=100 < max_batch_size \* \(max_draft_len \+ 1\) = 4 \* 64"):
-            make_cfg(*ov)
-        return
-    problems = trtllm_build.constraint_problems(make_cfg(*ov))
-    assert any(msg in p for p in problems), problems
+def test_trtllm_limits_refuse_the_config_before_anything_is_written(ov: list[str], msg: str) -> None:
+    # builders/trtllm/rules.py: TensorRT-LLM's limits, checked when the config is validated
+    with pytest.raises(ValueError, match=msg):
+        make_cfg(*ov)
 
 
-def test_valid_configs_have_no_constraint_problems() -> None:
+def test_valid_configs_have_no_trtllm_problems() -> None:
+    from builders.trtllm.rules import trtllm_problems
+
     for name, ov in MATRIX.items():
-        assert trtllm_build.constraint_problems(make_cfg(*ov)) == [], name
+        assert trtllm_problems(make_cfg(*ov)) == [], name
 
 
-def test_constraint_limits_are_checked_on_the_derived_values() -> None:
-    # The raw limits are also enforced (512 / 256); here via the constraint function on a config that slips past
-    # BuildConfig: none can, so check the constants are the upstream ones.
-    assert (trtllm_build.MAX_BATCH_SIZE_LIMIT, trtllm_build.MAX_DRAFT_LEN_LIMIT) == (512, 256)
-    with pytest.raises(ValueError, match="engine.max_batch_size=513 exceeds TensorRT-LLM's EAGLE limit 512"):
-        make_cfg("engine.max_batch_size=513", "engine.max_num_tokens=40000")
+def test_engine_limits_come_from_the_version_registry() -> None:
+    from builders.trtllm import registry
+
+    for v in registry.VERSIONS.values():  # tensorrt_llm/builder.py build(): EAGLE asserts (both supported series)
+        assert (v.eagle_max_batch_size, v.max_draft_len_limit) == (512, 256)
 
 
 # ---- engine config.json cross-check --------------------------------------------------------------------------------
@@ -125,7 +126,9 @@ def _engine_config(cfg) -> dict:
             "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
         },
         "build_config": {
-            "max_input_len": cfg.engine.max_input_len, "max_seq_len": cfg.engine.max_seq_len,
+            # trtllm-build records max_seq_len + max_draft_len + num_eagle_layers (tensorrt_llm/builder.py build())
+            "max_input_len": cfg.engine.max_input_len,
+            "max_seq_len": cfg.engine.max_seq_len + lim.max_draft_len + lim.num_eagle_layers,
             "max_batch_size": cfg.engine.max_batch_size, "max_num_tokens": lim.max_num_tokens,
             "max_draft_len": lim.max_draft_len, "speculative_decoding_mode": 32, "kv_cache_type": "PAGED",
             "plugin_config": {"gemm_plugin": cfg.target.dtype, "use_paged_context_fmha": True},
@@ -136,6 +139,17 @@ def _engine_config(cfg) -> dict:
 def test_crosscheck_accepts_a_matching_engine() -> None:
     cfg = make_cfg()
     assert crosscheck.mismatches(_engine_config(cfg), cfg) == []
+
+
+def test_crosscheck_accepts_trtllm_builds_raised_max_seq_len() -> None:
+    # vicuna-7b-eagle: 2048 requested, trtllm-build writes 2048 + max_draft_len 63 + num_eagle_layers 4 = 2115
+    cfg = make_cfg("engine.max_seq_len=2048")
+    data = _engine_config(cfg)
+    assert data["build_config"]["max_seq_len"] == 2115
+    assert crosscheck.mismatches(data, cfg) == []
+    data["build_config"]["max_seq_len"] = 2048  # what the config says, but not what trtllm-build writes
+    assert crosscheck.mismatches(data, cfg) == [
+        "build_config.max_seq_len: engine has 2048, config expects 2115"]
 
 
 @pytest.mark.parametrize(("path", "value", "msg"), [
@@ -315,7 +329,7 @@ def test_ngc_demo_overrides_give_a_valid_engine_build(variant: list[str]) -> Non
     repo = Path(__file__).resolve().parent.parent
     cfg = load_config(repo / "configs" / "demo.yaml", [s for v in variant for s in _sets(v)])
     assert cfg.engine.backend == "tensorrt"
-    assert trtllm_build.constraint_problems(cfg) == [] and fp8_problems(cfg) == []
+    assert fp8_problems(cfg) == []  # TensorRT-LLM's limits: load_config already validated them
     argv = trtllm_build.trtllm_build_argv(cfg, CKPT, OUT)
     assert ("--use_fp8_context_fmha" in argv) is (len(variant) == 2)
 

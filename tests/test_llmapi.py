@@ -1,13 +1,13 @@
-"""LLM API options YAML + trtllm-serve argv (engine.backend: pytorch), golden files.
+"""LLM API options YAML + trtllm-serve argv (engine.backend: pytorch), per TensorRT-LLM version, golden files.
 
-Field names: tensorrt_llm/llmapi/llm_args.py, TensorRT-LLM 1.2 series (DecodingBaseConfig: max_draft_len,
-max_total_draft_tokens, speculative_model_dir; EagleDecodingConfig: eagle_choices, use_dynamic_tree,
-dynamic_tree_max_topK, eagle3_one_model, eagle3_layers_to_capture; KvCacheConfig: dtype, free_gpu_memory_fraction);
-trtllm-serve flags: tensorrt_llm/commands/serve.py.
+Which keys exist per version is the ledger's (builders/trtllm/ledger_llmapi.py; tensorrt_llm/llmapi/llm_args.py);
+what each version allows is the registry's (builders/trtllm/registry.py). tests/test_ledger.py checks every emitted
+key against the ledger; here: the values, the version differences and the refusals.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,29 +16,32 @@ import yaml
 
 from builders.engine import llmapi, stage
 from builders.pipeline import StageError, run_stage
+from builders.trtllm import registry
 from tests.engine_cases import check_golden, make_cfg
 
-E3 = ["engine.backend=pytorch", "draft.type=eagle3", "draft.model=/models/eagle3"]
+E3 = ["engine.backend=pytorch", "draft.type=eagle3", "draft.model=/models/eagle3", "tree.choices=chain-3"]
 HEAD_DIR = Path("/builds/golden/checkpoint/eagle3")
+L = 32  # Llama-3.1-8B: EAGLE-3 input ids [2, 16, 29] = TensorRT-LLM's default capture [1, 15, 28]
+DEFAULT_CAPTURE = llmapi.layers_to_capture([2, 16, 29], num_target_layers=L)
 CASES = {
-    "eagle3_chain": E3 + ["tree.choices=chain-3"],
-    "eagle3_static_tree_fp8kv": E3 + ["tree.choices=eagle-default", "quantization.kv_cache=fp8"],
-    "eagle3_dynamic_tp2": E3 + ["tree.choices=null", "tree.dynamic={top_k: 4, depth: 5, total_draft_tokens: 16}",
-                                "parallel.tp=2", "target.dtype=bfloat16", "engine.max_num_tokens=null"],
+    "1.1_eagle3_chain": ["trtllm_version=1.1"] + E3 + ["tree.choices=chain-3"],
+    "1.2_eagle3_chain": ["trtllm_version=1.2"] + E3 + ["tree.choices=chain-3"],
+    "1.2_eagle3_static_tree_fp8kv": ["trtllm_version=1.2"] + E3 + ["tree.choices=eagle-default",
+                                                                    "quantization.kv_cache=fp8"],
 }
+
+
+def _opts(name: str, capture: list[int] = DEFAULT_CAPTURE) -> dict:
+    return llmapi.llm_api_options(make_cfg(*CASES[name]), HEAD_DIR, capture, L)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_llm_api_yaml(name: str) -> None:
-    cfg = make_cfg(*CASES[name])
-    capture = llmapi.layers_to_capture([2, 16, 29], num_target_layers=32)  # Llama-3.1-8B EAGLE-3 default
-    text = llmapi.dump_options(llmapi.llm_api_options(cfg, HEAD_DIR, capture))
-    check_golden(f"llm_api_{name}.yaml", text)
+    check_golden(f"llm_api_{name}.yaml", llmapi.dump_options(_opts(name)))
 
 
 def test_yaml_values_render_from_the_config() -> None:
-    opts = yaml.safe_load(llmapi.dump_options(llmapi.llm_api_options(make_cfg(*CASES["eagle3_static_tree_fp8kv"]),
-                                                                     HEAD_DIR, [1, 15, 28])))
+    opts = yaml.safe_load(llmapi.dump_options(_opts("1.2_eagle3_static_tree_fp8kv")))
     spec = opts["speculative_config"]
     assert spec["decoding_type"] == "Eagle" and spec["speculative_model_dir"] == str(HEAD_DIR)
     assert (spec["max_draft_len"], spec["max_total_draft_tokens"]) == (5, 25)  # depth, nodes of eagle-default
@@ -48,20 +51,60 @@ def test_yaml_values_render_from_the_config() -> None:
     assert (opts["max_batch_size"], opts["max_num_tokens"], opts["max_seq_len"]) == (4, 2048, 2048)
 
 
-def test_chain_omits_tree_fields_for_older_releases() -> None:
-    spec = llmapi.llm_api_options(make_cfg(*CASES["eagle3_chain"]), HEAD_DIR, [1])["speculative_config"]
-    assert spec["max_draft_len"] == 3
-    assert "eagle_choices" not in spec and "max_total_draft_tokens" not in spec and "use_dynamic_tree" not in spec
+def test_1_1_writes_only_fields_it_has() -> None:
+    # TensorRT-LLM 1.1's EagleDecodingConfig has no max_total_draft_tokens, and eagle3_layers_to_capture is not
+    # proven there: a chain with the default capture layers carries neither.
+    spec = _opts("1.1_eagle3_chain")["speculative_config"]
+    assert spec == {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": str(HEAD_DIR),
+                    "eagle3_one_model": True}
+    assert _opts("1.2_eagle3_chain")["speculative_config"]["eagle3_layers_to_capture"] == DEFAULT_CAPTURE
 
 
-def test_dynamic_tree_fields() -> None:
-    opts = llmapi.llm_api_options(make_cfg(*CASES["eagle3_dynamic_tp2"]), HEAD_DIR, [1])
+def test_1_1_refuses_capture_layers_it_cannot_express() -> None:
+    with pytest.raises(llmapi.LlmApiError, match=r"TensorRT-LLM 1\.1\.0 \(trtllm_version '1\.1'\); set trtllm_version: "
+                       r"'1\.2'.*or use a head trained on the default layers"):
+        _opts("1.1_eagle3_chain", capture=[0, 15, 28])
+    assert _opts("1.2_eagle3_chain", capture=[0, 15, 28])["speculative_config"]["eagle3_layers_to_capture"] == [0, 15, 28]
+
+
+@pytest.mark.parametrize(("ov", "msg"), [
+    (["trtllm_version=1.1", "tree.choices=topk-2-2"],
+     r"a draft tree \(6 nodes, depth 2\) with engine.backend=pytorch is not supported by TensorRT-LLM 1\.1\.0 "
+     r"\(trtllm_version '1\.1'\); set trtllm_version: '1\.2' \(TensorRT-LLM 1\.2\.0\), or use tree.choices: chain-2"),
+    (["trtllm_version=1.2", "tree.choices=null", "tree.dynamic={top_k: 2, depth: 3, total_draft_tokens: 6}",
+      "engine.max_num_tokens=null"],
+     r"tree.dynamic with engine.backend=pytorch is not supported by TensorRT-LLM 1\.2\.0 \(trtllm_version '1\.2'\) "
+     r"nor by any supported TensorRT-LLM version; use tree.choices"),
+    (["trtllm_version=1.3"], r"trtllm_version='1\.3' is not supported; use one of '1\.1', '1\.2'"),
+    (["quantization.weights=fp8"], "quantization.weights=fp8 with engine.backend=pytorch"),
+])
+def test_refused_before_anything_is_written(ov: list[str], msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        make_cfg(*E3, *ov)
+
+
+def test_eagle1_head_on_pytorch_is_refused() -> None:
+    with pytest.raises(ValueError, match="runs EAGLE-3 heads only"):
+        make_cfg("engine.backend=pytorch")
+
+
+def test_a_new_version_is_a_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a version = one registry entry (+ its ledger rows): a version with dynamic trees on the PyTorch
+    backend gets the dynamic-tree fields, with no other code change."""
+    dyn = dataclasses.replace(registry.VERSIONS["1.2"], key="dyn", pytorch_dynamic_tree=True)
+    monkeypatch.setitem(registry.VERSIONS, "dyn", dyn)
+    cfg = make_cfg(*E3, "trtllm_version=dyn", "tree.choices=null", "parallel.tp=2", "target.dtype=bfloat16",
+                   "tree.dynamic={top_k: 4, depth: 5, total_draft_tokens: 16}", "engine.max_num_tokens=null")
+    opts = llmapi.llm_api_options(cfg, HEAD_DIR, DEFAULT_CAPTURE, L)
     spec = opts["speculative_config"]
     assert (spec["use_dynamic_tree"], spec["dynamic_tree_max_topK"], spec["max_draft_len"],
             spec["max_total_draft_tokens"]) == (True, 4, 5, 16)
     assert "eagle_choices" not in spec
     # derived: max(max_batch_size * (max_draft_len + 1), max_input_len) = max(4 * 17, 1024)
     assert (opts["tensor_parallel_size"], opts["max_num_tokens"]) == (2, max(4 * 17, 1024))
+    with pytest.raises(ValueError, match="total_draft_tokens=40 > top_k \\* depth = 20"):
+        make_cfg(*E3, "trtllm_version=dyn", "tree.choices=null", "engine.max_num_tokens=null",
+                 "tree.dynamic={top_k: 4, depth: 5, total_draft_tokens: 40}")
 
 
 def test_layers_to_capture_is_output_indexed() -> None:
@@ -82,17 +125,14 @@ def test_layer_ids_from_config_or_head() -> None:
     assert llmapi.resolve_input_layer_ids(cfg2, {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}) == [4, 5, 6]
 
 
-@pytest.mark.parametrize(("ov", "msg"), [
-    (["engine.backend=pytorch"], "runs EAGLE-3 heads only"),
-    (E3 + ["quantization.weights=fp8"], "quantization.weights=fp8 with engine.backend=pytorch"),
-    (E3 + ["tree.choices=null", "tree.dynamic={top_k: 2, depth: 3, total_draft_tokens: 8}", "engine.max_num_tokens=null"],
-     "total_draft_tokens=8 > top_k * depth = 6"),
-])
-def test_problems(ov: list[str], msg: str) -> None:
-    cfg = make_cfg(*ov)
-    assert any(msg in p for p in llmapi.llmapi_problems(cfg)), llmapi.llmapi_problems(cfg)
-    with pytest.raises(llmapi.LlmApiError, match=msg.replace("*", r"\*")):
-        llmapi.llm_api_options(cfg, HEAD_DIR, [1])
+def test_layer_ids_inside_an_eagle_config_block() -> None:
+    # SpecForge / ModelOpt exports keep them in `eagle_config`
+    cfg = make_cfg(*E3)
+    assert llmapi.resolve_input_layer_ids(cfg, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 9, 13]}}) == [
+        2, 9, 13]
+    with pytest.raises(llmapi.LlmApiError, match="disagrees with eagle_config.eagle_aux_hidden_state_layer_ids"):
+        llmapi.resolve_input_layer_ids(cfg, {"eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+                                             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 9, 13]}})
 
 
 def test_golden_serve_argv() -> None:
@@ -103,7 +143,8 @@ def test_golden_serve_argv() -> None:
 
 
 def test_pytorch_stage_writes_yaml_and_serve_command(tmp_path: Path, tiny_target: Path) -> None:
-    cfg = make_cfg(*E3, f"output_dir={tmp_path}", f"target.model={tiny_target}", "tree.choices=topk-2-2")
+    cfg = make_cfg(*E3, "trtllm_version=1.2", f"output_dir={tmp_path}", f"target.model={tiny_target}",
+                   "tree.choices=topk-2-2")
     ck = tmp_path / "checkpoint"
     (ck / "eagle3").mkdir(parents=True)
     (ck / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
@@ -113,8 +154,10 @@ def test_pytorch_stage_writes_yaml_and_serve_command(tmp_path: Path, tiny_target
     opts = yaml.safe_load((out / llmapi.OPTIONS_FILE).read_text())
     assert opts["speculative_config"]["speculative_model_dir"] == str(ck / "eagle3")
     assert opts["speculative_config"]["eagle3_layers_to_capture"] == [0]
-    serve = json.loads((out / stage.SERVE_FILE).read_text())["argv"]
+    serve_file = json.loads((out / stage.SERVE_FILE).read_text())
+    serve = serve_file["argv"]
     assert serve[1] == str(tiny_target) and serve[-1] == str(out / llmapi.OPTIONS_FILE)
+    assert serve_file["trtllm_version"] == "1.2"
     # an EAGLE-3 id the engine cannot capture is refused with the fix
     (ck / "eagle3" / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [0, 1]}))
     with pytest.raises(StageError, match="set draft.eagle3.layers_to_capture"):

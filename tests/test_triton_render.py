@@ -46,10 +46,11 @@ UPSTREAM_ENSEMBLE_OUTPUTS = {
 }  # fmt: skip
 
 
-def _yaml(root: Path, target: Path, head: Path, draft_type: str, backend: str, tree: str, draft_extra: str = "") -> Path:
+def _yaml(root: Path, target: Path, head: Path, draft_type: str, backend: str, tree: str, draft_extra: str = "",
+          version: str = "1.1") -> Path:
     f = root / f"{backend}.yaml"
     f.write_text(
-        f"name: render-{backend}\noutput_dir: {root / 'build'}\n"
+        f"name: render-{backend}\noutput_dir: {root / 'build'}\ntrtllm_version: '{version}'\n"
         f"target: {{model: {target}, dtype: float16}}\ndraft: {{type: {draft_type}, model: {head}{draft_extra}}}\n"
         f"tree: {{choices: {tree}}}\n"
         "engine: {backend: " + backend + ", max_batch_size: 8, max_input_len: 256, max_seq_len: 512}\n"
@@ -92,7 +93,8 @@ def pytorch_build(tmp_path_factory: pytest.TempPathFactory, target4: Path) -> tu
     head_cfg = json.loads((head / "config.json").read_text())
     head_cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
     (head / "config.json").write_text(json.dumps(head_cfg))
-    cfg_file = _yaml(root, target4, head, "eagle3", "pytorch", "chain-3")
+    # a 4-layer target has no three distinct default capture layers: TensorRT-LLM 1.2 writes eagle3_layers_to_capture
+    cfg_file = _yaml(root, target4, head, "eagle3", "pytorch", "chain-3", version="1.2")
     assert build_main([str(cfg_file), "--only", "checkpoint", "--only", "engine"]) == 0
     return load_config(cfg_file), root / "build"
 

@@ -17,19 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-DType = Literal["TYPE_STRING", "TYPE_INT32", "TYPE_UINT64", "TYPE_FP32", "TYPE_BOOL"]
+DType = Literal["TYPE_STRING", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT64", "TYPE_FP32", "TYPE_BOOL"]
 Default = str | int | float | bool | None
 
 # numpy dtypes used on the wire for each Triton type (tritonclient's InferInput datatype names in comments)
 NUMPY_DTYPE: dict[str, str] = {
     "TYPE_STRING": "object",  # BYTES
     "TYPE_INT32": "int32",  # INT32
+    "TYPE_INT64": "int64",  # INT64
     "TYPE_UINT64": "uint64",  # UINT64
     "TYPE_FP32": "float32",  # FP32
     "TYPE_BOOL": "bool",  # BOOL
 }
 WIRE_DTYPE: dict[str, str] = {
-    "TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32", "TYPE_BOOL": "BOOL",
+    "TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32",
+    "TYPE_BOOL": "BOOL",
 }  # fmt: skip
 
 
@@ -87,6 +89,11 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("STOP_WORDS_DICT", "TYPE_STRING", (-1,), True),
     Tensor("END_ID", "TYPE_INT32", (1,), True),
     Tensor("PAD_ID", "TYPE_INT32", (1,), True),
+    # The sampling inputs are seen by preprocessing too, so a backend that decodes greedily only (engine-flow
+    # EAGLE) refuses a sampling request with INVALID_ARGUMENT and the reason instead of ignoring it.
+    Tensor("TEMPERATURE", "TYPE_FP32", (1,), True, 1.0),
+    Tensor("RUNTIME_TOP_K", "TYPE_INT32", (1,), True, 0),
+    Tensor("RUNTIME_TOP_P", "TYPE_FP32", (1,), True, 0.0),
 )
 PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("INPUT_ID", "TYPE_INT32", (-1,)),
@@ -122,6 +129,24 @@ LLM_OUTPUTS: tuple[Tensor, ...] = (
     *PERF_OUTPUTS,
 )
 
+# The C++ `tensorrtllm` backend (engine.backend tensorrt) only. Its request splitter
+# (triton_backend/inflight_batcher_llm/src/utils.cc splitBatchInputsTensors) needs scalar inputs as [batch] and
+# ragged inputs allowed, as in upstream's all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt: the renderer
+# adds `reshape: { shape: [ ] }` to every dims [1] input and `allow_ragged_batch` to these.
+CPP_RAGGED_INPUTS = ("input_ids", "stop_words_list")
+# With return_perf_metrics the backend writes all of these (model_instance_state.cc fillTritonResponse); Triton
+# refuses an output the config does not declare (core src/infer_response.cc AddOutput -> Model::GetOutput), which
+# fails the whole response, so they are declared even though the ensemble passes on only PERF_OUTPUTS.
+CPP_EXTRA_PERF_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+)
+
 POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
     Tensor("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
@@ -133,7 +158,8 @@ POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (Tensor("OUTPUT", "TYPE_STRING", (-
 
 PREPROCESSING_INPUT_MAP = {
     "QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "STOP_WORDS_DICT": "stop_words",
-    "END_ID": "end_id", "PAD_ID": "pad_id",
+    "END_ID": "end_id", "PAD_ID": "pad_id", "TEMPERATURE": "temperature", "RUNTIME_TOP_K": "top_k",
+    "RUNTIME_TOP_P": "top_p",
 }  # fmt: skip
 PREPROCESSING_OUTPUT_MAP = {
     "INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",

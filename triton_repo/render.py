@@ -48,11 +48,16 @@ def _io(msg: Any, t: C.Tensor) -> None:
     msg.dims.extend(t.dims)
 
 
-def _add_inputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...]) -> None:
+def _add_inputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...], *, cpp: bool = False) -> None:
+    """`cpp`: the C++ tensorrtllm backend's input attributes (scalars reshaped to [], ragged batching)."""
     for t in tensors:
         i = cfg.input.add()
         _io(i, t)
         i.optional = t.optional
+        if cpp and tuple(t.dims) == (1,):
+            i.reshape.SetInParent()  # `reshape: { shape: [ ] }`
+        if cpp and t.name in C.CPP_RAGGED_INPUTS:
+            i.allow_ragged_batch = True
 
 
 def _add_outputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...]) -> None:
@@ -60,9 +65,10 @@ def _add_outputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...]) -> None:
         _io(cfg.output.add(), t)
 
 
-def _params(cfg: mc.ModelConfig, params: dict[str, str | int | float | bool]) -> None:
+def _params(cfg: mc.ModelConfig, params: dict[str, str | int | float | bool], empty_ok: tuple[str, ...] = ()) -> None:
+    """`empty_ok`: parameters whose empty value is meaningful (the backend reads them and treats "" as off)."""
     for k, v in params.items():
-        if v is None or (isinstance(v, str) and (v == "" or "${" in v)):
+        if v is None or (isinstance(v, str) and ((v == "" and k not in empty_ok) or "${" in v)):
             raise RenderError(f"model {cfg.name}: parameter {k} has no value ({v!r})")
         text = ("true" if v else "false") if isinstance(v, bool) else str(v)
         cfg.parameters[k].string_value = text
@@ -127,6 +133,8 @@ def preprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "add_special_tokens": C.ADD_SPECIAL_TOKENS,
         "max_input_len": bc.engine.max_input_len,
         "max_seq_len": bc.engine.max_seq_len,
+        # engine-flow EAGLE accepts drafts greedily (token equality): refuse sampling requests there
+        "greedy_only": bc.engine.backend == "tensorrt",
     })  # fmt: skip
     _instances(cfg, t.preprocessing_instances)
     return cfg
@@ -181,15 +189,15 @@ def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
 
 
 def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
-    """C++ tensorrtllm backend (parameter names: tensorrtllm_backend all_models/inflight_batcher_llm/tensorrt_llm/
-    config.pbtxt and docs/model_config.md)."""
+    """C++ tensorrtllm backend. Every parameter, input attribute and output is a ledger row
+    (builders/trtllm/ledger_triton.py), cited to triton_backend/inflight_batcher_llm/src of the version."""
     tree = bc.static_tree()
     if tree is None:
         raise RenderError("engine.backend=tensorrt needs tree.choices: the tensorrtllm backend takes eagle_choices only")
     t = bc.triton
     cfg = _base(t.llm_model, bc.engine.max_batch_size, backend="tensorrtllm")
-    _add_inputs(cfg, C.LLM_INPUTS)
-    _add_outputs(cfg, C.LLM_OUTPUTS)
+    _add_inputs(cfg, C.LLM_INPUTS, cpp=True)
+    _add_outputs(cfg, C.LLM_OUTPUTS + C.CPP_EXTRA_PERF_OUTPUTS)
     _decoupled(cfg, t.streaming)
     _batching(cfg, bc, queue=True)
     cfg.dynamic_batching.preferred_batch_size.append(bc.engine.max_batch_size)
@@ -198,7 +206,6 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": str((build_dir / ENGINE_STAGE).resolve()),
         "max_beam_width": 1,
-        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "batch_scheduler_policy": "guaranteed_no_evict",
         "kv_cache_free_gpu_mem_fraction": t.kv_cache_free_gpu_mem_fraction,
         # Tree verification writes KV for rejected draft tokens; keep block reuse off (as builders/engine/llmapi.py).
@@ -206,7 +213,12 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "enable_chunked_context": False,
         "decoding_mode": "eagle",
         "eagle_choices": tree.to_triton(),
-    })  # fmt: skip
+        # Read unconditionally at model load (getGuidedDecodingConfigFromParams; a missing one throws "Cannot find
+        # parameter with name"); empty values = no guided decoding, as upstream's template leaves them.
+        "tokenizer_dir": str(tokenizer_dir(build_dir)),
+        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": "",
+    }, empty_ok=("guided_decoding_backend", "xgrammar_tokenizer_info_path"))  # fmt: skip
     return cfg
 
 

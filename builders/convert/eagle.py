@@ -30,7 +30,6 @@ from builders.convert.llama import (
     Provenance,
     check_parallel,
     copy_tensor,
-    copy_tokenizer,
     decoder_layer_plan,
     dtype_of,
     even_range,
@@ -42,6 +41,7 @@ from builders.convert.llama import (
     write_json,
     zeros_tensor,
 )
+from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import WeightSource, write_safetensors
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from builders.convert.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
+from builders.convert.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
 
@@ -42,7 +42,7 @@ def _midlayer_prefix(src: WeightSource) -> str:
 
 def resolve_layer_ids(head_cfg: dict[str, Any], override: list[int] | None, head_dir: Path) -> list[int]:
     """The captured layer ids: draft.eagle3.layers_to_capture, else the head's config; both present must agree."""
-    from_head = head_cfg.get("eagle_aux_hidden_state_layer_ids")
+    from_head = aux_layer_ids(head_cfg, head_dir / "config.json")
     if override is not None and from_head is not None and list(from_head) != list(override):
         raise ModelConfigError(
             f"draft.eagle3.layers_to_capture={override} disagrees with eagle_aux_hidden_state_layer_ids={from_head} "
@@ -125,8 +125,14 @@ def normalized_config(head_cfg: dict[str, Any], head: LlamaSpec, target: LlamaSp
         target_hidden_size=target.hidden_size,
         eagle_aux_hidden_state_layer_ids=layer_ids,
         bias=bias,
+        # transformers-4 readers (TensorRT-LLM 1.1/1.2's PyTorch backend) take the RoPE base from the top-level
+        # rope_theta only; a head saved by transformers 5 carries it in rope_parameters alone.
+        rope_theta=head.rope_theta,
         eagle_deploy=dict(prov.to_json(), trtllm_layers_to_capture=[i - 1 for i in layer_ids]),
     )
+    if head.rope_scaling is not None:
+        cfg["rope_scaling"] = head.rope_scaling
+    cfg.pop("eagle_config", None)  # its layer ids are now top-level; TensorRT-LLM reads them from nowhere else
     return cfg
 
 

@@ -1,7 +1,9 @@
 """The Llama-family fields a converter needs, read from an HF `config.json` (transformers 4 or 5 layout).
 
 transformers 5 moved `rope_theta` / `rope_scaling` into `rope_parameters` ({"rope_type", "rope_theta", ...});
-transformers 4 configs carry `rope_theta` and `rope_scaling` at the top level. Both are accepted here.
+transformers 4 configs carry `rope_theta` and `rope_scaling` at the top level. Both are accepted here (and must
+agree when both are present). EAGLE-3 heads name their captured layers at the top level or, as SpecForge and
+ModelOpt export them, inside an `eagle_config` block (`aux_layer_ids`).
 """
 
 from __future__ import annotations
@@ -48,15 +50,27 @@ class LlamaSpec:
         return self.num_key_value_heads * self.head_dim
 
 
+def rope_theta_of(cfg: dict[str, Any], path: Path) -> float:
+    """The RoPE base from `rope_theta` (transformers 4) or `rope_parameters.rope_theta` (transformers 5); both
+    present must agree; neither = HF LlamaConfig's default 10000."""
+    params = cfg.get("rope_parameters")
+    nested = params.get("rope_theta") if isinstance(params, dict) else None
+    top = cfg.get("rope_theta")
+    if nested is not None and top is not None and float(nested) != float(top):
+        raise ModelConfigError(
+            f"{path}: rope_theta={top} disagrees with rope_parameters.rope_theta={nested}; fix the config (they are "
+            "the same RoPE base for transformers 4 and 5 readers)"
+        )
+    value = nested if nested is not None else top
+    return float(value) if value is not None else 10000.0
+
+
 def _rope(cfg: dict[str, Any], path: Path) -> tuple[float, dict[str, Any] | None]:
+    theta = rope_theta_of(cfg, path)
     params = cfg.get("rope_parameters")
     if isinstance(params, dict):  # transformers 5
-        if "rope_theta" not in params:
-            raise ModelConfigError(f"{path}: rope_parameters has no rope_theta")
-        theta = float(params["rope_theta"])
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        scaling: dict[str, Any] | None = {k: v for k, v in params.items() if k != "rope_theta"}
     else:  # transformers 4
-        theta = float(cfg["rope_theta"]) if "rope_theta" in cfg else 10000.0  # HF LlamaConfig default
         scaling = dict(cfg["rope_scaling"]) if isinstance(cfg.get("rope_scaling"), dict) else None
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type"))
@@ -65,6 +79,21 @@ def _rope(cfg: dict[str, Any], path: Path) -> tuple[float, dict[str, Any] | None
         # TRT-LLM reads the scaling type from "type" (older releases) or "rope_type" (newer): write both.
         scaling = dict(scaling, type=kind, rope_type=kind)
     return theta, scaling
+
+
+def aux_layer_ids(cfg: dict[str, Any], path: Path) -> list[int] | None:
+    """EAGLE-3 `eagle_aux_hidden_state_layer_ids`: top level (SafeAILab, this project) or inside an `eagle_config`
+    block (SpecForge / ModelOpt exports); both present must agree. None = the head does not say."""
+    block = cfg.get("eagle_config")
+    nested = block.get("eagle_aux_hidden_state_layer_ids") if isinstance(block, dict) else None
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if nested is not None and top is not None and [int(i) for i in nested] != [int(i) for i in top]:
+        raise ModelConfigError(
+            f"{path}: eagle_aux_hidden_state_layer_ids={list(top)} disagrees with "
+            f"eagle_config.eagle_aux_hidden_state_layer_ids={list(nested)}; keep one"
+        )
+    ids = top if top is not None else nested
+    return None if ids is None else [int(i) for i in ids]
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:

@@ -23,7 +23,6 @@ rank r holds original KV head r // (tp / num_kv_heads).
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,16 +30,8 @@ from typing import Any
 import torch
 
 from builders.convert.hfconfig import LlamaSpec, ModelConfigError, llama_spec
+from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import DTYPES, OutTensor, Piece, WeightSource, Zeros, write_safetensors
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-    "tokenizer.model",
-)
 
 
 @dataclass(frozen=True)
@@ -279,20 +270,6 @@ def llama_config_json(spec: LlamaSpec, *, dtype: str, tp: int, pp: int, architec
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
-def copy_tokenizer(hf_dir: Path, out_dir: Path) -> list[str]:
-    """Copy the tokenizer files present in `hf_dir` to `out_dir/tokenizer/`; returns the names copied."""
-    present = [n for n in TOKENIZER_FILES if (hf_dir / n).is_file()]
-    if "tokenizer.json" not in present and "tokenizer.model" not in present:
-        raise ModelConfigError(
-            f"{hf_dir}: no tokenizer.json or tokenizer.model; the target directory must include its tokenizer"
-        )
-    dest = out_dir / "tokenizer"
-    dest.mkdir(parents=True, exist_ok=True)
-    for n in present:
-        shutil.copyfile(hf_dir / n, dest / n)
-    return present
 
 
 def dtype_of(name: str) -> torch.dtype:

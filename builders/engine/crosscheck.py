@@ -37,6 +37,15 @@ def _get(tree: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def engine_max_seq_len(cfg: BuildConfig) -> int:
+    """The max_seq_len trtllm-build records: tensorrt_llm/builder.py build() adds max_draft_len for any speculative
+    mode and num_eagle_layers for EAGLE to the requested value ("to account for speculative decoding implementation
+    specifics. Maximum number of generated tokens remains the same")."""
+    lim = cfg.limits()
+    assert cfg.engine.max_seq_len is not None
+    return cfg.engine.max_seq_len + lim.max_draft_len + lim.num_eagle_layers
+
+
 def expected_values(cfg: BuildConfig) -> dict[str, Any]:
     """What the engine's config.json must say, keyed by dotted path, rendered from the one config."""
     lim, q = cfg.limits(), cfg.quantization
@@ -54,7 +63,7 @@ def expected_values(cfg: BuildConfig) -> dict[str, Any]:
         "build_config.speculative_decoding_mode": EAGLE_MODE_INT,
         "build_config.max_batch_size": cfg.engine.max_batch_size,
         "build_config.max_input_len": cfg.engine.max_input_len,
-        "build_config.max_seq_len": cfg.engine.max_seq_len,
+        "build_config.max_seq_len": engine_max_seq_len(cfg),
         "build_config.max_num_tokens": lim.max_num_tokens,
     }
 

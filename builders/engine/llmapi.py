@@ -1,26 +1,21 @@
 """`engine.backend: pytorch`: the TensorRT-LLM LLM API options YAML and the `trtllm-serve` command.
 
-Pinned API version: tensorrt_llm/llmapi/llm_args.py of the TensorRT-LLM 1.2 series (after PR #8366, Oct 2025,
-which added `max_total_draft_tokens`; before main renamed the draft field to `speculative_model` and removed
-`eagle_choices`, PR #18210, Aug 2026). What we write, and why:
-- `speculative_config.decoding_type: Eagle`: in 1.x `Eagle` selects the EAGLE-3 worker on the PyTorch backend
-  (EagleDecodingConfig.spec_dec_mode -> EAGLE3 / EAGLE3_ONE_MODEL); main keeps `Eagle` as an alias of `Eagle3`.
-  The PyTorch backend runs EAGLE-3 heads only (EAGLE-1/2 checkpoints are incompatible, speculative-decoding docs),
-  so `draft.type: eagle` is refused for this backend.
-- `speculative_model_dir`: the 1.x field name; main accepts it as a validation alias of `speculative_model`.
-- `max_draft_len` = number of drafting steps (tree depth); `max_total_draft_tokens` = number of tree nodes
-  ("max_total_draft_tokens >= max_draft_len" for trees). A chain is the default linear tree: for it we write
-  neither `eagle_choices` nor `max_total_draft_tokens`, so the YAML also loads on 1.0/1.1.
-- static tree: `eagle_choices`; dynamic tree: `use_dynamic_tree: true`, `dynamic_tree_max_topK`,
-  `max_total_draft_tokens` (required there), with max_draft_len <= max_total_draft_tokens <=
-  dynamic_tree_max_topK * max_draft_len (main's validator).
-- `eagle3_layers_to_capture`: indices of target layers whose OUTPUT is captured (upstream default
-  {1, L//2 - 1, L - 4}); our config and EAGLE's code index the layer whose INPUT is fused (2, L//2, L-3), so the
-  rendered value is ours minus one (output of layer i-1 = input of layer i).
+What may be written depends on the config's `trtllm_version` (builders/trtllm/registry.py); every key is a row of the
+contract ledger (builders/trtllm/ledger_llmapi.py, cited to tensorrt_llm/llmapi/llm_args.py of each version):
+- `speculative_config.decoding_type: Eagle` selects the EAGLE-3 worker on the PyTorch backend
+  (EagleDecodingConfig.spec_dec_mode -> EAGLE3 / EAGLE3_ONE_MODEL); `speculative_model_dir` names the head;
+- `max_draft_len` = number of drafting steps (tree depth). A chain is the default linear tree: nothing else is
+  written, which every supported version accepts;
+- a static tree (versions with `pytorch_static_tree`): `eagle_choices` and, where the field exists,
+  `max_total_draft_tokens` (= the number of tree nodes);
+- a dynamic tree (versions with `pytorch_dynamic_tree`): `use_dynamic_tree`, `dynamic_tree_max_topK`,
+  `max_total_draft_tokens`, with max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len;
+- `eagle3_layers_to_capture`: target layers whose OUTPUT is captured (upstream default {1, L//2 - 1, L - 4}); our
+  config and EAGLE's code index the layer whose INPUT is fused (2, L//2, L-3), so the value is ours minus one. Written
+  where the field exists; elsewhere only the default is possible and it is left out (rules.capture_problems);
 - `kv_cache_config.dtype: fp8` for an FP8 KV cache; `free_gpu_memory_fraction`.
-`trtllm-serve MODEL --backend pytorch ... --extra_llm_api_options FILE` (tensorrt_llm/commands/serve.py; main
-also spells it `--config`): values in the YAML apply unless a flag is given explicitly, so limits live in the YAML
-only.
+`trtllm-serve MODEL --backend pytorch ... --extra_llm_api_options FILE` (tensorrt_llm/commands/serve.py): the YAML
+overrides trtllm-serve's own values, so the limits live in the YAML only.
 """
 
 from __future__ import annotations
@@ -32,40 +27,16 @@ from typing import Any
 import yaml
 
 from builders.config import BuildConfig
+from builders.convert.hfconfig import ModelConfigError, aux_layer_ids
+from builders.trtllm import registry
+from builders.trtllm.rules import capture_problems, default_capture
 
 TRTLLM_SERVE = "trtllm-serve"
 OPTIONS_FILE = "llm_api_options.yaml"
-LLMAPI_VERSION_NOTE = "tensorrt_llm/llmapi/llm_args.py, TensorRT-LLM 1.2 series (decoding_type Eagle, speculative_model_dir)"
 
 
 class LlmApiError(ValueError):
     """The config cannot be expressed for the LLM API; the message says what to change."""
-
-
-def llmapi_problems(cfg: BuildConfig) -> list[str]:
-    p: list[str] = []
-    if cfg.engine.backend != "pytorch":
-        return [f"engine.backend={cfg.engine.backend}: the LLM API YAML is only for engine.backend=pytorch"]
-    if cfg.draft.type != "eagle3":
-        p.append(
-            "draft.type=eagle with engine.backend=pytorch: TensorRT-LLM's PyTorch backend runs EAGLE-3 heads only "
-            "(EAGLE-1/2 checkpoints are incompatible); use draft.type=eagle3, or engine.backend tensorrt/reference"
-        )
-    if cfg.quantization.weights == "fp8":
-        p.append(
-            "quantization.weights=fp8 with engine.backend=pytorch: this builder exports FP8 only as a TRT-LLM "
-            "checkpoint (engine flow / reference engine); give an FP8 Hugging Face target instead, or use "
-            "engine.backend tensorrt/reference"
-        )
-    dyn = cfg.tree.dynamic
-    if dyn is not None and dyn.total_draft_tokens > dyn.top_k * dyn.depth:
-        p.append(
-            f"tree.dynamic.total_draft_tokens={dyn.total_draft_tokens} > top_k * depth = {dyn.top_k * dyn.depth}: "
-            "TensorRT-LLM's dynamic tree keeps at most dynamic_tree_max_topK * max_draft_len tokens; lower it"
-        )
-    if dyn is not None and dyn.total_draft_tokens < dyn.depth:
-        p.append(f"tree.dynamic.total_draft_tokens={dyn.total_draft_tokens} < depth={dyn.depth}; raise it")
-    return p
 
 
 def layers_to_capture(input_layer_ids: list[int], num_target_layers: int) -> list[int]:
@@ -91,46 +62,49 @@ def resolve_input_layer_ids(cfg: BuildConfig, head_config: dict[str, Any]) -> li
     """draft.eagle3.layers_to_capture, else the head's `eagle_aux_hidden_state_layer_ids` (an error if neither)."""
     if cfg.draft.eagle3.layers_to_capture is not None:
         return list(cfg.draft.eagle3.layers_to_capture)
-    if "eagle_aux_hidden_state_layer_ids" not in head_config:
+    try:
+        ids = aux_layer_ids(head_config, Path("eagle3/config.json"))
+    except ModelConfigError as e:
+        raise LlmApiError(str(e)) from None
+    if ids is None:
         raise LlmApiError(
             "the EAGLE-3 head's config.json has no `eagle_aux_hidden_state_layer_ids`; "
             "set draft.eagle3.layers_to_capture"
         )
-    return [int(x) for x in head_config["eagle_aux_hidden_state_layer_ids"]]
+    return ids
 
 
-def is_chain(paths: list[list[int]]) -> bool:
-    """A linear tree: one node per depth, always the top-1 child."""
-    return all(all(r == 0 for r in p) for p in paths) and len({len(p) for p in paths}) == len(paths)
-
-
-def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int]) -> dict[str, Any]:
+def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int) -> dict[str, Any]:
+    """`speculative_config` for the config's TensorRT-LLM version (pure)."""
+    v = registry.get(cfg.trtllm_version)
     lim = cfg.limits()
     spec: dict[str, Any] = {
         "decoding_type": "Eagle",
         "max_draft_len": lim.num_eagle_layers,
         "speculative_model_dir": str(draft_dir),
         "eagle3_one_model": True,
-        "eagle3_layers_to_capture": capture,
     }
+    if v.eagle3_layers_to_capture:
+        spec["eagle3_layers_to_capture"] = capture
+    elif sorted(capture) != default_capture(num_target_layers):
+        raise LlmApiError("; ".join(capture_problems(v.key, capture, num_target_layers)))
     tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
-    if tree is not None:
-        if not is_chain(tree.as_lists()):
+    if tree is not None and not tree.is_chain():
+        if v.max_total_draft_tokens:
             spec["max_total_draft_tokens"] = lim.max_draft_len
-            spec["eagle_choices"] = tree.to_yaml_obj()
-    else:
-        assert dyn is not None  # BuildConfig guarantees exactly one of the two
+        spec["eagle_choices"] = tree.to_yaml_obj()
+    elif dyn is not None:
         spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["use_dynamic_tree"] = True
         spec["dynamic_tree_max_topK"] = dyn.top_k
     return spec
 
 
-def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int]) -> dict[str, Any]:
-    """The whole options mapping (pure). Raises LlmApiError listing every problem."""
-    problems = llmapi_problems(cfg)
-    if problems:
-        raise LlmApiError("; ".join(problems))
+def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int) -> dict[str, Any]:
+    """The whole options mapping (pure). The config was validated against its TensorRT-LLM version when loaded
+    (builders/trtllm/rules.py); a capture set that version cannot express raises LlmApiError."""
+    if cfg.engine.backend != "pytorch":
+        raise LlmApiError(f"engine.backend={cfg.engine.backend}: the LLM API YAML is only for engine.backend=pytorch")
     lim, e = cfg.limits(), cfg.engine
     return {
         "tensor_parallel_size": cfg.parallel.tp,
@@ -147,7 +121,7 @@ def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int]) -> di
             # off so no request reuses blocks holding them.
             "enable_block_reuse": False,
         },
-        "speculative_config": speculative_config(cfg, draft_dir, capture),
+        "speculative_config": speculative_config(cfg, draft_dir, capture, num_target_layers),
     }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from builders.config import BuildConfig
 from builders.engine import crosscheck, llmapi, reference, trtllm_build
 from builders.pipeline import Stage, StageContext, StageError
+from builders.trtllm import registry
 from engines.spec import SPEC_FILE, write_spec
 
 SERVE_FILE = "trtllm_serve.json"
@@ -61,9 +62,6 @@ def tensorrt_environment_problems(cfg: BuildConfig, caps: list[tuple[int, int]],
 
 def _run_tensorrt(ctx: StageContext) -> None:
     cfg = ctx.cfg
-    problems = trtllm_build.constraint_problems(cfg)
-    if problems:
-        raise StageError("TensorRT-LLM constraints violated:\n  - " + "\n  - ".join(problems))
     have_build = shutil.which(trtllm_build.TRTLLM_BUILD) is not None
     env = tensorrt_environment_problems(cfg, gpu_compute_capabilities(), have_build)
     if env:
@@ -80,7 +78,8 @@ def _run_tensorrt(ctx: StageContext) -> None:
     ctx.notes["crosscheck"] = "engine config.json matches the config"
 
 
-def _eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> list[int]:
+def _eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], int]:
+    """(TensorRT-LLM's output-indexed layers to capture, number of target layers)."""
     head_cfg_file = checkpoint_dir / "eagle3" / "config.json"
     target_cfg_file = checkpoint_dir / "config.json"
     try:
@@ -88,7 +87,7 @@ def _eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> list[int]:
         n_layers = int(json.loads(target_cfg_file.read_text())["num_hidden_layers"])
     except (OSError, ValueError, KeyError) as e:
         raise StageError(f"cannot read the EAGLE-3 head / target config in {checkpoint_dir}: {e}") from e
-    return llmapi.layers_to_capture(llmapi.resolve_input_layer_ids(cfg, head_cfg), n_layers)
+    return llmapi.layers_to_capture(llmapi.resolve_input_layer_ids(cfg, head_cfg), n_layers), n_layers
 
 
 def _target_dir(cfg: BuildConfig) -> Path:
@@ -101,12 +100,14 @@ def _run_pytorch(ctx: StageContext) -> None:
     cfg = ctx.cfg
     ckpt = ctx.stage_dir(reference.CHECKPOINT_STAGE)
     try:
-        options = llmapi.llm_api_options(cfg, ckpt / "eagle3", _eagle3_capture(cfg, ckpt))
+        capture, n_layers = _eagle3_capture(cfg, ckpt)
+        options = llmapi.llm_api_options(cfg, ckpt / "eagle3", capture, n_layers)
     except llmapi.LlmApiError as e:
         raise StageError(str(e)) from e
     (ctx.out / llmapi.OPTIONS_FILE).write_text(llmapi.dump_options(options))
     argv = llmapi.trtllm_serve_argv(_target_dir(cfg), ctx.final / llmapi.OPTIONS_FILE)
-    serve = {"argv": argv, "llm_api": llmapi.LLMAPI_VERSION_NOTE}
+    version = registry.get(cfg.trtllm_version)
+    serve = {"argv": argv, "trtllm_version": version.key, "llm_api": f"{version.name} (tensorrt_llm/llmapi/llm_args.py)"}
     (ctx.out / SERVE_FILE).write_text(json.dumps(serve, indent=2) + "\n")
     ctx.notes["serve"] = " ".join(argv)
 
@@ -140,12 +141,8 @@ def plan_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
 def preflight(cfg: BuildConfig) -> list[str]:
     from builders.fp8 import fp8_problems
 
-    p = fp8_problems(cfg)
-    if cfg.engine.backend == "tensorrt":
-        p += [x for x in trtllm_build.constraint_problems(cfg) if x not in p]
-    if cfg.engine.backend == "pytorch":
-        p += llmapi.llmapi_problems(cfg)
-    return p
+    # TensorRT-LLM's limits were checked when the config was loaded (builders/trtllm/rules.py).
+    return fp8_problems(cfg)
 
 
 def plan_outputs(cfg: BuildConfig) -> list[str]:

@@ -2,7 +2,8 @@
 all_models/inflight_batcher_llm/preprocessing, I/O in triton_repo/contract.py).
 
 Bad requests (empty or non-UTF-8 text, max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over
-max_seq_len) get INVALID_ARGUMENT with a message; the other requests of the batch are unaffected.
+max_seq_len, and with `greedy_only` a request asking for sampling) get INVALID_ARGUMENT with a message; the other
+requests of the batch are unaffected.
 """
 
 import json
@@ -26,14 +27,15 @@ class TritonPythonModel:
         if root not in sys.path:
             sys.path.insert(0, root)
         from triton_repo import contract
-        from triton_repo.models import common
+        from triton_repo.models import common, llm_io
 
-        self.C, self.common = contract, common
+        self.C, self.common, self.io = contract, common, llm_io
         p = common.Params(common.model_config(args))
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
         self.max_input_len = p.int("max_input_len")
         self.max_seq_len = p.int("max_seq_len")
+        self.greedy_only = p.bool("greedy_only")
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
 
     def execute(self, requests):
@@ -60,6 +62,8 @@ class TritonPythonModel:
         pad_in = common.tensor(pb_utils, request, "PAD_ID")
         batch = query.shape[0]
         ids, stop_lists = [], []
+        if self.greedy_only:
+            self._refuse_sampling(request, batch)
         for b in range(batch):
             try:
                 text = self._decode_query(query[b].reshape(-1)[0])
@@ -105,6 +109,25 @@ class TritonPythonModel:
             "OUT_PAD_ID": pad,
         }
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+
+    def _refuse_sampling(self, request, batch):
+        """Engine-flow EAGLE verifies drafts by token equality with the target's argmax (TensorRT-LLM's
+        eagle_sample_and_accept_draft plugin, greedy_sampling; the Triton C++ backend sets no per-request
+        EagleConfig), so sampling parameters would be ignored: say so instead."""
+        C, common = self.C, self.common
+        values = {}
+        for name in ("TEMPERATURE", "RUNTIME_TOP_K", "RUNTIME_TOP_P"):
+            arr = common.tensor(pb_utils, request, name)
+            spec = C.by_name(C.PREPROCESSING_INPUTS)[name]
+            values[name] = [spec.default] * batch if arr is None else arr.reshape(batch, -1)[:, 0].tolist()
+        for b in range(batch):
+            t, k, p = values["TEMPERATURE"][b], values["RUNTIME_TOP_K"][b], values["RUNTIME_TOP_P"][b]
+            if not self.io.sampling_from(float(t), int(k), float(p), 0).greedy:
+                raise common.RequestError(
+                    f"temperature={t:g}, top_k={k}, top_p={p:g} ask for sampling, but this model serves an engine-flow "
+                    "EAGLE engine (engine.backend tensorrt), which accepts draft tokens greedily: the sampling "
+                    "parameters would be ignored. Send temperature 0 (or top_k 1, or top_k 0 with top_p 0), or serve "
+                    "with engine.backend pytorch or reference")
 
     def finalize(self):
         pass

@@ -1,0 +1,115 @@
+"""The TensorRT-LLM versions this toolkit writes for, as a table of capabilities.
+
+Adding a version = one `TrtllmVersion` entry here + its rows in the ledger (builders/trtllm/ledger_*.py). Every
+rule that depends on the version (builders/trtllm/rules.py) and every output that differs by version (LLM API YAML,
+Triton model repository) reads these fields, never a version number.
+
+How each capability was established is recorded in docs/contracts.md ("Sources"): which upstream files were read,
+at which commit, and what could not be verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builders import versions
+
+
+@dataclass(frozen=True)
+class TrtllmVersion:
+    key: str  # the value of `trtllm_version` in a build config
+    series: tuple[int, int]  # installed TensorRT-LLM releases of this series match this entry
+    release: str  # the release the ledger was checked against
+    tag: str  # upstream NVIDIA/TensorRT-LLM tag cited by the ledger rows of this version
+    triton_image: str | None  # the NGC image that ships it (None: build the backend yourself)
+    transformers_major: int  # transformers major version that reads our tokenizer / head configs in that image
+    engine_flow: bool  # convert_checkpoint format + trtllm-build + the Triton C++ `tensorrtllm` backend
+    pytorch_eagle3: bool  # EAGLE-3 heads on the PyTorch backend (LLM API / trtllm-serve)
+    pytorch_static_tree: bool  # `eagle_choices` on the PyTorch backend (else: chains only)
+    pytorch_dynamic_tree: bool  # `use_dynamic_tree` on the PyTorch backend
+    eagle3_layers_to_capture: bool  # the LLM API field exists (proven in the ledger)
+    max_total_draft_tokens: bool  # the LLM API field exists
+    max_draft_len_limit: int  # builder.py build(): EAGLE max_draft_len bound
+    eagle_max_batch_size: int  # builder.py build(): EAGLE max_batch_size bound (engine flow)
+    summary: str  # one line for `--help`, the README and errors
+
+    @property
+    def name(self) -> str:
+        return f"TensorRT-LLM {self.release}"
+
+
+VERSIONS: dict[str, TrtllmVersion] = {
+    "1.1": TrtllmVersion(
+        key="1.1",
+        series=(1, 1),
+        release=versions.TRTLLM_VERSION,
+        tag="v1.1.0",
+        triton_image=versions.TRITON_IMAGE,
+        transformers_major=4,
+        engine_flow=True,
+        pytorch_eagle3=True,
+        pytorch_static_tree=False,
+        pytorch_dynamic_tree=False,
+        eagle3_layers_to_capture=False,
+        max_total_draft_tokens=False,
+        max_draft_len_limit=256,
+        eagle_max_batch_size=512,
+        summary="the pinned NGC image: engine flow (EAGLE-1/2, static trees, Triton C++ backend); PyTorch backend "
+        "EAGLE-3 with chains only, on the head's default capture layers",
+    ),
+    "1.2": TrtllmVersion(
+        key="1.2",
+        series=(1, 2),
+        release="1.2.0",
+        tag="v1.2.0",
+        triton_image=None,
+        transformers_major=4,
+        engine_flow=True,
+        pytorch_eagle3=True,
+        pytorch_static_tree=True,
+        pytorch_dynamic_tree=False,
+        eagle3_layers_to_capture=True,
+        max_total_draft_tokens=True,
+        max_draft_len_limit=256,
+        eagle_max_batch_size=512,
+        summary="the last series with trtllm-build: engine flow as 1.1; PyTorch backend EAGLE-3 with static trees "
+        "(eagle_choices) and any capture layers",
+    ),
+}
+
+DEFAULT_VERSION = "1.1"  # the pinned image's TensorRT-LLM (builders/versions.py)
+
+
+class UnknownVersion(ValueError):
+    """A `trtllm_version` the registry does not hold; the message lists the supported ones."""
+
+
+def supported_help() -> str:
+    return "; ".join(f"'{v.key}' ({v.name}: {v.summary})" for v in VERSIONS.values())
+
+
+def get(key: str) -> TrtllmVersion:
+    try:
+        return VERSIONS[key]
+    except KeyError:
+        raise UnknownVersion(
+            f"trtllm_version={key!r} is not supported; use one of {', '.join(repr(k) for k in VERSIONS)} "
+            f"(default {DEFAULT_VERSION!r} = the pinned image). A new version needs a registry entry and its ledger "
+            "rows (README: 'Checking a new TensorRT-LLM version')"
+        ) from None
+
+
+def for_installed(release: str) -> TrtllmVersion | None:
+    """The registry entry whose series an installed TensorRT-LLM release belongs to (None: not supported)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        major_minor = tuple(Version(release).release[:2])
+    except InvalidVersion:
+        return None
+    return next((v for v in VERSIONS.values() if v.series == major_minor), None)
+
+
+def lowest(predicate_name: str) -> TrtllmVersion | None:
+    """The first (oldest) version with a capability, for error messages ("needs TensorRT-LLM >= X")."""
+    return next((v for v in VERSIONS.values() if getattr(v, predicate_name)), None)

@@ -1,0 +1,173 @@
+"""TensorRT-LLM's limits, in one place: `trtllm_problems(cfg)`, called by the config validation (builders/config.py)
+so that a config its TensorRT-LLM version cannot run is refused before anything is written.
+
+Each message names the field, the value, the version and the fix. What a version allows comes from the registry
+(builders/trtllm/registry.py); the bounds are upstream's (cited in docs/contracts.md):
+- tensorrt_llm/builder.py build(): EAGLE asserts max_batch_size <= 512 and max_draft_len <= 256, and raises
+  max_num_tokens to max_batch_size * (max_draft_len + 1);
+- examples/eagle/README.md: EAGLE engines need the paged KV cache and have no chunked context and no pipeline
+  parallelism;
+- triton_backend/inflight_batcher_llm/src/model_instance_state.cc: the C++ backend takes `eagle_choices` only
+  (no dynamic tree);
+- tensorrt_llm/_torch/attention_backend/trtllm.py (1.1): "only chained/linear tree is supported now";
+  tensorrt_llm/llmapi/llm_args.py EagleDecodingConfig: which tree fields exist per version.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from builders import trees
+from builders.trtllm import registry
+from builders.trtllm.registry import TrtllmVersion
+
+if TYPE_CHECKING:
+    from builders.config import BuildConfig
+
+
+def _needs(version: TrtllmVersion, capability: str, what: str, alternatives: str) -> str:
+    """'<what> needs TensorRT-LLM >= X (trtllm_version: 'X'); <version> has no <capability>. Or: <alternatives>'."""
+    first = registry.lowest(capability)
+    where = f"{version.name} (trtllm_version '{version.key}')"
+    if first is None:
+        return f"{what} is not supported by {where} nor by any supported TensorRT-LLM version; {alternatives}"
+    return f"{what} is not supported by {where}; set trtllm_version: '{first.key}' ({first.name}), or {alternatives}"
+
+
+def _tree_values(cfg: BuildConfig) -> tuple[int, int, int] | None:
+    try:
+        lim = cfg.limits()
+    except (trees.TreeError, AssertionError, TypeError, AttributeError):
+        return None  # the tree or engine rules report it
+    return lim.max_draft_len, lim.num_eagle_layers, lim.max_num_tokens
+
+
+def _backend_and_draft(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    backend, kind = cfg.engine.backend, cfg.draft.type
+    p: list[str] = []
+    if backend == "tensorrt" and not v.engine_flow:
+        p.append(_needs(v, "engine_flow", "engine.backend=tensorrt (trtllm-build engines)", "set engine.backend=pytorch"))
+    if backend == "tensorrt" and kind == "eagle3":
+        p.append("draft.type=eagle3 with engine.backend=tensorrt: TensorRT-LLM runs EAGLE-3 only on its PyTorch backend "
+                 "(LLM API); set engine.backend pytorch or reference")
+    if backend == "pytorch" and kind == "eagle":
+        p.append("draft.type=eagle with engine.backend=pytorch: TensorRT-LLM's PyTorch backend runs EAGLE-3 heads only "
+                 "(EAGLE-1/2 checkpoints are incompatible); use draft.type=eagle3, or engine.backend tensorrt/reference")
+    if backend == "pytorch" and kind == "eagle3" and not v.pytorch_eagle3:
+        p.append(_needs(v, "pytorch_eagle3", "EAGLE-3 on engine.backend=pytorch", "use engine.backend reference"))
+    return p
+
+
+def _engine_flow(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    """trtllm-build + the Triton C++ backend."""
+    e, q = cfg.engine, cfg.quantization
+    p: list[str] = []
+    if cfg.tree.dynamic is not None:
+        p.append("tree.dynamic with engine.backend=tensorrt: the Triton tensorrtllm backend passes only eagle_choices "
+                 "(no dynamic tree); use tree.choices or engine.backend pytorch/reference")
+    if cfg.parallel.pp != 1:
+        p.append(f"parallel.pp={cfg.parallel.pp}: EAGLE engines do not support pipeline parallelism; set pp=1")
+    if e.max_batch_size is not None and e.max_batch_size > v.eagle_max_batch_size:
+        p.append(f"engine.max_batch_size={e.max_batch_size} exceeds {v.name}'s EAGLE engine limit "
+                 f"{v.eagle_max_batch_size} (trtllm-build asserts it); lower it")
+    world = cfg.parallel.tp * cfg.parallel.pp
+    if e.workers > world:
+        p.append(f"engine.workers={e.workers} > {world} rank engine(s) to build; set engine.workers <= {world}")
+    if q.kv_cache == "fp8" and q.weights != "fp8":
+        # Paged context FMHA with 16-bit Q over an FP8 paged KV cache has no kernel (NVIDIA/TensorRT-LLM PR #8862);
+        # builder.py then turns paged context FMHA off, which EAGLE engines need.
+        p.append("quantization.kv_cache=fp8 with quantization.weights=none: EAGLE engines need paged context FMHA, which "
+                 "has no kernel for 16-bit queries over an FP8 KV cache; set quantization.weights=fp8 as well")
+    if cfg.target.dtype == "float32":
+        p.append("target.dtype=float32: TensorRT-LLM's paged context FMHA, which EAGLE engines need, has no float32 "
+                 "kernels; set target.dtype to float16 or bfloat16 (or use engine.backend=reference)")
+    p += _engine_tree(cfg, v)
+    return p
+
+
+def _engine_tree(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    values = _tree_values(cfg)
+    static = cfg.static_tree() if cfg.tree.choices is not None else None
+    if values is None or static is None:
+        return []
+    mdl, layers, mnt = values
+    e = cfg.engine
+    p: list[str] = []
+    try:  # depth == num_eagle_layers, size <= max_draft_len, non-leaves per level: the runtime's own checks
+        lim = cfg.limits()
+        trees.check_engine_limits(static, max_draft_len=mdl, num_eagle_layers=layers,
+                                  max_non_leaves_per_layer=lim.max_non_leaves_per_layer)
+    except trees.TreeError as err:
+        p.append(f"tree.choices: {err}")
+    if mdl > v.max_draft_len_limit:
+        p.append(f"max_draft_len={mdl} (tree size) exceeds {v.name}'s EAGLE limit {v.max_draft_len_limit}")
+    if e.max_batch_size is not None:
+        need = e.max_batch_size * (mdl + 1)
+        if mnt < need:
+            p.append(f"engine.max_num_tokens={mnt} < max_batch_size * (max_draft_len + 1) = {e.max_batch_size} * "
+                     f"{mdl + 1} = {need}: every sequence verifies its whole tree in one step; raise it or remove it "
+                     "(derived)")
+    # EAGLE engines have no chunked context: a whole prompt must fit into one step's token budget.
+    if e.max_input_len is not None and mnt < e.max_input_len:
+        p.append(f"max_num_tokens={mnt} < engine.max_input_len={e.max_input_len}: EAGLE engines have no chunked "
+                 f"context, so a whole prompt must fit in one step; set engine.max_num_tokens >= {e.max_input_len} "
+                 "(or lower engine.max_input_len)")
+    return p
+
+
+def _pytorch(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    """The LLM API (trtllm-serve / Triton llmapi-style model)."""
+    p: list[str] = []
+    if cfg.quantization.weights == "fp8":
+        p.append("quantization.weights=fp8 with engine.backend=pytorch: this builder exports FP8 only as a TRT-LLM "
+                 "checkpoint (engine flow / reference engine); give an FP8 Hugging Face target instead, or use "
+                 "engine.backend tensorrt/reference")
+    static, dyn = cfg.tree.choices, cfg.tree.dynamic
+    if static is not None:
+        try:
+            tree = cfg.static_tree()
+        except trees.TreeError:
+            return p  # the tree rule reports it
+        if tree is not None and not tree.is_chain() and not v.pytorch_static_tree:
+            p.append(_needs(v, "pytorch_static_tree", f"a draft tree ({tree.size} nodes, depth {tree.depth}) with "
+                            "engine.backend=pytorch", f"use tree.choices: chain-{tree.depth}, or engine.backend tensorrt"))
+    if dyn is not None:
+        if not v.pytorch_dynamic_tree:
+            p.append(_needs(v, "pytorch_dynamic_tree", "tree.dynamic with engine.backend=pytorch",
+                            "use tree.choices (a static tree, or chain-N), or engine.backend reference"))
+        if dyn.total_draft_tokens > dyn.top_k * dyn.depth:
+            p.append(f"tree.dynamic.total_draft_tokens={dyn.total_draft_tokens} > top_k * depth = {dyn.top_k * dyn.depth}: "
+                     "TensorRT-LLM's dynamic tree keeps at most dynamic_tree_max_topK * max_draft_len tokens; lower it")
+        if dyn.total_draft_tokens < dyn.depth:
+            p.append(f"tree.dynamic.total_draft_tokens={dyn.total_draft_tokens} < depth={dyn.depth}; raise it")
+    return p
+
+
+def trtllm_problems(cfg: BuildConfig) -> list[str]:
+    """Every TensorRT-LLM limit this config breaks for its `trtllm_version` (empty for engine.backend=reference,
+    whose limits are the reference engine's own)."""
+    v = registry.get(cfg.trtllm_version)
+    p = _backend_and_draft(cfg, v)
+    if cfg.engine.backend == "tensorrt":
+        p += _engine_flow(cfg, v)
+    elif cfg.engine.backend == "pytorch":
+        p += _pytorch(cfg, v)
+    return p
+
+
+def capture_problems(version_key: str, capture: list[int], num_target_layers: int) -> list[str]:
+    """EAGLE-3 on the PyTorch backend: `capture` (TensorRT-LLM's output-indexed `eagle3_layers_to_capture`) must be
+    upstream's default {1, L//2 - 1, L - 4} on a version where the field is not proven to exist, because the YAML
+    then cannot carry it."""
+    v = registry.get(version_key)
+    default = default_capture(num_target_layers)
+    if v.eagle3_layers_to_capture or sorted(capture) == default:
+        return []
+    return [_needs(v, "eagle3_layers_to_capture",
+                   f"an EAGLE-3 head capturing target layer outputs {sorted(capture)} (TensorRT-LLM's default for "
+                   f"{num_target_layers} layers is {default})", "use a head trained on the default layers")]
+
+
+def default_capture(num_target_layers: int) -> list[int]:
+    """TensorRT-LLM's default `eagle3_layers_to_capture` (output-indexed) for a target of L layers."""
+    return sorted({1, num_target_layers // 2 - 1, num_target_layers - 4})

@@ -1,0 +1,167 @@
+"""Check a build directory against the contract ledger: every emitted name has a row for the config's TensorRT-LLM
+version, and every required row is present.
+
+    python -m builders.trtllm.ledger_check CONFIG.yaml [--set k=v ...]
+
+reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
+problems (exit 1) or "ledger: N names checked, all cited" (exit 0). tests/test_ledger.py runs the same functions on
+real builds of every backend and version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from builders.trtllm import ledger
+
+Emitted = dict[str, set[str]]
+
+
+def _add(out: Emitted, surface: str, names: set[str]) -> None:
+    out.setdefault(surface, set()).update(names)
+
+
+def checkpoint_names(ckpt: Path) -> Emitted:
+    """config.json keys (top level, eagle_net_config, quantization, mapping) and rank-file tensor patterns."""
+    from safetensors import safe_open
+
+    conf = json.loads((ckpt / "config.json").read_text())
+    out: Emitted = {}
+    _add(out, "checkpoint.config", set(conf))
+    for block in (conf, conf.get("eagle_net_config") or {}):
+        _add(out, "checkpoint.quantization", set(block.get("quantization") or {}))
+        _add(out, "checkpoint.mapping", set(block.get("mapping") or {}))
+    if "eagle_net_config" in conf:
+        _add(out, "checkpoint.eagle_net_config", set(conf["eagle_net_config"]))
+    for f in sorted(ckpt.glob("rank*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            _add(out, "checkpoint.tensor", {ledger.tensor_pattern(k) for k in st.keys()})
+    return out
+
+
+def eagle3_names(written: dict[str, Any], source: dict[str, Any]) -> Emitted:
+    """Keys the converter adds to or changes in the head's own config.json (the rest is the head's, passed on)."""
+    ours = {k for k, v in written.items() if k not in source or source[k] != v}
+    return {"eagle3.config": ours}
+
+
+def pbtxt_fields(msg: Any, prefix: str = "") -> set[str]:
+    """Dotted paths of the fields set in a protobuf message (map fields are leaves)."""
+    out: set[str] = set()
+    for fd, value in msg.ListFields():
+        path = prefix + fd.name
+        out.add(path)
+        if fd.message_type is None or (fd.message_type.GetOptions().map_entry):
+            continue
+        items = value if fd.is_repeated else [value]
+        for item in items:
+            out |= pbtxt_fields(item, path + ".")
+    return out
+
+
+def triton_names(repo: Path, roles: dict[str, str]) -> Emitted:
+    """Every config.pbtxt under `repo`; `roles` maps model name -> role (preprocessing, postprocessing, bls, llm,
+    ensemble). The llm is the C++ backend when its config says backend tensorrtllm."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    out: Emitted = {}
+    for f in sorted(repo.glob("*/config.pbtxt")):
+        cfg = text_format.Parse(f.read_text(), mc.ModelConfig())
+        _add(out, "triton.model_config", pbtxt_fields(cfg))
+        role = roles.get(cfg.name, "?")
+        io = {t.name for t in cfg.input} | {t.name for t in cfg.output}
+        if cfg.backend == "tensorrtllm":
+            _add(out, "triton.tensorrt_llm.parameter", set(cfg.parameters))
+            _add(out, "triton.tensorrt_llm.input", {t.name for t in cfg.input})
+            _add(out, "triton.tensorrt_llm.output", {t.name for t in cfg.output})
+            continue
+        _add(out, "triton.python.tensor", io)
+        surface = {"llm": "triton.python_llm.parameter"}.get(role, f"triton.{role}.parameter")
+        if cfg.parameters:
+            _add(out, surface, set(cfg.parameters))
+    model_yaml = next(iter(repo.glob("*/1/model.yaml")), None)
+    if model_yaml is not None:
+        doc = yaml.safe_load(model_yaml.read_text())
+        _add(out, "llmapi.model_yaml", {"model", "backend"} | ledger.flat_keys({"triton_config": doc["triton_config"]}))
+        _add(out, "llmapi.option", ledger.flat_keys({k: v for k, v in doc.items()
+                                                     if k not in ("model", "backend", "triton_config")}))
+    return out
+
+
+def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
+    conf = json.loads((ckpt / "config.json").read_text())
+    tree = cfg.static_tree()
+    return ledger.flags_of(
+        eagle=cfg.draft.type == "eagle", w_fp8=cfg.quantization.weights == "fp8",
+        kv_fp8=cfg.quantization.kv_cache == "fp8", perf=True, tree=tree is not None and not tree.is_chain(),
+        drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
+    )
+
+
+def check_emitted(emitted: Emitted, version: str, flags: frozenset[str]) -> list[str]:
+    return [p for surface, names in sorted(emitted.items()) for p in ledger.check(surface, version, names, flags)]
+
+
+def build_names(cfg: Any, build: Path) -> Emitted:
+    """Everything a finished build directory emitted for TensorRT-LLM and Triton."""
+    from builders.engine import llmapi, stage, trtllm_build
+
+    ckpt = build / "checkpoint"
+    out = checkpoint_names(ckpt)
+    if (ckpt / "eagle3" / "config.json").is_file() and Path(cfg.draft.model, "config.json").is_file():
+        written = json.loads((ckpt / "eagle3" / "config.json").read_text())
+        out.update(eagle3_names(written, json.loads(Path(cfg.draft.model, "config.json").read_text())))
+    tok = ckpt / "tokenizer" / "tokenizer_config.json"
+    if tok.is_file():
+        _add(out, "tokenizer.config", {"tokenizer_class"} & set(json.loads(tok.read_text())))
+    if cfg.engine.backend == "tensorrt":
+        _add(out, "trtllm-build.flag", ledger.argv_flags(trtllm_build.trtllm_build_argv(cfg, ckpt, build / "engine")))
+    if cfg.engine.backend == "pytorch":
+        _add(out, "llmapi.option", ledger.flat_keys(yaml.safe_load((build / "engine" / llmapi.OPTIONS_FILE).read_text())))
+        serve = json.loads((build / "engine" / stage.SERVE_FILE).read_text())["argv"]
+        _add(out, "trtllm-serve.flag", ledger.argv_flags(serve))
+    t = cfg.triton
+    roles = {t.preprocessing_model: "preprocessing", t.postprocessing_model: "postprocessing", t.bls_model: "bls",
+             t.llm_model: "llm", t.ensemble_model: "ensemble"}
+    if (build / "triton_repo").is_dir():
+        for surface, names in triton_names(build / "triton_repo", roles).items():
+            _add(out, surface, names)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from builders.config import ConfigError, load_config
+
+    ap = argparse.ArgumentParser(prog="python -m builders.trtllm.ledger_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    build = Path(cfg.output_dir)
+    if not (build / "checkpoint" / "config.json").is_file():
+        print(f"error: {build}/checkpoint/config.json not found: run the build first", file=sys.stderr)
+        return 2
+    emitted = build_names(cfg, build)
+    problems = check_emitted(emitted, cfg.trtllm_version, build_flags(cfg, build / "checkpoint"))
+    for p in problems:
+        print(p)
+    n = sum(len(v) for v in emitted.values())
+    print(f"ledger ({cfg.trtllm_version}): {n} names checked, "
+          + (f"{len(problems)} problem(s)" if problems else "all cited"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

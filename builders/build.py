@@ -37,7 +37,10 @@ def select_stages(cfg: BuildConfig, only: list[str] | None) -> list[Stage]:
 def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
     build_dir = Path(cfg.output_dir)
     lim = cfg.limits()
-    print(f"plan for {cfg.name!r} -> {build_dir}  (config hash {cfg.config_hash()})")
+    print(f"plan for {cfg.name!r} -> {build_dir}  (config hash {cfg.config_hash()}, trtllm_version {cfg.trtllm_version})")
+    for field, why in cfg.defaults_applied.items():
+        section, key = field.split(".", 1)
+        print(f"  default {field}={getattr(getattr(cfg, section), key)} ({why})")
     print(
         f"  tree: max_draft_len={lim.max_draft_len} num_eagle_layers={lim.num_eagle_layers} "
         f"max_non_leaves_per_layer={lim.max_non_leaves_per_layer} max_num_tokens={lim.max_num_tokens}"

@@ -20,6 +20,7 @@ from builders import build
 from builders.config import load_config
 from builders.convert import stage as convert_stage
 from builders.pipeline import MANIFEST, run_stage
+from tests import tiny_models as tm
 from tests.convert_helpers import derive_target, truncate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,6 +160,63 @@ def test_subprocess_exit_code_2_and_dry_run(tiny_target: Path, eagle_head: Path,
     assert "[1] checkpoint:" in proc.stdout and f"output  {out}/checkpoint/" in proc.stdout
     assert "random_head/ (RANDOM EAGLE-1 head, seed 0" in proc.stdout and str(tiny_target) in proc.stdout
     assert not out.exists(), "--dry-run must write nothing"
+
+
+def _minimal(path: Path, target: Path, head: Path, out: Path, backend: str, extra: str = "") -> Path:
+    path.write_text(f"name: minimal\noutput_dir: {out}\ntarget: {{model: {target}, dtype: float16}}\n"
+                    f"draft: {{type: eagle, model: {head}}}\ntree: {{choices: chain-2}}\nengine: {{backend: {backend}}}\n"
+                    + extra)
+    return path
+
+
+def test_minimal_config_builds_with_trtllm_defaults(tiny_target: Path, eagle_head: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    cfg = _minimal(tmp_path / "min.yaml", tiny_target, eagle_head, out, "reference")
+    assert build.main([str(cfg)]) == 0, capsys.readouterr().err
+    resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
+    # reference engine: 4 sequences; max_seq_len = the tiny target's max_position_embeddings 512 (<= 2048)
+    assert {k: resolved["engine"][k] for k in ("max_batch_size", "max_input_len", "max_seq_len")} == {
+        "max_batch_size": 4, "max_input_len": 511, "max_seq_len": 512}
+    assert resolved["defaults"] == {
+        "engine.max_batch_size": "reference engine default (KV cache allocated up front)",
+        "engine.max_seq_len": "target max_position_embeddings 512",
+        "engine.max_input_len": "TensorRT-LLM default 1024, below max_seq_len",
+    }
+    assert resolved["trtllm_version"] == "1.1"
+
+
+def test_engine_flow_defaults_follow_trtllm_build(tiny_target_tied: Path, tmp_path: Path) -> None:
+    # tensorrt_llm/builder.py: max_batch_size 2048 but EAGLE asserts <= 512; max_seq_len = max_position_embeddings x
+    # RoPE factor, except llama3 scaling (the tied fixture's), which is not multiplied
+    head = tm.make_eagle_head(tmp_path / "head", tiny_target_tied)
+    cfg = load_config(_minimal(tmp_path / "m.yaml", tiny_target_tied, head, tmp_path / "o", "tensorrt"))
+    assert (cfg.engine.max_batch_size, cfg.engine.max_seq_len, cfg.engine.max_input_len) == (512, 512, 511)
+    assert set(cfg.defaults_applied) == {"engine.max_batch_size", "engine.max_seq_len", "engine.max_input_len"}
+    # a value the config gives is kept; max_input_len defaults to TensorRT-LLM's 1024 below it
+    given = load_config(_minimal(tmp_path / "m.yaml", tiny_target_tied, head, tmp_path / "o", "tensorrt"),
+                        ["engine.max_seq_len=4096"])
+    assert (given.engine.max_seq_len, given.engine.max_input_len) == (4096, 1024)
+    assert "engine.max_seq_len" not in given.defaults_applied
+
+
+def test_defaults_scale_with_linear_rope_and_say_so(tmp_path: Path) -> None:
+    from builders.defaults import model_max_seq_len
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 1000, "rope_scaling": {"type": "linear", '
+                                          '"factor": 2.5}}')
+    assert model_max_seq_len(tmp_path) == (2500, "target max_position_embeddings 1000 x RoPE factor 2.5")
+    (tmp_path / "config.json").write_text('{"rope_parameters": {"rope_type": "default", "rope_theta": 10000}}')
+    assert model_max_seq_len(tmp_path) == (2048, "no max_position_embeddings in the target config: trtllm-build's 2048")
+
+
+def test_defaults_need_a_readable_target(eagle_head: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    cfg = _minimal(tmp_path / "min.yaml", tmp_path / "no_such_model", eagle_head, out, "tensorrt")
+    assert build.main([str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "engine.max_seq_len: not set, and the default cannot be derived from target.model" in err
+    assert "set engine.max_seq_len" in err and not out.exists()
 
 
 # ---- running: labels, --set, skip, --force, crash ---------------------------------------------------------------------

@@ -200,3 +200,54 @@ def test_heads_from_pytorch_model_bin(tiny_target: Path, eagle_head: Path, eagle
         suffix = "" if kind == "eagle" else "3"
         for f in files:
             assert (tmp_path / f"st{suffix}" / f).read_bytes() == (tmp_path / f"bin{suffix}" / f).read_bytes(), kind
+
+
+def test_eagle3_head_from_specforge_and_transformers5(tiny_target: Path, eagle3_head: Path, tmp_path: Path) -> None:
+    """A SpecForge / ModelOpt export keeps the layer ids in an `eagle_config` block, and a head saved by transformers
+    5 carries its RoPE base only in `rope_parameters`: both are read, and the normalized config spells them the way
+    TensorRT-LLM 1.1/1.2 (transformers 4) reads them: top-level ids and `rope_theta`."""
+    h = tmp_path / "h"
+    shutil.copytree(eagle3_head, h)
+    cfg = json.loads((h / "config.json").read_text())
+    ids = cfg.pop("eagle_aux_hidden_state_layer_ids")
+    cfg.pop("rope_theta", None)
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    (h / "config.json").write_text(json.dumps(cfg))
+    convert_eagle3(tiny_target, h, tmp_path / "out", dtype="float16", layers_to_capture=None)
+    ncfg = json.loads((tmp_path / "out" / "eagle3" / "config.json").read_text())
+    assert ncfg["eagle_aux_hidden_state_layer_ids"] == ids and "eagle_config" not in ncfg
+    assert ncfg["rope_theta"] == 500000.0 and "rope_scaling" not in ncfg
+    # both spellings present and different: refused, naming both
+    cfg["eagle_aux_hidden_state_layer_ids"] = [0, 0, 1]
+    (h / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match=r"disagrees with eagle_config.eagle_aux_hidden_state_layer_ids"):
+        convert_eagle3(tiny_target, h, tmp_path / "out2", dtype="float16", layers_to_capture=None)
+
+
+def test_rope_base_from_either_spelling(tmp_path: Path) -> None:
+    from builders.convert.hfconfig import rope_theta_of
+
+    f = tmp_path / "config.json"
+    assert rope_theta_of({"rope_theta": 1e6}, f) == 1e6
+    assert rope_theta_of({"rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}, f) == 1e5
+    assert rope_theta_of({"rope_theta": 1e5, "rope_parameters": {"rope_theta": 1e5}}, f) == 1e5
+    assert rope_theta_of({}, f) == 10000.0  # HF LlamaConfig's default
+    with pytest.raises(ModelConfigError, match="rope_theta=10000 disagrees with rope_parameters.rope_theta=100000"):
+        rope_theta_of({"rope_theta": 10000, "rope_parameters": {"rope_theta": 100000}}, f)
+
+
+def test_checkpoint_tokenizer_loads_in_transformers_4(tiny_target: Path, eagle_head: Path, tmp_path: Path) -> None:
+    """The tiny target's tokenizer was saved by transformers 5 ("TokenizersBackend", a class 4.x lacks): the
+    checkpoint's copy names PreTrainedTokenizerFast and keeps every other file byte for byte."""
+    src = json.loads((tiny_target / "tokenizer_config.json").read_text())
+    assert src["tokenizer_class"] == "TokenizersBackend"
+    convert_eagle(tiny_target, eagle_head, tmp_path, dtype="float16", **LIMITS)
+    tok = tmp_path / "tokenizer"
+    out = json.loads((tok / "tokenizer_config.json").read_text())
+    assert out == dict(src, tokenizer_class="PreTrainedTokenizerFast")
+    assert (tok / "tokenizer.json").read_bytes() == (tiny_target / "tokenizer.json").read_bytes()
+    from transformers import AutoTokenizer
+
+    a, b = AutoTokenizer.from_pretrained(tok), AutoTokenizer.from_pretrained(tiny_target)
+    assert a.encode("The quick brown fox") == b.encode("The quick brown fox") and a.eos_token == b.eos_token

@@ -192,3 +192,31 @@ def test_tp2_fp8_export_matches_the_converter_layout(tmp_path: Path, tiny_target
     assert "tau NOT measured (parallel.tp=2" in log
     notes = json.loads((out / "manifest.json").read_text())["notes"]["fp8"]
     assert notes["tau_16bit"] is None and notes["tau_prompts"] == 0
+
+
+def test_base_model_without_chat_template_calibrates_on_raw_text(tmp_path: Path, tiny_target: Path,
+                                                                 eagle_head: Path) -> None:
+    """A base model's tokenizer has no chat template: calibration (and the tau check) use the raw prompt text
+    instead of stopping with 'the tokenizer has no chat_template'."""
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_target, base)
+    (base / "chat_template.jinja").unlink()
+    tok_cfg = json.loads((base / "tokenizer_config.json").read_text())
+    tok_cfg.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base)
+    assert fp8.prompt_format(tok) == "raw"
+    ids = fp8.encode_prompts(tok, ["The quick brown fox"], 64)[0][0].tolist()
+    assert ids == tok("The quick brown fox", add_special_tokens=True)["input_ids"]
+    cfg = make_cfg("engine.backend=reference", "engine.device=cpu", "tree.choices=topk-2-2", "target.dtype=float16",
+                   f"target.model={base}", f"draft.model={eagle_head}", f"output_dir={tmp_path / 'b'}",
+                   "quantization.kv_cache=fp8", "quantization.calibration.max_length=32",
+                   "quantization.calibration.num_samples=2")
+    ckpt, _ = run_stage(CONVERT_STAGE, cfg, tmp_path / "b")
+    notes = json.loads((ckpt / "manifest.json").read_text())["notes"]["fp8"]
+    assert notes["prompt_format"] == "raw" and notes["tau_fp8"] is not None
+    assert "calibrated on the raw prompt text" in (tmp_path / "b" / "logs" / "checkpoint.log").read_text()

@@ -72,10 +72,22 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
 )  # fmt: skip
 
 PERF_OUTPUTS: tuple[Tensor, ...] = (
-    Tensor("acceptance_rate", "TYPE_FP32", (1,), description="accepted draft tokens / draft tokens of the request."),
+    Tensor("acceptance_rate", "TYPE_FP32", (1,), description="total_accepted_draft_tokens / total_draft_tokens."),
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,), description="Draft tokens the target accepted."),
-    Tensor("total_draft_tokens", "TYPE_INT32", (1,), description="Draft tokens proposed to the target."),
+    Tensor("total_draft_tokens", "TYPE_INT32", (1,), description="Draft tokens counted per step; what a step counts "
+           "depends on the backend (client.json `perf_semantics`)."),
 )
+# What the perf outputs count, per engine.backend (written to client.json; docs/deploy.md explains the difference).
+PERF_SEMANTICS: dict[str, str] = {
+    "tensorrt": "TensorRT-LLM's C++ runtime (batch_manager/llmRequest.h updateNumTokensPerIteration): per generation "
+    "step, accepted += new tokens - 1 and drafted += min(draft tokens of the request, max path length = "
+    "num_eagle_layers); acceptance_rate = accepted / drafted. A tree of N > depth nodes counts depth per step, so "
+    "total_draft_tokens is steps x depth, not tree nodes.",
+    "pytorch": "TensorRT-LLM's LLM API (RequestOutput request_perf_metrics.speculative_decoding), as the PyTorch "
+    "backend fills it.",
+    "reference": "this project's reference engine: drafted = draft tree nodes proposed per step (root excluded), "
+    "accepted = draft tokens kept; acceptance_rate = accepted / drafted.",
+}
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "TYPE_STRING", (-1,), description="Generated text (the new chunk when streaming)."),
     *PERF_OUTPUTS,

@@ -288,6 +288,7 @@ def client_descriptor(bc: BuildConfig) -> dict[str, Any]:
         "inputs": [tensor(x) for x in C.ENSEMBLE_INPUTS],
         "outputs": [tensor(x) for x in C.ENSEMBLE_OUTPUTS],
         "perf_outputs": [x.name for x in C.PERF_OUTPUTS],
+        "perf_semantics": C.PERF_SEMANTICS[bc.engine.backend],
         "config_name": bc.name,
         "config_hash": bc.config_hash(),
     }

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print_plan(cfg, stages)
         return 0
-    problems = startup_problems(cfg.engine.backend) + [f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)]
+    problems = startup_problems(cfg.engine.backend, cfg.trtllm_version) + [f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)]
     if problems:
         print(f"error: {ConfigError(problems, args.config)}", file=sys.stderr)
         return EXIT_CONFIG

@@ -129,3 +129,22 @@ def drafter_exclude(num_eagle_layers: int, drafter_fp8: bool) -> list[str]:
         return ["lm_head"] + [f"eagle_nets.{i}.lm_head" for i in range(num_eagle_layers)]
     return ["lm_head", "eagle_nets.*"]
 
+
+
+def write_fp8_drafter(ckpt_dir: Path, stats: DrafterStats, num_eagle_layers: int) -> None:
+    """Turn an FP8 (target) EagleForCausalLM checkpoint into one whose drafter linears are FP8 too, as upstream's
+    EAGLE FP8 recipe quantizes them: rank0 rewritten, exclude_modules narrowed to the lm_heads (tp=1 only)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    conf = json.loads((ckpt_dir / "config.json").read_text())
+    if conf["mapping"]["tp_size"] != 1:
+        raise ValueError(f"{ckpt_dir}: the FP8 drafter variant is written for tp=1 checkpoints only")
+    rank = ckpt_dir / "rank0.safetensors"
+    tensors = quantize_drafter_weights(load_file(str(rank)), stats, num_eagle_layers)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(rank), metadata={"format": "pt"})
+    for block in (conf["quantization"], conf["eagle_net_config"]["quantization"]):
+        block["quant_algo"] = "FP8"
+        block["exclude_modules"] = drafter_exclude(num_eagle_layers, True)
+    (ckpt_dir / "config.json").write_text(json.dumps(conf, indent=2) + "\n")

@@ -93,9 +93,16 @@ def engine_flow_problems(backend: str, installed: InstalledTrtllm | None) -> lis
     ]
 
 
-def startup_problems(backend: str) -> list[str]:
-    """The check build.py and the serve entrypoint run before anything is written or started."""
-    return engine_flow_problems(backend, installed_trtllm())
+def startup_problems(backend: str, trtllm_version: str | None = None) -> list[str]:
+    """The check build.py and the serve entrypoint run before anything is written or started: the engine flow exists
+    in the installed TensorRT-LLM, and (TensorRT-LLM backends) it is the series the config's outputs are written for."""
+    installed = installed_trtllm()
+    problems = engine_flow_problems(backend, installed)
+    if trtllm_version is not None and backend != "reference" and not problems:
+        from builders.trtllm.registry import installed_mismatch
+
+        problems += installed_mismatch(trtllm_version, installed.version if installed else None)
+    return problems
 
 
 def image_pin_problems() -> list[str]:

@@ -67,7 +67,7 @@ def world_size(cfg: BuildConfig) -> int:
 
 
 def check_build(build_dir: Path, cfg: BuildConfig, repo_stage: str) -> list[str]:
-    problems = list(startup_problems(cfg.engine.backend))
+    problems = list(startup_problems(cfg.engine.backend, cfg.trtllm_version))
     made_at = Path(cfg.output_dir).resolve()
     if made_at != build_dir.resolve():
         # The rendered model configs hold absolute paths (engine, tokenizer, build dir): serve where it was built.

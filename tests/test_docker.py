@@ -189,7 +189,8 @@ def test_build_refuses_engine_flow_on_trtllm_without_it(tmp_path: Path, tiny_tar
 
 def _cfg(tmp: Path, target: Path, head: Path, backend: str, tp: int) -> object:
     path = _tensorrt_config(tmp, target, head)
-    return load_config(path, [f"engine.backend={backend}", f"parallel.tp={tp}"])
+    kind = ["draft.type=eagle3"] if backend == "pytorch" else []  # the PyTorch backend runs EAGLE-3 heads only
+    return load_config(path, [f"engine.backend={backend}", f"parallel.tp={tp}", *kind])
 
 
 @pytest.mark.parametrize("backend,tp,world", [("tensorrt", 2, 2), ("tensorrt", 1, 1), ("pytorch", 2, 1),
@@ -518,3 +519,26 @@ def test_gpu_requirements_leave_nvidia_builds_alone() -> None:
     nvidia_builds = {"torch", "transformers", "tensorrt_llm", "tensorrt-llm", "nvidia-modelopt", "tensorrt"}
     assert names and not names & nvidia_builds
     assert "numpy" in names  # and numpy is held < 2 like the image's TensorRT-LLM needs
+
+
+def test_installed_trtllm_must_match_the_configs_version() -> None:
+    from builders.trtllm import registry
+
+    assert registry.installed_mismatch("1.1", None) == []
+    assert registry.installed_mismatch("1.1", "1.1.0") == [] and registry.installed_mismatch("1.2", "1.2.1") == []
+    (msg,) = registry.installed_mismatch("1.1", "1.2.1")
+    assert msg == ("trtllm_version '1.1': the outputs are written for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM "
+                   "is 1.2.1; set trtllm_version: '1.2' and rebuild, or install TensorRT-LLM 1.1.0")
+    (new,) = registry.installed_mismatch("1.2", "1.3.0rc1")
+    assert "installed TensorRT-LLM is 1.3.0rc1; run in the pinned image" in new and "Checking a new" in new
+
+
+def test_build_refuses_a_config_written_for_another_trtllm(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+    config = _tensorrt_config(tmp_path, tiny_target, eagle_head)
+    site = tmp_path / "site"
+    _dist_info(site, "1.2.1")
+    env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"}
+    proc = _run([sys.executable, "builders/build.py", str(config)], env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "written for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM is 1.2.1" in proc.stderr
+    assert not (tmp_path / "out").exists()

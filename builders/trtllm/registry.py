@@ -113,3 +113,20 @@ def for_installed(release: str) -> TrtllmVersion | None:
 def lowest(predicate_name: str) -> TrtllmVersion | None:
     """The first (oldest) version with a capability, for error messages ("needs TensorRT-LLM >= X")."""
     return next((v for v in VERSIONS.values() if getattr(v, predicate_name)), None)
+
+
+def installed_mismatch(key: str, installed_release: str | None) -> list[str]:
+    """Start-up check: the installed TensorRT-LLM must be of the series the config's outputs are written for."""
+    if installed_release is None:
+        return []
+    want = get(key)
+    have = for_installed(installed_release)
+    if have is not None and have.key == want.key:
+        return []
+    if have is None:
+        fix = (f"run in the pinned image {VERSIONS[DEFAULT_VERSION].triton_image}, or check that version against the "
+               "ledger first (README: 'Checking a new TensorRT-LLM version')")
+    else:
+        fix = f"set trtllm_version: '{have.key}' and rebuild, or install TensorRT-LLM {want.release}"
+    return [f"trtllm_version '{want.key}': the outputs are written for {want.name}, but the installed TensorRT-LLM is "
+            f"{installed_release}; {fix}"]

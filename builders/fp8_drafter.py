@@ -130,7 +130,6 @@ def drafter_exclude(num_eagle_layers: int, drafter_fp8: bool) -> list[str]:
     return ["lm_head", "eagle_nets.*"]
 
 
-
 def write_fp8_drafter(ckpt_dir: Path, stats: DrafterStats, num_eagle_layers: int) -> None:
     """Turn an FP8 (target) EagleForCausalLM checkpoint into one whose drafter linears are FP8 too, as upstream's
     EAGLE FP8 recipe quantizes them: rank0 rewritten, exclude_modules narrowed to the lm_heads (tp=1 only)."""

@@ -220,3 +220,42 @@ def test_base_model_without_chat_template_calibrates_on_raw_text(tmp_path: Path,
     notes = json.loads((ckpt / "manifest.json").read_text())["notes"]["fp8"]
     assert notes["prompt_format"] == "raw" and notes["tau_fp8"] is not None
     assert "calibrated on the raw prompt text" in (tmp_path / "b" / "logs" / "checkpoint.log").read_text()
+
+
+def test_fp8_drafter_variant_decodes_loads_and_stays_lossless(fp8_build: dict, tmp_path: Path) -> None:
+    """The measurement-only FP8 drafter (scripts/measure_drafter_fp8.py): drafter amax observed on the 16-bit
+    checkpoint, linears rewritten as FP8Linear tensors that decode to the 16-bit weights, exclude_modules narrowed to
+    the lm_heads in both quantization blocks, and the reference engine runs it losslessly."""
+    import shutil
+
+    from builders.fp8_drafter import LINEARS, calibrate_drafter, write_fp8_drafter
+    from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+
+    cfg = fp8_build["cfg"]
+    n = cfg.limits().num_eagle_layers
+    stats = calibrate_drafter(fp8_build["ckpt16"], cfg.static_tree(), "float16", "cpu",
+                              lambda tok: [t[0].tolist() for t in fp8.encode_prompts(tok, PROMPTS[:2], 32)], 6)
+    assert stats.kv and all(v > 0 for v in stats.kv.values()) and stats.inputs["fc"] > 0
+    ck = tmp_path / "checkpoint"
+    shutil.copytree(fp8_build["ckpt"], ck)
+    write_fp8_drafter(ck, stats, n)
+    conf = json.loads((ck / "config.json").read_text())
+    want_ex = ["lm_head"] + [f"eagle_nets.{i}.lm_head" for i in range(n)]
+    assert conf["quantization"]["exclude_modules"] == want_ex == conf["eagle_net_config"]["quantization"]["exclude_modules"]
+    new, old = _tensors(ck / "rank0.safetensors"), _tensors(fp8_build["ckpt16"] / "rank0.safetensors")
+    layers = conf["eagle_net_config"]["num_hidden_layers"]
+    for k in range(n):
+        for lin in ["fc"] + [f"layers.{j}.{x}" for j in range(layers) for x in LINEARS]:
+            pre = f"eagle_nets.{k}.drafter.{lin}"
+            s = new[f"{pre}.weights_scaling_factor"].float()
+            assert new[f"{pre}.weight"].dtype == torch.float8_e4m3fn and float(new[f"{pre}.activation_scaling_factor"]) > 0
+            w = old[f"{pre}.weight"].float()
+            err = (new[f"{pre}.weight"].float() * s - w).abs()
+            assert bool((err <= w.abs() * 2**-4 + float(s) * 2**-9 + 1e-6).all()), pre
+        assert new[f"eagle_nets.{k}.lm_head.weight"].dtype == torch.float16
+    eng = ReferenceEngine.from_checkpoint(ck, tree=cfg.static_tree(), dtype="float16", device="cpu")
+    ids = [t[0].tolist() for t in fp8.encode_prompts(eng.tokenizer, PROMPTS[:2], 64)]
+    reqs = [GenerationRequest(prompt_ids=i, max_new_tokens=10, sampling=SamplingParams(), stop_token_ids=[])
+            for i in ids]
+    spec, plain = eng.generate(reqs, speculative=True), eng.generate(reqs, speculative=False)
+    assert [r.output_ids for r in spec] == [r.output_ids for r in plain]

@@ -26,6 +26,23 @@ BASE: dict[str, Any] = {
 }
 
 
+def write_build_yaml(path: Path, *, output_dir: Path, target: Path, head: Path, draft: str, backend: str, tree: str,
+                     name: str, version: str = "1.1", engine: dict[str, Any] | None = None, **sections: Any) -> Path:
+    """A build config file for a real (tiny) model: small engine limits unless `engine` says otherwise; further
+    top-level sections (quantization, ...) as given."""
+    import yaml
+
+    data: dict[str, Any] = {
+        "name": name, "output_dir": str(output_dir), "trtllm_version": version,
+        "target": {"model": str(target), "dtype": "float16"}, "draft": {"type": draft, "model": str(head)},
+        "tree": {"choices": tree},
+        "engine": {"backend": backend, "max_batch_size": 8, "max_input_len": 256, "max_seq_len": 512, **(engine or {})},
+        **sections,
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def make_cfg(*overrides: str) -> BuildConfig:
     data = copy.deepcopy(BASE)
     assert apply_overrides(data, list(overrides)) == []

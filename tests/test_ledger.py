@@ -19,29 +19,25 @@ from builders.config import load_config
 from builders.engine import crosscheck
 from builders.trtllm import ledger, ledger_check, ledger_docs, registry
 from tests import tiny_models as tm
-from tests.engine_cases import make_cfg
+from tests.engine_cases import make_cfg, write_build_yaml
 
 VERSIONS = tuple(registry.VERSIONS)
 
 
 def _config(root: Path, version: str, target: Path, head: Path, draft: str, backend: str, tree: str,
-            extra: str = "") -> Path:
-    f = root / f"{backend}-{version}.yaml"
-    f.write_text(
-        f"name: ledger-{backend}\noutput_dir: {root / ('build-' + backend + '-' + version)}\n"
-        f"trtllm_version: '{version}'\ntarget: {{model: {target}, dtype: float16}}\n"
-        f"draft: {{type: {draft}, model: {head}}}\ntree: {{choices: {tree}}}\n"
-        f"engine: {{backend: {backend}, device: cpu, max_batch_size: 4, max_input_len: 128, max_seq_len: 256}}\n"
-        + extra
-    )
-    return f
+            **sections: Any) -> Path:
+    return write_build_yaml(root / f"{backend}-{version}.yaml", output_dir=root / f"build-{backend}-{version}",
+                            target=target, head=head, draft=draft, backend=backend, tree=tree, name=f"ledger-{backend}",
+                            version=version,
+                            engine={"device": "cpu", "max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256},
+                            **sections)
 
 
-def _engine_flow_build(root: Path, version: str, target: Path, head: Path, extra: str = "") -> tuple[Any, Path]:
+def _engine_flow_build(root: Path, version: str, target: Path, head: Path, **sections: Any) -> tuple[Any, Path]:
     """trtllm-build cannot run here: checkpoint stage + the rendered repository (what the triton stage writes)."""
     from triton_repo import render
 
-    f = _config(root, version, target, head, "eagle", "tensorrt", "topk-2-2", extra)
+    f = _config(root, version, target, head, "eagle", "tensorrt", "topk-2-2", **sections)
     assert build_main([str(f), "--only", "checkpoint"]) == 0
     cfg = load_config(f)
     build = Path(cfg.output_dir)
@@ -57,8 +53,9 @@ def tensorrt_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 
 @pytest.fixture(scope="module")
 def fp8_build(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> tuple[Any, Path]:
-    extra = ("quantization: {weights: fp8, kv_cache: fp8, calibration: {num_samples: 4, max_length: 64}}\n")
-    return _engine_flow_build(tmp_path_factory.mktemp("ledger_fp8"), "1.1", tiny_target, eagle_head, extra)
+    quant = {"weights": "fp8", "kv_cache": "fp8", "calibration": {"num_samples": 4, "max_length": 64}}
+    return _engine_flow_build(tmp_path_factory.mktemp("ledger_fp8"), "1.1", tiny_target, eagle_head,
+                              quantization=quant)
 
 
 @pytest.fixture(scope="module")

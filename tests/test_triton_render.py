@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from builders.build import main as build_main
 from builders.config import load_config
 from builders.trees import DraftTree, preset
+from tests.engine_cases import write_build_yaml
 from triton_repo import contract as C
 from triton_repo import launch, render
 from triton_repo.models import batcher, common, llm_io
@@ -46,16 +47,10 @@ UPSTREAM_ENSEMBLE_OUTPUTS = {
 }  # fmt: skip
 
 
-def _yaml(root: Path, target: Path, head: Path, draft_type: str, backend: str, tree: str, draft_extra: str = "",
+def _yaml(root: Path, target: Path, head: Path, draft_type: str, backend: str, tree: str,
           version: str = "1.1") -> Path:
-    f = root / f"{backend}.yaml"
-    f.write_text(
-        f"name: render-{backend}\noutput_dir: {root / 'build'}\ntrtllm_version: '{version}'\n"
-        f"target: {{model: {target}, dtype: float16}}\ndraft: {{type: {draft_type}, model: {head}{draft_extra}}}\n"
-        f"tree: {{choices: {tree}}}\n"
-        "engine: {backend: " + backend + ", max_batch_size: 8, max_input_len: 256, max_seq_len: 512}\n"
-    )
-    return f
+    return write_build_yaml(root / f"{backend}.yaml", output_dir=root / "build", target=target, head=head,
+                            draft=draft_type, backend=backend, tree=tree, name=f"render-{backend}", version=version)
 
 
 @pytest.fixture(scope="module")

@@ -66,8 +66,10 @@ SOURCES: tuple[tuple[str, str, str], ...] = (
     ("triton-inference-server/common:protobuf/model_config.proto", "r25.12 (c09e98a)", "ModelConfig fields"),
     ("triton-inference-server/core:src/infer_response.cc, src/model.cc", "r25.12 (8dbcc96)",
      "an output missing from the config is refused ('unexpected inference output')"),
-    ("huggingface/transformers 4.56.0 (PyPI wheel, run)", "AutoTokenizer.from_pretrained",
-     "'TokenizersBackend does not exist'; the rewritten tokenizer_config.json loads with identical ids"),
+    ("huggingface/transformers 4.56.0 (PyPI wheel, run)", "AutoTokenizer.from_pretrained, AutoConfig.from_pretrained",
+     "'TokenizersBackend does not exist'; the rewritten tokenizer_config.json loads with identical ids; the "
+     "normalized EAGLE-3 head config of a transformers-5 head (rope_parameters, eagle_config) loads as LlamaConfig "
+     "with its rope_theta, layer ids and torch_dtype"),
 )
 
 UNVERIFIED: tuple[str, ...] = (

@@ -56,10 +56,10 @@ def quantize_checkpoint(src: Path, dst: Path, *, kv: bool, exclude: list[str]) -
         t[f"{module}.weights_scaling_factor"] = scale.reshape(1)
         t[f"{module}.activation_scaling_factor"] = torch.tensor([ACT_SCALE])
         deq[name] = q.float() * scale
-    if kv:
-        layers = {n.split(".")[2] for n in t if n.startswith("transformer.layers.")}
-        for i in layers:
-            t[f"transformer.layers.{i}.attention.kv_cache_scaling_factor"] = torch.tensor([KV_SCALE])
+    if kv:  # every attention gets a KV scale, the EAGLE drafter's too (TensorRT-LLM's kv_cache_quantize does)
+        attentions = {n.rsplit(".", 3)[0] for n in t if n.endswith(".attention.qkv.weight")}
+        for a in attentions:
+            t[f"{a}.attention.kv_cache_scaling_factor"] = torch.tensor([KV_SCALE])
     save_file(t, str(dst / "rank0.safetensors"))
     cfg = json.loads((dst / "config.json").read_text())
     cfg["quantization"] = {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8" if kv else None, "exclude_modules": exclude}

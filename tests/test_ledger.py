@@ -202,3 +202,13 @@ def test_ledger_check_cli(reference_build: tuple[Any, Path], tmp_path: Path, cap
     assert "all cited" in capsys.readouterr().out
     assert ledger_check.main([str(f), "--set", f"output_dir={tmp_path / 'nothing'}"]) == 2
     assert "run the build first" in capsys.readouterr().err
+
+
+def test_installed_trtllm_must_match_the_configs_version() -> None:
+    assert registry.installed_mismatch("1.1", None) == []
+    assert registry.installed_mismatch("1.1", "1.1.0") == [] and registry.installed_mismatch("1.2", "1.2.1") == []
+    (msg,) = registry.installed_mismatch("1.1", "1.2.1")
+    assert msg == ("trtllm_version '1.1': the outputs are written for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM "
+                   "is 1.2.1; set trtllm_version: '1.2' and rebuild, or install TensorRT-LLM 1.1.0")
+    (new,) = registry.installed_mismatch("1.2", "1.3.0rc1")
+    assert "installed TensorRT-LLM is 1.3.0rc1; run in the pinned image" in new and "Checking a new" in new

@@ -203,32 +203,6 @@ def test_tensorrt_render_golden(tensorrt_build: tuple[Any, Path], tmp_path: Path
     check_golden("tensorrt/client.json", json.dumps(desc, indent=2) + "\n")
 
 
-def test_tensorrt_llm_model_matches_the_cpp_backend(tensorrt_build: tuple[Any, Path], tmp_path: Path) -> None:
-    """What the C++ tensorrtllm backend needs (triton_backend/inflight_batcher_llm/src): the guided-decoding
-    parameters it reads unconditionally, [1] inputs reshaped to [] and ragged ids for splitBatchInputsTensors, every
-    perf output it writes declared, and no parameter it does not read."""
-    cfg, build = tensorrt_build
-    repo = tmp_path / "repo"
-    render.render(cfg, build, repo)
-    llm = parse(repo, "tensorrt_llm")
-    params = {k: v.string_value for k, v in llm.parameters.items()}
-    assert (params["guided_decoding_backend"], params["xgrammar_tokenizer_info_path"]) == ("", "")
-    assert params["tokenizer_dir"] == str((build / "checkpoint" / "tokenizer").resolve())
-    assert "FORCE_CPU_ONLY_INPUT_TENSORS" not in params  # a python-backend parameter; the C++ backend never reads it
-    for i in llm.input:
-        assert i.HasField("reshape") == (list(i.dims) == [1]), i.name
-        assert list(i.reshape.shape) == []
-        assert i.allow_ragged_batch == (i.name in ("input_ids", "stop_words_list")), i.name
-    outputs = {o.name: mc.DataType.Name(o.data_type) for o in llm.output}
-    assert {k: outputs[k] for k in ("arrival_time_ns", "kv_cache_alloc_new_blocks", "acceptance_rate")} == {
-        "arrival_time_ns": "TYPE_INT64", "kv_cache_alloc_new_blocks": "TYPE_INT32", "acceptance_rate": "TYPE_FP32"}
-    assert len(outputs) == 12
-    # the preprocessing model refuses sampling requests for engine-flow EAGLE (see test_triton_cpp_preprocessing.py)
-    assert parse(repo, "preprocessing").parameters["greedy_only"].string_value == "true"
-    desc = json.loads((repo / "client.json").read_text())
-    assert desc["perf_semantics"].startswith("TensorRT-LLM's C++ runtime") and "steps x depth" in desc["perf_semantics"]
-
-
 def test_pytorch_render_golden(pytorch_build: tuple[Any, Path], target4: Path, tmp_path: Path) -> None:
     import yaml
 

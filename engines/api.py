@@ -170,18 +170,21 @@ class ReferenceEngine:
         dtype: str,
         device: str = "auto",
         eagle3_head_dir: Path | None = None,
+        draft_vocab: list[int] | None = None,
     ) -> ReferenceEngine:
         """Load a TRT-LLM checkpoint dir (config.json + rank{r}.safetensors, tokenizer in `<dir>/tokenizer`).
 
         `tree` None = target-only decoding (the checkpoint may still hold a head; it is not used). An
         `EagleForCausalLM` checkpoint carries its EAGLE-1/2 head; an EAGLE-3 head is a separate normalized dir
         (`eagle3_head_dir`). A tp>1 checkpoint must be loaded in every rank of an initialized torch.distributed
-        group of that size (see engines/parallel.py).
+        group of that size (see engines/parallel.py). `draft_vocab` (EAGLE-1/2 heads): the target token ids the head
+        drafts over, e.g. the most frequent ones (engines/draft_vocab.py); outputs are unchanged.
         """
         from engines.runtime import Runtime
 
         return cls(
-            Runtime.load(Path(checkpoint_dir), tree=tree, dtype=dtype, device=device, eagle3_head_dir=eagle3_head_dir)
+            Runtime.load(Path(checkpoint_dir), tree=tree, dtype=dtype, device=device, eagle3_head_dir=eagle3_head_dir,
+                         draft_vocab=draft_vocab)
         )
 
     # ---- properties ---------------------------------------------------------------------------------------------

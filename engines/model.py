@@ -77,10 +77,10 @@ class Rope:
         emb = torch.cat([emb, emb], dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
 
-    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1
-        if need > self.cos.shape[0]:
-            self._grow(need)
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin at `positions`, all < `bound` (a host-side bound: no read-back of the positions)."""
+        if bound > self.cos.shape[0]:
+            self._grow(bound)
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
@@ -132,7 +132,7 @@ class Step:
 
     rows (B,): cache rows; slots (B, T): cache slots of the new K/V; positions (B, T): RoPE positions;
     mask (B, 1, T, kv_len) bool over cache slots [0, kv_len), or None when every new token sees every slot < kv_len
-    (a single sequence, single token)."""
+    (a single sequence, single token). Every position is < kv_len (a token's position is at most its slot)."""
 
     rows: torch.Tensor
     slots: torch.Tensor
@@ -301,7 +301,7 @@ class Llama:
         """Returns the post-norm last hidden state (B, T, H) and the residual stream at the ids in `capture`:
         id j = the INPUT of decoder layer j (0 = the embeddings; len(layers) = the last layer's output, pre-norm)."""
         x = F.embedding(tokens, self.embed)
-        rope = self.rope(step.positions, x.dtype)
+        rope = self.rope(step.positions, x.dtype, step.kv_len)
         by_layer: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in capture:
@@ -340,7 +340,7 @@ class Eagle1Drafter:
         x = self.fc(torch.cat([F.embedding(tokens, self.embed), feats], dim=-1))
         if self.fc_gather is not None:
             x = self.fc_gather.all_gather_last(x)
-        rope = self.rope(step.positions, x.dtype)
+        rope = self.rope(step.positions, x.dtype, step.kv_len)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, step, cache.k[i], cache.v[i])
         return x
@@ -406,7 +406,7 @@ class Eagle3Drafter:
     def forward(self, tokens: torch.Tensor, feats: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         emb = F.embedding(tokens, self.embed)
         h = torch.cat([rms_norm(emb, self.input_norm, self.eps), rms_norm(feats, self.hidden_norm, self.eps)], dim=-1)
-        rope = self.rope(step.positions, feats.dtype)
+        rope = self.rope(step.positions, feats.dtype, step.kv_len)
         x = feats + self.attn(h, rope, step, cache.k[0], cache.v[0])
         return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
 

@@ -213,7 +213,7 @@ def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) 
     head = spec.path(build_dir, spec.eagle3_head_dir) if spec.eagle3_head_dir else None
     rt = Runtime.load(
         spec.path(build_dir, spec.checkpoint_dir), tree=tree, dtype=spec.dtype, device=device or spec.device,
-        eagle3_head_dir=head, tokenizer_dir=spec.path(build_dir, spec.tokenizer_dir),
+        eagle3_head_dir=head, tokenizer_dir=spec.path(build_dir, spec.tokenizer_dir), draft_vocab=spec.draft_vocab,
     )
     if rt.group.size != spec.tp:
         raise CheckpointError(f"reference.json says tp={spec.tp} but the checkpoint has tp_size={rt.group.size}")

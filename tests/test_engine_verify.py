@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engines.verify import first_divergence, main
+from engines.lossless import first_divergence
+from engines.verify import main
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,175 @@
+"""What a decoding step costs on this machine, and what it could cost at best.
+
+- `forward_ms`: the target's forward with T new tokens after a context (KV cache, logits at the last position), the
+  unit the verification of a T-node tree costs.
+- `bounds`: the two roofs of such a forward. Memory: every weight is read once per forward, so it cannot take less
+  than (bytes of the weights its products read) / (measured memory bandwidth). Compute: 2 * T * params FLOPs for the
+  decoder layers (+ one lm_head row) cannot take less than that / (a large float32 GEMM's measured FLOP rate).
+- `profile_cycles`: the parts of the speculative cycles of a generation (engines/profile.py `Laps`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engines.api import GenerationRequest
+from engines.linear import Linear
+from engines.model import Llama, Rows
+from engines.profile import NO_LAPS, Laps
+from engines.session import Session
+
+
+def median_s(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ---- the roofs ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Machine:
+    copy_bytes_per_s: float  # STREAM-copy convention: (bytes read + bytes written) / s
+    read_bytes_per_s: float  # a reduction over a buffer: bytes read / s
+    gemm_flops: float  # float32 (or the product dtype's) FLOP/s of a large square matmul
+
+
+def measure_machine(device: torch.device, mib: int = 256, repeats: int = 5) -> Machine:
+    """Memory bandwidth of a large copy and a large read, and a large GEMM's FLOP rate, on `device`."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    n = mib * 2**20 // 4
+    a, b = torch.ones(n, device=device), torch.empty(n, device=device)
+
+    def timed(fn: Callable[[], object]) -> float:
+        return median_s(lambda: (fn(), sync()), repeats)
+
+    copy = 2 * 4 * n / timed(lambda: b.copy_(a))
+    read = 4 * n / timed(lambda: a.sum())
+    m = 2048 if device.type == "cpu" else 8192
+    x = torch.randn(m, m, device=device)
+    flops = 2 * m**3 / timed(lambda: x @ x)
+    return Machine(copy, read, flops)
+
+
+def linears_of(target: Llama) -> tuple[list[Linear], Linear]:
+    """The decoder layers' linears and the lm_head's."""
+    out: list[Linear] = []
+    for layer in target.layers:
+        mlp = layer.mlp
+        out += [layer.attn.qkv, layer.attn.dense, mlp.proj]
+        out += [mlp.fc_gate] if mlp.fc_gate is not None else [mlp.fc, mlp.gate]  # type: ignore[list-item]
+    return out, target.lm_head.linear
+
+
+def weight_bytes(target: Llama) -> int:
+    """Bytes of weights one target forward reads (every layer product and one lm_head product), in the layout its
+    products use (engines/linear.py: float32 for the float32-kernel layout)."""
+    layers, head = linears_of(target)
+    return sum(lin.weight.numel() * lin.weight.element_size() for lin in layers + [head])
+
+
+def forward_flops(target: Llama, t: int) -> float:
+    """2 * T * params of the decoder layers' products + 2 * params of one lm_head row (logits at the last position)."""
+    layers, head = linears_of(target)
+    return 2.0 * t * sum(lin.weight.numel() for lin in layers) + 2.0 * head.weight.numel()
+
+
+@dataclass(frozen=True)
+class Bounds:
+    memory_copy_s: float  # weight bytes / copy bandwidth
+    memory_read_s: float  # weight bytes / read bandwidth
+    compute_s: float  # FLOPs / GEMM rate
+
+    @property
+    def roof_s(self) -> float:
+        """The larger of the compute bound and the (faster-bandwidth) memory bound: no forward can beat it."""
+        return max(self.compute_s, min(self.memory_copy_s, self.memory_read_s))
+
+
+def bounds(target: Llama, t: int, machine: Machine) -> Bounds:
+    wb = weight_bytes(target)
+    return Bounds(wb / machine.copy_bytes_per_s, wb / machine.read_bytes_per_s, forward_flops(target, t) / machine.gemm_flops)
+
+
+# ---- the forward ----------------------------------------------------------------------------------------------------
+
+
+def forward_ms(target: Llama, dtype: torch.dtype, device: torch.device, ts: list[int], context: int = 200,
+               repeats: int = 7, seed: int = 0) -> dict[int, float]:
+    """Median wall ms of one target forward with T new tokens (causal among themselves) after `context` cached
+    tokens, plus the lm_head at the last position, for each T in `ts`. One sequence; the cache is rewound after
+    every forward (the new tokens overwrite the same slots)."""
+    from engines.model import KVCache
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = target.lm_head.vocab_size
+    cache = KVCache.allocate(len(target.layers), 1, context + max(ts) + 1, target.kv_heads, target.head_dim, dtype, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out: dict[int, float] = {}
+    with torch.inference_mode():
+        prompt = torch.randint(0, vocab, (1, context), generator=g).to(device)
+        arange = torch.arange(context, device=device)
+        causal = torch.ones(context, context, dtype=torch.bool, device=device).tril()[None]
+        target.forward(prompt, Rows.of([0], [0], device).step(arange[None], causal), cache)
+        rows = Rows.of([0], [context], device)
+        for t in ts:
+            tokens = torch.randint(0, vocab, (1, t), generator=g).to(device)
+            visible = torch.ones(t, t, dtype=torch.bool, device=device).tril()[None]
+            positions = (context + torch.arange(t, device=device))[None]
+
+            def one() -> None:
+                hidden, _ = target.forward(tokens, rows.step(positions, visible), cache)
+                target.lm_head(hidden[:, -1])
+                sync()
+
+            out[t] = 1e3 * median_s(one, repeats)
+    return out
+
+
+# ---- the cycle ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CycleProfile:
+    laps: Laps  # parts summed over every speculative step
+    decode_s: float  # wall time of those steps, measured around each `Session.step()` call
+    tokens: int  # tokens generated by them (the prefill's first token excluded)
+
+    def per_cycle_ms(self) -> dict[str, float]:
+        return self.laps.per_step_ms()
+
+
+def profile_cycles(session: Session, requests: list[GenerationRequest]) -> CycleProfile:
+    """Decode `requests` in `session` (a speculative session with room for all of them) with laps on; prefills
+    are not counted. Returns the parts of every speculative step and the steps' wall time measured outside."""
+    laps = Laps.for_device(session.rt.device)
+    slots = [session.add(r) for r in requests]
+    session.step()  # prefill (one forward per prompt length)
+    while session.pending:
+        session.step()
+    first = sum(len(session.out[i]) for i in slots)
+    session.laps = laps
+    decode = 0.0
+    try:
+        while not session.done:
+            t0 = time.perf_counter()
+            session.step()
+            decode += time.perf_counter() - t0
+    finally:
+        session.laps = NO_LAPS
+    tokens = sum(len(session.out[i]) for i in slots) - first
+    for i in slots:
+        session.pop(i)
+    return CycleProfile(laps, decode, tokens)
+

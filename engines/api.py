@@ -187,6 +187,14 @@ class ReferenceEngine:
                          draft_vocab=draft_vocab)
         )
 
+    def with_tree(self, tree: DraftTree | DynamicTree) -> ReferenceEngine:
+        """This engine's weights (shared, not copied) drafting with another tree."""
+        return ReferenceEngine(self._rt.with_tree(tree))
+
+    def with_draft_vocab(self, ids: list[int]) -> ReferenceEngine:
+        """This engine's weights (shared) with its EAGLE-1/2 head drafting over the target tokens `ids` only."""
+        return ReferenceEngine(self._rt.with_draft_vocab(ids))
+
     # ---- properties ---------------------------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Any:

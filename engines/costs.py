@@ -1,6 +1,6 @@
 """What a decoding step costs on this machine, and what it could cost at best.
 
-- `forward_ms`: the target's forward with T new tokens after a context (KV cache, logits at the last position), the
+- `forward_fns`: the target's forward with T new tokens after a context (KV cache, logits at the last position), the
   unit the verification of a T-node tree costs.
 - `bounds`: the two roofs of such a forward. Memory: every weight is read once per forward, so it cannot take less
   than (bytes of the weights its products read) / (measured memory bandwidth). Compute: 2 * T * params FLOPs for the
@@ -14,14 +14,17 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
-from engines.api import GenerationRequest
+from engines.api import GenerationRequest, GenerationResult
 from engines.linear import Linear
-from engines.model import Llama, Rows
+from engines.model import KVCache, Llama, Rows
 from engines.profile import NO_LAPS, Laps
 from engines.session import Session
+
+K = TypeVar("K")
 
 
 def median_s(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
@@ -105,36 +108,47 @@ def bounds(target: Llama, t: int, machine: Machine) -> Bounds:
 # ---- the forward ----------------------------------------------------------------------------------------------------
 
 
-def forward_ms(target: Llama, dtype: torch.dtype, device: torch.device, ts: list[int], context: int = 200,
-               repeats: int = 7, seed: int = 0) -> dict[int, float]:
-    """Median wall ms of one target forward with T new tokens (causal among themselves) after `context` cached
-    tokens, plus the lm_head at the last position, for each T in `ts`. One sequence; the cache is rewound after
-    every forward (the new tokens overwrite the same slots)."""
-    from engines.model import KVCache
+def interleaved_ms(fns: dict[K, Callable[[], object]], repeats: int) -> dict[K, float]:
+    """Median wall ms of each function, called round-robin (one call each per round, after one warm-up round) so
+    that a change of load on a shared machine reaches every function alike."""
+    times: dict[K, list[float]] = {k: [] for k in fns}
+    for r in range(repeats + 1):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                times[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
+
+def forward_fns(target: Llama, dtype: torch.dtype, device: torch.device, ts: list[int], context: int = 200,
+                seed: int = 0) -> dict[int, Callable[[], None]]:
+    """For each T in `ts`: one target forward with T new tokens (causal among themselves) after `context` cached
+    tokens, plus the lm_head at the last position. One sequence; each call overwrites the same cache slots."""
     g = torch.Generator().manual_seed(seed)
     vocab = target.lm_head.vocab_size
     cache = KVCache.allocate(len(target.layers), 1, context + max(ts) + 1, target.kv_heads, target.head_dim, dtype, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    out: dict[int, float] = {}
     with torch.inference_mode():
         prompt = torch.randint(0, vocab, (1, context), generator=g).to(device)
-        arange = torch.arange(context, device=device)
         causal = torch.ones(context, context, dtype=torch.bool, device=device).tril()[None]
-        target.forward(prompt, Rows.of([0], [0], device).step(arange[None], causal), cache)
-        rows = Rows.of([0], [context], device)
-        for t in ts:
-            tokens = torch.randint(0, vocab, (1, t), generator=g).to(device)
-            visible = torch.ones(t, t, dtype=torch.bool, device=device).tril()[None]
-            positions = (context + torch.arange(t, device=device))[None]
+        target.forward(prompt, Rows.of([0], [0], device).step(torch.arange(context, device=device)[None], causal), cache)
+    rows = Rows.of([0], [context], device)
 
-            def one() -> None:
-                hidden, _ = target.forward(tokens, rows.step(positions, visible), cache)
-                target.lm_head(hidden[:, -1])
-                sync()
+    def make(t: int) -> Callable[[], None]:
+        tokens = torch.randint(0, vocab, (1, t), generator=g).to(device)
+        visible = torch.ones(t, t, dtype=torch.bool, device=device).tril()[None]
+        positions = (context + torch.arange(t, device=device))[None]
 
-            out[t] = 1e3 * median_s(one, repeats)
-    return out
+        @torch.inference_mode()
+        def one() -> None:
+            hidden, _ = target.forward(tokens, rows.step(positions, visible), cache)
+            target.lm_head(hidden[:, -1])
+            sync()
+
+        return one
+
+    return {t: make(t) for t in ts}
 
 
 # ---- the cycle ------------------------------------------------------------------------------------------------------
@@ -143,21 +157,25 @@ def forward_ms(target: Llama, dtype: torch.dtype, device: torch.device, ts: list
 @dataclass
 class CycleProfile:
     laps: Laps  # parts summed over every speculative step
-    decode_s: float  # wall time of those steps, measured around each `Session.step()` call
-    tokens: int  # tokens generated by them (the prefill's first token excluded)
+    prefill_s: float  # wall time of the prefill steps
+    decode_s: float  # wall time of the decoding steps, measured around each `Session.step()` call
+    tokens: int  # tokens generated by the decoding steps (the prefill's first token of each request excluded)
+    results: list[GenerationResult]
 
     def per_cycle_ms(self) -> dict[str, float]:
         return self.laps.per_step_ms()
 
 
 def profile_cycles(session: Session, requests: list[GenerationRequest]) -> CycleProfile:
-    """Decode `requests` in `session` (a speculative session with room for all of them) with laps on; prefills
-    are not counted. Returns the parts of every speculative step and the steps' wall time measured outside."""
+    """Decode `requests` in `session` (with room for all of them), laps on for the decoding steps. Returns the parts
+    of every speculative step, the wall time of the prefill and of the decoding steps measured outside, and the
+    results."""
     laps = Laps.for_device(session.rt.device)
     slots = [session.add(r) for r in requests]
-    session.step()  # prefill (one forward per prompt length)
+    t0 = time.perf_counter()
     while session.pending:
         session.step()
+    prefill = time.perf_counter() - t0
     first = sum(len(session.out[i]) for i in slots)
     session.laps = laps
     decode = 0.0
@@ -169,7 +187,4 @@ def profile_cycles(session: Session, requests: list[GenerationRequest]) -> Cycle
     finally:
         session.laps = NO_LAPS
     tokens = sum(len(session.out[i]) for i in slots) - first
-    for i in slots:
-        session.pop(i)
-    return CycleProfile(laps, decode, tokens)
-
+    return CycleProfile(laps, prefill, decode, tokens, [session.pop(i) for i in slots])

@@ -11,6 +11,7 @@ is the special case of a tree that is a line.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -331,7 +332,7 @@ class Eagle1Drafter:
     kv_heads: int
     head_dim: int
     capture: tuple[int, ...] = ()  # EAGLE-1 uses only the last hidden state
-    draft_ids: torch.Tensor | None = None  # target ids of a restricted draft vocabulary (`restrict_vocab`)
+    draft_ids: torch.Tensor | None = None  # target ids of a restricted draft vocabulary (`restricted`)
 
     def features(self, hidden: torch.Tensor, captured: list[torch.Tensor]) -> torch.Tensor:
         return hidden
@@ -345,10 +346,10 @@ class Eagle1Drafter:
             x = layer(x, rope, step, cache.k[i], cache.v[i])
         return x
 
-    def restrict_vocab(self, ids: list[int]) -> None:
-        """Draft over the target tokens `ids` only: the head's lm_head keeps their rows, draft id i is target id
-        ids[i]. The target still verifies over its full vocabulary, so outputs do not change; only what the head
-        can propose (and so tau) does."""
+    def restricted(self, ids: list[int]) -> Eagle1Drafter:
+        """This head drafting over the target tokens `ids` only: its lm_head keeps their rows (a new Linear; the
+        layers are shared), draft id i is target id ids[i]. The target still verifies over its full vocabulary, so
+        outputs do not change; only what the head can propose (and so tau) does."""
         if self.draft_ids is not None:
             raise ValueError("the draft vocabulary is already restricted")
         if self.lm_head.group.size > 1:
@@ -362,9 +363,9 @@ class Eagle1Drafter:
             )
         at = torch.tensor(ids, device=self.embed.device)
         lin = self.lm_head.linear
-        self.lm_head = LMHead(Linear(lin.weight[at].contiguous(), None if lin.bias is None else lin.bias[at]), len(ids),
-                              self.lm_head.group)
-        self.draft_ids = at
+        head = LMHead(Linear(lin.weight[at].contiguous(), None if lin.bias is None else lin.bias[at]), len(ids),
+                      self.lm_head.group)
+        return dataclasses.replace(self, lm_head=head, draft_ids=at)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h)

@@ -6,8 +6,8 @@ construction (the loop marks each boundary: draft levels, verification, walk, KV
 bookkeeping). On CUDA every mark synchronizes first, so a part holds the device work it queued; this costs a host
 sync per mark and is why laps are off unless a profiler asks for them (`NO_LAPS`).
 
-`python_share` measures the other axis: the share of a call's wall time spent inside ATen operators (the top-level
-operator events of `torch.profiler`), the rest being Python and dispatch between operators.
+`python_share` measures the other axis: the share of a call's wall time spent inside torch operators (the
+top-level operator events of `torch.profiler`), the rest being Python and dispatch between operators.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ NO_LAPS: Laps = _NoLaps()
 
 
 def python_share(fn: Callable[[], object]) -> tuple[float, float]:
-    """(wall seconds of fn(), seconds inside top-level ATen operators) under torch.profiler (CPU activity).
+    """(wall seconds of fn(), seconds inside top-level torch operators: aten::, mkldnn::, ...) under torch.profiler.
 
     The profiler adds a few microseconds per operator to both; the difference is Python and dispatch between
     operators (the overhead a compiled or graph-captured step removes)."""
@@ -77,5 +77,6 @@ def python_share(fn: Callable[[], object]) -> tuple[float, float]:
         t0 = time.perf_counter()
         fn()
         wall = time.perf_counter() - t0
-    top = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+    # Operator events are named namespace::op (aten::, mkldnn::, ...); nested ones are inside their parent's time.
+    top = [e for e in prof.events() if e.cpu_parent is None and "::" in e.name]
     return wall, sum(e.cpu_time_total for e in top) * 1e-6

@@ -8,6 +8,7 @@ done; Triton's reference model keeps one session for its lifetime (in-flight bat
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +131,7 @@ class Runtime:
         tensors.check_all_used(ignore)
         tensors.close()
         if draft_vocab is not None:
-            restrict_draft_vocab(drafter, draft_vocab)
+            drafter = restrict_draft_vocab(drafter, draft_vocab)
         fuse_and_lay_out(target, drafter)
         static = StaticTree.build(tree, dev) if isinstance(tree, DraftTree) else None
         if tree is not None:
@@ -138,6 +139,22 @@ class Runtime:
         random_head = bool(cfg.get("eagle_deploy", {}).get("random_head", False))
         tok = load_tokenizer(tokenizer_dir or ckpt / "tokenizer")
         return cls(target, drafter, tree, static, tok, dev, DTYPES[dtype], random_head, group)
+
+    def with_tree(self, tree: DraftTree | DynamicTree) -> Runtime:
+        """The same weights (not copied) drafting with another tree."""
+        if self.drafter is None:
+            raise ValueError("this engine has no EAGLE head; a tree needs one")
+        check_tree_fits(tree, self.drafter)
+        static = StaticTree.build(tree, self.device) if isinstance(tree, DraftTree) else None
+        return dataclasses.replace(self, tree=tree, static=static)
+
+    def with_draft_vocab(self, ids: list[int]) -> Runtime:
+        """The same weights with the head drafting over `ids` only (a new lm_head of those rows; the rest shared)."""
+        drafter = restrict_draft_vocab(self.drafter, ids)
+        prepare_linears(drafter.lm_head)
+        if self.tree is not None:
+            check_tree_fits(self.tree, drafter)
+        return dataclasses.replace(self, drafter=drafter)
 
     def generate(self, requests: list[GenerationRequest], *, speculative: bool, on_tokens: OnTokens | None) -> list[GenerationResult]:
         if not requests:
@@ -164,12 +181,12 @@ class Runtime:
         return Session(self, [], spec, on_tokens, capacity=capacity, max_len=max_len)
 
 
-def restrict_draft_vocab(drafter: Drafter | None, ids: list[int]) -> None:
+def restrict_draft_vocab(drafter: Drafter | None, ids: list[int]) -> Eagle1Drafter:
     if drafter is None:
         raise ValueError("draft_vocab restricts an EAGLE head's drafting, but this engine has no head (tree=None)")
     if not isinstance(drafter, Eagle1Drafter):
         raise ValueError("draft_vocab is for EAGLE-1/2 heads; an EAGLE-3 head drafts over its own vocabulary (d2t)")
-    drafter.restrict_vocab(ids)
+    return drafter.restricted(ids)
 
 
 def fuse_and_lay_out(target: Llama, drafter: Drafter | None) -> None:

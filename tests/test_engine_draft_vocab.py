@@ -120,3 +120,20 @@ def test_bad_draft_vocabularies_are_refused(mimic_ckpt: Path, eagle3_ckpt: Path,
     with pytest.raises(ValueError, match="top 10 draft tokens per node but the draft vocabulary has 4"):
         ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset("trtllm-default")),
                                         dtype="float32", device="cpu", draft_vocab=[1, 2, 3, 4])
+
+
+def test_with_tree_and_with_draft_vocab_share_the_weights(mimic_ckpt: Path) -> None:
+    chain = DraftTree.from_choices(preset("chain-3"))
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=chain, dtype="float32", device="cpu")
+    other = engine.with_tree(DraftTree.from_choices(preset("eagle-default")))
+    assert other.tree == DraftTree.from_choices(preset("eagle-default")) and engine.tree == chain
+    assert other._rt.target is engine._rt.target and other._rt.drafter is engine._rt.drafter
+    ids = list(range(0, 320, 2))
+    small = engine.with_draft_vocab(ids)
+    d, d0 = small._rt.drafter, engine._rt.drafter
+    assert d.layers is d0.layers and d.lm_head.vocab_size == 160 and d0.lm_head.vocab_size == 320  # type: ignore[union-attr]
+    loaded = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=chain, dtype="float32", device="cpu", draft_vocab=ids)
+    assert [r.output_ids for r in small.generate(reqs())] == [r.output_ids for r in loaded.generate(reqs())]
+    assert small.aggregate(small.generate(reqs())).tau == loaded.aggregate(loaded.generate(reqs())).tau
+    with pytest.raises(ValueError, match="already restricted"):
+        small.with_draft_vocab(ids)

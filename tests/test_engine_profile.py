@@ -11,7 +11,7 @@ import torch
 
 from builders.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.costs import Machine, bounds, forward_flops, forward_ms, profile_cycles, weight_bytes
+from engines.costs import Machine, bounds, forward_flops, forward_fns, interleaved_ms, profile_cycles, weight_bytes
 from engines.linear import native_16bit
 from engines.profile import NO_LAPS, Laps, python_share
 
@@ -58,6 +58,7 @@ def test_cycle_parts_add_up_to_the_cycle(mimic_ckpt: Path, tree, levels: list[st
     agg = engine.aggregate(expected)
     assert prof.laps.steps == max(r.stats.target_forwards for r in expected)
     assert prof.tokens == agg.generated_tokens - len(reqs)
+    assert [r.output_ids for r in prof.results] == [r.output_ids for r in expected]
     # The parts cover the steps' wall time as measured around Session.step(): only the call into the step and
     # its dispatch are outside them.
     assert 0 < prof.laps.total <= prof.decode_s
@@ -83,7 +84,10 @@ def test_forward_cost_and_bounds_count_weights_and_flops(target_ckpt: Path) -> N
     b = bounds(t, 8, Machine(copy_bytes_per_s=1e9, read_bytes_per_s=2e9, gemm_flops=1e9))
     assert b.memory_copy_s == weight_bytes(t) / 1e9 and b.memory_read_s == weight_bytes(t) / 2e9
     assert b.roof_s == max(b.compute_s, b.memory_read_s)
-    ms = forward_ms(t, torch.float32, torch.device("cpu"), [1, 4], context=16, repeats=3)
+    calls: list[int] = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in "ab"}
+    assert set(interleaved_ms(fns, repeats=3)) == {"a", "b"} and calls == ["a", "b"] * 4  # warm-up round + 3
+    ms = interleaved_ms(forward_fns(t, torch.float32, torch.device("cpu"), [1, 4], context=16), repeats=3)
     assert set(ms) == {1, 4} and all(v > 0 for v in ms.values())
     half = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="bfloat16", device="cpu")
     # bf16 weights are read as float32 where the CPU has no native 16-bit matmul (engines/linear.py).

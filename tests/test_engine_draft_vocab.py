@@ -137,3 +137,31 @@ def test_with_tree_and_with_draft_vocab_share_the_weights(mimic_ckpt: Path) -> N
     assert small.aggregate(small.generate(reqs())).tau == loaded.aggregate(loaded.generate(reqs())).tau
     with pytest.raises(ValueError, match="already restricted"):
         small.with_draft_vocab(ids)
+
+
+def test_config_field_reaches_reference_json(tmp_path: Path) -> None:
+    """draft.draft_vocab (EAGLE-1/2 on the reference backend): the file's ids are recorded in reference.json; the
+    other combinations are config errors naming the fix; a relative path is relative to the config file."""
+    import yaml
+
+    from builders.config import ConfigError, load_config
+    from builders.engine.reference import reference_spec
+
+    write_draft_vocab(tmp_path / "dv.json", [7, 3, 5], torch.tensor([0, 0, 0, 2, 0, 3, 0, 4]), "test")
+    base = {
+        "name": "dv", "output_dir": "out", "target": {"model": "/models/target", "dtype": "bfloat16"},
+        "draft": {"type": "eagle", "model": "/models/head", "draft_vocab": "dv.json"},
+        "tree": {"choices": "chain-3"},
+        "engine": {"backend": "reference", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128},
+    }
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump(base))
+    cfg = load_config(cfg_file)
+    assert cfg.draft.draft_vocab == str(tmp_path / "dv.json")
+    spec = reference_spec(cfg, random_head=False)
+    assert spec.draft_vocab == [7, 3, 5] and spec.dtype == "bfloat16"
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg_file, ["draft.type=eagle3", "engine.backend=pytorch"])
+    text = str(e.value)
+    assert "draft.draft_vocab is for draft.type=eagle; an EAGLE-3 head drafts over its own vocabulary" in text
+    assert "draft.draft_vocab needs engine.backend reference (TensorRT-LLM's pytorch backend" in text

@@ -6,6 +6,7 @@
   than (bytes of the weights its products read) / (measured memory bandwidth). Compute: 2 * T * params FLOPs for the
   decoder layers (+ one lm_head row) cannot take less than that / (a large float32 GEMM's measured FLOP rate).
 - `profile_cycles`: the parts of the speculative cycles of a generation (engines/profile.py `Laps`).
+- `eagle_speedup`: what EAGLE buys over target-only decoding with the same engine (`make demo` prints it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 import torch
 
-from engines.api import GenerationRequest, GenerationResult
+from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams, aggregate_stats
 from engines.linear import Linear
 from engines.model import KVCache, Llama, Rows
 from engines.profile import NO_LAPS, Laps
@@ -188,3 +189,41 @@ def profile_cycles(session: Session, requests: list[GenerationRequest]) -> Cycle
         session.laps = NO_LAPS
     tokens = sum(len(session.out[i]) for i in slots) - first
     return CycleProfile(laps, prefill, decode, tokens, [session.pop(i) for i in slots])
+
+
+# ---- what EAGLE buys ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Speedup:
+    eagle_tps: float
+    target_tps: float
+    tau: float
+    identical: int  # prompts whose EAGLE output equals target-only decoding's
+    prompts: int
+
+    @property
+    def ratio(self) -> float:
+        return self.eagle_tps / self.target_tps
+
+
+def eagle_speedup(engine: ReferenceEngine, prompts: list[list[int]], max_new_tokens: int, eos: list[int]) -> Speedup:
+    """Greedy tokens/s of EAGLE and of target-only decoding with the same engine on the same prompts, one prompt at
+    a time, the two decodings of a prompt back to back (a change of load reaches both alike)."""
+    if not engine.has_draft:
+        raise ValueError("the engine has no EAGLE head: nothing to compare target-only decoding with")
+    secs = {True: 0.0, False: 0.0}
+    toks = {True: 0, False: 0}
+    outs: dict[bool, list[list[int]]] = {True: [], False: []}
+    stats = []
+    for ids in prompts:
+        for spec in (False, True):
+            t0 = time.perf_counter()
+            [r] = engine.generate([GenerationRequest(ids, max_new_tokens, SamplingParams(), eos)], speculative=spec)
+            secs[spec] += time.perf_counter() - t0
+            toks[spec] += len(r.output_ids)
+            outs[spec].append(r.output_ids)
+            if spec:
+                stats.append(r.stats)
+    same = sum(a == b for a, b in zip(outs[True], outs[False]))
+    return Speedup(toks[True] / secs[True], toks[False] / secs[False], aggregate_stats(stats).tau, same, len(prompts))

@@ -92,3 +92,19 @@ def test_forward_cost_and_bounds_count_weights_and_flops(target_ckpt: Path) -> N
     half = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="bfloat16", device="cpu")
     # bf16 weights are read as float32 where the CPU has no native 16-bit matmul (engines/linear.py).
     assert weight_bytes(half._rt.target) == (weight_bytes(t) // 2 if native_16bit(torch.bfloat16) else weight_bytes(t))
+
+
+def test_eagle_speedup_compares_both_decodings_on_the_same_prompts(mimic_ckpt: Path, target_ckpt: Path) -> None:
+    from engines.costs import eagle_speedup
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset("chain-3")),
+                                             dtype="float32", device="cpu")
+    prompts = [[5 + i, 17, 33, 101, 7] for i in range(2)]
+    s = eagle_speedup(engine, prompts, 24, [])
+    spec = engine.generate([GenerationRequest(p, 24, SamplingParams(), []) for p in prompts])
+    assert s.prompts == 2 and s.identical == 2  # greedy float32: EAGLE reproduces target-only decoding
+    assert s.tau == pytest.approx(engine.aggregate(spec).tau) and s.tau > 1.2
+    assert s.ratio == pytest.approx(s.eagle_tps / s.target_tps) and s.eagle_tps > 0 and s.target_tps > 0
+    plain = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="no EAGLE head"):
+        eagle_speedup(plain, prompts, 4, [])

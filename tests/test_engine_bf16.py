@@ -24,12 +24,7 @@ from engines.lossless import Divergence, explain, first_divergence, next_logits 
 IDS = [(i * 37) % 300 + 3 for i in range(60)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def all_logits(engine: ReferenceEngine, ids: list[int]) -> torch.Tensor:
@@ -130,14 +125,15 @@ def test_bfloat16_eagle_agrees_with_bfloat16_target_only_on_a_tiny_model(mimic_c
 
 @pytest.mark.slow
 def test_smollm2_bfloat16_logits_match_hf_bfloat16(tmp_path: Path) -> None:
+    """A bfloat16 checkpoint, as a `target.dtype: bfloat16` build converts it."""
     from builders.convert import convert_llama
     from builders.demo_model import smollm2_dir
+    from engines.runtime import load_tokenizer
 
-    hf_dir = smollm2_dir()
-    convert_llama(hf_dir, tmp_path / "ckpt", dtype="bfloat16")
-    engine = ReferenceEngine.from_checkpoint(tmp_path / "ckpt", tree=None, dtype="bfloat16", device="cpu")
-    ids = engine.tokenizer("The capital of France is Paris, and the capital of Italy is")["input_ids"]
-    check_against_hf(hf_dir, tmp_path / "ckpt", "bfloat16", ids)
+    convert_llama(smollm2_dir(), tmp_path / "ckpt", dtype="bfloat16")
+    tok = load_tokenizer(tmp_path / "ckpt" / "tokenizer")
+    ids = tok("The capital of France is Paris, and the capital of Italy is")["input_ids"]
+    check_against_hf(smollm2_dir(), tmp_path / "ckpt", "bfloat16", ids)
 
 
 @pytest.mark.gpu

@@ -18,12 +18,7 @@ from engines.draft_vocab import DraftVocabError, count_tokens, ranked, read_draf
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [6, 17, 33, 101, 7]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reqs() -> list[GenerationRequest]:

@@ -15,12 +15,7 @@ from engines.model import MLP
 from engines.parallel import TPGroup
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _target_linears(engine: ReferenceEngine) -> list[Linear]:

@@ -24,13 +24,7 @@ from engines.session import Session  # noqa: E402
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 3, 64, 128, 200, 11]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 2 shared cores: OpenMP threads spinning against other processes make tiny matmuls 100x slower.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def engine_logits(engine: ReferenceEngine, ids: list[int]) -> torch.Tensor:

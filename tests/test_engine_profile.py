@@ -16,12 +16,7 @@ from engines.linear import native_16bit
 from engines.profile import NO_LAPS, Laps, python_share
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_laps_charge_each_interval_to_one_part() -> None:

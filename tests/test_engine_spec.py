@@ -22,12 +22,7 @@ PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 1
 NEW = [30, 17, 24]  # different lengths: sequences finish at different steps
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def static(name: str) -> DraftTree:

@@ -46,11 +46,13 @@ def median_s(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
 class Machine:
     copy_bytes_per_s: float  # STREAM-copy convention: (bytes read + bytes written) / s
     read_bytes_per_s: float  # a reduction over a buffer: bytes read / s
-    gemm_flops: float  # float32 (or the product dtype's) FLOP/s of a large square matmul
+    gemm_flops: float  # FLOP/s of a large square matmul in the dtype the engine's products run in
 
 
-def measure_machine(device: torch.device, mib: int = 256, repeats: int = 5) -> Machine:
-    """Memory bandwidth of a large copy and a large read, and a large GEMM's FLOP rate, on `device`."""
+def measure_machine(device: torch.device, gemm_dtype: torch.dtype = torch.float32, mib: int = 256,
+                    repeats: int = 5) -> Machine:
+    """Memory bandwidth of a large copy and a large read, and a large GEMM's FLOP rate in `gemm_dtype` (the dtype
+    the products run in: engines/linear.py `layout_for`), on `device`."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     n = mib * 2**20 // 4
     a, b = torch.ones(n, device=device), torch.empty(n, device=device)
@@ -61,7 +63,7 @@ def measure_machine(device: torch.device, mib: int = 256, repeats: int = 5) -> M
     copy = 2 * 4 * n / timed(lambda: b.copy_(a))
     read = 4 * n / timed(lambda: a.sum())
     m = 2048 if device.type == "cpu" else 8192
-    x = torch.randn(m, m, device=device)
+    x = torch.randn(m, m, device=device).to(gemm_dtype)
     flops = 2 * m**3 / timed(lambda: x @ x)
     return Machine(copy, read, flops)
 

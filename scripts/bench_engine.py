@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from engines.api import GenerationRequest, ReferenceEngine, RequestStats, SamplingParams, aggregate_stats  # noqa: E402
-from engines.costs import bounds, forward_fns, interleaved_ms, measure_machine, profile_cycles  # noqa: E402
+from engines.costs import Machine, bounds, forward_fns, interleaved_ms, measure_machine, profile_cycles  # noqa: E402
 from engines.data import chat_ids, mtbench_questions  # noqa: E402
 from engines.linear import layout_for  # noqa: E402
 from engines.lossless import explain, first_divergence  # noqa: E402
@@ -178,7 +178,10 @@ def hf_forward_fns(model: Any, ts: list[int], context: int = 200) -> dict[int, C
 
 def forward_costs(engines: dict, hfs: dict, args: argparse.Namespace) -> dict[str, Any]:
     dev = torch.device(args.device)
-    m0 = measure_machine(dev)
+    # The compute roof of the 16-bit rows uses the rate of the dtype their products run in.
+    kinds = {dt: torch.float32 if layout_for(dev, getattr(torch, dt)) == "float32 kernels" else getattr(torch, dt)
+             for dt in args.dtypes}
+    m0 = {k: measure_machine(dev, k) for k in set(kinds.values())}
     fns: dict[tuple[str, int], Callable[[], None]] = {}
     for dt in args.dtypes:
         for t, fn in hf_forward_fns(hfs[dt], TS).items():
@@ -187,13 +190,14 @@ def forward_costs(engines: dict, hfs: dict, args: argparse.Namespace) -> dict[st
         for t, fn in forward_fns(rt.target, rt.dtype, dev, TS).items():
             fns[(f"engine {SHORT[dt]}", t)] = fn
     ms = interleaved_ms(fns, repeats=7)
-    m1 = measure_machine(dev)
-    best = type(m0)(*(max(a, b) for a, b in zip((m0.copy_bytes_per_s, m0.read_bytes_per_s, m0.gemm_flops),
-                                                 (m1.copy_bytes_per_s, m1.read_bytes_per_s, m1.gemm_flops))))
+    m1 = {k: measure_machine(dev, k) for k in m0}
+    # Best of before/after: the strictest roof.
+    best = {k: Machine(*(max(getattr(m0[k], f), getattr(m1[k], f)) for f in Machine.__dataclass_fields__)) for k in m0}
+    b32 = next(iter(best.values()))  # bandwidths do not depend on the GEMM dtype
     print(f"\n1. Forward cost: T new tokens after a 200-token context, one sequence, logits at the last position "
-          f"(median of 7, all rows interleaved). Machine: copy {best.copy_bytes_per_s / 1e9:.1f} GB/s "
-          f"(read+write), read {best.read_bytes_per_s / 1e9:.1f} GB/s, float32 GEMM {best.gemm_flops / 1e9:.1f} GFLOP/s "
-          f"(best of before/after)")
+          f"(median of 7, all rows interleaved). Machine (best of before/after): copy {b32.copy_bytes_per_s / 1e9:.1f} "
+          f"GB/s (read+write), read {b32.read_bytes_per_s / 1e9:.1f} GB/s, GEMM "
+          + ", ".join(f"{str(k).removeprefix('torch.')} {m.gemm_flops / 1e9:.1f} GFLOP/s" for k, m in best.items()))
     print(f"  {'':<13}" + "".join(f"{'T=' + str(t):>16}" for t in TS))
     rows: dict[str, Any] = {}
     for name in dict.fromkeys(k[0] for k in fns):
@@ -202,7 +206,7 @@ def forward_costs(engines: dict, hfs: dict, args: argparse.Namespace) -> dict[st
         rows[name] = {t: ms[(name, t)] for t in TS}
     for dt in args.dtypes:
         target = engines[("eagle3", dt)]._rt.target
-        bs = {t: bounds(target, t, best) for t in TS}
+        bs = {t: bounds(target, t, best[kinds[dt]]) for t in TS}
         name = f"engine {SHORT[dt]}"
         print(f"  roof {SHORT[dt]:<8}" + "".join(f"{1e3 * bs[t].roof_s:>9.1f} {'':>6}" for t in TS)
               + f"  (memory {1e3 * bs[1].memory_copy_s:.1f} ms at copy / {1e3 * bs[1].memory_read_s:.1f} ms at read "
@@ -214,7 +218,7 @@ def forward_costs(engines: dict, hfs: dict, args: argparse.Namespace) -> dict[st
         print(f"  {SHORT[dt]}: engine one-token step {e[1]:.1f} ms = {e[1] / h[1]:.2f}x HF's {h[1]:.1f} ms (target <= 1.0); "
               f"T=8 {e[8] / e[1]:.2f}x (target <= 1.25), T=16 {e[16] / e[1]:.2f}x (target <= 1.5) a one-token step")
     return {"ms": {k: {str(t): v for t, v in r.items()} for k, r in rows.items()},
-            "machine": best.__dict__, "layouts": {dt: layout_for(dev, getattr(torch, dt)) for dt in args.dtypes}}
+            "machine": {str(k): m.__dict__ for k, m in best.items()}, "layouts": {dt: layout_for(dev, getattr(torch, dt)) for dt in args.dtypes}}
 
 
 def generation_table(methods: list[Method], args: argparse.Namespace) -> None:
@@ -238,7 +242,8 @@ def identical(a: Method, b: Method | None) -> int:
 
 def agreement(methods: list[Method], prompts: list[list[int]], oracle: ReferenceEngine, tok: Any) -> dict[str, Any]:
     """Per prompt: first divergence of every engine method from HF and from target-only in its dtype; each
-    divergence from target-only explained by the two tokens' logit gap in float32 and in the engine."""
+    16-bit divergence (EAGLE rows from target-only, target-only rows from HF) explained by the two tokens' logit
+    gap in float32 and in the engine."""
     by = {m.name: m for m in methods}
     print("\n3. Agreement (per prompt: index of the first differing token, '.' = identical)")
     report: dict[str, Any] = {}
@@ -251,13 +256,15 @@ def agreement(methods: list[Method], prompts: list[list[int]], oracle: Reference
             cells = " ".join("." if d is None else str(d) for d in divs)
             print(f"  {m.name:<44} vs {ref.name:<26} {sum(d is None for d in divs):>2}/{len(divs)}: {cells}")
             report[f"{m.name} vs {ref.name}"] = divs
-        if m.kind == "eagle" and m.dtype != "float32":
-            tgt = by[f"engine target-only {SHORT[m.dtype]}"]
+        if m.dtype != "float32":
+            # 16-bit divergences, from target-only decoding (EAGLE rows) or from HF (target-only rows): the two
+            # tokens' logit gap in float32 and in the engine after the common prefix.
+            ref = by[f"engine target-only {SHORT[m.dtype]}"] if m.kind == "eagle" else refs[0]
             assert m.engine is not None
-            for q, (a, b) in enumerate(zip(tgt.outputs, m.outputs)):
+            for q, (a, b) in enumerate(zip(ref.outputs, m.outputs)):
                 d = explain(oracle, m.engine, prompts[q], a, b)
                 if d is not None:
-                    print(f"    q{q} token {d.index}: target-only chose {tok.decode([d.token_a])!r}, EAGLE "
+                    print(f"    q{q} token {d.index}: {ref.name} chose {tok.decode([d.token_a])!r}, this row "
                           f"{tok.decode([d.token_b])!r}; logit gap float32 {d.gap_fp32:+.3f}, {SHORT[m.dtype]} engine "
                           f"{d.gap_engine:+.3f} (rounding moved it {d.rounding:.3f})")
                     report.setdefault(f"{m.name} explained", []).append(d.__dict__ | {"question": q})

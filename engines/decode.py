@@ -32,8 +32,7 @@ Walked = tuple[list[int], list[int]]
 
 
 def _rows(s: Session, slots: list[int]) -> Rows:
-    return Rows(torch.tensor(slots, device=s.rt.device), s.lens[torch.tensor(slots, device=s.rt.device)], slots,
-                [s.host_lens[i] for i in slots])
+    return Rows.of(slots, [s.lens[i] for i in slots], s.rt.device)
 
 
 def _causal(b: int, n: int, device: torch.device) -> torch.Tensor:
@@ -51,8 +50,7 @@ def prefill(s: Session, group: list[int]) -> None:
     logits = s.rt.target.lm_head(hidden[:, -1])
     first = [choose(logits[j], s.req(i).sampling, s.gens[i]) for j, i in enumerate(group)]
     for i in group:
-        s.host_lens[i] = 0
-    s.grow(group, [p] * b)
+        s.lens[i] = p
     if s.spec:
         # Drafter pairs (x_{t+1}, f_t) for t = 0..p-1: the prompt shifted by one, then the token just chosen.
         d_tokens = torch.cat([prompt[:, 1:], torch.tensor(first, device=dev)[:, None]], 1)

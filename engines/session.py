@@ -45,10 +45,9 @@ class Session:
         tree_size = (rt.tree.size if speculative and rt.tree is not None else 0) + 1
         slots = max_len + tree_size + 1
         self.tcache = KVCache.allocate(len(tgt.layers), capacity, slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
-        # Committed cache entries per slot (target = drafter), on the device and mirrored on the host so that
-        # building a step's slots and mask needs no device -> host copy.
-        self.lens = torch.zeros(capacity, dtype=torch.long, device=dev)
-        self.host_lens = [0] * capacity
+        # Committed cache entries per slot (target = drafter), kept on the host: building a step's slots and mask
+        # then needs no device -> host copy.
+        self.lens = [0] * capacity
         self.root = torch.zeros(capacity, dtype=torch.long, device=dev)  # last chosen token, not yet in the caches
         self.reqs: list[GenerationRequest | None] = [None] * capacity  # None = free slot
         self.out: list[list[int]] = [[] for _ in range(capacity)]
@@ -136,9 +135,7 @@ class Session:
     def grow(self, rows: list[int], by: list[int]) -> None:
         """The caches of `rows` now hold `by` more committed entries."""
         for i, n in zip(rows, by):
-            self.host_lens[i] += n
-        idx = torch.tensor(rows, device=self.rt.device)
-        self.lens[idx] = torch.tensor([self.host_lens[i] for i in rows], device=self.rt.device)
+            self.lens[i] += n
 
     # ---- loop ---------------------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -2,7 +2,7 @@
 
     python scripts/bench_engine.py [--questions 20] [--max-new-tokens 128] [--eagle-head heads/smollm2-eagle]
         [--eagle3-head heads/smollm2-eagle3] [--trees demo,tuned,chain-3] [--dtypes float32,bfloat16]
-        [--draft-vocab 8192] [--device cpu] [--threads 1] [--json FILE]
+        [--draft-vocab 8192] [--device cpu] [--threads 1] [--json FILE] [--forward-only]
 
 1. Forward costs: one target forward with T new tokens after a 200-token context (KV cache, logits at the last
    position) for HF (transformers, no compile) and the engine in each dtype, T = 1..16, interleaved, with the
@@ -315,6 +315,17 @@ def build_methods(args: argparse.Namespace, hfs: dict, engines: dict, trees: lis
     return ms
 
 
+def generate_all(methods: list[Method], prompts: list[list[int]], n: int) -> None:
+    """Every method on a prompt before the next prompt, after an untimed warm-up of each (lazy initialisation)."""
+    for m in methods:
+        m.run(prompts[0][:8], 4)
+    for ids in tqdm(prompts, desc="prompts (all methods each)"):
+        for m in methods:
+            t0 = time.perf_counter()
+            out = m.run(ids, n)
+            m.add(out, time.perf_counter() - t0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=20)
@@ -329,6 +340,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is the most stable on a shared machine)")
     ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--forward-only", action="store_true", help="only section 1 (forward costs and roofs: minutes)")
     args = ap.parse_args()
     args.dtypes, args.draft_vocab_dtypes = args.dtypes.split(","), args.draft_vocab_dtypes.split(",")
     if "float32" not in args.dtypes:
@@ -347,7 +359,8 @@ def main() -> int:
         engines = load_engines(hf_dir, work, args, trees[0][1])
         tok = engines[("eagle3", "float32")].tokenizer
         eos = [int(tok.eos_token_id)]
-        vocab = draft_vocab_ids(work / "eagle" / "tokenizer", args.draft_vocab, work) if args.draft_vocab else None
+        use_vocab = args.draft_vocab and not args.forward_only
+        vocab = draft_vocab_ids(work / "eagle" / "tokenizer", args.draft_vocab, work) if use_vocab else None
         hfs = {dt: AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, dt)).to(args.device).eval()
                for dt in args.dtypes}
         print(f"SmolLM2-135M-Instruct on {args.device} ({torch.backends.cpu.get_cpu_capability()}), torch threads "
@@ -355,18 +368,16 @@ def main() -> int:
               f"{load0[0]:.1f} at the start; heads {args.eagle_head}, {args.eagle3_head}; weight layouts "
               + ", ".join(f"{dt}: {layout_for(torch.device(args.device), getattr(torch, dt))}" for dt in args.dtypes))
         costs = forward_costs(engines, hfs, args)
-        prompts = [chat_ids(tok, q.turns[0]) for q in mtbench_questions(args.questions)]
-        methods = build_methods(args, hfs, engines, trees, vocab, eos)
-        for m in methods:  # warm-up (lazy initialisation), not timed
-            m.run(prompts[0][:8], 4)
-        for ids in tqdm(prompts, desc="prompts (all methods each)"):
-            for m in methods:
-                t0 = time.perf_counter()
-                out = m.run(ids, args.max_new_tokens)
-                m.add(out, time.perf_counter() - t0)
-        generation_table(methods, args)
-        agree = agreement(methods, prompts, engines[("eagle3", "float32")], tok)
-        cycles = cycle_table(methods, prompts[0], eos)
+        methods: list[Method] = []
+        agree: dict[str, Any] = {}
+        cycles: dict[str, Any] = {}
+        if not args.forward_only:
+            prompts = [chat_ids(tok, q.turns[0]) for q in mtbench_questions(args.questions)]
+            methods = build_methods(args, hfs, engines, trees, vocab, eos)
+            generate_all(methods, prompts, args.max_new_tokens)
+            generation_table(methods, args)
+            agree = agreement(methods, prompts, engines[("eagle3", "float32")], tok)
+            cycles = cycle_table(methods, prompts[0], eos)
     load1 = os.getloadavg()
     print(f"\nload average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; {time.time() - t_start:.0f} s")
     if args.json:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,14 @@ class Method:
     @property
     def tps(self) -> float:
         return self.tokens / self.seconds
+
+    def state(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "outputs": self.outputs, "stats": [asdict(st) for st in self.stats],
+                "parts": self.parts, "cycles": self.cycles}
+
+    def restore(self, d: dict[str, Any]) -> None:
+        self.seconds, self.outputs, self.parts, self.cycles = d["seconds"], d["outputs"], d["parts"], d["cycles"]
+        self.stats = [RequestStats(**st) for st in d["stats"]]
 
     def add(self, fn_out: tuple[list[int], RequestStats | None, Laps | None], seconds: float) -> None:
         out, st, laps = fn_out
@@ -315,15 +323,29 @@ def build_methods(args: argparse.Namespace, hfs: dict, engines: dict, trees: lis
     return ms
 
 
-def generate_all(methods: list[Method], prompts: list[list[int]], n: int) -> None:
-    """Every method on a prompt before the next prompt, after an untimed warm-up of each (lazy initialisation)."""
+def generate_all(methods: list[Method], prompts: list[list[int]], n: int, state: Path | None, key: dict) -> None:
+    """Every method on a prompt before the next prompt, after an untimed warm-up of each (lazy initialisation).
+    With `state`, the figures are saved after every prompt and a rerun with the same settings resumes after the
+    last prompt saved."""
+    done = 0
+    if state is not None and state.is_file():
+        doc = json.loads(state.read_text())
+        if doc["key"] == key and set(doc["methods"]) == {m.name for m in methods}:
+            done = doc["done"]
+            for m in methods:
+                m.restore(doc["methods"][m.name])
+            print(f"resuming after {done} prompts saved in {state}")
     for m in methods:
         m.run(prompts[0][:8], 4)
-    for ids in tqdm(prompts, desc="prompts (all methods each)"):
+    for q in tqdm(range(done, len(prompts)), desc="prompts (all methods each)", initial=done, total=len(prompts)):
         for m in methods:
             t0 = time.perf_counter()
-            out = m.run(ids, n)
+            out = m.run(prompts[q], n)
             m.add(out, time.perf_counter() - t0)
+        if state is not None:
+            tmp = state.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"key": key, "done": q + 1, "methods": {m.name: m.state() for m in methods}}))
+            tmp.replace(state)
 
 
 def main() -> int:
@@ -339,7 +361,8 @@ def main() -> int:
     ap.add_argument("--draft-vocab-dtypes", default="bfloat16", help="dtypes that get those rows")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is the most stable on a shared machine)")
-    ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--json", type=Path, help="write every figure here (and resume from FILE.state.json, saved after "
+                    "every prompt, when rerun with the same settings)")
     ap.add_argument("--forward-only", action="store_true", help="only section 1 (forward costs and roofs: minutes)")
     args = ap.parse_args()
     args.dtypes, args.draft_vocab_dtypes = args.dtypes.split(","), args.draft_vocab_dtypes.split(",")
@@ -374,7 +397,9 @@ def main() -> int:
         if not args.forward_only:
             prompts = [chat_ids(tok, q.turns[0]) for q in mtbench_questions(args.questions)]
             methods = build_methods(args, hfs, engines, trees, vocab, eos)
-            generate_all(methods, prompts, args.max_new_tokens)
+            key = {k: str(v) for k, v in vars(args).items() if k not in ("json", "forward_only")}
+            state = args.json.with_suffix(".state.json") if args.json else None
+            generate_all(methods, prompts, args.max_new_tokens, state, key)
             generation_table(methods, args)
             agree = agreement(methods, prompts, engines[("eagle3", "float32")], tok)
             cycles = cycle_table(methods, prompts[0], eos)

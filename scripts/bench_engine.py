@@ -101,16 +101,18 @@ def draft_vocab_ids(tokenizer_dir: Path, size: int, work: Path) -> list[int]:
 
 @dataclass
 class Method:
+    """One decoding method and its figures, per prompt (so that a run can be saved, resumed and cut short)."""
+
     name: str
     dtype: str
     kind: str  # "hf" | "target" | "eagle"
     run: Callable[[list[int], int], tuple[list[int], RequestStats | None, Laps | None]]
     engine: ReferenceEngine | None = None
-    seconds: float = 0.0
+    seconds: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
-    stats: list[RequestStats] = field(default_factory=list)
-    parts: dict[str, float] = field(default_factory=dict)
-    cycles: int = 0
+    stats: list[RequestStats] = field(default_factory=list)  # engine methods
+    parts: list[dict[str, float]] = field(default_factory=list)  # speculative cycle parts (seconds), EAGLE
+    cycles: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -118,26 +120,34 @@ class Method:
 
     @property
     def tps(self) -> float:
-        return self.tokens / self.seconds
+        return self.tokens / sum(self.seconds)
+
+    def part_totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in self.parts:
+            for k, v in p.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
 
     def state(self) -> dict[str, Any]:
         return {"seconds": self.seconds, "outputs": self.outputs, "stats": [asdict(st) for st in self.stats],
                 "parts": self.parts, "cycles": self.cycles}
 
-    def restore(self, d: dict[str, Any]) -> None:
-        self.seconds, self.outputs, self.parts, self.cycles = d["seconds"], d["outputs"], d["parts"], d["cycles"]
-        self.stats = [RequestStats(**st) for st in d["stats"]]
+    def restore(self, d: dict[str, Any], prompts: int) -> None:
+        """The figures of the first `prompts` prompts of a saved state."""
+        self.seconds, self.outputs = d["seconds"][:prompts], d["outputs"][:prompts]
+        self.parts, self.cycles = d["parts"][:prompts], d["cycles"][:prompts]
+        self.stats = [RequestStats(**st) for st in d["stats"][:prompts]]
 
     def add(self, fn_out: tuple[list[int], RequestStats | None, Laps | None], seconds: float) -> None:
         out, st, laps = fn_out
-        self.seconds += seconds
+        self.seconds.append(seconds)
         self.outputs.append(out)
         if st is not None:
             self.stats.append(st)
         if laps is not None:
-            self.cycles += laps.steps
-            for k, v in laps.parts.items():
-                self.parts[k] = self.parts.get(k, 0.0) + v
+            self.cycles.append(laps.steps)
+            self.parts.append(dict(laps.parts))
 
 
 def engine_run(engine: ReferenceEngine, eos: list[int], speculative: bool) -> Callable[..., Any]:
@@ -284,16 +294,16 @@ def cycle_table(methods: list[Method], prompt: list[int], eos: list[int]) -> dic
           "of a 32-token generation's wall time outside torch operators (torch.profiler)")
     out: dict[str, Any] = {}
     for m in methods:
-        if m.kind != "eagle" or not m.cycles:
+        if m.kind != "eagle" or not sum(m.cycles):
             continue
-        per = {k: 1e3 * v / m.cycles for k, v in m.parts.items()}
+        per = {k: 1e3 * v / sum(m.cycles) for k, v in m.part_totals().items()}
         assert m.engine is not None
         wall, in_ops = python_share(lambda e=m.engine: e.generate([GenerationRequest(prompt, 32, SamplingParams(), eos)]))
         draft = sum(v for k, v in per.items() if k.startswith("draft"))
         cells = "  ".join(f"{k} {v:.1f}" for k, v in per.items())
         print(f"  {m.name:<44} cycle {sum(per.values()):6.1f} = drafting {draft:.1f} + {cells}; outside ops "
               f"{1 - in_ops / wall:.0%}")
-        out[m.name] = {"parts_ms": per, "cycles": m.cycles, "outside_ops": 1 - in_ops / wall}
+        out[m.name] = {"parts_ms": per, "cycles": sum(m.cycles), "outside_ops": 1 - in_ops / wall}
     return out
 
 
@@ -325,16 +335,18 @@ def build_methods(args: argparse.Namespace, hfs: dict, engines: dict, trees: lis
 
 def generate_all(methods: list[Method], prompts: list[list[int]], n: int, state: Path | None, key: dict) -> None:
     """Every method on a prompt before the next prompt, after an untimed warm-up of each (lazy initialisation).
-    With `state`, the figures are saved after every prompt and a rerun with the same settings resumes after the
-    last prompt saved."""
+    With `state`, the figures are saved after every prompt; a rerun with the same settings resumes after the last
+    prompt saved, and a rerun with fewer --questions than saved reports on those without generating."""
     done = 0
     if state is not None and state.is_file():
         doc = json.loads(state.read_text())
         if doc["key"] == key and set(doc["methods"]) == {m.name for m in methods}:
-            done = doc["done"]
+            done = min(doc["done"], len(prompts))
             for m in methods:
-                m.restore(doc["methods"][m.name])
-            print(f"resuming after {done} prompts saved in {state}")
+                m.restore(doc["methods"][m.name], done)
+            print(f"{done} prompts from {state}")
+    if done == len(prompts):
+        return
     for m in methods:
         m.run(prompts[0][:8], 4)
     for q in tqdm(range(done, len(prompts)), desc="prompts (all methods each)", initial=done, total=len(prompts)):
@@ -397,7 +409,7 @@ def main() -> int:
         if not args.forward_only:
             prompts = [chat_ids(tok, q.turns[0]) for q in mtbench_questions(args.questions)]
             methods = build_methods(args, hfs, engines, trees, vocab, eos)
-            key = {k: str(v) for k, v in vars(args).items() if k not in ("json", "forward_only")}
+            key = {k: str(v) for k, v in vars(args).items() if k not in ("json", "forward_only", "questions")}
             state = args.json.with_suffix(".state.json") if args.json else None
             generate_all(methods, prompts, args.max_new_tokens, state, key)
             generation_table(methods, args)
@@ -410,7 +422,7 @@ def main() -> int:
         args.json.write_text(json.dumps({
             "commit": commit, "date": time.strftime("%Y-%m-%d"), "load": [load0[0], load1[0]], "args": vars(args),
             "forward": costs, "agreement": agree, "cycles": cycles,
-            "methods": {m.name: {"tok_s": m.tps, "tokens": m.tokens, "seconds": m.seconds,
+            "methods": {m.name: {"tok_s": m.tps, "tokens": m.tokens, "seconds": sum(m.seconds),
                                  "tau": aggregate_stats(m.stats).tau if m.stats else None} for m in methods},
         }, indent=2, default=str) + "\n")
     return 0

@@ -103,3 +103,50 @@ def test_eagle_speedup_compares_both_decodings_on_the_same_prompts(mimic_ckpt: P
     plain = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="float32", device="cpu")
     with pytest.raises(ValueError, match="no EAGLE head"):
         eagle_speedup(plain, prompts, 4, [])
+
+
+def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt: Path) -> None:
+    """Host syncs on CUDA are device -> host read-backs (.tolist(), .item(), int(), bool(), float() of a tensor). A
+    greedy speculative step with a static tree does two (the tree's tokens and parents) plus one per level the walk
+    goes down (the argmax of every sequence still walking), however many sequences, drafter levels or forwards."""
+    from engines import decode
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset("eagle-default")),
+                                             dtype="float32", device="cpu")
+    session = engine.session(capacity=2, max_len=80)
+    for i in range(2):
+        session.add(GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []))
+    session.step()  # prefill
+    reads: list[str] = []
+    levels: list[int] = []
+    names = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+    walk = decode.walk
+
+    def counting(name: str):  # type: ignore[no-untyped-def]
+        def read(self, *a, **k):  # type: ignore[no-untyped-def]
+            reads.append(name)
+            return saved[name](self, *a, **k)
+
+        return read
+
+    def walk_levels(s, active, tree, hidden):  # type: ignore[no-untyped-def]
+        walked = walk(s, active, tree, hidden)
+        levels.append(max(len(path) for path, _ in walked))  # root .. deepest accepted node: one level per node
+        return walked
+
+    decode.walk = walk_levels  # type: ignore[assignment]
+    try:
+        while not session.done:
+            for n in names:
+                setattr(torch.Tensor, n, counting(n))
+            before = len(reads)
+            try:
+                session.step()
+            finally:
+                for n in names:
+                    setattr(torch.Tensor, n, saved[n])
+            assert len(reads) - before == 2 + levels[-1], reads[before:]
+    finally:
+        decode.walk = walk  # type: ignore[assignment]
+    assert len(levels) > 5 and max(levels) > 1  # several steps, some accepting drafts

@@ -169,11 +169,11 @@ class CycleProfile:
         return self.laps.per_step_ms()
 
 
-def profile_cycles(session: Session, requests: list[GenerationRequest]) -> CycleProfile:
-    """Decode `requests` in `session` (with room for all of them), laps on for the decoding steps. Returns the parts
-    of every speculative step, the wall time of the prefill and of the decoding steps measured outside, and the
-    results."""
-    laps = Laps.for_device(session.rt.device)
+def profile_cycles(session: Session, requests: list[GenerationRequest], laps: Laps | None = None) -> CycleProfile:
+    """Decode `requests` in `session` (with room for all of them), `laps` (default: `Laps.for_device`, which
+    synchronizes CUDA at every mark) on for the decoding steps. Returns the parts of every speculative step, the wall
+    time of the prefill and of the decoding steps measured outside, and the results."""
+    laps = Laps.for_device(session.rt.device) if laps is None else laps
     slots = [session.add(r) for r in requests]
     t0 = time.perf_counter()
     while session.pending:

@@ -141,7 +141,7 @@ OnTokens = Callable[[int, list[int]], bool]
 
 
 class ReferenceEngine:
-    """PyTorch EAGLE engine over a TRT-LLM checkpoint (see engines/runtime.py for the loop)."""
+    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the loop: engines/decode.py)."""
 
     def __init__(self, runtime: Any) -> None:
         from engines.runtime import Runtime
@@ -254,7 +254,7 @@ class ReferenceEngine:
         speculative: bool = True,
         on_tokens: OnTokens | None = None,
     ) -> Any:
-        """An in-flight batch (engines.runtime.Session): `add(request) -> slot` at any time, `step()` prefills the
+        """An in-flight batch (engines.session.Session): `add(request) -> slot` at any time, `step()` prefills the
         new requests or advances every active sequence by one step, `cancel(slot)`, `finished`, `pop(slot) ->
         GenerationResult`, `done`. A request's tokens do not depend on when it joined (greedy: identical to running
         it alone). `capacity` (sequence slots) and `max_len` (prompt + output tokens per slot) default to the

@@ -1,4 +1,4 @@
-"""Reference engine, in-flight batching (engines.runtime.Session via ReferenceEngine.session): requests join a running
+"""Reference engine, in-flight batching (engines.session.Session via ReferenceEngine.session): requests join a running
 batch between steps and leave it when they finish or are cancelled; a request's tokens do not depend on when it
 joined or who else is in the batch (greedy: identical to running it alone, speculative and target-only; seeded
 sampling: identical too, each slot draws from its own generator)."""

@@ -63,6 +63,13 @@ class DraftConfig(Strict):
         "for a randomly initialized head of the right shape: labelled RANDOM everywhere, acceptance ~0."
     )
     seed: int = Field(default=0, description="Seed for `model: random` heads (ignored otherwise).")
+    draft_vocab: str | None = Field(
+        default=None,
+        description="EAGLE-1/2 heads on engine.backend reference: a JSON file of target token ids, most frequent "
+        "first (`python -m engines.draft_vocab` writes one). The head drafts over these tokens only (its lm_head "
+        "keeps their rows: cheaper draft steps; tau may drop); the target still verifies over its full vocabulary, "
+        "so outputs do not change. None = the full vocabulary. Relative paths are relative to the config file.",
+    )
     eagle3: Eagle3Options = Field(default_factory=Eagle3Options, description="EAGLE-3 only options.")
 
 
@@ -309,9 +316,15 @@ def _rule_engine_limits(cfg: BuildConfig) -> list[str]:
 
 
 def _rule_draft(cfg: BuildConfig) -> list[str]:
+    p: list[str] = []
     if cfg.draft.type == "eagle3" and cfg.draft.model == "random":
-        return ["draft.model=random is supported for draft.type=eagle only; give an EAGLE-3 head directory"]
-    return []
+        p.append("draft.model=random is supported for draft.type=eagle only; give an EAGLE-3 head directory")
+    if cfg.draft.draft_vocab is not None and cfg.draft.type != "eagle":
+        p.append("draft.draft_vocab is for draft.type=eagle; an EAGLE-3 head drafts over its own vocabulary (d2t)")
+    if cfg.draft.draft_vocab is not None and cfg.engine.backend != "reference":
+        p.append(f"draft.draft_vocab needs engine.backend reference (TensorRT-LLM's {cfg.engine.backend} backend "
+                 "drafts over the full vocabulary); remove draft.draft_vocab")
+    return p
 
 
 # Each rule reads some sections; when a section itself is invalid, the rule is skipped (its field errors are
@@ -409,7 +422,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], str(path))
     problems = apply_overrides(data, overrides or [])
     base = path.resolve().parent
-    for section, key in (("target", "model"), ("draft", "model")):
+    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab")):
         sec = data.get(section)
         if isinstance(sec, dict) and isinstance(sec.get(key), str):
             sec[key] = resolve_path(sec[key], base)

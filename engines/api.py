@@ -141,7 +141,7 @@ OnTokens = Callable[[int, list[int]], bool]
 
 
 class ReferenceEngine:
-    """PyTorch EAGLE engine over a TRT-LLM checkpoint (see engines/runtime.py for the loop)."""
+    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the loop: engines/decode.py)."""
 
     def __init__(self, runtime: Any) -> None:
         from engines.runtime import Runtime
@@ -170,19 +170,30 @@ class ReferenceEngine:
         dtype: str,
         device: str = "auto",
         eagle3_head_dir: Path | None = None,
+        draft_vocab: list[int] | None = None,
     ) -> ReferenceEngine:
         """Load a TRT-LLM checkpoint dir (config.json + rank{r}.safetensors, tokenizer in `<dir>/tokenizer`).
 
         `tree` None = target-only decoding (the checkpoint may still hold a head; it is not used). An
         `EagleForCausalLM` checkpoint carries its EAGLE-1/2 head; an EAGLE-3 head is a separate normalized dir
         (`eagle3_head_dir`). A tp>1 checkpoint must be loaded in every rank of an initialized torch.distributed
-        group of that size (see engines/parallel.py).
+        group of that size (see engines/parallel.py). `draft_vocab` (EAGLE-1/2 heads): the target token ids the head
+        drafts over, e.g. the most frequent ones (engines/draft_vocab.py); outputs are unchanged.
         """
         from engines.runtime import Runtime
 
         return cls(
-            Runtime.load(Path(checkpoint_dir), tree=tree, dtype=dtype, device=device, eagle3_head_dir=eagle3_head_dir)
+            Runtime.load(Path(checkpoint_dir), tree=tree, dtype=dtype, device=device, eagle3_head_dir=eagle3_head_dir,
+                         draft_vocab=draft_vocab)
         )
+
+    def with_tree(self, tree: DraftTree | DynamicTree) -> ReferenceEngine:
+        """This engine's weights (shared, not copied) drafting with another tree."""
+        return ReferenceEngine(self._rt.with_tree(tree))
+
+    def with_draft_vocab(self, ids: list[int]) -> ReferenceEngine:
+        """This engine's weights (shared) with its EAGLE-1/2 head drafting over the target tokens `ids` only."""
+        return ReferenceEngine(self._rt.with_draft_vocab(ids))
 
     # ---- properties ---------------------------------------------------------------------------------------------
     @property
@@ -243,7 +254,7 @@ class ReferenceEngine:
         speculative: bool = True,
         on_tokens: OnTokens | None = None,
     ) -> Any:
-        """An in-flight batch (engines.runtime.Session): `add(request) -> slot` at any time, `step()` prefills the
+        """An in-flight batch (engines.session.Session): `add(request) -> slot` at any time, `step()` prefills the
         new requests or advances every active sequence by one step, `cancel(slot)`, `finished`, `pop(slot) ->
         GenerationResult`, `done`. A request's tokens do not depend on when it joined (greedy: identical to running
         it alone). `capacity` (sequence slots) and `max_len` (prompt + output tokens per slot) default to the

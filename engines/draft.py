@@ -9,13 +9,16 @@ step (the accepted tokens are re-fed with the TARGET's features when committing,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from builders.trees import DynamicTree
-from engines.model import Drafter, KVCache, make_step
+from engines.model import Drafter, KVCache, Rows
 from engines.tree import StaticTree, TreeBatch, ancestor_mask
+
+Lap = Callable[[str], None]  # engines/profile.py Laps.lap: charges the time since the last mark to a part
 
 
 @dataclass
@@ -25,12 +28,12 @@ class DraftState:
 
 
 def _run(
-    drafter: Drafter, cache: KVCache, rows: torch.Tensor, lens: torch.Tensor, tokens: torch.Tensor,
-    feats: torch.Tensor, rel_slots: torch.Tensor, depth: int, visible: torch.Tensor,
+    drafter: Drafter, cache: KVCache, rows: Rows, tokens: torch.Tensor, feats: torch.Tensor, start: int, depth: int,
+    visible: torch.Tensor,
 ) -> torch.Tensor:
-    positions = (lens[:, None] + (depth - 1)).expand(tokens.shape)
-    step = make_step(rows, lens, rel_slots, positions, visible)
-    return drafter.forward(tokens, feats, step, cache)
+    """Drafter forward of nodes at `depth` written to scratch slots start, start + 1, ... (position n + depth - 1)."""
+    positions = (rows.lens[:, None] + (depth - 1)).expand(tokens.shape)
+    return drafter.forward(tokens, feats, rows.step(positions, visible, start), cache)
 
 
 def _topk_ids(drafter: Drafter, logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -38,10 +41,11 @@ def _topk_ids(drafter: Drafter, logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def draft_static(
-    drafter: Drafter, cache: KVCache, tree: StaticTree, rows: torch.Tensor, lens: torch.Tensor, root: torch.Tensor,
-    state: DraftState,
+    drafter: Drafter, cache: KVCache, tree: StaticTree, rows: Rows, root: torch.Tensor, state: DraftState, lap: Lap,
 ) -> TreeBatch:
-    """Fill a fixed tree: node (parent, rank r) gets the r-th most likely token of the drafter at its parent."""
+    """Fill a fixed tree: node (parent, rank r) gets the r-th most likely token of the drafter at its parent.
+    One drafter forward and one lm_head product per level, over all of the level's expanded nodes (`lap` marks
+    the end of each level: "draft d" = filling depth d and the drafter forward of its nodes)."""
     b, t, k = root.shape[0], tree.parent.shape[0], tree.top_k
     tokens = torch.zeros(b, t, dtype=torch.long, device=root.device)
     tokens[:, 0] = root
@@ -53,20 +57,19 @@ def draft_static(
         nodes = tree.levels[d]
         tokens[:, nodes] = cand[:, tree.parent[nodes], tree.rank[nodes]]
         ex = tree.expand[d]
-        if d == tree.max_depth or ex.numel() == 0:
-            continue
-        slots = tree.run_slot[ex]
-        visible = tree.run_visible[slots].expand(b, -1, -1)
-        h = _run(drafter, cache, rows, lens, tokens[:, ex], h_of[:, tree.parent[ex]], slots, d, visible)
-        h_of[:, ex] = h
-        cand[:, ex] = _topk_ids(drafter, drafter.logits(h), k)
+        if d < tree.max_depth and ex.numel() > 0:
+            start = tree.run_start[d]
+            visible = tree.run_visible[start : start + ex.numel()].expand(b, -1, -1)
+            h = _run(drafter, cache, rows, tokens[:, ex], h_of[:, tree.parent[ex]], start, d, visible)
+            h_of[:, ex] = h
+            cand[:, ex] = _topk_ids(drafter, drafter.logits(h), k)
+        lap(f"draft {d}")
     expand = (b, t)
     return TreeBatch(tokens, tree.parent.expand(expand), tree.depth.expand(expand), tree.anc.expand(b, t, t))
 
 
 def draft_dynamic(
-    drafter: Drafter, cache: KVCache, dyn: DynamicTree, rows: torch.Tensor, lens: torch.Tensor, root: torch.Tensor,
-    state: DraftState,
+    drafter: Drafter, cache: KVCache, dyn: DynamicTree, rows: Rows, root: torch.Tensor, state: DraftState, lap: Lap,
 ) -> TreeBatch:
     """EAGLE-2 (eagle/model/cnets1.py `topK_genrate`): expand the top_k frontier by top_k children each, score =
     cumulative log-prob, keep the global top_k as the next frontier; after `depth` levels keep the
@@ -91,7 +94,7 @@ def draft_dynamic(
         inherited = inherited & (f_run_parent >= 0)[:, :, None]
         inherited[:, torch.arange(k), slots] = True
         visible[:, slots] = inherited
-        h = _run(drafter, cache, rows, lens, torch.gather(all_tok, 1, frontier), f_feat, slots, level, visible[:, slots])
+        h = _run(drafter, cache, rows, torch.gather(all_tok, 1, frontier), f_feat, (level - 1) * k, level, visible[:, slots])
         s2, ids2 = torch.log_softmax(drafter.logits(h), -1).topk(k, dim=-1)  # (B, k, k)
         cum = (f_score[:, :, None] + s2).reshape(b, k * k)
         tok.append(drafter.to_target_ids(ids2).reshape(b, k * k))
@@ -104,7 +107,10 @@ def draft_dynamic(
         f_feat = torch.gather(h, 1, (top // k)[:, :, None].expand(b, k, h.shape[-1]))
         f_run_parent = slots[top // k]
         base += k * k
-    return _select(dyn, root, all_tok, torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(depths))
+        lap(f"draft {level}")
+    tree = _select(dyn, root, all_tok, torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(depths))
+    lap("draft select")
+    return tree
 
 
 def _select(

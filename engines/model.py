@@ -11,82 +11,15 @@ is the special case of a tree that is a line.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from engines.linear import Linear, fake_quant_fp8, fuse_rows
 from engines.parallel import TPGroup
-
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Round-trip through FP8 e4m3 with a per-tensor scale: fp8(x / s) * s (what an FP8 GEMM or FP8 KV cache sees)."""
-    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return (q.float() * scale).to(x.dtype)
-
-
-@dataclass
-class Linear:
-    """y = x W^T + b. `act_scale` set = FP8 activations (fake-quantized with the calibrated per-tensor scale).
-
-    CPU float32 layouts (set by `prepack_cpu`; measured on the 2-core AMD EPYC of our CI, one thread, SmolLM2 shapes):
-    - `packed`: the weight reordered once for oneDNN, for inputs of more than one row. MKL's sgemm repacks W on every
-      call, which for the skinny products of verification (a few tree nodes x 576) costs nearly as much as the
-      product itself: a 4-row product cost ~1.8x a 1-row one, prepacked ~1.2x.
-    - `weight_t`: W^T contiguous (K, N), for one row: x @ W^T over this layout streams W row by row and is 25-40%
-      faster than F.linear's GEMV on the (N, K) layout (the lm_head: 10-13 ms instead of 18-20). `weight` is then a
-      view of it, so the layout costs no extra memory."""
-
-    weight: torch.Tensor  # (out_features, in_features), already dequantized to the compute dtype
-    bias: torch.Tensor | None = None
-    act_scale: torch.Tensor | None = None
-    packed: torch.Tensor | None = None
-    weight_t: torch.Tensor | None = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.act_scale is not None:
-            x = fake_quant_fp8(x, self.act_scale)
-        k = x.shape[-1]
-        if self.weight_t is not None and x.numel() == k:  # one row
-            y = torch.mm(x.reshape(1, k), self.weight_t)
-            y = y if self.bias is None else y + self.bias
-            return y.view(*x.shape[:-1], y.shape[-1])
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
-
-
-def prepack_cpu(*roots: object) -> int:
-    """Give every float32 CPU `Linear` reachable from `roots` (dataclass fields and lists) its fast layouts: W^T for
-    one-row inputs and, where this torch has oneDNN, the weight packed for it (`torch.ops.mkldnn.
-    _reorder_linear_weight`, what torch.compile's CPU weight packing uses: torch/_inductor/fx_passes/
-    mkldnn_fusion.py). Returns how many linears were prepared."""
-    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    seen: set[int] = set()
-    packed = 0
-    stack = list(roots)
-    while stack:
-        obj = stack.pop()
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, Linear):
-            w = obj.weight
-            if w.device.type == "cpu" and w.dtype == torch.float32 and obj.weight_t is None:
-                obj.weight_t = w.t().contiguous()
-                obj.weight = obj.weight_t.t()  # a view: W is stored once, transposed
-                if onednn:
-                    obj.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-                packed += 1
-        elif isinstance(obj, list):
-            stack.extend(obj)
-        elif hasattr(obj, "__dataclass_fields__"):
-            stack.extend(getattr(obj, f) for f in obj.__dataclass_fields__)
-    return packed
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
@@ -145,10 +78,10 @@ class Rope:
         emb = torch.cat([emb, emb], dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
 
-    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1
-        if need > self.cos.shape[0]:
-            self._grow(need)
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin at `positions`, all < `bound` (a host-side bound: no read-back of the positions)."""
+        if bound > self.cos.shape[0]:
+            self._grow(bound)
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
@@ -200,7 +133,7 @@ class Step:
 
     rows (B,): cache rows; slots (B, T): cache slots of the new K/V; positions (B, T): RoPE positions;
     mask (B, 1, T, kv_len) bool over cache slots [0, kv_len), or None when every new token sees every slot < kv_len
-    (a single sequence, single token)."""
+    (a single sequence, single token). Every position is < kv_len (a token's position is at most its slot)."""
 
     rows: torch.Tensor
     slots: torch.Tensor
@@ -215,35 +148,54 @@ class Step:
         return cache[self.rows, : self.kv_len]
 
 
-def contiguous_slice(rows: torch.Tensor) -> slice | None:
-    r = rows.tolist()
-    if r == list(range(r[0], r[0] + len(r))):
-        return slice(r[0], r[0] + len(r))
+@dataclass(frozen=True)
+class Rows:
+    """The cache rows of one forward and their committed lengths, on the device and as host lists."""
+
+    idx: torch.Tensor  # (B,)
+    lens: torch.Tensor  # (B,)
+    host: list[int]
+    host_lens: list[int]
+
+    @classmethod
+    def of(cls, rows: list[int], lens: list[int], device: torch.device) -> Rows:
+        return cls(torch.tensor(rows, device=device), torch.tensor(lens, device=device), rows, lens)
+
+    def step(self, positions: torch.Tensor, visible: torch.Tensor, start: int = 0) -> Step:
+        return make_step(self.idx, self.lens, positions, visible, start=start, host_rows=self.host, host_lens=self.host_lens)
+
+
+def contiguous_slice(rows: list[int]) -> slice | None:
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
     return None
 
 
 def make_step(
-    rows: torch.Tensor, lens: torch.Tensor, rel_slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+    rows: torch.Tensor, lens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, *, start: int = 0,
+    host_rows: list[int] | None = None, host_lens: list[int] | None = None,
 ) -> Step:
-    """New tokens written after each row's `lens` committed entries, into a scratch region of R slots.
+    """T new tokens per row written after the row's `lens` committed entries, in a scratch region of R slots.
 
-    rel_slots (B, T) or (T,): scratch slot of each new token (its cache slot is lens + rel_slot);
-    positions (B, T): RoPE positions; visible (B, T, R): new token t may see scratch slot r (itself, and for trees
-    its ancestors). Every new token also sees all committed entries of its own row."""
+    New token t goes to scratch slot start + t (cache slot lens + start + t); positions (B, T): RoPE positions;
+    visible (B, T, R): new token t may see scratch slot r (itself, and for trees its ancestors). Every new token also
+    sees all committed entries of its own row. `host_rows` / `host_lens` are `rows` / `lens` as Python lists when the
+    caller has them (on CUDA reading them back would cost a device -> host sync per step)."""
     b, t = positions.shape
     r = visible.shape[-1]
     dev = lens.device
-    slots = lens[:, None] + rel_slots
-    lens_list = lens.tolist()
+    host_rows = rows.tolist() if host_rows is None else host_rows
+    host_lens = lens.tolist() if host_lens is None else host_lens
+    slots = lens[:, None] + torch.arange(start, start + t, device=dev)
     if b == 1 and t == 1 and r == 1:
-        return Step(rows, slots, positions, None, lens_list[0] + 1, contiguous_slice(rows))
-    kv_len = max(lens_list) + r
+        return Step(rows, slots, positions, None, host_lens[0] + 1, contiguous_slice(host_rows))
+    kv_len = max(host_lens) + r
     rel = torch.arange(kv_len, device=dev)[None, :] - lens[:, None]  # (B, S): slot relative to the scratch region
     committed = rel < 0
     in_scratch = (rel >= 0) & (rel < r)
     scratch = torch.gather(visible, 2, rel.clamp(0, r - 1)[:, None, :].expand(b, t, kv_len))  # (B, T, S)
     mask = (committed[:, None, :] | (in_scratch[:, None, :] & scratch))[:, None]
-    return Step(rows, slots, positions, mask, kv_len, contiguous_slice(rows))
+    return Step(rows, slots, positions, mask, kv_len, contiguous_slice(host_rows))
 
 
 # ---- layers ---------------------------------------------------------------------------------------------------------
@@ -264,9 +216,9 @@ class Attention:
     ) -> torch.Tensor:
         b, t, _ = x.shape
         d = self.head_dim
-        q, k, v = self.qkv(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        q = apply_rope(q.view(b, t, self.heads, d), *rope)
-        k = apply_rope(k.view(b, t, self.kv_heads, d), *rope)
+        qk, v = self.qkv(x).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
+        # q and k heads are adjacent in the fused output: one RoPE for both.
+        q, k = apply_rope(qk.view(b, t, self.heads + self.kv_heads, d), *rope).split([self.heads, self.kv_heads], dim=2)
         v = v.view(b, t, self.kv_heads, d)
         if self.kv_scale is not None:
             k, v = fake_quant_fp8(k, self.kv_scale), fake_quant_fp8(v, self.kv_scale)
@@ -282,13 +234,28 @@ class Attention:
 
 @dataclass
 class MLP:
-    fc: Linear  # HF gate_proj (TRT-LLM names the activated branch `fc`)
-    gate: Linear  # HF up_proj
+    fc: Linear | None  # HF gate_proj (TRT-LLM names the activated branch `fc`); None once fused
+    gate: Linear | None  # HF up_proj; None once fused
     proj: Linear  # HF down_proj
     group: TPGroup
+    fc_gate: Linear | None = None  # [fc; gate] stacked by rows: one product for both branches (`fuse`)
+
+    def fuse(self) -> bool:
+        """Replace fc and gate by one stacked Linear (one product instead of two per call) where they can share it
+        (not with FP8 activation scales). Returns whether it did."""
+        if self.fc_gate is None and self.fc is not None and self.gate is not None:
+            self.fc_gate = fuse_rows([self.fc, self.gate])
+            if self.fc_gate is not None:
+                self.fc = self.gate = None
+        return self.fc_gate is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.group.all_reduce(self.proj(F.silu(self.fc(x)) * self.gate(x)))
+        if self.fc_gate is not None:
+            a, b = self.fc_gate(x).chunk(2, dim=-1)
+        else:
+            assert self.fc is not None and self.gate is not None
+            a, b = self.fc(x), self.gate(x)
+        return self.group.all_reduce(self.proj(F.silu(a) * b))
 
 
 @dataclass
@@ -335,7 +302,7 @@ class Llama:
         """Returns the post-norm last hidden state (B, T, H) and the residual stream at the ids in `capture`:
         id j = the INPUT of decoder layer j (0 = the embeddings; len(layers) = the last layer's output, pre-norm)."""
         x = F.embedding(tokens, self.embed)
-        rope = self.rope(step.positions, x.dtype)
+        rope = self.rope(step.positions, x.dtype, step.kv_len)
         by_layer: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in capture:
@@ -365,6 +332,7 @@ class Eagle1Drafter:
     kv_heads: int
     head_dim: int
     capture: tuple[int, ...] = ()  # EAGLE-1 uses only the last hidden state
+    draft_ids: torch.Tensor | None = None  # target ids of a restricted draft vocabulary (`restricted`)
 
     def features(self, hidden: torch.Tensor, captured: list[torch.Tensor]) -> torch.Tensor:
         return hidden
@@ -373,16 +341,37 @@ class Eagle1Drafter:
         x = self.fc(torch.cat([F.embedding(tokens, self.embed), feats], dim=-1))
         if self.fc_gather is not None:
             x = self.fc_gather.all_gather_last(x)
-        rope = self.rope(step.positions, x.dtype)
+        rope = self.rope(step.positions, x.dtype, step.kv_len)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, step, cache.k[i], cache.v[i])
         return x
+
+    def restricted(self, ids: list[int]) -> Eagle1Drafter:
+        """This head drafting over the target tokens `ids` only: its lm_head keeps their rows (a new Linear; the
+        layers are shared), draft id i is target id ids[i]. The target still verifies over its full vocabulary, so
+        outputs do not change; only what the head can propose (and so tau) does."""
+        if self.draft_ids is not None:
+            raise ValueError("the draft vocabulary is already restricted")
+        if self.lm_head.group.size > 1:
+            raise ValueError("draft_vocab needs tp=1 in the reference engine (the head's lm_head is split by vocab)")
+        vocab = self.lm_head.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if not ids or bad or len(set(ids)) != len(ids):
+            raise ValueError(
+                f"draft_vocab must be distinct target token ids in 0..{vocab - 1} (got {len(ids)} ids, "
+                f"{len(ids) - len(set(ids))} repeated, out of range: {bad[:5]})"
+            )
+        at = torch.tensor(ids, device=self.embed.device)
+        lin = self.lm_head.linear
+        head = LMHead(Linear(lin.weight[at].contiguous(), None if lin.bias is None else lin.bias[at]), len(ids),
+                      self.lm_head.group)
+        return dataclasses.replace(self, lm_head=head, draft_ids=at)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h)
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids
+        return ids if self.draft_ids is None else self.draft_ids[ids]
 
 
 @dataclass
@@ -418,7 +407,7 @@ class Eagle3Drafter:
     def forward(self, tokens: torch.Tensor, feats: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         emb = F.embedding(tokens, self.embed)
         h = torch.cat([rms_norm(emb, self.input_norm, self.eps), rms_norm(feats, self.hidden_norm, self.eps)], dim=-1)
-        rope = self.rope(step.positions, feats.dtype)
+        rope = self.rope(step.positions, feats.dtype, step.kv_len)
         x = feats + self.attn(h, rope, step, cache.k[0], cache.v[0])
         return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
 

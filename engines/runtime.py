@@ -1,28 +1,18 @@
-"""Loading an engine and the decoding loop.
+"""Loading an engine: checkpoint, head, tree, tokenizer and limits, with the weight layouts of its device.
 
-One speculative step for a batch of sequences (gpt-fast's `speculative_decode`, with a tree):
-
-    tree   = draft(drafter state)                        # root = last chosen token, nodes = draft tokens
-    logits = target(tree.tokens, positions = len + depth, mask = ancestors)   # one forward verifies the tree
-    path, next = accept(tree, logits)                    # deepest accepted path + one token from the target
-    commit(path): compact the path's K/V to len .. len + |path| - 1; emit path tokens + next
-    drafter(path tokens[1:] + [next], target features on the path)           # drafter state for the next step
-
-Target-only decoding is the same loop with an empty tree.
-
-`Session` holds the batch as slots (one cache row each): `add` a request at any time, `step` prefills the new ones
-or advances every active sequence by one step, finished or cancelled sequences leave (`pop`). `generate` is a
-session holding exactly its requests, stepped until all are done; Triton's reference model keeps one session for
-its lifetime (in-flight batching).
+The decoding loop is engines/decode.py; engines/session.py holds the batch as slots (one cache row each): `add` a
+request at any time, `step` prefills the new ones or advances every active sequence by one step, finished or
+cancelled sequences leave (`pop`). `generate` is a session holding exactly its requests, stepped until all are
+done; Triton's reference model keeps one session for its lifetime (in-flight batching).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -41,12 +31,12 @@ from engines.checkpoint import (
     read_config,
     require,
 )
-from engines.draft import DraftState, draft_dynamic, draft_static
-from engines.model import Drafter, Eagle1Drafter, KVCache, Llama, make_step, prepack_cpu
+from engines.linear import prepare_linears
+from engines.model import Drafter, Eagle1Drafter, Llama
 from engines.parallel import TPGroup, current_group
-from engines.sampling import choose, greedy_node, sampling_node
+from engines.session import Session
 from engines.spec import ReferenceSpec
-from engines.tree import StaticTree, TreeBatch
+from engines.tree import StaticTree
 
 
 def resolve_device(device: str) -> torch.device:
@@ -108,8 +98,10 @@ class Runtime:
     @classmethod
     def load(
         cls, ckpt: Path, *, tree: DraftTree | DynamicTree | None, dtype: str, device: str,
-        eagle3_head_dir: Path | None, tokenizer_dir: Path | None = None,
+        eagle3_head_dir: Path | None, tokenizer_dir: Path | None = None, draft_vocab: list[int] | None = None,
     ) -> Runtime:
+        """`draft_vocab`: target token ids an EAGLE-1/2 head drafts over (its lm_head restricted to those rows,
+        e.g. the most frequent tokens: cheaper draft steps; verification still uses the full vocabulary)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
         dev = resolve_device(device)
@@ -138,13 +130,31 @@ class Runtime:
             drafter = load_eagle3(Path(eagle3_head_dir), target, len(target.layers), DTYPES[dtype], dev)
         tensors.check_all_used(ignore)
         tensors.close()
-        prepack_cpu(target, drafter)  # float32 on CPU: W^T for one-row and oneDNN-packed W for multi-row products
+        if draft_vocab is not None:
+            drafter = restrict_draft_vocab(drafter, draft_vocab)
+        fuse_and_lay_out(target, drafter)
         static = StaticTree.build(tree, dev) if isinstance(tree, DraftTree) else None
         if tree is not None:
             check_tree_fits(tree, drafter)
         random_head = bool(cfg.get("eagle_deploy", {}).get("random_head", False))
         tok = load_tokenizer(tokenizer_dir or ckpt / "tokenizer")
         return cls(target, drafter, tree, static, tok, dev, DTYPES[dtype], random_head, group)
+
+    def with_tree(self, tree: DraftTree | DynamicTree) -> Runtime:
+        """The same weights (not copied) drafting with another tree."""
+        if self.drafter is None:
+            raise ValueError("this engine has no EAGLE head; a tree needs one")
+        check_tree_fits(tree, self.drafter)
+        static = StaticTree.build(tree, self.device) if isinstance(tree, DraftTree) else None
+        return dataclasses.replace(self, tree=tree, static=static)
+
+    def with_draft_vocab(self, ids: list[int]) -> Runtime:
+        """The same weights with the head drafting over `ids` only (a new lm_head of those rows; the rest shared)."""
+        drafter = restrict_draft_vocab(self.drafter, ids)
+        prepare_linears(drafter.lm_head)
+        if self.tree is not None:
+            check_tree_fits(self.tree, drafter)
+        return dataclasses.replace(self, drafter=drafter)
 
     def generate(self, requests: list[GenerationRequest], *, speculative: bool, on_tokens: OnTokens | None) -> list[GenerationResult]:
         if not requests:
@@ -169,6 +179,26 @@ class Runtime:
             )
         spec = speculative and self.drafter is not None
         return Session(self, [], spec, on_tokens, capacity=capacity, max_len=max_len)
+
+
+def restrict_draft_vocab(drafter: Drafter | None, ids: list[int]) -> Eagle1Drafter:
+    if drafter is None:
+        raise ValueError("draft_vocab restricts an EAGLE head's drafting, but this engine has no head (tree=None)")
+    if not isinstance(drafter, Eagle1Drafter):
+        raise ValueError("draft_vocab is for EAGLE-1/2 heads; an EAGLE-3 head drafts over its own vocabulary (d2t)")
+    return drafter.restricted(ids)
+
+
+def fuse_and_lay_out(target: Llama, drafter: Drafter | None) -> None:
+    """One product for each MLP's two input branches, then the weight layouts of the device (engines/linear.py)."""
+    blocks = [layer.mlp for layer in target.layers]
+    if isinstance(drafter, Eagle1Drafter):
+        blocks += [layer.mlp for layer in drafter.layers]
+    elif drafter is not None:
+        blocks.append(drafter.mlp)
+    for mlp in blocks:
+        mlp.fuse()
+    prepare_linears(target, drafter)
 
 
 def check_tree_fits(tree: DraftTree | DynamicTree, drafter: Drafter | None) -> None:
@@ -200,308 +230,9 @@ def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) 
     head = spec.path(build_dir, spec.eagle3_head_dir) if spec.eagle3_head_dir else None
     rt = Runtime.load(
         spec.path(build_dir, spec.checkpoint_dir), tree=tree, dtype=spec.dtype, device=device or spec.device,
-        eagle3_head_dir=head, tokenizer_dir=spec.path(build_dir, spec.tokenizer_dir),
+        eagle3_head_dir=head, tokenizer_dir=spec.path(build_dir, spec.tokenizer_dir), draft_vocab=spec.draft_vocab,
     )
     if rt.group.size != spec.tp:
         raise CheckpointError(f"reference.json says tp={spec.tp} but the checkpoint has tp_size={rt.group.size}")
     rt.limits = Limits(spec.max_batch_size, spec.max_input_len, spec.max_seq_len)
     return rt
-
-
-class Session:
-    """A batch of sequence slots decoded together, step by step (in-flight batching).
-
-    `add(request)` puts a request in a free slot (its prompt is prefilled by the next `step()`); `step()` either
-    prefills the requests added since the last step or advances every active sequence by one speculative (or
-    target-only) step; a sequence leaves the batch when it finishes or is `cancel`led, and `pop(slot)` returns its
-    result and frees the slot for the next request. `on_tokens(slot, new_ids)` streams accepted tokens; returning
-    False cancels that sequence. Every row of the caches belongs to one slot; a new request overwrites its slot's
-    rows from position 0 (prefill), so nothing of the previous occupant is visible to it.
-
-    Not thread-safe: one thread drives a session (Triton's reference model runs it on its batcher thread)."""
-
-    def __init__(
-        self, rt: Runtime, requests: list[GenerationRequest], speculative: bool, on_tokens: OnTokens | None, *,
-        capacity: int | None = None, max_len: int | None = None,
-    ) -> None:
-        """`requests` are added in order (slots 0, 1, ...). `capacity` (slots) defaults to len(requests) and
-        `max_len` (prompt + output tokens of one slot) to the longest request: `generate` sizes its session exactly
-        as the static batch it replaces."""
-        capacity = len(requests) if capacity is None else capacity
-        max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) if max_len is None else max_len
-        self.rt, self.capacity, self.max_len, self.spec, self.on_tokens = rt, capacity, max_len, speculative, on_tokens
-        dev, tgt = rt.device, rt.target
-        tree_size = (rt.tree.size if speculative and rt.tree is not None else 0) + 1
-        slots = max_len + tree_size + 1
-        self.tcache = KVCache.allocate(len(tgt.layers), capacity, slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
-        self.lens = torch.zeros(capacity, dtype=torch.long, device=dev)  # committed cache entries (target = drafter)
-        self.root = torch.zeros(capacity, dtype=torch.long, device=dev)  # last chosen token, not yet in the caches
-        self.reqs: list[GenerationRequest | None] = [None] * capacity  # None = free slot
-        self.out: list[list[int]] = [[] for _ in range(capacity)]
-        self.finish: list[str | None] = [None] * capacity
-        self.stats = [RequestStats() for _ in range(capacity)]
-        self.gens = [torch.Generator() for _ in range(capacity)]
-        self.pending: list[int] = []  # slots added since the last step: prefilled by the next one
-        self.depth = rt.tree.depth if speculative and rt.tree is not None else 0
-        self.capture: tuple[int, ...] = ()
-        if speculative:
-            d = rt.drafter
-            assert d is not None
-            scratch = rt.static.num_runs if rt.static is not None else (rt.tree.depth - 1) * rt.tree.top_k  # type: ignore[union-attr]
-            self.dcache = KVCache.allocate(len(d.layers), capacity, slots + scratch, d.kv_heads, d.head_dim, rt.dtype, dev)
-            self.capture = d.capture
-            # Allocated on the first drafter pass, when the head's hidden size and draft vocabulary are known.
-            self.state = DraftState(torch.zeros(0, device=dev), torch.zeros(0, device=dev))
-        for r in requests:
-            self.add(r)
-
-    # ---- slots --------------------------------------------------------------------------------------------------
-    def add(self, request: GenerationRequest) -> int:
-        """Put `request` in the lowest free slot and return the slot; its prefill runs at the next `step()`."""
-        free = [i for i, r in enumerate(self.reqs) if r is None]
-        if not free:
-            raise ValueError(f"session full: all {self.capacity} slots are taken; pop a finished sequence first")
-        slot = free[0]
-        if self.rt.limits is not None:
-            self.rt.limits.check_request(slot, request)
-        if len(request.prompt_ids) + request.max_new_tokens > self.max_len:
-            raise ValueError(
-                f"request in slot {slot}: prompt {len(request.prompt_ids)} + max_new_tokens {request.max_new_tokens} "
-                f"exceeds the session's max_len={self.max_len}"
-            )
-        # Unseeded requests get a random seed, the same on every TP rank (ranks must sample identically).
-        s = request.sampling.seed
-        [seed] = self.rt.group.broadcast_ints([s if s is not None else random.getrandbits(62)])
-        self.reqs[slot], self.out[slot], self.finish[slot] = request, [], None
-        self.stats[slot] = RequestStats(acceptance_by_depth=[0] * self.depth)
-        self.gens[slot] = torch.Generator().manual_seed(seed)
-        self.pending.append(slot)
-        return slot
-
-    def cancel(self, slot: int) -> None:
-        """Stop the sequence in `slot` (finish_reason "cancelled"); it takes no further step. `pop` frees the slot."""
-        if self.reqs[slot] is None:
-            raise ValueError(f"slot {slot} is free; nothing to cancel")
-        if self.finish[slot] is None:
-            self.finish[slot] = "cancelled"
-        if slot in self.pending:
-            self.pending.remove(slot)
-
-    def pop(self, slot: int) -> GenerationResult:
-        """The result of the finished sequence in `slot`; the slot becomes free."""
-        if self.reqs[slot] is None or self.finish[slot] is None:
-            raise ValueError(f"slot {slot} holds no finished sequence")
-        res = GenerationResult(self.out[slot], self.finish[slot], self.stats[slot])  # type: ignore[arg-type]
-        self.reqs[slot], self.out[slot], self.finish[slot] = None, [], None
-        return res
-
-    @property
-    def active(self) -> list[int]:
-        """Slots whose sequence is still generating (prefilled or waiting for its prefill)."""
-        return [i for i, r in enumerate(self.reqs) if r is not None and self.finish[i] is None]
-
-    @property
-    def finished(self) -> list[int]:
-        """Slots whose sequence finished (or was cancelled) and was not popped yet."""
-        return [i for i, r in enumerate(self.reqs) if r is not None and self.finish[i] is not None]
-
-    @property
-    def free(self) -> int:
-        return sum(r is None for r in self.reqs)
-
-    @property
-    def done(self) -> bool:
-        return not self.active
-
-    # ---- loop ---------------------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def step(self) -> None:
-        """Prefill the requests added since the last step (same prompt length = one forward), or, when there are
-        none, advance every active sequence by one decoding step. A new request thus waits for at most the step
-        in progress plus its prefill, and then decodes with the others."""
-        if self.pending:
-            by_length: dict[int, list[int]] = {}
-            for i in self.pending:
-                by_length.setdefault(len(self._req(i).prompt_ids), []).append(i)
-            self.pending = []
-            for group in by_length.values():
-                self.prefill(group)
-            return
-        if active := self.active:
-            self.speculative_step(active) if self.spec else self.target_step(active)
-
-    def _req(self, i: int) -> GenerationRequest:
-        r = self.reqs[i]
-        assert r is not None, f"slot {i} is free"
-        return r
-
-    def prefill(self, group: list[int]) -> None:
-        """Prefill requests whose prompts have the same length in one forward; choose each one's first token."""
-        dev = self.rt.device
-        prompt = torch.tensor([self._req(i).prompt_ids for i in group], device=dev)
-        b, p = prompt.shape
-        rows, zero = torch.tensor(group, device=dev), torch.zeros(b, dtype=torch.long, device=dev)
-        causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril().expand(b, -1, -1)
-        arange = torch.arange(p, device=dev)
-        step = make_step(rows, zero, arange, arange.expand(b, p), causal)
-        hidden, captured = self.rt.target.forward(prompt, step, self.tcache, self.capture)
-        logits = self.rt.target.lm_head(hidden[:, -1])
-        first = [choose(logits[j], self._req(i).sampling, self.gens[i]) for j, i in enumerate(group)]
-        self.lens[rows] = p
-        if self.spec:
-            # Drafter pairs (x_{t+1}, f_t) for t = 0..p-1: the prompt shifted by one, then the token just chosen.
-            d_tokens = torch.cat([prompt[:, 1:], torch.tensor(first, device=dev)[:, None]], 1)
-            self.update_drafter(rows, zero, d_tokens, self._features(hidden, captured), [p] * b)
-        for i, tok in zip(group, first):
-            self.root[i] = tok
-            self.emit(i, [tok])
-
-    def target_step(self, active: list[int]) -> None:
-        rows = torch.tensor(active, device=self.rt.device)
-        lens = self.lens[rows]
-        b = len(active)
-        ones = torch.ones(b, 1, 1, dtype=torch.bool, device=self.rt.device)
-        step = make_step(rows, lens, torch.zeros(1, dtype=torch.long, device=self.rt.device), lens[:, None], ones)
-        hidden, _ = self.rt.target.forward(self.root[rows][:, None], step, self.tcache)
-        logits = self.rt.target.lm_head(hidden[:, 0])
-        self.lens[rows] += 1
-        for j, i in enumerate(active):
-            tok = choose(logits[j], self._req(i).sampling, self.gens[i])
-            self.stats[i].target_forwards += 1
-            self.root[i] = tok
-            self.emit(i, [tok])
-
-    def speculative_step(self, active: list[int]) -> None:
-        """draft a tree -> verify all of it in ONE target forward -> accept a path -> commit it."""
-        rt, dev = self.rt, self.rt.device
-        rows = torch.tensor(active, device=dev)
-        lens = self.lens[rows]
-        tree = self.draft(rows, lens)
-        step = make_step(rows, lens, torch.arange(tree.size, device=dev), lens[:, None] + tree.depth, tree.anc)
-        hidden, captured = rt.target.forward(tree.tokens, step, self.tcache, self.capture)
-        accepted = self.walk(active, tree, hidden)
-        going: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (request, new tokens, their features)
-        for j, i in enumerate(active):
-            node, nxt = accepted[j]
-            path = torch.nonzero(tree.anc[j, node])[:, 0]  # root .. node (tree order = depth order)
-            new = torch.cat([tree.tokens[j, path[1:]], torch.tensor([nxt], device=dev)])
-            if path.shape[0] > 1:  # KV compaction: the accepted path's entries become contiguous after the cache
-                base = int(lens[j])
-                self.tcache.move(i, base + path, base + torch.arange(path.shape[0], device=dev))
-            kept = self.emit(i, new.tolist())
-            self._count(i, drafted=tree.size - 1, accepted=min(path.shape[0] - 1, kept))
-            if self.finish[i] is None:
-                self.root[i] = nxt
-                feats = self._features(hidden[j, path][None], [c[j, path][None] for c in captured])[0]
-                going.append((i, new, feats))
-        if going:
-            self._commit_drafter(going)
-
-    def walk(self, active: list[int], tree: TreeBatch, hidden: torch.Tensor) -> list[tuple[int, int]]:
-        """Verify every sequence's tree: walk it from the root, moving to an accepted child (greedy_node /
-        sampling_node) until none is; returns (deepest accepted node, next token) per sequence.
-
-        The target's logits are computed only at the nodes the walk reaches, i.e. the accepted path plus the node
-        where it stops: tau rows of the 49k-wide lm_head per sequence instead of one per tree node (on a CPU the
-        lm_head of a whole tree costs as much as a fifth of the verification forward). The walk goes level by level,
-        all sequences still walking in one lm_head call."""
-        tokens = tree.tokens.tolist()
-        kids = [tree.children(j) for j in range(len(active))]
-        at = [0] * len(active)
-        result: list[tuple[int, int] | None] = [None] * len(active)
-        while walking := [j for j, r in enumerate(result) if r is None]:
-            rows = torch.tensor(walking, device=hidden.device)
-            nodes = torch.tensor([at[j] for j in walking], device=hidden.device)
-            logits = self.rt.target.lm_head(hidden[rows, nodes])  # (walking, V)
-            for r, j in enumerate(walking):
-                sp, node = self._req(active[j]).sampling, at[j]
-                if sp.greedy:
-                    child, tok = greedy_node(logits[r], kids[j][node], tokens[j])
-                else:
-                    child, tok = sampling_node(logits[r], kids[j][node], tokens[j], sp, self.gens[active[j]])
-                if child is None:
-                    assert tok is not None
-                    result[j] = (node, tok)
-                else:
-                    at[j] = child
-        return cast(list[tuple[int, int]], result)  # the loop ends only when every sequence has its result
-
-    def _count(self, i: int, drafted: int, accepted: int) -> None:
-        s = self.stats[i]
-        s.target_forwards += 1
-        s.draft_tokens += drafted
-        s.accepted_draft_tokens += accepted
-        for d in range(accepted):
-            s.acceptance_by_depth[d] += 1
-
-    # ---- drafter ------------------------------------------------------------------------------------------------
-    def _features(self, hidden: torch.Tensor, captured: list[torch.Tensor]) -> torch.Tensor:
-        assert self.rt.drafter is not None
-        return self.rt.drafter.features(hidden, captured)
-
-    def draft(self, rows: torch.Tensor, lens: torch.Tensor) -> TreeBatch:
-        rt = self.rt
-        assert rt.drafter is not None
-        state = DraftState(self.state.h[rows], self.state.logits[rows])
-        if rt.static is not None:
-            return draft_static(rt.drafter, self.dcache, rt.static, rows, lens, self.root[rows], state)
-        assert isinstance(rt.tree, DynamicTree)
-        return draft_dynamic(rt.drafter, self.dcache, rt.tree, rows, lens, self.root[rows], state)
-
-    def _commit_drafter(self, going: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
-        """Feed each sequence's newly committed pairs (token, target feature at the previous position) to the
-        drafter, all sequences at once (padded to the longest); the caches grow by the path length."""
-        dev = self.rt.device
-        n = [len(new) for _, new, _ in going]
-        b, longest = len(going), max(n)
-        tok = torch.zeros(b, longest, dtype=torch.long, device=dev)
-        ft = going[0][2].new_zeros(b, longest, going[0][2].shape[-1])
-        for j, (_, new, feats) in enumerate(going):
-            tok[j, : n[j]] = new
-            ft[j, : n[j]] = feats
-        rows = torch.tensor([i for i, _, _ in going], device=dev)
-        self.update_drafter(rows, self.lens[rows], tok, ft, n)
-        self.lens[rows] += torch.tensor(n, device=dev)
-
-    def update_drafter(self, rows: torch.Tensor, lens: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, n: list[int]) -> None:
-        """Append pairs (tokens[:, t], feats[:, t]) at positions lens + t (causal); keep the state of the last real one."""
-        d = self.rt.drafter
-        assert d is not None
-        b, length = tokens.shape
-        dev = self.rt.device
-        causal = torch.ones(length, length, dtype=torch.bool, device=dev).tril().expand(b, -1, -1)
-        arange = torch.arange(length, device=dev)
-        step = make_step(rows, lens, arange, lens[:, None] + arange, causal)
-        h = d.forward(tokens, feats, step, self.dcache)
-        last = h[torch.arange(b, device=dev), torch.tensor(n, device=dev) - 1]
-        logits = d.logits(last)
-        if self.state.logits.numel() == 0:
-            self.state = DraftState(last.new_zeros(self.capacity, last.shape[-1]), logits.new_zeros(self.capacity, logits.shape[-1]))
-        self.state.h[rows] = last
-        self.state.logits[rows] = logits
-
-    # ---- output -------------------------------------------------------------------------------------------------
-    def emit(self, i: int, tokens: list[int]) -> int:
-        """Append accepted tokens until a stop condition; stream them; return how many were kept."""
-        req, out = self._req(i), self.out[i]
-        kept: list[int] = []
-        for tok in tokens:
-            out.append(tok)
-            kept.append(tok)
-            if tok in req.stop_token_ids:
-                self.finish[i] = "eos"
-            elif req.stop_strings and self._hit_stop_string(out, req.stop_strings):
-                self.finish[i] = "stop"
-            elif len(out) >= req.max_new_tokens:
-                self.finish[i] = "length"
-            if self.finish[i] is not None:
-                break
-        self.stats[i].generated_tokens = len(out)
-        if kept and self.on_tokens is not None and self.on_tokens(i, list(kept)) is False and self.finish[i] is None:
-            self.finish[i] = "cancelled"
-        return len(kept)
-
-    def _hit_stop_string(self, out: list[int], stops: list[str]) -> bool:
-        # Only the tail can contain a stop string that the previous token did not complete.
-        tail = self.rt.tokenizer.decode(out[-(max(len(s) for s in stops) + 8) :])
-        return any(s in tail for s in stops)

@@ -1,7 +1,7 @@
 """Token choice and draft verification.
 
 Verification walks each sequence's tree from the root, one node at a time (the engine computes the target's logits
-only at the nodes the walk reaches, see engines/runtime.py `walk`).
+only at the nodes the walk reaches, see engines/decode.py `walk`).
 
 Greedy (EAGLE eagle/model/utils.py `evaluate_posterior`, TRT-LLM EagleSampleAndAcceptDraftTokens with
 greedy_sampling): a draft node is correct when its token equals the target's argmax at its parent; the walk moves to
@@ -51,11 +51,10 @@ def choose(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator) -> in
     return draw(target_probs(logits, sp), gen)
 
 
-def greedy_node(logits: torch.Tensor, kids: list[int], tokens: list[int]) -> tuple[int | None, int]:
-    """Greedy verification at one node whose target logits (V,) are given: the child drafted with the target's
-    argmax (None when no child was; siblings carry distinct tokens, so at most one matches) and that argmax."""
-    top = int(torch.argmax(logits))
-    return next((c for c in kids if tokens[c] == top), None), top
+def greedy_node(top: int, kids: list[int], tokens: list[int]) -> int | None:
+    """Greedy verification at one node where the target's argmax is `top`: the child drafted with it (None when no
+    child was; siblings carry distinct tokens, so at most one matches)."""
+    return next((c for c in kids if tokens[c] == top), None)
 
 
 def sampling_node(

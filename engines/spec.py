@@ -37,6 +37,10 @@ class ReferenceSpec(BaseModel):
     max_batch_size: int = Field(ge=1, description="Max sequences per engine batch.")
     max_input_len: int = Field(ge=1, description="Max prompt tokens.")
     max_seq_len: int = Field(ge=1, description="Max prompt + generated tokens.")
+    draft_vocab: list[int] | None = Field(
+        default=None,
+        description="EAGLE-1/2 only: target token ids the head drafts over (most frequent first; None = all).",
+    )
 
     def path(self, build_dir: Path, rel: str) -> Path:
         return (build_dir / rel).resolve()

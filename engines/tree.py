@@ -59,6 +59,7 @@ class StaticTree:
     levels: list[torch.Tensor]  # levels[d] = node indices at depth d (d = 0..D)
     expand: list[torch.Tensor]  # expand[d] = nodes at depth d that have children (whose drafter output is needed)
     run_slot: torch.Tensor  # (T,) scratch slot of each expanded node in the drafter's cache (-1 = not run)
+    run_start: list[int]  # run_start[d] = first scratch slot of depth d's expanded nodes (consecutive slots)
     run_visible: torch.Tensor  # (R, R) scratch slot a may see scratch slot b (b is a or an ancestor of a)
     top_k: int  # candidates needed per expanded node
 
@@ -80,11 +81,12 @@ class StaticTree:
             expand.append(torch.tensor([i for i, p in enumerate(paths) if len(p) == d and p in has_children], device=device))
         run_slot = torch.full((len(paths),), -1, device=device)
         runs = [i for d in range(1, tree.depth) for i in expand[d].tolist()]
+        run_start = [0] + [sum(expand[e].numel() for e in range(1, d)) for d in range(1, tree.depth + 1)]
         run_slot[torch.tensor(runs, dtype=torch.long, device=device)] = torch.arange(len(runs), device=device)
         anc = ancestor_mask(parent[None], tree.depth)[0]
         run_nodes = torch.tensor(runs, dtype=torch.long, device=device)
         run_visible = anc[run_nodes][:, run_nodes]
-        return cls(parent, depth, rank, anc, levels, expand, run_slot, run_visible, tree.max_top_k)
+        return cls(parent, depth, rank, anc, levels, expand, run_slot, run_start, run_visible, tree.max_top_k)
 
     @property
     def num_runs(self) -> int:

@@ -28,6 +28,7 @@ import yaml  # noqa: E402
 
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams, aggregate_stats, stats_dict  # noqa: E402
 from engines.data import chat_ids, read_prompts  # noqa: E402
+from engines.lossless import first_divergence  # noqa: E402
 
 
 def hf_target_dir(build: Path) -> Path:
@@ -48,13 +49,6 @@ def hf_target_dir(build: Path) -> Path:
         f"{build}: neither config.resolved.yaml nor checkpoint/manifest.json (notes.hf_target_dir) found; "
         "is this a build directory written by `python builders/build.py`?"
     )
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 @dataclass

@@ -7,7 +7,8 @@
 3. starts the real Triton server on that repository (triton_repo.launch.TritonServer),
 4. streams one chat answer (`python clients/generate.py --stream --chat`),
 5. runs a short load test on MT-bench prompts (`python clients/loadtest.py`, report + plots),
-6. stops the server and prints where everything is and what it showed (tau, tokens/s).
+6. stops the server and prints where everything is and what it showed (tau, tokens/s), and what EAGLE buys: the
+   speedup over target-only decoding with the same engine on the same prompts, next to tau.
 
 `--quick` shortens the answer and the load test (the tests run the demo on tiny models with it).
 Commands are built by pure functions (`*_argv`) and run with their output shown.
@@ -47,12 +48,14 @@ class DemoPlan:
     load_requests: int  # measured requests per level
     load_tokens: int
     load_prompts: Path | None  # JSONL for the load test; None = the 80 MT-bench questions (first turns)
+    speedup_prompts: int = 4  # prompts decoded with and without EAGLE for the speedup
+    speedup_tokens: int = 64
 
 
 def plan_for(config: Path, quick: bool, prompt: str, prompts: Path | None = None) -> DemoPlan:
     if quick:
         return DemoPlan(config, prompt, answer_tokens=12, load_concurrency="1", load_requests=2, load_tokens=8,
-                        load_prompts=prompts)
+                        load_prompts=prompts, speedup_prompts=1, speedup_tokens=8)
     return DemoPlan(config, prompt, answer_tokens=96, load_concurrency="1,2", load_requests=4, load_tokens=64,
                     load_prompts=prompts)
 
@@ -113,6 +116,20 @@ def summarize(report_path: Path) -> dict[str, float | None]:
     }
 
 
+def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan) -> dict[str, float | int]:
+    """EAGLE vs target-only decoding with the build's reference engine, in this process, on the first prompts."""
+    from engines.api import ReferenceEngine
+    from engines.costs import eagle_speedup as measure
+    from engines.data import chat_ids, read_prompts
+
+    engine = ReferenceEngine.from_build(build_dir)
+    tok = engine.tokenizer
+    ids = [chat_ids(tok, text) for text in read_prompts(prompts, plan.speedup_prompts)]
+    s = measure(engine, ids, plan.speedup_tokens, [int(tok.eos_token_id)])
+    return {"ratio": s.ratio, "eagle_tokens_per_s": s.eagle_tps, "target_only_tokens_per_s": s.target_tps,
+            "tau": s.tau, "identical": s.identical, "prompts": s.prompts, "tokens": plan.speedup_tokens}
+
+
 def demo(plan: DemoPlan) -> dict:
     from builders.config import load_config
     from engines.data import mtbench_path
@@ -143,10 +160,12 @@ def demo(plan: DemoPlan) -> dict:
         load_out = demo_dir / "loadtest"
         run(loadtest_argv(server.grpc_url, repo, prompts, load_out, plan))
     levels = summarize(load_out / "report.json")
+    banner("what EAGLE buys: the same engine with and without its head (in-process)")
+    speedup = eagle_speedup(build_dir, prompts, plan)
     result = {
         "build_dir": str(build_dir), "checkpoint": str(build_dir / "checkpoint"), "engine": str(build_dir / "engine"),
         "triton_repo": str(repo), "server_log": str(server.log_path), "loadtest": str(load_out),
-        "plots": sorted(str(p) for p in load_out.glob("*.png")), "head": head, "levels": levels,
+        "plots": sorted(str(p) for p in load_out.glob("*.png")), "head": head, "levels": levels, "speedup": speedup,
         "wall_s": round(time.monotonic() - t0, 1), "summary": str(demo_dir / "summary.json"),
     }
     (demo_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -165,6 +184,10 @@ def print_summary(r: dict) -> None:
         tau = "n/a" if v["tau"] is None else f"{v['tau']:.2f}"
         print(f"  load {level}: tau {tau} tokens/step, {v['output_tokens_per_s']:.1f} output tokens/s, "
               f"{v['requests_ok']} requests ok")
+    s = r["speedup"]
+    print(f"  EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f} "
+          f"({s['eagle_tokens_per_s']:.1f} vs {s['target_only_tokens_per_s']:.1f} tokens/s, reference engine, "
+          f"{s['prompts']} prompts x {s['tokens']} tokens, {s['identical']}/{s['prompts']} outputs identical)")
     print(f"  total {r['wall_s']:.0f} s (summary: {r['summary']})")
 
 

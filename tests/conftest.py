@@ -154,3 +154,15 @@ def mimic_ckpt(tiny_dir: Path, mimic_pair: tuple[Path, Path]) -> Path:
 @pytest.fixture(scope="session")
 def small_vocab_ckpt(tiny_dir: Path, small_vocab_pair: tuple[Path, Path]) -> Path:
     return convert_eagle_ckpt(*small_vocab_pair, tiny_dir / "ckpt_vocab6")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module: 2 shared cores, and OpenMP threads spinning against other processes make
+    tiny matmuls 100x slower. Modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -31,12 +31,7 @@ KV_SCALE = 4.0 / 448
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 3, 64, 128, 200, 11]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def quantize_checkpoint(src: Path, dst: Path, *, kv: bool, exclude: list[str]) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Reference engine, in-flight batching (engines.runtime.Session via ReferenceEngine.session): requests join a running
+"""Reference engine, in-flight batching (engines.session.Session via ReferenceEngine.session): requests join a running
 batch between steps and leave it when they finish or are cancelled; a request's tokens do not depend on when it
 joined or who else is in the batch (greedy: identical to running it alone, speculative and target-only; seeded
 sampling: identical too, each slot draws from its own generator)."""
@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -21,12 +20,7 @@ MID = GenerationRequest([9, 8, 7], 25, SamplingParams(), [])
 LATE = GenerationRequest([100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], 20, SamplingParams(), [])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def alone(engine: ReferenceEngine, req: GenerationRequest, speculative: bool) -> GenerationResult:

@@ -19,18 +19,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
 from engines.checkpoint import CheckpointError  # noqa: E402
 from engines.model import make_step  # noqa: E402
-from engines.runtime import Session  # noqa: E402
+from engines.session import Session  # noqa: E402
 
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 3, 64, 128, 200, 11]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 2 shared cores: OpenMP threads spinning against other processes make tiny matmuls 100x slower.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def engine_logits(engine: ReferenceEngine, ids: list[int]) -> torch.Tensor:
@@ -38,10 +32,8 @@ def engine_logits(engine: ReferenceEngine, ids: list[int]) -> torch.Tensor:
     rt = engine._rt
     s = Session(rt, [GenerationRequest(ids, 1, SamplingParams(), [])], False, None)
     p = len(ids)
-    step = make_step(
-        torch.tensor([0]), torch.zeros(1, dtype=torch.long), torch.arange(p), torch.arange(p)[None],
-        torch.ones(p, p, dtype=torch.bool).tril()[None],
-    )
+    step = make_step(torch.tensor([0]), torch.zeros(1, dtype=torch.long), torch.arange(p)[None],
+                     torch.ones(p, p, dtype=torch.bool).tril()[None])
     hidden, _ = rt.target.forward(torch.tensor([ids]), step, s.tcache)
     return rt.target.lm_head(hidden)[0]
 
@@ -151,31 +143,3 @@ def test_tree_without_head_is_an_error(target_ckpt: Path) -> None:
 
     with pytest.raises(CheckpointError, match="holds no EAGLE head"):
         ReferenceEngine.from_checkpoint(target_ckpt, tree=DraftTree.from_choices(preset("chain-2")), dtype="float32")
-
-
-def test_cpu_float32_weights_are_prepacked_and_give_the_same_products(target_ckpt: Path) -> None:
-    """engines/model.py prepack_cpu: every float32 CPU linear gets W^T (one-row inputs; `weight` becomes a view of it)
-    and a oneDNN-packed weight (multi-row inputs); products equal ATen's to float32 rounding, with and without bias;
-    other dtypes are left alone."""
-    from engines.model import Linear, prepack_cpu
-
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("this torch build has no oneDNN (the engine then uses ATen for every product)")
-    engine = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="float32", device="cpu")
-    t = engine._rt.target
-    linears = [t.lm_head.linear] + [m for layer in t.layers for m in (layer.attn.qkv, layer.attn.dense, layer.mlp.fc, layer.mlp.gate, layer.mlp.proj)]
-    assert all(lin.packed is not None and lin.weight_t is not None for lin in linears)
-    assert all(lin.weight.data_ptr() == lin.weight_t.data_ptr() for lin in linears)  # one copy of W, not two
-    half = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="bfloat16", device="cpu")
-    assert half._rt.target.lm_head.linear.packed is None and half._rt.target.lm_head.linear.weight_t is None
-
-    g = torch.Generator().manual_seed(0)
-    w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
-    lin, nobias = Linear(w.clone(), b), Linear(w.clone())
-    assert prepack_cpu(lin, [lin, [lin, nobias]]) == 2  # lin reached three times, prepared once
-    assert prepack_cpu(lin) == 0 and lin.packed is not None  # already prepared
-    for shape in [(64,), (1, 64), (1, 1, 64), (5, 64), (2, 7, 64)]:
-        x = torch.randn(*shape, generator=g)
-        torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(nobias(x), torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
-        assert lin(x).shape == x.shape[:-1] + (96,)

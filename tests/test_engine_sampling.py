@@ -28,12 +28,7 @@ N = 3000
 K = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def exact_joint(hf_dir: Path, sp: SamplingParams, vocab: int) -> dict[tuple[int, ...], float]:

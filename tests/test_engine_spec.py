@@ -22,12 +22,7 @@ PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 1
 NEW = [30, 17, 24]  # different lengths: sequences finish at different steps
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def static(name: str) -> DraftTree:
@@ -99,7 +94,7 @@ def test_head_that_predicts_the_target_accepts(mimic_ckpt: Path, tree: DraftTree
 
 
 def test_verification_computes_target_logits_only_along_the_walked_path(mimic_ckpt: Path) -> None:
-    """engines/runtime.py `walk`: the 49k-wide lm_head runs on the accepted path + the node where the walk stops
+    """engines/decode.py `walk`: the 49k-wide lm_head runs on the accepted path + the node where the walk stops
     (accepted + 1 rows per sequence and forward), never on the rest of the tree; batches share one call per level."""
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("trtllm-default"), dtype="float32", device="cpu")
     target = engine._rt.target

@@ -12,19 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engines.verify import first_divergence, main
+from engines.lossless import first_divergence
+from engines.verify import main
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from builders.config import BuildConfig
+from engines.draft_vocab import read_draft_vocab
 from engines.spec import DynamicTreeSpec, ReferenceSpec
 
 CHECKPOINT_STAGE = "checkpoint"  # builders/convert's stage name = its directory inside the build dir
@@ -36,7 +37,8 @@ def random_head_flag(checkpoint_dir: Path) -> bool:
 
 
 def reference_spec(cfg: BuildConfig, random_head: bool) -> ReferenceSpec:
-    """The spec rendered from the config (pure); paths relative to the build dir."""
+    """The spec rendered from the config (pure but for reading draft.draft_vocab's ids); paths relative to the
+    build dir."""
     tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
     return ReferenceSpec(
         checkpoint_dir=CHECKPOINT_STAGE,
@@ -54,4 +56,5 @@ def reference_spec(cfg: BuildConfig, random_head: bool) -> ReferenceSpec:
         max_batch_size=cfg.engine.max_batch_size,
         max_input_len=cfg.engine.max_input_len,
         max_seq_len=cfg.engine.max_seq_len,
+        draft_vocab=read_draft_vocab(Path(cfg.draft.draft_vocab)) if cfg.draft.draft_vocab else None,
     )

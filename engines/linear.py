@@ -1,0 +1,135 @@
+"""Linear layers, and the weight layouts their products use on each device and dtype.
+
+`prepare_linears` gives every `Linear` of a loaded model the layout its products run fastest in, once at load:
+
+- CUDA, and CPUs whose oneDNN multiplies 16-bit types natively (`torch.ops.mkldnn._is_mkldnn_bf16_supported()`:
+  AVX512-BF16 / AMX; `_is_mkldnn_fp16_supported()`: AVX512-FP16 / AMX-FP16), for 16-bit dtypes: the weight as
+  stored, through `F.linear` (cuBLAS / oneDNN; 16-bit products accumulate in float32).
+- CPU float32: W^T contiguous for one-row inputs (x @ W^T streams W row by row; ATen's GEMV on the (N, K) layout is
+  slower on this project's CPUs), and the weight reordered once for oneDNN for multi-row inputs (MKL's sgemm
+  repacks W on every call, which for the skinny products of verification costs about as much as the product).
+- CPU bfloat16 / float16 without native 16-bit support (e.g. AVX2 only): ATen's 16-bit kernels there convert
+  element by element and are slower than float32 at every row count, so the weight is upcast to float32 once
+  (exact: every bf16 and fp16 value is a float32) and multiplied with the float32 layouts above. The input is
+  upcast (exact) and the output rounded to the 16-bit dtype: the numbers of a 16-bit GEMM with float32
+  accumulation, up to summation order. Activations, residual stream and KV cache stay 16-bit.
+
+`scripts/bench_engine.py` prints each layout's cost per row count on the machine it runs on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+Layout = Literal["as stored", "float32 kernels"]
+
+
+def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Round-trip through FP8 e4m3 with a per-tensor scale: fp8(x / s) * s (what an FP8 GEMM or FP8 KV cache sees)."""
+    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
+
+
+@dataclass
+class Linear:
+    """y = x W^T + b. `act_scale` set = FP8 activations (fake-quantized with the calibrated per-tensor scale).
+
+    With the float32-kernel layout (`weight_t` set by `prepare_linears`), `weight` is a float32 view of `weight_t`
+    (W is stored once, transposed), `packed` the oneDNN-reordered copy for multi-row inputs, and `bias` float32."""
+
+    weight: torch.Tensor  # (out_features, in_features), already dequantized to the compute dtype
+    bias: torch.Tensor | None = None
+    act_scale: torch.Tensor | None = None
+    packed: torch.Tensor | None = None
+    weight_t: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_scale is not None:
+            x = fake_quant_fp8(x, self.act_scale)
+        if self.weight_t is None:
+            return F.linear(x, self.weight, self.bias)
+        dtype, k = x.dtype, x.shape[-1]
+        xf = x.float()  # no-op for float32; exact upcast for 16-bit inputs
+        if xf.numel() == k:  # one row
+            y = torch.mm(xf.reshape(1, k), self.weight_t)
+            y = (y if self.bias is None else y + self.bias).view(*x.shape[:-1], y.shape[-1])
+        elif self.packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(xf, self.packed, self.bias, "none", [], "")
+        else:
+            y = F.linear(xf, self.weight, self.bias)
+        return y.to(dtype)
+
+
+def fuse_rows(parts: list[Linear]) -> Linear | None:
+    """One Linear computing [parts[0](x), parts[1](x), ...] (weights stacked by rows), or None when the parts
+    cannot share a product (FP8 activation scales, bias on some only, already prepared)."""
+    if any(p.act_scale is not None or p.weight_t is not None for p in parts):
+        return None
+    if len({p.bias is None for p in parts}) != 1 or len({(p.weight.dtype, p.weight.device) for p in parts}) != 1:
+        return None
+    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # type: ignore[misc]
+    return Linear(torch.cat([p.weight for p in parts]), bias)
+
+
+def native_16bit(dtype: torch.dtype) -> bool:
+    """True when this CPU's oneDNN multiplies `dtype` natively (no upcast needed for speed)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return False
+
+
+def layout_for(device: torch.device, dtype: torch.dtype) -> Layout:
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return "as stored"
+    if dtype != torch.float32 and native_16bit(dtype):
+        return "as stored"
+    return "float32 kernels"
+
+
+def to_float32_kernels(lin: Linear) -> None:
+    """W^T (float32, contiguous) for one-row products, `weight` a view of it, and the oneDNN-reordered weight for
+    multi-row ones (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU weight packing uses:
+    torch/_inductor/fx_passes/mkldnn_fusion.py)."""
+    w = lin.weight.float()
+    lin.weight_t = w.t().contiguous()
+    lin.weight = lin.weight_t.t()
+    lin.bias = None if lin.bias is None else lin.bias.float()
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        lin.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+
+
+def prepare_linears(*roots: object) -> int:
+    """Give every `Linear` reachable from `roots` (dataclass fields and lists) the layout `layout_for` picks for its
+    weight's device and dtype. Returns how many linears got the float32-kernel layout."""
+    seen: set[int] = set()
+    prepared = 0
+    stack = list(roots)
+    while stack:
+        obj = stack.pop()
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, Linear):
+            w = obj.weight
+            if obj.weight_t is None and layout_for(w.device, w.dtype) == "float32 kernels":
+                to_float32_kernels(obj)
+                prepared += 1
+        elif isinstance(obj, list):
+            stack.extend(obj)
+        elif hasattr(obj, "__dataclass_fields__"):
+            stack.extend(getattr(obj, f) for f in obj.__dataclass_fields__)
+    return prepared

@@ -1,0 +1,152 @@
+"""Reference engine, cycle profiler (engines/profile.py, engines/costs.py): the parts of every speculative cycle
+are named after the loop's stages and add up to the cycle's wall time measured around it; the cost helpers count
+what they say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from builders.trees import DraftTree, DynamicTree, preset
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from engines.costs import Machine, bounds, forward_flops, forward_fns, interleaved_ms, profile_cycles, weight_bytes
+from engines.linear import native_16bit
+from engines.profile import NO_LAPS, Laps, python_share
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_laps_charge_each_interval_to_one_part() -> None:
+    ticks = iter([0.0, 1.0, 3.0, 6.0, 10.0, 20.0, 21.0])
+    laps = Laps(clock=lambda: next(ticks))
+    with pytest.raises(RuntimeError, match=r"Laps.lap\('a'\) before start\(\)"):
+        laps.lap("a")
+    laps.start()  # 0
+    laps.lap("a")  # 1
+    laps.lap("b")  # 3
+    laps.lap("a")  # 6
+    laps.start()  # 10: a second step
+    laps.lap("b")  # 20
+    assert laps.parts == {"a": 1.0 + 3.0, "b": 2.0 + 10.0} and laps.total == 16.0 and laps.steps == 2
+    assert laps.per_step_ms() == {"a": 2000.0, "b": 6000.0}
+    NO_LAPS.lap("never started")  # the disabled profiler accepts marks without a start and keeps nothing
+    assert NO_LAPS.parts == {}
+
+
+@pytest.mark.parametrize(
+    "tree,levels",
+    [(DraftTree.from_choices(preset("eagle-default")), ["draft 1", "draft 2", "draft 3", "draft 4", "draft 5"]),
+     (DynamicTree(4, 3, 12), ["draft 1", "draft 2", "draft select"])],
+    ids=["static-25", "dynamic"],
+)
+def test_cycle_parts_add_up_to_the_cycle(mimic_ckpt: Path, tree, levels: list[str]) -> None:  # type: ignore[no-untyped-def]
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=tree, dtype="float32", device="cpu")
+    reqs = [GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []) for i in range(2)]
+    expected = engine.generate(reqs)
+    session = engine.session(capacity=2, max_len=64)
+    prof = profile_cycles(session, reqs)
+    assert list(prof.laps.parts) == levels + ["verify", "walk", "kv compaction", "output", "drafter update"]
+    # One lap-set per speculative step, the same steps a plain generate takes; every generated token counted.
+    agg = engine.aggregate(expected)
+    assert prof.laps.steps == max(r.stats.target_forwards for r in expected)
+    assert prof.tokens == agg.generated_tokens - len(reqs)
+    assert [r.output_ids for r in prof.results] == [r.output_ids for r in expected]
+    # The parts cover the steps' wall time as measured around Session.step(): only the call into the step and
+    # its dispatch are outside them.
+    assert 0 < prof.laps.total <= prof.decode_s
+    assert prof.laps.total >= 0.9 * prof.decode_s
+    assert session.laps is NO_LAPS and session.done  # profiling leaves the session as it found it
+
+
+def test_python_share_splits_wall_time() -> None:
+    x = torch.randn(64, 64)
+    wall, in_ops = python_share(lambda: [x @ x for _ in range(20)])
+    assert 0 < in_ops <= wall
+
+
+def test_forward_cost_and_bounds_count_weights_and_flops(target_ckpt: Path) -> None:
+    engine = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="float32", device="cpu")
+    t = engine._rt.target
+    layer_params = sum(
+        lin.weight.numel() for layer in t.layers for lin in (layer.attn.qkv, layer.attn.dense, layer.mlp.fc_gate, layer.mlp.proj)
+    )
+    head = t.lm_head.linear.weight.numel()
+    assert weight_bytes(t) == 4 * (layer_params + head)  # float32 layout
+    assert forward_flops(t, 8) == 2 * 8 * layer_params + 2 * head
+    b = bounds(t, 8, Machine(copy_bytes_per_s=1e9, read_bytes_per_s=2e9, gemm_flops=1e9))
+    assert b.memory_copy_s == weight_bytes(t) / 1e9 and b.memory_read_s == weight_bytes(t) / 2e9
+    assert b.roof_s == max(b.compute_s, b.memory_read_s)
+    calls: list[int] = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in "ab"}
+    assert set(interleaved_ms(fns, repeats=3)) == {"a", "b"} and calls == ["a", "b"] * 4  # warm-up round + 3
+    ms = interleaved_ms(forward_fns(t, torch.float32, torch.device("cpu"), [1, 4], context=16), repeats=3)
+    assert set(ms) == {1, 4} and all(v > 0 for v in ms.values())
+    half = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="bfloat16", device="cpu")
+    # bf16 weights are read as float32 where the CPU has no native 16-bit matmul (engines/linear.py).
+    assert weight_bytes(half._rt.target) == (weight_bytes(t) // 2 if native_16bit(torch.bfloat16) else weight_bytes(t))
+
+
+def test_eagle_speedup_compares_both_decodings_on_the_same_prompts(mimic_ckpt: Path, target_ckpt: Path) -> None:
+    from engines.costs import eagle_speedup
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset("chain-3")),
+                                             dtype="float32", device="cpu")
+    prompts = [[5 + i, 17, 33, 101, 7] for i in range(2)]
+    s = eagle_speedup(engine, prompts, 24, [])
+    spec = engine.generate([GenerationRequest(p, 24, SamplingParams(), []) for p in prompts])
+    assert s.prompts == 2 and s.identical == 2  # greedy float32: EAGLE reproduces target-only decoding
+    assert s.tau == pytest.approx(engine.aggregate(spec).tau) and s.tau > 1.2
+    assert s.ratio == pytest.approx(s.eagle_tps / s.target_tps) and s.eagle_tps > 0 and s.target_tps > 0
+    plain = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="no EAGLE head"):
+        eagle_speedup(plain, prompts, 4, [])
+
+
+def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt: Path) -> None:
+    """Host syncs on CUDA are device -> host read-backs (.tolist(), .item(), int(), bool(), float() of a tensor). A
+    greedy speculative step with a static tree does two (the tree's tokens and parents) plus one per level the walk
+    goes down (the argmax of every sequence still walking), however many sequences, drafter levels or forwards."""
+    from engines import decode
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset("eagle-default")),
+                                             dtype="float32", device="cpu")
+    session = engine.session(capacity=2, max_len=80)
+    for i in range(2):
+        session.add(GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []))
+    session.step()  # prefill
+    reads: list[str] = []
+    levels: list[int] = []
+    names = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+    walk = decode.walk
+
+    def counting(name: str):  # type: ignore[no-untyped-def]
+        def read(self, *a, **k):  # type: ignore[no-untyped-def]
+            reads.append(name)
+            return saved[name](self, *a, **k)
+
+        return read
+
+    def walk_levels(s, active, tree, hidden):  # type: ignore[no-untyped-def]
+        walked = walk(s, active, tree, hidden)
+        levels.append(max(len(path) for path, _ in walked))  # root .. deepest accepted node: one level per node
+        return walked
+
+    decode.walk = walk_levels  # type: ignore[assignment]
+    try:
+        while not session.done:
+            for n in names:
+                setattr(torch.Tensor, n, counting(n))
+            before = len(reads)
+            try:
+                session.step()
+            finally:
+                for n in names:
+                    setattr(torch.Tensor, n, saved[n])
+            assert len(reads) - before == 2 + levels[-1], reads[before:]
+    finally:
+        decode.walk = walk  # type: ignore[assignment]
+    assert len(levels) > 5 and max(levels) > 1  # several steps, some accepting drafts

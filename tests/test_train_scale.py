@@ -327,3 +327,66 @@ def test_cuda_bf16_run_trains_exports_and_matches_online(tiny_target: Path, tmp_
         share_data(tmp_path / "cuda", tmp_path / "cuda2")
         train_cli(two, 2)
         assert max_diff(head_at(cfg, 18), head_at(two, 18)) < 1e-2  # bf16 rounding in another order
+    spread = scale_cfg(tmp_path, tiny_target, "device-map", responses="regenerate")
+    raw3 = dict(raw, work_dir=str(tmp_path / "device-map/work"))
+    raw3["compute"] = dict(raw["compute"], target_device_map="auto")  # accelerate over every visible GPU
+    spread.write_text(yaml.safe_dump(raw3))
+    train_cli(spread, 1, "--until", "features")
+    a = torch.load(tmp_path / "cuda/work/features/shard-00000.pt", weights_only=True)["hidden"].float()
+    b = torch.load(tmp_path / "device-map/work/features/shard-00000.pt", weights_only=True)["hidden"].float()
+    torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+
+
+def test_two_gloo_ranks_train_the_same_eagle3_head(tmp_path: Path) -> None:
+    """The EAGLE-3 loss (TTT steps, per-step position subsets, draft vocabulary) splits over ranks the same way."""
+    from tests import tiny_models as tm
+
+    target = tm.make_target(tmp_path / "t4", layers=4)
+    cfgs = {}
+    for name in ("one3", "two3"):
+        f = scale_cfg(tmp_path, target, name)
+        raw = yaml.safe_load(f.read_text())
+        e3 = yaml.safe_load((REPO / "configs/train/smollm2-eagle3.yaml").read_text())
+        raw.update(head="eagle3", eagle3=dict(e3["eagle3"], draft_vocab_size=32, layer_ids=[1, 2, 3], chain_depth=3))
+        raw["train"].update(v_weight=0.0, noise_std=0.0, p_weight=1.0)
+        f.write_text(yaml.safe_dump(raw))
+        cfgs[name] = f
+    train_cli(cfgs["one3"], 1)
+    share_data(tmp_path / "one3", tmp_path / "two3")
+    train_cli(cfgs["two3"], 2)
+    assert max_diff(head_at(cfgs["one3"], 6), head_at(cfgs["two3"], 6)) < DDP_ATOL
+    assert grad_mean_diff(cfgs["one3"], cfgs["two3"], 6) < GRAD_RTOL
+
+
+# ---- recipes ----------------------------------------------------------------------------------------------------------
+
+
+def test_recipes_validate_and_the_held_out_set_does_not_depend_on_the_slice_size() -> None:
+    from builders.training.config import load_train_config
+    from builders.training.runner import Sample, split
+
+    llama = load_train_config(REPO / "configs/train/llama31-8b-eagle3.yaml")
+    assert (llama.compute.device, llama.compute.precision, llama.eagle3.ttt_steps) == ("cuda", "bfloat16", 7)
+    demo = load_train_config(REPO / "configs/train/smollm2-eagle.yaml")
+    assert (demo.data.held_out, demo.data.responses, demo.features.dtype) == ("first", "regenerate", "bfloat16")
+    samples = [Sample(torch.tensor([i]), torch.tensor([True]), None) for i in range(10)]
+    small = demo.model_copy(update={"data": demo.data.model_copy(update={"num_eval": 3, "num_conversations": 6})})
+    (tr_s, ev_s), (tr_l, ev_l) = split(samples[:6], small), split(samples, small)
+    assert [int(s.input_ids) for s in ev_s] == [int(s.input_ids) for s in ev_l] == [0, 1, 2]
+    assert [int(s.input_ids) for s in tr_s] == [3, 4, 5] and len(tr_l) == 7
+    last = small.model_copy(update={"data": small.data.model_copy(update={"held_out": "last"})})
+    assert [int(s.input_ids) for s in split(samples, last)[1]] == [7, 8, 9]
+
+
+def test_curve_commands_share_one_cache_per_answer_type(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import train_curve as tc
+
+    cfg = REPO / "configs/train/smollm2-eagle.yaml"
+    assert tc.cache_dir(cfg, "regenerate") == (REPO / ".cache/train/smollm2-eagle-sd").resolve()
+    assert tc.cache_dir(cfg, "dataset") == (REPO / ".cache/train/smollm2-eagle-dataset").resolve()
+    argv = tc.train_argv(cfg, tmp_path, "dataset", 256, 6, 1)
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    assert sets == ["data.responses=dataset", "data.num_conversations=320", "train.epochs=6",
+                    f"work_dir={tmp_path}/work/dataset-256", f"output_dir={tmp_path}/heads/dataset-256",
+                    "compute.threads=1"]

@@ -28,20 +28,8 @@ from builders.training.eagle3_model import (
 from builders.training.eagle3_vocab import DraftVocab, answer_token_counts, build_draft_vocab, coverage_table
 from builders.training.model import export_dtype_keys
 from builders.training.plan import Positions
-from builders.training.runner import (
-    CKPT_DIR,
-    Context,
-    FeatureFn,
-    Sample,
-    cached_features,
-    finished,
-    recipe_files,
-    run_training,
-    split,
-    step_generator,
-    trajectory_key,
-    zero_loss,
-)
+from builders.training import runner
+from builders.training.runner import Context, FeatureFn, Sample
 
 COVERAGE_SIZES = [1024, 2048, 4096, 8192, 16384, 32000]
 
@@ -64,13 +52,13 @@ def draft_vocab_for(train_set: list[Sample], vocab_size: int, size: int) -> tupl
 def trajectory_key3(cfg: TrainHeadConfig) -> dict:
     assert cfg.eagle3 is not None
     e3 = cfg.eagle3.model_dump(mode="json", exclude={"chain_depth"})
-    return {**trajectory_key(cfg), "head": "eagle3", "eagle3": e3}
+    return {**runner.trajectory_key(cfg), "head": "eagle3", "eagle3": e3}
 
 
 def train3(
     cfg: TrainHeadConfig, head: Eagle3Head, lm_sub: torch.Tensor, train_set: list[Sample], eval_set: list[Sample],
     ckpt_dir: Path, stop_at: int | None = None, first_log: list[dict] | None = None, *, dist: Dist | None = None,
-    compute: Compute | None = None, features: FeatureFn = cached_features,
+    compute: Compute | None = None, features: FeatureFn = runner.cached_features,
 ) -> list[dict]:
     """Train an EAGLE-3 head in place (runner.run_training); `first_log` starts a fresh log (the vocabulary
     record). Returns the metrics log."""
@@ -81,15 +69,15 @@ def train3(
 
     def loss_fn(h: Eagle3Head, step: int, batch: list[int], mine: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
         plans = plan3([train_set[i].loss_mask for i in batch], e3.ttt_steps, tc.p_loss_positions * len(batch),
-                      step_generator(tc, step))
+                      runner.step_generator(tc, step))
         if not mine:
-            return zero_loss(h), empty_metrics3(e3.ttt_steps)
+            return runner.zero_loss(h), empty_metrics3(e3.ttt_steps)
         at = {i: k for k, i in enumerate(batch)}
         local = [Positions([p.loss[at[i]] for i in mine], [p.ce[at[i]] for i in mine]) for p in plans]
         b = collate3(examples3_of([train_set[i] for i in mine], features), e3.ttt_steps, compute.device)
         return eagle3_loss(h, lm_sub, b, e3.ttt_steps, e3.step_decay, tc, local, [p.n_ce for p in plans])
 
-    return run_training(
+    return runner.run_training(
         cfg, head, trajectory_key3(cfg), len(train_set), loss_fn,
         lambda: evaluate3(head, lm_sub, eval_examples, cfg, compute), ckpt_dir, desc="train eagle3",
         progress=("acc0", "acc_0"), dist=dist, compute=compute, stop_at=stop_at, first_log=first_log,
@@ -164,17 +152,17 @@ def train_and_export3(ctx: Context, samples: list[Sample]) -> Path | None:
     cfg, c = ctx.cfg, ctx.compute
     e3 = cfg.eagle3
     assert e3 is not None
-    train_set, eval_set = split(samples, cfg)
+    train_set, eval_set = runner.split(samples, cfg)
     head, lm_sub, record = setup3(cfg, ctx.model, ctx.target_cfg, train_set)
     head = head.to(c.device)
     lm_sub = lm_sub.to(c.device, ctx.compute.target_dtype)
-    log = train3(cfg, head, lm_sub, train_set, eval_set, Path(cfg.work_dir) / CKPT_DIR, ctx.stop_at,
+    log = train3(cfg, head, lm_sub, train_set, eval_set, Path(cfg.work_dir) / runner.CKPT_DIR, ctx.stop_at,
                  first_log=[record], dist=ctx.dist, compute=c, features=ctx.features)
-    if not finished(log, len(train_set), cfg.train):
+    if not runner.finished(log, len(train_set), cfg.train):
         return None
     out = Path(cfg.output_dir)
     if ctx.dist.main:
         config = eagle3_config_dict(ctx.target_cfg, e3.draft_vocab_size, e3.layer_ids)
-        export_eagle3(head, config, out, recipe_files(cfg, log), embedding=cfg.export_embedding)
+        export_eagle3(head, config, out, runner.recipe_files(cfg, log), embedding=cfg.export_embedding)
     ctx.dist.barrier()
     return out

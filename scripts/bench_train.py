@@ -5,7 +5,8 @@ ShareGPT conversations), next to the peers that bound it.
 
 Prints, each in tokens/s (threads = --threads, 0 = all cores):
   machine     fp32 / bf16 matmul GFLOPS (1024^3) and the FLOP bound of a target forward: GFLOPS / (2 x body params)
-  HF peer     transformers `model(input_ids)` on batches of 8 x 384 tokens (the reference figure of the issue)
+  HF peer     transformers `model(input_ids)` on batches of 8 x 384 tokens (the reference figure the trainer's
+              features are set against)
   features    our length-bucketed hidden-state pass (features.py) over the conversations' real lengths
   answers     self-distillation: HF `generate` in batches, then a separate feature pass (the previous trainer),
               vs our batched greedy decoding that keeps the features on the way (generate.py); tokens = prompt +
@@ -69,11 +70,11 @@ def conversations(tok, n: int) -> tuple[list[torch.Tensor], list[list[int]]]:
     return seqs, prompts
 
 
-def hf_peer(model, seqs: list[torch.Tensor], batches: int) -> float:
-    """transformers forward on [8, 384] batches of real tokens (conversations concatenated)."""
+def hf_peer(model, seqs: list[torch.Tensor], batches: int, width: int) -> float:
+    """transformers forward on [8, width] batches of real tokens (conversations concatenated)."""
     flat = torch.cat(seqs).long()
-    need = batches * 8 * 384
-    flat = flat.repeat(need // len(flat) + 1)[:need].view(batches, 8, 384)
+    need = batches * 8 * width
+    flat = flat.repeat(need // len(flat) + 1)[:need].view(batches, 8, width)
     with torch.inference_mode():
         model(input_ids=flat[0][:, :16])
         _, s = timed(lambda: [model(input_ids=b) for b in flat])
@@ -154,7 +155,7 @@ def train_rate(model, seqs: list[torch.Tensor], bf16: bool, steps: int) -> float
 
     step(0)
     _, s = timed(lambda: [step(i) for i in range(1, steps + 1)])
-    return steps * sum(len(x) for x in ex) / s
+    return steps * sum(len(e.input_ids) for e in ex) / s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default="float32,bfloat16", help="target/head precisions to measure")
     ap.add_argument("--hf-batches", type=int, default=2, help="8 x 384 batches for the HF peer")
     ap.add_argument("--train-steps", type=int, default=3)
+    ap.add_argument("--small-bf16", action="store_true", help="on a CPU without native bf16 (emulated bf16 matmuls, "
+                    "tens of times slower): measure bf16 on 8 x 64 tokens, 4 conversations and 1 training step")
     args = ap.parse_args(argv)
     from builders.training.compute import cpu_has_native_bf16, usable_cores
 
@@ -180,17 +183,20 @@ def main(argv: list[str] | None = None) -> int:
         g = gflops(dtype)
         rows.append((name, "matmul GFLOPS (1024^3)", g))
         rows.append((name, "FLOP bound of a target forward, tok/s", g * 1e9 / (2 * body)))
-        seqs, prompts = conversations(tok, args.conversations)
-        rows.append((name, "HF model(input_ids) 8 x 384, tok/s", hf_peer(model, seqs, args.hf_batches)))
+        small = args.small_bf16 and name == "bfloat16"
+        seqs, prompts = conversations(tok, 4 if small else args.conversations)
+        width = 64 if small else 384
+        rows.append((name, f"HF model(input_ids) 8 x {width}, tok/s",
+                     hf_peer(model, seqs, 1 if small else args.hf_batches, width)))
         rows.append((name, "features (length-bucketed), tok/s", features_rate(model, seqs)))
         if name == "float32":  # bf16 decoding on a CPU without native bf16 would take hours here
-            small = prompts[: min(len(prompts), 16)]
+            few = prompts[: min(len(prompts), 16)]
             rows.append((name, "answers: HF generate + feature pass, tok/s",
-                         answers_hf_then_features(model, tok, small, args.new_tokens)))
+                         answers_hf_then_features(model, tok, few, args.new_tokens)))
             rows.append((name, "answers: batched decode keeping features, tok/s",
-                         answers_ours(model, tok, small, args.new_tokens)))
+                         answers_ours(model, tok, few, args.new_tokens)))
         rows.append((name, "train EAGLE-1 head (batch 8), tok/s", train_rate(model, seqs, name == "bfloat16",
-                                                                             args.train_steps)))
+                                                                             1 if small else args.train_steps)))
         for r in rows[-7:]:
             if r[0] == name:
                 print(f"  {r[0]:>9}  {r[1]:<48} {r[2]:9.1f}", flush=True)

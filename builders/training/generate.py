@@ -104,11 +104,12 @@ def greedy_batch(model, prompts: list[list[int]], max_new: int, eos: set[int], p
         att = torch.cat([att, torch.tensor([[1 if s < len(row.answer) else 0] for row in rows])], dim=1)
         pos = pos + 1
         hidden, aux, cache = _step(model, feed.to(dev), att.to(dev), pos.to(dev), cache, spec)
-        for r, row in enumerate(rows):
-            if spec and s < len(row.answer):
-                row.keep("hidden", hidden[r])
-                if aux is not None:
-                    row.keep("aux", aux[r])
+        if spec:  # one device-to-host copy per step, not one per row
+            got = {"hidden": hidden.float().cpu(), **({"aux": aux.float().cpu()} if aux is not None else {})}
+            for r, row in enumerate(rows):
+                if s < len(row.answer):
+                    for name, x in got.items():
+                        row.keep(name, x[r])
         if not all(row.done for row in rows):
             _extend(rows, _next_tokens(model, hidden[:, -1]), max_new, eos)
         s += 1

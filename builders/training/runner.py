@@ -205,7 +205,8 @@ class LossModule(torch.nn.Module):
 def zero_loss(head: torch.nn.Module) -> torch.Tensor:
     """A loss whose gradient is zero for every trainable parameter: a rank with no example in the (last, short)
     batch still takes part in the gradient all-reduce."""
-    return sum((p.sum() * 0 for p in head.parameters() if p.requires_grad), torch.zeros(()))
+    zero = torch.zeros((), device=next(head.parameters()).device)
+    return sum((p.sum() * 0 for p in head.parameters() if p.requires_grad), zero)
 
 
 def wrap(module: LossModule, dist: Dist, compute: Compute) -> torch.nn.Module:

@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="compute.threads of the training runs (0 = all cores)")
     ap.add_argument("--steps", default="train,tau,report", help="comma-separated subset of train,tau,report")
     args = ap.parse_args(argv)
+    args.out = args.out.resolve()  # train_head.py resolves relative paths against the config file, not the cwd
     epochs = {int(k): int(v) for k, v in (x.split(":") for x in args.epochs.split(","))}
     steps = set(args.steps.split(","))
     (args.out / "points").mkdir(parents=True, exist_ok=True)

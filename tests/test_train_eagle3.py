@@ -22,15 +22,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from builders.config import ConfigError  # noqa: E402
 from builders.training import data as tdata  # noqa: E402
 from builders.training.config import TrainHeadConfig, load_train_config  # noqa: E402
-from builders.training.eagle3_features import build_eagle3_features, eagle3_target_features  # noqa: E402
-from builders.training.eagle3_loop import collate3, eagle3_loss  # noqa: E402
-from builders.training.eagle3_train import make_examples3, setup3, train3  # noqa: E402
+from builders.training.eagle3_loop import Example3, collate3, eagle3_loss, plan3  # noqa: E402
+from builders.training.eagle3_train import examples3_of, setup3, train3  # noqa: E402
 from builders.training.eagle3_vocab import VocabError, answer_token_counts, build_draft_vocab  # noqa: E402
-from builders.training.loop import TrainError  # noqa: E402
+from builders.training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
+from builders.training.runner import TrainError, cached_features, make_samples  # noqa: E402
 from tests import tiny_models as tm  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 LAYER_IDS = [1, 2, 3]  # the 4-layer target: inputs of layers 1..3 (SafeAILab's [2, L//2, L-3] needs L >= 5)
+SPEC3 = FeatureSpec(tuple(LAYER_IDS), torch.float16)
 
 
 def tiny_cfg3(tmp: Path, target: Path, *, e3: dict | None = None, data: dict | None = None, **train_over) -> TrainHeadConfig:
@@ -39,7 +40,8 @@ def tiny_cfg3(tmp: Path, target: Path, *, e3: dict | None = None, data: dict | N
     raw["data"].update(dict(num_conversations=10, num_eval=2, max_prompt_tokens=48, max_seq_len=64, shard_size=4,
                             max_new_tokens=6, generate_batch_size=4), **(data or {}))
     raw["train"].update(dict(epochs=3, batch_size=4, lr=2e-3, warmup_steps=2, checkpoint_every=2, eval_every=100,
-                             threads=2, p_loss_positions=0), **train_over)
+                             p_loss_positions=0), **train_over)
+    raw["compute"].update(device="cpu", threads=2)
     raw["eagle3"].update(dict(draft_vocab_size=32, layer_ids=LAYER_IDS, chain_depth=3), **(e3 or {}))
     return TrainHeadConfig.model_validate(raw)
 
@@ -63,9 +65,12 @@ def run3(target4: Path, tmp_path_factory: pytest.TempPathFactory):
     model, tok = _load(target4)
     work = Path(cfg.work_dir)
     data = tdata.build_data(model, tok, cfg.data, work)
-    feats = build_eagle3_features(model, data, work, LAYER_IDS)
-    examples = make_examples3(data, feats, LAYER_IDS)
-    return cfg, model, examples
+    feats = build_features(model, data, work, SPEC3, cfg.features.batch_tokens)
+    return cfg, model, make_samples(data, feats, SPEC3)
+
+
+def materialize(samples: list) -> list[Example3]:
+    return examples3_of(samples, cached_features)
 
 
 def fresh(cfg: TrainHeadConfig, model, target: Path, train_set: list):
@@ -144,11 +149,11 @@ def test_draft_vocab_of_real_answers_is_consistent(run3) -> None:
 
 def test_features_are_layer_inputs_last_hidden_and_greedy(run3) -> None:
     _, model, examples = run3
-    e = examples[0]
+    e = materialize(examples[:1])[0]
     with torch.no_grad():
         out = model(input_ids=e.input_ids.long()[None], output_hidden_states=True)
     want = torch.cat([out.hidden_states[j][0] for j in LAYER_IDS], -1)  # HF: hidden_states[j] = input of layer j
-    f = eagle3_target_features(model, e.input_ids, LAYER_IDS)
+    f = sequence_features(model, [e.input_ids], SPEC3, 4096)[0]
     torch.testing.assert_close(f["aux"], want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(f["hidden"] @ model.get_output_embeddings().weight.T, out.logits[0], rtol=1e-4, atol=1e-4)
     assert torch.equal(f["greedy"], out.logits[0].argmax(-1))
@@ -163,7 +168,7 @@ def test_ttt_unroll_equals_sequential_chain_drafting(run3) -> None:
     head, _, _ = fresh(cfg, model, Path(cfg.target), examples[:-2])
     head.eval()
     steps = 3
-    batch = collate3([examples[0]], steps)
+    batch = collate3(materialize(examples[:1]), steps)
     with torch.no_grad():
         outs = head.unroll(batch.aux, steps, lambda k, _p: batch.at("tokens", k))
         mid = head.midlayer
@@ -192,9 +197,11 @@ def test_ttt_unroll_equals_sequential_chain_drafting(run3) -> None:
 def test_loss_weights_and_position_mask(run3) -> None:
     cfg, model, examples = run3
     head, lm_sub, _ = fresh(cfg, model, Path(cfg.target), examples[:-2])
-    batch = collate3(examples[:2], 3)
+    part = materialize(examples[:2])
+    batch = collate3(part, 3)
+    plans = plan3([e.loss_mask for e in part], 3, 0, None)
     with torch.no_grad():
-        loss, m = eagle3_loss(head, lm_sub, batch, 3, 0.8, cfg.train)
+        loss, m = eagle3_loss(head, lm_sub, batch, 3, 0.8, cfg.train, plans, [p.n_ce for p in plans])
         outs = head.unroll(batch.aux, 3, lambda k, _p: batch.at("tokens", k))
         mask = batch.at("lmask", 1)  # step 1 by hand
         greedy = batch.at("greedy_next", 1)[mask]

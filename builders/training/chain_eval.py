@@ -34,27 +34,28 @@ def chain_accept(head: EagleHead, lm_head: torch.Tensor, examples: list, depth: 
 
 def _accepted_per_root(head: EagleHead, lm_head: torch.Tensor, e, depth: int) -> torch.Tensor:
     L = len(e.input_ids) - 1
-    feats = e.features[:-1].float()[None]
-    ids = e.input_ids[1:].long()[None]
-    greedy = (e.features[1:].float() @ lm_head.T).argmax(-1)  # greedy[t] = target's token after x_{t+1}
-    roots = e.loss_mask[1:].nonzero().flatten()
+    dev = lm_head.device
+    feats = e.features[:-1].float()[None].to(dev)
+    ids = e.input_ids[1:].long()[None].to(dev)
+    greedy = (e.features[1:].to(dev, lm_head.dtype) @ lm_head.T).argmax(-1)  # greedy[t] = target's token after x_{t+1}
+    roots = e.loss_mask[1:].nonzero().flatten().to(dev)
     if roots.numel() == 0:
         return torch.zeros(0, dtype=torch.long)
     layer = head.layers[0]
     attn = layer.self_attn
-    pos = torch.arange(L)[None]
-    causal = torch.ones(L, L, dtype=torch.bool).tril()
-    eye = torch.eye(L, dtype=torch.bool)
+    pos = torch.arange(L, device=dev)[None]
+    causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+    eye = torch.eye(L, dtype=torch.bool, device=dev)
     h = head.fuse(feats, ids)
     cos, sin = head.rope(pos, h)
     q, k, v = attn.qkv(h, cos, sin)
     out = layer.finish(h, attn.attend(q, k, v, None))
     keys, vals, mask = k, v, causal
-    alive = torch.ones(L, dtype=torch.bool)
-    accepted = torch.zeros(L, dtype=torch.long)
+    alive = torch.ones(L, dtype=torch.bool, device=dev)
+    accepted = torch.zeros(L, dtype=torch.long, device=dev)
     for m in range(1, depth + 1):
-        draft = (out[0] @ lm_head.T).argmax(-1)  # [L] draft token of step m for each root t
-        target_pos = torch.arange(L) + (m - 1)
+        draft = (out[0].to(lm_head.dtype) @ lm_head.T).argmax(-1)  # [L] draft token of step m for each root t
+        target_pos = torch.arange(L, device=dev) + (m - 1)
         valid = target_pos < L
         ok = valid & (draft == greedy[target_pos.clamp(max=L - 1)])
         alive &= ok
@@ -67,4 +68,4 @@ def _accepted_per_root(head: EagleHead, lm_head: torch.Tensor, e, depth: int) ->
         keys, vals = torch.cat([keys, k], 2), torch.cat([vals, v], 2)
         mask = torch.cat([mask, eye], 1)
         out = layer.finish(h, attn.attend(q, keys, vals, mask))
-    return accepted[roots]
+    return accepted[roots].cpu()

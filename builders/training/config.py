@@ -26,7 +26,12 @@ class DataConfig(Strict):
     )
     offset: int = Field(ge=0, description="Skip this many usable conversations first (the data slice start).")
     num_conversations: int = Field(ge=2, description="Usable conversations taken after `offset` (the slice size).")
-    num_eval: int = Field(ge=1, description="Conversations held out (the last ones of the slice) for evaluation.")
+    num_eval: int = Field(ge=1, description="Conversations of the slice held out for evaluation (see held_out).")
+    held_out: Literal["last", "first"] = Field(
+        description="Which num_eval conversations of the slice are held out: `last` = the last ones; `first` = the "
+        "first ones, so slices that start at the same offset share one held-out set whatever their size (what a "
+        "data-scaling curve compares on)."
+    )
     turns: Literal["first", "all"] = Field(
         description="`first` = the first user turn only (what MT-bench turn 1 measures); `all` = every turn "
         "(only with responses=dataset)."
@@ -38,7 +43,10 @@ class DataConfig(Strict):
     max_prompt_tokens: int = Field(ge=8, description="Conversations whose prompt is longer are skipped.")
     max_new_tokens: int = Field(ge=1, description="Regenerated answer length cap (responses=regenerate).")
     max_seq_len: int = Field(ge=16, description="Training sequences are truncated to this many tokens.")
-    generate_batch_size: int = Field(ge=1, description="Prompts per batched greedy `generate` call.")
+    generate_batch_size: int = Field(
+        ge=1, description="Prompts decoded together when regenerating answers (prompts are sorted by length first, "
+        "so a batch pads little); larger batches use the matmul units better, memory grows with it (KV cache)."
+    )
     shard_size: int = Field(ge=1, description="Conversations per cached shard (the unit of resume for data/features).")
 
     @model_validator(mode="after")
@@ -81,7 +89,49 @@ class TrainConfig(Strict):
     )
     checkpoint_every: int = Field(ge=1, description="Save a resumable checkpoint every this many steps.")
     eval_every: int = Field(ge=1, description="Evaluate on the held-out conversations every this many steps.")
-    threads: int = Field(ge=1, description="torch CPU threads.")
+
+
+class ComputeConfig(Strict):
+    """Where and in what precision the target and the head run (none of it changes which data is used)."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        description="`auto` = CUDA when torch sees a GPU, else CPU. Under torchrun every rank uses cuda:LOCAL_RANK."
+    )
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        description="`bfloat16` = the target is loaded in bf16 and the head trains under bf16 autocast (float32 "
+        "master weights and optimizer state); `float32` = full precision (TF32 matmuls on CUDA if `tf32`); `auto` = "
+        "bfloat16 on a GPU that supports it and on a CPU with native bf16 (AVX512-BF16 or AMX), else float32 (CPUs "
+        "without it emulate bf16 matmuls far slower than float32; scripts/bench_train.py measures both)."
+    )
+    tf32: bool = Field(description="CUDA only: allow TF32 for float32 matmuls (Ampere and newer).")
+    threads: int = Field(
+        ge=0, description="torch CPU threads per process; 0 = every core this process may run on, divided by the "
+        "number of ranks on this machine under torchrun."
+    )
+    target_device_map: Literal["none", "auto"] = Field(
+        description="`auto` = load the target with device_map='auto' (accelerate spreads its layers over all "
+        "visible GPUs) for targets larger than one GPU; it serves answers and features only (run `--until "
+        "features` in one process, then train with torchrun on the cached shards). `none` = the whole target on "
+        "the device of its rank."
+    )
+
+
+class FeaturesConfig(Strict):
+    """How the target's hidden states reach the trainer."""
+
+    storage: Literal["shards", "online"] = Field(
+        description="`shards` = computed once and cached in work_dir (what a CPU run or a repeated run wants); "
+        "`online` = computed by the target inside every training step and never stored (for datasets too large to "
+        "cache: costs one target forward per sequence per epoch, and the target stays in memory while training)."
+    )
+    dtype: Literal["bfloat16", "float16"] = Field(
+        description="Storage dtype of cached features (bf16: the range of float32; float16: 3 more mantissa bits, "
+        "overflows above 65504, which some targets' layer inputs reach)."
+    )
+    batch_tokens: int = Field(
+        ge=16, description="Tokens per length-bucketed target forward (rows x padded length): sequences are sorted "
+        "by length and packed into batches up to this budget, so padding wastes little."
+    )
 
 
 class Eagle3Config(Strict):
@@ -140,6 +190,8 @@ class TrainHeadConfig(Strict):
         "the target's embedding, which is the same tensor."
     )
     data: DataConfig = Field(description="Which conversations and how answers are produced.")
+    features: FeaturesConfig = Field(description="Cached or online target features; batching.")
+    compute: ComputeConfig = Field(description="Device, precision and threads.")
     train: TrainConfig = Field(description="Optimization.")
     eagle3: Eagle3Config | None = Field(
         default=None, description="EAGLE-3 settings; required when head is eagle3, not allowed otherwise."

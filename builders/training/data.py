@@ -13,16 +13,21 @@ Examples are cached in shards (`<work_dir>/data/shard-NNNNN.pt`), written atomic
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
 from builders.training.config import DataConfig
 from engines.data import chat_ids, iter_sharegpt, sharegpt_path
+
+if TYPE_CHECKING:
+    from builders.training.features import FeatureSpec
 
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
 
@@ -79,31 +84,15 @@ def dataset_example(tok, conv: Conversation, max_seq_len: int) -> tuple[torch.Te
     return torch.tensor(ids[:max_seq_len], dtype=torch.int32), torch.tensor(mask[:max_seq_len], dtype=torch.bool)
 
 
-@torch.no_grad()
 def regenerate(model, tok, prompts: list[list[int]], cfg: DataConfig) -> list[list[int]]:
-    """Greedy answers of the target for tokenized prompts, batched with left padding (one `generate` per batch,
-    prompts sorted by length so batches pad little). Each answer is cut after the first eos (kept)."""
+    """Greedy answers of the target for tokenized prompts, decoded in batches of prompts of similar length (see
+    generate.py); each answer ends at the first eos (kept) or after max_new_tokens."""
+    from builders.training.generate import regenerate_with_features
+
     eos = _eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[list[int]] = [[] for _ in prompts]
-    for b in range(0, len(order), cfg.generate_batch_size):
-        idx = order[b : b + cfg.generate_batch_size]
-        width = max(len(prompts[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        att = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
-            att[r, width - len(prompts[i]) :] = 1
-        gen = model.generate(
-            input_ids=ids, attention_mask=att, max_new_tokens=cfg.max_new_tokens, do_sample=False,
-            pad_token_id=pad, eos_token_id=sorted(eos),
-        )[:, width:]
-        for r, i in enumerate(idx):
-            answer = gen[r].tolist()
-            cut = next((j + 1 for j, t in enumerate(answer) if t in eos), len(answer))
-            out[i] = answer[:cut]
-    return out
+    got = regenerate_with_features(model, prompts, cfg.max_new_tokens, eos, pad, cfg.generate_batch_size, None)
+    return [a for a, _ in got]
 
 
 def _eos_ids(model, tok) -> set[int]:
@@ -146,37 +135,79 @@ def atomic_save(obj: object, path: Path) -> None:
     tmp.replace(path)
 
 
-def build_data(model, tok, cfg: DataConfig, work_dir: Path) -> list[Path]:
-    """Write (or reuse) every data shard; returns their paths in order. Shard i holds conversations
-    [i*shard_size, (i+1)*shard_size) of the slice; finished shards are never recomputed (resume)."""
+def data_key(cfg: DataConfig) -> dict:
+    """What the cached shards depend on. The slice size is not part of it: shard i holds conversations
+    [offset + i*shard_size, ...) whatever num_conversations is, so a larger slice reuses a smaller one's shards."""
+    return cfg.model_dump(mode="json", exclude={"num_conversations", "num_eval", "held_out", "generate_batch_size"})
+
+
+def check_data_key(work_dir: Path, cfg: DataConfig, target: str, target_dtype: str) -> None:
+    """Refuse data shards cached for other data settings, another target or (for regenerated answers, which are
+    the target's greedy tokens in its dtype) another target dtype: they would be silently reused."""
+    path = work_dir / "data" / "key.json"
+    key = {"target": target, "data": data_key(cfg)}
+    if cfg.responses == "regenerate":
+        key["target_dtype"] = target_dtype
+    if path.is_file():
+        if json.loads(path.read_text()) != key:
+            raise DataError(f"{path.parent} holds shards made with other data settings or another target ({path}); "
+                            f"delete {path.parent} and {work_dir / 'features'}, or set another work_dir")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"key.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(key, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def build_data(
+    model, tok, cfg: DataConfig, work_dir: Path, spec: FeatureSpec | None = None, rank: int = 0, world: int = 1
+) -> list[Path]:
+    """Write (or reuse) this rank's share of the data shards (round robin); returns every shard's path. Shard i
+    holds conversations [i*shard_size, (i+1)*shard_size) of the slice; finished shards are never recomputed.
+    With `responses: regenerate` and a `spec`, the features captured while decoding are written as the shard's
+    feature shard too (features.py then finds it done)."""
+    from builders.training.features import my_shards
+
     convs = select_conversations(tok, cfg)
-    shards = []
     n_shards = (len(convs) + cfg.shard_size - 1) // cfg.shard_size
-    for s in tqdm(range(n_shards), desc="data shards", unit="shard"):
-        path = shard_path(work_dir, "data", s)
-        shards.append(path)
-        if path.is_file():
+    shards = [shard_path(work_dir, "data", s) for s in range(n_shards)]
+    for s in tqdm(my_shards(n_shards, rank, world), desc=f"data shards (rank {rank}/{world})", unit="shard",
+                  disable=rank != 0):
+        if shards[s].is_file():
             continue
         part = convs[s * cfg.shard_size : (s + 1) * cfg.shard_size]
-        atomic_save(_make_shard(model, tok, part, cfg), path)
+        data, feats = _make_shard(model, tok, part, cfg, spec)
+        if feats is not None:  # features first: a data shard on disk always has its features next to it
+            atomic_save(feats, shard_path(work_dir, "features", s))
+        atomic_save(data, shards[s])
     return shards
 
 
-def _make_shard(model, tok, convs: list[Conversation], cfg: DataConfig) -> dict:
+def _make_shard(model, tok, convs: list[Conversation], cfg: DataConfig, spec: FeatureSpec | None) -> tuple[dict, dict | None]:
     ids_list, masks = [], []
+    feats = None
     if cfg.responses == "regenerate":
+        from builders.training.features import pack
+        from builders.training.generate import regenerate_with_features
+
+        eos = _eos_ids(model, tok)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
         prompts = [prompt_ids(tok, c.messages[:1]) for c in convs]
-        answers = regenerate(model, tok, prompts, cfg)
-        for p, a in zip(prompts, answers):
+        got = regenerate_with_features(model, prompts, cfg.max_new_tokens, eos, pad, cfg.generate_batch_size, spec)
+        rows = []
+        for p, (a, f) in zip(prompts, got):
             seq = (p + a)[: cfg.max_seq_len]
             ids_list.append(torch.tensor(seq, dtype=torch.int32))
             masks.append(torch.tensor([False] * len(p) + [True] * len(a), dtype=torch.bool)[: cfg.max_seq_len])
+            if f is not None:
+                rows.append({k: v[: len(seq)] for k, v in f.items()})
+        feats = pack(rows, spec, f"answers of {convs[0].id}..") if spec is not None else None
     else:
         for c in convs:
             i, m = dataset_example(tok, c, cfg.max_seq_len)
             ids_list.append(i)
             masks.append(m)
-    return {"ids": [c.id for c in convs], "input_ids": ids_list, "loss_mask": masks}
+    return {"ids": [c.id for c in convs], "input_ids": ids_list, "loss_mask": masks}, feats
 
 
 def load_shards(paths: list[Path]) -> list[dict]:

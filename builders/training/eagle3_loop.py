@@ -27,6 +27,7 @@ import torch
 
 from builders.training.config import TrainConfig
 from builders.training.eagle3_model import Eagle3Head
+from builders.training.plan import Positions, plan_positions, position_mask
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Batch3:
         return getattr(self, name)[:, k : k + self.length]
 
 
-def collate3(examples: list[Example3], steps: int) -> Batch3:
+def collate3(examples: list[Example3], steps: int, device: torch.device | str = "cpu") -> Batch3:
     """Right-pad to the longest; the next-position fields get `steps` extra (padded, invalid) columns."""
     L = max(len(e.input_ids) - 1 for e in examples)
     b, H, A = len(examples), examples[0].hidden.shape[1], examples[0].aux.shape[1]
@@ -71,7 +72,8 @@ def collate3(examples: list[Example3], steps: int) -> Batch3:
         out.greedy_next[i, :n] = e.greedy[1:].long()
         out.valid[i, :n] = True
         out.lmask[i, :n] = e.loss_mask[1:]
-    return out
+    return Batch3(*(getattr(out, f).to(device, non_blocking=True) for f in ("aux", "tokens", "hidden_next",
+                                                                         "greedy_next", "valid", "lmask")))
 
 
 def teacher_tokens(batch: Batch3) -> Callable[[int, torch.Tensor | None], torch.Tensor]:
@@ -80,25 +82,22 @@ def teacher_tokens(batch: Batch3) -> Callable[[int, torch.Tensor | None], torch.
 
 def eagle3_loss(
     head: Eagle3Head, lm_sub: torch.Tensor, batch: Batch3, steps: int, decay: float, tc: TrainConfig,
-    subset_gen: torch.Generator | None = None,
+    plans: list[Positions], n_ce: list[int],
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The TTT loss on one batch (module docstring). lm_sub = the target's lm_head rows of the draft ids [N, H].
-    `subset_gen` given and tc.p_loss_positions > 0: random position subsets; None = all positions (evaluation)."""
+    """This batch's share of the TTT loss (module docstring). lm_sub = the target's lm_head rows of the draft ids
+    [N, H]; plans[k] = this batch's cross-entropy positions of step k, n_ce[k] = their count over the whole global
+    batch (the normalizer, so the ranks' shares sum to the loss). Metric shares sum over ranks likewise."""
     outs = head.unroll(batch.aux, steps, teacher_tokens(batch))
-    total = torch.zeros(())
+    total = torch.zeros((), device=batch.aux.device)
     m: dict[str, float] = {}
     for k, out in enumerate(outs):
-        mask = batch.at("lmask", k)
-        sel, hid, greedy = out[mask], batch.at("hidden_next", k)[mask], batch.at("greedy_next", k)[mask]
-        keep = tc.p_loss_positions * mask.shape[0]
-        if subset_gen is not None and 0 < keep < sel.shape[0]:
-            idx = torch.randperm(sel.shape[0], generator=subset_gen)[:keep]
-            sel, hid, greedy = sel[idx], hid[idx], greedy[idx]
-        n = max(sel.shape[0], 1)
+        mask = position_mask(plans[k].ce, batch.length).to(out.device)
+        sel, hid, greedy = out[mask].float(), batch.at("hidden_next", k)[mask], batch.at("greedy_next", k)[mask]
+        n = max(n_ce[k], 1)
         with torch.no_grad():
-            target_p = (hid @ lm_sub.T).softmax(-1)
+            target_p = (hid @ lm_sub.T).float().softmax(-1)
             in_vocab = head.t2d[greedy]
-        logp = head.logits(sel).log_softmax(-1)
+        logp = head.logits(sel).float().log_softmax(-1)
         ce = -(target_p * logp).sum(-1).masked_fill(~in_vocab, 0.0).sum() / n
         total = total + decay**k * ce
         m[f"ploss_{k}"] = ce.item()
@@ -108,14 +107,25 @@ def eagle3_loss(
     return loss, {"loss": loss.item(), **m}
 
 
+def empty_metrics3(steps: int) -> dict[str, float]:
+    """The metric shares of a rank with no example in the batch."""
+    return {"loss": 0.0, **{f"{name}_{k}": 0.0 for k in range(steps) for name in ("ploss", "acc", "tokens")}}
+
+
+def plan3(masks: list[torch.Tensor], steps: int, keep: int, gen: torch.Generator | None) -> list[Positions]:
+    """Cross-entropy positions of every TTT step k (shift k), drawn in step order from one generator."""
+    return [plan_positions(masks, keep, gen, shift=k) for k in range(steps)]
+
+
 @torch.no_grad()
 def chain_accept3(head: Eagle3Head, examples: list[Example3], depth: int) -> dict[str, float]:
     """Greedy CHAIN drafting from every answer root at once (TTT attention = the draft KV cache): step k feeds the
     head's own step k-1 draft; it is accepted when it equals the target's greedy token after position t+1+k and
     all earlier steps were (SafeAILab getkacc). chain_tau = 1 + mean accepted drafts (bonus token included)."""
     accepted_all = []
+    dev = head.lm_head.weight.device
     for e in examples:
-        batch = collate3([e], depth)
+        batch = collate3([e], depth, dev)
 
         def tokens(k: int, prev: torch.Tensor | None) -> torch.Tensor:
             if prev is None:
@@ -123,13 +133,13 @@ def chain_accept3(head: Eagle3Head, examples: list[Example3], depth: int) -> dic
             return head.draft_to_target(head.logits(prev).argmax(-1))
 
         outs = head.unroll(batch.aux, depth, tokens)
-        alive = torch.ones(batch.length, dtype=torch.bool)
-        accepted = torch.zeros(batch.length, dtype=torch.long)
+        alive = torch.ones(batch.length, dtype=torch.bool, device=dev)
+        accepted = torch.zeros(batch.length, dtype=torch.long, device=dev)
         for k, out in enumerate(outs):
             draft = head.draft_to_target(head.logits(out).argmax(-1))[0]
             alive &= batch.at("valid", k)[0] & (draft == batch.at("greedy_next", k)[0])
             accepted += alive.long()
-        accepted_all.append(accepted[batch.at("lmask", 0)[0]])
+        accepted_all.append(accepted[batch.at("lmask", 0)[0]].cpu())
     acc = torch.cat(accepted_all) if accepted_all else torch.zeros(0, dtype=torch.long)
     if acc.numel() == 0:
         return {"chain_tau": float("nan")}

@@ -26,7 +26,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from builders.training.model import MLP, RMSNorm
+from builders.training.model import MLP, RMSNorm, with_transformers4_rope
 
 
 class Eagle3Attention(nn.Module):
@@ -168,7 +168,7 @@ def eagle3_config_dict(target_cfg: dict, draft_vocab: int, layer_ids: list[int])
         mlp_bias=False,
         tie_word_embeddings=False,  # the head's lm_head is its own (draft vocabulary rows)
     )
-    return cfg
+    return with_transformers4_rope(cfg)
 
 
 def eagle3_state_dict(head: Eagle3Head, dtype: torch.dtype, *, embedding: bool) -> dict[str, torch.Tensor]:
@@ -177,5 +177,5 @@ def eagle3_state_dict(head: Eagle3Head, dtype: torch.dtype, *, embedding: bool) 
     for k, v in head.state_dict().items():
         if k.startswith("rotary.") or (k == "embed_tokens.weight" and not embedding):
             continue
-        out[k] = (v.to(dtype) if v.is_floating_point() else v).detach().contiguous()
+        out[k] = (v.to("cpu", dtype) if v.is_floating_point() else v.cpu()).detach().contiguous()
     return out

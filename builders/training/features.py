@@ -1,12 +1,24 @@
-"""Target features for EAGLE-1/2: the target's LAST hidden state AFTER its final RMSNorm, one per token.
+"""Target features, one row per token, for both head kinds, computed in length-bucketed batches.
 
-That is `model.model(input_ids).last_hidden_state` in HF (SafeAILab/EAGLE ge_data: `outs.hidden_states[-1]`, which
-HF Llama returns after `model.norm`). They are computed once per data shard, one sequence at a time (no padding, so
-each feature is exactly what the target computes at inference), and cached as float16 (`<work_dir>/features/`).
+  hidden  [T, H]    the target's LAST hidden state AFTER its final RMSNorm (HF `last_hidden_state`; SafeAILab ge_data
+                    `hidden_states[-1]`): EAGLE-1/2 regresses it, EAGLE-3 takes its target distribution from it.
+  aux     [T, n*H]  EAGLE-3 only: the INPUTS of the decoder layers in `layer_ids`, concatenated in that order (id j =
+                    the residual stream entering layer j, 0 = the embeddings), captured by forward pre-hooks: what
+                    the reference engine captures and SafeAILab's EAGLE-3 fc fuses.
+  greedy  [T]       EAGLE-3 only: argmax of the target's FULL logits at each position (its greedy next token).
+
+Sequences are sorted by length and packed into right-padded batches of at most `batch_tokens` tokens (rows x
+longest); a causal target's outputs at real positions do not depend on padding after them, so nothing but the
+padding's own compute is spent on it. A shard holds the rows of every sequence of one data shard concatenated
+(`offsets` marks the sequences), in `FeaturesConfig.dtype`, and is loaded memory-mapped: a training step reads
+only the rows of its own examples. Written atomically; a shard written for another head kind, other layers or
+another dtype is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,30 +26,186 @@ from tqdm import tqdm
 
 from builders.training.data import atomic_save, shard_path
 
+KIND = "features"
+FORMAT = 2
+
+
+class FeatureError(RuntimeError):
+    """Cached features do not fit the config; the message says what to delete."""
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    layer_ids: tuple[int, ...] | None  # None: EAGLE-1/2 (hidden only); else EAGLE-3 (aux + hidden + greedy)
+    dtype: torch.dtype  # storage dtype of hidden/aux
+
+    @property
+    def kind(self) -> str:
+        return "eagle" if self.layer_ids is None else "eagle3"
+
+    def key(self) -> dict:
+        return {"kind": self.kind, "layer_ids": list(self.layer_ids or []), "dtype": str(self.dtype)}
+
+
+def spec_for(cfg) -> FeatureSpec:
+    """The FeatureSpec of a TrainHeadConfig."""
+    layer_ids = tuple(cfg.eagle3.layer_ids) if cfg.head == "eagle3" else None
+    return FeatureSpec(layer_ids, getattr(torch, cfg.features.dtype))
+
+
+def check_layers(model, spec: FeatureSpec) -> None:
+    n = len(model.model.layers)
+    bad = [j for j in spec.layer_ids or () if not 0 <= j < n]
+    if bad:
+        raise FeatureError(f"eagle3.layer_ids {bad} are outside 0..{n - 1} (the target's decoder layers)")
+
+
+class LayerInputs:
+    """Forward pre-hooks keeping the input of each decoder layer in `layer_ids` during the forwards inside `with`."""
+
+    def __init__(self, model, layer_ids: tuple[int, ...] | None) -> None:
+        self.model, self.layer_ids, self.got, self.handles = model, layer_ids or (), {}, []
+
+    def __enter__(self) -> LayerInputs:
+        layers = self.model.model.layers
+        for j in self.layer_ids:
+            self.handles.append(layers[j].register_forward_pre_hook(self._grab(j), with_kwargs=True))
+        return self
+
+    def _grab(self, j: int):
+        def hook(_mod, args, kwargs):
+            self.got[j] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def aux(self) -> torch.Tensor:
+        """[B, L, n*H] of the last forward, on the device of the first captured layer."""
+        dev = self.got[self.layer_ids[0]].device
+        return torch.cat([self.got[j].to(dev) for j in self.layer_ids], dim=-1)
+
+
+def greedy_tokens(model, hidden: torch.Tensor, rows: int = 2048) -> torch.Tensor:
+    """argmax of the target's full logits for hidden [N, H], `rows` at a time (a [N, V] logit matrix of a 128k
+    vocabulary does not fit)."""
+    lm = model.get_output_embeddings().weight
+    out = [(h.to(lm.device, lm.dtype) @ lm.T).argmax(-1) for h in hidden.split(rows)]
+    return torch.cat(out).cpu() if out else torch.zeros(0, dtype=torch.long)
+
 
 @torch.no_grad()
-def target_features(model, input_ids: torch.Tensor) -> torch.Tensor:
-    """[T] token ids -> [T, H] post-norm last hidden states (float32)."""
-    out = model.model(input_ids=input_ids.long()[None, :])
-    return out.last_hidden_state[0].float()
+def forward_features(model, ids: torch.Tensor, attention_mask: torch.Tensor, spec: FeatureSpec) -> dict[str, torch.Tensor]:
+    """One right-padded batch [B, L] -> {"hidden" [B, L, H], "aux" [B, L, n*H]} on the target's output devices."""
+    with LayerInputs(model, spec.layer_ids) as cap:
+        hidden = model.model(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+        return {"hidden": hidden, **({"aux": cap.aux()} if spec.layer_ids else {})}
 
 
-def build_features(model, data_shards: list[Path], work_dir: Path) -> list[Path]:
-    """Write (or reuse) one feature shard per data shard; returns their paths in order."""
-    paths = []
-    for i, data_path in enumerate(tqdm(data_shards, desc="feature shards", unit="shard")):
-        path = shard_path(work_dir, "features", i)
-        paths.append(path)
-        if path.is_file():
+def bucket_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped so rows x longest <= batch_tokens (a longer sequence gets a batch of its own), longest first
+    (an out-of-memory batch shows up at once), each batch's lengths as close as sorting makes them."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def sequence_features(model, seqs: list[torch.Tensor], spec: FeatureSpec, batch_tokens: int) -> list[dict[str, torch.Tensor]]:
+    """Features of each [T] token sequence (CPU; float32 hidden/aux, int64 greedy), length-bucketed batches."""
+    dev = model.get_input_embeddings().weight.device
+    out: list[dict[str, torch.Tensor]] = [{} for _ in seqs]
+    for batch in bucket_batches([len(s) for s in seqs], batch_tokens):
+        width = len(seqs[batch[0]])
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        att = torch.zeros(len(batch), width, dtype=torch.long)
+        for r, i in enumerate(batch):
+            ids[r, : len(seqs[i])] = seqs[i].long()
+            att[r, : len(seqs[i])] = 1
+        got = forward_features(model, ids.to(dev), att.to(dev), spec)
+        for r, i in enumerate(batch):
+            n = len(seqs[i])
+            out[i] = {k: v[r, :n].float().cpu() for k, v in got.items()}
+            if spec.layer_ids:
+                out[i]["greedy"] = greedy_tokens(model, got["hidden"][r, :n])
+    return out
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
+    y = x.to(dtype)
+    if not bool(torch.isfinite(y).all()):
+        raise FeatureError(f"{what} overflows {dtype} (max |x| = {x.abs().max().item():.4g}); set features.dtype: "
+                           "bfloat16")
+    return y
+
+
+def pack(rows: list[dict[str, torch.Tensor]], spec: FeatureSpec, what: str) -> dict:
+    """Per-sequence features -> one shard: flat tensors + offsets (format FORMAT), in the storage dtype."""
+    lengths = [len(r["hidden"]) for r in rows]
+    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    shard = {"format": FORMAT, "spec": spec.key(), "offsets": offsets,
+             "hidden": _cast(torch.cat([r["hidden"] for r in rows]), spec.dtype, f"{what}: last hidden state")}
+    if spec.layer_ids:
+        shard["aux"] = _cast(torch.cat([r["aux"] for r in rows]), spec.dtype, f"{what}: captured layer inputs")
+        shard["greedy"] = torch.cat([r["greedy"] for r in rows]).to(torch.int32)
+    return shard
+
+
+def my_shards(n: int, rank: int, world: int) -> list[int]:
+    """Shard indices this rank computes (round robin: ranks finish together when shards cost the same)."""
+    return list(range(rank, n, world))
+
+
+def build_features(
+    model, data_shards: list[Path], work_dir: Path, spec: FeatureSpec, batch_tokens: int, rank: int = 0, world: int = 1
+) -> list[Path]:
+    """Write (or reuse) one feature shard per data shard, this rank's share of them; returns every shard's path
+    (the caller waits for the other ranks before reading theirs)."""
+    check_layers(model, spec)
+    paths = [shard_path(work_dir, KIND, i) for i in range(len(data_shards))]
+    mine = my_shards(len(data_shards), rank, world)
+    for i in tqdm(mine, desc=f"feature shards (rank {rank}/{world})", unit="shard", disable=rank != 0):
+        if paths[i].is_file():
+            check_shard(paths[i], spec)
             continue
-        data = torch.load(data_path, weights_only=True)
-        hidden = [target_features(model, ids).half() for ids in data["input_ids"]]
-        atomic_save({"hidden": hidden}, path)
+        data = torch.load(data_shards[i], weights_only=True)
+        rows = sequence_features(model, data["input_ids"], spec, batch_tokens)
+        atomic_save(pack(rows, spec, str(data_shards[i])), paths[i])
     return paths
 
 
-def load_features(paths: list[Path]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
+def check_shard(path: Path, spec: FeatureSpec) -> dict:
+    d = torch.load(path, weights_only=True, mmap=True)
+    if d.get("format") != FORMAT:
+        raise FeatureError(f"{path} was written by an older trainer (another shard layout); delete {path.parent} "
+                           "to recompute")
+    if d["spec"] != spec.key():
+        raise FeatureError(f"{path} holds {d['spec']} but the config asks for {spec.key()}; delete {path.parent} to "
+                           "recompute (or use another work_dir)")
+    return d
+
+
+def load_features(paths: list[Path], spec: FeatureSpec) -> Iterator[dict[str, torch.Tensor]]:
+    """Per-sequence views {"hidden", "aux"?, "greedy"?} into the memory-mapped shards, in shard order."""
     for p in paths:
-        out += torch.load(p, weights_only=True)["hidden"]
-    return out
+        d = check_shard(p, spec)
+        off = d["offsets"].tolist()
+        names = [k for k in ("hidden", "aux", "greedy") if k in d]
+        for a, b in zip(off[:-1], off[1:]):
+            yield {k: d[k][a:b] for k in names}
+
+
+def online_features(model, spec: FeatureSpec, batch_tokens: int):
+    """A FeatureFn computing the features of a training step's samples with the target (features.storage: online)."""
+
+    def fn(samples: list) -> list[dict[str, torch.Tensor]]:
+        return sequence_features(model, [s.input_ids for s in samples], spec, batch_tokens)
+
+    return fn

@@ -1,50 +1,54 @@
-"""The EAGLE training loop (SafeAILab/EAGLE eagle/train/main.py recipe), deterministic and resumable.
+"""The EAGLE-1/2 training step (SafeAILab/EAGLE eagle/train/main.py recipe), deterministic and resumable.
 
 Per sequence (T tokens, features f_0..f_{T-1} from features.py) the head sees (f_t, token_{t+1}) and predicts
-f_{t+1}, for t = 0..T-2. Loss at positions whose token_{t+1} belongs to the answer (loss mask), averaged over them:
+f_{t+1}, for t = 0..T-2. Loss at positions whose token_{t+1} belongs to the answer (loss mask), averaged over the
+N loss positions of the whole (global) batch:
 
     loss = v_weight * SmoothL1(pred_t, f_{t+1}).mean(over H)
          + p_weight * -sum_v softmax(lm_head(f_{t+1}))_v * log_softmax(lm_head(pred_t))_v
 
 i.e. the soft cross-entropy against the target's full next-token distribution (all V entries; lm_head is
 computed only at loss positions, which gives the same value at lower cost). With `p_loss_positions` > 0 the
-cross-entropy term is averaged over a uniformly random subset of the loss positions (drawn from the step's seeded
-generator): an unbiased estimate of the same mean, at a fraction of the lm_head cost. Input features get uniform noise
-U(-0.5, 0.5) * noise_std * 512 / T. AdamW, gradient VALUE clipping (EAGLE clips values, not the norm),
-linear warmup then linear decay.
-
-Determinism: the batch order of epoch e comes from a generator seeded with (seed, e) and the noise of step s from
-(seed, s), so a run resumed from a checkpoint replays exactly what an uninterrupted run does.
+cross-entropy term is averaged over a uniformly random subset of p_loss_positions * batch_size of the batch's loss
+positions (plan.py: an unbiased estimate of the same mean, at a fraction of the lm_head cost). Input features get
+uniform noise U(-0.5, 0.5) * noise_std * 512 / T, drawn per example. AdamW, gradient VALUE clipping (EAGLE clips
+values, not the norm), linear warmup then linear decay (runner.py, which also has the resume and rank rules).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from builders.training.compute import Compute
 from builders.training.config import TrainConfig, TrainHeadConfig
-from builders.training.data import atomic_save, load_shards
-from builders.training.features import load_features
-from builders.training.model import EagleHead, head_config_dict, head_from_target
-
-CKPT_DIR = "checkpoints"
-
-
-class TrainError(RuntimeError):
-    """Training cannot continue as asked; the message says what to do."""
-
+from builders.training.dist import Dist
+from builders.training.model import EagleHead, export_dtype_keys, head_config_dict, head_from_target
+from builders.training.plan import Positions, plan_positions, position_mask
+from builders.training.runner import (
+    CKPT_DIR,
+    Context,
+    FeatureFn,
+    Sample,
+    cached_features,
+    example_generator,
+    finished,
+    recipe_files,
+    run_training,
+    split,
+    step_generator,
+    trajectory_key,
+    zero_loss,
+)
 
 @dataclass
 class Example:
-    features: torch.Tensor  # [T, H] float16, f_0..f_{T-1}
+    features: torch.Tensor  # [T, H] f_0..f_{T-1}
     input_ids: torch.Tensor  # [T] int
     loss_mask: torch.Tensor  # [T] bool, True on answer tokens
 
@@ -58,7 +62,11 @@ class Batch:
     lengths: list[int]  # T of each sequence (for the noise scale)
 
 
-def collate(examples: list[Example]) -> Batch:
+def examples_of(samples: list[Sample], features: FeatureFn) -> list[Example]:
+    return [Example(f["hidden"], s.input_ids, s.loss_mask) for s, f in zip(samples, features(samples))]
+
+
+def collate(examples: list[Example], device: torch.device | str = "cpu") -> Batch:
     """Shift by one (EAGLE: input f_t with token_{t+1}, target f_{t+1}) and right-pad to the longest."""
     L = max(len(e.input_ids) - 1 for e in examples)
     H = examples[0].features.shape[1]
@@ -72,216 +80,102 @@ def collate(examples: list[Example]) -> Batch:
         tgts[i, :n] = e.features[1:].float()
         ids[i, :n] = e.input_ids[1:].long()
         mask[i, :n] = e.loss_mask[1:]
-    return Batch(feats, ids, tgts, mask, [len(e.input_ids) for e in examples])
+    to = dict(device=device, non_blocking=True)
+    return Batch(feats.to(**to), ids.to(**to), tgts.to(**to), mask.to(**to), [len(e.input_ids) for e in examples])
 
 
-def add_noise(batch: Batch, std: float, gen: torch.Generator) -> torch.Tensor:
-    """EAGLE's AddUniformNoise: (U[0,1) - 0.5) * std * 512 / T, per sequence of length T."""
-    noise = torch.rand(batch.features.shape, generator=gen) - 0.5
-    scale = torch.tensor([std * 512 / t for t in batch.lengths]).view(-1, 1, 1)
-    return batch.features + noise * scale
+def add_noise(batch: Batch, std: float, gens: list[torch.Generator]) -> torch.Tensor:
+    """EAGLE's AddUniformNoise: (U[0,1) - 0.5) * std * 512 / T, per sequence of length T; example i draws from
+    gens[i] (its own stream: the same noise on whichever rank and in whichever batch layout it lands)."""
+    noise = torch.zeros(batch.features.shape)
+    for i, (t, g) in enumerate(zip(batch.lengths, gens)):
+        noise[i, : t - 1] = (torch.rand((t - 1, noise.shape[-1]), generator=g) - 0.5) * (std * 512 / t)
+    return batch.features + noise.to(batch.features.device)
 
 
 def eagle_loss(
-    head: EagleHead,
-    lm_head: torch.Tensor,
-    batch: Batch,
-    feats: torch.Tensor,
-    tc: TrainConfig,
-    subset_gen: torch.Generator | None = None,
+    head: EagleHead, lm_head: torch.Tensor, batch: Batch, feats: torch.Tensor, tc: TrainConfig, pos: Positions,
+    n_loss: int, n_ce: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """EAGLE's loss on one batch. `subset_gen` given and tc.p_loss_positions > 0: the cross-entropy term uses a
-    random subset of the loss positions (see the module docstring); None = all positions (evaluation)."""
-    pred = head(feats, batch.next_ids)[batch.mask]  # [N, H] at loss positions only
-    target = batch.targets[batch.mask]
-    n = max(int(batch.mask.sum()), 1)
-    vloss = F.smooth_l1_loss(pred, target, reduction="none").mean(-1).sum() / n
-    keep = tc.p_loss_positions * len(batch.lengths)
-    if subset_gen is not None and 0 < keep < pred.shape[0]:
-        idx = torch.randperm(pred.shape[0], generator=subset_gen)[:keep]
-        pred, target = pred[idx], target[idx]
+    """This batch's share of EAGLE's loss: sums over its positions divided by the global counts n_loss (feature
+    loss) and n_ce (cross-entropy positions, `pos.ce`). Returns the loss and the metric shares (sums over the
+    ranks' shares are the global means; `tokens`/`ce_tokens` are counts)."""
+    out = head(feats, batch.next_ids).float()  # [B, L, H]
+    vl = F.smooth_l1_loss(out[batch.mask], batch.targets[batch.mask], reduction="none").mean(-1).sum() / max(n_loss, 1)
+    ce_mask = position_mask(pos.ce, batch.mask.shape[1]).to(out.device)
+    pred, target = out[ce_mask], batch.targets[ce_mask]
     with torch.no_grad():
         target_logits = target @ lm_head.T
-        target_p = target_logits.softmax(-1)
-    logp = (pred @ lm_head.T).log_softmax(-1)
-    ploss = -(target_p * logp).sum() / max(pred.shape[0], 1)
-    loss = tc.v_weight * vloss + tc.p_weight * ploss
-    acc = (logp.argmax(-1) == target_logits.argmax(-1)).float().mean().item()
-    return loss, {"loss": loss.item(), "vloss": vloss.item(), "ploss": ploss.item(), "acc": acc, "tokens": n,
-                  "ce_tokens": int(pred.shape[0])}
+        target_p = target_logits.float().softmax(-1)
+    logp = (pred @ lm_head.T).float().log_softmax(-1)
+    pl = -(target_p * logp).sum() / max(n_ce, 1)
+    loss = tc.v_weight * vl + tc.p_weight * pl
+    correct = (logp.argmax(-1) == target_logits.argmax(-1)).sum().item()
+    return loss, {"loss": loss.item(), "vloss": vl.item(), "ploss": pl.item(), "acc": correct / max(n_ce, 1),
+                  "tokens": int(batch.mask.sum()), "ce_tokens": int(pred.shape[0])}
 
 
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warmup to 1 over `warmup` steps, then linear decay to 0 at `total` (EAGLE's schedule)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=g).tolist()
-
-
-def batches_for_step(step: int, n: int, tc: TrainConfig) -> list[int]:
-    per_epoch = math.ceil(n / tc.batch_size)
-    epoch, j = divmod(step, per_epoch)
-    return epoch_order(n, tc.seed, epoch)[j * tc.batch_size : (j + 1) * tc.batch_size]
-
-
-def total_steps(n: int, tc: TrainConfig) -> int:
-    return tc.epochs * math.ceil(n / tc.batch_size)
-
-
-# ---- checkpoints ----------------------------------------------------------------------------------------------
-
-
-def trajectory_key(cfg: TrainHeadConfig) -> dict:
-    """Everything that changes the training trajectory; a checkpoint is resumed only when this matches."""
-    tc = cfg.train.model_dump(mode="json", exclude={"checkpoint_every", "eval_every", "threads"})
-    return {"target": cfg.target, "data": cfg.data.model_dump(mode="json"), "train": tc}
-
-
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    found = sorted(ckpt_dir.glob("step-*.pt"))
-    return found[-1] if found else None
-
-
-def save_checkpoint(ckpt_dir: Path, step: int, head: EagleHead, opt: torch.optim.Optimizer, key: dict, log: list) -> None:
-    state = {"step": step, "head": head.state_dict(), "optim": opt.state_dict(), "key": key, "log": log}
-    atomic_save(state, ckpt_dir / f"step-{step:07d}.pt")
-    for old in sorted(ckpt_dir.glob("step-*.pt"))[:-2]:  # keep the last two
-        old.unlink()
-
-
-def load_checkpoint(path: Path, head: EagleHead, opt: torch.optim.Optimizer, key: dict) -> tuple[int, list]:
-    state = torch.load(path, weights_only=True)
-    if state["key"] != key:
-        raise TrainError(
-            f"checkpoint {path} was written with a different data/train config; resume with the same config, or "
-            f"delete {path.parent} (or set a new work_dir) to start over"
-        )
-    head.load_state_dict(state["head"])
-    opt.load_state_dict(state["optim"])
-    return int(state["step"]), list(state["log"])
-
-
-# ---- training -------------------------------------------------------------------------------------------------
-
-
-def make_examples(data_shards: list[Path], feat_shards: list[Path]) -> list[Example]:
-    data = load_shards(data_shards)
-    feats = load_features(feat_shards)
-    if len(data) != len(feats):
-        raise TrainError(f"{len(data)} data examples but {len(feats)} feature rows; delete work_dir/features")
-    return [Example(f, d["input_ids"], d["loss_mask"]) for d, f in zip(data, feats)]
-
-
-StepLoss = Callable[[int, list[int]], tuple[torch.Tensor, dict[str, float]]]
-
-
-def run_training(
-    cfg: TrainHeadConfig,
-    head: torch.nn.Module,
-    key: dict,
-    n_train: int,
-    step_loss: StepLoss,
-    evaluate_fn: Callable[[], dict],
-    ckpt_dir: Path,
-    *,
-    desc: str,
-    progress: tuple[str, str],
-    stop_at: int | None = None,
-    first_log: list[dict] | None = None,
-) -> list[dict]:
-    """The training loop both head kinds share: AdamW, lr schedule, value clipping, held-out evaluation every
-    eval_every steps, checkpoints (and the live train_log.jsonl) every checkpoint_every steps, resume from the latest
-    checkpoint in `ckpt_dir` (refused if written under another `key`). `step_loss(step, example indices)` returns the
-    step's loss and metrics; `progress` = (label, metric) shown on the bar. `stop_at` ends early after that many
-    steps (as if interrupted; used by tests); `first_log` starts a fresh log. Returns the metrics log."""
-    tc = cfg.train
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
-    total = total_steps(n_train, tc)
-    step, log = 0, list(first_log or [])
-    ckpt = latest_checkpoint(ckpt_dir)
-    if ckpt is not None:
-        step, log = load_checkpoint(ckpt, head, opt, key)
-    end = total if stop_at is None else min(total, stop_at)
-    head.train()
-    bar = tqdm(range(step, end), initial=step, total=total, desc=desc, unit="step")
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = tc.lr * lr_factor(step, total, tc.warmup_steps)
-        loss, m = step_loss(step, batches_for_step(step, n_train, tc))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_value_(params, tc.grad_clip_value)
-        opt.step()
-        log.append({"step": step + 1, "lr": opt.param_groups[0]["lr"], **m})
-        bar.set_postfix(loss=f"{m['loss']:.3f}", **{progress[0]: f"{m[progress[1]]:.2f}"})
-        done = step + 1
-        if done % tc.eval_every == 0 or done == total:
-            log.append({"step": done, **{f"eval_{k}": v for k, v in evaluate_fn().items()}})
-            head.train()
-            tqdm.write(json.dumps(log[-1]))
-        if done % tc.checkpoint_every == 0 or done == end:
-            save_checkpoint(ckpt_dir, done, head, opt, key, log)
-            write_live_log(ckpt_dir / "train_log.jsonl", log)
-    return log
-
-
-def step_generator(tc: TrainConfig, step: int) -> torch.Generator:
-    """The step's own random stream (noise, sampled loss positions): a resumed run draws exactly the same numbers."""
-    return torch.Generator().manual_seed(tc.seed * 1_000_003 + 7919 * step + 1)
-
-
-def write_live_log(path: Path, log: list[dict]) -> None:
-    """The log so far, rewritten atomically at every checkpoint (to watch a long run)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in log))
-    tmp.replace(path)
+EMPTY = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "acc": 0.0, "tokens": 0, "ce_tokens": 0}
 
 
 def train(
     cfg: TrainHeadConfig,
     head: EagleHead,
     lm_head: torch.Tensor,
-    train_set: list[Example],
-    eval_set: list[Example],
+    train_set: list[Sample],
+    eval_set: list[Sample],
     ckpt_dir: Path,
     stop_at: int | None = None,
+    *,
+    dist: Dist | None = None,
+    compute: Compute | None = None,
+    features: FeatureFn = cached_features,
 ) -> list[dict]:
-    """Train an EAGLE-1/2 `head` in place (run_training); returns the metrics log."""
-    tc = cfg.train
+    """Train an EAGLE-1/2 `head` in place (runner.run_training); returns the metrics log."""
+    from builders.training.compute import Compute as C
 
-    def step_loss(step: int, idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
-        batch = collate([train_set[i] for i in idx])
-        gen = step_generator(tc, step)
-        return eagle_loss(head, lm_head, batch, add_noise(batch, tc.noise_std, gen), tc, gen)
+    tc, dist = cfg.train, dist or Dist()
+    compute = compute or C(torch.device("cpu"), bf16=False, threads=torch.get_num_threads(), device_map=False)
+    eval_examples = examples_of(eval_set, features) if dist.main else []
+
+    def loss_fn(h: EagleHead, step: int, batch: list[int], mine: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        keep = tc.p_loss_positions * len(batch)
+        pos = plan_positions([train_set[i].loss_mask for i in batch], keep, step_generator(tc, step))
+        if not mine:
+            return zero_loss(h), dict(EMPTY)
+        b = collate(examples_of([train_set[i] for i in mine], features), compute.device)
+        noisy = add_noise(b, tc.noise_std, [example_generator(tc, step, i) for i in mine])
+        at = {i: k for k, i in enumerate(batch)}
+        mine_pos = Positions([pos.loss[at[i]] for i in mine], [pos.ce[at[i]] for i in mine])
+        return eagle_loss(h, lm_head, b, noisy, tc, mine_pos, pos.n_loss, pos.n_ce)
 
     return run_training(
-        cfg, head, trajectory_key(cfg), len(train_set), step_loss, lambda: evaluate(head, lm_head, eval_set, tc),
-        ckpt_dir, desc="train", progress=("acc", "acc"), stop_at=stop_at,
+        cfg, head, trajectory_key(cfg), len(train_set), loss_fn,
+        lambda: evaluate(head, lm_head, eval_examples, tc, compute), ckpt_dir, desc="train", progress=("acc", "acc"),
+        dist=dist, compute=compute, stop_at=stop_at,
     )  # fmt: skip
 
 
 @torch.no_grad()
-def evaluate(head: EagleHead, lm_head: torch.Tensor, examples: list[Example], tc: TrainConfig) -> dict[str, float]:
-    """Held-out teacher-forced losses/accuracy (no noise) and the chain acceptance estimate (see chain_accept)."""
+def evaluate(head: EagleHead, lm_head: torch.Tensor, examples: list[Example], tc: TrainConfig, compute: Compute) -> dict[str, float]:
+    """Held-out teacher-forced losses/accuracy over every loss position (no noise) and the chain acceptance
+    estimate (see chain_eval.py)."""
     from builders.training.chain_eval import chain_accept
 
     head.eval()
     sums = {"vloss": 0.0, "ploss": 0.0, "acc": 0.0}
     n = 0
-    for i in range(0, len(examples), tc.batch_size):
-        batch = collate(examples[i : i + tc.batch_size])
-        _, m = eagle_loss(head, lm_head, batch, batch.features, tc)
-        for k in sums:
-            sums[k] += m[k] * m["tokens"]
-        n += m["tokens"]
-    out = {k: v / max(n, 1) for k, v in sums.items()}
-    out.update(chain_accept(head, lm_head, examples, depth=5))
+    with compute.autocast():
+        for i in range(0, len(examples), tc.batch_size):
+            part = examples[i : i + tc.batch_size]
+            batch = collate(part, compute.device)
+            pos = plan_positions([e.loss_mask for e in part], 0, None)
+            _, m = eagle_loss(head, lm_head, batch, batch.features, tc, pos, pos.n_loss, pos.n_ce)
+            for k in sums:
+                sums[k] += m[k] * m["tokens"]
+            n += m["tokens"]
+        out = {k: v / max(n, 1) for k, v in sums.items()}
+        out.update(chain_accept(head, lm_head, examples, depth=5))
     return out
 
 
@@ -305,7 +199,7 @@ def export_head(
     if not embedding:
         del state["embed_tokens.weight"]
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    cfg = dict(head_config_dict(target_cfg, bias), torch_dtype="float16")
+    cfg = export_dtype_keys(head_config_dict(target_cfg, bias), "float16")
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     for name, text in extra_files.items():
         (tmp / name).write_text(text)
@@ -318,19 +212,19 @@ def export_head(
     return out_dir
 
 
-def train_and_export(cfg: TrainHeadConfig, model, target_dir: Path, data_shards: list[Path], feat_shards: list[Path]) -> Path:
-    """Split the slice (last num_eval conversations held out), train, export with recipe and metrics."""
-    import yaml
-
-    examples = make_examples(data_shards, feat_shards)
-    n_eval = cfg.data.num_eval
-    train_set, eval_set = examples[:-n_eval], examples[-n_eval:]
-    target_cfg = json.loads((target_dir / "config.json").read_text())
-    head = head_from_target(target_cfg, model.get_input_embeddings().weight.detach(), cfg.train.seed)
-    lm_head = model.get_output_embeddings().weight.detach().float()
-    log = train(cfg, head, lm_head, train_set, eval_set, Path(cfg.work_dir) / CKPT_DIR)
-    recipe = yaml.safe_dump({"command": "python builders/train_head.py CONFIG", "config": cfg.model_dump(mode="json")},
-                            sort_keys=False)
-    metrics = "".join(json.dumps(r) + "\n" for r in log)
-    return export_head(head, target_cfg, Path(cfg.output_dir), {"recipe.yaml": recipe, "train_log.jsonl": metrics},
-                       embedding=cfg.export_embedding)
+def train_and_export(ctx: Context, samples: list[Sample]) -> Path | None:
+    """Split the slice (held-out conversations per data.held_out), train, export with recipe and metrics (rank 0).
+    None when ctx.stop_at ended the run before its last step."""
+    cfg, c = ctx.cfg, ctx.compute
+    train_set, eval_set = split(samples, cfg)
+    head = head_from_target(ctx.target_cfg, ctx.model.get_input_embeddings().weight.detach().float().cpu(),
+                            cfg.train.seed).to(c.device)
+    log = train(cfg, head, ctx.lm_head(), train_set, eval_set, Path(cfg.work_dir) / CKPT_DIR, ctx.stop_at,
+                dist=ctx.dist, compute=c, features=ctx.features)
+    if not finished(log, len(train_set), cfg.train):
+        return None
+    out = Path(cfg.output_dir)
+    if ctx.dist.main:
+        export_head(head, ctx.target_cfg, out, recipe_files(cfg, log), embedding=cfg.export_embedding)
+    ctx.dist.barrier()
+    return out

@@ -135,11 +135,31 @@ def head_config_dict(target_cfg: dict, bias: bool) -> dict:
     drop = {"eagle_deploy_source", "_name_or_path", "transformers_version", "quantization_config"}
     cfg = {k: v for k, v in target_cfg.items() if k not in drop}
     cfg.update(num_hidden_layers=1, bias=bias, architectures=["LlamaForCausalLM"])
-    return cfg
+    return with_transformers4_rope(cfg)
+
+
+def with_transformers4_rope(cfg: dict) -> dict:
+    """Also write the RoPE settings where transformers-4 readers look. transformers 5 keeps them only inside
+    `rope_parameters` ({"rope_type", "rope_theta", scaling fields}); transformers-4 code (TensorRT-LLM 1.1's
+    converters, SafeAILab EAGLE, vLLM/SGLang on 4.x) reads top-level `rope_theta` (default 10000 when absent, so a
+    head of a base-100000 target would silently draft with the wrong rotation) and `rope_scaling`."""
+    params = cfg.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        return cfg
+    out = dict(cfg)
+    out.setdefault("rope_theta", params["rope_theta"])
+    if params.get("rope_type", "default") != "default":
+        out.setdefault("rope_scaling", {k: v for k, v in params.items() if k != "rope_theta"})
+    return out
+
+
+def export_dtype_keys(cfg: dict, dtype: str) -> dict:
+    """The weights' dtype under both names: `torch_dtype` (transformers 4) and `dtype` (transformers 5)."""
+    return dict(cfg, torch_dtype=dtype, dtype=dtype)
 
 
 def safeailab_state_dict(head: EagleHead, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """State dict with the SafeAILab key names (the rotary buffers are not weights)."""
     return {
-        k: v.detach().to(dtype).contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")
+        k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")
     }

@@ -1,0 +1,217 @@
+"""Throughput of each step of head training on this machine, measured in one run (SmolLM2-135M-Instruct, real
+ShareGPT conversations), next to the peers that bound it.
+
+    python scripts/bench_train.py [--conversations 32] [--threads 0] [--precisions float32,bfloat16]
+
+Prints, each in tokens/s (threads = --threads, 0 = all cores):
+  machine     fp32 / bf16 matmul GFLOPS (1024^3) and the FLOP bound of a target forward: GFLOPS / (2 x body params)
+  HF peer     transformers `model(input_ids)` on batches of 8 x 384 tokens (the reference figure the trainer's
+              features are set against)
+  features    our length-bucketed hidden-state pass (features.py) over the conversations' real lengths
+  answers     self-distillation: HF `generate` in batches, then a separate feature pass (the previous trainer),
+              vs our batched greedy decoding that keeps the features on the way (generate.py); tokens = prompt +
+              answer tokens of the finished sequences per second of the whole step
+  train       EAGLE-1 head optimizer steps (batch 8, the demo recipe's loss), float32 and bf16 autocast
+and the load average before and after (the machine is shared: compare figures within one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+
+def gflops(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def timed(fn) -> tuple[object, float]:
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def load(dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from builders.demo_model import smollm2_dir
+
+    d = smollm2_dir()
+    return AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval(), AutoTokenizer.from_pretrained(d)
+
+
+def conversations(tok, n: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """(ShareGPT first turns with their answers, <= 256 tokens; the prompts alone), the demo recipe's filters."""
+    from builders.training.data import dataset_example, prompt_ids, sharegpt_conversations
+    from engines.data import sharegpt_path
+
+    seqs, prompts = [], []
+    for c in itertools.islice(sharegpt_conversations(sharegpt_path(), "first"), 4 * n):
+        p = prompt_ids(tok, c.messages[:1])
+        if len(p) <= 128 and len(seqs) < n:
+            seqs.append(dataset_example(tok, c, 256)[0])
+            prompts.append(p)
+    return seqs, prompts
+
+
+def hf_peer(model, seqs: list[torch.Tensor], batches: int, width: int) -> float:
+    """transformers forward on [8, width] batches of real tokens (conversations concatenated)."""
+    flat = torch.cat(seqs).long()
+    need = batches * 8 * width
+    flat = flat.repeat(need // len(flat) + 1)[:need].view(batches, 8, width)
+    with torch.inference_mode():
+        model(input_ids=flat[0][:, :16])
+        _, s = timed(lambda: [model(input_ids=b) for b in flat])
+    return need / s
+
+
+def features_rate(model, seqs: list[torch.Tensor]) -> float:
+    from builders.training.features import FeatureSpec, sequence_features
+
+    spec = FeatureSpec(None, torch.bfloat16)
+    _, s = timed(lambda: sequence_features(model, seqs, spec, 8192))
+    return sum(len(x) for x in seqs) / s
+
+
+def answers_hf_then_features(model, tok, prompts: list[list[int]], new: int) -> float:
+    """The previous trainer's self-distillation: HF generate (batched, left-padded), then a separate feature pass."""
+    from builders.training.features import FeatureSpec, sequence_features
+
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+
+    def run() -> int:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            gen = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=new, do_sample=False,
+                                 pad_token_id=pad, eos_token_id=eos)[:, width:].tolist()
+        seqs = []
+        for p, g in zip(prompts, gen):
+            cut = g.index(eos) + 1 if eos in g else len(g)
+            seqs.append(torch.tensor(p + g[:cut]))
+        sequence_features(model, seqs, FeatureSpec(None, torch.bfloat16), 8192)
+        return sum(len(x) for x in seqs)
+
+    tokens, s = timed(run)
+    return tokens / s  # type: ignore[operator]
+
+
+def answers_ours(model, tok, prompts: list[list[int]], new: int) -> float:
+    from builders.training.features import FeatureSpec
+    from builders.training.generate import regenerate_with_features
+
+    got, s = timed(lambda: regenerate_with_features(model, prompts, new, {tok.eos_token_id}, tok.pad_token_id,
+                                                    len(prompts), FeatureSpec(None, torch.bfloat16)))
+    return sum(len(p) + len(a) for p, (a, _) in zip(prompts, got)) / s  # type: ignore[arg-type]
+
+
+def train_rate(model, seqs: list[torch.Tensor], bf16: bool, steps: int) -> float:
+    """Optimizer steps of the demo recipe's EAGLE-1 loss on cached features (batch 8), tokens/s."""
+    import json
+
+    from builders.demo_model import smollm2_dir
+    from builders.training.compute import Compute
+    from builders.training.config import load_train_config
+    from builders.training.features import FeatureSpec, sequence_features
+    from builders.training.loop import Example, add_noise, collate, eagle_loss
+    from builders.training.model import head_from_target
+    from builders.training.plan import plan_positions
+
+    tc = load_train_config(REPO / "configs/train/smollm2-eagle.yaml").train
+    feats = sequence_features(model, seqs[:8], FeatureSpec(None, torch.bfloat16), 8192)
+    ex = [Example(f["hidden"], s, torch.arange(len(s)) >= len(s) // 3) for s, f in zip(seqs[:8], feats)]
+    c = Compute(torch.device("cpu"), bf16=bf16, threads=torch.get_num_threads(), device_map=False)
+    head = head_from_target(json.loads((smollm2_dir() / "config.json").read_text()),
+                            model.get_input_embeddings().weight.detach().float(), 0)
+    lm = model.get_output_embeddings().weight.detach().float()
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-4)
+
+    def step(i: int) -> None:
+        g = torch.Generator().manual_seed(i)
+        b = collate(ex)
+        pos = plan_positions([e.loss_mask for e in ex], tc.p_loss_positions * len(ex), g)
+        with c.autocast():
+            loss, _ = eagle_loss(head, lm, b, add_noise(b, tc.noise_std, [g] * len(ex)), tc, pos, pos.n_loss, pos.n_ce)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step(0)
+    _, s = timed(lambda: [step(i) for i in range(1, steps + 1)])
+    return steps * sum(len(e.input_ids) for e in ex) / s
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_train.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--conversations", type=int, default=32, help="ShareGPT conversations for features/answers")
+    ap.add_argument("--new-tokens", type=int, default=128, help="answer length for the self-distillation step")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
+    ap.add_argument("--precisions", default="float32,bfloat16", help="target/head precisions to measure")
+    ap.add_argument("--hf-batches", type=int, default=2, help="8 x 384 batches for the HF peer")
+    ap.add_argument("--train-steps", type=int, default=3)
+    ap.add_argument("--small-bf16", action="store_true", help="on a CPU without native bf16 (emulated bf16 matmuls, "
+                    "tens of times slower): measure bf16 on 8 x 64 tokens, 4 conversations and 1 training step")
+    args = ap.parse_args(argv)
+    from builders.training.compute import cpu_has_native_bf16, usable_cores
+
+    torch.set_num_threads(args.threads or usable_cores())
+    load0 = os.getloadavg()
+    print(f"threads {torch.get_num_threads()}, CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16: "
+          f"{cpu_has_native_bf16()}, load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
+    rows: list[tuple[str, str, float]] = []
+    for name in args.precisions.split(","):
+        dtype = getattr(torch, name)
+        model, tok = load(dtype)
+        body = sum(p.numel() for n, p in model.model.named_parameters() if "embed_tokens" not in n)
+        g = gflops(dtype)
+        rows.append((name, "matmul GFLOPS (1024^3)", g))
+        rows.append((name, "FLOP bound of a target forward, tok/s", g * 1e9 / (2 * body)))
+        small = args.small_bf16 and name == "bfloat16"
+        seqs, prompts = conversations(tok, 4 if small else args.conversations)
+        width = 64 if small else 384
+        rows.append((name, f"HF model(input_ids) 8 x {width}, tok/s",
+                     hf_peer(model, seqs, 1 if small else args.hf_batches, width)))
+        rows.append((name, "features (length-bucketed), tok/s", features_rate(model, seqs)))
+        if name == "float32":  # bf16 decoding on a CPU without native bf16 would take hours here
+            few = prompts[: min(len(prompts), 16)]
+            rows.append((name, "answers: HF generate + feature pass, tok/s",
+                         answers_hf_then_features(model, tok, few, args.new_tokens)))
+            rows.append((name, "answers: batched decode keeping features, tok/s",
+                         answers_ours(model, tok, few, args.new_tokens)))
+        rows.append((name, "train EAGLE-1 head (batch 8), tok/s", train_rate(model, seqs, name == "bfloat16",
+                                                                             1 if small else args.train_steps)))
+        for r in rows[-7:]:
+            if r[0] == name:
+                print(f"  {r[0]:>9}  {r[1]:<48} {r[2]:9.1f}", flush=True)
+    load1 = os.getloadavg()
+    print(f"\nload average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    print("\n| precision | step | figure |\n|---|---|---|")
+    for p, what, v in rows:
+        print(f"| {p} | {what} | {v:.1f} |")
+    by = {(p, w): v for p, w, v in rows}
+    hf = by.get(("float32", "HF model(input_ids) 8 x 384, tok/s"))
+    ours = by.get(("float32", "features (length-bucketed), tok/s"))
+    if hf and ours:
+        print(f"\nfeatures / HF forward (float32, same run): {ours / hf:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -102,3 +102,17 @@ def test_serve_argv_leaves_out_the_removed_backend_flag() -> None:
     argv = llmapi.trtllm_serve_argv(Path("/t"), Path("/o.yaml"), backend_flag=registry.get("1.4").engine_flow)
     assert "--backend" not in argv and argv[-2:] == ["--extra_llm_api_options", "/o.yaml"]
     assert ledger.check("trtllm-serve.flag", "1.4", ledger.argv_flags(argv)) == []
+
+
+def test_new_configs_default_to_the_current_line() -> None:
+    from builders.config import BuildConfig
+    from tests.engine_cases import BASE
+
+    data = {k: v for k, v in BASE.items() if k != "trtllm_version"}
+    e3 = BuildConfig.model_validate({**data, "draft": {"type": "eagle3", "model": "/m"}, "tree": {"choices": "chain-3"},
+                                     "engine": {**data["engine"], "backend": "pytorch"}})
+    assert e3.trtllm_version == registry.DEFAULT_VERSION == "1.4"
+    with pytest.raises(ValueError) as e:  # an EAGLE-1 engine-flow config must now say which line it is for
+        BuildConfig.model_validate(data)
+    assert "set trtllm_version: '1.2' (or '1.1', the pinned NGC image) with engine.backend tensorrt" in str(e.value)
+    assert registry.get(registry.PINNED_VERSION).triton_image == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"

@@ -156,7 +156,7 @@ def test_engine_flow_problems() -> None:
 
 def _tensorrt_config(tmp: Path, target: Path, head: Path) -> Path:
     cfg = {
-        "name": "trt-check", "output_dir": str(tmp / "out"),
+        "name": "trt-check", "trtllm_version": "1.1", "output_dir": str(tmp / "out"),
         "target": {"model": str(target), "dtype": "float16"},
         "draft": {"type": "eagle", "model": str(head)},
         "tree": {"choices": "chain-2"},
@@ -486,7 +486,7 @@ def test_entrypoint_build_serve_loadtest(tmp_path: Path, tiny_target: Path, eagl
 
     build_dir = tmp_path / "build"
     cfg = {
-        "name": "docker-e2e", "output_dir": str(build_dir),
+        "name": "docker-e2e", "trtllm_version": "1.1", "output_dir": str(build_dir),
         "target": {"model": str(tiny_target), "dtype": "float32"},
         "draft": {"type": "eagle", "model": str(eagle_head)},
         "tree": {"choices": "chain-2"},

@@ -121,7 +121,8 @@ VERSIONS: dict[str, TrtllmVersion] = {
     ),
 }
 
-DEFAULT_VERSION = "1.1"  # the pinned image's TensorRT-LLM (builders/versions.py)
+DEFAULT_VERSION = "1.4"  # new configs target the current line (EAGLE-3, LLM API, Triton's llmapi model)
+PINNED_VERSION = "1.1"  # the pinned NGC image's TensorRT-LLM (builders/versions.py): engine flow, EAGLE-1/2
 
 
 class UnknownVersion(ValueError):
@@ -138,7 +139,8 @@ def get(key: str) -> TrtllmVersion:
     except KeyError:
         raise UnknownVersion(
             f"trtllm_version={key!r} is not supported; use one of {', '.join(repr(k) for k in VERSIONS)} "
-            f"(default {DEFAULT_VERSION!r} = the pinned image). A new version needs a registry entry and its ledger "
+            f"(default {DEFAULT_VERSION!r} = the current line; {PINNED_VERSION!r} = the pinned image). A new version "
+            "needs a registry entry and its ledger "
             "rows (README: 'Checking a new TensorRT-LLM version')"
         ) from None
 
@@ -168,7 +170,7 @@ def installed_mismatch(key: str, installed_release: str | None) -> list[str]:
     if have is not None and have.key == want.key:
         return []
     if have is None:
-        fix = (f"run in the pinned image {VERSIONS[DEFAULT_VERSION].triton_image}, or check that version against the "
+        fix = (f"run in the pinned image {VERSIONS[PINNED_VERSION].triton_image}, or check that version against the "
                "ledger first (README: 'Checking a new TensorRT-LLM version')")
     else:
         fix = f"set trtllm_version: '{have.key}' and rebuild, or install TensorRT-LLM {want.release}"

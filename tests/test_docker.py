@@ -57,7 +57,7 @@ def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 
 
 def test_dockerfiles_found() -> None:
-    assert [p.name for p in DOCKERFILES] == ["Dockerfile", "Dockerfile.cpu"]
+    assert [p.name for p in DOCKERFILES] == ["Dockerfile", "Dockerfile.cpu", "Dockerfile.current"]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)

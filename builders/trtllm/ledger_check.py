@@ -65,9 +65,9 @@ def pbtxt_fields(msg: Any, prefix: str = "") -> set[str]:
     return out
 
 
-def triton_names(repo: Path, roles: dict[str, str], llmapi_ensemble: bool = True) -> Emitted:
+def triton_names(repo: Path, roles: dict[str, str], ensemble_layout: bool = True) -> Emitted:
     """Every config.pbtxt under `repo`; `roles` maps model name -> role (preprocessing, postprocessing, bls, llm,
-    ensemble). The llm is the C++ backend when its config says backend tensorrtllm; `llmapi_ensemble` False = the
+    ensemble). The llm is the C++ backend when its config says backend tensorrtllm; `ensemble_layout` False = the
     repository is the llmapi layout (its one model is upstream's `tensorrt_llm` llmapi model)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
@@ -78,7 +78,7 @@ def triton_names(repo: Path, roles: dict[str, str], llmapi_ensemble: bool = True
         _add(out, "triton.model_config", pbtxt_fields(cfg))
         role = roles.get(cfg.name, "?")
         io = {t.name for t in cfg.input} | {t.name for t in cfg.output}
-        if (f.parent / "1" / "model.yaml").is_file() and role == "llm" and not llmapi_ensemble:
+        if (f.parent / "1" / "model.yaml").is_file() and role == "llm" and not ensemble_layout:
             _add(out, "triton.llmapi.input", {t.name for t in cfg.input})
             _add(out, "triton.llmapi.output", {t.name for t in cfg.output})
             if cfg.parameters:

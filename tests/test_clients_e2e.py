@@ -30,7 +30,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head
     root = tmp_path_factory.mktemp("clients_build")
     cfg = root / "tiny.yaml"
     cfg.write_text(
-        f"name: tiny-clients\noutput_dir: {root / 'build'}\n"
+        f"name: tiny-clients\ntrtllm_version: '1.1'\noutput_dir: {root / 'build'}\n"
         f"target: {{model: {tiny_target}, dtype: float32}}\n"
         f"draft: {{type: eagle, model: {eagle_head}}}\n"
         "tree: {choices: topk-2-2}\n"

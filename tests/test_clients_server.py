@@ -355,7 +355,7 @@ def llm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_
     root = tmp_path_factory.mktemp("cancel_build")
     cfg = root / "tiny.yaml"
     cfg.write_text(
-        f"name: tiny-cancel\noutput_dir: {root / 'build'}\n"
+        f"name: tiny-cancel\ntrtllm_version: '1.1'\noutput_dir: {root / 'build'}\n"
         f"target: {{model: {tiny_target}, dtype: float32}}\n"
         f"draft: {{type: eagle, model: {eagle_head}}}\n"
         "tree: {choices: topk-2-2}\n"

@@ -30,6 +30,7 @@ CONFIGS = REPO / "configs"
 def write_cfg(path: Path, target: Path, head: Path | str, out: Path, **over: object) -> Path:
     data: dict = {
         "name": "tiny",
+        "trtllm_version": "1.1",
         "output_dir": str(out),
         "target": {"model": str(target), "dtype": "float32"},
         "draft": {"type": "eagle", "model": str(head)},
@@ -163,7 +164,7 @@ def test_subprocess_exit_code_2_and_dry_run(tiny_target: Path, eagle_head: Path,
 
 
 def _minimal(path: Path, target: Path, head: Path, out: Path, backend: str, extra: str = "") -> Path:
-    path.write_text(f"name: minimal\noutput_dir: {out}\ntarget: {{model: {target}, dtype: float16}}\n"
+    path.write_text(f"name: minimal\ntrtllm_version: '1.1'\noutput_dir: {out}\ntarget: {{model: {target}, dtype: float16}}\n"
                     f"draft: {{type: eagle, model: {head}}}\ntree: {{choices: chain-2}}\nengine: {{backend: {backend}}}\n"
                     + extra)
     return path

@@ -37,7 +37,7 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle
     root = tmp_path_factory.mktemp("triton_build")
     cfg = root / "tiny.yaml"
     cfg.write_text(
-        f"name: tiny-triton\noutput_dir: {root / 'build'}\n"
+        f"name: tiny-triton\ntrtllm_version: '1.1'\noutput_dir: {root / 'build'}\n"
         f"target: {{model: {tiny_target}, dtype: float32}}\n"
         f"draft: {{type: eagle, model: {eagle_head}}}\n"
         "tree: {choices: topk-2-2}\n"

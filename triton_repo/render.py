@@ -326,6 +326,35 @@ def config_problems(bc: BuildConfig) -> list[str]:
     return p + [f"contract: {x}" for x in C.check_wiring()]
 
 
+def layout(bc: BuildConfig) -> str:
+    """'ensemble' (TensorRT-LLM 1.1/1.2) or 'llmapi' (the current line), from the version registry."""
+    from builders.trtllm import registry
+
+    return registry.get(bc.trtllm_version).triton_layout
+
+
+def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
+    """The llmapi layout (triton_repo/render_llmapi.py)."""
+    from builders.engine.llmapi import LlmApiError
+    from triton_repo import render_llmapi as RL
+
+    try:
+        options = RL.llm_options(bc, build_dir, build_dir / ENGINE_STAGE / LLMAPI_OPTIONS_FILE)
+    except (OSError, LlmApiError) as e:
+        raise RenderError(f"LLM API options for the llmapi model: {e}") from e
+    d = out / bc.triton.llm_model
+    (d / "1").mkdir(parents=True)
+    files = {d / "config.pbtxt": to_text(RL.model_config(bc, build_dir, PROJECT_ROOT)),
+             d / "1" / RL.L.MODEL_YAML: RL.model_yaml(bc, build_dir, options),
+             out / CLIENT_FILE: json.dumps(RL.client_descriptor(bc, tokenizer_dir(build_dir)), indent=2) + "\n"}
+    for f, text in files.items():
+        f.write_text(text)
+    if bc.engine.backend == "reference":
+        shutil.copyfile(MODELS_SRC / "llmapi_reference.py", d / "1" / "model.py")
+        files[d / "1" / "model.py"] = ""
+    return list(files)
+
+
 def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
     """Write the repository into `out` (must be empty or absent). Returns the files written."""
     problems = config_problems(bc)
@@ -334,6 +363,8 @@ def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
         raise RenderError(f"{out} is not empty; render into a fresh directory")
+    if layout(bc) == "llmapi":
+        return render_llmapi(bc, build_dir, out)
     t = bc.triton
     sources = {
         t.preprocessing_model: MODEL_SOURCE["preprocessing"],

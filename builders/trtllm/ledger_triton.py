@@ -5,7 +5,7 @@ existing clients work). Flags (`when`): perf = the backend writes perf outputs (
 
 from __future__ import annotations
 
-from builders.trtllm.ledger import Row, Source, rows_of
+from builders.trtllm.ledger import ENGINE_FLOW, ENSEMBLE, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 PROTO = Source("triton-inference-server/common", "protobuf/model_config.proto", "ModelConfig")
@@ -128,4 +128,5 @@ _TENSORS = rows_of(
     "ensemble); TEMPERATURE / RUNTIME_TOP_K / RUNTIME_TOP_P are this project's (greedy-only refusal)",
 )
 
-ROWS: list[Row] = _MODEL_CONFIG + _CPP_PARAMS + _CPP_INPUTS + _CPP_OUTPUTS + _PYTHON + _TENSORS
+ROWS: list[Row] = (_MODEL_CONFIG + only(_CPP_PARAMS + _CPP_INPUTS + _CPP_OUTPUTS, ENGINE_FLOW)
+                   + only(_PYTHON + _TENSORS, ENSEMBLE))

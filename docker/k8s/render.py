@@ -28,7 +28,7 @@ for p in (REPO, REPO / "docker"):
         sys.path.insert(0, str(p))
 
 from builders.config import BuildConfig, ConfigError, load_config  # noqa: E402
-from builders.versions import GPU_IMAGE  # noqa: E402
+from builders.versions import CURRENT_GPU_IMAGE, GPU_IMAGE  # noqa: E402
 from serve import TRITON_PORTS  # noqa: E402  (docker/serve.py)
 
 Manifest = dict[str, Any]
@@ -323,13 +323,21 @@ def header(opts: RenderOptions, args: list[str]) -> str:
             "# Do not edit by hand; regenerate with the same command (add --out DIR to write elsewhere).\n")
 
 
+def default_image(cfg: BuildConfig) -> str:
+    """The image that serves the config's TensorRT-LLM version: the pinned NGC one, or the current-line image."""
+    from builders.trtllm import registry
+
+    return CURRENT_GPU_IMAGE if registry.get(cfg.trtllm_version).triton_layout == "llmapi" else GPU_IMAGE
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="render.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("config", help="build config, relative to the project root (it is baked into the image)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, as for builders/build.py")
     ap.add_argument("--out", type=Path, default=REPO / "docker" / "k8s", help="output directory")
-    ap.add_argument("--image", default=GPU_IMAGE, help=f"server image (default {GPU_IMAGE})")
+    ap.add_argument("--image", default=None, help=f"server image (default {GPU_IMAGE}; {CURRENT_GPU_IMAGE} for a config "
+                    "of the current TensorRT-LLM line)")
     ap.add_argument("--queue-target", type=int, default=None,
                     help="queued requests per pod the HPA holds (default max(1, engine.max_batch_size // 2))")
     ap.add_argument("--gpus-per-node", type=int, default=RenderOptions.gpus_per_node,
@@ -344,12 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    opts = RenderOptions(config_path=rel.as_posix(), image=args.image, queue_target=args.queue_target,
+    image = args.image or default_image(cfg)
+    opts = RenderOptions(config_path=rel.as_posix(), image=image, queue_target=args.queue_target,
                          gpus_per_node=args.gpus_per_node)  # fmt: skip
     # Record every option that shaped the files (not --out/--check), so the header regenerates them exactly.
     shaping = [x for o in args.overrides for x in ("--set", o)]
-    if args.image != GPU_IMAGE:
-        shaping += ["--image", args.image]
+    if image != default_image(cfg):
+        shaping += ["--image", image]
     if args.queue_target is not None:
         shaping += ["--queue-target", str(args.queue_target)]
     if args.gpus_per_node != RenderOptions.gpus_per_node:

@@ -6,7 +6,7 @@ The build owns exactly: the stage directories that carry its manifest (`<stage>/
 directories. Anything else with one of those names is someone else's: the build refuses to start and names it
 (`--force` reruns stages, it does not take ownership). `output_dir` must be a directory (or not exist yet), must not
 be the project's sources, inside them or a parent of them, and must be a path the Triton python backend can start
-its stub in (see `SHELL_UNSAFE`).
+its stub in (triton_repo/launch.py `SHELL_UNSAFE`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from triton_repo.launch import unsafe_path_problem
+
 MANIFEST = "manifest.json"
 LOGS = "logs"
 RESOLVED = "config.resolved.yaml"
@@ -26,28 +28,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.
 SOURCE_DIRS = (".git", ".ci", "builders", "clients", "configs", "docker", "docs", "engines", "heads", "scripts",
                "tests", "triton_repo")  # fmt: skip
-# The python backend starts each model's stub with `bash -c " exec <stub> <model_path> <shm name> <sizes> ..."`,
-# the model path unquoted (triton-inference-server/python_backend src/stub_launcher.cc, StubLauncher::Launch;
-# r24.10 as in tritonserver 2.51). bash splits that string into words: a space moves the shm byte size into the
-# argument the stub parses with std::stol ("std::invalid_argument what(): stol", every model fails to load);
-# quotes, `$`, backquote, `\`, `;&|<>()` are shell syntax and glob characters `*?[]` and braces `{}` may expand.
-SHELL_UNSAFE = frozenset(" \t\n\r\f\v'\"`$\\;&|<>()*?[]{}")
 _TEMP = re.compile(r"^\.(?P<stage>[A-Za-z0-9_]+)\.(tmp|old)-(?P<pid>\d+)$")
-
-
-def unsafe_chars(path: Path | str) -> list[str]:
-    """The characters of `path` that the python backend's stub command line mishandles (see SHELL_UNSAFE)."""
-    return sorted({c for c in str(path) if c in SHELL_UNSAFE})
-
-
-def unsafe_path_problem(path: Path | str, what: str) -> str | None:
-    bad = unsafe_chars(path)
-    if not bad:
-        return None
-    shown = ", ".join(repr(c) for c in bad)
-    return (f"{what} {str(path)!r} contains {shown}: Triton's python backend starts its stub through `bash -c` with "
-            "this path unquoted, so every python model would fail to load (stub error `std::invalid_argument stol`); "
-            "use a path of letters, digits and - _ . / + , : @ = %")
 
 
 def _is_within(p: Path, parent: Path) -> bool:

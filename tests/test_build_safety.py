@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from builders import build
-from builders.build_dir import PROJECT_ROOT, output_dir_problems, unsafe_chars
+from builders.build_dir import PROJECT_ROOT, output_dir_problems
+from triton_repo.launch import unsafe_chars
 from tests.test_config_cli import write_cfg
 
 ONLY = ["--only", "checkpoint"]

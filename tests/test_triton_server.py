@@ -151,7 +151,7 @@ def engine_greedy(engine: Any, text: str, n: int) -> tuple[list[int], Any]:
 
 
 def test_server_ready_with_every_model_and_client_json_ignored(server: TritonServer, client: Any) -> None:
-    models = {m.name: m.state for m in client.get_model_repository_index().models}
+    models = {m.name: m.state for m in client.get_model_repository_index(headers=server.admin_headers).models}
     assert models == {n: "READY" for n in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm",
                                             "tensorrt_llm_bls")}  # fmt: skip
     assert (server.repo / "client.json").is_file() and (server.repo / "manifest.json").is_file()

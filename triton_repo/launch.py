@@ -473,15 +473,19 @@ def main(argv: list[str] | None = None) -> int:
     # Installed first: a SIGTERM at any moment (even while waiting for readiness) stops the launcher promptly.
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    admin_key = os.environ.get(ADMIN_KEY_ENV) or None
+    try:
+        restricted_api_argv(admin_key or "unset")
+    except ValueError as e:
+        ap.error(f"{ADMIN_KEY_ENV}: {e}")
     srv = TritonServer(
         args.repo, grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
-        host=args.host, world_size=args.world_size, log_path=args.log, llm_model=args.llm_model,
-        admin_key=os.environ.get(ADMIN_KEY_ENV) or None,
+        host=args.host, world_size=args.world_size, log_path=args.log, llm_model=args.llm_model, admin_key=admin_key,
     )  # fmt: skip
     if args.print_argv:
         print(srv.shown_argv())
         return 0
-    if ADMIN_KEY_ENV not in os.environ:
+    if admin_key is None:
         print(f"admin APIs ({', '.join(RESTRICTED_APIS)}) closed: set {ADMIN_KEY_ENV} to use them with the header "
               f"{ADMIN_HEADER} (HTTP) or {ADMIN_GRPC_HEADER} (gRPC)", file=sys.stderr, flush=True)
     try:

@@ -92,7 +92,8 @@ def test_output_dir_that_is_a_file(tiny_target: Path, tmp_path: Path, capsys: py
     assert f.read_text() == "x"
 
 
-@pytest.mark.parametrize("name", ["with space", "quote'd", "dollar$x", "semi;colon", "tab\tname"])
+@pytest.mark.parametrize("name", ["with space", "quote'd", "dollar$x", "semi;colon", "tab\tname", "paren(x)",
+                                  "caf\u00e9"])
 def test_output_dir_the_python_backend_cannot_serve_is_refused(name: str, tiny_target: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / name

@@ -61,7 +61,9 @@ RESTRICTED_APIS = ("logging", "model-repository", "trace", "shared-memory")
 # paths unquoted (triton-inference-server/python_backend src/stub_launcher.cc, StubLauncher::Launch; r24.10 as in
 # tritonserver 2.51). bash splits that string into words: a space moves the shm byte size into the argument the
 # stub parses with std::stol ("std::invalid_argument what(): stol", the model never loads); quotes, `$`,
-# backquote, `\`, `;&|<>()` are shell syntax, and glob characters `*?[]` and braces `{}` may expand.
+# backquote, `\`, `;&|<>()` are shell syntax, and glob characters `*?[]` and braces `{}` may expand. Non-ASCII
+# characters fail too (tritonserver 2.51 on CPU, even with LANG=C.UTF-8): the stub's embedded Python encodes the
+# model path as ASCII ("UnicodeEncodeError: 'ascii' codec can't encode character").
 SHELL_UNSAFE = frozenset(" \t\n\r\f\v'\"`$\\;&|<>()*?[]{}")
 
 
@@ -74,8 +76,8 @@ class LaunchInterrupted(LaunchError):
 
 
 def unsafe_chars(path: Path | str) -> list[str]:
-    """The characters of `path` that the python backend's stub command line mishandles (see SHELL_UNSAFE)."""
-    return sorted({c for c in str(path) if c in SHELL_UNSAFE})
+    """The characters of `path` that the python backend's stub mishandles: SHELL_UNSAFE, non-ASCII, control."""
+    return sorted({c for c in str(path) if c in SHELL_UNSAFE or not (c.isascii() and c.isprintable())})
 
 
 def unsafe_path_problem(path: Path | str, what: str) -> str | None:
@@ -85,8 +87,8 @@ def unsafe_path_problem(path: Path | str, what: str) -> str | None:
         return None
     shown = ", ".join(repr(c) for c in bad)
     return (f"{what} {str(path)!r} contains {shown}: Triton's python backend starts its stub through `bash -c` with "
-            "this path unquoted, so every python model would fail to load (stub error `std::invalid_argument stol`); "
-            "use a path of letters, digits and - _ . / + , : @ = %")
+            "this path unquoted and reads it as ASCII, so every python model would fail to load (stub error "
+            "`std::invalid_argument stol` for a space); use a path of ASCII letters, digits and - _ . / + , : @ = %")
 
 
 def restricted_api_argv(admin_key: str) -> list[str]:

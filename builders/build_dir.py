@@ -2,7 +2,7 @@
 write.
 
 The build owns exactly: the stage directories that carry its manifest (`<stage>/manifest.json` naming that stage),
-`logs/<stage>.log`, `config.resolved.yaml`, and its own temporary `.<stage>.tmp-<pid>` / `.<stage>.old-<pid>`
+`logs/<stage>.log` (in a logs/ directory it created: LOGS_MARKER), `config.resolved.yaml`, and its own temporary `.<stage>.tmp-<pid>` / `.<stage>.old-<pid>`
 directories. Anything else with one of those names is someone else's: the build refuses to start and names it
 (`--force` reruns stages, it does not take ownership). `output_dir` must be a directory (or not exist yet), must not
 be the project's sources, inside them or a parent of them, and must be a path the Triton python backend can start
@@ -22,6 +22,7 @@ from triton_repo.launch import unsafe_path_problem
 
 MANIFEST = "manifest.json"
 LOGS = "logs"
+LOGS_MARKER = ".eagle-deploy-logs"
 RESOLVED = "config.resolved.yaml"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project's own sources: an output_dir equal to, inside or above any of these is refused (a stage rerun swaps
@@ -91,17 +92,37 @@ def ownership_problems(build_dir: Path, stages: list[str]) -> list[str]:
     if logs.is_symlink() or (logs.exists() and not logs.is_dir()):
         problems.append(f"{logs} exists and is not the build's log directory; move it away")
     elif logs.is_dir():
-        ours = {f"{s}.log" for s in stages}
-        foreign = sorted(p.name for p in logs.iterdir() if p.name not in ours or not p.is_file())
-        if foreign:
-            problems.append(f"{logs} holds files this build did not write ({', '.join(foreign[:5])}); move them away "
-                            "or pick another output_dir")
+        problems += [p for s in stages if (p := _foreign_log(build_dir, s)) is not None]
     resolved = build_dir / RESOLVED
     if resolved.is_symlink() or (resolved.exists() and not resolved.is_file()):
         problems.append(f"{resolved} exists and is not a file; move it away")
     elif resolved.exists() and not _looks_resolved(resolved):
         problems.append(f"{resolved} exists and was not written by this build; move it away")
     return problems
+
+
+def _foreign_log(build_dir: Path, stage: str) -> str | None:
+    """Why `logs/<stage>.log` must not be overwritten: a link or not a file, or a file in a logs/ directory the
+    build did not create (no LOGS_MARKER) next to no stage directory of ours. Other files in logs/ are never
+    touched, so they are no reason to refuse."""
+    log = build_dir / LOGS / f"{stage}.log"
+    if not log.exists() and not log.is_symlink():
+        return None
+    if log.is_symlink() or not log.is_file():
+        return f"{log} exists and is not a log file this build wrote; move it away"
+    if (build_dir / LOGS / LOGS_MARKER).is_file() or is_ours(build_dir / stage, stage):
+        return None
+    return f"{log} was not written by this build (no {LOGS}/{LOGS_MARKER}); move it away or pick another output_dir"
+
+
+def mark_logs(build_dir: Path) -> Path:
+    """Create `logs/` with the marker that says the build owns its `<stage>.log` files."""
+    logs = build_dir / LOGS
+    logs.mkdir(parents=True, exist_ok=True)
+    marker = logs / LOGS_MARKER
+    if not marker.is_file():
+        marker.write_text("logs/<stage>.log here are written by eagle-deploy builds (builders/build.py)\n")
+    return logs
 
 
 def _looks_resolved(path: Path) -> bool:

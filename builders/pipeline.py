@@ -161,8 +161,7 @@ def run_stage(
     tmp = build_dir / f".{stage.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    log_path = build_dir / owned.LOGS / f"{stage.name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path = owned.mark_logs(build_dir) / f"{stage.name}.log"
     log_path.write_text("")
     ctx = StageContext(cfg=cfg, build_dir=build_dir, out=tmp, final=final, log_path=log_path)
     t0 = time.time()

@@ -43,14 +43,33 @@ def test_foreign_logs_and_resolved_config_are_refused(tiny_target: Path, tmp_pat
                                                       capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
+    (out / "logs" / "checkpoint.log").write_text("my own log")
     (out / "logs" / "notes.txt").write_text("mine")
     (out / "config.resolved.yaml").write_text("my: own\n")
     cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
     assert run(cfg) == 2
     err = capsys.readouterr().err
-    assert f"{out / 'logs'} holds files this build did not write (notes.txt)" in err
+    assert f"{out / 'logs' / 'checkpoint.log'} was not written by this build (no logs/.eagle-deploy-logs)" in err
     assert f"{out / 'config.resolved.yaml'} exists and was not written by this build" in err
     assert (out / "config.resolved.yaml").read_text() == "my: own\n" and not (out / "checkpoint").exists()
+    assert (out / "logs" / "checkpoint.log").read_text() == "my own log"
+    # Other files in logs/ are never touched: no reason to refuse.
+    (out / "logs" / "checkpoint.log").unlink()
+    (out / "config.resolved.yaml").unlink()
+    assert run(cfg) == 0 and (out / "logs" / "notes.txt").read_text() == "mine"
+    assert (out / "logs" / ".eagle-deploy-logs").is_file() and (out / "logs" / "checkpoint.log").stat().st_size > 0
+
+
+def test_log_that_is_a_link_is_refused(tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out, elsewhere = tmp_path / "out", tmp_path / "precious.log"
+    elsewhere.write_text("keep")
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
+    assert run(cfg) == 0
+    (out / "logs" / "checkpoint.log").unlink()
+    (out / "logs" / "checkpoint.log").symlink_to(elsewhere)
+    assert run(cfg, "--force") == 2
+    assert f"{out / 'logs' / 'checkpoint.log'} exists and is not a log file this build wrote" in capsys.readouterr().err
+    assert elsewhere.read_text() == "keep"
 
 
 @pytest.mark.parametrize("where", ["root", "parent", "sources"])

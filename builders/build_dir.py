@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from triton_repo.launch import unsafe_path_problem
+from triton_repo.exposure import unsafe_path_problem
 
 MANIFEST = "manifest.json"
 LOGS = "logs"

@@ -3,12 +3,8 @@
     python triton_repo/launch.py --repo DIR [--grpc-port 8001] [--http-port 8000] [--metrics-port 8002]
                                  [--world-size N] [--host 127.0.0.1]
 
-Admin APIs are restricted: Triton's logging, model-repository (index, load, unload), trace and shared-memory
-endpoints answer only requests carrying the key $TRITON_ADMIN_KEY, in the HTTP header `eagle-admin-key` or the gRPC
-metadata `triton-grpc-protocol-eagle-admin-key` (Triton prefixes gRPC keys); when the variable is unset the key is
-random and nobody knows it: the endpoints are then closed. Inference, health, metadata, model config and
-statistics stay open. tritonserver 2.51 spells the flags `--grpc-restricted-protocol=<apis>:<key>=<value>` and
-`--http-restricted-api=<apis>:<key>=<value>` (server src/command_line_parser.cc; `tritonserver --help`).
+Admin APIs (logging, model-repository, trace, shared-memory) are restricted (triton_repo/exposure.py): they answer
+only requests carrying $TRITON_ADMIN_KEY; when the variable is unset the key is random: they are closed.
 
 Which binary: the system `tritonserver` when installed (NGC container: /opt/tritonserver), otherwise the CPU server
 bundled in the `nvidia-pytriton` wheel (tritonserver 2.51 + python backend). The bundled server needs three things
@@ -49,22 +45,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from triton_repo.exposure import (  # noqa: E402  (re-exported: the launcher's public names)
+    ADMIN_GRPC_HEADER,
+    ADMIN_HEADER,
+    ADMIN_KEY_ENV,
+    RESTRICTED_APIS,
+    SHELL_UNSAFE,
+    restricted_api_argv,
+    unsafe_chars,
+    unsafe_path_problem,
+)
+
+__all__ = ["ADMIN_GRPC_HEADER", "ADMIN_HEADER", "ADMIN_KEY_ENV", "RESTRICTED_APIS", "SHELL_UNSAFE", "LaunchError",
+           "LaunchInterrupted", "TritonServer", "free_port", "launch_argv", "mpirun_argv", "restricted_api_argv",
+           "server_argv", "unsafe_chars", "unsafe_path_problem"]
+
 SYSTEM_TRITON_DIRS = (Path("/opt/tritonserver"),)  # NGC tritonserver / trtllm containers
 READY_POLL_S = 0.25
 STOP_TIMEOUT_S = 30.0
-ADMIN_HEADER = "eagle-admin-key"  # the HTTP header; gRPC metadata keys must be lower case
-# gRPC: Triton prefixes the key (server src/grpc/grpc_utils.h kRestrictedProtocolHeaderTemplate).
-ADMIN_GRPC_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
-ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
-RESTRICTED_APIS = ("logging", "model-repository", "trace", "shared-memory")
-# The python backend starts each model's stub with `bash -c " exec <stub> <model_path> <shm name> <sizes> ..."`,
-# paths unquoted (triton-inference-server/python_backend src/stub_launcher.cc, StubLauncher::Launch; r24.10 as in
-# tritonserver 2.51). bash splits that string into words: a space moves the shm byte size into the argument the
-# stub parses with std::stol ("std::invalid_argument what(): stol", the model never loads); quotes, `$`,
-# backquote, `\`, `;&|<>()` are shell syntax, and glob characters `*?[]` and braces `{}` may expand. Non-ASCII
-# characters fail too (tritonserver 2.51 on CPU, even with LANG=C.UTF-8): the stub's embedded Python encodes the
-# model path as ASCII ("UnicodeEncodeError: 'ascii' codec can't encode character").
-SHELL_UNSAFE = frozenset(" \t\n\r\f\v'\"`$\\;&|<>()*?[]{}")
 
 
 class LaunchError(RuntimeError):
@@ -73,30 +74,6 @@ class LaunchError(RuntimeError):
 
 class LaunchInterrupted(LaunchError):
     """A stop was requested (SIGTERM/SIGINT) before the server became ready; the server has been stopped."""
-
-
-def unsafe_chars(path: Path | str) -> list[str]:
-    """The characters of `path` that the python backend's stub mishandles: SHELL_UNSAFE, non-ASCII, control."""
-    return sorted({c for c in str(path) if c in SHELL_UNSAFE or not (c.isascii() and c.isprintable())})
-
-
-def unsafe_path_problem(path: Path | str, what: str) -> str | None:
-    """Why the python backend cannot start a stub under `path` (None when it can)."""
-    bad = unsafe_chars(path)
-    if not bad:
-        return None
-    shown = ", ".join(repr(c) for c in bad)
-    return (f"{what} {str(path)!r} contains {shown}: Triton's python backend starts its stub through `bash -c` with "
-            "this path unquoted and reads it as ASCII, so every python model would fail to load (stub error "
-            "`std::invalid_argument stol` for a space); use a path of ASCII letters, digits and - _ . / + , : @ = %")
-
-
-def restricted_api_argv(admin_key: str) -> list[str]:
-    """The admin endpoints behind `ADMIN_HEADER: admin_key`, for both protocols (tritonserver 2.51 flag names)."""
-    if not admin_key or any(c in admin_key for c in ",:= \t\n"):
-        raise ValueError("the admin key must be non-empty, without , : = or whitespace (Triton's flag syntax)")
-    group = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key}"
-    return [f"--grpc-restricted-protocol={group}", f"--http-restricted-api={group}"]
 
 
 @dataclass(frozen=True)

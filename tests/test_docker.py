@@ -430,7 +430,9 @@ def test_compose_server_ports_healthcheck_shm_mounts() -> None:
     services = _compose()["services"]
     for name in ("triton-gpu", "triton-cpu"):
         s = services[name]
-        assert sorted(s["ports"]) == sorted(f"{p}:{p}" for p in serve.TRITON_PORTS.values())
+        # Host loopback unless PUBLISH_ADDR says otherwise.
+        assert sorted(_expand(p) for p in s["ports"]) == sorted(f"127.0.0.1:{p}:{p}" for p in serve.TRITON_PORTS.values())
+        assert s["environment"] == {"TRITON_ADMIN_KEY": "${TRITON_ADMIN_KEY:-}"}
         test = s["healthcheck"]["test"]
         assert test[0] == "CMD" and f"127.0.0.1:{serve.TRITON_PORTS['http']}/v2/health/ready" in test[-1]
         assert s["healthcheck"]["start_period"] == "30m" and 30 * 60 == render.READY_TIMEOUT_S

@@ -1,7 +1,7 @@
 """Triton python model `preprocessing`: text -> token ids, with the request checks (upstream
 all_models/inflight_batcher_llm/preprocessing, I/O in triton_repo/contract.py).
 
-Bad requests (empty or non-UTF-8 text, max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over
+Bad requests (empty, non-UTF-8 or too many bytes of text (checked before tokenizing), max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over
 max_seq_len, and with `greedy_only` a request asking for sampling) get INVALID_ARGUMENT with a message; the other
 requests of the batch are unaffected.
 """
@@ -34,6 +34,7 @@ class TritonPythonModel:
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
         self.max_input_len = p.int("max_input_len")
+        self.max_text_bytes, self.bytes_per_token = common.max_text_bytes(self.tokenizer, self.max_input_len)
         self.max_seq_len = p.int("max_seq_len")
         self.greedy_only = p.bool("greedy_only")
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
@@ -48,6 +49,11 @@ class TritonPythonModel:
         return out
 
     def _decode_query(self, raw):
+        n = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8"))
+        if n > self.max_text_bytes:  # before decoding and tokenizing: refusing costs a comparison
+            raise self.common.RequestError(
+                f"text_input has {n} bytes > {self.max_text_bytes} = max_input_len {self.max_input_len} x "
+                f"{self.bytes_per_token} bytes (the longest token): it cannot fit in max_input_len tokens; shorten it")
         text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)  # strict: UnicodeDecodeError below
         if text == "":
             raise self.common.RequestError("text_input is empty; send a non-empty prompt")

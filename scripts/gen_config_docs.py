@@ -2,7 +2,11 @@
 
 Writes docs/config.md + docs/config.schema.json (the build config, builders/config.py) and docs/train-config.md +
 docs/train-config.schema.json (the training config, builders/training/config.py) from the pydantic models.
---check writes nothing and exits 1 naming the stale files. Guide: docs/config.md.
+--check writes nothing and exits 1 naming the stale files.
+
+Inputs:  the pydantic models BuildConfig and TrainHeadConfig; example values from configs/*.yaml, configs/train/*.yaml
+Outputs: docs/config.md, docs/config.schema.json, docs/train-config.md, docs/train-config.schema.json
+Guide:   docs/config.md
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ and the guide exists. A new entry point (a module with a `__main__` block) must 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -60,15 +61,27 @@ def test_every_entry_point_is_listed() -> None:
     assert not gone, f"listed entry points that no longer exist or have no __main__ block: {gone}"
 
 
-@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
-def test_help_names_inputs_outputs_and_guide(name: str) -> None:
-    r = subprocess.run([sys.executable, *ENTRY_POINTS[name], "--help"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=180)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = r.stdout
-    assert out.startswith("usage: "), out[:200]
+def _check_help(name: str, out: str) -> None:
     for label in ("Inputs:", "Outputs:"):
         assert re.search(rf"^{label} +\S", out, flags=re.M), f"{name} --help does not say `{label}`"
     m = re.search(r"^Guide: +((?:docs/[\w.-]+|README)\.md)", out, flags=re.M)
     assert m, f"{name} --help names no guide (a `Guide: docs/....md` line)"
     assert (ROOT / m.group(1)).is_file(), f"{name} --help points at {m.group(1)}, which does not exist"
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_help_names_inputs_outputs_and_guide(name: str) -> None:
+    r = subprocess.run([sys.executable, *ENTRY_POINTS[name], "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("usage: "), r.stdout[:200]
+    _check_help(name, r.stdout)
+
+
+def test_container_entrypoint_help() -> None:
+    env = {**os.environ, "EAGLE_DEPLOY_PYTHON": sys.executable}
+    r = subprocess.run(["bash", "docker/entrypoint.sh", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "build CONFIG" in r.stdout and "serve BUILD_DIR" in r.stdout
+    _check_help("docker/entrypoint.sh", r.stdout)

@@ -128,6 +128,8 @@ def _illustrative(prop: dict[str, Any], defs: dict[str, Any]) -> Any:
     p = options[0] if options else prop
     if "enum" in p:
         return p["enum"][0]
+    if "const" in p:
+        return p["const"]
     kind = p.get("type")
     if kind == "integer":
         return p.get("minimum", p.get("exclusiveMinimum", -1) + 1)
@@ -193,7 +195,11 @@ def type_text(p: dict[str, Any]) -> str:
         return "section"
     if "enum" in p:
         return " \\| ".join(f"`{json.dumps(v)}`" for v in p["enum"])
+    if "const" in p:  # a one-value Literal
+        return f"`{json.dumps(p['const'])}`"
     kind = p.get("type", "any")
+    if kind == "array" and "prefixItems" in p:  # a tuple
+        return "[" + ", ".join(type_text(x) for x in p["prefixItems"]) + "]"
     if kind == "array":
         return f"list of {type_text(p.get('items', {}))}"
     return {"integer": "integer", "number": "number", "string": "string", "boolean": "boolean", "null": "null"}.get(

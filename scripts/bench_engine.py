@@ -17,7 +17,7 @@
 Heads are converted on the fly from the directories given, so the script reruns unchanged on a retrained head.
 Absolute speeds depend on the machine and its load: compare ratios within one run.
 
-Inputs:  MT-bench questions; --build finished builds (else a RANDOM head is converted)
+Inputs:  MT-bench questions; the demo target; the heads --eagle-head and --eagle3-head (converted on the fly)
 Outputs: the figures on stdout; --json the results
 Guide:   docs/benchmarks.md
 """

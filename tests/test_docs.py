@@ -66,3 +66,15 @@ def test_readme_links_every_guide() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f"docs/{p.name}" not in readme]
     assert not missing, f"README.md does not link {missing}"
+
+
+def test_pages_name_only_the_pinned_images() -> None:
+    """Commands users copy from the README and the guides must name the image the project pins."""
+    from builders import versions
+
+    for page in PAGES:
+        text = page.read_text()
+        for tag in re.findall(r"tritonserver:(\d\d\.\d\d)", text):
+            assert tag == versions.TRITON_RELEASE, f"{page.relative_to(ROOT)} names tritonserver:{tag}"
+        for image in re.findall(r"eagle-deploy:[\w.-]*[\w]", text):
+            assert image in (versions.GPU_IMAGE, versions.CPU_IMAGE), f"{page.relative_to(ROOT)} names {image}"

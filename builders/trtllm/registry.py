@@ -95,7 +95,7 @@ def get(key: str) -> TrtllmVersion:
         raise UnknownVersion(
             f"trtllm_version={key!r} is not supported; use one of {', '.join(repr(k) for k in VERSIONS)} "
             f"(default {DEFAULT_VERSION!r} = the pinned image). A new version needs a registry entry and its ledger "
-            "rows (docs/build.md: 'TensorRT-LLM versions')"
+            "rows (docs/build.md: 'Checking a new TensorRT-LLM version')"
         ) from None
 
 
@@ -125,7 +125,7 @@ def installed_mismatch(key: str, installed_release: str | None) -> list[str]:
         return []
     if have is None:
         fix = (f"run in the pinned image {VERSIONS[DEFAULT_VERSION].triton_image}, or check that version against the "
-               "ledger first (docs/build.md: 'TensorRT-LLM versions')")
+               "ledger first (docs/build.md: 'Checking a new TensorRT-LLM version')")
     else:
         fix = f"set trtllm_version: '{have.key}' and rebuild, or install TensorRT-LLM {want.release}"
     return [f"trtllm_version '{want.key}': the outputs are written for {want.name}, but the installed TensorRT-LLM is "

@@ -74,7 +74,7 @@ def resolve_stop_model(schema: Schema, get_config: sch.ConfigGetter) -> str | No
         raise sch.SchemaError(
             f"ensemble {schema.model!r}: {len(stoppable)} of its steps {steps} take a {STOP_INPUT!r} input "
             f"({stoppable}), need exactly one (the LLM model) to stop a cancelled request; Triton does not forward a "
-            "plain cancellation into an ensemble (docs/triton.md, Cancellation): call the BLS model to cancel by closing"
+            "plain cancellation into an ensemble (docs/triton.md): call the BLS model to cancel by closing"
         )
     return stoppable[0]
 

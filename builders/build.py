@@ -3,6 +3,10 @@
 Validates the config (all errors at once, exit 2, nothing written), runs every stage's preflight checks and the
 output_dir checks (exit 2, nothing written: see builders/build_dir.py for what the build may replace), then runs the
 stages in order, skipping those whose inputs and config are unchanged and whose outputs are intact.
+
+Inputs:  CONFIG.yaml, a build config (every field: docs/config.md; examples: configs/)
+Outputs: <output_dir>/checkpoint/, engine/, triton_repo/ (each with manifest.json) and config.resolved.yaml
+Guide:   docs/build.md
 """
 
 from __future__ import annotations

@@ -109,5 +109,25 @@ def smollm2_dir() -> Path:
     return resolve_target(f"pip:{DEMO_DISTRIBUTION}")
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m builders.demo_model", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Resolve a target.model value to a Hugging Face directory and print it (extracting a GGUF once).",
+        epilog="Inputs:  MODEL: a `.gguf` file, `pip:<distribution>` or an HF directory (default: the demo target)\n"
+        "Outputs: the HF directory (config.json, model.safetensors, tokenizer), cached by content hash; its path\n"
+        "Guide:   docs/bring-your-own-model.md",
+    )
+    ap.add_argument("model", nargs="?", default=f"pip:{DEMO_DISTRIBUTION}", help="what target.model would say")
+    args = ap.parse_args(argv)
+    try:
+        print(resolve_target(args.model))
+    except ModelSourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    print(smollm2_dir())
+    sys.exit(main())

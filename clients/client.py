@@ -16,7 +16,7 @@ DEADLINE_EXCEEDED for the client deadline, or SERVER_ERROR) so callers (the load
 Cancellation (closing a stream's iterator early, `break` + the iterator dropped, Ctrl-C in the sync client, a
 cancelled asyncio task, the client deadline) frees the request's sequence on the server. A plain gRPC cancel does
 that for a single model (the BLS model, the echo model), but Triton <= r26.02 does not forward it into an ensemble
-and leaks the ensemble request (README, Triton section, "Cancellation."). So a request to an ensemble is never
+and leaks the ensemble request (docs/triton.md, "Cancellation"). So a request to an ensemble is never
 cancelled: the client sends tensorrtllm_backend's `stop` request with the request's unique id to the ensemble's LLM
 model and reads the stream to its final response (`stop_ensemble_request`, the drain loops of both clients).
 """

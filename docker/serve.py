@@ -7,6 +7,10 @@ serve, then replaces itself (exec) with `triton_repo/launch.py` on the build's m
 Everything comes from the build itself (one source of truth): the resolved config `BUILD_DIR/config.resolved.yaml`
 written by builders/build.py gives the backend and the parallel sizes; the model repository is the output
 directory of the Triton stage (its `Stage.name`).
+
+Inputs:  BUILD_DIR, a finished build (config.resolved.yaml, triton_repo/)
+Outputs: a running tritonserver on the given ports (exec of triton_repo/launch.py)
+Guide:   docs/deploy.md
 """
 
 from __future__ import annotations

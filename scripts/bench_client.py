@@ -1,4 +1,4 @@
-"""Client overhead (issue 6): the load tester's maximum requests/s vs a bare tritonclient loop, in the same run,
+"""Client overhead: the load tester's maximum requests/s vs a bare tritonclient loop, in the same run,
 against the trivial echo model (tests/fixtures/echo_repo), so the server does almost nothing and client cost
 dominates. Target: load tester >= 0.8x the bare loop.
 
@@ -21,6 +21,10 @@ ones), so drift on a shared machine hits both equally. Per concurrency it prints
     than requests/s; "tester/bare" > 1 means the tester spends more CPU per request;
   * the load average before the level: on a machine with other work, wall-clock rates are shared with it.
 The summary compares the maximum requests/s of each side over the levels (the issue's wording).
+
+Inputs:  none: starts its own echo server (tests/fixtures/echo_repo)
+Outputs: the figures on stdout
+Guide:   docs/benchmarks.md
 """
 
 from __future__ import annotations

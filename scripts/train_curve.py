@@ -14,6 +14,10 @@ ones: `data.held_out: first`, so every point is evaluated on the same conversati
 Points of one answer type share one cache of data and feature shards (shard i is the same conversations whatever
 the size), so the largest size pays for the smaller ones. Every step is resumable; rerun the same command.
 `report` writes OUT/curve.md (the table) and OUT/curve.png (the plot).
+
+Inputs:  --config, a training recipe (default configs/train/smollm2-eagle.yaml)
+Outputs: OUT/ (one head per point), OUT/curve.md and OUT/curve.png
+Guide:   docs/train-a-head.md
 """
 
 from __future__ import annotations

@@ -344,7 +344,7 @@ def test_request_ids_differ_between_clients(echo: TritonServer) -> None:
     assert len(set(ids)) == len(ids) == 5
 
 
-# ---- cancellation through the real ensemble (README, Triton section, "Cancellation.") --------------------------------
+# ---- cancellation through the real ensemble (docs/triton.md, "Cancellation") ---------------------------------------
 
 LONG = 300  # tokens of requests that must still be running when they are cancelled (end_id -1: no early EOS)
 NO_EOS = {"end_id": -1}

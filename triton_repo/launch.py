@@ -430,7 +430,13 @@ class TritonServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="launch.py", description="Start tritonserver on a rendered model repository.")
+    ap = argparse.ArgumentParser(
+        prog="launch.py", description="Start tritonserver on a rendered model repository.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Inputs:  --repo, a rendered model repository (<output_dir>/triton_repo)\n"
+        "Outputs: a running tritonserver on --host and the given ports until SIGTERM / Ctrl-C; its log in --log\n"
+        "Guide:   docs/deploy.md",
+    )
     ap.add_argument("--repo", required=True, type=Path, help="model repository (<build>/triton_repo)")
     ap.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
     ap.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000)")

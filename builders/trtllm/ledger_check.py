@@ -6,6 +6,10 @@ version, and every required row is present.
 reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
 problems (exit 1) or "ledger: N names checked, all cited" (exit 0). tests/test_ledger.py runs the same functions on
 real builds of every backend and version.
+
+Inputs:  CONFIG.yaml of a finished build (its output_dir is read)
+Outputs: the problems found (exit 1) or the number of names checked (exit 0)
+Guide:   docs/contracts.md
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@
 `SOURCES` records what was read to establish the rows: the upstream file, the stored version read (the search index
 keeps file versions by commit, not by tag: read_file at the tag commits reported none, so the versions read are
 dated by their content), and what it showed. `UNVERIFIED` lists what could not be established.
+
+Inputs:  the ledger in builders/trtllm/ledger_*.py
+Outputs: docs/contracts.md (--check: exit 1 when stale)
+Guide:   docs/contracts.md
 """
 
 from __future__ import annotations
@@ -145,7 +149,8 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m builders.trtllm.ledger_docs", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m builders.trtllm.ledger_docs", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="exit 1 when docs/contracts.md is not a fresh render")
     args = ap.parse_args(argv)
     text = render()

@@ -141,7 +141,7 @@ def get(key: str) -> TrtllmVersion:
             f"trtllm_version={key!r} is not supported; use one of {', '.join(repr(k) for k in VERSIONS)} "
             f"(default {DEFAULT_VERSION!r} = the current line; {PINNED_VERSION!r} = the pinned image). A new version "
             "needs a registry entry and its ledger "
-            "rows (README: 'Checking a new TensorRT-LLM version')"
+            "rows (docs/build.md: 'Checking a new TensorRT-LLM version')"
         ) from None
 
 
@@ -171,7 +171,7 @@ def installed_mismatch(key: str, installed_release: str | None) -> list[str]:
         return []
     if have is None:
         fix = (f"run in the pinned image {VERSIONS[PINNED_VERSION].triton_image}, or check that version against the "
-               "ledger first (README: 'Checking a new TensorRT-LLM version')")
+               "ledger first (docs/build.md: 'Checking a new TensorRT-LLM version')")
     else:
         fix = f"set trtllm_version: '{have.key}' and rebuild, or install TensorRT-LLM {want.release}"
     return [f"trtllm_version '{want.key}': the outputs are written for {want.name}, but the installed TensorRT-LLM is "

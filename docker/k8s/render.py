@@ -9,6 +9,10 @@ Ports are Triton's, from docker/serve.py. `--check` compares with the files in D
 Files written (one concern each): storage.yaml (PVCs), build-job.yaml, deployment.yaml, service.yaml, hpa.yaml,
 pdb.yaml, prometheus-adapter-rules.yaml (ConfigMap), servicemonitor.yaml (Prometheus Operator CRD),
 leaderworkerset.yaml (LWS CRD: multi-node tensor parallelism, see docs/deploy.md).
+
+Inputs:  CONFIG, a build config
+Outputs: the Kubernetes manifests in --out (--check: compare only)
+Guide:   docs/deploy.md
 """
 
 from __future__ import annotations

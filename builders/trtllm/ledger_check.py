@@ -102,6 +102,7 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         eagle=cfg.draft.type == "eagle", w_fp8=cfg.quantization.weights == "fp8",
         kv_fp8=cfg.quantization.kv_cache == "fp8", perf=True, tree=tree is not None and not tree.is_chain(),
         drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
+        reference=cfg.engine.backend == "reference",
     )
 
 

@@ -19,7 +19,9 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests import triton_build  # noqa: E402
-from tests.test_triton_server import PROMPT, _input, _wait_idle, inputs, metric, stream_call, text_of  # noqa: E402
+from tests.test_triton_server import (  # noqa: E402
+    PROMPT, _input, _stop_inputs, _wait_idle, inputs, metric, stream_call, text_of,
+)
 from triton_repo.launch import TritonServer  # noqa: E402
 
 pytestmark = pytest.mark.server
@@ -213,11 +215,6 @@ def test_token_counters_match_the_request_perf_outputs_so_tau_can_be_graphed(
     assert delta["eagle_llm_generated_tokens_total"] == len(solo.output_ids)
     tau = 1 + delta["eagle_llm_accepted_draft_tokens_total"] / delta["eagle_llm_target_forwards_total"]
     assert tau == pytest.approx(solo.stats.tau)
-
-
-def _stop_inputs() -> list[Any]:
-    return [_input("input_ids", 1, "INT32"), _input("input_lengths", 1, "INT32"),
-            _input("request_output_len", 1, "INT32"), _input("stop", True, "BOOL")]  # fmt: skip
 
 
 def test_in_flight_and_queued_gauges_count_running_and_waiting_requests(triton_server: TritonServer) -> None:

@@ -203,6 +203,10 @@ POSTPROCESSING_OUTPUT_MAP = {"OUTPUT": "text_output"}
 ADD_SPECIAL_TOKENS = True
 SKIP_SPECIAL_TOKENS = True
 
+# Request ids the BLS model gives its LLM requests; the LLM model answers these differently when it ends one with an
+# error (models/reference_llm.py `_finish`).
+BLS_REQUEST_ID_PREFIX = "bls-"
+
 # Error-code names of the python backend's pb_utils.TritonError (what clients see as gRPC status).
 INVALID_ARGUMENT = "INVALID_ARG"
 UNAVAILABLE = "UNAVAILABLE"

@@ -117,7 +117,7 @@ class TritonPythonModel:
         streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
         with self._lock:
             self._count += 1
-            request_id = f"bls-{os.getpid()}-{self._count}"
+            request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{os.getpid()}-{self._count}"
         llm_req = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self._inputs(request, llm_map),
             requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,

@@ -178,10 +178,11 @@ class TritonPythonModel:
         try:
             if resp is None:
                 sender.send(flags=FINAL)
-            elif job.error is not None:
-                # The error, then a bare FINAL: an error response carrying the FINAL flag, sent from this thread after
-                # streamed chunks, never reached a BLS caller's response iterator (python backend 24.10: it waited
-                # forever); the ensemble reports the error either way.
+            elif job.error is not None and job.request_id.startswith(self.C.BLS_REQUEST_ID_PREFIX):
+                # To the BLS model: the error, then a bare FINAL. An error response carrying the FINAL flag, sent
+                # from this thread after streamed chunks, never reached its response iterator (python backend 24.10:
+                # it waited forever). The ensemble needs them together: sent apart, the ensemble request stayed in
+                # flight and the server could not stop.
                 sender.send(resp)
                 sender.send(flags=FINAL)
             else:

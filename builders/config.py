@@ -170,15 +170,15 @@ class TritonConfig(Strict):
     )
     request_deadline_s: float | None = Field(
         default=None, gt=0,
-        description="engine.backend reference: seconds a request may live in the LLM model (queue + generation) "
-        "before it is ended with UNAVAILABLE, freeing its slot. It bounds how long a client that vanished holds a "
-        "slot when its cancellation never reaches the model (an ensemble stream on Triton 2.51). Unset: "
+        description="engine.backend reference: seconds a request may wait for a sequence slot, and then seconds it "
+        "may hold one, before it is ended with UNAVAILABLE. It bounds how long a client that vanished holds a slot "
+        "when its cancellation never reaches the model (an ensemble stream on Triton 2.51). Unset: "
         "engine.max_seq_len x deadline_per_token_s.",
     )  # fmt: skip
     deadline_per_token_s: float = Field(
         default=0.5, gt=0,
         description="The per-token time bound the default request_deadline_s assumes: a request of max_seq_len "
-        "tokens that takes longer than this per token (queue wait included) is ended.",
+        "tokens that takes longer than this per token in its slot is ended.",
     )  # fmt: skip
 
 

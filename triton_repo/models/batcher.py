@@ -11,9 +11,10 @@ Admission is bounded: more than `capacity + max_queue_size` jobs in flight are r
 message saying so, never dropped. A job whose client cancelled or disconnected leaves the batch at the next step
 (or at its next `on_tokens` callback, which returns False), which frees its sequence slot.
 
-A job older than `deadline_s` (counted from admission, queue time included) is ended with UNAVAILABLE, queued or
-running: the bound on how long a client that vanished without a cancellation reaching us (an ensemble stream on
-Triton 2.51) holds a slot. A sequence whose step failed ends alone with INTERNAL (engines.session.Session isolates
+A job is ended with UNAVAILABLE after `deadline_s` waiting for a slot, or after `deadline_s` in its slot (the clock
+restarts when it gets one): the bound on how long a client that vanished without a cancellation reaching us (an
+ensemble stream on Triton 2.51) holds a queue place or a slot, without cutting short a request that merely waited
+behind such clients. A sequence whose step failed ends alone with INTERNAL (engines.session.Session isolates
 it); a failure of the session itself (outside any sequence) still ends every running job with INTERNAL.
 """
 
@@ -42,7 +43,7 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     request_id: str = ""
-    deadline: float = float("inf")  # time.monotonic() after which the job is ended (set by Batcher.admit)
+    deadline: float = float("inf")  # time.monotonic() after which the job is ended (set at admission and at its slot)
     expired: bool = False
 
     def gone(self) -> bool:
@@ -200,6 +201,7 @@ class Batcher:
                 self._complete(job)
                 continue
             self._slots[slot] = job
+            job.deadline = time.monotonic() + self.deadline_s  # its time in the slot starts now
             self._set_running(len(self._slots))
 
     def _drop_cancelled(self) -> None:

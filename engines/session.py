@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -192,16 +192,22 @@ class Session:
                 self._isolated(run, [i])
 
     def _save(self, slots: list[int]) -> tuple[Any, ...]:
-        per_slot = {i: (self.lens[i], len(self.out[i]), self.finish[i], copy.deepcopy(self.stats[i]),
-                        self.gens[i].get_state()) for i in slots}  # fmt: skip
+        """What a step changes on the host (a few scalars per slot; the generator state only when it samples)."""
+        per_slot = {i: (self.lens[i], len(self.out[i]), self.finish[i], self._copy_stats(i),
+                        None if self.req(i).sampling.greedy else self.gens[i].get_state()) for i in slots}  # fmt: skip
         return per_slot, self.root.clone(), len(self._outbox)
+
+    def _copy_stats(self, i: int) -> RequestStats:
+        st = self.stats[i]
+        return dataclasses.replace(st, acceptance_by_depth=list(st.acceptance_by_depth))
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
         per_slot, root, outbox = saved
         for i, (n, n_out, finish, stats, gen) in per_slot.items():
             self.lens[i], self.finish[i], self.stats[i] = n, finish, stats
             del self.out[i][n_out:]
-            self.gens[i].set_state(gen)
+            if gen is not None:
+                self.gens[i].set_state(gen)
             self.root[i] = root[i]
         del self._outbox[outbox:]
 

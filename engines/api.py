@@ -11,6 +11,7 @@ depend on exactly these names and signatures.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from builders.trees import DraftTree, DynamicTree
 
-FinishReason = Literal["eos", "stop", "length", "cancelled"]
+FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
 
 
 @dataclass
@@ -36,11 +37,15 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError for values no sampler can use (NaN or infinite temperature: probabilities of NaN)."""
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={self.temperature} must be a finite number >= 0 (0 = greedy)")
         if self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 = off)")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 < self.top_p <= 1.0:  # also refuses NaN (every comparison with NaN is false)
             raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1.0 = off)")
 
     @property
@@ -103,9 +108,13 @@ class RequestStats:
 
 @dataclass
 class GenerationResult:
+    """finish_reason "error": stepping this sequence raised `error` (type and message); it ended there, the other
+    sequences of its batch went on (engines/session.py `Session.step`)."""
+
     output_ids: list[int]  # generated tokens only (the prompt is not repeated)
     finish_reason: FinishReason
     stats: RequestStats
+    error: str | None = None
 
 
 def aggregate_stats(stats: list[RequestStats]) -> RequestStats:
@@ -216,6 +225,11 @@ class ReferenceEngine:
             return "no tree (target-only)"
         kind = "static" if hasattr(t, "paths") else f"dynamic top_k={t.top_k}"  # type: ignore[union-attr]
         return f"{kind} tree, {t.size} draft tokens, depth {t.depth}"
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the target accepts: 0 .. vocab_size - 1."""
+        return self._rt.target.lm_head.vocab_size
 
     @property
     def has_draft(self) -> bool:

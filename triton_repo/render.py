@@ -48,12 +48,15 @@ def _io(msg: Any, t: C.Tensor) -> None:
     msg.dims.extend(t.dims)
 
 
-def _add_inputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...], *, cpp: bool = False) -> None:
-    """`cpp`: the C++ tensorrtllm backend's input attributes (scalars reshaped to [], ragged batching)."""
+def _add_inputs(
+    cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...], *, cpp: bool = False, checked_by_model: tuple[str, ...] = ()
+) -> None:
+    """`cpp`: the C++ tensorrtllm backend's input attributes (scalars reshaped to [], ragged batching).
+    `checked_by_model`: required inputs declared optional because a python model refuses their absence."""
     for t in tensors:
         i = cfg.input.add()
         _io(i, t)
-        i.optional = t.optional
+        i.optional = t.optional or t.name in checked_by_model
         if cpp and tuple(t.dims) == (1,):
             i.reshape.SetInParent()  # `reshape: { shape: [ ] }`
         if cpp and t.name in C.CPP_RAGGED_INPUTS:
@@ -126,7 +129,8 @@ def tokenizer_dir(build_dir: Path) -> Path:
 def preprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.preprocessing_model, bc.engine.max_batch_size, backend="python")
-    _add_inputs(cfg, C.PREPROCESSING_INPUTS)
+    required = tuple(k for k, v in C.PREPROCESSING_INPUT_MAP.items() if v in C.REQUIRED_HELP)
+    _add_inputs(cfg, C.PREPROCESSING_INPUTS, checked_by_model=required)
     _add_outputs(cfg, C.PREPROCESSING_OUTPUTS)
     _params(cfg, {
         **_python_common(build_dir),
@@ -154,7 +158,12 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
 def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.ensemble_model, bc.engine.max_batch_size, platform="ensemble")
-    _add_inputs(cfg, C.ENSEMBLE_INPUTS)
+    # text_input and max_tokens are required but declared optional (upstream's template declares them required):
+    # Triton 2.51 (core r24.10 InferenceRequest::Normalize) checks only the NUMBER of inputs, so a request that
+    # omits max_tokens but sends another optional input passes, the ensemble never schedules the preprocessing step
+    # that needs it and ends the request with an empty success. Declared optional, the request reaches
+    # preprocessing, which refuses it with INVALID_ARGUMENT naming the input (models/preprocessing.py `_required`).
+    _add_inputs(cfg, C.ENSEMBLE_INPUTS, checked_by_model=tuple(C.REQUIRED_HELP))
     _add_outputs(cfg, C.ENSEMBLE_OUTPUTS)
     for model, imap, omap in (
         (t.preprocessing_model, C.PREPROCESSING_INPUT_MAP, C.PREPROCESSING_OUTPUT_MAP),
@@ -241,6 +250,8 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
         "max_seq_len": bc.engine.max_seq_len,
         "decoupled": t.streaming,
     }
+    if kind == "reference":  # the reference model's batcher ends requests past it (triton_repo/models/batcher.py)
+        params["request_deadline_s"] = bc.request_deadline_s()
     _params(cfg, params)
     return cfg
 

@@ -61,8 +61,8 @@ class TritonPythonModel:
 
     def _one(self, request):
         common = self.common
-        query = common.tensor(pb_utils, request, "QUERY")
-        out_len = common.tensor(pb_utils, request, "REQUEST_OUTPUT_LEN")
+        query = self._required(request, "QUERY")
+        out_len = self._required(request, "REQUEST_OUTPUT_LEN")
         stop = common.tensor(pb_utils, request, "STOP_WORDS_DICT")
         end_in = common.tensor(pb_utils, request, "END_ID")
         pad_in = common.tensor(pb_utils, request, "PAD_ID")
@@ -115,6 +115,15 @@ class TritonPythonModel:
             "OUT_PAD_ID": pad,
         }
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+
+    def _required(self, request, name):
+        """QUERY and REQUEST_OUTPUT_LEN are declared optional in config.pbtxt (render.py says why) and required
+        here: a request without one is refused naming the client-facing input."""
+        arr = self.common.tensor(pb_utils, request, name)
+        if arr is None or arr.size == 0:
+            given = self.C.PREPROCESSING_INPUT_MAP[name]
+            raise self.common.RequestError(f"input {given} is required ({self.C.REQUIRED_HELP[given]})")
+        return arr
 
     def _refuse_sampling(self, request, batch):
         """Engine-flow EAGLE verifies drafts by token equality with the target's argmax (TensorRT-LLM's

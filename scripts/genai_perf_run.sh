@@ -6,7 +6,8 @@
 #   3. starts the server (triton_repo/launch.py) on free loopback ports;
 #   4. runs the exact command `python -m clients.genai_perf` prints, then checks the output tokens genai-perf
 #      counted against the tokens the server generated (scripts/genai_perf_check.py).
-# Usage: scripts/genai_perf_run.sh [OUT]     env: REQUESTS (8) CONCURRENCY (1) MAX_TOKENS (16) PY (python3)
+# Usage: scripts/genai_perf_run.sh [OUT]
+#   env: REQUESTS (8) CONCURRENCY (1) MAX_TOKENS (16) PY (python3) GENAI_VENV (.venv-genai)
 #
 # perf_analyzer comes from the tritonclient wheel (its manylinux wheel ships bin/perf_analyzer up to 2.60; 2.61+ and
 # the PyPI `perf-analyzer` package are empty). 2.52+ binaries need glibc 2.38; 2.51.0 runs on glibc 2.35+ but links
@@ -19,7 +20,7 @@ REQUESTS=${REQUESTS:-8}
 CONCURRENCY=${CONCURRENCY:-1}
 MAX_TOKENS=${MAX_TOKENS:-16}
 PY=${PY:-python3}
-GVENV=.venv-genai
+GVENV=$(realpath -m "${GENAI_VENV:-.venv-genai}")
 PA_LIBS=$GVENV/perf-analyzer-libs
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
@@ -35,7 +36,7 @@ if [ ! -f "$GVENV/.ready" ]; then
   cp -L "$GVENV"/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12 "$PA_LIBS/"
   touch "$GVENV/.ready"
 fi
-GENAI_ENV=(env "PATH=$PWD/$GVENV/bin:$PATH" "LD_LIBRARY_PATH=$PWD/$PA_LIBS")
+GENAI_ENV=(env "PATH=$GVENV/bin:$PATH" "LD_LIBRARY_PATH=$PA_LIBS")
 "${GENAI_ENV[@]}" perf_analyzer --version
 
 echo "== building configs/smollm2-eagle3-current.yaml into $OUT/build"

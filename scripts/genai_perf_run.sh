@@ -9,8 +9,8 @@
 # Usage: scripts/genai_perf_run.sh [OUT]
 #   env: REQUESTS (8) CONCURRENCY (1) MAX_TOKENS (16) PY (python3) GENAI_VENV (.venv-genai)
 #
-# perf_analyzer comes from the tritonclient wheel (its manylinux wheel ships bin/perf_analyzer up to 2.60; 2.61+ and
-# the PyPI `perf-analyzer` package are empty). 2.52+ binaries need glibc 2.38; 2.51.0 runs on glibc 2.35+ but links
+# perf_analyzer comes from the tritonclient wheel (its manylinux wheels ship bin/perf_analyzer up to 2.60; 2.61+ and
+# the PyPI `perf-analyzer` placeholder ship none). 2.52+ binaries need glibc 2.38; 2.51.0 runs on glibc 2.36 but links
 # libb64.so.0d and libcudart.so.12, which we take from wheels: the nvidia-pytriton wheel's bundled libb64 (project
 # venv) and nvidia-cuda-runtime-cu12 (loaded only, no GPU used).
 set -euo pipefail

@@ -9,8 +9,13 @@ inputs/converters/):
 - upstream's `llmapi` model (the current line): `generate` (HTTP `v2/models/<m>/generate`). `kserve` sends tensors the
   llmapi config does not declare (`max_tokens`, `exclude_input_in_output`), which Triton refuses ("unexpected
   inference input"); the generate extension maps JSON keys that name model inputs onto them, so the output length
-  goes in as `--extra-inputs sampling_param_max_tokens:N`. Not streamed: the llmapi model streams the text generated
-  so far in every response, and genai-perf joins streamed responses as deltas, which would overcount output tokens.
+  goes in as `--extra-inputs sampling_param_max_tokens:N`, and `sampling_param_exclude_input_from_output:true` keeps
+  the prompt out of the counted text. Not streamed: the llmapi model streams the text generated so far in every
+  response, and genai-perf joins streamed responses as deltas (llm_profile_data_parser), which overcounts output
+  tokens. (The `generate` type posts to `.../generate` even with `--streaming`, which only adds a JSON `stream` key the
+  model does not declare; a streamed run needs `--endpoint v2/models/<m>/generate_stream --extra-inputs
+  streaming:true`.) So genai-perf's time_to_first_token here is the request latency; clients.loadtest measures TTFT.
+  scripts/genai_perf_run.sh runs this command for real and checks the counted tokens.
 """
 
 from __future__ import annotations

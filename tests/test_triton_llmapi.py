@@ -145,8 +145,14 @@ def test_load_tester_runs_against_it(server: Any, build: tuple[Any, Path], tmp_p
 
 
 def test_genai_perf_command(build: tuple[Any, Path]) -> None:
+    """The argv that genai-perf 0.0.16 (perf_analyzer 2.51) ran against this repository on the CPU server with
+    output token counts equal to the generated ones (scripts/genai_perf_run.sh, docs/deploy.md)."""
     schema = sch.from_repository(build[1] / "triton_repo")
-    argv = genai_perf.genai_perf_argv(schema, grpc_url="h:8001", http_url="h:8000", tokenizer="/tok", max_tokens=64)
-    assert argv[:4] == ["genai-perf", "profile", "-m", "tensorrt_llm"]
-    assert argv[argv.index("--endpoint-type") + 1] == "generate" and "--streaming" not in argv
-    assert "sampling_param_max_tokens:64" in argv and argv[argv.index("-u") + 1] == "h:8000"
+    assert schema.tokenizer == str(build[1] / "checkpoint" / "tokenizer")
+    argv = genai_perf.genai_perf_argv(schema, grpc_url="127.0.0.1:8001", http_url="127.0.0.1:8000",
+                                      tokenizer=schema.tokenizer, max_tokens=16, concurrency=1, requests=4)
+    assert argv == [
+        "genai-perf", "profile", "-m", "tensorrt_llm", "--tokenizer", schema.tokenizer, "--concurrency", "1",
+        "--request-count", "4", "--synthetic-input-tokens-mean", "128", "--endpoint-type", "generate",
+        "-u", "127.0.0.1:8000", "--extra-inputs", "sampling_param_max_tokens:16",
+        "--extra-inputs", "sampling_param_exclude_input_from_output:true"]  # fmt: skip

@@ -69,7 +69,11 @@ def recounted(tokenizer_dir: str, texts: list[str]) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Inputs:  genai-perf's artifact directory and the served llmapi repository\n"
+               "Outputs: genai-perf's figures on stdout; exit 1 if a response or a token count is wrong\n"
+               "Guide:   docs/deploy.md")
     ap.add_argument("artifacts", type=Path, help="genai-perf's --artifact-dir")
     ap.add_argument("--repo", type=Path, required=True, help="the served repository (BUILD/triton_repo)")
     ap.add_argument("--max-tokens", type=int, required=True)

@@ -190,7 +190,11 @@ RUNS = {"soak": soak, "sigstop": sigstop, "abandoned": abandoned, "kill9": kill9
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Inputs:  a rendered Triton repository of a finished build (--repo)\n"
+               "Outputs: soak / SIGSTOP / abandoned-stream / kill -9 reports in --out\n"
+               "Guide:   docs/deploy.md")
     ap.add_argument("--repo", required=True, type=Path, help="rendered Triton repository (<build>/triton_repo)")
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--soak-s", type=float, default=180, help="soak duration in seconds (default 180)")

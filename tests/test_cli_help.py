@@ -40,6 +40,8 @@ ENTRY_POINTS = {
     "scripts/bench_triton.py": ["scripts/bench_triton.py"],
     "scripts/measure_drafter_fp8.py": ["scripts/measure_drafter_fp8.py"],
     "scripts/train_curve.py": ["scripts/train_curve.py"],
+    "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
+    "scripts/reliability.py": ["scripts/reliability.py"],
 }
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from builders import trees
+from engines import trees
 from builders.trtllm import registry
 from builders.trtllm.rules import trtllm_problems
 

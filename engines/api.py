@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from builders.trees import DraftTree, DynamicTree
+    from engines.trees import DraftTree, DynamicTree
 
 FinishReason = Literal["eos", "stop", "length", "cancelled"]
 

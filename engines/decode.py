@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from builders.trees import DynamicTree
+from engines.trees import DynamicTree
 from engines.draft import DraftState, draft_dynamic, draft_static
 from engines.model import Rows
 from engines.sampling import choose, greedy_node, sampling_node

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from builders.trees import DynamicTree
+from engines.trees import DynamicTree
 from engines.model import Drafter, KVCache, Rows
 from engines.tree import StaticTree, TreeBatch, ancestor_mask
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from builders.trees import DraftTree, DynamicTree
+from engines.trees import DraftTree, DynamicTree
 from engines.api import GenerationRequest, GenerationResult, OnTokens, RequestStats
 from engines.checkpoint import (
     DTYPES,
@@ -208,7 +208,7 @@ def check_tree_fits(tree: DraftTree | DynamicTree, drafter: Drafter | None) -> N
     if k > vocab:
         raise ValueError(f"the tree needs the top {k} draft tokens per node but the draft vocabulary has {vocab}")
     if isinstance(tree, DynamicTree):
-        from builders.trees import tree_size_bound
+        from engines.trees import tree_size_bound
 
         bound = tree_size_bound(tree.top_k, tree.depth)
         if tree.total_draft_tokens > bound:

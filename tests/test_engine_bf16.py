@@ -17,7 +17,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.trees import DraftTree, preset  # noqa: E402
+from engines.trees import DraftTree, preset  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
 from engines.lossless import Divergence, explain, first_divergence, next_logits  # noqa: E402
 

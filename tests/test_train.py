@@ -267,7 +267,7 @@ def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp
 
     from builders import train_head
     from builders.convert.eagle import convert_eagle
-    from builders.trees import DraftTree, preset
+    from engines.trees import DraftTree, preset
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
     cfg = tiny_cfg(tmp_path, tiny_target, epochs=1)

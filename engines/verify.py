@@ -34,7 +34,7 @@ from engines.lossless import first_divergence  # noqa: E402
 def hf_target_dir(build: Path) -> Path:
     """The HF directory of the build's target: config.resolved.yaml's target.model (resolved like the build does),
     else the convert stage manifest's notes.hf_target_dir."""
-    from builders.demo_model import resolve_target
+    from builders.model_source import resolve_target
 
     resolved = build / "config.resolved.yaml"
     if resolved.is_file():

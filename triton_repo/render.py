@@ -248,7 +248,7 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
 def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
     """upstream all_models/llmapi/tensorrt_llm/1/model.yaml: LLM(**args) + triton_config; the LLM args are the
     engine stage's options file (builders/engine/llmapi.py), the one source for them."""
-    from builders.demo_model import resolve_target
+    from builders.model_source import resolve_target
 
     options_file = build_dir / ENGINE_STAGE / LLMAPI_OPTIONS_FILE
     if not options_file.is_file():

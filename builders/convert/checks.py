@@ -15,7 +15,7 @@ from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
 from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from builders.convert.llama import check_parallel
 from builders.convert.weights import WeightFileError, WeightSource
-from builders.demo_model import ModelSourceError, resolve_target
+from builders.model_source import ModelSourceError, resolve_target
 
 
 def expected_target_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:

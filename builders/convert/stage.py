@@ -19,7 +19,7 @@ from builders.convert.eagle import convert_eagle
 from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
-from builders.demo_model import ModelSourceError, resolve_target
+from builders.model_source import ModelSourceError, resolve_target
 from builders.pipeline import Stage, StageContext, StageError
 
 STAGE_NAME = "checkpoint"

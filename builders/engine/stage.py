@@ -91,7 +91,7 @@ def _eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], 
 
 
 def _target_dir(cfg: BuildConfig) -> Path:
-    from builders.demo_model import resolve_target
+    from builders.model_source import resolve_target
 
     return resolve_target(cfg.target.model)
 

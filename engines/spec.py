@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+ENGINE_DIR = "engine"  # the engine stage's directory inside a build directory
 SPEC_FILE = "reference.json"
 
 
@@ -37,6 +38,10 @@ class ReferenceSpec(BaseModel):
     max_batch_size: int = Field(ge=1, description="Max sequences per engine batch.")
     max_input_len: int = Field(ge=1, description="Max prompt tokens.")
     max_seq_len: int = Field(ge=1, description="Max prompt + generated tokens.")
+    hf_target_dir: str | None = Field(
+        default=None,
+        description="Absolute HF directory the convert stage resolved target.model to (the oracle of engines.verify).",
+    )
     draft_vocab: list[int] | None = Field(
         default=None,
         description="EAGLE-1/2 only: target token ids the head drafts over (most frequent first; None = all).",
@@ -47,7 +52,7 @@ class ReferenceSpec(BaseModel):
 
 
 def read_spec(build_dir: Path) -> ReferenceSpec:
-    f = build_dir / "engine" / SPEC_FILE
+    f = build_dir / ENGINE_DIR / SPEC_FILE
     if not f.is_file():
         raise FileNotFoundError(
             f"{f} not found: {build_dir} is not a finished build with engine.backend=reference; "

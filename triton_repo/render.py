@@ -24,14 +24,15 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builders import layout
 from builders.config import BuildConfig
 from triton_repo import contract as C
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODELS_SRC = Path(__file__).resolve().parent / "models"
 CLIENT_FILE = "client.json"
-CHECKPOINT_STAGE = "checkpoint"  # builders/convert's output directory inside the build dir
-ENGINE_STAGE = "engine"
+CHECKPOINT_STAGE = layout.CHECKPOINT
+ENGINE_STAGE = layout.ENGINE
 LLMAPI_OPTIONS_FILE = "llm_api_options.yaml"  # builders/engine/llmapi.py OPTIONS_FILE
 
 
@@ -114,7 +115,7 @@ def _python_common(build_dir: Path) -> dict[str, str]:
 
 
 def tokenizer_dir(build_dir: Path) -> Path:
-    tok = (build_dir / CHECKPOINT_STAGE / "tokenizer").resolve()
+    tok = (build_dir / CHECKPOINT_STAGE / layout.TOKENIZER).resolve()
     if not (tok / "tokenizer_config.json").is_file():
         raise RenderError(
             f"tokenizer not found at {tok} (no tokenizer_config.json); run the checkpoint stage first: "
@@ -248,14 +249,12 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
 def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
     """upstream all_models/llmapi/tensorrt_llm/1/model.yaml: LLM(**args) + triton_config; the LLM args are the
     engine stage's options file (builders/engine/llmapi.py), the one source for them."""
-    from builders.model_source import resolve_target
-
     options_file = build_dir / ENGINE_STAGE / LLMAPI_OPTIONS_FILE
     if not options_file.is_file():
         raise RenderError(f"{options_file} not found: run the engine stage (engine.backend=pytorch) first")
     options = yaml.safe_load(options_file.read_text())
     doc = {
-        "model": str(resolve_target(bc.target.model)),
+        "model": str(layout.hf_target_dir(build_dir)),
         "backend": "pytorch",
         **options,
         "triton_config": {"max_batch_size": bc.engine.max_batch_size, "decoupled": bc.triton.streaming},

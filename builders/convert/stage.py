@@ -20,9 +20,10 @@ from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
 from builders.model_source import ModelSourceError, resolve_target
+from builders.layout import CHECKPOINT, HF_TARGET_NOTE
 from builders.pipeline import Stage, StageContext, StageError
 
-STAGE_NAME = "checkpoint"
+STAGE_NAME = CHECKPOINT
 RANDOM_HEAD_DIR = "random_head"
 
 
@@ -57,7 +58,7 @@ def plan_outputs(cfg: BuildConfig) -> list[str]:
 def run(ctx: StageContext) -> None:
     cfg = ctx.cfg
     hf = resolve_target(cfg.target.model)
-    ctx.notes["hf_target_dir"] = str(hf)
+    ctx.notes[HF_TARGET_NOTE] = str(hf)  # resolved once here; later stages and tools read this note
     ctx.notes["dtype"] = cfg.target.dtype
     _log(ctx, f"target {cfg.target.model} -> {hf}")
     random = cfg.draft.model == "random"

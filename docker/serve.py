@@ -23,7 +23,7 @@ if str(REPO) not in sys.path:  # run as a script: make the project importable
     sys.path.insert(0, str(REPO))
 
 from builders.config import BuildConfig  # noqa: E402
-from builders.pipeline import MANIFEST  # noqa: E402
+from builders.layout import MANIFEST  # noqa: E402
 from builders.versions import startup_problems  # noqa: E402
 
 RESOLVED = "config.resolved.yaml"
@@ -53,7 +53,7 @@ def load_build_config(build_dir: Path) -> BuildConfig:
 
 def repository_stage_name() -> str:
     """Name of the stage whose output directory is the Triton model repository."""
-    from triton_repo.stage import TRITON_STAGE
+    from builders.triton.stage import TRITON_STAGE
 
     return TRITON_STAGE.name
 

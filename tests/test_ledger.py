@@ -35,7 +35,7 @@ def _config(root: Path, version: str, target: Path, head: Path, draft: str, back
 
 def _engine_flow_build(root: Path, version: str, target: Path, head: Path, **sections: Any) -> tuple[Any, Path]:
     """trtllm-build cannot run here: checkpoint stage + the rendered repository (what the triton stage writes)."""
-    from triton_repo import render
+    from builders.triton import render
 
     f = _config(root, version, target, head, "eagle", "tensorrt", "topk-2-2", **sections)
     assert build_main([str(f), "--only", "checkpoint"]) == 0

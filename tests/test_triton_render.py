@@ -24,7 +24,8 @@ from builders.config import load_config
 from engines.trees import DraftTree, preset
 from tests.engine_cases import write_build_yaml
 from triton_repo import contract as C
-from triton_repo import launch, render
+from builders.triton import render
+from triton_repo import launch
 from triton_repo.models import batcher, common, llm_io
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "triton"

@@ -28,8 +28,9 @@ from builders import layout
 from builders.config import BuildConfig
 from triton_repo import contract as C
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-MODELS_SRC = Path(__file__).resolve().parent / "models"
+SERVE_PACKAGE = Path(C.__file__).resolve().parent  # triton_repo/: what the rendered models run
+PROJECT_ROOT = SERVE_PACKAGE.parent
+MODELS_SRC = SERVE_PACKAGE / "models"
 CLIENT_FILE = "client.json"
 CHECKPOINT_STAGE = layout.CHECKPOINT
 ENGINE_STAGE = layout.ENGINE

@@ -8,16 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders.config import BuildConfig
+from builders.layout import TRITON_REPO
 from builders.pipeline import Stage, StageContext, StageError
-from triton_repo import render
+from builders.triton import render
 
-STAGE_NAME = "triton_repo"
+STAGE_NAME = TRITON_REPO
 
 
 def _sources(cfg: BuildConfig) -> list[Path]:
     """The rendered repository copies these files: a change to any of them re-renders it."""
-    here = Path(__file__).resolve().parent
-    return [here / "contract.py", here / "render.py", *sorted((here / "models").glob("*.py"))]
+    serve = render.SERVE_PACKAGE
+    return [serve / "contract.py", Path(render.__file__).resolve(), *sorted(render.MODELS_SRC.glob("*.py"))]
 
 
 def run(ctx: StageContext) -> None:

@@ -21,7 +21,7 @@ def _project_root(args):
     try:
         return cfg["parameters"]["project_root"]["string_value"]
     except KeyError:
-        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
+        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with builders/triton/render.py") from None
 
 
 class TritonPythonModel:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engines import decode
-from engines.api import GenerationRequest, GenerationResult, OnTokens, RequestStats
+from engines.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
 from engines.draft import DraftState
 from engines.model import KVCache
 from engines.profile import NO_LAPS, Laps

@@ -529,7 +529,7 @@ def test_bls_streams_are_cancelled_plainly(llm_server: TritonServer) -> None:
         it = c.stream("cancel me", LONG, **NO_EOS)
         assert next(it).text
         it.close()
-        assert (c._stop_model_known, c._stop_model) == (True, None)
+        assert c.aio._stop_model is not None and c.aio._stop_model.result() is None  # resolved: no stop model
     got = _settled(llm_server, before, cancelled=1, ensemble_ok=0, bls_ok=1)
     assert (got["cancelled"], got["ensemble_ok"], got["in_flight"]) == (1, 0, 0), got
     assert got["tokens"] < LONG, got

@@ -108,15 +108,12 @@ class ReferenceEngine:
         return self._rt.dtype
 
     def describe_tree(self) -> str:
-        t = self._rt.tree
-        if t is None:
-            return "no tree (target-only)"
-        kind = "static" if hasattr(t, "paths") else f"dynamic top_k={t.top_k}"  # type: ignore[union-attr]
-        return f"{kind} tree, {t.size} draft tokens, depth {t.depth}"
+        d = self._rt.drafting
+        return "no tree (target-only)" if d is None else d.describe()
 
     @property
     def has_draft(self) -> bool:
-        return self._rt.drafter is not None and self._rt.tree is not None
+        return self._rt.drafter is not None and self._rt.drafting is not None
 
     @property
     def random_head(self) -> bool:
@@ -125,7 +122,7 @@ class ReferenceEngine:
 
     @property
     def tree(self) -> DraftTree | DynamicTree | None:
-        return self._rt.tree
+        return None if self._rt.drafting is None else self._rt.drafting.tree
 
     # ---- generation ---------------------------------------------------------------------------------------------
     def generate(

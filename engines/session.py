@@ -42,7 +42,8 @@ class Session:
         max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) if max_len is None else max_len
         self.rt, self.capacity, self.max_len, self.spec, self.on_tokens = rt, capacity, max_len, speculative, on_tokens
         dev, tgt = rt.device, rt.target
-        tree_size = (rt.tree.size if speculative and rt.tree is not None else 0) + 1
+        drafting = rt.drafting if speculative else None
+        tree_size = (drafting.tree.size if drafting is not None else 0) + 1
         slots = max_len + tree_size + 1
         self.tcache = KVCache.allocate(len(tgt.layers), capacity, slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
         # Committed cache entries per slot (target = drafter), kept on the host: building a step's slots and mask
@@ -55,14 +56,15 @@ class Session:
         self.stats = [RequestStats() for _ in range(capacity)]
         self.gens = [torch.Generator() for _ in range(capacity)]
         self.pending: list[int] = []  # slots added since the last step: prefilled by the next one
-        self.depth = rt.tree.depth if speculative and rt.tree is not None else 0
+        self.depth = drafting.tree.depth if drafting is not None else 0
         self.capture: tuple[int, ...] = ()
         self.laps: Laps = NO_LAPS
         if speculative:
             d = rt.drafter
-            assert d is not None
-            scratch = rt.static.num_runs if rt.static is not None else (rt.tree.depth - 1) * rt.tree.top_k  # type: ignore[union-attr]
-            self.dcache = KVCache.allocate(len(d.layers), capacity, slots + scratch, d.kv_heads, d.head_dim, rt.dtype, dev)
+            assert d is not None and drafting is not None
+            self.dcache = KVCache.allocate(
+                len(d.layers), capacity, slots + drafting.scratch_slots, d.kv_heads, d.head_dim, rt.dtype, dev
+            )
             self.capture = d.capture
             # Allocated on the first drafter pass, when the head's hidden size and draft vocabulary are known.
             self.state = DraftState(torch.zeros(0, device=dev), torch.zeros(0, device=dev))

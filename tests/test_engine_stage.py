@@ -325,7 +325,7 @@ def _sets(name: str) -> list[str]:
 @pytest.mark.parametrize("variant", [["demo-tensorrt.sets"], ["demo-tensorrt.sets", "demo-fp8.sets"]])
 def test_ngc_demo_overrides_give_a_valid_engine_build(variant: list[str]) -> None:
     from builders.config import load_config
-    from builders.fp8 import fp8_problems
+    from builders.convert.fp8 import fp8_problems
 
     repo = Path(__file__).resolve().parent.parent
     cfg = load_config(repo / "configs" / "demo.yaml", [s for v in variant for s in _sets(v)])

@@ -5,7 +5,7 @@
 - draft.model random -> a random SafeAILab head is written to checkpoint/random_head/ first and converted; RANDOM
   appears in the checkpoint config (`eagle_deploy.random_head`), the manifest notes and the stage log.
 The checkpoint is 16-bit (target.dtype) unless quantization.weights or quantization.kv_cache is fp8: then the FP8
-branch below (builders/fp8.py: ModelOpt calibration + export) replaces the target's linears with FP8 weights and scales.
+branch below (builders/convert/fp8.py: ModelOpt calibration + export) replaces the target's linears with FP8 weights and scales.
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def run(ctx: StageContext) -> None:
     except ValueError as e:  # ModelConfigError / WeightFileError: inputs changed since preflight
         raise StageError(str(e)) from e
     _log(ctx, "checkpoint written")
-    # FP8 (builders/fp8.py): calibrate + export the target in FP8 into the checkpoint just written
+    # FP8 (builders/convert/fp8.py): calibrate + export the target in FP8 into the checkpoint just written
     if cfg.quantization.weights == "fp8" or cfg.quantization.kv_cache == "fp8":
-        from builders.fp8 import Fp8Error, run_fp8
+        from builders.convert.fp8 import Fp8Error, run_fp8
 
         try:
             run_fp8(ctx, hf)

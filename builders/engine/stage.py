@@ -141,7 +141,7 @@ def plan_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
 
 
 def preflight(cfg: BuildConfig) -> list[str]:
-    from builders.fp8 import fp8_problems
+    from builders.convert.fp8 import fp8_problems
 
     # TensorRT-LLM's limits were checked when the config was loaded (builders/trtllm/rules.py).
     return fp8_problems(cfg)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from engines.trees import DraftTree, DynamicTree
-from engines.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
+from engines.types import GenerationRequest, GenerationResult, OnTokens
 from engines.checkpoint import (
     DTYPES,
     CheckpointError,

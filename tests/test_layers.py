@@ -19,7 +19,7 @@ LINT = Path(sys.executable).parent / "lint-imports"
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(root))
-    return subprocess.run([str(LINT)], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(LINT), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _copy(tmp: Path) -> Path:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from builders import layout
 from builders.config import BuildConfig
 
 HEAD_PREFIX = "eagle_nets."
@@ -315,7 +316,7 @@ def reference_tau(cfg: BuildConfig, prompts: list[str], max_new_tokens: int = 32
         from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
         tree = cfg.static_tree() or cfg.dynamic_tree()
-        head3 = ckpt / "eagle3" if cfg.draft.type == "eagle3" else None
+        head3 = ckpt / layout.EAGLE3_HEAD if cfg.draft.type == "eagle3" else None
         eng = ReferenceEngine.from_checkpoint(ckpt, tree=tree, dtype=cfg.target.dtype, device=cfg.engine.device,
                                               eagle3_head_dir=head3)
         tok = eng.tokenizer

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from builders.layout import TOKENIZER
 from engines.hfconfig import ModelConfigError
 
 TOKENIZER_FILES = (
@@ -58,7 +59,7 @@ def copy_tokenizer(hf_dir: Path, out_dir: Path) -> list[str]:
         raise ModelConfigError(
             f"{hf_dir}: no tokenizer.json or tokenizer.model; the target directory must include its tokenizer"
         )
-    dest = out_dir / "tokenizer"
+    dest = out_dir / TOKENIZER
     dest.mkdir(parents=True, exist_ok=True)
     for n in present:
         if n == "tokenizer_config.json":

@@ -81,7 +81,7 @@ def _run_tensorrt(ctx: StageContext) -> None:
 
 def _eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], int]:
     """(TensorRT-LLM's output-indexed layers to capture, number of target layers)."""
-    head_cfg_file = checkpoint_dir / "eagle3" / "config.json"
+    head_cfg_file = checkpoint_dir / layout.EAGLE3_HEAD / "config.json"
     target_cfg_file = checkpoint_dir / "config.json"
     try:
         head_cfg = json.loads(head_cfg_file.read_text())
@@ -103,7 +103,7 @@ def _run_pytorch(ctx: StageContext) -> None:
     ckpt = ctx.stage_dir(layout.CHECKPOINT)
     try:
         capture, n_layers = _eagle3_capture(cfg, ckpt)
-        options = llmapi.llm_api_options(cfg, ckpt / "eagle3", capture, n_layers)
+        options = llmapi.llm_api_options(cfg, ckpt / layout.EAGLE3_HEAD, capture, n_layers)
     except llmapi.LlmApiError as e:
         raise StageError(str(e)) from e
     (ctx.out / llmapi.OPTIONS_FILE).write_text(llmapi.dump_options(options))

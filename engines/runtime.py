@@ -212,8 +212,7 @@ def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) 
     if spec.tree_choices is not None:
         tree = DraftTree.from_choices(spec.tree_choices)
     elif spec.dynamic_tree is not None:
-        d = spec.dynamic_tree
-        tree = DynamicTree(d.top_k, d.depth, d.total_draft_tokens)
+        tree = spec.dynamic_tree
     else:
         raise CheckpointError(f"{build_dir}/engine/reference.json: neither tree_choices nor dynamic_tree is set")
     head = spec.path(build_dir, spec.eagle3_head_dir) if spec.eagle3_head_dir else None

@@ -12,15 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engines.trees import DynamicTree
+
 ENGINE_DIR = "engine"  # the engine stage's directory inside a build directory
 SPEC_FILE = "reference.json"
-
-
-class DynamicTreeSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    top_k: int = Field(ge=1, description="Children kept per expanded node.")
-    depth: int = Field(ge=1, description="Drafting steps.")
-    total_draft_tokens: int = Field(ge=1, description="Draft tokens kept after reranking.")
 
 
 class ReferenceSpec(BaseModel):
@@ -31,7 +26,7 @@ class ReferenceSpec(BaseModel):
     eagle3_head_dir: str | None = Field(description="Normalized EAGLE-3 head dir (eagle3 only), relative.")
     random_head: bool = Field(description="True when the head is randomly initialized (label it everywhere).")
     tree_choices: list[list[int]] | None = Field(description="Static tree paths (sorted), or None for dynamic.")
-    dynamic_tree: DynamicTreeSpec | None = Field(description="EAGLE-2 dynamic tree, or None for static.")
+    dynamic_tree: DynamicTree | None = Field(description="EAGLE-2 dynamic tree (validated), or None for static.")
     dtype: Literal["float16", "bfloat16", "float32"] = Field(description="Compute dtype.")
     device: Literal["auto", "cpu", "cuda"] = Field(description="`auto` = CUDA when present, else CPU.")
     tp: int = Field(ge=1, description="Tensor-parallel size of the checkpoint.")

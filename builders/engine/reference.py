@@ -12,7 +12,7 @@ from pathlib import Path
 from builders import layout
 from builders.config import BuildConfig
 from engines.draft_vocab import read_draft_vocab
-from engines.spec import DynamicTreeSpec, ReferenceSpec
+from engines.spec import ReferenceSpec
 
 
 class ReferenceSpecError(ValueError):
@@ -46,9 +46,7 @@ def reference_spec(cfg: BuildConfig, random_head: bool, hf_target_dir: Path | No
         eagle3_head_dir=f"{layout.CHECKPOINT}/{layout.EAGLE3_HEAD}" if cfg.draft.type == "eagle3" else None,
         random_head=random_head,
         tree_choices=None if tree is None else tree.as_lists(),
-        dynamic_tree=None
-        if dyn is None
-        else DynamicTreeSpec(top_k=dyn.top_k, depth=dyn.depth, total_draft_tokens=dyn.total_draft_tokens),
+        dynamic_tree=dyn,
         dtype=cfg.target.dtype,
         device=cfg.engine.device,
         tp=cfg.parallel.tp,

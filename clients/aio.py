@@ -120,15 +120,8 @@ class AsyncLLMClient:
                 last, now = item
                 yield Chunk(read_response(last, stats, now), now, stats.responses - 1)
             await reader  # raises the reader's GenerationError
-        except TimeoutError as e:
-            await self._end_request(reader, stats)
-            raise GenerationError("DEADLINE_EXCEEDED", "no final response before the client deadline") from e
-        except asyncio.CancelledError:
-            await self._cancelled(reader, stats)
-            raise
-        except GeneratorExit:  # aclose(): its caller gets a failure to end the request, as the sync close() does
-            await self._end_request(reader, stats)
-            raise
+        except (TimeoutError, asyncio.CancelledError, GeneratorExit) as e:  # GeneratorExit: aclose() of the caller
+            raise await self._end_after(e, reader, stats)
         self._finish(req, stats, last)
 
     async def complete(self, req: Request, stats: GenerationStats) -> str:
@@ -150,12 +143,8 @@ class AsyncLLMClient:
             # asyncio.timeout, not wait_for, which can drop a cancellation (see run)
             async with asyncio.timeout(stats.start + self.timeout_s - time.perf_counter()):
                 await asyncio.shield(reader)
-        except TimeoutError as e:
-            await self._end_request(reader, stats)
-            raise GenerationError("DEADLINE_EXCEEDED", "no final response before the client deadline") from e
-        except asyncio.CancelledError:
-            await self._cancelled(reader, stats)
-            raise
+        except (TimeoutError, asyncio.CancelledError) as e:
+            raise await self._end_after(e, reader, stats)
         self._finish(req, stats, last)
         return decode_text(pieces)
 
@@ -183,6 +172,22 @@ class AsyncLLMClient:
                 on_response(result, now)
         except (InferenceServerException, grpc.RpcError) as e:
             raise status_of(e) from e
+
+    async def _end_after(
+        self, failure: BaseException, reader: asyncio.Task[None], stats: GenerationStats
+    ) -> BaseException:
+        """End the request on the server after the client deadline, a cancellation or a closed iterator; returns
+        what to raise: DEADLINE_EXCEEDED for the deadline, else `failure` itself (a closed iterator's caller gets a
+        failure to end the request, as the sync close() does; a cancellation propagates, see `_cancelled`)."""
+        if isinstance(failure, asyncio.CancelledError):
+            await self._cancelled(reader, stats)
+            return failure
+        await self._end_request(reader, stats)
+        if isinstance(failure, TimeoutError):
+            deadline = GenerationError("DEADLINE_EXCEEDED", "no final response before the client deadline")
+            deadline.__cause__ = failure
+            return deadline
+        return failure
 
     async def _cancelled(self, reader: asyncio.Task[None], stats: GenerationStats) -> None:
         """End the request of a cancelled task or a closed iterator. The cancellation still propagates if that

@@ -1,6 +1,7 @@
 """Cancelling a request to an ENSEMBLE: Triton <= r26.02 does not forward a gRPC cancel into an ensemble and leaks
-the ensemble request (README, Triton section, "Cancellation."), so the asyncio client (clients/aio.py, which the sync client wraps) sends
-tensorrtllm_backend's stop request to the ensemble's LLM model instead and read the stream to its final response.
+the ensemble request (README, Triton section, "Cancellation."), so the asyncio client (clients/aio.py, which the sync
+client wraps) sends tensorrtllm_backend's stop request to the ensemble's LLM model instead and reads the stream to its
+final response.
 """
 
 from __future__ import annotations

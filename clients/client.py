@@ -143,7 +143,8 @@ class LLMClient:
 def _raise_end_failure(outcome: object) -> None:
     """After a cancellation: the request ended on the server unless ending it failed, which the async client
     reports as the cancellation's cause (e.g. GenerationError CANCEL_TIMEOUT): raise that."""
-    if isinstance(outcome, asyncio.CancelledError) and isinstance(outcome.__cause__, (GenerationError, sch.SchemaError)):
+    failures = (GenerationError, sch.SchemaError)
+    if isinstance(outcome, asyncio.CancelledError) and isinstance(outcome.__cause__, failures):
         raise outcome.__cause__
-    if isinstance(outcome, (GenerationError, sch.SchemaError)):
+    if isinstance(outcome, failures):
         raise outcome

@@ -26,15 +26,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from builders import layout
 from builders.config import BuildConfig
+from builders.engine.llmapi import OPTIONS_FILE as LLMAPI_OPTIONS_FILE
 from triton_repo import contract as C
 
 SERVE_PACKAGE = Path(C.__file__).resolve().parent  # triton_repo/: what the rendered models run
 PROJECT_ROOT = SERVE_PACKAGE.parent
 MODELS_SRC = SERVE_PACKAGE / "models"
 CLIENT_FILE = "client.json"
-CHECKPOINT_STAGE = layout.CHECKPOINT
-ENGINE_STAGE = layout.ENGINE
-LLMAPI_OPTIONS_FILE = "llm_api_options.yaml"  # builders/engine/llmapi.py OPTIONS_FILE
 
 
 class RenderError(ValueError):
@@ -116,7 +114,7 @@ def _python_common(build_dir: Path) -> dict[str, str]:
 
 
 def tokenizer_dir(build_dir: Path) -> Path:
-    tok = (build_dir / CHECKPOINT_STAGE / layout.TOKENIZER).resolve()
+    tok = (build_dir / layout.CHECKPOINT / layout.TOKENIZER).resolve()
     if not (tok / "tokenizer_config.json").is_file():
         raise RenderError(
             f"tokenizer not found at {tok} (no tokenizer_config.json); run the checkpoint stage first: "
@@ -206,7 +204,7 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     _instances(cfg, 1)  # the backend schedules in-flight batching itself; one instance owns the engine
     _params(cfg, {
         "gpt_model_type": "inflight_fused_batching",
-        "gpt_model_path": str((build_dir / ENGINE_STAGE).resolve()),
+        "gpt_model_path": str((build_dir / layout.ENGINE).resolve()),
         "max_beam_width": 1,
         "batch_scheduler_policy": "guaranteed_no_evict",
         "kv_cache_free_gpu_mem_fraction": t.kv_cache_free_gpu_mem_fraction,
@@ -250,7 +248,7 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
 def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
     """upstream all_models/llmapi/tensorrt_llm/1/model.yaml: LLM(**args) + triton_config; the LLM args are the
     engine stage's options file (builders/engine/llmapi.py), the one source for them."""
-    options_file = build_dir / ENGINE_STAGE / LLMAPI_OPTIONS_FILE
+    options_file = build_dir / layout.ENGINE / LLMAPI_OPTIONS_FILE
     if not options_file.is_file():
         raise RenderError(f"{options_file} not found: run the engine stage (engine.backend=pytorch) first")
     options = yaml.safe_load(options_file.read_text())

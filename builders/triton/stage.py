@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders.config import BuildConfig
-from builders.layout import TRITON_REPO
+from builders.layout import CHECKPOINT, ENGINE, TRITON_REPO
 from builders.pipeline import Stage, StageContext, StageError
 from builders.triton import render
 
@@ -40,7 +40,7 @@ TRITON_STAGE = Stage(
     name=STAGE_NAME,
     description="Triton model repository: preprocessing, tensorrt_llm, postprocessing, ensemble, tensorrt_llm_bls",
     external_inputs=_sources,
-    depends_on=(render.CHECKPOINT_STAGE, render.ENGINE_STAGE),
+    depends_on=(CHECKPOINT, ENGINE),
     run=run,
     preflight=lambda cfg: render.config_problems(cfg),
     plan_outputs=plan_outputs,

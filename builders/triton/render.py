@@ -28,6 +28,7 @@ from builders import layout
 from builders.config import BuildConfig
 from builders.engine.llmapi import OPTIONS_FILE as LLMAPI_OPTIONS_FILE
 from triton_repo import contract as C
+from triton_repo.models.bootstrap import BOOTSTRAP_MODULE
 
 SERVE_PACKAGE = Path(C.__file__).resolve().parent  # triton_repo/: what the rendered models run
 PROJECT_ROOT = SERVE_PACKAGE.parent
@@ -348,7 +349,8 @@ def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
         written.append(d / "config.pbtxt")
         if cfg.name in sources:
             shutil.copyfile(MODELS_SRC / sources[cfg.name], d / "1" / "model.py")
-            written.append(d / "1" / "model.py")
+            shutil.copyfile(MODELS_SRC / "bootstrap.py", d / "1" / f"{BOOTSTRAP_MODULE}.py")
+            written += [d / "1" / "model.py", d / "1" / f"{BOOTSTRAP_MODULE}.py"]
     if bc.engine.backend == "pytorch":
         f = out / t.llm_model / "1" / "model.yaml"
         f.write_text(llmapi_model_yaml(bc, build_dir))

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from builders.build import main as build_main
 from clients import loadtest
 from clients import schema as sch
 from clients.client import AsyncLLMClient, LLMClient
 from clients.load import INTERRUPTED, LevelResult, LevelSpec
 from clients.tokens import WhitespaceCounter
-from tests.triton_servers import STOP_TIMEOUT_S
+from tests.triton_servers import STOP_TIMEOUT_S, metric, tiny_reference_repo
 from tests.triton_servers import server_on as _server
 from triton_repo.launch import TritonServer
 
@@ -35,17 +34,8 @@ NO_EOS = {"end_id": -1}
 
 @pytest.fixture(scope="module")
 def llm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
-    root = tmp_path_factory.mktemp("cancel_build")
-    cfg = root / "tiny.yaml"
-    cfg.write_text(
-        f"name: tiny-cancel\noutput_dir: {root / 'build'}\n"
-        f"target: {{model: {tiny_target}, dtype: float32}}\n"
-        f"draft: {{type: eagle, model: {eagle_head}}}\n"
-        "tree: {choices: topk-2-2}\n"
-        "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 400}\n"
-    )
-    assert build_main([str(cfg)]) == 0
-    return root / "build" / "triton_repo"
+    return tiny_reference_repo(tmp_path_factory.mktemp("cancel_build"), "tiny-cancel", tiny_target, eagle_head,
+                               max_seq_len=400)
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +58,6 @@ def llm_server(llm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         srv.stop(timeout_s=STOP_TIMEOUT_S)
     leaked = re.findall(r"Model '[^']+' \(version \d+\) has \d+ in-flight inferences", log.read_text())
     assert not leaked, f"requests leaked: {sorted(set(leaked))}; log {log}"
-
-
-def metric(server: TritonServer, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{name}\{{(.*)\}} ([0-9.e+-]+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def _counters(srv: TritonServer) -> dict[str, float]:

@@ -1,7 +1,12 @@
-"""`python builders/build.py config.yaml [--set a.b=v ...] [--dry-run] [--force] [--only STAGE ...]`
+"""`python builders/build.py config.yaml [--set a.b=v ...] [--dry-run] [--force] [--verify] [--only STAGE ...]`
 
-Validates the config (all errors at once, exit 2, nothing written), runs every stage's preflight checks (exit 2,
-nothing written), then runs the stages in order, skipping those whose inputs and config are unchanged.
+Validates the config (all errors at once, exit 2, nothing written), runs every stage's preflight checks and the
+output_dir checks (exit 2, nothing written: see builders/build_dir.py for what the build may replace), then runs the
+stages in order, skipping those whose inputs and config are unchanged and whose outputs are intact.
+
+Inputs:  CONFIG.yaml, a build config (every field: docs/config.md; examples: configs/)
+Outputs: <output_dir>/checkpoint/, engine/, triton_repo/ (each with manifest.json) and config.resolved.yaml
+Guide:   docs/build.md
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from builders import build_dir as owned  # noqa: E402
 from builders.config import BuildConfig, ConfigError, dump_resolved, load_config  # noqa: E402
 from builders.layout import RESOLVED_CONFIG  # noqa: E402
 from builders.pipeline import Stage, StageError, run_stage  # noqa: E402
@@ -59,13 +65,28 @@ def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
             print(f"      command {' '.join(argv)}")
 
 
+def build_dir_problems(cfg: BuildConfig) -> list[str]:
+    """output_dir checks and everything in it the build would replace without having written it (nothing is
+    written before these pass)."""
+    from builders.stages import stages_for
+
+    build_dir = Path(cfg.output_dir)
+    problems = owned.output_dir_problems(build_dir)
+    if not problems:
+        problems = owned.ownership_problems(build_dir, [s.name for s in stages_for(cfg)])
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="build.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("config", help="YAML build config (see configs/)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. --set engine.max_batch_size=8 (repeatable)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (stages, inputs, outputs, commands); write nothing")
-    ap.add_argument("--force", action="store_true", help="rerun stages even when unchanged")
+    ap.add_argument("--force", action="store_true",
+                    help="rerun stages even when unchanged (never replaces a directory this build did not write)")
+    ap.add_argument("--verify", action="store_true",
+                    help="hash every output of a stage before skipping it (always checked: files present, sizes)")
     ap.add_argument("--only", action="append", metavar="STAGE", help="run only these stages (repeatable)")
     args = ap.parse_args(argv)
 
@@ -79,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print_plan(cfg, stages)
         return 0
     problems = startup_problems(cfg.engine.backend, cfg.trtllm_version) + [f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)]
+    problems += build_dir_problems(cfg)
     if problems:
         print(f"error: {ConfigError(problems, args.config)}", file=sys.stderr)
         return EXIT_CONFIG
@@ -89,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in stages:
         print(f"[{s.name}] {s.description} ...", flush=True)
         try:
-            out, ran = run_stage(s, cfg, build_dir, force=args.force)
+            out, ran = run_stage(s, cfg, build_dir, force=args.force, verify=args.verify)
         except StageError as e:
             print(f"error: [{s.name}] {e}", file=sys.stderr)
             return EXIT_STAGE

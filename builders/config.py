@@ -169,6 +169,18 @@ class TritonConfig(Strict):
     kv_cache_free_gpu_mem_fraction: float = Field(
         default=0.9, gt=0, le=1, description="tensorrtllm backend: GPU memory fraction for the KV cache."
     )
+    request_deadline_s: float | None = Field(
+        default=None, gt=0,
+        description="engine.backend reference: seconds a request may wait for a sequence slot, and then seconds it "
+        "may hold one, before it is ended with UNAVAILABLE. It bounds how long a client that vanished holds a slot "
+        "when its cancellation never reaches the model (an ensemble stream on Triton 2.51). Unset: "
+        "engine.max_seq_len x deadline_per_token_s.",
+    )  # fmt: skip
+    deadline_per_token_s: float = Field(
+        default=0.5, gt=0,
+        description="The per-token time bound the default request_deadline_s assumes: a request of max_seq_len "
+        "tokens that takes longer than this per token in its slot is ended.",
+    )  # fmt: skip
 
 
 class BuildConfig(Strict):
@@ -228,6 +240,11 @@ class BuildConfig(Strict):
 
     def limits(self) -> DerivedLimits:
         return derive_limits(self)
+
+    def request_deadline_s(self) -> float:
+        """triton.request_deadline_s, or its default engine.max_seq_len x triton.deadline_per_token_s."""
+        t = self.triton
+        return t.request_deadline_s if t.request_deadline_s is not None else self.engine.max_seq_len * t.deadline_per_token_s
 
     def config_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]

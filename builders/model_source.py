@@ -10,13 +10,13 @@ loader and save `config.json` + `model.safetensors` + tokenizer files. Nothing i
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
 from builders.atomic import atomic_dir
+from builders.build_dir import sha256_file
 from engines.data import DataSourceError, installed_distribution
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,11 +56,7 @@ def _sha256(path: Path) -> str:
 @functools.cache
 def _sha256_of(path: Path, size: int, mtime_ns: int) -> str:
     """Hash once per process and file version: the build resolves the target in several places."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def extract_gguf(gguf: Path) -> Path:
@@ -113,5 +109,25 @@ def smollm2_dir() -> Path:
     return resolve_target(f"pip:{DEMO_DISTRIBUTION}")
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m builders.model_source", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Resolve a target.model value to a Hugging Face directory and print it (extracting a GGUF once).",
+        epilog="Inputs:  MODEL: a `.gguf` file, `pip:<distribution>` or an HF directory (default: the demo target)\n"
+        "Outputs: the HF directory (config.json, model.safetensors, tokenizer), cached by content hash; its path\n"
+        "Guide:   docs/bring-your-own-model.md",
+    )
+    ap.add_argument("model", nargs="?", default=f"pip:{DEMO_DISTRIBUTION}", help="what target.model would say")
+    args = ap.parse_args(argv)
+    try:
+        print(resolve_target(args.model))
+    except ModelSourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    print(smollm2_dir())
+    sys.exit(main())

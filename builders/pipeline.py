@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -23,9 +24,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from builders import build_dir as owned
 from builders.atomic import atomic_dir
 from builders.config import BuildConfig
-from builders.layout import LOGS, MANIFEST
+from builders.layout import MANIFEST
 
 TRACKED_PACKAGES = ("eagle-deploy", "torch", "transformers", "safetensors", "nvidia-modelopt", "tensorrt_llm")
 
@@ -125,25 +127,39 @@ def _inputs_of(stage: Stage, cfg: BuildConfig, build_dir: Path) -> list[dict[str
     return items
 
 
-def _read_manifest(d: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((d / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 # ---- running ------------------------------------------------------------------------------------------------------
 
 
-def run_stage(stage: Stage, cfg: BuildConfig, build_dir: Path, force: bool = False) -> tuple[Path, bool]:
-    """Run one stage atomically. Returns (output dir, whether it ran)."""
+def _skip_reason(stage: Stage, cfg: BuildConfig, final: Path, inputs: list[dict[str, Any]], verify: bool) -> str | None:
+    """Why the existing output can be kept ("unchanged") or None when the stage must run. Outputs damaged since
+    the build (missing or resized files; with `verify` changed contents) are rebuilt, with the reason printed."""
+    old = owned.read_manifest(final)
+    if old is None or old.get("config_hash") != cfg.config_hash() or old.get("inputs") != inputs:
+        return None
+    damage = owned.output_damage(final, old, verify)
+    if damage:
+        more = f" (+{len(damage) - 3} more)" if len(damage) > 3 else ""
+        print(f"[{stage.name}] outputs changed since the build, rebuilding: {'; '.join(damage[:3])}{more}", flush=True)
+        return None
+    return "unchanged"
+
+
+def run_stage(
+    stage: Stage, cfg: BuildConfig, build_dir: Path, force: bool = False, verify: bool = False
+) -> tuple[Path, bool]:
+    """Run one stage atomically. Returns (output dir, whether it ran). Never replaces a directory this build did
+    not write (builders/build_dir.py), whatever `force` says."""
     final = build_dir / stage.name
+    foreign = owned.foreign_problem(build_dir, stage.name)
+    if foreign is not None:
+        raise StageError(foreign)
+    for dead in owned.dead_temp_dirs(build_dir):
+        print(f"[{stage.name}] removing {dead}: left by a build that is no longer running", flush=True)
+        shutil.rmtree(dead, ignore_errors=True)
     inputs = _inputs_of(stage, cfg, build_dir)
-    old = _read_manifest(final)
-    if not force and old is not None and old.get("config_hash") == cfg.config_hash() and old.get("inputs") == inputs:
+    if not force and _skip_reason(stage, cfg, final, inputs, verify) is not None:
         return final, False
-    log_path = build_dir / LOGS / f"{stage.name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path = owned.mark_logs(build_dir) / f"{stage.name}.log"
     log_path.write_text("")
     with atomic_dir(final) as tmp:
         ctx = StageContext(cfg=cfg, build_dir=build_dir, out=tmp, final=final, log_path=log_path)
@@ -155,9 +171,7 @@ def run_stage(stage: Stage, cfg: BuildConfig, build_dir: Path, force: bool = Fal
             "config_name": cfg.name,
             "config_hash": cfg.config_hash(),
             "inputs": inputs,
-            "outputs": [
-                {"path": str(p.relative_to(tmp)), "size": p.stat().st_size} for p in sorted(tmp.rglob("*")) if p.is_file()
-            ],
+            "outputs": owned.output_records(tmp),
             "commands": ctx.commands,
             "notes": ctx.notes,
             "versions": package_versions(),

@@ -18,6 +18,10 @@ The `compute:` section picks the device (CUDA when present), precision (bf16 whe
 threads. Under torchrun every rank computes its share of the data and feature shards (round robin), trains on
 its share of every global batch (DistributedDataParallel), and rank 0 writes checkpoints and the export.
 Every step is resumable: rerunning the same command skips finished shards and continues from the last checkpoint.
+
+Inputs:  CONFIG.yaml, a training config (every field: docs/train-config.md; examples: configs/train/)
+Outputs: work_dir/ (data and feature shards, checkpoints) and output_dir/ (the head: config.json, model.safetensors)
+Guide:   docs/train-a-head.md
 """
 
 from __future__ import annotations

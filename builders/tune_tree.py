@@ -7,6 +7,10 @@ and for the presets. Method and optimality argument: builders/tree_tuning.py.
 The build must be a finished build (any engine backend: its checkpoint/ and engine/reference.json are read; for
 non-reference backends pass --checkpoint-build with a reference build of the same checkpoint). The prompts file is
 JSONL with `prompt` or MT-bench `turns` per line (engines/data.py read_prompts).
+
+Inputs:  --build (a finished build) and --prompts (JSONL, `prompt` or `turns` per line)
+Outputs: a `tree:` config snippet (--out, else stdout); expected vs measured tau printed; --json the full results
+Guide:   docs/tune-tree.md
 """
 
 from __future__ import annotations

@@ -32,6 +32,16 @@ TRITON_IMAGE = f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-trtllm-python-py3"
 GPU_IMAGE = f"eagle-deploy:triton{TRITON_RELEASE}-trtllm{TRTLLM_VERSION}"
 CPU_IMAGE = "eagle-deploy:cpu"
 
+# ---- the current line ---------------------------------------------------------------------------------------------
+# No NGC tritonserver image carries TensorRT-LLM >= 1.3 (the compatibility matrix stops at 26.07 -> 1.2.1), so
+# docker/Dockerfile.current installs the wheel into a Triton image and adds TensorRT-LLM's llmapi Triton model from
+# the same tag, where tensorrtllm_backend's Dockerfile puts it (/app/all_models/llmapi). Not built on a GPU here.
+CURRENT_TRTLLM_VERSION = "1.4.0rc4"  # builders/trtllm/registry.py VERSIONS["1.4"].release
+CURRENT_TRTLLM_TAG = "v1.4.0rc4"
+CURRENT_TRITON_BASE = "nvcr.io/nvidia/tritonserver:26.07-py3"  # the newest Triton in the matrix (CUDA 13.1)
+CURRENT_GPU_IMAGE = f"eagle-deploy:trtllm{CURRENT_TRTLLM_VERSION}"
+LLMAPI_MODEL_FILES = ("/app/all_models/llmapi/tensorrt_llm/1/model.py", "/app/all_models/llmapi/tensorrt_llm/1/helpers.py")
+
 # ---- the engine flow ----------------------------------------------------------------------------------------------
 # Last TensorRT-LLM (major, minor) series that still ships convert_checkpoint + trtllm-build + the TRT engine runtime.
 LAST_ENGINE_FLOW_SERIES = (1, 2)
@@ -117,3 +127,20 @@ def image_pin_problems() -> list[str]:
             f"{TRITON_IMAGE}; update TRTLLM_VERSION from the Triton compatibility matrix (and the FROM line)"
         ]
     return []
+
+
+def current_image_problems() -> list[str]:
+    """Run by docker/Dockerfile.current while building: the wheel is the recorded current release and the llmapi
+    Triton model files are where docker/serve.py takes them from."""
+    from pathlib import Path
+
+    got = installed_trtllm()
+    p = []
+    if got is None or Version(got.version).release[:3] != Version(CURRENT_TRTLLM_VERSION).release[:3] or (
+            Version(got.version).pre != Version(CURRENT_TRTLLM_VERSION).pre):
+        p.append(f"the image holds TensorRT-LLM {got.version if got else 'none'}, builders/versions.py records "
+                 f"{CURRENT_TRTLLM_VERSION} (CURRENT_TRTLLM_VERSION); build with --build-arg "
+                 f"TRTLLM_VERSION={CURRENT_TRTLLM_VERSION} or update the record and the registry")
+    p += [f"{f} missing: copy TensorRT-LLM {CURRENT_TRTLLM_TAG}'s triton_backend/all_models into /app/all_models"
+          for f in LLMAPI_MODEL_FILES if not Path(f).is_file()]
+    return p

@@ -10,7 +10,7 @@ SERVER_ERROR) so callers (the load tester) can count them.
 Cancellation (closing a stream's iterator early, a cancelled asyncio task, Ctrl-C in the sync client, the client
 deadline) frees the request's sequence on the server. A plain gRPC cancel does that for a single model (the BLS
 model, the echo model), but Triton <= r26.02 does not forward it into an ensemble and leaks the ensemble request
-(README, Triton section, "Cancellation."). So a request to an ensemble is never cancelled: the client sends
+(docs/triton.md, "Cancellation"). So a request to an ensemble is never cancelled: the client sends
 tensorrtllm_backend's `stop` request with the request's unique id to the ensemble's LLM model and reads the stream
 to its final response (`AsyncLLMClient._end_early`): this protocol is written once, here.
 """
@@ -109,6 +109,7 @@ class AsyncLLMClient:
         reader.add_done_callback(lambda _task: arrived.put_nowait(None))  # wakes the loop below at the end
         deadline = stats.start + self.timeout_s
         last: grpcclient.InferResult | None = None
+        so_far = ""
         try:
             while True:
                 # asyncio.timeout, not wait_for: 3.11's wait_for returns a result that arrives together with a
@@ -118,7 +119,10 @@ class AsyncLLMClient:
                 if item is None:
                     break
                 last, now = item
-                yield Chunk(read_response(last, stats, now), now, stats.responses - 1)
+                text = read_response(last, stats, now)
+                if req.cumulative:  # the text so far: the chunk is what it adds
+                    text, so_far = text[len(so_far) :], text
+                yield Chunk(text, now, stats.responses - 1)
             await reader  # raises the reader's GenerationError
         except (TimeoutError, asyncio.CancelledError, GeneratorExit) as e:  # GeneratorExit: aclose() of the caller
             raise await self._end_after(e, reader, stats)
@@ -146,7 +150,8 @@ class AsyncLLMClient:
         except (TimeoutError, asyncio.CancelledError) as e:
             raise await self._end_after(e, reader, stats)
         self._finish(req, stats, last)
-        return decode_text(pieces)
+        # cumulative: the longest piece is the whole text (a final response may come without text)
+        return decode_text([max(pieces, key=len)] if req.cumulative and pieces else pieces)
 
     def _start(
         self, req: Request, stats: GenerationStats, on_response: Callable[[grpcclient.InferResult, float], None]

@@ -1,5 +1,5 @@
 """Cancelling a request to an ENSEMBLE: Triton <= r26.02 does not forward a gRPC cancel into an ensemble and leaks
-the ensemble request (README, Triton section, "Cancellation."), so the asyncio client (clients/aio.py, which the sync
+the ensemble request (docs/triton.md, "Cancellation"), so the asyncio client (clients/aio.py, which the sync
 client wraps) sends tensorrtllm_backend's stop request to the ensemble's LLM model instead and reads the stream to its
 final response.
 """
@@ -73,7 +73,7 @@ def resolve_stop_model(schema: Schema, get_config: sch.ConfigGetter) -> str | No
         raise sch.SchemaError(
             f"ensemble {schema.model!r}: {len(stoppable)} of its steps {steps} take a {STOP_INPUT!r} input "
             f"({stoppable}), need exactly one (the LLM model) to stop a cancelled request; Triton does not forward a "
-            "plain cancellation into an ensemble (README, Cancellation.): call the BLS model to cancel by closing"
+            "plain cancellation into an ensemble (docs/triton.md): call the BLS model to cancel by closing"
         )
     return stoppable[0]
 

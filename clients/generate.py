@@ -5,6 +5,10 @@
 
 The request schema comes from the server's model config (or `--repo DIR`: the rendered repository's client.json).
 Output tokens are counted with the repository's tokenizer (or `--tokenizer DIR|whitespace`).
+
+Inputs:  a served deployment (--url host:grpc_port), --prompt
+Outputs: the answer on stdout as it arrives, then tokens, tau and acceptance
+Guide:   docs/load-test.md
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ Ctrl-C stops the run, ends the requests in flight on the server (through an ense
 model, then the stream drained) and writes what was measured (exit code 130). Refused connections, timeouts and
 server restarts are counted per status and the run carries on; a timed-out request is ended on the server the same
 way.
+
+Inputs:  a served deployment (--url host:grpc_port), --prompts (JSONL)
+Outputs: --out/report.json, report.csv, requests.jsonl and PNG plots
+Guide:   docs/load-test.md
 """
 
 from __future__ import annotations

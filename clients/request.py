@@ -64,6 +64,7 @@ class Request:
     outputs: list[grpcclient.InferRequestedOutput]  # empty: all of the model's outputs
     stream: bool
     perf: bool
+    cumulative: bool = False  # every response carries the whole text so far (the llmapi model), not a new chunk
 
 
 def build_request(
@@ -74,20 +75,21 @@ def build_request(
     the model offers them. Non-streamed requests exclude the prompt from the output when the model lets us."""
     if max_tokens < 1:
         raise sch.SchemaError(f"max_tokens={max_tokens}: must be >= 1")
-    values: dict[str, Any] = {sch.PROMPT: prompt, sch.MAX_TOKENS: max_tokens}
+    d = schema.dialect
+    values: dict[str, Any] = {sch.PROMPT: prompt, d.max_tokens: max_tokens}
     schema.require(sch.PROMPT, "the prompt")
-    schema.require(sch.MAX_TOKENS, "max_tokens")
-    if stream or sch.STREAM in schema.inputs:
-        schema.require(sch.STREAM, "streaming")
-        values[sch.STREAM] = stream
+    schema.require(d.max_tokens, "max_tokens")
+    if stream or d.stream in schema.inputs:
+        schema.require(d.stream, "streaming")
+        values[d.stream] = stream
     if perf is None:
         perf = schema.has_perf_metrics
     if perf:
-        schema.require(sch.PERF_FLAG, "speculative-decoding statistics")
-        values[sch.PERF_FLAG] = True
-    if not stream and "exclude_input_in_output" in schema.inputs:
-        values["exclude_input_in_output"] = True
-    values.update(sampling)
+        schema.require(d.perf_flag, "speculative-decoding statistics")
+        values[d.perf_flag] = True
+    if not stream and d.exclude_input in schema.inputs:
+        values[d.exclude_input] = True
+    values.update({d.input_name(k): v for k, v in sampling.items()})
     arrays = schema.encode(values)
     inputs = []
     for name, arr in arrays.items():
@@ -101,7 +103,7 @@ def build_request(
     # for fewer than all (the ensemble contract's outputs are exactly text_output + the perf outputs).
     all_outputs = set(wanted) == set(schema.outputs)
     outputs = [] if all_outputs else [grpcclient.InferRequestedOutput(n) for n in wanted]
-    return Request(schema.model, inputs, outputs, stream, perf)
+    return Request(schema.model, inputs, outputs, stream, perf, d.cumulative_text)
 
 
 def raw_outputs(result: grpcclient.InferResult) -> dict[str, bytes]:
@@ -152,11 +154,28 @@ def read_response(result: grpcclient.InferResult, stats: GenerationStats, now: f
     return text_bytes(result).decode("utf-8", errors="replace")
 
 
+def _number(raw: bytes, datatype: str, kind: str) -> float:
+    """One FP32 / INT32 scalar, little-endian (Triton's raw wire format), or one that came as a string (the llmapi
+    model sends its perf outputs in text_output's dtype)."""
+    if datatype == "BYTES":
+        return float(bytes_elements(raw)[0])
+    return struct.unpack("<f", raw[:4])[0] if kind == "f" else int.from_bytes(raw[:4], "little", signed=True)
+
+
 def read_perf(result: grpcclient.InferResult, stats: GenerationStats) -> None:
     """Speculative counters of the request's last response (they are cumulative, so the last one is the total);
-    read once per request, not per response. FP32 / INT32 scalars, little-endian (Triton's raw wire format)."""
-    if result.get_response().raw_output_contents:
+    read once per request, not per response."""
+    resp = result.get_response()
+    if resp.raw_output_contents:
         raw = raw_outputs(result)
+        types = {o.name: o.datatype for o in resp.outputs}
+        if any(types.get(n) == "BYTES" for n in sch.PERF_OUTPUTS):
+            rate_b, acc_b, drafted_b = (raw.get(n) for n in sch.PERF_OUTPUTS)
+            if acc_b is not None and drafted_b is not None:
+                stats.accepted_draft_tokens = int(_number(acc_b, types[sch.ACCEPTED_DRAFT], "i"))
+                stats.draft_tokens = int(_number(drafted_b, types[sch.DRAFT_TOKENS], "i"))
+                stats.acceptance_rate = None if rate_b is None else _number(rate_b, types[sch.ACCEPTANCE_RATE], "f")
+            return
         rate_b, acc_b, drafted_b = (raw.get(n) for n in sch.PERF_OUTPUTS)
         if acc_b is not None and drafted_b is not None:
             stats.accepted_draft_tokens = int.from_bytes(acc_b[:4], "little", signed=True)

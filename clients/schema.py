@@ -33,6 +33,33 @@ ACCEPTED_DRAFT = "total_accepted_draft_tokens"
 DRAFT_TOKENS = "total_draft_tokens"
 PERF_OUTPUTS = (ACCEPTANCE_RATE, ACCEPTED_DRAFT, DRAFT_TOKENS)
 
+
+@dataclass(frozen=True)
+class Dialect:
+    """The input names a model family gives each role, and how its text arrives.
+
+    ENSEMBLE: tensorrtllm_backend's ensemble / BLS (and this project's ensemble): streamed responses carry the new
+    text only. LLMAPI: TensorRT-LLM's triton_backend/all_models/llmapi `tensorrt_llm` model (inputs
+    `sampling_param_*`, `streaming`): every response carries the text generated so far (model.py _create_response
+    sends RequestOutput.outputs[0].text), and its perf outputs travel as strings."""
+
+    max_tokens: str
+    stream: str
+    perf_flag: str
+    exclude_input: str
+    cumulative_text: bool
+    renames: tuple[tuple[str, str], ...] = ()  # sampling option (the ensemble's input name) -> this family's name
+
+    def input_name(self, option: str) -> str:
+        return dict(self.renames).get(option, option)
+
+
+ENSEMBLE = Dialect(MAX_TOKENS, STREAM, PERF_FLAG, "exclude_input_in_output", cumulative_text=False)
+LLMAPI = Dialect("sampling_param_max_tokens", "streaming", "sampling_param_return_perf_metrics",
+                 "sampling_param_exclude_input_from_output", cumulative_text=True,
+                 renames=tuple((k, f"sampling_param_{k}") for k in ("temperature", "top_k", "top_p", "seed"))
+                 + (("stop_words", "sampling_param_stop"),))
+
 # Triton config types -> tritonclient wire datatypes and numpy dtypes.
 _WIRE = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_FP16": "FP16", "TYPE_FP32": "FP32", "TYPE_FP64": "FP64",
          "TYPE_INT8": "INT8", "TYPE_INT16": "INT16", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64",
@@ -72,8 +99,13 @@ class Schema:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
+    def dialect(self) -> Dialect:
+        """LLMAPI when the model takes upstream llmapi's `sampling_param_max_tokens`, else ENSEMBLE."""
+        return LLMAPI if LLMAPI.max_tokens in self.inputs else ENSEMBLE
+
+    @property
     def has_perf_metrics(self) -> bool:
-        return PERF_FLAG in self.inputs and all(n in self.outputs for n in PERF_OUTPUTS)
+        return self.dialect.perf_flag in self.inputs and all(n in self.outputs for n in PERF_OUTPUTS)
 
     def require(self, name: str, role: str) -> TensorSpec:
         spec = self.inputs.get(name)
@@ -261,6 +293,7 @@ def from_descriptor(path: Path) -> Schema:
     repo = path.parent
     get = repo_config_getter(repo)
     ensemble = get(desc["model"])
+    tokenizer = desc.get("tokenizer") or (None if ensemble is None else find_tokenizer(ensemble, get))
     return Schema(
         model=desc["model"],
         max_batch_size=int(desc["max_batch_size"]),
@@ -268,6 +301,6 @@ def from_descriptor(path: Path) -> Schema:
         inputs=specs(desc["inputs"]),
         outputs=specs(desc["outputs"]),
         source=str(path),
-        tokenizer=None if ensemble is None else find_tokenizer(ensemble, get),
+        tokenizer=tokenizer,
         extra={k: v for k, v in desc.items() if k not in ("inputs", "outputs")},
     )

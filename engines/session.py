@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,10 +24,15 @@ class Session:
 
     `add(request)` puts a request in a free slot (its prompt is prefilled by the next `step()`); `step()` either
     prefills the requests added since the last step or advances every active sequence by one speculative (or
-    target-only) step; a sequence leaves the batch when it finishes or is `cancel`led, and `pop(slot)` returns its
-    result and frees the slot for the next request. `on_tokens(slot, new_ids)` streams accepted tokens; returning
-    False cancels that sequence. Every row of the caches belongs to one slot; a new request overwrites its slot's
+    target-only) step; a sequence leaves the batch when it finishes, fails or is `cancel`led, and `pop(slot)`
+    returns its result and frees the slot for the next request. `on_tokens(slot, new_ids)` streams accepted tokens
+    at the end of each step; returning False cancels that sequence. Every row of the caches belongs to one slot; a new request overwrites its slot's
     rows from position 0 (prefill), so nothing of the previous occupant is visible to it.
+
+    Isolation: a request is checked when it is added (token ids in the vocabulary, finite sampling parameters), and
+    an exception raised while stepping ends only the sequence that raises it (finish_reason "error", the message in
+    its result): the step is undone for its sequences and rerun for each alone, and streamed tokens leave the
+    session only once a step has succeeded, so the others continue exactly as if the failing one had not been there.
 
     `laps` (engines/profile.py) splits each decoding step's wall time into its parts when a profiler sets it.
 
@@ -56,6 +63,8 @@ class Session:
         self.stats = [RequestStats() for _ in range(capacity)]
         self.gens = [torch.Generator() for _ in range(capacity)]
         self.pending: list[int] = []  # slots added since the last step: prefilled by the next one
+        self.errors: dict[int, str] = {}  # slot -> why its sequence failed (finish "error")
+        self._outbox: list[tuple[int, list[int]]] = []  # accepted tokens to stream once the step succeeded
         self.depth = drafting.tree.depth if drafting is not None else 0
         self.capture: tuple[int, ...] = ()
         self.laps: Laps = NO_LAPS
@@ -80,6 +89,8 @@ class Session:
         slot = free[0]
         if self.rt.limits is not None:
             self.rt.limits.check_request(slot, request)
+        self._check_tokens(slot, request)
+        request.sampling.check()
         if len(request.prompt_ids) + request.max_new_tokens > self.max_len:
             raise ValueError(
                 f"request in slot {slot}: prompt {len(request.prompt_ids)} + max_new_tokens {request.max_new_tokens} "
@@ -94,6 +105,15 @@ class Session:
         self.pending.append(slot)
         return slot
 
+    def _check_tokens(self, slot: int, request: GenerationRequest) -> None:
+        """Token ids outside the vocabulary would index past the embedding table inside a batched forward."""
+        vocab = self.rt.target.lm_head.vocab_size
+        lo, hi = min(request.prompt_ids), max(request.prompt_ids)
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"request in slot {slot}: prompt token id {bad} at position "
+                             f"{request.prompt_ids.index(bad)} is out of range; token ids must be in [0, {vocab})")
+
     def cancel(self, slot: int) -> None:
         """Stop the sequence in `slot` (finish_reason "cancelled"); it takes no further step. `pop` frees the slot."""
         if self.reqs[slot] is None:
@@ -107,7 +127,7 @@ class Session:
         """The result of the finished sequence in `slot`; the slot becomes free."""
         if self.reqs[slot] is None or self.finish[slot] is None:
             raise ValueError(f"slot {slot} holds no finished sequence")
-        res = GenerationResult(self.out[slot], self.finish[slot], self.stats[slot])  # type: ignore[arg-type]
+        res = GenerationResult(self.out[slot], self.finish[slot], self.stats[slot], self.errors.pop(slot, None))  # type: ignore[arg-type]
         self.reqs[slot], self.out[slot], self.finish[slot] = None, [], None
         return res
 
@@ -151,14 +171,69 @@ class Session:
                 by_length.setdefault(len(self.req(i).prompt_ids), []).append(i)
             self.pending = []
             for group in by_length.values():
-                decode.prefill(self, group)
+                self._isolated(lambda slots: decode.prefill(self, slots), group)
+        elif active := self.active:
+            run = decode.speculative_step if self.spec else decode.target_step
+            self._isolated(lambda slots: run(self, slots), active)
+        self._stream()
+
+    # ---- isolation ----------------------------------------------------------------------------------------------
+    def _isolated(self, run: Callable[[list[int]], None], slots: list[int]) -> None:
+        """run(slots); if it raises, undo what it did to their host state and run each slot alone, so the error
+        ends only the sequence that raises it. Undoing is complete because a step writes the device caches only
+        past the committed lengths (restored here), and its tokens stay in the outbox until the step is over."""
+        saved = self._save(slots)
+        try:
+            run(slots)
+        except Exception as e:  # noqa: BLE001 - any error of one sequence must end that sequence only
+            self._restore(saved)
+            if len(slots) == 1:
+                self._fail(slots[0], e)
+                return
+            for i in slots:
+                self._isolated(run, [i])
+
+    def _save(self, slots: list[int]) -> tuple[Any, ...]:
+        """What a step changes on the host (a few scalars per slot; the generator state only when it samples)."""
+        per_slot = {i: (self.lens[i], len(self.out[i]), self.finish[i], self._copy_stats(i),
+                        None if self.req(i).sampling.greedy else self.gens[i].get_state()) for i in slots}  # fmt: skip
+        return per_slot, self.root.clone(), len(self._outbox)
+
+    def _copy_stats(self, i: int) -> RequestStats:
+        st = self.stats[i]
+        return dataclasses.replace(st, acceptance_by_depth=list(st.acceptance_by_depth))
+
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        per_slot, root, outbox = saved
+        for i, (n, n_out, finish, stats, gen) in per_slot.items():
+            self.lens[i], self.finish[i], self.stats[i] = n, finish, stats
+            del self.out[i][n_out:]
+            if gen is not None:
+                self.gens[i].set_state(gen)
+            self.root[i] = root[i]
+        del self._outbox[outbox:]
+
+    def _fail(self, slot: int, e: BaseException) -> None:
+        self.finish[slot] = "error"
+        self.errors[slot] = f"{type(e).__name__}: {e}"
+
+    def _stream(self) -> None:
+        """Hand the step's accepted tokens to `on_tokens`; False (or an exception) ends that sequence."""
+        box, self._outbox = self._outbox, []
+        if self.on_tokens is None:
             return
-        if active := self.active:
-            decode.speculative_step(self, active) if self.spec else decode.target_step(self, active)
+        for i, tokens in box:
+            try:
+                go_on = self.on_tokens(i, tokens)
+            except Exception as e:  # noqa: BLE001
+                self._fail(i, e)
+                continue
+            if go_on is False and self.finish[i] is None:
+                self.finish[i] = "cancelled"
 
     # ---- output -------------------------------------------------------------------------------------------------
     def emit(self, i: int, tokens: list[int]) -> int:
-        """Append accepted tokens until a stop condition; stream them; return how many were kept."""
+        """Append accepted tokens until a stop condition; queue them for streaming; return how many were kept."""
         req, out = self.req(i), self.out[i]
         kept: list[int] = []
         for tok in tokens:
@@ -173,8 +248,8 @@ class Session:
             if self.finish[i] is not None:
                 break
         self.stats[i].generated_tokens = len(out)
-        if kept and self.on_tokens is not None and self.on_tokens(i, list(kept)) is False and self.finish[i] is None:
-            self.finish[i] = "cancelled"
+        if kept:
+            self._outbox.append((i, kept))  # streamed when the step is over (`_stream`)
         return len(kept)
 
     def _hit_stop_string(self, out: list[int], stops: list[str]) -> bool:

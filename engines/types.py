@@ -6,11 +6,12 @@ them without an import cycle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["eos", "stop", "length", "cancelled"]
+FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
 
 
 @dataclass
@@ -27,11 +28,15 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError for values no sampler can use (NaN or infinite temperature: probabilities of NaN)."""
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={self.temperature} must be a finite number >= 0 (0 = greedy)")
         if self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 = off)")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 < self.top_p <= 1.0:  # also refuses NaN (every comparison with NaN is false)
             raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1.0 = off)")
 
     @property
@@ -94,9 +99,13 @@ class RequestStats:
 
 @dataclass
 class GenerationResult:
+    """finish_reason "error": stepping this sequence raised `error` (type and message); it ended there, the other
+    sequences of its batch went on (engines/session.py `Session.step`)."""
+
     output_ids: list[int]  # generated tokens only (the prompt is not repeated)
     finish_reason: FinishReason
     stats: RequestStats
+    error: str | None = None
 
 
 def aggregate_stats(stats: list[RequestStats]) -> RequestStats:

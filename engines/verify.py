@@ -8,6 +8,11 @@ are identical (else the first differing position), tau and both speeds. Exit sta
 
 `--reuse-hf REPORT.json` (greedy only) takes the HF outputs and HF speeds from an earlier report of the same target,
 prompts and max_new_tokens instead of running HF again: comparing several trees or heads then costs one HF pass.
+
+Inputs:  --build (a finished build), --prompts (JSONL, `prompt` or MT-bench `turns` per line)
+Outputs: a line per prompt (identical or first divergence, tau, speeds) and a summary; --json the
+         report; exit 1 if any greedy output differs
+Guide:   docs/check-before-deploy.md
 """
 
 from __future__ import annotations
@@ -181,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engines.verify", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(prog="python -m engines.verify", description=__doc__.split("\n\n")[1],
+                                epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", required=True, help="build directory (with engine/reference.json)")
     p.add_argument("--prompts", required=True, help="JSONL: `prompt` or MT-bench `turns` per line")
     p.add_argument("--max-new-tokens", type=int, required=True)

@@ -21,6 +21,10 @@ ones), so drift on a shared machine hits both equally. Per concurrency it prints
     than requests/s; "tester/bare" > 1 means the tester spends more CPU per request;
   * the load average before the level: on a machine with other work, wall-clock rates are shared with it.
 The summary compares the maximum requests/s of each side over the levels (the issue's wording).
+
+Inputs:  none: starts its own echo server (tests/fixtures/echo_repo)
+Outputs: the figures on stdout
+Guide:   docs/benchmarks.md
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ Writes a synthetic ~1.1B-parameter fp16 Llama (random weights: 22 layers, hidden
   baseline  interpreter + `import torch, builders.convert` only (the RSS floor of `ours`)
 and prints wall time (whole process, imports included), work time (imports excluded), peak RSS (the child's own VmHWM) and the ratios.
 Needs ~7 GB of free disk in --work-dir and ~3.5 GB of RAM (ModelOpt materializes the whole model).
+
+Inputs:  none: writes its own synthetic model into --work-dir
+Outputs: the figures on stdout
+Guide:   docs/benchmarks.md
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@
    drafter update) over the whole run, and the share of wall time outside torch operators.
 Heads are converted on the fly from the directories given, so the script reruns unchanged on a retrained head.
 Absolute speeds depend on the machine and its load: compare ratios within one run.
+
+Inputs:  MT-bench questions; the demo target; the heads --eagle-head and --eagle3-head (converted on the fly)
+Outputs: the figures on stdout; --json the results
+Guide:   docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -371,7 +375,8 @@ def generate_all(methods: list[Method], prompts: list[list[int]], n: int, state:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--eagle-head", type=Path, default=REPO / "heads" / "smollm2-eagle", help="EAGLE-1/2 head dir")

@@ -12,6 +12,10 @@ other trees reuse its outputs and speeds (`engines.verify --reuse-hf`; `--hf-eve
 engine's own target-only decoding (same build, same prompts, one at a time, checked identical to HF) and adds the
 speedup over it. Everything measured in this one run is written to OUT/results.json; the markdown table is printed
 (the model card quotes it).
+
+Inputs:  --config, --head (an EAGLE head directory), MT-bench questions
+Outputs: OUT/results.json and a markdown table on stdout
+Guide:   docs/benchmarks.md
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ Prints, each in tokens/s (threads = --threads, 0 = all cores):
               answer tokens of the finished sequences per second of the whole step
   train       EAGLE-1 head optimizer steps (batch 8, the demo recipe's loss), float32 and bf16 autocast
 and the load average before and after (the machine is shared: compare figures within one run).
+
+Inputs:  the demo target and ShareGPT conversations (installed packages)
+Outputs: the figures on stdout
+Guide:   docs/benchmarks.md
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ finished (Triton: one gRPC stream per client; direct: the same loop driving the 
 beyond max_batch_size wait for a free slot on both sides. Reported per level: output tokens/s (all generated tokens
 / wall time) and mean TTFT (request sent -> first token, queueing included), and the overhead ratios direct/Triton
 for throughput and Triton/direct for TTFT, all measured in this one run.
+
+Inputs:  --config (default configs/demo.yaml), built if needed
+Outputs: the figures on stdout
+Guide:   docs/benchmarks.md
 """
 
 from __future__ import annotations

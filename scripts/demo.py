@@ -12,6 +12,10 @@
 
 `--quick` shortens the answer and the load test (the tests run the demo on tiny models with it).
 Commands are built by pure functions (`*_argv`) and run with their output shown.
+
+Inputs:  configs/demo.yaml (or --config); the SmolLM2 target and demo head shipped with the repository
+Outputs: build/demo/ (checkpoint, engine, triton_repo, loadtest/ report and plots); a summary on stdout
+Guide:   README.md ("Five minutes with make demo")
 """
 
 from __future__ import annotations

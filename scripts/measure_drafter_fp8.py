@@ -8,6 +8,10 @@ default; the same with the drafter's linears in FP8, upstream's EAGLE FP8 recipe
 greedy speculative decoding on the first N MT-bench questions (calibration uses ShareGPT, so the two sets differ)
 and prints tau for each, plus whether each FP8 variant's output equals its own target-only greedy output (lossless).
 Results go to OUT/results.json.
+
+Inputs:  --config (default configs/demo.yaml)
+Outputs: OUT/results.json; tau per variant on stdout
+Guide:   docs/fp8.md
 """
 
 from __future__ import annotations

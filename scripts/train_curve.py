@@ -1,7 +1,7 @@
 """The data-scaling curve of an EAGLE head recipe: what more conversations, and self-distilled answers, buy.
 
     python scripts/train_curve.py --sizes 256,1024,4096 --answers dataset,regenerate --out build/curve \
-        [--config configs/train/smollm2-eagle.yaml] [--epochs 256:6,1024:3,4096:2] [--steps train,tau,report]
+        [--config configs/train/smollm2-eagle-sd4k.yaml] [--epochs 256:6,1024:3,4096:2] [--steps train,tau,report]
 
 For every (answers, size) point it trains the recipe on `size` training conversations (+ the recipe's held-out
 ones: `data.held_out: first`, so every point is evaluated on the same conversations) with ShareGPT's answers
@@ -14,6 +14,10 @@ ones: `data.held_out: first`, so every point is evaluated on the same conversati
 Points of one answer type share one cache of data and feature shards (shard i is the same conversations whatever
 the size), so the largest size pays for the smaller ones. Every step is resumable; rerun the same command.
 `report` writes OUT/curve.md (the table) and OUT/curve.png (the plot).
+
+Inputs:  --config, a training recipe (default configs/train/smollm2-eagle.yaml)
+Outputs: OUT/ (one head per point), OUT/curve.md and OUT/curve.png
+Guide:   docs/train-a-head.md
 """
 
 from __future__ import annotations
@@ -207,7 +211,7 @@ def answer_tokens(head: Path, config: Path, answers: str, size: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="train_curve.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--config", type=Path, default=REPO / "configs/train/smollm2-eagle.yaml", help="base recipe")
+    ap.add_argument("--config", type=Path, default=REPO / "configs/train/smollm2-eagle-sd4k.yaml", help="base recipe")
     ap.add_argument("--sizes", default="256,1024,4096", help="training conversations per point")
     ap.add_argument("--answers", default="dataset,regenerate", help="answer types (data.responses values)")
     ap.add_argument("--epochs", default="256:6,1024:3,4096:2", help="SIZE:EPOCHS per size")

@@ -166,3 +166,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# ---- the tiny reference build on a real tritonserver (tests/triton_build.py), shared by the server modules ----------
+
+
+@pytest.fixture(scope="session")
+def triton_build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
+    from tests import triton_build
+
+    return triton_build.build(tmp_path_factory.mktemp("triton_build"), tiny_target, eagle_head)
+
+
+@pytest.fixture(scope="session")
+def triton_server(triton_build_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests import triton_build
+
+    log_dir = tmp_path_factory.mktemp("triton_log")
+    srv = triton_build.start_server(triton_build_dir / "triton_repo", log_dir)
+    yield srv
+    code = srv.stop()
+    assert code == 0, f"tritonserver did not stop cleanly (exit {code}); log {log_dir / 'tritonserver.log'}"

@@ -17,6 +17,7 @@ from builders.config import BuildConfig, apply_overrides
 GOLDEN = Path(__file__).resolve().parent / "golden"
 BASE: dict[str, Any] = {
     "name": "golden",
+    "trtllm_version": "1.1",  # the engine flow (EAGLE-1, static tree): the pinned image's line
     "output_dir": "/builds/golden",
     "target": {"model": "/models/target", "dtype": "float16"},
     "draft": {"type": "eagle", "model": "/models/head"},

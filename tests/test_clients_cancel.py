@@ -26,7 +26,7 @@ from triton_repo.launch import TritonServer
 pytestmark = pytest.mark.server
 
 
-# ---- cancellation through the real ensemble (README, Triton section, "Cancellation.") --------------------------------
+# ---- cancellation through the real ensemble (docs/triton.md, "Cancellation") ---------------------------------------
 
 LONG = 300  # tokens of requests that must still be running when they are cancelled (end_id -1: no early EOS)
 NO_EOS = {"end_id": -1}

@@ -30,6 +30,7 @@ CONFIGS = REPO / "configs"
 def write_cfg(path: Path, target: Path, head: Path | str, out: Path, **over: object) -> Path:
     data: dict = {
         "name": "tiny",
+        "trtllm_version": "1.1",
         "output_dir": str(out),
         "target": {"model": str(target), "dtype": "float32"},
         "draft": {"type": "eagle", "model": str(head)},
@@ -140,6 +141,26 @@ def test_tokenizer_checks(tiny_target: Path, eagle_head: Path, tmp_path: Path, c
                     "its tokenizer.json differs from the target's")
 
 
+def test_tokenizer_auto_map_custom_class_refused_stock_class_stripped(tiny_target: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """A checkpoint never carries custom tokenizer code: auto_map is refused with a custom class, removed otherwise."""
+    custom = derive_target(tiny_target, tmp_path / "custom")
+    tc = json.loads((custom / "tokenizer_config.json").read_text())
+    auto = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    (custom / "tokenizer_config.json").write_text(json.dumps({**tc, "tokenizer_class": "EvilTokenizer", "auto_map": auto}))
+    out = tmp_path / "out"
+    _expect_refused(write_cfg(tmp_path / "c.yaml", custom, "random", out), out, capsys,
+                    f"{custom / 'tokenizer_config.json'}: auto_map points at custom tokenizer code and tokenizer_class "
+                    "'EvilTokenizer' is not a transformers class")
+    stock = derive_target(tiny_target, tmp_path / "stock")
+    (stock / "tokenizer_config.json").write_text(json.dumps({**tc, "tokenizer_class": "PreTrainedTokenizerFast",
+                                                             "auto_map": auto}))
+    assert build.main([str(write_cfg(tmp_path / "s.yaml", stock, "random", out)), "--only", "checkpoint"]) == 0
+    assert "auto_map ['AutoTokenizer'] removed (tokenizer_class 'PreTrainedTokenizerFast'" in capsys.readouterr().out
+    copied = json.loads((out / "checkpoint" / "tokenizer" / "tokenizer_config.json").read_text())
+    assert "auto_map" not in copied and copied["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
 def test_eagle3_preflight(tiny_target: Path, eagle3_head: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     over = dict(draft__type="eagle3", draft__eagle3={"layers_to_capture": [0, 1, 7]})
@@ -163,7 +184,7 @@ def test_subprocess_exit_code_2_and_dry_run(tiny_target: Path, eagle_head: Path,
 
 
 def _minimal(path: Path, target: Path, head: Path, out: Path, backend: str, extra: str = "") -> Path:
-    path.write_text(f"name: minimal\noutput_dir: {out}\ntarget: {{model: {target}, dtype: float16}}\n"
+    path.write_text(f"name: minimal\ntrtllm_version: '1.1'\noutput_dir: {out}\ntarget: {{model: {target}, dtype: float16}}\n"
                     f"draft: {{type: eagle, model: {head}}}\ntree: {{choices: chain-2}}\nengine: {{backend: {backend}}}\n"
                     + extra)
     return path

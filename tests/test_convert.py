@@ -192,6 +192,27 @@ def test_truncated_and_missing_files_name_the_file(tiny_target: Path, tmp_path: 
         WeightSource(shards)
 
 
+def _raw_safetensors(path: Path, header: object, data: bytes = b"\0" * 16) -> Path:
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+    return path
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    ([1, 2], "corrupt safetensors header (a JSON list, not an object of tensors)"),
+    ({"w": {"dtype": "F32", "shape": [2, 2]}}, "tensor 'w' has missing or malformed data_offsets/shape in the header "
+                                               "(got data_offsets=None, shape=[2, 2])"),
+    ({"w": {"dtype": "F32", "data_offsets": [0, 16]}}, "tensor 'w' has missing or malformed data_offsets/shape"),
+    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": "0-16"}}, "missing or malformed data_offsets/shape"),
+    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]}}, "tensor 'w' has invalid data_offsets [-16, 0]"),
+])  # fmt: skip
+def test_malformed_safetensors_headers_name_the_file(tmp_path: Path, header: object, message: str) -> None:
+    f = _raw_safetensors(tmp_path / "model.safetensors", header)
+    with pytest.raises(WeightFileError) as err:
+        read_safetensors_header(f)
+    assert str(err.value).startswith(f"{f}: ") and message in str(err.value), str(err.value)
+
+
 def test_tp_must_divide_heads(tiny_target: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError, match=r"parallel\.tp=8 must divide num_attention_heads=4"):
         convert_llama(tiny_target, tmp_path / "out", dtype="float32", tp=8)

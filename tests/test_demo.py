@@ -37,7 +37,7 @@ def test_demo_end_to_end_on_tiny_models(tiny_target: Path, eagle_head: Path, tmp
     pytest.importorskip("tritonclient.grpc")
     cfg = tmp_path / "tiny-demo.yaml"
     cfg.write_text(
-        f"name: tiny-demo\noutput_dir: {tmp_path / 'build'}\n"
+        f"name: tiny-demo\ntrtllm_version: '1.1'\noutput_dir: {tmp_path / 'build'}\n"
         f"target: {{model: {tiny_target}, dtype: float32}}\n"
         f"draft: {{type: eagle, model: {eagle_head}}}\n"
         "tree: {choices: topk-2-2}\n"

@@ -27,6 +27,7 @@ import yaml
 
 from builders import versions
 from builders.config import load_config
+from builders.trtllm import registry
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
@@ -56,7 +57,7 @@ def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 
 
 def test_dockerfiles_found() -> None:
-    assert [p.name for p in DOCKERFILES] == ["Dockerfile", "Dockerfile.cpu"]
+    assert [p.name for p in DOCKERFILES] == ["Dockerfile", "Dockerfile.cpu", "Dockerfile.current"]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -119,11 +120,12 @@ def test_pin_matches_dockerfile_compose_manifests_docs() -> None:
 
 
 def test_no_other_triton_tag_anywhere() -> None:
-    """Any `tritonserver:<yy.mm>` named in docker/ or the guide must be the pinned one."""
+    """Any `tritonserver:<yy.mm>` named in docker/ or the guide must be the pinned one (or the current line's base)."""
+    allowed = {versions.TRITON_RELEASE, re.findall(r"tritonserver:(\d\d\.\d\d)", versions.CURRENT_TRITON_BASE)[0]}
     files = [p for p in DOCKER.rglob("*") if p.is_file() and p.suffix != ".pyc"] + [REPO / "docs" / "deploy.md"]
     for p in files:
         for tag in re.findall(r"tritonserver:(\d\d\.\d\d)", p.read_text(errors="replace")):
-            assert tag == versions.TRITON_RELEASE, f"{p.relative_to(REPO)} names tritonserver:{tag}"
+            assert tag in allowed, f"{p.relative_to(REPO)} names tritonserver:{tag}"
 
 
 @pytest.mark.parametrize(
@@ -154,7 +156,7 @@ def test_engine_flow_problems() -> None:
 
 def _tensorrt_config(tmp: Path, target: Path, head: Path) -> Path:
     cfg = {
-        "name": "trt-check", "output_dir": str(tmp / "out"),
+        "name": "trt-check", "trtllm_version": "1.1", "output_dir": str(tmp / "out"),
         "target": {"model": str(target), "dtype": "float16"},
         "draft": {"type": "eagle", "model": str(head)},
         "tree": {"choices": "chain-2"},
@@ -290,6 +292,16 @@ def test_manifests_are_a_fresh_render() -> None:
         assert first.endswith(" ".join(["python docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS])), f.name
 
 
+def test_current_line_manifests_are_a_fresh_render() -> None:
+    """docker/k8s/current/: the Llama-3.1-8B EAGLE-3 config of the current line, on the current-line image."""
+    cfg = "configs/llama31-8b-eagle3-current.yaml"
+    proc = _run([sys.executable, "docker/k8s/render.py", cfg, "--out", str(K8S / "current"), "--check"])
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for f in sorted((K8S / "current").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    images = {c["image"] for doc in docs for c in _containers(doc)}
+    assert images == {versions.CURRENT_GPU_IMAGE}
+
+
 def test_render_check_detects_drift(tmp_path: Path) -> None:
     """Control: --check fails when a committed file differs from the render (e.g. the config's tp changed)."""
     out = tmp_path / "k8s"
@@ -376,6 +388,7 @@ def test_compose_services_and_profiles() -> None:
     services = _compose()["services"]
     assert {n: s["profiles"] for n, s in services.items()} == {
         "build-gpu": ["gpu"], "triton-gpu": ["gpu"], "loadtest-gpu": ["gpu"],
+        "build-current": ["current"], "triton-current": ["current"], "loadtest-current": ["current"],
         "build-cpu": ["cpu"], "triton-cpu": ["cpu"], "loadtest-cpu": ["cpu"],
     }  # fmt: skip
     for p in ("gpu", "cpu"):  # build -> serve -> loadtest, each waiting on the previous one
@@ -392,11 +405,34 @@ def test_compose_services_and_profiles() -> None:
         assert (REPO / args[args.index("--prompts") + 1]).is_file()
 
 
+def test_compose_current_line_profile() -> None:
+    """build -> serve -> loadtest on the current-line image, with a config written for that line."""
+    services = _compose()["services"]
+    assert {services[s]["image"] for s in ("build-current", "triton-current")} == {versions.CURRENT_GPU_IMAGE}
+    assert services["build-current"]["build"]["dockerfile"] == "docker/Dockerfile.current"
+    assert services["triton-current"]["depends_on"] == {"build-current": {"condition": "service_completed_successfully"}}
+    assert services["loadtest-current"]["depends_on"] == {"triton-current": {"condition": "service_healthy"}}
+    build_cmd = [_expand(a) for a in services["build-current"]["command"]]
+    assert build_cmd[:2] == ["build", "configs/llama31-8b-eagle3-current.yaml"]
+    cfg = load_config(REPO / build_cmd[1])
+    assert registry.get(cfg.trtllm_version).triton_layout == "llmapi" and cfg.engine.backend == "pytorch"
+    assert [_expand(a) for a in services["triton-current"]["command"]] == ["serve", "/build/llama31-8b-eagle3-current"]
+    assert services["loadtest-current"]["entrypoint"][2:] == ["triton-current:8001", "--model", "tensorrt_llm"]
+    text = (DOCKER / "Dockerfile.current").read_text()
+    assert f"ARG TRITON_BASE={versions.CURRENT_TRITON_BASE}" in text
+    assert f"ARG TRTLLM_VERSION={versions.CURRENT_TRTLLM_VERSION}" in text and f"ARG TRTLLM_TAG={versions.CURRENT_TRTLLM_TAG}" in text
+    assert "current_image_problems" in text and f"-t {versions.CURRENT_GPU_IMAGE} ." in text
+    assert registry.get("1.4").release == versions.CURRENT_TRTLLM_VERSION
+    assert versions.CURRENT_GPU_IMAGE in (REPO / "docs" / "deploy.md").read_text()
+
+
 def test_compose_server_ports_healthcheck_shm_mounts() -> None:
     services = _compose()["services"]
     for name in ("triton-gpu", "triton-cpu"):
         s = services[name]
-        assert sorted(s["ports"]) == sorted(f"{p}:{p}" for p in serve.TRITON_PORTS.values())
+        # Host loopback unless PUBLISH_ADDR says otherwise.
+        assert sorted(_expand(p) for p in s["ports"]) == sorted(f"127.0.0.1:{p}:{p}" for p in serve.TRITON_PORTS.values())
+        assert s["environment"] == {"TRITON_ADMIN_KEY": "${TRITON_ADMIN_KEY:-}"}
         test = s["healthcheck"]["test"]
         assert test[0] == "CMD" and f"127.0.0.1:{serve.TRITON_PORTS['http']}/v2/health/ready" in test[-1]
         assert s["healthcheck"]["start_period"] == "30m" and 30 * 60 == render.READY_TIMEOUT_S
@@ -452,7 +488,7 @@ def test_entrypoint_build_serve_loadtest(tmp_path: Path, tiny_target: Path, eagl
 
     build_dir = tmp_path / "build"
     cfg = {
-        "name": "docker-e2e", "output_dir": str(build_dir),
+        "name": "docker-e2e", "trtllm_version": "1.1", "output_dir": str(build_dir),
         "target": {"model": str(tiny_target), "dtype": "float32"},
         "draft": {"type": "eagle", "model": str(eagle_head)},
         "tree": {"choices": "chain-2"},

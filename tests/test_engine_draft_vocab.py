@@ -144,7 +144,7 @@ def test_config_field_reaches_reference_json(tmp_path: Path) -> None:
 
     write_draft_vocab(tmp_path / "dv.json", [7, 3, 5], torch.tensor([0, 0, 0, 2, 0, 3, 0, 4]), "test")
     base = {
-        "name": "dv", "output_dir": "out", "target": {"model": "/models/target", "dtype": "bfloat16"},
+        "name": "dv", "trtllm_version": "1.1", "output_dir": "out", "target": {"model": "/models/target", "dtype": "bfloat16"},
         "draft": {"type": "eagle", "model": "/models/head", "draft_vocab": "dv.json"},
         "tree": {"choices": "chain-3"},
         "engine": {"backend": "reference", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128},

@@ -136,3 +136,62 @@ def test_session_errors_name_the_problem(mimic_ckpt: Path) -> None:
     assert res.finish_reason == "cancelled" and res.output_ids == [] and session.done
     with pytest.raises(ValueError, match="slot 0 is free"):
         session.cancel(0)
+
+
+# ---- isolation: a bad request is refused before it joins, a failing sequence ends alone ----------------------------
+
+
+def test_requests_with_ids_outside_the_vocabulary_or_nan_sampling_are_refused_before_they_join(mimic_ckpt: Path) -> None:
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=TREES[0], dtype="float32", device="cpu")
+    session = engine.session(2, 64)
+    for ids, bad, pos in (([5, 100_000_000], 100_000_000, 1), ([-7, 5], -7, 0), ([5, 320], 320, 1)):
+        with pytest.raises(ValueError, match=rf"prompt token id {bad} at position {pos} is out of range; token ids "
+                                             r"must be in \[0, 320\)"):  # fmt: skip
+            session.add(GenerationRequest(ids, 4, SamplingParams(), []))
+    for temperature in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=rf"temperature={temperature} must be a finite number >= 0"):
+            SamplingParams(temperature=temperature, top_k=5)
+    with pytest.raises(ValueError, match=r"top_p=nan must be in \(0, 1\]"):
+        SamplingParams(temperature=1.0, top_p=float("nan"))
+    req = GenerationRequest([9, 8, 7], 4, SamplingParams(temperature=1.0, top_k=5), [])
+    req.sampling.temperature = float("nan")  # changed after construction: add() checks again
+    with pytest.raises(ValueError, match="temperature=nan must be a finite number"):
+        session.add(req)
+    assert session.free == 2 and session.done
+
+
+@pytest.mark.parametrize("speculative", [True, False], ids=["speculative", "target-only"])
+def test_a_sequence_that_fails_while_stepping_ends_alone_and_the_others_are_unchanged(
+    mimic_ckpt: Path, speculative: bool
+) -> None:
+    """A fault inside a batched step (here: NaN probabilities, the sampler raises) ends that sequence with
+    finish_reason "error" and the message; the step is redone for the others, whose tokens equal their solo runs."""
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=TREES[1], dtype="float32", device="cpu")
+    seeded = GenerationRequest([100, 200, 3, 4], 20, SamplingParams(temperature=0.8, top_k=20, seed=7), [])
+    poisoned = GenerationRequest([9, 8, 7], 25, SamplingParams(temperature=0.8, top_k=5, seed=1), [])
+    streamed: dict[int, list[int]] = {}
+    session = engine.session(3, 64, speculative=speculative,
+                             on_tokens=lambda slot, new: streamed.setdefault(slot, []).extend(new) is None)  # fmt: skip
+    a, b, c = session.add(LONG), session.add(poisoned), session.add(seeded)
+    session.step()  # the prefills
+    poisoned.sampling.temperature = float("nan")  # the checks at add() passed: this is a fault while stepping
+    while not session.done:
+        session.step()
+    bad = session.pop(b)
+    assert bad.finish_reason == "error" and bad.error is not None
+    assert bad.error.startswith("RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"), bad.error
+    assert streamed[b] == bad.output_ids and len(bad.output_ids) == 1  # its prefill token only, nothing twice
+    for slot, req in ((a, LONG), (c, seeded)):
+        res = session.pop(slot)
+        solo = alone(engine, req, speculative)
+        assert res.output_ids == solo.output_ids == streamed[slot]
+        assert res.stats.target_forwards == solo.stats.target_forwards
+        assert res.stats.accepted_draft_tokens == solo.stats.accepted_draft_tokens
+
+    def refuse_slot_1(slot: int, new: list[int]) -> bool:
+        if slot == 1:
+            raise ConnectionError("client gone")
+        return True
+
+    with pytest.raises(RuntimeError, match=r"^generation failed for request 1: ConnectionError: client gone$"):
+        engine.generate([MID, LATE], speculative=speculative, on_tokens=refuse_slot_1)

@@ -26,6 +26,7 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle
     root = tmp_path_factory.mktemp("verify_build")
     cfg = {
         "name": "tiny-verify",
+        "trtllm_version": "1.1",
         "output_dir": str(root / "out"),
         "target": {"model": str(tiny_target), "dtype": "float32"},
         "draft": {"type": "eagle", "model": str(eagle_head)},

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from builders.build import main as build_main
 from builders.config import load_config
@@ -45,7 +46,7 @@ def _engine_flow_build(root: Path, version: str, target: Path, head: Path, **sec
     return cfg, build
 
 
-@pytest.fixture(scope="module", params=VERSIONS)
+@pytest.fixture(scope="module", params=ledger.ENGINE_FLOW)
 def tensorrt_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_target: Path,
                    eagle_head: Path) -> tuple[Any, Path]:
     return _engine_flow_build(tmp_path_factory.mktemp("ledger_trt"), request.param, tiny_target, eagle_head)
@@ -74,6 +75,38 @@ def pytorch_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     assert build_main([str(f)]) == 0
     cfg = load_config(f)
     return cfg, Path(cfg.output_dir)
+
+
+@pytest.fixture(scope="module", params=["pytorch", "reference"])
+def current_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  target8: Path) -> tuple[Any, Path]:
+    """The current line: EAGLE-3 head, dynamic tree, the llmapi Triton layout (upstream's model.py on a GPU, the
+    reference engine's mirror on CPU)."""
+    root = tmp_path_factory.mktemp("ledger_current")
+    head = tm.make_eagle3_head(root / "eagle3", target8)
+    f = _config(root, "1.4", target8, head, "eagle3", request.param, "chain-1")
+    data = yaml.safe_load(f.read_text())
+    data["tree"] = {"dynamic": {"top_k": 2, "depth": 3, "total_draft_tokens": 5}}
+    f.write_text(yaml.safe_dump(data))
+    assert build_main([str(f)]) == 0
+    cfg = load_config(f)
+    return cfg, Path(cfg.output_dir)
+
+
+def test_current_line_build_is_fully_cited(current_build: tuple[Any, Path]) -> None:
+    cfg, build = current_build
+    emitted, problems = _check(cfg, build)
+    assert problems == []
+    assert not any(s.startswith("checkpoint.") for s in emitted)  # TensorRT-LLM no longer reads that format
+    assert {"triton.llmapi.input", "triton.llmapi.output", "llmapi.model_yaml", "llmapi.option"} <= set(emitted)
+    assert {"speculative_config.use_dynamic_tree", "speculative_config.dynamic_tree_max_topK",
+            "speculative_config.max_total_draft_tokens", "speculative_config.speculative_model"} <= {
+        k for k in emitted["llmapi.option"] if k.startswith("speculative_config.")}
+    assert ("triton.llmapi.parameter" in emitted) is (cfg.engine.backend == "reference")
+    # upstream's model.py / helpers.py come from the TensorRT-LLM image (docker/serve.py); we write only the mirror
+    files = sorted(p.name for p in (build / "triton_repo" / "tensorrt_llm").rglob("*") if p.is_file())
+    mirror = ["config.pbtxt", "eagle_bootstrap.py", "model.py", "model.yaml"]
+    assert files == (mirror if cfg.engine.backend == "reference" else ["config.pbtxt", "model.yaml"])
 
 
 @pytest.fixture(scope="module")

@@ -73,9 +73,9 @@ def test_1_1_refuses_capture_layers_it_cannot_express() -> None:
      r"\(trtllm_version '1\.1'\); set trtllm_version: '1\.2' \(TensorRT-LLM 1\.2\.0\), or use tree.choices: chain-2"),
     (["trtllm_version=1.2", "tree.choices=null", "tree.dynamic={top_k: 2, depth: 3, total_draft_tokens: 6}",
       "engine.max_num_tokens=null"],
-     r"tree.dynamic with engine.backend=pytorch is not supported by TensorRT-LLM 1\.2\.0 \(trtllm_version '1\.2'\) "
-     r"nor by any supported TensorRT-LLM version; use tree.choices"),
-    (["trtllm_version=1.3"], r"trtllm_version='1\.3' is not supported; use one of '1\.1', '1\.2'"),
+     r"tree.dynamic with engine.backend=pytorch is not supported by TensorRT-LLM 1\.2\.0 \(trtllm_version '1\.2'\); "
+     r"set trtllm_version: '1\.4' \(TensorRT-LLM 1\.4\.0rc4\), or use tree.choices"),
+    (["trtllm_version=1.3"], r"trtllm_version='1\.3' is not supported; use one of '1\.1', '1\.2', '1\.4'"),
     (["quantization.weights=fp8"], "quantization.weights=fp8 with engine.backend=pytorch"),
 ])
 def test_refused_before_anything_is_written(ov: list[str], msg: str) -> None:

@@ -259,7 +259,7 @@ def build_and_generate(head_dir: Path, target: Path, out: Path, prompts: list[li
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
     data = {
-        "name": "tiny-eagle3", "output_dir": str(out / "build"),
+        "name": "tiny-eagle3", "trtllm_version": "1.1", "output_dir": str(out / "build"),
         "target": {"model": str(target), "dtype": "float32"},
         "draft": {"type": "eagle3", "model": str(head_dir)},
         "tree": {"choices": "chain-3"},

@@ -94,7 +94,7 @@ GRAD_RTOL = 1e-3
 def scale_cfg(tmp: Path, target: Path, name: str, **data_over) -> Path:
     """A tiny-target config file: 7 training + 2 held-out conversations, batch 3 (the last batch of an epoch holds
     one example, so the second rank gets none), loss-position subsets and feature noise on."""
-    raw = yaml.safe_load((REPO / "configs/train/smollm2-eagle.yaml").read_text())
+    raw = yaml.safe_load((REPO / "configs/train/smollm2-eagle-sd4k.yaml").read_text())
     raw.update(target=str(target), work_dir=str(tmp / name / "work"), output_dir=str(tmp / name / "head"))
     raw["data"].update(dict(num_conversations=9, num_eval=2, responses="dataset", max_prompt_tokens=48,
                             max_seq_len=64, shard_size=4, max_new_tokens=6, generate_batch_size=4), **data_over)
@@ -155,6 +155,12 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
+def mean_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Mean |a - b| over every trained parameter (the frozen embedding excluded)."""
+    keys = [k for k in a if k != "embed_tokens.weight"]
+    return sum((a[k].float() - b[k].float()).abs().sum().item() for k in keys) / sum(a[k].numel() for k in keys)
+
+
 @pytest.fixture(scope="module")
 def one_process(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("ddp")
@@ -174,7 +180,9 @@ def test_two_gloo_ranks_train_the_same_head_as_one_process(one_process, tiny_tar
     assert before < DDP_ATOL and last < DDP_ATOL, (before, last)
     assert grad_mean_diff(one, two, total) < GRAD_RTOL
     moved = max_diff(head_at(one, total), initial_head(tiny_target))
-    assert moved > 100 * DDP_ATOL, moved  # the heads really trained (not a comparison of two initial heads)
+    # the heads really trained (not a comparison of two initial heads): Adam moves a parameter by at most about lr
+    # per step (6 steps at 2e-3, 2 of them warm-up), so the largest move is well above 10x the tolerance
+    assert moved > 10 * DDP_ATOL, moved
     log1 = [json.loads(x) for x in (tmp / "one/head/train_log.jsonl").read_text().splitlines()]
     log2 = [json.loads(x) for x in (tmp / "two/head/train_log.jsonl").read_text().splitlines()]
     for a, b in zip(log1, log2):
@@ -271,7 +279,10 @@ def test_online_features_train_the_same_head_as_cached_shards(one_process, tiny_
     train_cli(cfg, 1)
     assert not (tmp / "online/work/features").exists()
     # the cached run trained on bf16-rounded features; the online one on float32: close, not equal
-    assert max_diff(head_at(one, 6), head_at(cfg, 6)) < 2e-3
+    # Adam moves a parameter by about lr per step whatever its gradient's size, so a parameter whose gradient is near
+    # zero can step the other way under rounding: compare the mean difference with the mean distance trained.
+    trained, apart = mean_diff(head_at(one, 6), initial_head(tiny_target)), mean_diff(head_at(one, 6), head_at(cfg, 6))
+    assert apart < 0.02 * trained, (apart, trained)
 
 
 # ---- the transformers-4 keys of exported heads ----------------------------------------------------------------------
@@ -367,7 +378,7 @@ def test_recipes_validate_and_the_held_out_set_does_not_depend_on_the_slice_size
 
     llama = load_train_config(REPO / "configs/train/llama31-8b-eagle3.yaml")
     assert (llama.compute.device, llama.compute.precision, llama.eagle3.ttt_steps) == ("cuda", "bfloat16", 7)
-    demo = load_train_config(REPO / "configs/train/smollm2-eagle.yaml")
+    demo = load_train_config(REPO / "configs/train/smollm2-eagle-sd4k.yaml")
     assert (demo.data.held_out, demo.data.responses, demo.features.dtype) == ("first", "regenerate", "bfloat16")
     samples = [Sample(torch.tensor([i]), torch.tensor([True]), None) for i in range(10)]
     small = demo.model_copy(update={"data": demo.data.model_copy(update={"num_eval": 3, "num_conversations": 6})})
@@ -382,9 +393,9 @@ def test_curve_commands_share_one_cache_per_answer_type(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "scripts"))
     import train_curve as tc
 
-    cfg = REPO / "configs/train/smollm2-eagle.yaml"
+    cfg = REPO / "configs/train/smollm2-eagle-sd4k.yaml"
     assert tc.cache_dir(cfg, "regenerate") == (REPO / ".cache/train/smollm2-eagle-sd").resolve()
-    assert tc.cache_dir(cfg, "dataset") == (REPO / ".cache/train/smollm2-eagle-dataset").resolve()
+    assert tc.cache_dir(cfg, "dataset") == (REPO / ".cache/train/smollm2-eagle-sd4k-dataset").resolve()
     argv = tc.train_argv(cfg, tmp_path, "dataset", 256, 6, 1)
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
     assert sets == ["data.responses=dataset", "data.num_conversations=320", "train.epochs=6",

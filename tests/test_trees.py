@@ -151,7 +151,7 @@ def test_dynamic_tree_bound() -> None:
 
 def _cfg(choices: object, **engine: int) -> BuildConfig:
     return BuildConfig.model_validate({
-        "name": "t", "output_dir": "/tmp/x", "target": {"model": "/m", "dtype": "float16"},
+        "name": "t", "trtllm_version": "1.1", "output_dir": "/tmp/x", "target": {"model": "/m", "dtype": "float16"},
         "draft": {"type": "eagle", "model": "random"}, "tree": {"choices": choices},
         "engine": {"backend": "reference", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128, **engine},
     })

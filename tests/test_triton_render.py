@@ -136,13 +136,19 @@ def test_ensemble_io_matches_tensorrtllm_backend(reference_repo: Path) -> None:
     ens = parse(reference_repo, "ensemble")
     got_in = {i.name: (mc.DataType.Name(i.data_type), list(i.dims), i.optional) for i in ens.input}
     got_out = {o.name: (mc.DataType.Name(o.data_type), list(o.dims)) for o in ens.output}
-    assert got_in == UPSTREAM_ENSEMBLE_INPUTS
+    # text_input / max_tokens: required, but declared optional so that preprocessing can refuse a request missing
+    # one (render.ensemble_config says why); the BLS model keeps upstream's attributes.
+    required = {n: (*UPSTREAM_ENSEMBLE_INPUTS[n][:2], True) for n in C.REQUIRED_HELP}
+    assert set(required) == {"text_input", "max_tokens"}
+    assert got_in == {**UPSTREAM_ENSEMBLE_INPUTS, **required}
     assert got_out == UPSTREAM_ENSEMBLE_OUTPUTS
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
     bls = parse(reference_repo, "tensorrt_llm_bls")
-    assert [(i.name, i.data_type, list(i.dims), i.optional) for i in bls.input] == [
-        (i.name, i.data_type, list(i.dims), i.optional) for i in ens.input
-    ]
+    assert {i.name: (mc.DataType.Name(i.data_type), list(i.dims), i.optional) for i in bls.input} == (
+        UPSTREAM_ENSEMBLE_INPUTS
+    )
+    pre = {i.name: i.optional for i in parse(reference_repo, "preprocessing").input}
+    assert pre["QUERY"] and pre["REQUEST_OUTPUT_LEN"]  # refused by the model itself when absent
 
 
 def test_reference_llm_model_is_decoupled_python_with_queue_limit(reference_repo: Path) -> None:
@@ -165,8 +171,9 @@ def test_client_json_is_generated_from_the_ensemble_config(reference_repo: Path)
             "TYPE_BOOL": "BOOL"}  # fmt: skip
     assert desc["model"] == ens.name and desc["streaming"] is True and desc["backend"] == "reference"
     assert [(i["name"], i["datatype"], i["dims"], i["optional"]) for i in desc["inputs"]] == [
-        (i.name, wire[mc.DataType.Name(i.data_type)], list(i.dims), i.optional) for i in ens.input
-    ]
+        (i.name, wire[mc.DataType.Name(i.data_type)], list(i.dims), i.optional and i.name not in C.REQUIRED_HELP)
+        for i in ens.input
+    ]  # client.json says what a client must send: text_input and max_tokens are required
     assert [o["name"] for o in desc["outputs"]] == [o.name for o in ens.output]
     defaults = {i["name"]: i["default"] for i in desc["inputs"]}
     assert defaults["temperature"] == 1.0 and defaults["stream"] is False and defaults["end_id"] is None
@@ -277,8 +284,14 @@ def test_sampling_follows_trtllm_greedy_rule(t: float, k: int, p: float, greedy:
 
 
 def test_sampling_rejects_bad_values() -> None:
-    with pytest.raises(common.RequestError, match=r"temperature=-1.0 must be >= 0"):
-        llm_io.sampling_from(-1.0, 0, 0.0, 0)
+    for t in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(common.RequestError, match=rf"temperature={t} must be a finite number >= 0"):
+            llm_io.sampling_from(t, 5, 0.0, 0)
+    with pytest.raises(common.RequestError, match=r"top_p=nan must be in \[0, 1\]"):
+        llm_io.sampling_from(1.0, 0, float("nan"), 0)
+    with pytest.raises(common.RequestError, match=r"input_ids\[1\]=320 is out of range: token ids must be in \[0, 320\)"):
+        llm_io.check_token_ids([5, 320], 320)
+    llm_io.check_token_ids([0, 319], 320)
     with pytest.raises(common.RequestError, match=r"top_p=1.5 must be in \[0, 1\]"):
         llm_io.sampling_from(1.0, 0, 1.5, 0)
 
@@ -415,9 +428,29 @@ def test_batcher_engine_error_fails_the_running_jobs_and_serves_the_next() -> No
     b = batcher.Batcher(session, lambda j: j.payload, lambda j: None, max_queue_size=2)
     bad = batcher.Job(payload=666, is_cancelled=lambda: False, streaming=False)
     assert b.admit(bad) is None and bad.done.wait(10)
-    assert (bad.error, bad.error_code, bad.result) == ("engine error: RuntimeError: boom", "INTERNAL", None)
+    assert (bad.error, bad.error_code, bad.result) == ("engine error: RuntimeError: boom", "INTERNAL", ("cancelled", 0))
     ok = batcher.Job(payload=2, is_cancelled=lambda: False, streaming=False)
     assert b.admit(ok) is None and ok.done.wait(10) and ok.result == ("length", 2)
+    b.close()
+
+
+def test_batcher_deadline_ends_running_and_queued_jobs_and_reports_the_counts() -> None:
+    """A job past triton.request_deadline_s ends with UNAVAILABLE, whether it holds a slot or waits for one;
+    on_count(in_flight, queued) follows every change."""
+    session = CountingSession(1, delay=0.001)
+    counts: list[tuple[int, int]] = []
+    b = batcher.Batcher(session, lambda j: j.payload, lambda j: None, max_queue_size=2, deadline_s=0.3,
+                        on_count=lambda n, q: counts.append((n, q)))  # fmt: skip
+    running, queued = (batcher.Job(payload=10**6, is_cancelled=lambda: False, streaming=True) for _ in range(2))
+    assert b.admit(running) is None and b.admit(queued) is None
+    assert running.done.wait(10) and queued.done.wait(10)
+    for j in (running, queued):
+        assert j.expired and j.error_code == "UNAVAILABLE" and j.error == (
+            "request ended after the server's deadline of 0.3 s (triton.request_deadline_s); raise it for longer "
+            "generations")
+    assert running.result[0] == "cancelled" and 0 < running.result[1] < 10**6  # it held the slot, then left it
+    assert queued.result is None  # never got the slot
+    assert (2, 1) in counts and counts[-1] == (0, 0)
     b.close()
 
 
@@ -430,19 +463,22 @@ def _binary(tmp_path: Path) -> launch.ServerBinary:
 
 def test_single_server_argv_binds_loopback(tmp_path: Path) -> None:
     argv = launch.launch_argv(_binary(tmp_path), Path("/r"), grpc_port=1, http_port=2, metrics_port=3,
-                              host="127.0.0.1", shm_tag="t")  # fmt: skip
+                              host="127.0.0.1", shm_tag="t", admin_key="k3y")  # fmt: skip
     assert argv[0] == "/opt/tritonserver/bin/tritonserver" and "--model-repository=/r" in argv
     assert {"--grpc-address=127.0.0.1", "--http-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(argv)
     assert {"--grpc-port=1", "--http-port=2", "--metrics-port=3", "--disable-auto-complete-config"} <= set(argv)
     assert "--backend-config=python,shm-region-prefix-name=eaglet_rank0_" in argv
     assert not any(a.startswith("--load-model") for a in argv)
+    group = "logging,model-repository,trace,shared-memory:eagle-admin-key=k3y"  # tritonserver 2.51 --help syntax
+    assert {f"--grpc-restricted-protocol={group}", f"--http-restricted-api={group}"} <= set(argv)
 
 
 def test_world_size_gives_the_mpirun_form(tmp_path: Path) -> None:
     """tensorrtllm_backend scripts/launch_triton_server.py: `mpirun --allow-run-as-root -n 1 <rank0> : -n 1 ...`,
-    ranks > 0 load only the LLM model, each rank its own python shm prefix."""
-    argv = launch.launch_argv(_binary(tmp_path), Path("/r"), grpc_port=1, http_port=2, metrics_port=3,
-                              host="127.0.0.1", world_size=2, shm_tag="t")  # fmt: skip
+    ranks > 0 load only the LLM model, each rank its own python shm prefix; --allow-run-as-root only as root."""
+    kw = dict(grpc_port=1, http_port=2, metrics_port=3, host="127.0.0.1", world_size=2, shm_tag="t", admin_key="k")
+    assert launch.launch_argv(_binary(tmp_path), Path("/r"), **kw)[:3] == ["mpirun", "-n", "1"]  # type: ignore[arg-type]
+    argv = launch.launch_argv(_binary(tmp_path), Path("/r"), as_root=True, **kw)  # type: ignore[arg-type]
     assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
     sep = argv.index(":")
     rank0, rank1 = argv[4:sep], argv[sep + 3 :]
@@ -460,7 +496,9 @@ def test_launch_cli_prints_the_command(tmp_path: Path) -> None:
          "--world-size", "2", "--grpc-port", "9001", "--print-argv"],
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
-    assert out[:2] == ["mpirun", "--allow-run-as-root"] and "--grpc-port=9001" in out and out.count(":") == 1
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    assert out[: 1 + len(root)] == ["mpirun", *root] and "--grpc-port=9001" in out and out.count(":") == 1
+    assert "eagle-admin-key=***" in " ".join(out), "the admin key is never printed"
     assert f"--model-repository={(tmp_path / 'repo').resolve()}" in out
 
 

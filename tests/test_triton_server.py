@@ -20,50 +20,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from builders.build import main as build_main  # noqa: E402
 from clients.client import GenerationError  # noqa: E402
+from tests import triton_build  # noqa: E402
+from tests.triton_build import MAX_BATCH, MAX_INPUT, MAX_QUEUE, MAX_SEQ  # noqa: E402
 from tests.triton_servers import metric  # noqa: E402
 from triton_repo.launch import TritonServer, free_port  # noqa: E402
 
 pytestmark = pytest.mark.server
-MAX_BATCH, MAX_QUEUE, MAX_INPUT, MAX_SEQ = 4, 48, 48, 400
 LONG = 300  # tokens of the requests that must still be running when the test acts on them (end_id -1)
 PROMPT = "The quick brown fox"
 
 
 @pytest.fixture(scope="module")
-def build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
-    root = tmp_path_factory.mktemp("triton_build")
-    cfg = root / "tiny.yaml"
-    cfg.write_text(
-        f"name: tiny-triton\noutput_dir: {root / 'build'}\n"
-        f"target: {{model: {tiny_target}, dtype: float32}}\n"
-        f"draft: {{type: eagle, model: {eagle_head}}}\n"
-        "tree: {choices: topk-2-2}\n"
-        f"engine: {{backend: reference, device: cpu, max_batch_size: {MAX_BATCH}, max_input_len: {MAX_INPUT}, "
-        f"max_seq_len: {MAX_SEQ}}}\n"
-        f"triton: {{max_queue_size: {MAX_QUEUE}}}\n"
-    )
-    assert build_main([str(cfg)]) == 0
-    return root / "build"
+def build_dir(triton_build_dir: Path) -> Path:
+    return triton_build_dir
 
 
 def start_server(build_dir: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> tuple[TritonServer, Path]:
-    """A real tritonserver on the build's repository, free loopback ports, its log in a fresh temp dir."""
-    log = tmp_path_factory.mktemp(name) / "tritonserver.log"
-    srv = TritonServer(
-        build_dir / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), log_path=log
-    )
-    srv.start(timeout_s=240)
-    return srv, log
+    """A server of its own on the build's repository (the shared one is `triton_server`)."""
+    log_dir = tmp_path_factory.mktemp(name)
+    return triton_build.start_server(build_dir / "triton_repo", log_dir), log_dir / "tritonserver.log"
 
 
 @pytest.fixture(scope="module")
-def server(build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    srv, log = start_server(build_dir, tmp_path_factory, "triton_log")
-    yield srv
-    code = srv.stop()
-    assert code == 0, f"tritonserver did not stop cleanly (exit {code}); log {log}"
+def server(triton_server: TritonServer) -> Any:
+    return triton_server
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +121,7 @@ def engine_greedy(engine: Any, text: str, n: int) -> tuple[list[int], Any]:
 
 
 def test_server_ready_with_every_model_and_client_json_ignored(server: TritonServer, client: Any) -> None:
-    models = {m.name: m.state for m in client.get_model_repository_index().models}
+    models = {m.name: m.state for m in client.get_model_repository_index(headers=server.admin_headers).models}
     assert models == {n: "READY" for n in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm",
                                             "tensorrt_llm_bls")}  # fmt: skip
     assert (server.repo / "client.json").is_file() and (server.repo / "manifest.json").is_file()
@@ -215,7 +196,7 @@ BAD_REQUESTS = [
     (PROMPT, 0, {}, "max_tokens=0 must be >= 1"),
     (PROMPT, -3, {}, "max_tokens=-3 must be >= 1"),
     (PROMPT, MAX_SEQ, {}, f"> max_seq_len={MAX_SEQ}"),
-    ("fox " * 200, 4, {}, f"> max_input_len={MAX_INPUT}"),
+    ("fox " * 100, 4, {}, f"> max_input_len={MAX_INPUT}"),  # under the byte bound, over the token bound
     (PROMPT, 4, {"beam_width": (2, "INT32")}, "beam_width=2: only 1 is supported"),
     (PROMPT, 4, {"top_p": (1.5, "FP32")}, "top_p=1.5 must be in [0, 1]"),
     (PROMPT, 4, {"lora_task_id": (1, "UINT64")}, "unexpected inference input 'lora_task_id'"),

@@ -47,7 +47,7 @@ def tiny_reference_repo(root: Path, name: str, target: Path, head: Path, *, max_
     """Build a tiny EAGLE target + head with engine.backend=reference (CLI, all stages); its Triton repository."""
     cfg = root / "tiny.yaml"
     cfg.write_text(
-        f"name: {name}\noutput_dir: {root / 'build'}\n"
+        f"name: {name}\ntrtllm_version: '1.1'\noutput_dir: {root / 'build'}\n"
         f"target: {{model: {target}, dtype: float32}}\n"
         f"draft: {{type: eagle, model: {head}}}\n"
         "tree: {choices: topk-2-2}\n"

@@ -71,6 +71,14 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     Tensor("stream", "TYPE_BOOL", (1,), True, False, "Stream partial text (needs a decoupled repository)."),
 )  # fmt: skip
 
+# The client-facing inputs every request must carry, with what to send. The ensemble and preprocessing configs
+# declare them optional and preprocessing refuses a request without one (builders/triton/render.py
+# `ensemble_config` says why); client.json and the BLS config keep them required.
+REQUIRED_HELP: dict[str, str] = {
+    "text_input": "send the prompt text, shape [1, 1] BYTES",
+    "max_tokens": "send the number of tokens to generate, shape [1, 1] INT32",
+}
+
 PERF_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("acceptance_rate", "TYPE_FP32", (1,), description="total_accepted_draft_tokens / total_draft_tokens."),
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,), description="Draft tokens the target accepted."),
@@ -194,6 +202,10 @@ POSTPROCESSING_OUTPUT_MAP = {"OUTPUT": "text_output"}
 # Tokenizer behaviour shared by preprocessing, the BLS model and the tests (upstream preprocessing default).
 ADD_SPECIAL_TOKENS = True
 SKIP_SPECIAL_TOKENS = True
+
+# Request ids the BLS model gives its LLM requests; the LLM model answers these differently when it ends one with an
+# error (models/reference_llm.py `_finish`).
+BLS_REQUEST_ID_PREFIX = "bls-"
 
 # Error-code names of the python backend's pb_utils.TritonError (what clients see as gRPC status).
 INVALID_ARGUMENT = "INVALID_ARG"

@@ -3,6 +3,9 @@
     python triton_repo/launch.py --repo DIR [--grpc-port 8001] [--http-port 8000] [--metrics-port 8002]
                                  [--world-size N] [--host 127.0.0.1]
 
+Admin APIs (logging, model-repository, trace, shared-memory) are restricted (triton_repo/exposure.py): they answer
+only requests carrying $TRITON_ADMIN_KEY; when the variable is unset the key is random: they are closed.
+
 Which binary: the system `tritonserver` when installed (NGC container: /opt/tritonserver), otherwise the CPU server
 bundled in the `nvidia-pytriton` wheel (tritonserver 2.51 + python backend). The bundled server needs three things
 pytriton itself sets up (pytriton/server/triton_server.py `_get_env`): its private shared libraries on
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -36,9 +40,28 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from triton_repo.exposure import (  # noqa: E402  (re-exported: the launcher's public names)
+    ADMIN_GRPC_HEADER,
+    ADMIN_HEADER,
+    ADMIN_KEY_ENV,
+    RESTRICTED_APIS,
+    SHELL_UNSAFE,
+    restricted_api_argv,
+    unsafe_chars,
+    unsafe_path_problem,
+)
+
+__all__ = ["ADMIN_GRPC_HEADER", "ADMIN_HEADER", "ADMIN_KEY_ENV", "RESTRICTED_APIS", "SHELL_UNSAFE", "LaunchError",
+           "LaunchInterrupted", "TritonServer", "free_port", "launch_argv", "mpirun_argv", "restricted_api_argv",
+           "server_argv", "unsafe_chars", "unsafe_path_problem"]
 
 SYSTEM_TRITON_DIRS = (Path("/opt/tritonserver"),)  # NGC tritonserver / trtllm containers
 READY_POLL_S = 0.25
@@ -47,6 +70,10 @@ STOP_TIMEOUT_S = 30.0
 
 class LaunchError(RuntimeError):
     """The server could not be started or did not become ready; the message carries its log tail."""
+
+
+class LaunchInterrupted(LaunchError):
+    """A stop was requested (SIGTERM/SIGINT) before the server became ready; the server has been stopped."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +195,7 @@ def server_argv(
     metrics_port: int,
     host: str,
     shm_prefix: str,
+    admin_key: str,
     load_only: str | None = None,
 ) -> list[str]:
     """One tritonserver invocation. `shm_prefix` keeps the python-backend shared-memory regions of servers running
@@ -186,18 +214,20 @@ def server_argv(
         "--exit-on-error=true",
         "--strict-readiness=true",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        *restricted_api_argv(admin_key),
     ]  # fmt: skip
     if load_only is not None:
         argv += ["--model-control-mode=explicit", f"--load-model={load_only}"]
     return argv
 
 
-def mpirun_argv(world_size: int, rank_argv: list[list[str]]) -> list[str]:
-    """`mpirun --allow-run-as-root -n 1 <rank0> : -n 1 <rank1> ...` (tensorrtllm_backend
-    scripts/launch_triton_server.py `get_cmd`)."""
+def mpirun_argv(world_size: int, rank_argv: list[list[str]], as_root: bool = False) -> list[str]:
+    """`mpirun [--allow-run-as-root] -n 1 <rank0> : -n 1 <rank1> ...` (tensorrtllm_backend
+    scripts/launch_triton_server.py `get_cmd`, which always passes the flag; Open MPI refuses to start as root
+    without it, so it is added only when running as root)."""
     if world_size < 1 or len(rank_argv) != world_size:
         raise ValueError(f"world_size={world_size} needs exactly {world_size} rank commands, got {len(rank_argv)}")
-    argv = ["mpirun", "--allow-run-as-root"]
+    argv = ["mpirun", *(["--allow-run-as-root"] if as_root else [])]
     for i, a in enumerate(rank_argv):
         if i:
             argv.append(":")
@@ -216,18 +246,20 @@ def launch_argv(
     world_size: int = 1,
     shm_tag: str = "",
     llm_model: str = "tensorrt_llm",
+    admin_key: str,
+    as_root: bool = False,
 ) -> list[str]:
     """The full command: one server, or the mpirun form for `world_size` > 1 (tensorrtllm_backend
     scripts/launch_triton_server.py: rank 0 loads the whole repository, ranks > 0 only `llm_model`)."""
     ranks = [
         server_argv(
             binary.executable, repo, backend_dir=binary.backend_dir, grpc_port=grpc_port, http_port=http_port,
-            metrics_port=metrics_port, host=host, shm_prefix=f"eagle{shm_tag}_rank{r}_",
+            metrics_port=metrics_port, host=host, shm_prefix=f"eagle{shm_tag}_rank{r}_", admin_key=admin_key,
             load_only=None if r == 0 else llm_model,
         )
         for r in range(world_size)
     ]  # fmt: skip
-    return ranks[0] if world_size == 1 else mpirun_argv(world_size, ranks)
+    return ranks[0] if world_size == 1 else mpirun_argv(world_size, ranks, as_root=as_root)
 
 
 # ---- the running server -------------------------------------------------------------------------------------------
@@ -252,8 +284,11 @@ class TritonServer:
         world_size: int = 1,
         binary: ServerBinary | None = None,
         llm_model: str = "tensorrt_llm",
+        admin_key: str | None = None,
     ) -> None:
         self.repo = Path(repo).resolve()
+        # No key given: a random one nobody is told, so the admin endpoints are closed (tests read it from here).
+        self.admin_key = admin_key or secrets.token_urlsafe(24)
         self.grpc_port, self.http_port, self.metrics_port = grpc_port, http_port, metrics_port
         self.host = host
         self.world_size = world_size
@@ -280,6 +315,11 @@ class TritonServer:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers that open the restricted admin endpoints over HTTP and gRPC (tritonclient: `headers=`)."""
+        return {ADMIN_HEADER: self.admin_key, ADMIN_GRPC_HEADER: self.admin_key}
+
+    @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
@@ -289,8 +329,19 @@ class TritonServer:
         return launch_argv(
             binary, self.repo, grpc_port=self.grpc_port, http_port=self.http_port, metrics_port=self.metrics_port,
             host=self.host, world_size=self.world_size, shm_tag=f"{os.getpid()}_{self.grpc_port}",
-            llm_model=self.llm_model,
+            llm_model=self.llm_model, admin_key=self.admin_key, as_root=os.geteuid() == 0,
         )  # fmt: skip
+
+    def shown_argv(self) -> str:
+        """The command for logs and --print-argv, the admin key masked."""
+        return " ".join(self.argv()).replace(self.admin_key, "***")
+
+    def path_problems(self) -> list[str]:
+        """Paths the python backend would put unquoted on its stub's bash command line (see SHELL_UNSAFE)."""
+        binary = self._binary or find_binary()
+        self._binary = binary
+        checks = ((self.repo, "model repository"), (binary.backend_dir, "backend directory"))
+        return [p for path, what in checks if (p := unsafe_path_problem(path, what)) is not None]
 
     def log_tail(self, n_chars: int = 4000) -> str:
         try:
@@ -301,22 +352,30 @@ class TritonServer:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, timeout_s: float = 180.0) -> TritonServer:
-        """Start the server and wait until `/v2/health/ready` answers 200 (every model loaded)."""
+    def start(self, timeout_s: float = 180.0, stop_requested: Callable[[], bool] | None = None) -> TritonServer:
+        """Start the server and wait until `/v2/health/ready` answers 200 (every model loaded). `stop_requested` is
+        polled while waiting (a signal handler's flag): when it turns true the server is stopped and
+        `LaunchInterrupted` raised, so SIGTERM during a long model load is not ignored."""
         if not self.repo.is_dir():
             raise LaunchError(f"model repository {self.repo} is not a directory; render it first (triton stage)")
         if self.is_running():
             raise LaunchError(f"server already running (pid {self.pid})")
+        problems = self.path_problems()
+        if problems:
+            raise LaunchError("; ".join(problems))
         argv = self.argv()
         assert self._binary is not None
         env = {**os.environ, **self._binary.env}
         with self.log_path.open("ab") as log:
-            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.write(f"$ {self.shown_argv()}\n".encode())
             log.flush()
             # Own process group: stop() can signal the server and its python-backend stubs together.
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if stop_requested is not None and stop_requested():
+                self.stop()
+                raise LaunchInterrupted("stop requested while waiting for the server to become ready")
             code = self._proc.poll()
             if code is not None:
                 raise LaunchError(f"tritonserver exited with code {code} while starting; log {self.log_path}:\n"
@@ -330,7 +389,7 @@ class TritonServer:
     def _ready(self) -> bool:
         url = f"http://{self.host}:{self.http_port}/v2/health/ready"
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=1) as r:
                 return r.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
@@ -371,7 +430,13 @@ class TritonServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="launch.py", description="Start tritonserver on a rendered model repository.")
+    ap = argparse.ArgumentParser(
+        prog="launch.py", description="Start tritonserver on a rendered model repository.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Inputs:  --repo, a rendered model repository (<output_dir>/triton_repo)\n"
+        "Outputs: a running tritonserver on --host and the given ports until SIGTERM / Ctrl-C; its log in --log\n"
+        "Guide:   docs/deploy.md",
+    )
     ap.add_argument("--repo", required=True, type=Path, help="model repository (<build>/triton_repo)")
     ap.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
     ap.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000)")
@@ -385,22 +450,34 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.world_size < 1:
         ap.error(f"--world-size {args.world_size}: must be >= 1")
-    srv = TritonServer(
-        args.repo, grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
-        host=args.host, world_size=args.world_size, log_path=args.log, llm_model=args.llm_model,
-    )  # fmt: skip
-    if args.print_argv:
-        print(" ".join(srv.argv()))
-        return 0
     stopping = {"flag": False}
 
     def _on_signal(signum: int, _frame: object) -> None:
         stopping["flag"] = True
 
+    # Installed first: a SIGTERM at any moment (even while waiting for readiness) stops the launcher promptly.
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    admin_key = os.environ.get(ADMIN_KEY_ENV) or None
     try:
-        srv.start(args.timeout)
+        restricted_api_argv(admin_key or "unset")
+    except ValueError as e:
+        ap.error(f"{ADMIN_KEY_ENV}: {e}")
+    srv = TritonServer(
+        args.repo, grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
+        host=args.host, world_size=args.world_size, log_path=args.log, llm_model=args.llm_model, admin_key=admin_key,
+    )  # fmt: skip
+    if args.print_argv:
+        print(srv.shown_argv())
+        return 0
+    if admin_key is None:
+        print(f"admin APIs ({', '.join(RESTRICTED_APIS)}) closed: set {ADMIN_KEY_ENV} to use them with the header "
+              f"{ADMIN_HEADER} (HTTP) or {ADMIN_GRPC_HEADER} (gRPC)", file=sys.stderr, flush=True)
+    try:
+        srv.start(args.timeout, stop_requested=lambda: stopping["flag"])
+    except LaunchInterrupted:
+        print("stopped before the server was ready", flush=True)
+        return 0
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -66,13 +66,26 @@ def tokenizer_problems(target_dir: Path, head_dir: Path | None) -> list[str]:
     if not (target_dir / "tokenizer.json").is_file() and not (target_dir / "tokenizer.model").is_file():
         return [f"target.model {target_dir}: no tokenizer.json or tokenizer.model; the target directory must include "
                 "its tokenizer (it is copied into the checkpoint)"]
+    problems = _auto_map_problems(target_dir / "tokenizer_config.json")
     if head_dir is None:
-        return []
+        return problems
     head_tok = _tokenizer_fingerprint(head_dir)
     if head_tok is not None and head_tok != _tokenizer_fingerprint(target_dir):
         return [f"draft.model {head_dir}: its tokenizer.json differs from the target's ({target_dir}); the head was "
                 "trained for another tokenizer"]
-    return []
+    return problems
+
+
+def _auto_map_problems(path: Path) -> list[str]:
+    """A tokenizer config whose auto_map names custom code (builders/convert/tokenizer.py `auto_map_problem`)."""
+    from builders.convert.tokenizer import auto_map_problem
+
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []  # absent or unreadable: the tokenizer load reports it
+    problem = auto_map_problem(cfg, path) if isinstance(cfg, dict) else None
+    return [] if problem is None else [f"target.model: {problem}"]
 
 
 def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:

@@ -16,7 +16,7 @@ Flow (called by the convert stage after it wrote the 16-bit checkpoint):
    (TensorRT-LLM requires one on every Attention), and `eagle_net_config.quantization` repeats the block.
    config.json gets quantization {quant_algo FP8, kv_cache_quant_algo, exclude_modules [lm_head, eagle_nets.*]}:
    the drafter's linears stay 16-bit (upstream's EAGLE FP8 recipe quantizes them and excludes only
-   `eagle_nets.{i}.lm_head`; the README's FP8 section has the tau measured both ways and the reason for the choice).
+   `eagle_nets.{i}.lm_head`; docs/fp8.md has the tau measured both ways and the reason for the choice).
 The EAGLE-3 flow keeps its head in checkpoint/eagle3/ (never quantized).
 """
 

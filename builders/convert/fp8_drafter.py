@@ -40,11 +40,13 @@ class DrafterStats:
 class _Observed:
     """Wraps an engine `Linear`: records amax of its input (and, for qkv, of the cached K / V) on every call."""
 
-    def __init__(self, inner: Any, name: str, stats: DrafterStats, kv: tuple[int, int, int, int] | None) -> None:
-        self.inner, self.name, self.stats, self.kv = inner, name, stats, kv
+    def __init__(self, inner: Any, names: tuple[str, ...], stats: DrafterStats,
+                 kv: tuple[int, int, int, int] | None) -> None:
+        self.inner, self.names, self.stats, self.kv = inner, names, stats, kv
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        self.stats.inputs[self.name] = max(self.stats.inputs.get(self.name, 0.0), float(x.abs().max()))
+        for name in self.names:  # a fused product (fc and gate) reads one input for several checkpoint linears
+            self.stats.inputs[name] = max(self.stats.inputs.get(name, 0.0), float(x.abs().max()))
         y = self.inner(x)
         if self.kv is not None:
             layer, q, kv_width, head_dim = self.kv
@@ -59,16 +61,19 @@ class _Observed:
 
 def _observe(drafter: Any, stats: DrafterStats) -> None:
     """Replace the drafter's linears by observers (names as in the checkpoint, below `drafter.`)."""
-    drafter.fc = _Observed(drafter.fc, "fc", stats, None)
+    drafter.fc = _Observed(drafter.fc, ("fc",), stats, None)
     for j, layer in enumerate(drafter.layers):
         a = layer.attn
         kv = (j, a.heads * a.head_dim, a.kv_heads * a.head_dim, a.head_dim)
-        a.qkv = _Observed(a.qkv, f"layers.{j}.attention.qkv", stats, kv)
-        a.dense = _Observed(a.dense, f"layers.{j}.attention.dense", stats, None)
+        a.qkv = _Observed(a.qkv, (f"layers.{j}.attention.qkv",), stats, kv)
+        a.dense = _Observed(a.dense, (f"layers.{j}.attention.dense",), stats, None)
         m = layer.mlp
-        m.fc = _Observed(m.fc, f"layers.{j}.mlp.fc", stats, None)
-        m.gate = _Observed(m.gate, f"layers.{j}.mlp.gate", stats, None)
-        m.proj = _Observed(m.proj, f"layers.{j}.mlp.proj", stats, None)
+        if m.fc_gate is not None:  # the engine runs fc and gate as one stacked product of the same input
+            m.fc_gate = _Observed(m.fc_gate, (f"layers.{j}.mlp.fc", f"layers.{j}.mlp.gate"), stats, None)
+        else:
+            m.fc = _Observed(m.fc, (f"layers.{j}.mlp.fc",), stats, None)
+            m.gate = _Observed(m.gate, (f"layers.{j}.mlp.gate",), stats, None)
+        m.proj = _Observed(m.proj, (f"layers.{j}.mlp.proj",), stats, None)
 
 
 def calibrate_drafter(ckpt16: Path, tree: Any, dtype: str, device: str, encode: Callable[[Any], list[list[int]]],

@@ -78,6 +78,9 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         header = json.loads(raw)
     except ValueError as e:
         raise WeightFileError(f"{path}: corrupt safetensors header ({e}); {fix}") from None
+    if not isinstance(header, dict):
+        raise WeightFileError(f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object of "
+                              f"tensors); {fix}")
     data_len = size - 8 - n
     out: dict[str, TensorInfo] = {}
     end_max = 0
@@ -87,8 +90,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         dt = ST_DTYPES.get(meta.get("dtype")) if isinstance(meta, dict) else None
         if dt is None:
             raise WeightFileError(f"{path}: tensor {name!r} has unsupported or missing dtype in the header; {fix}")
-        begin, end = meta["data_offsets"]
-        shape = tuple(int(x) for x in meta["shape"])
+        begin, end, shape = _offsets_and_shape(path, name, meta, fix)
         numel = 1
         for s in shape:
             numel *= s
@@ -102,6 +104,19 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             f"present ({end_max - data_len} missing); {fix}"
         )
     return out
+
+
+def _offsets_and_shape(path: Path, name: str, meta: dict[str, Any], fix: str) -> tuple[int, int, tuple[int, ...]]:
+    """A header entry's `data_offsets` [begin, end] (0 <= begin <= end) and `shape` (non-negative ints)."""
+    try:
+        begin, end = (int(x) for x in meta["data_offsets"])
+        shape = tuple(int(x) for x in meta["shape"])
+    except (KeyError, TypeError, ValueError):
+        raise WeightFileError(f"{path}: tensor {name!r} has missing or malformed data_offsets/shape in the header "
+                              f"(got data_offsets={meta.get('data_offsets')!r}, shape={meta.get('shape')!r}); {fix}") from None
+    if not 0 <= begin <= end or any(d < 0 for d in shape):
+        raise WeightFileError(f"{path}: tensor {name!r} has invalid data_offsets {[begin, end]} or shape {shape}; {fix}")
+    return begin, end, shape
 
 
 def _check_zip(path: Path) -> None:

@@ -2,13 +2,15 @@
 
 What may be written depends on the config's `trtllm_version` (builders/trtllm/registry.py); every key is a row of the
 contract ledger (builders/trtllm/ledger_llmapi.py, cited to tensorrt_llm/llmapi/llm_args.py of each version):
-- `speculative_config.decoding_type: Eagle` selects the EAGLE-3 worker on the PyTorch backend
-  (EagleDecodingConfig.spec_dec_mode -> EAGLE3 / EAGLE3_ONE_MODEL); `speculative_model_dir` names the head;
+- `speculative_config.decoding_type` selects the EAGLE-3 worker on the PyTorch backend: `Eagle` on 1.1/1.2
+  (EagleDecodingConfig.spec_dec_mode -> EAGLE3 / EAGLE3_ONE_MODEL), `Eagle3` on the current line
+  (Eagle3DecodingConfig); `speculative_model_dir` (1.1/1.2) or `speculative_model` (current line) names the head;
+  `eagle3_one_model` only where the field still exists;
 - `max_draft_len` = number of drafting steps (tree depth). A chain is the default linear tree: nothing else is
   written, which every supported version accepts;
 - a static tree (versions with `pytorch_static_tree`): `eagle_choices` and, where the field exists,
   `max_total_draft_tokens` (= the number of tree nodes);
-- a dynamic tree (versions with `pytorch_dynamic_tree`): `use_dynamic_tree`, `dynamic_tree_max_topK`,
+- a dynamic tree (versions with `pytorch_dynamic_tree`, i.e. the current line): `use_dynamic_tree`, `dynamic_tree_max_topK`,
   `max_total_draft_tokens`, with max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len;
 - `eagle3_layers_to_capture`: target layers whose OUTPUT is captured (upstream default {1, L//2 - 1, L - 4}); our
   config and EAGLE's code index the layer whose INPUT is fused (2, L//2, L-3), so the value is ours minus one. Written
@@ -79,17 +81,20 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
     v = registry.get(cfg.trtllm_version)
     lim = cfg.limits()
     spec: dict[str, Any] = {
-        "decoding_type": "Eagle",
+        "decoding_type": v.decoding_type,
         "max_draft_len": lim.num_eagle_layers,
-        "speculative_model_dir": str(draft_dir),
-        "eagle3_one_model": True,
+        v.speculative_model_key: str(draft_dir),
     }
+    if v.eagle3_one_model_field:
+        spec["eagle3_one_model"] = True
     if v.eagle3_layers_to_capture:
         spec["eagle3_layers_to_capture"] = capture
     elif sorted(capture) != default_capture(num_target_layers):
         raise LlmApiError("; ".join(capture_problems(v.key, capture, num_target_layers)))
     tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
     if tree is not None and not tree.is_chain():
+        if not v.static_trees:  # the config validation refuses it; a BuildConfig made by hand may still hold one
+            raise LlmApiError(f"{v.name} has no static trees (eagle_choices); use tree.dynamic or a chain")
         if v.max_total_draft_tokens:
             spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["eagle_choices"] = tree.to_yaml_obj()
@@ -103,8 +108,10 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
 def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int) -> dict[str, Any]:
     """The whole options mapping (pure). The config was validated against its TensorRT-LLM version when loaded
     (builders/trtllm/rules.py); a capture set that version cannot express raises LlmApiError."""
-    if cfg.engine.backend != "pytorch":
-        raise LlmApiError(f"engine.backend={cfg.engine.backend}: the LLM API YAML is only for engine.backend=pytorch")
+    llmapi_layout = registry.get(cfg.trtllm_version).triton_layout == "llmapi"
+    if cfg.engine.backend != "pytorch" and not (cfg.engine.backend == "reference" and llmapi_layout):
+        raise LlmApiError(f"engine.backend={cfg.engine.backend}: the LLM API YAML is for engine.backend=pytorch (and "
+                          "the reference engine's mirror of the Triton llmapi model)")
     lim, e = cfg.limits(), cfg.engine
     return {
         "tensor_parallel_size": cfg.parallel.tp,
@@ -130,11 +137,13 @@ def dump_options(options: dict[str, Any]) -> str:
     return yaml.safe_dump(json.loads(json.dumps(options)), sort_keys=False, default_flow_style=None, width=120)
 
 
-def trtllm_serve_argv(target_dir: Path, options_file: Path, host: str = "0.0.0.0", port: int = 8000) -> list[str]:
-    """`trtllm-serve` for the HF target directory with our options file (pure)."""
+def trtllm_serve_argv(target_dir: Path, options_file: Path, host: str = "0.0.0.0", port: int = 8000, *,
+                      backend_flag: bool = True) -> list[str]:
+    """`trtllm-serve` for the HF target directory with our options file (pure). `backend_flag` False: leave out
+    `--backend` (the current line: pytorch is the only backend and the default)."""
     return [
         TRTLLM_SERVE, str(target_dir),
-        "--backend", "pytorch",
+        *(("--backend", "pytorch") if backend_flag else ()),
         "--tokenizer", str(target_dir),
         "--host", host,
         "--port", str(port),

@@ -79,7 +79,7 @@ def _run_tensorrt(ctx: StageContext) -> None:
     ctx.notes["crosscheck"] = "engine config.json matches the config"
 
 
-def _eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], int]:
+def eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], int]:
     """(TensorRT-LLM's output-indexed layers to capture, number of target layers)."""
     head_cfg_file = checkpoint_dir / layout.EAGLE3_HEAD / "config.json"
     target_cfg_file = checkpoint_dir / "config.json"
@@ -102,13 +102,13 @@ def _run_pytorch(ctx: StageContext) -> None:
     cfg = ctx.cfg
     ckpt = ctx.stage_dir(layout.CHECKPOINT)
     try:
-        capture, n_layers = _eagle3_capture(cfg, ckpt)
+        capture, n_layers = eagle3_capture(cfg, ckpt)
         options = llmapi.llm_api_options(cfg, ckpt / layout.EAGLE3_HEAD, capture, n_layers)
     except llmapi.LlmApiError as e:
         raise StageError(str(e)) from e
     (ctx.out / llmapi.OPTIONS_FILE).write_text(llmapi.dump_options(options))
-    argv = llmapi.trtllm_serve_argv(_target_dir(ctx), ctx.final / llmapi.OPTIONS_FILE)
     version = registry.get(cfg.trtllm_version)
+    argv = llmapi.trtllm_serve_argv(_target_dir(ctx), ctx.final / llmapi.OPTIONS_FILE, backend_flag=version.engine_flow)
     serve = {"argv": argv, "trtllm_version": version.key, "llm_api": f"{version.name} (tensorrt_llm/llmapi/llm_args.py)"}
     (ctx.out / SERVE_FILE).write_text(json.dumps(serve, indent=2) + "\n")
     ctx.notes["serve"] = " ".join(argv)
@@ -136,7 +136,8 @@ def plan_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
     if cfg.engine.backend == "pytorch":
         # Pure: a pip:/.gguf target is extracted only when the stage runs, so show what it will be.
         target = Path(cfg.target.model) if Path(cfg.target.model).is_dir() else f"<HF dir of {cfg.target.model}>"
-        return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / layout.ENGINE / llmapi.OPTIONS_FILE)]
+        return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / layout.ENGINE / llmapi.OPTIONS_FILE,
+                                         backend_flag=registry.get(cfg.trtllm_version).engine_flow)]
     return []
 
 

@@ -21,12 +21,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from builders import layout
+from builders import layout as build_layout
 from builders.config import BuildConfig
 from builders.engine.llmapi import OPTIONS_FILE as LLMAPI_OPTIONS_FILE
+from builders.triton import render_llmapi as RL
+from builders.triton.pbtxt import (  # noqa: F401  (RenderError and to_text are part of this module's API)
+    RenderError,
+    _add_inputs,
+    _add_outputs,
+    _base,
+    _batching,
+    _decoupled,
+    _instances,
+    _params,
+    to_text,
+)
 from triton_repo import contract as C
 from triton_repo.models.bootstrap import BOOTSTRAP_MODULE
 
@@ -34,76 +45,6 @@ SERVE_PACKAGE = Path(C.__file__).resolve().parent  # triton_repo/: what the rend
 PROJECT_ROOT = SERVE_PACKAGE.parent
 MODELS_SRC = SERVE_PACKAGE / "models"
 CLIENT_FILE = "client.json"
-
-
-class RenderError(ValueError):
-    """A value the repository needs is missing or invalid; the message names it and the fix."""
-
-
-# ---- protobuf helpers ---------------------------------------------------------------------------------------------
-
-
-def _io(msg: Any, t: C.Tensor) -> None:
-    msg.name = t.name
-    msg.data_type = mc.DataType.Value(t.dtype)
-    msg.dims.extend(t.dims)
-
-
-def _add_inputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...], *, cpp: bool = False) -> None:
-    """`cpp`: the C++ tensorrtllm backend's input attributes (scalars reshaped to [], ragged batching)."""
-    for t in tensors:
-        i = cfg.input.add()
-        _io(i, t)
-        i.optional = t.optional
-        if cpp and tuple(t.dims) == (1,):
-            i.reshape.SetInParent()  # `reshape: { shape: [ ] }`
-        if cpp and t.name in C.CPP_RAGGED_INPUTS:
-            i.allow_ragged_batch = True
-
-
-def _add_outputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...]) -> None:
-    for t in tensors:
-        _io(cfg.output.add(), t)
-
-
-def _params(cfg: mc.ModelConfig, params: dict[str, str | int | float | bool], empty_ok: tuple[str, ...] = ()) -> None:
-    """`empty_ok`: parameters whose empty value is meaningful (the backend reads them and treats "" as off)."""
-    for k, v in params.items():
-        if v is None or (isinstance(v, str) and ((v == "" and k not in empty_ok) or "${" in v)):
-            raise RenderError(f"model {cfg.name}: parameter {k} has no value ({v!r})")
-        text = ("true" if v else "false") if isinstance(v, bool) else str(v)
-        cfg.parameters[k].string_value = text
-
-
-def _base(name: str, max_batch_size: int, *, backend: str | None = None, platform: str | None = None) -> mc.ModelConfig:
-    cfg = mc.ModelConfig(name=name, max_batch_size=max_batch_size)
-    if backend:
-        cfg.backend = backend
-    if platform:
-        cfg.platform = platform
-    return cfg
-
-
-def _instances(cfg: mc.ModelConfig, count: int) -> None:
-    g = cfg.instance_group.add()
-    g.kind = mc.ModelInstanceGroup.KIND_CPU
-    g.count = count
-
-
-def _decoupled(cfg: mc.ModelConfig, on: bool) -> None:
-    cfg.model_transaction_policy.decoupled = on
-
-
-def _batching(cfg: mc.ModelConfig, bc: BuildConfig, queue: bool) -> None:
-    db = cfg.dynamic_batching
-    db.max_queue_delay_microseconds = bc.triton.max_queue_delay_microseconds
-    if queue:
-        # Requests beyond the queue are refused by Triton with UNAVAILABLE ("Exceeds maximum queue size").
-        db.default_queue_policy.max_queue_size = bc.triton.max_queue_size
-
-
-def to_text(cfg: mc.ModelConfig) -> str:
-    return text_format.MessageToString(cfg)
 
 
 # ---- models shared by all backends --------------------------------------------------------------------------------
@@ -115,7 +56,7 @@ def _python_common(build_dir: Path) -> dict[str, str]:
 
 
 def tokenizer_dir(build_dir: Path) -> Path:
-    tok = (build_dir / layout.CHECKPOINT / layout.TOKENIZER).resolve()
+    tok = (build_dir / build_layout.CHECKPOINT / build_layout.TOKENIZER).resolve()
     if not (tok / "tokenizer_config.json").is_file():
         raise RenderError(
             f"tokenizer not found at {tok} (no tokenizer_config.json); run the checkpoint stage first: "
@@ -127,7 +68,8 @@ def tokenizer_dir(build_dir: Path) -> Path:
 def preprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.preprocessing_model, bc.engine.max_batch_size, backend="python")
-    _add_inputs(cfg, C.PREPROCESSING_INPUTS)
+    required = tuple(k for k, v in C.PREPROCESSING_INPUT_MAP.items() if v in C.REQUIRED_HELP)
+    _add_inputs(cfg, C.PREPROCESSING_INPUTS, checked_by_model=required)
     _add_outputs(cfg, C.PREPROCESSING_OUTPUTS)
     _params(cfg, {
         **_python_common(build_dir),
@@ -155,7 +97,12 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
 def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.ensemble_model, bc.engine.max_batch_size, platform="ensemble")
-    _add_inputs(cfg, C.ENSEMBLE_INPUTS)
+    # text_input and max_tokens are required but declared optional (upstream's template declares them required):
+    # Triton 2.51 (core r24.10 InferenceRequest::Normalize) checks only the NUMBER of inputs, so a request that
+    # omits max_tokens but sends another optional input passes, the ensemble never schedules the preprocessing step
+    # that needs it and ends the request with an empty success. Declared optional, the request reaches
+    # preprocessing, which refuses it with INVALID_ARGUMENT naming the input (models/preprocessing.py `_required`).
+    _add_inputs(cfg, C.ENSEMBLE_INPUTS, checked_by_model=tuple(C.REQUIRED_HELP))
     _add_outputs(cfg, C.ENSEMBLE_OUTPUTS)
     for model, imap, omap in (
         (t.preprocessing_model, C.PREPROCESSING_INPUT_MAP, C.PREPROCESSING_OUTPUT_MAP),
@@ -205,7 +152,7 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     _instances(cfg, 1)  # the backend schedules in-flight batching itself; one instance owns the engine
     _params(cfg, {
         "gpt_model_type": "inflight_fused_batching",
-        "gpt_model_path": str((build_dir / layout.ENGINE).resolve()),
+        "gpt_model_path": str((build_dir / build_layout.ENGINE).resolve()),
         "max_beam_width": 1,
         "batch_scheduler_policy": "guaranteed_no_evict",
         "kv_cache_free_gpu_mem_fraction": t.kv_cache_free_gpu_mem_fraction,
@@ -242,6 +189,8 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
         "max_seq_len": bc.engine.max_seq_len,
         "decoupled": t.streaming,
     }
+    if kind == "reference":  # the reference model's batcher ends requests past it (triton_repo/models/batcher.py)
+        params["request_deadline_s"] = bc.request_deadline_s()
     _params(cfg, params)
     return cfg
 
@@ -249,12 +198,12 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
 def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
     """upstream all_models/llmapi/tensorrt_llm/1/model.yaml: LLM(**args) + triton_config; the LLM args are the
     engine stage's options file (builders/engine/llmapi.py), the one source for them."""
-    options_file = build_dir / layout.ENGINE / LLMAPI_OPTIONS_FILE
+    options_file = build_dir / build_layout.ENGINE / LLMAPI_OPTIONS_FILE
     if not options_file.is_file():
         raise RenderError(f"{options_file} not found: run the engine stage (engine.backend=pytorch) first")
     options = yaml.safe_load(options_file.read_text())
     doc = {
-        "model": str(layout.hf_target_dir(build_dir)),
+        "model": str(build_layout.hf_target_dir(build_dir)),
         "backend": "pytorch",
         **options,
         "triton_config": {"max_batch_size": bc.engine.max_batch_size, "decoupled": bc.triton.streaming},
@@ -325,6 +274,36 @@ def config_problems(bc: BuildConfig) -> list[str]:
     return p + [f"contract: {x}" for x in C.check_wiring()]
 
 
+def layout(bc: BuildConfig) -> str:
+    """'ensemble' (TensorRT-LLM 1.1/1.2) or 'llmapi' (the current line), from the version registry."""
+    from builders.trtllm import registry
+
+    return registry.get(bc.trtllm_version).triton_layout
+
+
+def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
+    """The llmapi layout (builders/triton/render_llmapi.py)."""
+    from builders.engine.llmapi import LlmApiError
+
+    try:
+        options = RL.llm_options(bc, build_dir, build_dir / build_layout.ENGINE / LLMAPI_OPTIONS_FILE)
+    except (OSError, LlmApiError) as e:
+        raise RenderError(f"LLM API options for the llmapi model: {e}") from e
+    d = out / bc.triton.llm_model
+    (d / "1").mkdir(parents=True)
+    files = {d / "config.pbtxt": to_text(RL.model_config(bc, build_dir, PROJECT_ROOT)),
+             d / "1" / RL.L.MODEL_YAML: RL.model_yaml(bc, build_dir, options),
+             out / CLIENT_FILE: json.dumps(RL.client_descriptor(bc, tokenizer_dir(build_dir)), indent=2) + "\n"}
+    for f, text in files.items():
+        f.write_text(text)
+    if bc.engine.backend == "reference":
+        shutil.copyfile(MODELS_SRC / "llmapi_reference.py", d / "1" / "model.py")
+        shutil.copyfile(MODELS_SRC / "bootstrap.py", d / "1" / f"{BOOTSTRAP_MODULE}.py")
+        files[d / "1" / "model.py"] = ""
+        files[d / "1" / f"{BOOTSTRAP_MODULE}.py"] = ""
+    return list(files)
+
+
 def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
     """Write the repository into `out` (must be empty or absent). Returns the files written."""
     problems = config_problems(bc)
@@ -333,6 +312,8 @@ def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
         raise RenderError(f"{out} is not empty; render into a fresh directory")
+    if layout(bc) == "llmapi":
+        return render_llmapi(bc, build_dir, out)
     t = bc.triton
     sources = {
         t.preprocessing_model: MODEL_SOURCE["preprocessing"],

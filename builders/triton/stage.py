@@ -18,7 +18,9 @@ STAGE_NAME = TRITON_REPO
 def _sources(cfg: BuildConfig) -> list[Path]:
     """The rendered repository copies these files: a change to any of them re-renders it."""
     serve = render.SERVE_PACKAGE
-    return [serve / "contract.py", Path(render.__file__).resolve(), *sorted(render.MODELS_SRC.glob("*.py"))]
+    here = Path(__file__).resolve().parent
+    return [serve / "contract.py", serve / "llmapi_contract.py", here / "pbtxt.py", Path(render.__file__).resolve(),
+            here / "render_llmapi.py", *sorted(render.MODELS_SRC.glob("*.py"))]
 
 
 def run(ctx: StageContext) -> None:
@@ -32,13 +34,16 @@ def run(ctx: StageContext) -> None:
 
 def plan_outputs(cfg: BuildConfig) -> list[str]:
     t = cfg.triton
+    if render.layout(cfg) == "llmapi":
+        return [f"{t.llm_model}/config.pbtxt", f"{t.llm_model}/1/model.yaml", render.CLIENT_FILE]
     names = [t.preprocessing_model, t.llm_model, t.postprocessing_model, t.ensemble_model, t.bls_model]
     return [f"{n}/config.pbtxt" for n in names] + [render.CLIENT_FILE]
 
 
 TRITON_STAGE = Stage(
     name=STAGE_NAME,
-    description="Triton model repository: preprocessing, tensorrt_llm, postprocessing, ensemble, tensorrt_llm_bls",
+    description="Triton model repository: preprocessing, tensorrt_llm, postprocessing, ensemble, tensorrt_llm_bls "
+    "(TensorRT-LLM 1.1/1.2), or the one `tensorrt_llm` llmapi model (the current line)",
     external_inputs=_sources,
     depends_on=(CHECKPOINT, ENGINE),
     run=run,

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from builders.trtllm import registry
 
 ALL = tuple(registry.VERSIONS)  # every supported version
+ENGINE_FLOW = tuple(k for k, v in registry.VERSIONS.items() if v.engine_flow)  # checkpoint format, trtllm-build
+ENSEMBLE = tuple(k for k, v in registry.VERSIONS.items() if v.triton_layout == "ensemble")  # our ensemble repository
+LLMAPI_LAYOUT = tuple(k for k, v in registry.VERSIONS.items() if v.triton_layout == "llmapi")  # upstream llmapi model
 
 # The ref a citation names, per repository and version (registry tags for TensorRT-LLM; the Triton release of the
 # image for Triton core/common; this repository's own files are cited at the commit that carries the ledger).
@@ -66,10 +69,16 @@ def rows_of(surface: str, names: Iterable[str], source: Source, *, type: str, re
     return [Row(surface, n, versions, required, type, source, when, note) for n in names]
 
 
-def all_rows() -> list[Row]:
-    from builders.trtllm import ledger_build, ledger_checkpoint, ledger_triton
+def only(rows: list[Row], versions: tuple[str, ...]) -> list[Row]:
+    """The rows restricted to `versions` (a surface that exists only in some versions, e.g. the engine flow's)."""
+    out = [replace(r, versions=tuple(v for v in r.versions if v in versions)) for r in rows]
+    return [r for r in out if r.versions]
 
-    return ledger_checkpoint.ROWS + ledger_build.ROWS + ledger_triton.ROWS
+
+def all_rows() -> list[Row]:
+    from builders.trtllm import ledger_build, ledger_checkpoint, ledger_llmapi, ledger_triton
+
+    return ledger_checkpoint.ROWS + ledger_build.ROWS + ledger_triton.ROWS + ledger_llmapi.ROWS
 
 
 def rows_for(surface: str, version: str) -> list[Row]:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from builders.trtllm.ledger import Row, Source, rows_of
+from builders.trtllm.ledger import ENGINE_FLOW, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 BUILD = Source(TRT, "tensorrt_llm/commands/build.py", "parse_arguments")
@@ -35,7 +35,8 @@ _BUILD = (
 )
 
 _SERVE = (
-    rows_of("trtllm-serve.flag", ("--backend",), SERVE, type="pytorch | tensorrt | _autodeploy (default pytorch)")
+    rows_of("trtllm-serve.flag", ("--backend",), SERVE, type="pytorch | tensorrt | _autodeploy (default pytorch)",
+            versions=ENGINE_FLOW, note="the current line leaves it out (pytorch is the default; tensorrt was removed)")
     + rows_of("trtllm-serve.flag", ("--tokenizer", "--host", "--port"), SERVE, type="str / str / int")
     + rows_of("trtllm-serve.flag", ("--extra_llm_api_options",), SERVE, type="path (YAML merged into the LLM args)",
               required=True, note="also spelled --config in later releases")
@@ -50,21 +51,23 @@ _LLMAPI = (
     + rows_of("llmapi.option", ("kv_cache_config.dtype", "kv_cache_config.free_gpu_memory_fraction",
                                 "kv_cache_config.enable_block_reuse"), KV_CONFIG, type="'auto' | 'fp8' / float / bool")
     + rows_of("llmapi.option", ("speculative_config.decoding_type",), DECODING, type="'Eagle'", required=True,
-              note="from_dict dispatches on it and pops it")
+              versions=ENGINE_FLOW, note="from_dict dispatches on it and pops it")
     + rows_of("llmapi.option", ("speculative_config.max_draft_len", "speculative_config.speculative_model_dir"),
-              DECODING, type="int (drafting steps) / path", required=True,
+              DECODING, type="int (drafting steps) / path", required=True, versions=ENGINE_FLOW,
               note="EagleDecodingConfig asserts max_draft_len; validate() needs the draft model dir")
-    + rows_of("llmapi.option", ("speculative_config.eagle3_one_model",), EAGLE_CFG, type="bool (default true)")
+    + rows_of("llmapi.option", ("speculative_config.eagle3_one_model",), EAGLE_CFG, type="bool (default true)",
+              versions=ENGINE_FLOW)
     + rows_of("llmapi.option", ("speculative_config.eagle3_layers_to_capture",), EAGLE_CFG, type="set[int]",
               versions=("1.2",), note="1.1: not proven (absent in the mid-2025 file, present after the 1.1 branch); "
               "there we write nothing and only the default layers are possible")
     + rows_of("llmapi.option", ("speculative_config.eagle_choices", "speculative_config.max_total_draft_tokens"),
               EAGLE_CFG, type="list[list[int]] / int", versions=("1.2",), required=True, when=("tree",),
               note="1.1's PyTorch attention backend refuses trees ('only chained/linear tree is supported now')")
-    + rows_of("llmapi.model_yaml", ("model", "backend"), LLM_ARGS, type="path / 'pytorch'", required=True)
+    + rows_of("llmapi.model_yaml", ("model", "backend"), LLM_ARGS, type="path / 'pytorch'", required=True,
+              versions=ENGINE_FLOW)
     + rows_of("llmapi.model_yaml", ("triton_config", "triton_config.max_batch_size", "triton_config.decoupled"),
-              OURS_LLMAPI_MODEL, type="dict / int / bool",
+              OURS_LLMAPI_MODEL, type="dict / int / bool", versions=ENGINE_FLOW,
               note="popped before LLM(**args), as upstream's all_models/llmapi/tensorrt_llm/1/model.yaml does")
 )
 
-ROWS: list[Row] = _BUILD + _SERVE + _LLMAPI
+ROWS: list[Row] = only(_BUILD, ENGINE_FLOW) + _SERVE + _LLMAPI

@@ -6,6 +6,10 @@ version, and every required row is present.
 reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
 problems (exit 1) or "ledger: N names checked, all cited" (exit 0). tests/test_ledger.py runs the same functions on
 real builds of every backend and version.
+
+Inputs:  CONFIG.yaml of a finished build (its output_dir is read)
+Outputs: the problems found (exit 1) or the number of names checked (exit 0)
+Guide:   docs/contracts.md
 """
 
 from __future__ import annotations
@@ -65,9 +69,10 @@ def pbtxt_fields(msg: Any, prefix: str = "") -> set[str]:
     return out
 
 
-def triton_names(repo: Path, roles: dict[str, str]) -> Emitted:
+def triton_names(repo: Path, roles: dict[str, str], ensemble_layout: bool = True) -> Emitted:
     """Every config.pbtxt under `repo`; `roles` maps model name -> role (preprocessing, postprocessing, bls, llm,
-    ensemble). The llm is the C++ backend when its config says backend tensorrtllm."""
+    ensemble). The llm is the C++ backend when its config says backend tensorrtllm; `ensemble_layout` False = the
+    repository is the llmapi layout (its one model is upstream's `tensorrt_llm` llmapi model)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
@@ -77,6 +82,12 @@ def triton_names(repo: Path, roles: dict[str, str]) -> Emitted:
         _add(out, "triton.model_config", pbtxt_fields(cfg))
         role = roles.get(cfg.name, "?")
         io = {t.name for t in cfg.input} | {t.name for t in cfg.output}
+        if (f.parent / "1" / "model.yaml").is_file() and role == "llm" and not ensemble_layout:
+            _add(out, "triton.llmapi.input", {t.name for t in cfg.input})
+            _add(out, "triton.llmapi.output", {t.name for t in cfg.output})
+            if cfg.parameters:
+                _add(out, "triton.llmapi.parameter", set(cfg.parameters))
+            continue
         if cfg.backend == "tensorrtllm":
             _add(out, "triton.tensorrt_llm.parameter", set(cfg.parameters))
             _add(out, "triton.tensorrt_llm.input", {t.name for t in cfg.input})
@@ -89,7 +100,8 @@ def triton_names(repo: Path, roles: dict[str, str]) -> Emitted:
     model_yaml = next(iter(repo.glob("*/1/model.yaml")), None)
     if model_yaml is not None:
         doc = yaml.safe_load(model_yaml.read_text())
-        _add(out, "llmapi.model_yaml", {"model", "backend"} | ledger.flat_keys({"triton_config": doc["triton_config"]}))
+        _add(out, "llmapi.model_yaml", ({"model", "backend"} & set(doc))
+             | ledger.flat_keys({"triton_config": doc["triton_config"]}))
         _add(out, "llmapi.option", ledger.flat_keys({k: v for k, v in doc.items()
                                                      if k not in ("model", "backend", "triton_config")}))
     return out
@@ -101,7 +113,9 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
     return ledger.flags_of(
         eagle=cfg.draft.type == "eagle", w_fp8=cfg.quantization.weights == "fp8",
         kv_fp8=cfg.quantization.kv_cache == "fp8", perf=True, tree=tree is not None and not tree.is_chain(),
+        dynamic=cfg.tree.dynamic is not None,
         drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
+        reference=cfg.engine.backend == "reference",
     )
 
 
@@ -113,8 +127,12 @@ def build_names(cfg: Any, build: Path) -> Emitted:
     """Everything a finished build directory emitted for TensorRT-LLM and Triton."""
     from builders.engine import llmapi, stage, trtllm_build
 
+    from builders.trtllm import registry
+
+    version = registry.get(cfg.trtllm_version)
     ckpt = build / "checkpoint"
-    out = checkpoint_names(ckpt)
+    # Without the engine flow, TensorRT-LLM never reads the TRT-LLM checkpoint (only the reference engine does).
+    out = checkpoint_names(ckpt) if version.engine_flow else {}
     if (ckpt / "eagle3" / "config.json").is_file() and Path(cfg.draft.model, "config.json").is_file():
         written = json.loads((ckpt / "eagle3" / "config.json").read_text())
         out.update(eagle3_names(written, json.loads(Path(cfg.draft.model, "config.json").read_text())))
@@ -131,7 +149,8 @@ def build_names(cfg: Any, build: Path) -> Emitted:
     roles = {t.preprocessing_model: "preprocessing", t.postprocessing_model: "postprocessing", t.bls_model: "bls",
              t.llm_model: "llm", t.ensemble_model: "ensemble"}
     if (build / "triton_repo").is_dir():
-        for surface, names in triton_names(build / "triton_repo", roles).items():
+        llmapi_layout = version.triton_layout == "llmapi"
+        for surface, names in triton_names(build / "triton_repo", roles, not llmapi_layout).items():
             _add(out, surface, names)
     return out
 

@@ -4,7 +4,7 @@ w_fp8 / kv_fp8 = FP8 weights / KV cache, drafter_multilayer = a head with more t
 
 from __future__ import annotations
 
-from builders.trtllm.ledger import Row, Source, rows_of
+from builders.trtllm.ledger import ENGINE_FLOW, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 PRETRAINED = Source(TRT, "tensorrt_llm/models/modeling_utils.py", "PretrainedConfig.__init__")
@@ -128,4 +128,6 @@ _ENGINE_CONFIG = rows_of(
     note="written by trtllm-build; max_seq_len is recorded as requested + max_draft_len + num_eagle_layers",
 )
 
-ROWS: list[Row] = _CONFIG + _QUANT_KEYS + _TENSORS + _EAGLE3 + _TOKENIZER + _ENGINE_CONFIG
+# The TRT-LLM checkpoint and engine are read by TensorRT-LLM only in the engine flow; on later versions the checkpoint
+# is the reference engine's own input. The EAGLE-3 head and the tokenizer are read by the LLM API of every version.
+ROWS: list[Row] = only(_CONFIG + _QUANT_KEYS + _TENSORS + _ENGINE_CONFIG, ENGINE_FLOW) + _EAGLE3 + _TOKENIZER

@@ -5,7 +5,7 @@ existing clients work). Flags (`when`): perf = the backend writes perf outputs (
 
 from __future__ import annotations
 
-from builders.trtllm.ledger import Row, Source, rows_of
+from builders.trtllm.ledger import ENGINE_FLOW, ENSEMBLE, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 PROTO = Source("triton-inference-server/common", "protobuf/model_config.proto", "ModelConfig")
@@ -36,9 +36,14 @@ _MODEL_CONFIG = (
     rows_of("triton.model_config", ("name", "max_batch_size", "input", "output", "instance_group", "parameters"),
             PROTO, type="ModelConfig fields")
     + rows_of("triton.model_config", ("backend", "platform"), PROTO, type="str ('tensorrtllm' | 'python' / 'ensemble')")
-    + rows_of("triton.model_config", ("input.name", "input.data_type", "input.dims", "input.optional",
+    + rows_of("triton.model_config", ("input.name", "input.data_type", "input.dims",
                                       "output.name", "output.data_type", "output.dims"), PROTO,
               type="ModelInput / ModelOutput fields")
+    + rows_of("triton.model_config", ("input.optional",), PROTO, type="bool",
+              note="ensemble text_input / max_tokens and preprocessing QUERY / REQUEST_OUTPUT_LEN: true although "
+              "upstream's templates say required; Triton 2.51 (core r24.10 src/infer_request.cc "
+              "InferenceRequest::Normalize) compares only the number of inputs, so an ensemble request missing one "
+              "ended as an empty success; preprocessing now refuses it naming the input")
     + rows_of("triton.model_config", ("input.reshape",), PROTO, type="ModelTensorReshape",
               note="tensorrt_llm: `reshape: { shape: [ ] }` on [1] inputs -> [batch] for splitBatchInputsTensors")
     + rows_of("triton.model_config", ("input.allow_ragged_batch",), PROTO, type="bool")
@@ -107,6 +112,10 @@ _PYTHON = (
                                               "max_batch_size", "max_queue_size", "max_input_len", "max_seq_len",
                                               "decoupled"), _ours("reference_llm"), type="str", required=True,
               note="the same parameters for llmapi_llm.py (engine.backend pytorch)")
+    + rows_of("triton.python_llm.parameter", ("request_deadline_s",), _ours("reference_llm"), type="str (seconds)",
+              required=True, when=("reference",),
+              note="engine.backend reference only (triton.request_deadline_s, or max_seq_len x "
+              "triton.deadline_per_token_s)")
 )
 
 _CONTRACT = Source(OURS, "triton_repo/contract.py", "the tensors every python model reads and writes")
@@ -128,4 +137,5 @@ _TENSORS = rows_of(
     "ensemble); TEMPERATURE / RUNTIME_TOP_K / RUNTIME_TOP_P are this project's (greedy-only refusal)",
 )
 
-ROWS: list[Row] = _MODEL_CONFIG + _CPP_PARAMS + _CPP_INPUTS + _CPP_OUTPUTS + _PYTHON + _TENSORS
+ROWS: list[Row] = (_MODEL_CONFIG + only(_CPP_PARAMS + _CPP_INPUTS + _CPP_OUTPUTS, ENGINE_FLOW)
+                   + only(_PYTHON + _TENSORS, ENSEMBLE))

@@ -29,6 +29,12 @@ class TrtllmVersion:
     pytorch_dynamic_tree: bool  # `use_dynamic_tree` on the PyTorch backend
     eagle3_layers_to_capture: bool  # the LLM API field exists (proven in the ledger)
     max_total_draft_tokens: bool  # the LLM API field exists
+    eagle12_heads: bool  # EAGLE-1/2 heads run at all (engine flow); False: EAGLE-3 only
+    static_trees: bool  # any static tree (`eagle_choices`) exists in this version, on some backend
+    decoding_type: str  # speculative_config.decoding_type that selects the EAGLE-3 worker
+    speculative_model_key: str  # the field naming the head directory
+    eagle3_one_model_field: bool  # `eagle3_one_model` is a field (absent once two-model EAGLE-3 was removed)
+    triton_layout: str  # "ensemble" (our preprocessing/tensorrt_llm/postprocessing/ensemble/BLS) | "llmapi"
     max_draft_len_limit: int  # builder.py build(): EAGLE max_draft_len bound
     eagle_max_batch_size: int  # builder.py build(): EAGLE max_batch_size bound (engine flow)
     summary: str  # one line for `--help`, the README and errors
@@ -52,6 +58,12 @@ VERSIONS: dict[str, TrtllmVersion] = {
         pytorch_dynamic_tree=False,
         eagle3_layers_to_capture=False,
         max_total_draft_tokens=False,
+        eagle12_heads=True,
+        static_trees=True,
+        decoding_type="Eagle",
+        speculative_model_key="speculative_model_dir",
+        eagle3_one_model_field=True,
+        triton_layout="ensemble",
         max_draft_len_limit=256,
         eagle_max_batch_size=512,
         summary="the pinned NGC image: engine flow (EAGLE-1/2, static trees, Triton C++ backend); PyTorch backend "
@@ -70,14 +82,47 @@ VERSIONS: dict[str, TrtllmVersion] = {
         pytorch_dynamic_tree=False,
         eagle3_layers_to_capture=True,
         max_total_draft_tokens=True,
+        eagle12_heads=True,
+        static_trees=True,
+        decoding_type="Eagle",
+        speculative_model_key="speculative_model_dir",
+        eagle3_one_model_field=True,
+        triton_layout="ensemble",
         max_draft_len_limit=256,
         eagle_max_batch_size=512,
         summary="the last series with trtllm-build: engine flow as 1.1; PyTorch backend EAGLE-3 with static trees "
         "(eagle_choices) and any capture layers",
     ),
+    # The current line (docs/contracts.md "Sources": the 1.4.0rc docs pages and the pull requests that removed the
+    # engine flow, the engine-based Triton backend and eagle_choices). No NGC tritonserver image carries it yet.
+    "1.4": TrtllmVersion(
+        key="1.4",
+        series=(1, 4),
+        release="1.4.0rc4",
+        tag="v1.4.0rc4",
+        triton_image=None,
+        transformers_major=4,
+        engine_flow=False,
+        pytorch_eagle3=True,
+        pytorch_static_tree=False,
+        pytorch_dynamic_tree=True,
+        eagle3_layers_to_capture=True,
+        max_total_draft_tokens=True,
+        eagle12_heads=False,
+        static_trees=False,
+        decoding_type="Eagle3",
+        speculative_model_key="speculative_model",
+        eagle3_one_model_field=False,
+        triton_layout="llmapi",
+        max_draft_len_limit=256,
+        eagle_max_batch_size=512,
+        summary="the current line: LLM API only (no trtllm-build, no C++ Triton backend), EAGLE-3 heads only, "
+        "one-model, chains or dynamic trees (no eagle_choices), served by Triton's `llmapi` model",
+    ),
 }
 
-DEFAULT_VERSION = "1.1"  # the pinned image's TensorRT-LLM (builders/versions.py)
+DEFAULT_VERSION = "1.4"  # new configs target the current line (EAGLE-3, LLM API, Triton's llmapi model)
+PINNED_VERSION = "1.1"  # the pinned NGC image's TensorRT-LLM (builders/versions.py): engine flow, EAGLE-1/2
 
 
 class UnknownVersion(ValueError):
@@ -94,8 +139,9 @@ def get(key: str) -> TrtllmVersion:
     except KeyError:
         raise UnknownVersion(
             f"trtllm_version={key!r} is not supported; use one of {', '.join(repr(k) for k in VERSIONS)} "
-            f"(default {DEFAULT_VERSION!r} = the pinned image). A new version needs a registry entry and its ledger "
-            "rows (README: 'Checking a new TensorRT-LLM version')"
+            f"(default {DEFAULT_VERSION!r} = the current line; {PINNED_VERSION!r} = the pinned image). A new version "
+            "needs a registry entry and its ledger "
+            "rows (docs/build.md: 'Checking a new TensorRT-LLM version')"
         ) from None
 
 
@@ -124,8 +170,8 @@ def installed_mismatch(key: str, installed_release: str | None) -> list[str]:
     if have is not None and have.key == want.key:
         return []
     if have is None:
-        fix = (f"run in the pinned image {VERSIONS[DEFAULT_VERSION].triton_image}, or check that version against the "
-               "ledger first (README: 'Checking a new TensorRT-LLM version')")
+        fix = (f"run in the pinned image {VERSIONS[PINNED_VERSION].triton_image}, or check that version against the "
+               "ledger first (docs/build.md: 'Checking a new TensorRT-LLM version')")
     else:
         fix = f"set trtllm_version: '{have.key}' and rebuild, or install TensorRT-LLM {want.release}"
     return [f"trtllm_version '{want.key}': the outputs are written for {want.name}, but the installed TensorRT-LLM is "

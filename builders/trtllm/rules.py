@@ -42,15 +42,43 @@ def _tree_values(cfg: BuildConfig) -> tuple[int, int, int] | None:
     return lim.max_draft_len, lim.num_eagle_layers, lim.max_num_tokens
 
 
+_OLDER_LINES = "set trtllm_version: '1.2' (or '1.1', the pinned NGC image) with engine.backend tensorrt (the engine flow)"
+
+
+def _eagle3_only(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    """Versions without EAGLE-1/2 heads or static trees refuse them on every backend: the reference engine mirrors
+    what that version can serve (tensorrt_llm/llmapi/llm_args.py TorchLlmArgs.validate_speculative_config turns
+    `Eagle` into `Eagle3`, whose loader cannot read an EAGLE-1/2 checkpoint; PR #18210 removed eagle_choices)."""
+    where = f"{v.name} (trtllm_version '{v.key}')"
+    p: list[str] = []
+    if cfg.draft.type == "eagle" and not v.eagle12_heads:
+        p.append(f"draft.type=eagle (an EAGLE-1/2 head) cannot run on {where}: it runs EAGLE-3 heads only "
+                 "(speculative_config.decoding_type Eagle3 on the PyTorch backend; EAGLE-1/2 checkpoints are "
+                 "incompatible and the engine flow that ran them was removed). Either retrain the head as EAGLE-3 with "
+                 "this toolkit's trainer (`python builders/train_head.py CONFIG` with `head: eagle3`, e.g. "
+                 f"configs/train/smollm2-eagle3.yaml) and set draft.type=eagle3, or {_OLDER_LINES}")
+    if cfg.tree.choices is not None and not v.static_trees:
+        try:
+            tree = cfg.static_tree()
+        except trees.TreeError:
+            return p  # the tree rule reports it
+        if tree is not None and not tree.is_chain():
+            p.append(f"tree.choices (a static tree, {tree.size} nodes, depth {tree.depth}) cannot run on {where}: "
+                     "static trees (eagle_choices) were removed (TensorRT-LLM PR #18210: they worked only on the "
+                     "deprecated two-model path). Use a dynamic tree (tree.dynamic: {top_k, depth, "
+                     f"total_draft_tokens}}) or a chain (tree.choices: chain-{tree.depth}), or {_OLDER_LINES}")
+    return p
+
+
 def _backend_and_draft(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     backend, kind = cfg.engine.backend, cfg.draft.type
-    p: list[str] = []
+    p: list[str] = _eagle3_only(cfg, v)
     if backend == "tensorrt" and not v.engine_flow:
         p.append(_needs(v, "engine_flow", "engine.backend=tensorrt (trtllm-build engines)", "set engine.backend=pytorch"))
     if backend == "tensorrt" and kind == "eagle3":
         p.append("draft.type=eagle3 with engine.backend=tensorrt: TensorRT-LLM runs EAGLE-3 only on its PyTorch backend "
                  "(LLM API); set engine.backend pytorch or reference")
-    if backend == "pytorch" and kind == "eagle":
+    if backend == "pytorch" and kind == "eagle" and v.eagle12_heads:
         p.append("draft.type=eagle with engine.backend=pytorch: TensorRT-LLM's PyTorch backend runs EAGLE-3 heads only "
                  "(EAGLE-1/2 checkpoints are incompatible); use draft.type=eagle3, or engine.backend tensorrt/reference")
     if backend == "pytorch" and kind == "eagle3" and not v.pytorch_eagle3:
@@ -128,7 +156,7 @@ def _pytorch(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
             tree = cfg.static_tree()
         except trees.TreeError:
             return p  # the tree rule reports it
-        if tree is not None and not tree.is_chain() and not v.pytorch_static_tree:
+        if tree is not None and not tree.is_chain() and not v.pytorch_static_tree and v.static_trees:
             p.append(_needs(v, "pytorch_static_tree", f"a draft tree ({tree.size} nodes, depth {tree.depth}) with "
                             "engine.backend=pytorch", f"use tree.choices: chain-{tree.depth}, or engine.backend tensorrt"))
     if dyn is not None:
@@ -144,8 +172,9 @@ def _pytorch(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
 
 
 def trtllm_problems(cfg: BuildConfig) -> list[str]:
-    """Every TensorRT-LLM limit this config breaks for its `trtllm_version` (empty for engine.backend=reference,
-    whose limits are the reference engine's own)."""
+    """Every TensorRT-LLM limit this config breaks for its `trtllm_version`. engine.backend=reference has the
+    reference engine's own limits, except that an EAGLE-3-only version refuses EAGLE-1/2 heads and static trees
+    there too (the reference engine then serves that version's Triton layout and nothing it could not serve)."""
     v = registry.get(cfg.trtllm_version)
     p = _backend_and_draft(cfg, v)
     if cfg.engine.backend == "tensorrt":

@@ -9,6 +9,10 @@ Ports are Triton's, from docker/serve.py. `--check` compares with the files in D
 Files written (one concern each): storage.yaml (PVCs), build-job.yaml, deployment.yaml, service.yaml, hpa.yaml,
 pdb.yaml, prometheus-adapter-rules.yaml (ConfigMap), servicemonitor.yaml (Prometheus Operator CRD),
 leaderworkerset.yaml (LWS CRD: multi-node tensor parallelism, see docs/deploy.md).
+
+Inputs:  CONFIG, a build config
+Outputs: the Kubernetes manifests in --out (--check: compare only)
+Guide:   docs/deploy.md
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ for p in (REPO, REPO / "docker"):
         sys.path.insert(0, str(p))
 
 from builders.config import BuildConfig, ConfigError, load_config  # noqa: E402
-from builders.versions import GPU_IMAGE  # noqa: E402
+from builders.versions import CURRENT_GPU_IMAGE, GPU_IMAGE  # noqa: E402
 from serve import TRITON_PORTS  # noqa: E402  (docker/serve.py)
 
 Manifest = dict[str, Any]
@@ -37,6 +41,9 @@ READY_TIMEOUT_S = 1800  # entrypoint TRITON_READY_TIMEOUT; the startup probe all
 STARTUP_PERIOD_S = 10
 # Custom metric exposed by the Prometheus adapter rule and consumed by the HPA (one name, rendered into both).
 QUEUE_METRIC = "eagle_triton_queued_requests"
+IMAGE_UID = 1000  # docker/Dockerfile USER: NGC's `triton-server` user (uid/gid 1000 in every tritonserver image)
+CACHE_DIR = f"{IMAGE_HOME}/.cache"  # EAGLE_DEPLOY_CACHE and HOME of the images: an emptyDir (read-only root)
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"  # triton_repo/launch.py: the key of Triton's restricted admin endpoints
 
 
 @dataclass(frozen=True)
@@ -108,10 +115,30 @@ def _volumes(name: str, opts: RenderOptions, *, models: bool) -> list[dict[str, 
     vols: list[dict[str, Any]] = [
         {"name": "builds", "persistentVolumeClaim": {"claimName": f"{name}-builds"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm_size}},
+        # The root filesystem is read-only: scratch space (TensorRT-LLM, Python) and caches live here.
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
     ]
     if models:
         vols.append({"name": "models", "persistentVolumeClaim": {"claimName": f"{name}-models", "readOnly": True}})
     return vols
+
+
+def _writable_mounts() -> list[dict[str, Any]]:
+    return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "cache", "mountPath": CACHE_DIR}]  # fmt: skip
+
+
+def _container_security() -> dict[str, Any]:
+    """No root, no new privileges, no capabilities, nothing written outside the mounted volumes."""
+    return {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+
+
+def _pod_security() -> dict[str, Any]:
+    # fsGroup: the volumes (build PVC included) are writable by the image's user.
+    return {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
 
 
 def _server_container(cfg: BuildConfig, opts: RenderOptions, args: list[str]) -> dict[str, Any]:
@@ -129,6 +156,9 @@ def _server_container(cfg: BuildConfig, opts: RenderOptions, args: list[str]) ->
         "env": [
             {"name": "TRITON_READY_TIMEOUT", "value": str(READY_TIMEOUT_S)},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
+            # Opens Triton's admin endpoints to holders of the key; without the Secret they stay closed.
+            {"name": ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": f"{dns_name(cfg.name)}-triton-admin",
+                                                                   "key": "key", "optional": True}}},
         ],
         "ports": ports,
         # Engines take minutes to load: the startup probe gives the launcher's whole ready timeout, then
@@ -138,10 +168,8 @@ def _server_container(cfg: BuildConfig, opts: RenderOptions, args: list[str]) ->
         "readinessProbe": probe("/v2/health/ready", 5, 3),
         "livenessProbe": probe("/v2/health/live", 10, 6),
         "resources": {"limits": {"nvidia.com/gpu": str(gpus(cfg))}},
-        "volumeMounts": [
-            {"name": "builds", "mountPath": opts.build_root, "readOnly": True},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
+        "securityContext": _container_security(),
+        "volumeMounts": [{"name": "builds", "mountPath": opts.build_root, "readOnly": True}, *_writable_mounts()],
     }
 
 
@@ -163,19 +191,22 @@ def build_job(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest
         "args": ["build", f"{IMAGE_HOME}/{opts.config_path}", "--set", f"output_dir={build_dir(cfg, opts)}"],
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
         "resources": {"limits": {"nvidia.com/gpu": str(gpus(cfg))}},
+        "securityContext": _container_security(),
         "volumeMounts": [
             {"name": "builds", "mountPath": opts.build_root},
             {"name": "models", "mountPath": opts.models_root, "readOnly": True},
-            {"name": "dshm", "mountPath": "/dev/shm"},
+            *_writable_mounts(),
         ],
     }
-    pod = {"restartPolicy": "Never", "containers": [container], "volumes": _volumes(name, opts, models=True)}
+    pod = {"restartPolicy": "Never", "securityContext": _pod_security(), "containers": [container],
+           "volumes": _volumes(name, opts, models=True)}  # fmt: skip
     job = {"backoffLimit": 0, "template": {"metadata": {"labels": _labels(name, "build")}, "spec": pod}}
     return [_obj("batch/v1", "Job", f"{name}-build", name, "build", spec=job)]
 
 
 def deployment(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest]:
     pod = {
+        "securityContext": _pod_security(),
         "containers": [_server_container(cfg, opts, ["serve", build_dir(cfg, opts)])],
         "volumes": _volumes(name, opts, models=False),
         "terminationGracePeriodSeconds": 60,  # launch.py stops tritonserver (SIGINT, unload) within 30 s
@@ -268,6 +299,7 @@ def leader_worker_set(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[
         # Workers only host MPI ranks started by the leader's mpirun (through a kubectl-exec rsh agent).
         "command": ["sleep", "infinity"],
         "resources": {"limits": {"nvidia.com/gpu": str(per_pod)}},
+        "securityContext": _container_security(),
         "volumeMounts": leader["volumeMounts"],
     }
     vols = _volumes(name, opts, models=False)
@@ -277,9 +309,9 @@ def leader_worker_set(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[
             "size": nodes,
             "restartPolicy": "RecreateGroupOnPodRestart",  # one lost rank breaks the MPI world: restart all
             "leaderTemplate": {"metadata": {"labels": _labels(name, "leader")},
-                               "spec": {"containers": [leader], "volumes": vols}},
+                               "spec": {"securityContext": _pod_security(), "containers": [leader], "volumes": vols}},
             "workerTemplate": {"metadata": {"labels": _labels(name, "worker")},
-                               "spec": {"containers": [worker], "volumes": vols}},
+                               "spec": {"securityContext": _pod_security(), "containers": [worker], "volumes": vols}},
         },
     }  # fmt: skip
     return [_obj("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", f"{name}-multinode", name, "server", spec=spec)]
@@ -323,13 +355,21 @@ def header(opts: RenderOptions, args: list[str]) -> str:
             "# Do not edit by hand; regenerate with the same command (add --out DIR to write elsewhere).\n")
 
 
+def default_image(cfg: BuildConfig) -> str:
+    """The image that serves the config's TensorRT-LLM version: the pinned NGC one, or the current-line image."""
+    from builders.trtllm import registry
+
+    return CURRENT_GPU_IMAGE if registry.get(cfg.trtllm_version).triton_layout == "llmapi" else GPU_IMAGE
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="render.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("config", help="build config, relative to the project root (it is baked into the image)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, as for builders/build.py")
     ap.add_argument("--out", type=Path, default=REPO / "docker" / "k8s", help="output directory")
-    ap.add_argument("--image", default=GPU_IMAGE, help=f"server image (default {GPU_IMAGE})")
+    ap.add_argument("--image", default=None, help=f"server image (default {GPU_IMAGE}; {CURRENT_GPU_IMAGE} for a config "
+                    "of the current TensorRT-LLM line)")
     ap.add_argument("--queue-target", type=int, default=None,
                     help="queued requests per pod the HPA holds (default max(1, engine.max_batch_size // 2))")
     ap.add_argument("--gpus-per-node", type=int, default=RenderOptions.gpus_per_node,
@@ -344,12 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    opts = RenderOptions(config_path=rel.as_posix(), image=args.image, queue_target=args.queue_target,
+    image = args.image or default_image(cfg)
+    opts = RenderOptions(config_path=rel.as_posix(), image=image, queue_target=args.queue_target,
                          gpus_per_node=args.gpus_per_node)  # fmt: skip
     # Record every option that shaped the files (not --out/--check), so the header regenerates them exactly.
     shaping = [x for o in args.overrides for x in ("--set", o)]
-    if args.image != GPU_IMAGE:
-        shaping += ["--image", args.image]
+    if image != default_image(cfg):
+        shaping += ["--image", image]
     if args.queue_target is not None:
         shaping += ["--queue-target", str(args.queue_target)]
     if args.gpus_per_node != RenderOptions.gpus_per_node:

@@ -3,7 +3,7 @@
 #
 # On the GPU host, from the repository root:
 #   docker run --rm -it --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
-#     -p 8000-8002:8000-8002 -v "$PWD":/workspace/eagle-deploy -w /workspace/eagle-deploy \
+#     -p 127.0.0.1:8000-8002:8000-8002 -v "$PWD":/workspace/eagle-deploy -w /workspace/eagle-deploy \
 #     nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3 bash docker/ngc/build_and_serve.sh [--fp8] [--head DIR]
 # (the image tag is builders/versions.py TRITON_IMAGE; tests/test_engine_stage.py checks this file names it.)
 #

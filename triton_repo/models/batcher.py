@@ -10,12 +10,19 @@ for the step in progress and its own prefill, not for the whole batch.
 Admission is bounded: more than `capacity + max_queue_size` jobs in flight are refused with UNAVAILABLE and a
 message saying so, never dropped. A job whose client cancelled or disconnected leaves the batch at the next step
 (or at its next `on_tokens` callback, which returns False), which frees its sequence slot.
+
+A job is ended with UNAVAILABLE after `deadline_s` waiting for a slot, or after `deadline_s` in its slot (the clock
+restarts when it gets one): the bound on how long a client that vanished without a cancellation reaching us (an
+ensemble stream on Triton 2.51) holds a queue place or a slot, without cutting short a request that merely waited
+behind such clients. A sequence whose step failed ends alone with INTERNAL (engines.session.Session isolates
+it); a failure of the session itself (outside any sequence) still ends every running job with INTERNAL.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +43,8 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     request_id: str = ""
+    deadline: float = float("inf")  # time.monotonic() after which the job is ended (set at admission and at its slot)
+    expired: bool = False
 
     def gone(self) -> bool:
         """True once the client cancelled (flag set by a `stop` request or a failed send, or Triton's own)."""
@@ -52,7 +61,7 @@ class Stepper(Protocol):
     def add(self, request: Any) -> int: ...
     def step(self) -> None: ...
     def cancel(self, slot: int) -> None: ...
-    def pop(self, slot: int) -> Any: ...
+    def pop(self, slot: int) -> Any: ...  # the result; a non-empty `error` attribute = that sequence failed
 
     @property
     def finished(self) -> list[int]: ...
@@ -76,13 +85,16 @@ class Batcher:
         finish: Callable[[Job], None],
         *,
         max_queue_size: int,
-        on_count: Callable[[int], None] = lambda n: None,
+        deadline_s: float = float("inf"),
+        on_count: Callable[[int, int], None] = lambda in_flight, queued: None,
     ) -> None:
+        """`on_count(in_flight, queued)` is called whenever either changes (queued = admitted, not in a slot)."""
         self._session, self._request_of, self._finish, self._on_count = session, request_of, finish, on_count
-        self.max_batch_size, self.max_queue_size = session.capacity, max_queue_size
+        self.max_batch_size, self.max_queue_size, self.deadline_s = session.capacity, max_queue_size, deadline_s
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._running = 0
         self._live: dict[int, Job] = {}
         self._slots: dict[int, Job] = {}  # session slot -> job (worker thread only)
         self._stop = False
@@ -108,9 +120,14 @@ class Batcher:
                 )
             self._in_flight += 1
             self._live[id(job)] = job
-            self._on_count(self._in_flight)
+            job.deadline = time.monotonic() + self.deadline_s
+            self._publish()
         self._q.put(job)
         return None
+
+    def _publish(self) -> None:
+        """Report the counts (caller holds the lock)."""
+        self._on_count(self._in_flight, self._in_flight - self._running)
 
     def jobs(self) -> list[Job]:
         """The jobs admitted and not finished (queued or running)."""
@@ -123,19 +140,46 @@ class Batcher:
     # ---- worker thread ------------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
+            self._expire_queued()
             self._join_new()
             self._drop_cancelled()
             if not self._session.done:
                 try:
                     self._session.step()
-                except Exception as e:  # the engine failed: every running job gets the error, the server lives on
+                except Exception as e:  # the session itself failed: every running job gets the error
                     self._fail_all(f"engine error: {type(e).__name__}: {e}")
             for slot in self._session.finished:
                 job = self._slots.pop(slot)
-                result = self._session.pop(slot)
-                if job.error is None:
-                    job.result = result
+                self._set_running(len(self._slots))
+                job.result = self._session.pop(slot)  # kept whatever ended it: its counters are still real
+                failed = getattr(job.result, "error", None)  # engines.api.GenerationResult.error
+                if job.error is None and failed:  # this sequence alone failed while stepping
+                    job.error, job.error_code = f"engine error: {failed}", "INTERNAL"
                 self._complete(job)
+
+    def _set_running(self, n: int) -> None:
+        with self._lock:
+            self._running = n
+            self._publish()
+
+    def _expire(self, job: Job) -> bool:
+        """True (and the job's error set) once the job is past its deadline."""
+        if not job.expired and time.monotonic() > job.deadline:
+            job.expired = True
+            job.error, job.error_code = (
+                f"request ended after the server's deadline of {self.deadline_s:g} s (triton.request_deadline_s); "
+                "raise it for longer generations"
+            ), C.UNAVAILABLE
+        return job.expired
+
+    def _expire_queued(self) -> None:
+        """End the queued jobs past their deadline, so a queue of vanished clients does not hold queue places."""
+        with self._q.mutex:
+            expired = [j for j in self._q.queue if j is not None and self._expire(j)]
+            for j in expired:
+                self._q.queue.remove(j)
+        for j in expired:
+            self._complete(j)
 
     def _join_new(self) -> None:
         """Move queued jobs into free slots; wait for one when nothing is running."""
@@ -147,20 +191,22 @@ class Batcher:
             if job is None:
                 self._stop = True
                 return
-            if job.gone():
-                self._complete(job)  # cancelled while queued: never prefilled
+            if job.gone() or self._expire(job):
+                self._complete(job)  # cancelled or expired while queued: never prefilled
                 continue
             try:
                 slot = self._session.add(self._request_of(job))
-            except ValueError as e:  # the engine's own limits (the model checks them first; this is the backstop)
+            except ValueError as e:  # the engine's own checks (the model checks first; this is the backstop)
                 job.error = str(e)
                 self._complete(job)
                 continue
             self._slots[slot] = job
+            job.deadline = time.monotonic() + self.deadline_s  # its time in the slot starts now
+            self._set_running(len(self._slots))
 
     def _drop_cancelled(self) -> None:
         for slot, job in self._slots.items():
-            if job.gone() and slot not in self._session.finished:
+            if (job.gone() or self._expire(job)) and slot not in self._session.finished:
                 self._session.cancel(slot)
 
     def _fail_all(self, message: str) -> None:
@@ -176,7 +222,7 @@ class Batcher:
             with self._lock:
                 self._in_flight -= 1
                 self._live.pop(id(job), None)
-                self._on_count(self._in_flight)
+                self._publish()
             job.done.set()
 
     def close(self) -> None:

@@ -65,6 +65,9 @@ class TritonPythonModel:
         try:
             if resp is None:
                 sender.send(flags=FINAL)
+            elif resp.has_error():  # as the LLM model does: the error, then a bare FINAL (reference_llm._finish)
+                sender.send(resp)
+                sender.send(flags=FINAL)
             else:
                 sender.send(resp, flags=FINAL)
         except Exception:
@@ -83,9 +86,12 @@ class TritonPythonModel:
         return tensors
 
     def _raise_if_error(self, resp):
+        """A step's error, passed on with its code (an engine fault stays INTERNAL, a deadline UNAVAILABLE)."""
         if resp.has_error():
-            msg = resp.error().message()
-            raise self.common.RequestError(msg, self.C.INVALID_ARGUMENT)
+            err = resp.error()
+            code = next((n for n in ("INTERNAL", self.C.UNAVAILABLE) if err.code() == getattr(pb_utils.TritonError, n)),
+                        self.C.INVALID_ARGUMENT)  # fmt: skip
+            raise self.common.RequestError(err.message(), code)
 
     def _one(self, request, sender):
         C = self.C
@@ -100,7 +106,7 @@ class TritonPythonModel:
         streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
         with self._lock:
             self._count += 1
-            request_id = f"bls-{os.getpid()}-{self._count}"
+            request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{os.getpid()}-{self._count}"
         llm_req = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self._inputs(request, llm_map),
             requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,

@@ -54,6 +54,21 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
+def max_text_bytes(tokenizer: Any, max_input_len: int) -> tuple[int, int]:
+    """(bytes, bytes per token): the longest UTF-8 text that can still fit in `max_input_len` tokens, checked before
+    tokenizing so an oversized prompt costs a length comparison, not a tokenizer pass over megabytes.
+
+    Every token covers at most `per_token` bytes of text, `per_token` = the longest token string of the vocabulary
+    (added tokens included) in UTF-8 bytes, at least 4 (one UTF-8 character, e.g. an unknown one). The token strings
+    overestimate the text they cover (byte-level BPE writes each byte as one character of 1-2 UTF-8 bytes,
+    SentencePiece a space as the 3-byte '\u2581', byte fallback a byte as the 6 characters '<0xNN>'), so a text of
+    more than max_input_len x per_token bytes has more than max_input_len tokens; only a normalizer that deletes
+    characters could break this, and none of the supported (Llama-family) tokenizers does."""
+    vocab = tokenizer.get_vocab()
+    per_token = max([4, *(len(t.encode("utf-8")) for t in vocab)])
+    return max_input_len * per_token, per_token
+
+
 def end_pad_ids(tokenizer: Any) -> tuple[int, int]:
     eos = tokenizer.eos_token_id
     if eos is None:

@@ -6,6 +6,7 @@ Sampling follows TensorRT-LLM's rules: temperature 0, top_k 1, or top_k 0 with t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ LLM_IN = C.by_name(C.LLM_INPUTS)
 class Limits:
     max_input_len: int
     max_seq_len: int
+    vocab_size: int | None = None  # None: the engine checks token ids itself (the LLM API refuses ids >= vocab)
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,11 @@ class Parsed:
 
 
 def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> Sampling:
-    if temperature < 0:
-        raise RequestError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise RequestError(f"temperature={temperature} must be a finite number >= 0 (0 = greedy)")
     if top_k < 0:
         raise RequestError(f"top_k={top_k} must be >= 0 (0 = off)")
-    if not 0.0 <= top_p <= 1.0:
+    if not 0.0 <= top_p <= 1.0:  # also refuses NaN
         raise RequestError(f"top_p={top_p} must be in [0, 1] (0 = off)")
     greedy = temperature == 0.0 or top_k == 1 or (top_k == 0 and top_p == 0.0)
     return Sampling(greedy, float(temperature), int(top_k), float(top_p) if top_p > 0 else 1.0, int(seed))
@@ -66,6 +68,7 @@ def parse_request(pb_utils: Any, request: Any, limits: Limits, tokenizer: Any, d
     if not 1 <= n_in <= ids.shape[1]:
         raise RequestError(f"input_lengths={n_in} must be in 1..{ids.shape[1]} (the input_ids given)")
     prompt = [int(x) for x in ids[0, :n_in]]
+    check_token_ids(prompt, limits.vocab_size)
     n_out = int(scalar(pb_utils, request, LLM_IN["request_output_len"]))
     if n_out <= 0:
         raise RequestError(f"request_output_len (max_tokens)={n_out} must be >= 1")
@@ -98,6 +101,17 @@ def parse_request(pb_utils: Any, request: Any, limits: Limits, tokenizer: Any, d
     )  # fmt: skip
     parsed.request = reference_request(parsed)
     return parsed
+
+
+def check_token_ids(prompt: list[int], vocab_size: int | None) -> None:
+    """Refuse ids outside the vocabulary before the request joins a batch (inside a batched forward they would fail
+    the whole step)."""
+    if vocab_size is None:
+        return
+    for pos, t in enumerate(prompt):
+        if not 0 <= t < vocab_size:
+            raise RequestError(f"input_ids[{pos}]={t} is out of range: token ids must be in [0, {vocab_size}) "
+                               "(the model's vocabulary)")
 
 
 def is_stop_request(pb_utils: Any, request: Any) -> bool:

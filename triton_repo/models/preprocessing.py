@@ -1,7 +1,7 @@
 """Triton python model `preprocessing`: text -> token ids, with the request checks (upstream
 all_models/inflight_batcher_llm/preprocessing, I/O in triton_repo/contract.py).
 
-Bad requests (empty or non-UTF-8 text, max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over
+Bad requests (empty, non-UTF-8 or too many bytes of text (checked before tokenizing), max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over
 max_seq_len, and with `greedy_only` a request asking for sampling) get INVALID_ARGUMENT with a message; the other
 requests of the batch are unaffected.
 """
@@ -23,6 +23,7 @@ class TritonPythonModel:
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
         self.max_input_len = p.int("max_input_len")
+        self.max_text_bytes, self.bytes_per_token = common.max_text_bytes(self.tokenizer, self.max_input_len)
         self.max_seq_len = p.int("max_seq_len")
         self.greedy_only = p.bool("greedy_only")
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
@@ -37,6 +38,11 @@ class TritonPythonModel:
         return out
 
     def _decode_query(self, raw):
+        n = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8"))
+        if n > self.max_text_bytes:  # before decoding and tokenizing: refusing costs a comparison
+            raise self.common.RequestError(
+                f"text_input has {n} bytes > {self.max_text_bytes} = max_input_len {self.max_input_len} x "
+                f"{self.bytes_per_token} bytes (the longest token): it cannot fit in max_input_len tokens; shorten it")
         text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)  # strict: UnicodeDecodeError below
         if text == "":
             raise self.common.RequestError("text_input is empty; send a non-empty prompt")
@@ -44,8 +50,8 @@ class TritonPythonModel:
 
     def _one(self, request):
         common = self.common
-        query = common.tensor(pb_utils, request, "QUERY")
-        out_len = common.tensor(pb_utils, request, "REQUEST_OUTPUT_LEN")
+        query = self._required(request, "QUERY")
+        out_len = self._required(request, "REQUEST_OUTPUT_LEN")
         stop = common.tensor(pb_utils, request, "STOP_WORDS_DICT")
         end_in = common.tensor(pb_utils, request, "END_ID")
         pad_in = common.tensor(pb_utils, request, "PAD_ID")
@@ -98,6 +104,15 @@ class TritonPythonModel:
             "OUT_PAD_ID": pad,
         }
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+
+    def _required(self, request, name):
+        """QUERY and REQUEST_OUTPUT_LEN are declared optional in config.pbtxt (render.py says why) and required
+        here: a request without one is refused naming the client-facing input."""
+        arr = self.common.tensor(pb_utils, request, name)
+        if arr is None or arr.size == 0:
+            given = self.C.PREPROCESSING_INPUT_MAP[name]
+            raise self.common.RequestError(f"input {given} is required ({self.C.REQUIRED_HELP[given]})")
+        return arr
 
     def _refuse_sampling(self, request, batch):
         """Engine-flow EAGLE verifies drafts by token equality with the target's argmax (TensorRT-LLM's

@@ -18,17 +18,46 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 class _Metrics:
     """Custom Prometheus metrics on Triton's metrics endpoint (python backend pb_utils.MetricFamily). The families
-    are kept alive here: a Metric whose family was garbage-collected can no longer be set."""
+    are kept alive here: a Metric whose family was garbage-collected can no longer be set. tau over any interval =
+    1 + rate(accepted_draft_tokens) / rate(target_forwards); acceptance rate = accepted / draft tokens."""
+
+    SPECS = (
+        ("in_flight", "eagle_llm_requests_in_flight", "Requests admitted and not finished (queued + running)", "GAUGE"),
+        ("queued", "eagle_llm_requests_queued", "Requests admitted and waiting for a sequence slot", "GAUGE"),
+        ("refused", "eagle_llm_requests_refused_total", "Requests refused: queue full", "COUNTER"),
+        ("cancelled", "eagle_llm_requests_cancelled_total", "Requests cancelled or disconnected mid-generation",
+         "COUNTER"),
+        ("expired", "eagle_llm_requests_expired_total", "Requests ended by the server's deadline "
+         "(triton.request_deadline_s)", "COUNTER"),
+        ("failed", "eagle_llm_requests_failed_total", "Requests ended by an engine error (INTERNAL)", "COUNTER"),
+        ("tokens", "eagle_llm_generated_tokens_total", "Tokens generated (cancelled requests included)", "COUNTER"),
+        ("forwards", "eagle_llm_target_forwards_total", "Target forward passes after the prefill (decoding steps)",
+         "COUNTER"),
+        ("accepted", "eagle_llm_accepted_draft_tokens_total", "Draft tokens the target accepted", "COUNTER"),
+        ("drafted", "eagle_llm_draft_tokens_total", "Draft tokens proposed (tree nodes per step)", "COUNTER"),
+    )  # fmt: skip
 
     def __init__(self, kind):
         fam, labels = pb_utils.MetricFamily, {"backend": kind}
-        self.families = [
-            fam("eagle_llm_requests_in_flight", "Requests admitted and not finished", fam.GAUGE),
-            fam("eagle_llm_requests_refused_total", "Requests refused: queue full", fam.COUNTER),
-            fam("eagle_llm_requests_cancelled_total", "Requests cancelled or disconnected mid-generation", fam.COUNTER),
-            fam("eagle_llm_generated_tokens_total", "Tokens generated (cancelled requests included)", fam.COUNTER),
-        ]
-        self.in_flight, self.refused, self.cancelled, self.tokens = (f.Metric(labels) for f in self.families)
+        self.families = [fam(name, desc, getattr(fam, kind_)) for _, name, desc, kind_ in self.SPECS]
+        for (attr, *_), family in zip(self.SPECS, self.families):
+            setattr(self, attr, family.Metric(labels))
+
+    def counts(self, in_flight, queued):
+        self.in_flight.set(in_flight)
+        self.queued.set(queued)
+
+    def finished(self, job):
+        """Count a finished job's decoding work (whatever ended it) and why it ended early."""
+        st = None if job.result is None else job.result.stats
+        if st is not None:
+            self.forwards.increment(st.target_forwards)
+            self.accepted.increment(st.accepted_draft_tokens)
+            self.drafted.increment(st.draft_tokens)
+        if job.expired:
+            self.expired.increment(1)
+        elif job.error_code == "INTERNAL":
+            self.failed.increment(1)
 
 
 class TritonPythonModel:
@@ -43,8 +72,9 @@ class TritonPythonModel:
         self.C, self.common, self.io, self.batcher_mod = contract, common, llm_io, batcher
         p = common.Params(common.model_config(args))
         self.decoupled = p.bool("decoupled")
-        self.limits = llm_io.Limits(max_input_len=p.int("max_input_len"), max_seq_len=p.int("max_seq_len"))
         self.engine = ReferenceEngine.from_build(Path(p.str("build_dir")))
+        self.limits = llm_io.Limits(max_input_len=p.int("max_input_len"), max_seq_len=p.int("max_seq_len"),
+                                    vocab_size=self.engine.vocab_size)  # fmt: skip
         self.tokenizer = self.engine.tokenizer
         self.metrics = _Metrics(p.str("llm_kind"))
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
@@ -53,7 +83,7 @@ class TritonPythonModel:
                                       on_tokens=self._on_tokens)  # fmt: skip
         self.batcher = batcher.Batcher(
             session, lambda job: job.payload[0].request, self._finish, max_queue_size=p.int("max_queue_size"),
-            on_count=self.metrics.in_flight.set,
+            deadline_s=float(p.str("request_deadline_s")), on_count=self.metrics.counts,
         )
 
     # ---- requests in ------------------------------------------------------------------------------------------
@@ -119,6 +149,7 @@ class TritonPythonModel:
 
     def _finish(self, job):
         parsed, sender = job.payload
+        self.metrics.finished(job)
         if job.error is not None:
             resp = self.common.error_response(pb_utils, job.error, job.error_code)
         elif job.cancelled or (job.result is not None and job.result.finish_reason == "cancelled"):
@@ -135,6 +166,13 @@ class TritonPythonModel:
             return
         try:
             if resp is None:
+                sender.send(flags=FINAL)
+            elif job.error is not None and job.request_id.startswith(self.C.BLS_REQUEST_ID_PREFIX):
+                # To the BLS model: the error, then a bare FINAL. An error response carrying the FINAL flag, sent
+                # from this thread after streamed chunks, never reached its response iterator (python backend 24.10:
+                # it waited forever). The ensemble needs them together: sent apart, the ensemble request stayed in
+                # flight and the server could not stop.
+                sender.send(resp)
                 sender.send(flags=FINAL)
             else:
                 sender.send(resp, flags=FINAL)

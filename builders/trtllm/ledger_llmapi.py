@@ -1,0 +1,91 @@
+"""Ledger rows: the current TensorRT-LLM line (versions whose Triton layout is upstream's `llmapi` model).
+
+What we write there: the LLM API options (`speculative_config` of `Eagle3DecodingConfig`) in the engine stage's YAML
+and in the Triton model's `model.yaml`, the `model.yaml` keys the llmapi model reads itself (`triton_config`), and
+the `tensorrt_llm` model's config.pbtxt inputs/outputs. Upstream's model files live in TensorRT-LLM's
+`triton_backend/all_models/llmapi/tensorrt_llm/` (in the NGC/backend image under /app/all_models/llmapi). The
+reference engine's mirror of that model (triton_repo/models/llmapi_reference.py) takes the same inputs and outputs
+plus two parameters of its own. Flags (`when`): dynamic = a dynamic draft tree.
+"""
+
+from __future__ import annotations
+
+from builders.trtllm.ledger import LLMAPI_LAYOUT, Row, Source, rows_of
+
+TRT = "NVIDIA/TensorRT-LLM"
+LLMAPI_DIR = "triton_backend/all_models/llmapi/tensorrt_llm"
+EAGLE3_CFG = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "Eagle3DecodingConfig (StrictBaseModel, extra='forbid')")
+SPEC_UNION = Source(TRT, "tensorrt_llm/llmapi/llm_args.py",
+                    "SpeculativeConfig (Field(discriminator='decoding_type')) / BaseLlmArgs.speculative_config")
+LLM_ARGS = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "BaseLlmArgs.model")
+MODEL_INIT = Source(TRT, f"{LLMAPI_DIR}/1/model.py",
+                    "TritonPythonModel.initialize (get_model_config(model.yaml, include_keys=['triton_config']))")
+AUTO_COMPLETE = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel.auto_complete_config")
+CONVERT = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._convert_request (text_input, 1-D, one prompt)")
+SAMPLING = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
+                  "get_sampling_params_from_request / get_streaming_from_request / get_output_config_from_request")
+STOP = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._execute_single_request ('stop' -> handle_stop_request)")
+RESPONSE = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._create_response")
+PBTXT = Source(TRT, f"{LLMAPI_DIR}/config.pbtxt", "input / output")
+MIRROR = Source("eagle-deploy", "triton_repo/models/llmapi_reference.py", "TritonPythonModel.initialize")
+
+V = LLMAPI_LAYOUT
+
+_OPTIONS = (
+    rows_of("llmapi.option", ("speculative_config.decoding_type",), SPEC_UNION, type="'Eagle3'", required=True,
+            versions=V, note="the discriminator: 'Eagle3' validates into Eagle3DecodingConfig")
+    + rows_of("llmapi.option", ("speculative_config.max_draft_len",), EAGLE3_CFG, type="int > 0 (drafting steps)",
+              required=True, versions=V, note="validate_eagle_config: 'max_draft_len must be > 0 for Eagle'")
+    + rows_of("llmapi.option", ("speculative_config.speculative_model",), EAGLE3_CFG, type="path (the head dir)",
+              required=True, versions=V,
+              note="AliasChoices('speculative_model', 'speculative_model_dir'); 'Draft model must be provided'")
+    + rows_of("llmapi.option", ("speculative_config.eagle3_layers_to_capture",), EAGLE3_CFG,
+              type="set[int] (layer outputs)", versions=V, note="default {1, L//2 - 1, L - 4}")
+    + rows_of("llmapi.option", ("speculative_config.use_dynamic_tree", "speculative_config.dynamic_tree_max_topK",
+                                "speculative_config.max_total_draft_tokens"), EAGLE3_CFG, type="true / int > 0 / int",
+              required=True, versions=V, when=("dynamic",),
+              note="max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len; no "
+              "eagle_choices on this line (PR #18210)")
+)
+
+_MODEL_YAML = (
+    rows_of("llmapi.model_yaml", ("model",), LLM_ARGS, type="path (HF target dir)", required=True, versions=V,
+            note="every key but triton_config goes to LLM(**update_llm_args_with_extra_dict({}, yaml))")
+    + rows_of("llmapi.model_yaml", ("triton_config", "triton_config.decoupled"), MODEL_INIT, type="dict / bool",
+              required=True, versions=V, note="read without a default; the mirror reads it the same way")
+    + rows_of("llmapi.model_yaml", ("triton_config.max_batch_size",), AUTO_COMPLETE, type="int (0: no Triton "
+              "batching)", required=True, versions=V)
+)
+
+_INPUTS = (
+    rows_of("triton.llmapi.input", ("text_input",), CONVERT, type="TYPE_STRING [-1]", required=True, versions=V)
+    + rows_of("triton.llmapi.input", ("streaming",), SAMPLING, type="TYPE_BOOL [1]", versions=V)
+    + rows_of("triton.llmapi.input", tuple(f"sampling_param_{n}" for n in (
+        "best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty", "max_tokens", "stop",
+        "seed", "exclude_input_from_output", "return_perf_metrics")), SAMPLING,
+        type="INT32 / FP32 / UINT64 / BOOL [1]; stop STRING [-1]", versions=V,
+        note="SamplingParams(**{name minus 'sampling_param_': value})")
+    + rows_of("triton.llmapi.input", ("return_finish_reason", "return_stop_reason", "return_cumulative_logprob"),
+              SAMPLING, type="TYPE_BOOL [1]", versions=V)
+    + rows_of("triton.llmapi.input", ("stop",), STOP, type="TYPE_BOOL [1]", versions=V,
+              note="cancels the requests of the same Triton request id")
+)
+
+_OUTPUTS = (
+    rows_of("triton.llmapi.output", ("text_output",), RESPONSE, type="TYPE_STRING [-1]", required=True, versions=V,
+            note="streaming: each response carries RequestOutput.outputs[i].text, the text generated so far")
+    + rows_of("triton.llmapi.output", ("finish_reason", "stop_reason", "cumulative_logprob"), RESPONSE,
+              type="STRING / STRING / FP32 [-1] (sent as strings)", versions=V)
+    + rows_of("triton.llmapi.output", (
+        "kv_cache_reused_block", "kv_cache_hit_rate", "kv_cache_alloc_new_blocks", "kv_cache_alloc_total_blocks",
+        "kv_cache_missed_block", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+        "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"), RESPONSE,
+        type="declared INT32 / FP32 / INT64, sent as strings (dtype of text_output)", versions=V,
+        note="sent when request_perf_metrics is present (sampling_param_return_perf_metrics)")
+)
+
+_MIRROR = rows_of("triton.llmapi.parameter", ("project_root", "build_dir", "max_queue_size"), MIRROR, type="str",
+                  required=True,
+                  versions=V, note="reference engine only (engine.backend reference); upstream's model takes none")
+
+ROWS: list[Row] = _OPTIONS + _MODEL_YAML + _INPUTS + _OUTPUTS + _MIRROR

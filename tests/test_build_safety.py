@@ -1,0 +1,177 @@
+"""The build writes only what it owns (builders/build_dir.py): foreign stage directories, logs and config files are
+never replaced (`--force` included), output_dir may not be the project's sources, a parent of them, a file or a
+path the python backend cannot serve from; temp directories of dead builds are removed; a skipped stage re-checks
+its outputs (sizes always, hashes with --verify). The checkpoint stage with a random head is the cheap stage used."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builders import build
+from builders.build_dir import PROJECT_ROOT, output_dir_problems
+from triton_repo.launch import unsafe_chars
+from tests.test_config_cli import write_cfg
+
+ONLY = ["--only", "checkpoint"]
+
+
+def run(cfg: Path, *extra: str) -> int:
+    return build.main([str(cfg), *ONLY, *extra])
+
+
+def test_foreign_stage_dir_is_never_replaced_even_with_force(tiny_target: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "precious.txt").write_text("not yours")
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
+    for extra in ((), ("--force",)):
+        assert run(cfg, *extra) == 2
+        err = capsys.readouterr().err
+        assert f"{out / 'checkpoint'} exists without this build's manifest.json (stage 'checkpoint')" in err
+        assert "--force does not change that" in err
+    assert (out / "checkpoint" / "precious.txt").read_text() == "not yours"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint"], "nothing may be written"
+
+
+def test_foreign_logs_and_resolved_config_are_refused(tiny_target: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "checkpoint.log").write_text("my own log")
+    (out / "logs" / "notes.txt").write_text("mine")
+    (out / "config.resolved.yaml").write_text("my: own\n")
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
+    assert run(cfg) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'logs' / 'checkpoint.log'} was not written by this build (no logs/.eagle-deploy-logs)" in err
+    assert f"{out / 'config.resolved.yaml'} exists and was not written by this build" in err
+    assert (out / "config.resolved.yaml").read_text() == "my: own\n" and not (out / "checkpoint").exists()
+    assert (out / "logs" / "checkpoint.log").read_text() == "my own log"
+    # Other files in logs/ are never touched: no reason to refuse.
+    (out / "logs" / "checkpoint.log").unlink()
+    (out / "config.resolved.yaml").unlink()
+    assert run(cfg) == 0 and (out / "logs" / "notes.txt").read_text() == "mine"
+    assert (out / "logs" / ".eagle-deploy-logs").is_file() and (out / "logs" / "checkpoint.log").stat().st_size > 0
+
+
+def test_log_that_is_a_link_is_refused(tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out, elsewhere = tmp_path / "out", tmp_path / "precious.log"
+    elsewhere.write_text("keep")
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
+    assert run(cfg) == 0
+    (out / "logs" / "checkpoint.log").unlink()
+    (out / "logs" / "checkpoint.log").symlink_to(elsewhere)
+    assert run(cfg, "--force") == 2
+    assert f"{out / 'logs' / 'checkpoint.log'} exists and is not a log file this build wrote" in capsys.readouterr().err
+    assert elsewhere.read_text() == "keep"
+
+
+@pytest.mark.parametrize("where", ["root", "parent", "sources"])
+def test_output_dir_in_or_above_the_project_is_refused(where: str, tiny_target: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    target = {"root": PROJECT_ROOT, "parent": PROJECT_ROOT.parent, "sources": PROJECT_ROOT / "triton_repo" / "b"}[where]
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", tmp_path / "unused")
+    before = sorted(p.name for p in (PROJECT_ROOT / "triton_repo").iterdir())
+    assert run(cfg, "--set", f"output_dir={target}") == 2
+    err = capsys.readouterr().err
+    if where == "sources":
+        assert f"output_dir {target} is inside the project's sources ({PROJECT_ROOT / 'triton_repo'})" in err
+    else:
+        assert f"output_dir {target} is the project directory {PROJECT_ROOT} or a parent of it" in err
+    assert sorted(p.name for p in (PROJECT_ROOT / "triton_repo").iterdir()) == before
+    assert output_dir_problems(PROJECT_ROOT / "build" / "x") == []  # build/ of a clone is fine
+
+
+def test_relative_dotdot_from_a_config_in_configs_is_refused(tiny_target: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    """`output_dir: ..` in a config under configs/ resolves to the clone itself."""
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", Path(".."))
+    text = cfg.read_text()
+    inside = PROJECT_ROOT / "configs" / f".test-dotdot-{tmp_path.name}.yaml"
+    inside.write_text(text)
+    try:
+        assert build.main([str(inside), *ONLY]) == 2
+    finally:
+        inside.unlink()
+    assert f"output_dir {PROJECT_ROOT} is the project directory" in capsys.readouterr().err
+
+
+def test_output_dir_that_is_a_file(tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", f)
+    assert run(cfg) == 2
+    assert f"output_dir {f} exists and is not a directory; point output_dir at a directory" in capsys.readouterr().err
+    assert f.read_text() == "x"
+
+
+@pytest.mark.parametrize("name", ["with space", "quote'd", "dollar$x", "semi;colon", "tab\tname", "paren(x)",
+                                  "caf\u00e9"])
+def test_output_dir_the_python_backend_cannot_serve_is_refused(name: str, tiny_target: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / name
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
+    assert run(cfg) == 2
+    err = capsys.readouterr().err
+    assert f"output_dir {str(out)!r} contains" in err and "std::invalid_argument stol" in err
+    assert not out.exists()
+    assert unsafe_chars("/data/builds/llama-3.1_8B+eagle,v2:@=%") == []
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temp_dirs_of_dead_builds_are_removed(tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
+    assert run(cfg) == 0
+    dead = [out / f".checkpoint.tmp-{_dead_pid()}", out / f".engine.old-{_dead_pid()}"]
+    live = out / f".engine.tmp-{os.getppid()}"  # a running process: maybe a concurrent build
+    for d in (*dead, live):
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "weights.bin").write_bytes(b"\0" * 1024)
+    assert run(cfg) == 0
+    text = capsys.readouterr().out
+    assert all(not d.exists() and f"removing {d}: left by a build that is no longer running" in text for d in dead)
+    assert live.is_dir() and "[checkpoint] unchanged, skipped" in text
+
+
+def test_damaged_outputs_are_rebuilt_sizes_always_hashes_with_verify(tiny_target: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
+    assert run(cfg) == 0
+    ck = out / "checkpoint"
+    weights, good = ck / "rank0.safetensors", (ck / "rank0.safetensors").read_bytes()
+    capsys.readouterr()
+
+    weights.write_bytes(good[: len(good) // 2])  # truncated
+    assert run(cfg) == 0
+    text = capsys.readouterr().out
+    assert f"outputs changed since the build, rebuilding: {weights} has {len(good) // 2} bytes, the build wrote " \
+           f"{len(good)}" in text and "[checkpoint] done" in text
+    assert weights.read_bytes() == good
+
+    (ck / "tokenizer" / "tokenizer.json").unlink()
+    assert run(cfg) == 0
+    assert f"{ck / 'tokenizer' / 'tokenizer.json'} is missing" in capsys.readouterr().out
+    assert (ck / "tokenizer" / "tokenizer.json").is_file()
+
+    flipped = bytearray(good)
+    flipped[-1] ^= 0xFF  # same size, different contents: only a hash sees it
+    weights.write_bytes(bytes(flipped))
+    assert run(cfg) == 0 and "[checkpoint] unchanged, skipped" in capsys.readouterr().out
+    assert run(cfg, "--verify") == 0
+    text = capsys.readouterr().out
+    assert f"{weights}: contents changed since the build (sha256 differs)" in text and "[checkpoint] done" in text
+    assert weights.read_bytes() == good
+    assert run(cfg, "--verify") == 0 and "[checkpoint] unchanged, skipped" in capsys.readouterr().out

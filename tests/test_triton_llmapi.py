@@ -1,0 +1,152 @@
+"""The current TensorRT-LLM line on the real CPU Triton server: configs/smollm2-eagle3-current.yaml (SmolLM2 + the
+EAGLE-3 head under heads/, a dynamic tree, trtllm_version 1.4) built into the `llmapi` layout and served by the
+reference engine's mirror of upstream's llmapi model. Our clients, the load tester and genai-perf's command work
+against it; the streamed answer equals target-only greedy decoding. One server for the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+grpcclient = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from builders.build import main as build_main  # noqa: E402
+from builders.config import load_config  # noqa: E402
+from clients import genai_perf, loadtest  # noqa: E402
+from clients import schema as sch  # noqa: E402
+from clients.client import LLMClient  # noqa: E402
+from triton_repo.launch import TritonServer, free_port  # noqa: E402
+
+pytestmark = pytest.mark.server
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "configs" / "smollm2-eagle3-current.yaml"
+PROMPT = "The capital of France is"
+N = 24
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    out = tmp_path_factory.mktemp("llmapi_build") / "build"
+    sets = [f"output_dir={out}", "engine.device=cpu", "engine.max_seq_len=256", "engine.max_input_len=128"]
+    assert build_main([str(CONFIG)] + [a for s in sets for a in ("--set", s)]) == 0
+    return load_config(CONFIG, sets), out
+
+
+@pytest.fixture(scope="module")
+def server(build: tuple[Any, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    log = tmp_path_factory.mktemp("llmapi_server") / "tritonserver.log"
+    srv = TritonServer(build[1] / "triton_repo", grpc_port=free_port(), http_port=free_port(),
+                       metrics_port=free_port(), log_path=log)
+    srv.start(timeout_s=300)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def greedy_text(build: tuple[Any, Path]) -> str:
+    """Target-only greedy decoding of PROMPT by the reference engine (no draft head involved)."""
+    from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+
+    eng = ReferenceEngine.from_build(build[1], device="cpu")
+    tok = eng.tokenizer
+    req = GenerationRequest(prompt_ids=tok.encode(PROMPT), max_new_tokens=N, sampling=SamplingParams(temperature=0.0),
+                            stop_token_ids=[tok.eos_token_id])
+    (res,) = eng.generate([req], speculative=False)
+    return tok.decode(res.output_ids, skip_special_tokens=True)
+
+
+def test_repository_is_the_llmapi_layout(build: tuple[Any, Path]) -> None:
+    repo = build[1] / "triton_repo"
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()) == [
+        "client.json", "manifest.json", "tensorrt_llm/1/eagle_bootstrap.py", "tensorrt_llm/1/model.py",
+        "tensorrt_llm/1/model.yaml", "tensorrt_llm/config.pbtxt"]
+    doc = yaml.safe_load((repo / "tensorrt_llm/1/model.yaml").read_text())
+    assert doc["speculative_config"] == {
+        "decoding_type": "Eagle3", "max_draft_len": 3,
+        "speculative_model": str(build[1] / "checkpoint" / "eagle3"), "eagle3_layers_to_capture": [1, 14, 26],
+        "max_total_draft_tokens": 6, "use_dynamic_tree": True, "dynamic_tree_max_topK": 2}
+    assert doc["triton_config"] == {"max_batch_size": 0, "decoupled": True}
+    schema = sch.from_repository(repo)
+    assert schema.dialect is sch.LLMAPI and schema.model == "tensorrt_llm" and schema.max_batch_size == 0
+
+
+def test_streamed_answer_equals_target_only_greedy(server: Any, build: tuple[Any, Path], greedy_text: str) -> None:
+    schema = sch.from_repository(build[1] / "triton_repo")
+    with LLMClient(server.grpc_url, schema=schema) as c:
+        chunks = [ch.text for ch in c.stream(PROMPT, max_tokens=N)]
+        stats = c.last_stats
+        whole = c.generate(PROMPT, max_tokens=N)
+    assert "".join(chunks) == greedy_text and len(chunks) > 2
+    assert whole.text == greedy_text
+    assert stats.draft_tokens > 0 and 0 <= stats.accepted_draft_tokens <= stats.draft_tokens
+
+
+def test_raw_wire_is_upstreams(server: Any) -> None:
+    """Each streamed response holds the text so far; perf outputs are strings; the `kserve` names are refused."""
+    import queue
+
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue[Any] = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+
+    def inp(name: str, arr: np.ndarray, dt: str) -> Any:
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    base = [inp("text_input", np.array([PROMPT.encode()], dtype=object), "BYTES"),
+            inp("streaming", np.array([True]), "BOOL")]
+    c.async_stream_infer("tensorrt_llm", base + [inp("sampling_param_max_tokens", np.array([6], np.int32), "INT32"),
+                         inp("sampling_param_return_perf_metrics", np.array([True]), "BOOL")], request_id="1")
+    texts, last = [], None
+    while True:
+        result, error = got.get(timeout=120)
+        assert error is None, error
+        texts.append(result.as_numpy("text_output")[0].decode())
+        last = result
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # cumulative
+    assert last.as_numpy("total_draft_tokens").dtype == np.object_ and int(last.as_numpy("total_draft_tokens")[0]) > 0
+    c.async_stream_infer("tensorrt_llm", base + [inp("max_tokens", np.array([6], np.int32), "INT32")], request_id="2")
+    _result, error = got.get(timeout=60)
+    assert isinstance(error, InferenceServerException) and "unexpected inference input 'max_tokens'" in str(error)
+    c.stop_stream()
+
+
+def test_http_generate_endpoint_takes_sampling_param_max_tokens(server: Any, greedy_text: str) -> None:
+    """genai-perf's `generate` endpoint type: JSON keys naming model inputs become inputs."""
+    body = json.dumps({"text_input": [PROMPT], "sampling_param_max_tokens": N}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v2/models/tensorrt_llm/generate", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert json.loads(r.read())["text_output"] == greedy_text
+
+
+def test_load_tester_runs_against_it(server: Any, build: tuple[Any, Path], tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (PROMPT, "One, two, three,")))
+    rc = loadtest.main(["--url", server.grpc_url, "--model", "tensorrt_llm", "--repo", str(build[1] / "triton_repo"),
+                        "--prompts", str(prompts), "--out", str(tmp_path / "out"), "--concurrency", "2",
+                        "--requests", "4", "--max-tokens", "8", "--stream", "--no-progress"])
+    assert rc == 0
+    level = json.loads((tmp_path / "out" / "report.json").read_text())["levels"][0]
+    assert (level["requests_sent"], level["requests_ok"], level["errors"]) == (4, 4, {})
+    assert level["draft_tokens"] > 0 and level["output_tokens"] > 0
+
+
+def test_genai_perf_command(build: tuple[Any, Path]) -> None:
+    schema = sch.from_repository(build[1] / "triton_repo")
+    argv = genai_perf.genai_perf_argv(schema, grpc_url="h:8001", http_url="h:8000", tokenizer="/tok", max_tokens=64)
+    assert argv[:4] == ["genai-perf", "profile", "-m", "tensorrt_llm"]
+    assert argv[argv.index("--endpoint-type") + 1] == "generate" and "--streaming" not in argv
+    assert "sampling_param_max_tokens:64" in argv and argv[argv.index("-u") + 1] == "h:8000"

@@ -1,0 +1,151 @@
+"""Request parsing and responses of the llmapi-layout mirror (models/llmapi_reference.py): the inputs of
+triton_repo/llmapi_contract.py in, upstream's response shapes out. Imported inside the python-backend stub (`pb_utils`
+is passed in), so it also imports in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from triton_repo import contract as C
+from triton_repo.models.common import RequestError
+from triton_repo.models.llm_io import sampling_from
+
+__all__ = ["RequestError", "Parsed", "parse", "flag", "error", "text_response", "final_response", "check_tree"]
+
+
+@dataclass
+class Parsed:
+    request: Any  # engines.api.GenerationRequest
+    streaming: bool
+    perf: bool
+    finish_reason: bool
+    stop_reason: bool
+    generated: list[int] = field(default_factory=list)  # ids accepted so far (streaming)
+    sender: Any = None
+
+
+def _value(pb_utils: Any, request: Any, name: str) -> Any:
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None:
+        return None
+    arr = t.as_numpy()
+    if arr.size == 0:
+        raise RequestError(f"input {name} is empty")
+    return arr.reshape(-1)[0].item()
+
+
+def flag(pb_utils: Any, request: Any, name: str) -> bool:
+    return bool(_value(pb_utils, request, name))
+
+
+def _prompt(pb_utils: Any, request: Any) -> str:
+    t = pb_utils.get_input_tensor_by_name(request, "text_input")
+    if t is None:
+        raise RequestError("text_input is missing from the request")
+    arr = t.as_numpy()
+    if arr.ndim > 1:
+        raise RequestError("The current implementation only supports text_input being a 1D tensor.")
+    prompt = arr[0]
+    return prompt.decode("utf-8") if isinstance(prompt, bytes) else str(prompt)
+
+
+def _refuse_unsupported(pb_utils: Any, request: Any) -> None:
+    best_of = _value(pb_utils, request, "sampling_param_best_of")
+    if best_of not in (None, 1):
+        raise RequestError(f"sampling_param_best_of={best_of}: the reference engine returns one sequence; send 1")
+    for name in ("sampling_param_frequency_penalty", "sampling_param_presence_penalty"):
+        v = _value(pb_utils, request, name)
+        if v not in (None, 0.0):
+            raise RequestError(f"{name}={v}: the reference engine has no penalties; leave it out (0)")
+    if flag(pb_utils, request, "return_cumulative_logprob"):
+        raise RequestError("return_cumulative_logprob: the reference engine does not compute log-probabilities")
+
+
+def _sampling(pb_utils: Any, request: Any) -> Any:
+    """No sampling input = greedy (TensorRT-LLM's default); else TensorRT-LLM's greedy rule (llm_io.sampling_from)."""
+    from engines.api import SamplingParams
+
+    t, k, p = (_value(pb_utils, request, f"sampling_param_{n}") for n in ("temperature", "top_k", "top_p"))
+    if t is None and k is None and p is None:
+        return SamplingParams(temperature=0.0)
+    s = sampling_from(1.0 if t is None else float(t), int(k or 0), float(p or 0.0),
+                      int(_value(pb_utils, request, "sampling_param_seed") or 0))
+    if s.greedy:
+        return SamplingParams(temperature=0.0)
+    return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+
+
+def parse(pb_utils: Any, request: Any, tokenizer: Any, max_input_len: int, max_seq_len: int,
+          default_max_tokens: int) -> Parsed:
+    from engines.api import GenerationRequest
+
+    _refuse_unsupported(pb_utils, request)
+    ids = [int(i) for i in tokenizer.encode(_prompt(pb_utils, request))]
+    n_out = _value(pb_utils, request, "sampling_param_max_tokens")
+    n_out = default_max_tokens if n_out is None else int(n_out)
+    if n_out < 1:
+        raise RequestError(f"sampling_param_max_tokens={n_out} must be >= 1")
+    if len(ids) > max_input_len:
+        raise RequestError(f"prompt has {len(ids)} tokens > max_input_len={max_input_len}; shorten it")
+    if len(ids) + n_out > max_seq_len:
+        raise RequestError(f"prompt tokens {len(ids)} + max_tokens {n_out} > max_seq_len={max_seq_len}; lower "
+                           f"sampling_param_max_tokens to at most {max_seq_len - len(ids)}")
+    stop = pb_utils.get_input_tensor_by_name(request, "sampling_param_stop")
+    stops = [] if stop is None else [s.decode("utf-8") if isinstance(s, bytes) else str(s)
+                                     for s in stop.as_numpy().reshape(-1)]
+    eos = tokenizer.eos_token_id
+    req = GenerationRequest(prompt_ids=ids, max_new_tokens=n_out, sampling=_sampling(pb_utils, request),
+                            stop_token_ids=[] if eos is None else [int(eos)], stop_strings=[s for s in stops if s])
+    return Parsed(req, flag(pb_utils, request, "streaming"), flag(pb_utils, request, "sampling_param_return_perf_metrics"),
+                  flag(pb_utils, request, "return_finish_reason"), flag(pb_utils, request, "return_stop_reason"))
+
+
+def error(pb_utils: Any, message: str, code: str = C.INVALID_ARGUMENT) -> Any:
+    """As upstream: the error plus text_output ["N/A"] (CANCELLED: the error alone)."""
+    err = pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+    if code == "CANCELLED":
+        return pb_utils.InferenceResponse(output_tensors=[], error=err)
+    return pb_utils.InferenceResponse(output_tensors=[_strings(pb_utils, "text_output", ["N/A"])], error=err)
+
+
+def _strings(pb_utils: Any, name: str, values: list[Any]) -> Any:
+    return pb_utils.Tensor(name, np.asarray([str(v).encode("utf-8") for v in values], dtype=np.object_))
+
+
+def text_response(pb_utils: Any, tokenizer: Any, ids: list[int], extra: list[Any] | None = None) -> Any:
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    return pb_utils.InferenceResponse(output_tensors=[_strings(pb_utils, "text_output", [text])] + (extra or []))
+
+
+def final_response(pb_utils: Any, tokenizer: Any, p: Parsed, result: Any) -> Any:
+    extra = []
+    if p.finish_reason:
+        extra.append(_strings(pb_utils, "finish_reason", [{"eos": "stop"}.get(result.finish_reason, result.finish_reason)]))
+    if p.stop_reason:
+        extra.append(_strings(pb_utils, "stop_reason", [result.stop_reason if hasattr(result, "stop_reason") else None]))
+    if p.perf:
+        st = result.stats
+        rate = st.accepted_draft_tokens / st.draft_tokens if st.draft_tokens else 0.0
+        # upstream sends these in the dtype of text_output (strings), whatever the config declares
+        extra += [_strings(pb_utils, "acceptance_rate", [rate]),
+                  _strings(pb_utils, "total_accepted_draft_tokens", [st.accepted_draft_tokens]),
+                  _strings(pb_utils, "total_draft_tokens", [st.draft_tokens])]
+    return text_response(pb_utils, tokenizer, list(result.output_ids), extra)
+
+
+def check_tree(spec: dict[str, Any], tree: Any) -> None:
+    """model.yaml's speculative_config and the reference engine's tree come from the same config: refuse to serve a
+    repository where they disagree (rendered from another build)."""
+    if tree is None:
+        raise ValueError("the reference build has no draft tree; rebuild it with a draft head")
+    want = {"max_draft_len": tree.depth}
+    if hasattr(tree, "top_k"):
+        want.update(use_dynamic_tree=True, dynamic_tree_max_topK=tree.top_k, max_total_draft_tokens=tree.size)
+    got = {k: spec.get(k) for k in want}
+    if got != want:
+        raise ValueError(f"model.yaml speculative_config {got} does not describe the reference engine's tree {want}; "
+                         "re-render the repository from the build's config")

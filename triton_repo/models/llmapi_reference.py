@@ -1,0 +1,127 @@
+"""Triton python model `tensorrt_llm` of the llmapi layout, on the reference engine: the CPU mirror of TensorRT-LLM's
+triton_backend/all_models/llmapi/tensorrt_llm/1/model.py. Same config.pbtxt inputs/outputs
+(triton_repo/llmapi_contract.py), same model.yaml (read the same way: `triton_config.decoupled` without a default),
+same wire behaviour:
+
+- text in (`text_input` element 0, tokenized here with the tokenizer's special tokens, as the LLM API does), text out;
+- streaming: each response carries the text generated SO FAR (upstream sends RequestOutput.outputs[0].text), the
+  last one has the FINAL flag; not streaming: one response with the whole text;
+- perf outputs, when `sampling_param_return_perf_metrics`: the speculative ones, sent as strings as upstream does
+  (the reference engine has no KV-block or timing metrics, so those are not sent);
+- `stop: true` cancels the requests with the same request id; a client cancellation ends the request with
+  CANCELLED "Request cancelled by client";
+- no sampling parameter given = greedy; max_tokens absent = 32 (SamplingParams' default).
+It refuses what the reference engine cannot do (best_of > 1, penalties, cumulative logprobs) with INVALID_ARGUMENT.
+The engine and its draft tree come from `<build_dir>/engine/reference.json`; model.yaml's speculative_config must
+describe the same tree (checked at load). Requests are batched in flight by triton_repo/models/batcher.py.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+DEFAULT_MAX_TOKENS = 32
+
+
+def _params(args):
+    cfg = json.loads(args["model_config"])
+    try:
+        return {k: cfg["parameters"][k]["string_value"] for k in ("project_root", "build_dir", "max_queue_size")}
+    except KeyError:
+        raise KeyError(f"model {cfg['name']}: parameters project_root/build_dir/max_queue_size missing; render with "
+                       "builders/triton/render.py") from None
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        project_on_path(args)
+        p = _params(args)
+        from pathlib import Path
+
+        import yaml
+
+        from engines.api import ReferenceEngine
+        from triton_repo import contract
+        from triton_repo.models import batcher, llmapi_io
+
+        self.C, self.io, self.batcher_mod = contract, llmapi_io, batcher
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.environ.get("LLM_CONFIG_PATH", os.path.join(here, "model.yaml"))) as f:
+            doc = yaml.safe_load(f)
+        self.decoupled = bool(doc["triton_config"]["decoupled"])
+        self.engine = ReferenceEngine.from_build(Path(p["build_dir"]))
+        llmapi_io.check_tree(doc.get("speculative_config") or {}, self.engine.tree)
+        self.tokenizer = self.engine.tokenizer
+        self.max_seq_len = int(doc["max_seq_len"])
+        self.max_input_len = int(doc["max_input_len"])
+        session = self.engine.session(int(doc["max_batch_size"]), self.max_seq_len, speculative=True,
+                                      on_tokens=self._on_tokens)  # fmt: skip
+        self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
+                                       max_queue_size=int(p["max_queue_size"]))
+
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            if self.io.flag(pb_utils, r, "stop"):
+                self._stop(r.request_id(), sender)
+                continue
+            try:
+                parsed = self.io.parse(pb_utils, r, self.tokenizer, self.max_input_len, self.max_seq_len,
+                                       DEFAULT_MAX_TOKENS)  # fmt: skip
+                if parsed.streaming and not self.decoupled:
+                    raise self.io.RequestError("Streaming is only supported in decoupled mode.")
+            except self.io.RequestError as e:
+                sender.send(self.io.error(pb_utils, str(e)), flags=FINAL)
+                continue
+            job = self.batcher_mod.Job(payload=parsed, is_cancelled=sender.is_cancelled, streaming=parsed.streaming)
+            job.request_id = r.request_id() or ""
+            parsed.sender = sender
+            refusal = self.batcher.admit(job)
+            if refusal is not None:
+                sender.send(self.io.error(pb_utils, refusal, self.C.UNAVAILABLE), flags=FINAL)
+        return None
+
+    def _stop(self, request_id, sender):
+        if not request_id:
+            sender.send(self.io.error(pb_utils, "A request id must be provided for request cancellation"), flags=FINAL)
+            return
+        for job in self.batcher.jobs():
+            if job.request_id == request_id:
+                job.cancelled = True
+        sender.send(self.io.error(pb_utils, "Request cancelled by client", "CANCELLED"), flags=FINAL)
+
+    def _on_tokens(self, slot, new_ids):
+        """Stream the text so far after every step; False stops the sequence (the client is gone)."""
+        job = self.batcher.job_in(slot)
+        parsed = job.payload
+        parsed.generated.extend(new_ids)
+        if job.gone():
+            return False
+        if parsed.streaming and new_ids:
+            try:
+                parsed.sender.send(self.io.text_response(pb_utils, self.tokenizer, parsed.generated))
+            except Exception:  # the client went away: stop this sequence
+                job.cancelled = True
+                return False
+        return True
+
+    def _finish(self, job):
+        parsed = job.payload
+        if job.error is not None:
+            resp = self.io.error(pb_utils, job.error, job.error_code)
+        elif job.cancelled or job.result.finish_reason == "cancelled":
+            resp = self.io.error(pb_utils, "Request cancelled by client", "CANCELLED")
+        else:
+            resp = self.io.final_response(pb_utils, self.tokenizer, parsed, job.result)
+        try:
+            parsed.sender.send(resp, flags=FINAL)
+        except Exception:
+            pass  # the client is gone; nothing left to free
+
+    def finalize(self):
+        self.batcher.close()

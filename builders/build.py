@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from builders import build_dir as owned  # noqa: E402
 from builders.config import BuildConfig, ConfigError, dump_resolved, load_config  # noqa: E402
+from builders.layout import RESOLVED_CONFIG  # noqa: E402
 from builders.pipeline import Stage, StageError, run_stage  # noqa: E402
 from builders.versions import startup_problems  # noqa: E402
 
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     build_dir = Path(cfg.output_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / "config.resolved.yaml").write_text(dump_resolved(cfg))
+    (build_dir / RESOLVED_CONFIG).write_text(dump_resolved(cfg))
     for s in stages:
         print(f"[{s.name}] {s.description} ...", flush=True)
         try:

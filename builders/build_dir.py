@@ -18,12 +18,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from builders.layout import LOGS, MANIFEST
+from builders.layout import RESOLVED_CONFIG as RESOLVED
 from triton_repo.exposure import unsafe_path_problem
 
-MANIFEST = "manifest.json"
-LOGS = "logs"
 LOGS_MARKER = ".eagle-deploy-logs"
-RESOLVED = "config.resolved.yaml"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project's own sources: an output_dir equal to, inside or above any of these is refused (a stage rerun swaps
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.

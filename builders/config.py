@@ -7,6 +7,7 @@ All errors are collected and reported at once (`ConfigError.problems`), each nam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from builders import trees
+from engines import trees
 from builders.trtllm import registry
 from builders.trtllm.rules import trtllm_problems
 
@@ -221,15 +222,21 @@ class BuildConfig(Strict):
         return self
 
     # ---- derived values (the single source of truth) ----------------------------------------------------------
+    @functools.cached_property
+    def draft_tree(self) -> trees.DraftTree | trees.DynamicTree:
+        """The validated tree, built once per config (the config is frozen); raises TreeError for a bad one."""
+        t = self.tree
+        if t.dynamic is not None:
+            return trees.DynamicTree(t.dynamic.top_k, t.dynamic.depth, t.dynamic.total_draft_tokens)
+        if t.choices is None:
+            raise trees.TreeError("set exactly one of `tree.choices` (static tree) or `tree.dynamic` (EAGLE-2)")
+        return trees.DraftTree.from_choices(trees.preset(t.choices) if isinstance(t.choices, str) else t.choices)
+
     def static_tree(self) -> trees.DraftTree | None:
-        if self.tree.choices is None:
-            return None
-        raw = trees.preset(self.tree.choices) if isinstance(self.tree.choices, str) else self.tree.choices
-        return trees.DraftTree.from_choices(raw)
+        return self.draft_tree if self.tree.choices is not None else None  # type: ignore[return-value]
 
     def dynamic_tree(self) -> trees.DynamicTree | None:
-        d = self.tree.dynamic
-        return None if d is None else trees.DynamicTree(d.top_k, d.depth, d.total_draft_tokens)
+        return self.draft_tree if self.tree.dynamic is not None else None  # type: ignore[return-value]
 
     def limits(self) -> DerivedLimits:
         return derive_limits(self)
@@ -252,12 +259,8 @@ class DerivedLimits(BaseModel):
 
 
 def _tree_values(cfg: BuildConfig) -> tuple[int, int, int]:
-    static = cfg.static_tree()
-    if static is not None:
-        return static.size, static.depth, static.max_non_leaves_per_layer
-    dyn = cfg.dynamic_tree()
-    assert dyn is not None  # guaranteed by cross_field_problems
-    return dyn.total_draft_tokens, dyn.depth, dyn.top_k
+    tree = cfg.draft_tree
+    return tree.size, tree.depth, tree.max_non_leaves_per_layer
 
 
 def derive_limits(cfg: BuildConfig) -> DerivedLimits:
@@ -278,15 +281,9 @@ def _rule_tree(cfg: BuildConfig) -> list[str]:
     try:
         mdl, layers, non_leaves = _tree_values(cfg)
     except trees.TreeError as e:
-        return [f"tree.choices: {e}"]
+        return [f"tree.{'dynamic' if t.dynamic is not None else 'choices'}: {e}"]
     p: list[str] = []
     if t.dynamic is not None:
-        bound = trees.tree_size_bound(t.dynamic.top_k, t.dynamic.depth)
-        if t.dynamic.total_draft_tokens > bound:
-            p.append(
-                f"tree.dynamic.total_draft_tokens={t.dynamic.total_draft_tokens} exceeds the {bound} candidates "
-                f"top_k={t.dynamic.top_k}, depth={t.dynamic.depth} can produce; lower it or raise top_k/depth"
-            )
         if mdl > trees.MAX_DRAFT_LEN_LIMIT:
             p.append(f"tree.dynamic.total_draft_tokens={mdl} exceeds TensorRT-LLM's limit {trees.MAX_DRAFT_LEN_LIMIT}")
     for field, user, derived in (

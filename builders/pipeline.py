@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from builders import build_dir as owned
+from builders.atomic import atomic_dir
 from builders.config import BuildConfig
+from builders.layout import MANIFEST
 
-MANIFEST = owned.MANIFEST
 TRACKED_PACKAGES = ("eagle-deploy", "torch", "transformers", "safetensors", "nvidia-modelopt", "tensorrt_llm")
 
 
@@ -158,39 +159,25 @@ def run_stage(
     inputs = _inputs_of(stage, cfg, build_dir)
     if not force and _skip_reason(stage, cfg, final, inputs, verify) is not None:
         return final, False
-    tmp = build_dir / f".{stage.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     log_path = owned.mark_logs(build_dir) / f"{stage.name}.log"
     log_path.write_text("")
-    ctx = StageContext(cfg=cfg, build_dir=build_dir, out=tmp, final=final, log_path=log_path)
-    t0 = time.time()
-    try:
+    with atomic_dir(final) as tmp:
+        ctx = StageContext(cfg=cfg, build_dir=build_dir, out=tmp, final=final, log_path=log_path)
+        t0 = time.time()
         stage.run(ctx)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    manifest = {
-        "stage": stage.name,
-        "description": stage.description,
-        "config_name": cfg.name,
-        "config_hash": cfg.config_hash(),
-        "inputs": inputs,
-        "outputs": owned.output_records(tmp),
-        "commands": ctx.commands,
-        "notes": ctx.notes,
-        "versions": package_versions(),
-        "argv": sys.argv,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
-        "seconds": round(time.time() - t0, 3),
-    }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    # Swap into place: remove the old output only once the new one is complete.
-    if final.exists():
-        trash = build_dir / f".{stage.name}.old-{os.getpid()}"
-        final.rename(trash)
-        tmp.rename(final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        tmp.rename(final)
+        manifest = {
+            "stage": stage.name,
+            "description": stage.description,
+            "config_name": cfg.name,
+            "config_hash": cfg.config_hash(),
+            "inputs": inputs,
+            "outputs": owned.output_records(tmp),
+            "commands": ctx.commands,
+            "notes": ctx.notes,
+            "versions": package_versions(),
+            "argv": sys.argv,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+            "seconds": round(time.time() - t0, 3),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return final, True

@@ -9,6 +9,6 @@ from builders.pipeline import Stage
 def stages_for(cfg: BuildConfig) -> list[Stage]:
     from builders.convert.stage import CONVERT_STAGE
     from builders.engine.stage import ENGINE_STAGE
-    from triton_repo.stage import TRITON_STAGE
+    from builders.triton.stage import TRITON_STAGE
 
     return [CONVERT_STAGE, ENGINE_STAGE, TRITON_STAGE]

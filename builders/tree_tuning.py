@@ -28,7 +28,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from builders.trees import DraftTree
+from engines.trees import DraftTree
 
 
 @dataclass

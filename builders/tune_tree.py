@@ -25,9 +25,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builders import trees  # noqa: E402
+from engines import trees  # noqa: E402
 from builders.tree_tuning import AcceptanceTable, chain, optimal_tree, snippet_yaml  # noqa: E402
-from builders.trees import DraftTree  # noqa: E402
+from engines.trees import DraftTree  # noqa: E402
 
 DEFAULT_PRESETS = ("trtllm-default", "eagle-default", "chain-4")
 

@@ -1,15 +1,14 @@
 """Cancelling a request to an ENSEMBLE: Triton <= r26.02 does not forward a gRPC cancel into an ensemble and leaks
-the ensemble request (docs/triton.md, "Cancellation"), so the clients (clients/client.py) send
-tensorrtllm_backend's stop request to the ensemble's LLM model instead and read the stream to its final response.
+the ensemble request (docs/triton.md, "Cancellation"), so the asyncio client (clients/aio.py, which the sync
+client wraps) sends tensorrtllm_backend's stop request to the ensemble's LLM model instead and reads the stream to its
+final response.
 """
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Mapping
 from typing import Any
 
-import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
@@ -93,31 +92,6 @@ def server_stop_model(url: str, schema: Schema) -> str | None:
     try:
         return resolve_stop_model(schema, get)
     finally:
-        client.close()
-
-
-def stop_ensemble_request(url: str, llm_model: str, request_id: str) -> None:
-    """Send the stop request for `request_id` to `llm_model` on a connection of its own (the sync client's stream
-    is busy with the request being stopped) and wait for its reply, an empty final response."""
-    client = grpcclient.InferenceServerClient(url, channel_args=channel_args())
-    replies: queue.Queue[tuple[grpcclient.InferResult | None, InferenceServerException | None]] = queue.Queue()
-    try:
-        client.start_stream(callback=lambda result, error: replies.put((result, error)),
-                            stream_timeout=STOP_REQUEST_TIMEOUT_S)
-        client.async_stream_infer(llm_model, stop_request_inputs(), request_id=request_id,
-                                  enable_empty_final_response=True)  # fmt: skip
-        while True:
-            result, error = replies.get(timeout=STOP_REQUEST_TIMEOUT_S)
-            if error is not None:
-                raise error
-            assert result is not None
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return
-    except (InferenceServerException, grpc.RpcError, queue.Empty) as e:
-        err = status_of(e)
-        raise GenerationError(err.status, f"stop request to {llm_model!r} for {request_id}: {err.message}") from e
-    finally:
-        client.stop_stream(cancel_requests=True)
         client.close()
 
 

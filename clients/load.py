@@ -101,7 +101,7 @@ class LevelRunner:
         self.order: list[int] = prompt_order(len(prompts), spec.seed).tolist()
         self.records: list[RequestRecord] = []
         self._issued = 0
-        # built once per prompt (validation, numpy arrays, tritonclient inputs: ~1 ms of client CPU), then resent
+        # built once per prompt (validation, numpy arrays, tritonclient inputs: client CPU per send), then resent
         self._requests: list[Request | None] = [None] * len(prompts)
 
     async def one(self, index: int, record: bool = True) -> RequestRecord:

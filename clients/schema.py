@@ -263,11 +263,11 @@ def from_repository(repo: Path, model: str = "ensemble") -> Schema:
     return replace(schema, tokenizer=find_tokenizer(cfg, get))
 
 
-CLIENT_FILE = "client.json"  # triton_repo/render.py writes it into the repository root
+CLIENT_FILE = "client.json"  # builders/triton/render.py writes it into the repository root
 
 
 def from_descriptor(path: Path) -> Schema:
-    """Schema from a rendered repository's `client.json` (triton_repo.render.client_descriptor): a path to the
+    """Schema from a rendered repository's `client.json` (builders.triton.render.client_descriptor): a path to the
     file or to the repository. The tokenizer comes from the repository's ensemble steps next to it."""
     path = path / CLIENT_FILE if path.is_dir() else path
     if not path.is_file():

@@ -1,7 +1,5 @@
-"""What every client module shares: request ids, gRPC channel settings and the error type with a countable status.
-
-Split from clients/client.py (the clients) and clients/cancel.py (stopping ensemble requests) so both can use it.
-"""
+"""What every client module shares: request ids, gRPC channel settings and the error type with a countable status
+(used by the clients, clients/aio.py, and by the stopping of ensemble requests, clients/cancel.py)."""
 
 from __future__ import annotations
 

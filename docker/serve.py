@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:  # run as a script: make the project importable
     sys.path.insert(0, str(REPO))
 
 from builders.config import BuildConfig  # noqa: E402
-from builders.pipeline import MANIFEST  # noqa: E402
+from builders.layout import MANIFEST  # noqa: E402
 from builders.versions import startup_problems  # noqa: E402
 
 RESOLVED = "config.resolved.yaml"
@@ -57,7 +57,7 @@ def load_build_config(build_dir: Path) -> BuildConfig:
 
 def repository_stage_name() -> str:
     """Name of the stage whose output directory is the Triton model repository."""
-    from triton_repo.stage import TRITON_STAGE
+    from builders.triton.stage import TRITON_STAGE
 
     return TRITON_STAGE.name
 
@@ -94,8 +94,8 @@ def upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> tuple[Path, list[Path
     """The current line on a GPU (llmapi layout, engine.backend pytorch): the repository holds our config.pbtxt and
     model.yaml; the model code is TensorRT-LLM's own triton_backend/all_models/llmapi/tensorrt_llm/1/{model,helpers}.py
     from the image. Returns (source dir, files to copy) or None when nothing is needed."""
-    from triton_repo.render import layout
-    from triton_repo.render_llmapi import UPSTREAM_FILES, UPSTREAM_MODEL_DIR
+    from builders.triton.render import layout
+    from builders.triton.render_llmapi import UPSTREAM_FILES, UPSTREAM_MODEL_DIR
 
     if layout(cfg) != "llmapi" or cfg.engine.backend != "pytorch":
         return None

@@ -1,4 +1,4 @@
-"""Public API of the reference engine: requests, results, statistics and `ReferenceEngine`.
+"""Public API of the reference engine: `ReferenceEngine` and the value types it takes and returns.
 
 Other parts of the project (Triton's reference model, the tree tuner, the FP8 check, the trainer, `engines.verify`)
 depend on exactly these names and signatures.
@@ -11,150 +11,43 @@ depend on exactly these names and signatures.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from builders.trees import DraftTree, DynamicTree
+import torch
 
-FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
+from engines.runtime import Runtime, runtime_from_spec
+from engines.session import Session
+from engines.spec import read_spec
+from engines.trees import DraftTree, DynamicTree
+from engines.types import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    OnTokens,
+    RequestStats,
+    SamplingParams,
+    aggregate_stats,
+    stats_dict,
+)
 
-
-@dataclass
-class SamplingParams:
-    """How the next token is chosen from the target's distribution.
-
-    temperature 0 = greedy (argmax). Otherwise logits / temperature, then top-k (0 = off), then top-p (1.0 = off),
-    then a categorical draw. `seed` seeds this request's own random generator (None = nondeterministic).
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        self.check()
-
-    def check(self) -> None:
-        """Raise ValueError for values no sampler can use (NaN or infinite temperature: probabilities of NaN)."""
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature={self.temperature} must be a finite number >= 0 (0 = greedy)")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 = off)")
-        if not 0.0 < self.top_p <= 1.0:  # also refuses NaN (every comparison with NaN is false)
-            raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1.0 = off)")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-@dataclass
-class GenerationRequest:
-    """One sequence to generate. Generation stops at the first of: a token in `stop_token_ids` (kept in the output,
-    finish_reason "eos"), decoded output containing one of `stop_strings` (output ends with the token that completed
-    it, finish_reason "stop"), `max_new_tokens` generated ("length")."""
-
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams
-    stop_token_ids: list[int]
-    stop_strings: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise ValueError("GenerationRequest.prompt_ids is empty; give at least one token")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"GenerationRequest.max_new_tokens={self.max_new_tokens} must be >= 1")
-
-
-@dataclass
-class RequestStats:
-    """Per-request counters.
-
-    generated_tokens: tokens in output_ids (including the one sampled from the prefill).
-    target_forwards: target forward passes AFTER the prefill (one per decoding step; each verifies one draft tree).
-    accepted_draft_tokens: draft tokens that were accepted and kept in the output.
-    draft_tokens: draft tokens proposed to the target (tree nodes, root excluded), summed over steps.
-    acceptance_by_depth: [d] = number of steps whose accepted path reached depth d+1.
-
-    tau (average acceptance length) = (accepted_draft_tokens + target_forwards) / target_forwards, i.e. tokens
-    gained per target forward after the prefill: every step yields its accepted draft tokens plus one token sampled
-    from the target (the bonus/correction token). Target-only decoding has tau = 1 exactly. Tokens cut by a stop
-    condition are not counted.
-    """
-
-    generated_tokens: int = 0
-    target_forwards: int = 0
-    accepted_draft_tokens: int = 0
-    draft_tokens: int = 0
-    acceptance_by_depth: list[int] = field(default_factory=list)
-
-    @property
-    def tau(self) -> float:
-        if self.target_forwards == 0:
-            return 0.0
-        return (self.accepted_draft_tokens + self.target_forwards) / self.target_forwards
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / proposed draft tokens (TRT-LLM's `acceptance_rate` perf metric)."""
-        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
-
-@dataclass
-class GenerationResult:
-    """finish_reason "error": stepping this sequence raised `error` (type and message); it ended there, the other
-    sequences of its batch went on (engines/session.py `Session.step`)."""
-
-    output_ids: list[int]  # generated tokens only (the prompt is not repeated)
-    finish_reason: FinishReason
-    stats: RequestStats
-    error: str | None = None
-
-
-def aggregate_stats(stats: list[RequestStats]) -> RequestStats:
-    """Sum of per-request counters; the aggregate tau is therefore forward-weighted (total tokens gained over total
-    target forwards), not the mean of per-request taus."""
-    total = RequestStats()
-    depth = max((len(s.acceptance_by_depth) for s in stats), default=0)
-    total.acceptance_by_depth = [0] * depth
-    for s in stats:
-        total.generated_tokens += s.generated_tokens
-        total.target_forwards += s.target_forwards
-        total.accepted_draft_tokens += s.accepted_draft_tokens
-        total.draft_tokens += s.draft_tokens
-        for d, n in enumerate(s.acceptance_by_depth):
-            total.acceptance_by_depth[d] += n
-    return total
-
-
-def stats_dict(s: RequestStats) -> dict[str, Any]:
-    """JSON-ready stats including the derived tau and acceptance rate."""
-    return {
-        "generated_tokens": s.generated_tokens,
-        "target_forwards": s.target_forwards,
-        "accepted_draft_tokens": s.accepted_draft_tokens,
-        "draft_tokens": s.draft_tokens,
-        "acceptance_by_depth": list(s.acceptance_by_depth),
-        "tau": round(s.tau, 4),
-        "acceptance_rate": round(s.acceptance_rate, 4),
-    }
-
-
-OnTokens = Callable[[int, list[int]], bool]
+__all__ = [
+    "FinishReason",
+    "GenerationRequest",
+    "GenerationResult",
+    "OnTokens",
+    "ReferenceEngine",
+    "RequestStats",
+    "SamplingParams",
+    "aggregate_stats",
+    "stats_dict",
+]
 
 
 class ReferenceEngine:
     """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the loop: engines/decode.py)."""
 
-    def __init__(self, runtime: Any) -> None:
-        from engines.runtime import Runtime
-
+    def __init__(self, runtime: Runtime) -> None:
         if not isinstance(runtime, Runtime):
             raise TypeError("ReferenceEngine is built with ReferenceEngine.from_build or from_checkpoint")
         self._rt = runtime
@@ -163,9 +56,6 @@ class ReferenceEngine:
     @classmethod
     def from_build(cls, build_dir: Path, device: str | None = None) -> ReferenceEngine:
         """Load what `<build_dir>/engine/reference.json` (engines.spec) describes. `device` overrides the spec's."""
-        from engines.runtime import runtime_from_spec
-        from engines.spec import read_spec
-
         build_dir = Path(build_dir)
         spec = read_spec(build_dir)
         return cls(runtime_from_spec(spec, build_dir, device=device))
@@ -189,8 +79,6 @@ class ReferenceEngine:
         group of that size (see engines/parallel.py). `draft_vocab` (EAGLE-1/2 heads): the target token ids the head
         drafts over, e.g. the most frequent ones (engines/draft_vocab.py); outputs are unchanged.
         """
-        from engines.runtime import Runtime
-
         return cls(
             Runtime.load(Path(checkpoint_dir), tree=tree, dtype=dtype, device=device, eagle3_head_dir=eagle3_head_dir,
                          draft_vocab=draft_vocab)
@@ -215,16 +103,13 @@ class ReferenceEngine:
         return str(self._rt.device)
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> torch.dtype:
         """The compute dtype (a torch.dtype)."""
         return self._rt.dtype
 
     def describe_tree(self) -> str:
-        t = self._rt.tree
-        if t is None:
-            return "no tree (target-only)"
-        kind = "static" if hasattr(t, "paths") else f"dynamic top_k={t.top_k}"  # type: ignore[union-attr]
-        return f"{kind} tree, {t.size} draft tokens, depth {t.depth}"
+        d = self._rt.drafting
+        return "no tree (target-only)" if d is None else d.describe()
 
     @property
     def vocab_size(self) -> int:
@@ -233,7 +118,7 @@ class ReferenceEngine:
 
     @property
     def has_draft(self) -> bool:
-        return self._rt.drafter is not None and self._rt.tree is not None
+        return self._rt.drafter is not None and self._rt.drafting is not None
 
     @property
     def random_head(self) -> bool:
@@ -242,7 +127,7 @@ class ReferenceEngine:
 
     @property
     def tree(self) -> DraftTree | DynamicTree | None:
-        return self._rt.tree
+        return None if self._rt.drafting is None else self._rt.drafting.tree
 
     # ---- generation ---------------------------------------------------------------------------------------------
     def generate(
@@ -267,7 +152,7 @@ class ReferenceEngine:
         *,
         speculative: bool = True,
         on_tokens: OnTokens | None = None,
-    ) -> Any:
+    ) -> Session:
         """An in-flight batch (engines.session.Session): `add(request) -> slot` at any time, `step()` prefills the
         new requests or advances every active sequence by one step, `cancel(slot)`, `finished`, `pop(slot) ->
         GenerationResult`, `done`. A request's tokens do not depend on when it joined (greedy: identical to running

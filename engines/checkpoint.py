@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from engines.hfconfig import llama_spec
 from engines.model import (
     MLP,
     Attention,
@@ -262,8 +263,6 @@ def load_eagle1(ld: Loader, cfg: dict[str, Any], where: Path, group: TPGroup, de
 
 def load_eagle3(head_dir: Path, target: Llama, n_target_layers: int, dtype: torch.dtype, device: torch.device) -> Eagle3Drafter:
     """A normalized EAGLE-3 head dir (HF names: midlayer.*, fc, norm, lm_head, d2t), replicated on every rank."""
-    from builders.convert.hfconfig import llama_spec
-
     spec = llama_spec(head_dir, require_arch=False)
     raw = spec.raw
     where = head_dir / "config.json"

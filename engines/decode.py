@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from builders.trees import DynamicTree
-from engines.draft import DraftState, draft_dynamic, draft_static
+from engines.draft import DraftState
 from engines.model import Rows
 from engines.sampling import choose, greedy_node, sampling_node
 from engines.tree import TreeBatch
@@ -93,10 +92,8 @@ def draft(s: Session, rows: Rows) -> TreeBatch:
     assert rt.drafter is not None
     state = DraftState(s.state.h[rows.idx], s.state.logits[rows.idx])
     root = s.root[rows.idx]
-    if rt.static is not None:
-        return draft_static(rt.drafter, s.dcache, rt.static, rows, root, state, s.laps.lap)
-    assert isinstance(rt.tree, DynamicTree)
-    return draft_dynamic(rt.drafter, s.dcache, rt.tree, rows, root, state, s.laps.lap)
+    assert rt.drafting is not None
+    return rt.drafting.draft(rt.drafter, s.dcache, rows, root, state, s.laps.lap)
 
 
 def verify(s: Session, rows: Rows, tree: TreeBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from builders.trees import DynamicTree
+from engines.trees import DynamicTree
 from engines.model import Drafter, KVCache, Rows
 from engines.tree import StaticTree, TreeBatch, ancestor_mask
 
@@ -83,7 +83,7 @@ def draft_dynamic(
     depths = [torch.ones(k, dtype=torch.long, device=dev)]
     frontier = torch.arange(k, device=dev).expand(b, k)  # candidate indices
     f_score, f_feat, f_run_parent = score, state.h[:, None].expand(b, k, -1), torch.full((b, k), -1, device=dev)
-    runs = (dyn.depth - 1) * k
+    runs = dyn.drafter_runs
     visible = torch.zeros(b, max(runs, 1), max(runs, 1), dtype=torch.bool, device=dev)
     base = k
     all_tok = tok[0]

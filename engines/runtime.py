@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from builders.trees import DraftTree, DynamicTree
-from engines.api import GenerationRequest, GenerationResult, OnTokens, RequestStats
+from engines.trees import DraftTree, DynamicTree
+from engines.types import GenerationRequest, GenerationResult, OnTokens
 from engines.checkpoint import (
     DTYPES,
     CheckpointError,
@@ -36,7 +36,7 @@ from engines.model import Drafter, Eagle1Drafter, Llama
 from engines.parallel import TPGroup, current_group
 from engines.session import Session
 from engines.spec import ReferenceSpec
-from engines.tree import StaticTree
+from engines.drafting import Drafting, drafting_for
 
 
 def resolve_device(device: str) -> torch.device:
@@ -86,8 +86,7 @@ class Limits:
 class Runtime:
     target: Llama
     drafter: Drafter | None
-    tree: DraftTree | DynamicTree | None
-    static: StaticTree | None
+    drafting: Drafting | None  # None = target-only decoding
     tokenizer: Any
     device: torch.device
     dtype: torch.dtype
@@ -133,27 +132,26 @@ class Runtime:
         if draft_vocab is not None:
             drafter = restrict_draft_vocab(drafter, draft_vocab)
         fuse_and_lay_out(target, drafter)
-        static = StaticTree.build(tree, dev) if isinstance(tree, DraftTree) else None
+        drafting = None if tree is None else drafting_for(tree, dev)
         if tree is not None:
             check_tree_fits(tree, drafter)
         random_head = bool(cfg.get("eagle_deploy", {}).get("random_head", False))
         tok = load_tokenizer(tokenizer_dir or ckpt / "tokenizer")
-        return cls(target, drafter, tree, static, tok, dev, DTYPES[dtype], random_head, group)
+        return cls(target, drafter, drafting, tok, dev, DTYPES[dtype], random_head, group)
 
     def with_tree(self, tree: DraftTree | DynamicTree) -> Runtime:
         """The same weights (not copied) drafting with another tree."""
         if self.drafter is None:
             raise ValueError("this engine has no EAGLE head; a tree needs one")
         check_tree_fits(tree, self.drafter)
-        static = StaticTree.build(tree, self.device) if isinstance(tree, DraftTree) else None
-        return dataclasses.replace(self, tree=tree, static=static)
+        return dataclasses.replace(self, drafting=drafting_for(tree, self.device))
 
     def with_draft_vocab(self, ids: list[int]) -> Runtime:
         """The same weights with the head drafting over `ids` only (a new lm_head of those rows; the rest shared)."""
         drafter = restrict_draft_vocab(self.drafter, ids)
         prepare_linears(drafter.lm_head)
-        if self.tree is not None:
-            check_tree_fits(self.tree, drafter)
+        if self.drafting is not None:
+            check_tree_fits(self.drafting.tree, drafter)
         return dataclasses.replace(self, drafter=drafter)
 
     def generate(self, requests: list[GenerationRequest], *, speculative: bool, on_tokens: OnTokens | None) -> list[GenerationResult]:
@@ -207,19 +205,10 @@ def fuse_and_lay_out(target: Llama, drafter: Drafter | None) -> None:
 
 def check_tree_fits(tree: DraftTree | DynamicTree, drafter: Drafter | None) -> None:
     assert drafter is not None
-    k = tree.max_top_k if isinstance(tree, DraftTree) else tree.top_k
+    k = tree.max_top_k
     vocab = drafter.lm_head.vocab_size if isinstance(drafter, Eagle1Drafter) else drafter.lm_head.weight.shape[0]
     if k > vocab:
         raise ValueError(f"the tree needs the top {k} draft tokens per node but the draft vocabulary has {vocab}")
-    if isinstance(tree, DynamicTree):
-        from builders.trees import tree_size_bound
-
-        bound = tree_size_bound(tree.top_k, tree.depth)
-        if tree.total_draft_tokens > bound:
-            raise ValueError(
-                f"dynamic tree total_draft_tokens={tree.total_draft_tokens} exceeds the {bound} candidates "
-                f"top_k={tree.top_k}, depth={tree.depth} produce"
-            )
 
 
 def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) -> Runtime:
@@ -227,8 +216,7 @@ def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) 
     if spec.tree_choices is not None:
         tree = DraftTree.from_choices(spec.tree_choices)
     elif spec.dynamic_tree is not None:
-        d = spec.dynamic_tree
-        tree = DynamicTree(d.top_k, d.depth, d.total_draft_tokens)
+        tree = spec.dynamic_tree
     else:
         raise CheckpointError(f"{build_dir}/engine/reference.json: neither tree_choices nor dynamic_tree is set")
     head = spec.path(build_dir, spec.eagle3_head_dir) if spec.eagle3_head_dir else None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engines import decode
-from engines.api import GenerationRequest, GenerationResult, OnTokens, RequestStats
+from engines.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
 from engines.draft import DraftState
 from engines.model import KVCache
 from engines.profile import NO_LAPS, Laps
@@ -49,7 +49,8 @@ class Session:
         max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) if max_len is None else max_len
         self.rt, self.capacity, self.max_len, self.spec, self.on_tokens = rt, capacity, max_len, speculative, on_tokens
         dev, tgt = rt.device, rt.target
-        tree_size = (rt.tree.size if speculative and rt.tree is not None else 0) + 1
+        drafting = rt.drafting if speculative else None
+        tree_size = (drafting.tree.size if drafting is not None else 0) + 1
         slots = max_len + tree_size + 1
         self.tcache = KVCache.allocate(len(tgt.layers), capacity, slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
         # Committed cache entries per slot (target = drafter), kept on the host: building a step's slots and mask
@@ -64,14 +65,15 @@ class Session:
         self.pending: list[int] = []  # slots added since the last step: prefilled by the next one
         self.errors: dict[int, str] = {}  # slot -> why its sequence failed (finish "error")
         self._outbox: list[tuple[int, list[int]]] = []  # accepted tokens to stream once the step succeeded
-        self.depth = rt.tree.depth if speculative and rt.tree is not None else 0
+        self.depth = drafting.tree.depth if drafting is not None else 0
         self.capture: tuple[int, ...] = ()
         self.laps: Laps = NO_LAPS
         if speculative:
             d = rt.drafter
-            assert d is not None
-            scratch = rt.static.num_runs if rt.static is not None else (rt.tree.depth - 1) * rt.tree.top_k  # type: ignore[union-attr]
-            self.dcache = KVCache.allocate(len(d.layers), capacity, slots + scratch, d.kv_heads, d.head_dim, rt.dtype, dev)
+            assert d is not None and drafting is not None
+            self.dcache = KVCache.allocate(
+                len(d.layers), capacity, slots + drafting.scratch_slots, d.kv_heads, d.head_dim, rt.dtype, dev
+            )
             self.capture = d.capture
             # Allocated on the first drafter pass, when the head's hidden size and draft vocabulary are known.
             self.state = DraftState(torch.zeros(0, device=dev), torch.zeros(0, device=dev))

@@ -12,14 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engines.trees import DynamicTree
+
+ENGINE_DIR = "engine"  # the engine stage's directory inside a build directory
 SPEC_FILE = "reference.json"
-
-
-class DynamicTreeSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    top_k: int = Field(ge=1, description="Children kept per expanded node.")
-    depth: int = Field(ge=1, description="Drafting steps.")
-    total_draft_tokens: int = Field(ge=1, description="Draft tokens kept after reranking.")
 
 
 class ReferenceSpec(BaseModel):
@@ -30,13 +26,17 @@ class ReferenceSpec(BaseModel):
     eagle3_head_dir: str | None = Field(description="Normalized EAGLE-3 head dir (eagle3 only), relative.")
     random_head: bool = Field(description="True when the head is randomly initialized (label it everywhere).")
     tree_choices: list[list[int]] | None = Field(description="Static tree paths (sorted), or None for dynamic.")
-    dynamic_tree: DynamicTreeSpec | None = Field(description="EAGLE-2 dynamic tree, or None for static.")
+    dynamic_tree: DynamicTree | None = Field(description="EAGLE-2 dynamic tree (validated), or None for static.")
     dtype: Literal["float16", "bfloat16", "float32"] = Field(description="Compute dtype.")
     device: Literal["auto", "cpu", "cuda"] = Field(description="`auto` = CUDA when present, else CPU.")
     tp: int = Field(ge=1, description="Tensor-parallel size of the checkpoint.")
     max_batch_size: int = Field(ge=1, description="Max sequences per engine batch.")
     max_input_len: int = Field(ge=1, description="Max prompt tokens.")
     max_seq_len: int = Field(ge=1, description="Max prompt + generated tokens.")
+    hf_target_dir: str | None = Field(
+        default=None,
+        description="Absolute HF directory the convert stage resolved target.model to (the oracle of engines.verify).",
+    )
     draft_vocab: list[int] | None = Field(
         default=None,
         description="EAGLE-1/2 only: target token ids the head drafts over (most frequent first; None = all).",
@@ -47,7 +47,7 @@ class ReferenceSpec(BaseModel):
 
 
 def read_spec(build_dir: Path) -> ReferenceSpec:
-    f = build_dir / "engine" / SPEC_FILE
+    f = build_dir / ENGINE_DIR / SPEC_FILE
     if not f.is_file():
         raise FileNotFoundError(
             f"{f} not found: {build_dir} is not a finished build with engine.backend=reference; "

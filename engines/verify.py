@@ -29,31 +29,22 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams, aggregate_stats, stats_dict  # noqa: E402
 from engines.data import chat_ids, read_prompts  # noqa: E402
 from engines.lossless import first_divergence  # noqa: E402
+from engines.spec import ENGINE_DIR, SPEC_FILE, read_spec  # noqa: E402
 
 
 def hf_target_dir(build: Path) -> Path:
-    """The HF directory of the build's target: config.resolved.yaml's target.model (resolved like the build does),
-    else the convert stage manifest's notes.hf_target_dir."""
-    from builders.demo_model import resolve_target
-
-    resolved = build / "config.resolved.yaml"
-    if resolved.is_file():
-        model = yaml.safe_load(resolved.read_text())["target"]["model"]
-        return resolve_target(str(model))
-    manifest = build / "checkpoint" / "manifest.json"
-    if manifest.is_file():
-        notes = json.loads(manifest.read_text())["notes"]
-        if "hf_target_dir" in notes:
-            return Path(notes["hf_target_dir"])
-    raise FileNotFoundError(
-        f"{build}: neither config.resolved.yaml nor checkpoint/manifest.json (notes.hf_target_dir) found; "
-        "is this a build directory written by `python builders/build.py`?"
-    )
+    """The HF directory of the build's target, as the convert stage resolved it (recorded in reference.json)."""
+    spec = read_spec(build)
+    if spec.hf_target_dir is None:
+        raise FileNotFoundError(
+            f"{build}/{ENGINE_DIR}/{SPEC_FILE} records no hf_target_dir (written by an older build); rebuild with "
+            "`python builders/build.py CONFIG --force`"
+        )
+    return Path(spec.hf_target_dir)
 
 
 @dataclass

@@ -59,11 +59,11 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 def resolve_tree(name: str) -> Any:
     """demo = configs/demo.yaml's tree; tuned = configs/trees/smollm2-eagle-tuned-14.yaml; file:PATH = a tree
-    snippet (tree.choices); anything else = a builders/trees.py preset (chain-3, topk-2-3, ...)."""
+    snippet (tree.choices); anything else = a engines/trees.py preset (chain-3, topk-2-3, ...)."""
     import yaml
 
     from builders.config import load_config
-    from builders.trees import DraftTree, preset
+    from engines.trees import DraftTree, preset
 
     if name == "demo":
         return load_config(REPO / "configs" / "demo.yaml").static_tree()
@@ -398,7 +398,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
-    from builders.demo_model import smollm2_dir
+    from builders.model_source import smollm2_dir
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     load0, t_start = os.getloadavg(), time.time()

@@ -54,7 +54,7 @@ def timed(fn) -> tuple[object, float]:
 def load(dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from builders.demo_model import smollm2_dir
+    from builders.model_source import smollm2_dir
 
     d = smollm2_dir()
     return AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval(), AutoTokenizer.from_pretrained(d)
@@ -130,7 +130,7 @@ def train_rate(model, seqs: list[torch.Tensor], bf16: bool, steps: int) -> float
     """Optimizer steps of the demo recipe's EAGLE-1 loss on cached features (batch 8), tokens/s."""
     import json
 
-    from builders.demo_model import smollm2_dir
+    from builders.model_source import smollm2_dir
     from builders.training.compute import Compute
     from builders.training.config import load_train_config
     from builders.training.features import FeatureSpec, sequence_features

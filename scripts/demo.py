@@ -104,7 +104,7 @@ def run(argv: list[str]) -> None:
 
 def extract_target(config: Path) -> Path:
     from builders.config import load_config
-    from builders.demo_model import resolve_target
+    from builders.model_source import resolve_target
 
     cfg = load_config(config)
     return resolve_target(cfg.target.model)

@@ -4,7 +4,7 @@
         --prompts 20 --max-new-tokens 64 [--set key=value ...]
 
 Builds the config's checkpoint three times (16-bit; FP8 target + FP8 KV cache with a 16-bit drafter, this project's
-default; the same with the drafter's linears in FP8, upstream's EAGLE FP8 recipe: builders/fp8_drafter.py), runs
+default; the same with the drafter's linears in FP8, upstream's EAGLE FP8 recipe: builders/convert/fp8_drafter.py), runs
 greedy speculative decoding on the first N MT-bench questions (calibration uses ShareGPT, so the two sets differ)
 and prints tau for each, plus whether each FP8 variant's output equals its own target-only greedy output (lossless).
 Results go to OUT/results.json.
@@ -65,8 +65,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--set", dest="sets", action="append", default=[])
     args = ap.parse_args()
-    from builders.fp8 import encode_prompts
-    from builders.fp8_drafter import calibrate_drafter, write_fp8_drafter
+    from builders.convert.fp8 import encode_prompts
+    from builders.convert.fp8_drafter import calibrate_drafter, write_fp8_drafter
     from engines import data
 
     base = ["target.dtype=bfloat16", "quantization.calibration.dataset=sharegpt", *args.sets]

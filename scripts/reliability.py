@@ -12,6 +12,10 @@ r"""Reliability runs on a served build: a soak and three faults, every figure me
    how long until the LLM model holds no request (the repository's triton.request_deadline_s at work).
 4. kill -9 while requests are in flight (40 s load): what the load tester counted, and that it wrote its report.
 Prints one summary line per run and writes <out>/reliability.json.
+
+Inputs:  --repo, a rendered Triton repository of a reference build (served here by a real tritonserver)
+Outputs: one summary line per run on stdout, <out>/reliability.json
+Guide:   docs/deploy.md
 """
 
 from __future__ import annotations

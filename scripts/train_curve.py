@@ -98,7 +98,7 @@ def top1_on(head: Path, config: Path, answers: str) -> float:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from builders.demo_model import resolve_target
+    from builders.model_source import resolve_target
     from builders.training.config import load_train_config
     from builders.training.features import spec_for
     from builders.training.loop import cached_features, collate, eagle_loss, examples_of
@@ -133,7 +133,7 @@ def engine_tau(head: Path, out: Path, name: str, tree: str, every: int, new_toke
     questions as one greedy batch; tau over all of them."""
     from transformers import AutoConfig, GenerationConfig
 
-    from builders.demo_model import resolve_target
+    from builders.model_source import resolve_target
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
     from engines.data import chat_ids, mtbench_questions
 

@@ -13,7 +13,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.build import main as build_main  # noqa: E402
+from tests.triton_servers import tiny_reference_repo  # noqa: E402
 from clients import loadtest  # noqa: E402
 from clients import schema as sch  # noqa: E402
 from clients.client import LLMClient  # noqa: E402
@@ -27,17 +27,8 @@ GREEDY = {"top_k": 0, "top_p": 0.0}  # contract: top_k=0 and top_p=0 = greedy
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
-    root = tmp_path_factory.mktemp("clients_build")
-    cfg = root / "tiny.yaml"
-    cfg.write_text(
-        f"name: tiny-clients\ntrtllm_version: '1.1'\noutput_dir: {root / 'build'}\n"
-        f"target: {{model: {tiny_target}, dtype: float32}}\n"
-        f"draft: {{type: eagle, model: {eagle_head}}}\n"
-        "tree: {choices: topk-2-2}\n"
-        "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 96}\n"
-    )
-    assert build_main([str(cfg)]) == 0
-    return root / "build" / "triton_repo"
+    return tiny_reference_repo(tmp_path_factory.mktemp("clients_build"), "tiny-clients", tiny_target, eagle_head,
+                               max_seq_len=96)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from clients.prompts import PromptFileError, load_prompts
 from clients.stats import RequestRecord, Summary, aggregate, csv_row, percentile
 from tests.fixtures.echo_repo import render_echo_repo
 from triton_repo import contract
-from triton_repo.render import CLIENT_FILE, client_descriptor
+from builders.triton.render import CLIENT_FILE, client_descriptor
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -185,7 +185,7 @@ def _write_descriptor(repo: Path, overrides: list[str]) -> Path:
 
 
 def test_schema_from_descriptor_follows_the_rendered_repository(tmp_path: Path) -> None:
-    """client.json from triton_repo.render.client_descriptor: the schema is the contract's, and follows a change."""
+    """client.json from builders.triton.render.client_descriptor: the schema is the contract's, and follows a change."""
     s = sch.from_descriptor(_write_descriptor(tmp_path / "a", []))
     assert s.model == "ensemble" and s.max_batch_size == 4 and s.decoupled
     assert list(s.inputs) == [t.name for t in contract.ENSEMBLE_INPUTS]

@@ -1,7 +1,6 @@
 """clients/ against a real tritonserver (the CPU server bundled in nvidia-pytriton) serving the echo model
 (tests/fixtures/echo_repo: the ensemble contract, deterministic output, speculative stats with k=3 tokens/step),
-and, for cancellation, the real ensemble of a tiny reference build (its LLM model counts cancelled requests and
-generated tokens, which shows whether a cancelled sequence was freed).
+(cancellation through a real ensemble: test_clients_cancel.py).
 
 Echo maths: N tokens, k tokens per step -> steps = ceil(N/k), accepted = N - steps, drafted = steps*(k-1),
 tau = N/steps."""
@@ -9,7 +8,6 @@ tau = N/steps."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import math
@@ -20,45 +18,25 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from clients import generate, loadtest
 from clients import schema as sch
-from builders.build import main as build_main
 from clients.client import AsyncLLMClient, GenerationError, GenerationStats, LLMClient, build_request
-from clients.load import INTERRUPTED, LevelResult, LevelSpec
+from clients.load import LevelResult, LevelSpec
 from clients.tokens import WhitespaceCounter
 from tests.fixtures.echo_repo import render_echo_repo
 from triton_repo import contract
+from tests.triton_servers import serve as _serve
 from triton_repo.launch import TritonServer, free_port
 
 pytestmark = pytest.mark.server
 REPO = Path(__file__).resolve().parent.parent
 K = 3  # echo tokens per step
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-# Teardown: SIGINT, then SIGKILL after this long. The bundled 2.51 server sometimes waits its whole 30 s exit timeout
-# for the python backend to unload (seen once in ~10 runs, not reproducible in isolation); the echo model's graceful
-# unload is not under test, so do not pay that.
-STOP_TIMEOUT_S = 8.0
-
-
-def _server(repo: Path, log: Path) -> TritonServer:
-    return TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), log_path=log)
-
-
-@contextlib.contextmanager
-def _serve(repo: Path, log: Path) -> Iterator[TritonServer]:
-    srv = _server(repo, log).start()
-    try:
-        yield srv
-    finally:
-        srv.stop(timeout_s=STOP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -342,194 +320,3 @@ def test_request_ids_differ_between_clients(echo: TritonServer) -> None:
     ids += asyncio.run(go())
     assert all(i is not None and ID_FORMAT.fullmatch(i) for i in ids), ids
     assert len(set(ids)) == len(ids) == 5
-
-
-# ---- cancellation through the real ensemble (docs/triton.md, "Cancellation") ---------------------------------------
-
-LONG = 300  # tokens of requests that must still be running when they are cancelled (end_id -1: no early EOS)
-NO_EOS = {"end_id": -1}
-
-
-@pytest.fixture(scope="module")
-def llm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
-    root = tmp_path_factory.mktemp("cancel_build")
-    cfg = root / "tiny.yaml"
-    cfg.write_text(
-        f"name: tiny-cancel\ntrtllm_version: '1.1'\noutput_dir: {root / 'build'}\n"
-        f"target: {{model: {tiny_target}, dtype: float32}}\n"
-        f"draft: {{type: eagle, model: {eagle_head}}}\n"
-        "tree: {choices: topk-2-2}\n"
-        "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 400}\n"
-    )
-    assert build_main([str(cfg)]) == 0
-    return root / "build" / "triton_repo"
-
-
-@pytest.fixture(scope="module")
-def llm_server(llm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    """The ensemble server. At shutdown Triton waits for in-flight inferences and logs "Model 'ensemble' (version
-    1) has N in-flight inferences" while it does: a cancellation that leaked an ensemble request shows there."""
-    log = tmp_path_factory.mktemp("cancel_log") / "server.log"
-    srv = _server(llm_repo, log).start(timeout_s=300)
-    try:
-        deadline = time.time() + 30  # ready is answered before the metrics service has started (~40 ms later)
-        while True:
-            try:
-                urllib.request.urlopen(srv.metrics_url, timeout=5).read()
-                break
-            except OSError:
-                assert time.time() < deadline, f"no metrics at {srv.metrics_url}"
-                time.sleep(0.1)
-        yield srv
-    finally:
-        srv.stop(timeout_s=STOP_TIMEOUT_S)
-    leaked = re.findall(r"Model '[^']+' \(version \d+\) has \d+ in-flight inferences", log.read_text())
-    assert not leaked, f"requests leaked: {sorted(set(leaked))}; log {log}"
-
-
-def metric(server: TritonServer, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{name}\{{(.*)\}} ([0-9.e+-]+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
-def _counters(srv: TritonServer) -> dict[str, float]:
-    return {
-        "cancelled": metric(srv, "eagle_llm_requests_cancelled_total"),
-        "tokens": metric(srv, "eagle_llm_generated_tokens_total"),
-        "ensemble_ok": metric(srv, "nv_inference_request_success", model="ensemble"),
-        "bls_ok": metric(srv, "nv_inference_request_success", model="tensorrt_llm_bls"),
-        "in_flight": metric(srv, "eagle_llm_requests_in_flight"),
-    }
-
-
-def _settled(srv: TritonServer, before: dict[str, float], *, cancelled: int, ensemble_ok: int, bls_ok: int = 0,
-             timeout_s: float = 30.0) -> dict[str, float]:  # fmt: skip
-    """The counters' increments once they reach the expected ones (metrics lag the responses a little)."""
-    want = {"cancelled": cancelled, "ensemble_ok": ensemble_ok, "bls_ok": bls_ok, "in_flight": 0}
-    deadline = time.time() + timeout_s
-    while True:
-        now = _counters(srv)
-        got = {k: now[k] - before[k] if k != "in_flight" else now[k] for k in (*want, "tokens")}
-        if all(got[k] == v for k, v in want.items()) or time.time() > deadline:
-            return got
-
-
-def _wait_running(srv: TritonServer, n: int) -> None:
-    """Until the LLM model holds n requests (so a stop request finds them there)."""
-    deadline = time.time() + 60
-    while metric(srv, "eagle_llm_requests_in_flight") < n:
-        assert time.time() < deadline, f"{n} requests never reached the LLM model"
-        time.sleep(0.05)
-
-
-def test_sync_client_closing_an_ensemble_stream_stops_its_sequence(llm_server: TritonServer) -> None:
-    """Closing the iterator after one chunk: the client stops the sequence through the LLM model named in the
-    served ensemble config and reads the stream to its end. The model counts a cancellation and generates far
-    fewer than the requested tokens, the ensemble request completes (no leak), and the client's stream is clean
-    for the next request."""
-    before = _counters(llm_server)
-    with LLMClient(llm_server.grpc_url) as c:
-        assert c.schema.extra == {}  # fetched from the server: the stop model comes from its ensemble config
-        it = c.stream("stop me", LONG, **NO_EOS)
-        assert next(it).text
-        it.close()  # returns once the ensemble request has ended
-        stopped = c.last_stats.request_id
-        got = _settled(llm_server, before, cancelled=1, ensemble_ok=1)
-        assert (got["cancelled"], got["ensemble_ok"], got["in_flight"]) == (1, 1, 0), got
-        assert 1 <= got["tokens"] < LONG, got
-        after = c.generate("next", 3, **NO_EOS)  # same stream: its own response only, nothing stale
-        assert after.stats.responses == 1 and c.last_stats.request_id != stopped
-    assert _settled(llm_server, before, cancelled=1, ensemble_ok=2)["ensemble_ok"] == 2
-
-
-def test_async_cancel_and_break_stop_the_ensemble_sequence(llm_repo: Path, llm_server: TritonServer) -> None:
-    """Schema from client.json (its `llm_model` names the stop target). A task cancelled (twice) and an iterator
-    left with `break` (closed by aclosing) each stop their sequence; both ensemble requests complete."""
-    schema = sch.from_descriptor(llm_repo)
-    assert schema.extra["llm_model"] == "tensorrt_llm"
-    before = _counters(llm_server)
-
-    async def go() -> None:
-        async with AsyncLLMClient(llm_server.grpc_url, schema) as c:
-            first = asyncio.Event()
-
-            async def consume() -> None:
-                async for _chunk in c.stream("cancel me", LONG, **NO_EOS):
-                    first.set()
-
-            task = asyncio.ensure_future(consume())
-            await asyncio.wait_for(first.wait(), 60)
-            task.cancel()
-            for _ in range(3):  # into the stop + drain: a second cancel must not abort it (that would leak)
-                await asyncio.sleep(0)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task  # propagates only once the request has ended
-            async with contextlib.aclosing(c.stream("break me", LONG, **NO_EOS)) as chunks:
-                async for _chunk in chunks:
-                    break
-
-    asyncio.run(go())
-    got = _settled(llm_server, before, cancelled=2, ensemble_ok=2)
-    assert (got["cancelled"], got["ensemble_ok"], got["in_flight"]) == (2, 2, 0), got
-    assert 2 <= got["tokens"] < 2 * LONG, got
-
-
-def _level(url: str, repo: Path, spec: LevelSpec, timeout_s: float, stop: asyncio.Event | None = None,
-           on_running: Callable[[], None] | None = None) -> LevelResult:  # fmt: skip
-    async def go() -> LevelResult:
-        event = stop or asyncio.Event()
-        async with AsyncLLMClient(url, sch.from_descriptor(repo), timeout_s=timeout_s) as c:
-            run = asyncio.ensure_future(
-                loadtest.run_level(c, ["one two three"], WhitespaceCounter(), spec, event, progress=False)
-            )
-            if on_running is not None:
-                await asyncio.to_thread(on_running)
-                event.set()  # what the CLI's SIGINT handler does
-            return await run
-
-    return asyncio.run(go())
-
-
-def test_loadtest_deadline_stops_ensemble_sequences(llm_repo: Path, llm_server: TritonServer) -> None:
-    """Requests past the client deadline are stopped on the server before DEADLINE_EXCEEDED is counted."""
-    spec = LevelSpec(mode="concurrency", level=2, max_tokens=LONG, stream=True, requests=2, sampling=NO_EOS)
-    before = _counters(llm_server)
-    result = _level(llm_server.grpc_url, llm_repo, spec, timeout_s=0.3)  # a whole request takes ~1-2 s here
-    assert [r.status for r in result.records] == ["DEADLINE_EXCEEDED"] * 2, [r.error for r in result.records]
-    got = _settled(llm_server, before, cancelled=2, ensemble_ok=2)
-    assert (got["cancelled"], got["ensemble_ok"], got["in_flight"]) == (2, 2, 0), got
-    assert got["tokens"] < 2 * LONG, got
-
-
-def test_loadtest_interrupt_stops_ensemble_sequences(llm_repo: Path, llm_server: TritonServer) -> None:
-    """Ctrl-C (the stop event its handler sets) while two requests generate: both are stopped and drained before
-    the level returns; their records say INTERRUPTED with no stop failure."""
-    spec = LevelSpec(mode="concurrency", level=2, max_tokens=LONG, stream=True, duration_s=120, sampling=NO_EOS)
-    before = _counters(llm_server)
-    result = _level(llm_server.grpc_url, llm_repo, spec, timeout_s=120,
-                    on_running=lambda: _wait_running(llm_server, 2))  # fmt: skip
-    assert result.interrupted
-    assert [(r.status, r.error) for r in result.records] == [(INTERRUPTED, "run interrupted before the response")] * 2
-    got = _settled(llm_server, before, cancelled=2, ensemble_ok=2)  # already done when the level returned
-    assert (got["cancelled"], got["ensemble_ok"], got["in_flight"]) == (2, 2, 0), got
-    assert got["tokens"] < 2 * LONG, got
-
-
-def test_bls_streams_are_cancelled_plainly(llm_server: TritonServer) -> None:
-    """Through the BLS model a plain gRPC cancel works (the BLS model forwards it): no stop request is needed and
-    the client sends none (the BLS config is a python model, no ensemble)."""
-    before = _counters(llm_server)
-    with LLMClient(llm_server.grpc_url, model="tensorrt_llm_bls") as c:
-        it = c.stream("cancel me", LONG, **NO_EOS)
-        assert next(it).text
-        it.close()
-        assert (c._stop_model_known, c._stop_model) == (True, None)
-    got = _settled(llm_server, before, cancelled=1, ensemble_ok=0, bls_ok=1)
-    assert (got["cancelled"], got["ensemble_ok"], got["in_flight"]) == (1, 0, 0), got
-    assert got["tokens"] < LONG, got

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from builders.convert import convert_llama
-from builders.convert.hfconfig import ModelConfigError
+from engines.hfconfig import ModelConfigError
 from builders.convert.llama import pad_vocab, pp_layer_range
 from builders.convert.weights import WeightFileError, WeightSource, read_safetensors_header
 from tests import tiny_models as tm

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from builders.trees import DraftTree, DynamicTree, preset
+from engines.trees import DraftTree, DynamicTree, preset
 from engines import decode
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from engines.draft_vocab import DraftVocabError, count_tokens, ranked, read_draft_vocab, write_draft_vocab

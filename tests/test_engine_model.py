@@ -89,7 +89,7 @@ def test_target_only_greedy_matches_hf_generate_and_batching(tiny_target: Path, 
 @pytest.mark.slow
 def test_smollm2_logits_match_hf(tmp_path: Path) -> None:
     from builders.convert import convert_llama
-    from builders.demo_model import smollm2_dir
+    from builders.model_source import smollm2_dir
 
     hf_dir = smollm2_dir()
     convert_llama(hf_dir, tmp_path / "ckpt", dtype="float32")
@@ -139,7 +139,7 @@ def test_tp_checkpoint_without_process_group_says_how_to_launch(tmp_path: Path, 
 
 
 def test_tree_without_head_is_an_error(target_ckpt: Path) -> None:
-    from builders.trees import DraftTree, preset
+    from engines.trees import DraftTree, preset
 
     with pytest.raises(CheckpointError, match="holds no EAGLE head"):
         ReferenceEngine.from_checkpoint(target_ckpt, tree=DraftTree.from_choices(preset("chain-2")), dtype="float32")

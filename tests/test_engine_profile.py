@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from builders.trees import DraftTree, DynamicTree, preset
+from engines.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from engines.costs import Machine, bounds, forward_flops, forward_fns, interleaved_ms, profile_cycles, weight_bytes
 from engines.linear import native_16bit

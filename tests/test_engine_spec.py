@@ -2,7 +2,7 @@
 head kind; acceptance actually happens with a head that predicts the target; streaming, stops, stats.
 
 Trees: chains, TensorRT-LLM's default 63-node tree, the EAGLE repository's 25-node tree, the EAGLE-2 dynamic tree
-(builders/trees.py presets, upstream tensorrt_llm/runtime/generation.py and SafeAILab eagle/model/choices.py).
+(engines/trees.py presets, upstream tensorrt_llm/runtime/generation.py and SafeAILab eagle/model/choices.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.trees import DraftTree, DynamicTree, preset  # noqa: E402
+from engines.trees import DraftTree, DynamicTree, preset  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from builders import build as build_cli
+from builders import layout
 from builders.engine import crosscheck, reference, stage, trtllm_build
 from builders.pipeline import StageError, run_stage
 from engines.spec import read_spec
@@ -204,13 +205,13 @@ def test_crosscheck_engine_dir_checks_rank_files(tmp_path: Path) -> None:
 
 
 def _fake_checkpoint(build_dir: Path, random_head: bool | None) -> None:
-    ck = build_dir / reference.CHECKPOINT_STAGE
+    ck = build_dir / layout.CHECKPOINT
     ck.mkdir(parents=True, exist_ok=True)
     cfg = {"architecture": "EagleForCausalLM", "num_hidden_layers": 2}
     if random_head is not None:
         cfg["eagle_deploy"] = {"random_head": random_head}
     (ck / "config.json").write_text(json.dumps(cfg))
-    (ck / "manifest.json").write_text("{}")
+    (ck / "manifest.json").write_text(json.dumps({"notes": {"hf_target_dir": "/models/target"}}))
 
 
 def test_tensorrt_stage_without_trtllm_or_gpu_names_what_is_missing(tmp_path: Path, monkeypatch) -> None:
@@ -310,7 +311,7 @@ def test_stage_registered_after_convert() -> None:
     from builders.stages import stages_for
 
     names = [s.name for s in stages_for(make_cfg())]
-    assert names.index("engine") == names.index(reference.CHECKPOINT_STAGE) + 1
+    assert names.index("engine") == names.index(layout.CHECKPOINT) + 1
 
 
 # ---- the NGC demo script (docker/ngc/, run by users on a GPU; checked here without one) ----------------------------
@@ -324,7 +325,7 @@ def _sets(name: str) -> list[str]:
 @pytest.mark.parametrize("variant", [["demo-tensorrt.sets"], ["demo-tensorrt.sets", "demo-fp8.sets"]])
 def test_ngc_demo_overrides_give_a_valid_engine_build(variant: list[str]) -> None:
     from builders.config import load_config
-    from builders.fp8 import fp8_problems
+    from builders.convert.fp8 import fp8_problems
 
     repo = Path(__file__).resolve().parent.parent
     cfg = load_config(repo / "configs" / "demo.yaml", [s for v in variant for s in _sets(v)])

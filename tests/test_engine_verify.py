@@ -72,9 +72,10 @@ def test_verify_fails_when_the_checkpoint_differs_from_the_target(
     other = tm.make_target(tmp_path / "other_target", seed=9)
     tampered = tmp_path / "build"
     shutil.copytree(build_dir, tampered)
-    resolved = yaml.safe_load((tampered / "config.resolved.yaml").read_text())
-    resolved["target"]["model"] = str(other)
-    (tampered / "config.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    spec_file = tampered / "engine" / "reference.json"
+    spec = json.loads(spec_file.read_text())
+    spec["hf_target_dir"] = str(other)
+    spec_file.write_text(json.dumps(spec))
     rc = main(["--build", str(tampered), "--prompts", str(prompts), "--max-new-tokens", "8", "--limit", "1"])
     out = capsys.readouterr().out
     assert rc == 1

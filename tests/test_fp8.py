@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from builders import fp8
+from builders.convert import fp8
 from builders.convert.stage import CONVERT_STAGE
 from builders.pipeline import run_stage
 from tests.engine_cases import make_cfg
@@ -228,7 +228,7 @@ def test_fp8_drafter_variant_decodes_loads_and_stays_lossless(fp8_build: dict, t
     the lm_heads in both quantization blocks, and the reference engine runs it losslessly."""
     import shutil
 
-    from builders.fp8_drafter import LINEARS, calibrate_drafter, write_fp8_drafter
+    from builders.convert.fp8_drafter import LINEARS, calibrate_drafter, write_fp8_drafter
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
     cfg = fp8_build["cfg"]

@@ -36,7 +36,7 @@ def _config(root: Path, version: str, target: Path, head: Path, draft: str, back
 
 def _engine_flow_build(root: Path, version: str, target: Path, head: Path, **sections: Any) -> tuple[Any, Path]:
     """trtllm-build cannot run here: checkpoint stage + the rendered repository (what the triton stage writes)."""
-    from triton_repo import render
+    from builders.triton import render
 
     f = _config(root, version, target, head, "eagle", "tensorrt", "topk-2-2", **sections)
     assert build_main([str(f), "--only", "checkpoint"]) == 0
@@ -105,8 +105,8 @@ def test_current_line_build_is_fully_cited(current_build: tuple[Any, Path]) -> N
     assert ("triton.llmapi.parameter" in emitted) is (cfg.engine.backend == "reference")
     # upstream's model.py / helpers.py come from the TensorRT-LLM image (docker/serve.py); we write only the mirror
     files = sorted(p.name for p in (build / "triton_repo" / "tensorrt_llm").rglob("*") if p.is_file())
-    assert files == (["config.pbtxt", "model.py", "model.yaml"] if cfg.engine.backend == "reference"
-                     else ["config.pbtxt", "model.yaml"])
+    mirror = ["config.pbtxt", "eagle_bootstrap.py", "model.py", "model.yaml"]
+    assert files == (mirror if cfg.engine.backend == "reference" else ["config.pbtxt", "model.yaml"])
 
 
 @pytest.fixture(scope="module")

@@ -149,7 +149,7 @@ def test_pytorch_stage_writes_yaml_and_serve_command(tmp_path: Path, tiny_target
     (ck / "eagle3").mkdir(parents=True)
     (ck / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
     (ck / "eagle3" / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1]}))
-    (ck / "manifest.json").write_text("{}")
+    (ck / "manifest.json").write_text(json.dumps({"notes": {"hf_target_dir": str(tiny_target)}}))
     out, _ = run_stage(stage.ENGINE_STAGE, cfg, tmp_path)
     opts = yaml.safe_load((out / llmapi.OPTIONS_FILE).read_text())
     assert opts["speculative_config"]["speculative_model_dir"] == str(ck / "eagle3")

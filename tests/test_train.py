@@ -267,7 +267,7 @@ def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp
 
     from builders import train_head
     from builders.convert.eagle import convert_eagle
-    from builders.trees import DraftTree, preset
+    from engines.trees import DraftTree, preset
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
     cfg = tiny_cfg(tmp_path, tiny_target, epochs=1)
@@ -335,7 +335,7 @@ HEAD = REPO / "heads" / "smollm2-eagle"
 def test_committed_head_layout_and_recipe() -> None:
     from safetensors import safe_open
 
-    from builders.demo_model import smollm2_dir
+    from builders.model_source import smollm2_dir
 
     target = json.loads((smollm2_dir() / "config.json").read_text())
     cfg = json.loads((HEAD / "config.json").read_text())
@@ -362,7 +362,7 @@ def test_committed_head_drafts_smollm2_greedy_tokens() -> None:
     """The trained head on the real target: chain acceptance on a fresh greedy answer beats a random head's."""
     from safetensors.torch import load_file
 
-    from builders.demo_model import smollm2_dir
+    from builders.model_source import smollm2_dir
 
     model, tok = _load(smollm2_dir())
     prompt = tdata.prompt_ids(tok, [{"role": "user", "content": "Give me three tips for staying healthy."}])

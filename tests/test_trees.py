@@ -11,9 +11,9 @@ import ast
 
 import pytest
 
-from builders import trees
+from engines import trees
 from builders.config import BuildConfig
-from builders.trees import DraftTree, TreeError
+from engines.trees import DraftTree, TreeError
 
 
 def test_trtllm_default_matches_upstream_shape() -> None:

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from builders.build import main as build_main  # noqa: E402
 from builders.config import load_config  # noqa: E402
 from tests.engine_cases import write_build_yaml  # noqa: E402
-from triton_repo import render  # noqa: E402
+from builders.triton import render  # noqa: E402
 from triton_repo.launch import TritonServer, free_port  # noqa: E402
 
 

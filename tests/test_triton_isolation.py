@@ -20,8 +20,9 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests import triton_build  # noqa: E402
 from tests.test_triton_server import (  # noqa: E402
-    PROMPT, _input, _stop_inputs, _wait_idle, inputs, metric, stream_call, text_of,
+    PROMPT, _input, _stop_inputs, _wait_idle, inputs, stream_call, text_of,
 )
+from tests.triton_servers import metric  # noqa: E402
 from triton_repo.launch import TritonServer  # noqa: E402
 
 pytestmark = pytest.mark.server
@@ -267,7 +268,7 @@ SLOW = {"stream": (True, "BOOL"), "end_id": (-1, "INT32"), "temperature": (1.0, 
 def deadline_server(triton_build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The shared build's repository rendered again with a short triton.request_deadline_s, on a server of its own."""
     from builders.config import load_config
-    from triton_repo import render
+    from builders.triton import render
 
     bc = load_config(triton_build_dir.parent / "tiny.yaml", [f"triton.request_deadline_s={DEADLINE_S}"])
     repo = tmp_path_factory.mktemp("deadline") / "triton_repo"

@@ -67,8 +67,8 @@ def greedy_text(build: tuple[Any, Path]) -> str:
 def test_repository_is_the_llmapi_layout(build: tuple[Any, Path]) -> None:
     repo = build[1] / "triton_repo"
     assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()) == [
-        "client.json", "manifest.json", "tensorrt_llm/1/model.py", "tensorrt_llm/1/model.yaml",
-        "tensorrt_llm/config.pbtxt"]
+        "client.json", "manifest.json", "tensorrt_llm/1/eagle_bootstrap.py", "tensorrt_llm/1/model.py",
+        "tensorrt_llm/1/model.yaml", "tensorrt_llm/config.pbtxt"]
     doc = yaml.safe_load((repo / "tensorrt_llm/1/model.yaml").read_text())
     assert doc["speculative_config"] == {
         "decoding_type": "Eagle3", "max_draft_len": 3,

@@ -21,10 +21,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from builders.build import main as build_main
 from builders.config import load_config
-from builders.trees import DraftTree, preset
+from engines.trees import DraftTree, preset
 from tests.engine_cases import write_build_yaml
 from triton_repo import contract as C
-from triton_repo import launch, render
+from builders.triton import render
+from triton_repo import launch
 from triton_repo.models import batcher, common, llm_io
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "triton"

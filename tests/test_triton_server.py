@@ -7,10 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from clients.client import GenerationError  # noqa: E402
 from tests import triton_build  # noqa: E402
 from tests.triton_build import MAX_BATCH, MAX_INPUT, MAX_QUEUE, MAX_SEQ  # noqa: E402
+from tests.triton_servers import metric  # noqa: E402
 from triton_repo.launch import TritonServer, free_port  # noqa: E402
 
 pytestmark = pytest.mark.server
@@ -105,16 +104,6 @@ def stream_call(
 
 def text_of(responses: list[dict[str, Any]]) -> str:
     return "".join(r["text_output"].reshape(-1)[0].decode("utf-8") for r in responses)
-
-
-def metric(server: TritonServer, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{name}\{{(.*)\}} ([0-9.e+-]+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def engine_greedy(engine: Any, text: str, n: int) -> tuple[list[int], Any]:

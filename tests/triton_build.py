@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders.build import main as build_main
-from triton_repo.launch import TritonServer, free_port
+from tests.triton_servers import server_on
+from triton_repo.launch import TritonServer
 
 MAX_BATCH, MAX_QUEUE, MAX_INPUT, MAX_SEQ = 4, 48, 48, 400
 
@@ -29,7 +30,4 @@ def build(root: Path, tiny_target: Path, eagle_head: Path) -> Path:
 
 def start_server(repo: Path, log_dir: Path) -> TritonServer:
     """A real tritonserver on `repo`, free loopback ports, its log in `log_dir`."""
-    srv = TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                       log_path=log_dir / "tritonserver.log")  # fmt: skip
-    srv.start(timeout_s=240)
-    return srv
+    return server_on(repo, log_dir / "tritonserver.log").start(timeout_s=240)

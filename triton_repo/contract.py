@@ -72,7 +72,7 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
 )  # fmt: skip
 
 # The client-facing inputs every request must carry, with what to send. The ensemble and preprocessing configs
-# declare them optional and preprocessing refuses a request without one (triton_repo/render.py
+# declare them optional and preprocessing refuses a request without one (builders/triton/render.py
 # `ensemble_config` says why); client.json and the BLS config keep them required.
 REQUIRED_HELP: dict[str, str] = {
     "text_input": "send the prompt text, shape [1, 1] BYTES",

@@ -12,10 +12,10 @@ from typing import Any
 from builders.config import BuildConfig
 from builders.convert.eagle import check_head, head_bias
 from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
-from builders.convert.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
+from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from builders.convert.llama import check_parallel
 from builders.convert.weights import WeightFileError, WeightSource
-from builders.demo_model import ModelSourceError, resolve_target
+from builders.model_source import ModelSourceError, resolve_target
 
 
 def expected_target_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:

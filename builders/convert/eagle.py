@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from builders.convert.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
+from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from builders.convert.llama import (
     OutTensor,
     Provenance,

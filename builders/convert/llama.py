@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from builders.convert.hfconfig import LlamaSpec, ModelConfigError, llama_spec
+from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import DTYPES, OutTensor, Piece, WeightSource, Zeros, write_safetensors
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from builders.convert.hfconfig import llama_spec
+from engines.hfconfig import llama_spec
 from builders.convert.llama import write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
 

@@ -5,7 +5,7 @@
 - draft.model random -> a random SafeAILab head is written to checkpoint/random_head/ first and converted; RANDOM
   appears in the checkpoint config (`eagle_deploy.random_head`), the manifest notes and the stage log.
 The checkpoint is 16-bit (target.dtype) unless quantization.weights or quantization.kv_cache is fp8: then the FP8
-branch below (builders/fp8.py: ModelOpt calibration + export) replaces the target's linears with FP8 weights and scales.
+branch below (builders/convert/fp8.py: ModelOpt calibration + export) replaces the target's linears with FP8 weights and scales.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from builders.convert.eagle import convert_eagle
 from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
-from builders.demo_model import ModelSourceError, resolve_target
+from builders.model_source import ModelSourceError, resolve_target
+from builders.layout import CHECKPOINT, HF_TARGET_NOTE
 from builders.pipeline import Stage, StageContext, StageError
 
-STAGE_NAME = "checkpoint"
+STAGE_NAME = CHECKPOINT
 RANDOM_HEAD_DIR = "random_head"
 
 
@@ -57,7 +58,7 @@ def plan_outputs(cfg: BuildConfig) -> list[str]:
 def run(ctx: StageContext) -> None:
     cfg = ctx.cfg
     hf = resolve_target(cfg.target.model)
-    ctx.notes["hf_target_dir"] = str(hf)
+    ctx.notes[HF_TARGET_NOTE] = str(hf)  # resolved once here; later stages and tools read this note
     ctx.notes["dtype"] = cfg.target.dtype
     _log(ctx, f"target {cfg.target.model} -> {hf}")
     random = cfg.draft.model == "random"
@@ -90,15 +91,14 @@ def run(ctx: StageContext) -> None:
     except ValueError as e:  # ModelConfigError / WeightFileError: inputs changed since preflight
         raise StageError(str(e)) from e
     _log(ctx, "checkpoint written")
-    # ---- FP8 (issue 4, builders/fp8.py): calibrate + export the target in FP8 into the checkpoint just written ----
+    # FP8 (builders/convert/fp8.py): calibrate + export the target in FP8 into the checkpoint just written
     if cfg.quantization.weights == "fp8" or cfg.quantization.kv_cache == "fp8":
-        from builders.fp8 import Fp8Error, run_fp8
+        from builders.convert.fp8 import Fp8Error, run_fp8
 
         try:
             run_fp8(ctx, hf)
         except Fp8Error as e:
             raise StageError(str(e)) from e
-    # ---- end FP8 ----
 
 
 CONVERT_STAGE = Stage(

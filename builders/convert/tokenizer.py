@@ -22,7 +22,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from builders.convert.hfconfig import ModelConfigError
+from builders.layout import TOKENIZER
+from engines.hfconfig import ModelConfigError
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -77,7 +78,7 @@ def copy_tokenizer(hf_dir: Path, out_dir: Path) -> list[str]:
         raise ModelConfigError(
             f"{hf_dir}: no tokenizer.json or tokenizer.model; the target directory must include its tokenizer"
         )
-    dest = out_dir / "tokenizer"
+    dest = out_dir / TOKENIZER
     dest.mkdir(parents=True, exist_ok=True)
     for n in present:
         if n == "tokenizer_config.json":

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from builders.config import BuildConfig
-from builders.convert.hfconfig import ModelConfigError, aux_layer_ids
+from engines.hfconfig import ModelConfigError, aux_layer_ids
 from builders.trtllm import registry
 from builders.trtllm.rules import capture_problems, default_capture
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from builders import layout
 from builders.config import BuildConfig
 from engines.draft_vocab import read_draft_vocab
-from engines.spec import DynamicTreeSpec, ReferenceSpec
-
-CHECKPOINT_STAGE = "checkpoint"  # builders/convert's stage name = its directory inside the build dir
+from engines.spec import ReferenceSpec
 
 
 class ReferenceSpecError(ValueError):
@@ -36,25 +35,24 @@ def random_head_flag(checkpoint_dir: Path) -> bool:
     return section["random_head"]
 
 
-def reference_spec(cfg: BuildConfig, random_head: bool) -> ReferenceSpec:
+def reference_spec(cfg: BuildConfig, random_head: bool, hf_target_dir: Path | None = None) -> ReferenceSpec:
     """The spec rendered from the config (pure but for reading draft.draft_vocab's ids); paths relative to the
-    build dir."""
+    build dir; `hf_target_dir` is what the convert stage resolved target.model to."""
     tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
     return ReferenceSpec(
-        checkpoint_dir=CHECKPOINT_STAGE,
-        tokenizer_dir=f"{CHECKPOINT_STAGE}/tokenizer",
+        checkpoint_dir=layout.CHECKPOINT,
+        tokenizer_dir=f"{layout.CHECKPOINT}/{layout.TOKENIZER}",
         draft_type=cfg.draft.type,
-        eagle3_head_dir=f"{CHECKPOINT_STAGE}/eagle3" if cfg.draft.type == "eagle3" else None,
+        eagle3_head_dir=f"{layout.CHECKPOINT}/{layout.EAGLE3_HEAD}" if cfg.draft.type == "eagle3" else None,
         random_head=random_head,
         tree_choices=None if tree is None else tree.as_lists(),
-        dynamic_tree=None
-        if dyn is None
-        else DynamicTreeSpec(top_k=dyn.top_k, depth=dyn.depth, total_draft_tokens=dyn.total_draft_tokens),
+        dynamic_tree=dyn,
         dtype=cfg.target.dtype,
         device=cfg.engine.device,
         tp=cfg.parallel.tp,
         max_batch_size=cfg.engine.max_batch_size,
         max_input_len=cfg.engine.max_input_len,
         max_seq_len=cfg.engine.max_seq_len,
+        hf_target_dir=None if hf_target_dir is None else str(hf_target_dir),
         draft_vocab=read_draft_vocab(Path(cfg.draft.draft_vocab)) if cfg.draft.draft_vocab else None,
     )

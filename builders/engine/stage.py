@@ -13,11 +13,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from builders import layout
 from builders.config import BuildConfig
 from builders.engine import crosscheck, llmapi, reference, trtllm_build
 from builders.pipeline import Stage, StageContext, StageError
 from builders.trtllm import registry
-from engines.spec import SPEC_FILE, write_spec
+from engines.spec import write_spec
 
 SERVE_FILE = "trtllm_serve.json"
 NGC_HINT = "run the build inside the NGC container instead: see docker/ngc/README.md"
@@ -65,13 +66,13 @@ def _run_tensorrt(ctx: StageContext) -> None:
     have_build = shutil.which(trtllm_build.TRTLLM_BUILD) is not None
     env = tensorrt_environment_problems(cfg, gpu_compute_capabilities(), have_build)
     if env:
-        argv = trtllm_build.trtllm_build_argv(cfg, ctx.stage_dir(reference.CHECKPOINT_STAGE), ctx.final)
+        argv = trtllm_build.trtllm_build_argv(cfg, ctx.stage_dir(layout.CHECKPOINT), ctx.final)
         raise StageError(
             "cannot build the TensorRT engine here: " + "; ".join(env)
             + f". The command would be:\n  {' '.join(argv)}\n"
             f"Either {NGC_HINT}, or set engine.backend=reference to run on this machine."
         )
-    ctx.run_command(trtllm_build.trtllm_build_argv(cfg, ctx.stage_dir(reference.CHECKPOINT_STAGE), ctx.out))
+    ctx.run_command(trtllm_build.trtllm_build_argv(cfg, ctx.stage_dir(layout.CHECKPOINT), ctx.out))
     bad = crosscheck.crosscheck_engine_dir(ctx.out, cfg)
     if bad:
         raise StageError("built engine disagrees with the config:\n  - " + "\n  - ".join(bad))
@@ -80,7 +81,7 @@ def _run_tensorrt(ctx: StageContext) -> None:
 
 def eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], int]:
     """(TensorRT-LLM's output-indexed layers to capture, number of target layers)."""
-    head_cfg_file = checkpoint_dir / "eagle3" / "config.json"
+    head_cfg_file = checkpoint_dir / layout.EAGLE3_HEAD / "config.json"
     target_cfg_file = checkpoint_dir / "config.json"
     try:
         head_cfg = json.loads(head_cfg_file.read_text())
@@ -90,23 +91,24 @@ def eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], i
     return llmapi.layers_to_capture(llmapi.resolve_input_layer_ids(cfg, head_cfg), n_layers), n_layers
 
 
-def _target_dir(cfg: BuildConfig) -> Path:
-    from builders.demo_model import resolve_target
-
-    return resolve_target(cfg.target.model)
+def _target_dir(ctx: StageContext) -> Path:
+    try:
+        return layout.hf_target_dir(ctx.build_dir)
+    except layout.LayoutError as e:
+        raise StageError(str(e)) from e
 
 
 def _run_pytorch(ctx: StageContext) -> None:
     cfg = ctx.cfg
-    ckpt = ctx.stage_dir(reference.CHECKPOINT_STAGE)
+    ckpt = ctx.stage_dir(layout.CHECKPOINT)
     try:
         capture, n_layers = eagle3_capture(cfg, ckpt)
-        options = llmapi.llm_api_options(cfg, ckpt / "eagle3", capture, n_layers)
+        options = llmapi.llm_api_options(cfg, ckpt / layout.EAGLE3_HEAD, capture, n_layers)
     except llmapi.LlmApiError as e:
         raise StageError(str(e)) from e
     (ctx.out / llmapi.OPTIONS_FILE).write_text(llmapi.dump_options(options))
     version = registry.get(cfg.trtllm_version)
-    argv = llmapi.trtllm_serve_argv(_target_dir(cfg), ctx.final / llmapi.OPTIONS_FILE, backend_flag=version.engine_flow)
+    argv = llmapi.trtllm_serve_argv(_target_dir(ctx), ctx.final / llmapi.OPTIONS_FILE, backend_flag=version.engine_flow)
     serve = {"argv": argv, "trtllm_version": version.key, "llm_api": f"{version.name} (tensorrt_llm/llmapi/llm_args.py)"}
     (ctx.out / SERVE_FILE).write_text(json.dumps(serve, indent=2) + "\n")
     ctx.notes["serve"] = " ".join(argv)
@@ -114,10 +116,10 @@ def _run_pytorch(ctx: StageContext) -> None:
 
 def _run_reference(ctx: StageContext) -> None:
     try:
-        random_head = reference.random_head_flag(ctx.stage_dir(reference.CHECKPOINT_STAGE))
+        random_head = reference.random_head_flag(ctx.stage_dir(layout.CHECKPOINT))
     except reference.ReferenceSpecError as e:
         raise StageError(str(e)) from e
-    write_spec(reference.reference_spec(ctx.cfg, random_head), ctx.out)
+    write_spec(reference.reference_spec(ctx.cfg, random_head, _target_dir(ctx)), ctx.out)
     ctx.notes["random_head"] = random_head
 
 
@@ -130,17 +132,17 @@ def run(ctx: StageContext) -> None:
 
 def plan_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
     if cfg.engine.backend == "tensorrt":
-        return [trtllm_build.trtllm_build_argv(cfg, build_dir / reference.CHECKPOINT_STAGE, build_dir / "engine")]
+        return [trtllm_build.trtllm_build_argv(cfg, build_dir / layout.CHECKPOINT, build_dir / layout.ENGINE)]
     if cfg.engine.backend == "pytorch":
         # Pure: a pip:/.gguf target is extracted only when the stage runs, so show what it will be.
         target = Path(cfg.target.model) if Path(cfg.target.model).is_dir() else f"<HF dir of {cfg.target.model}>"
-        return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / "engine" / llmapi.OPTIONS_FILE,
+        return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / layout.ENGINE / llmapi.OPTIONS_FILE,
                                          backend_flag=registry.get(cfg.trtllm_version).engine_flow)]
     return []
 
 
 def preflight(cfg: BuildConfig) -> list[str]:
-    from builders.fp8 import fp8_problems
+    from builders.convert.fp8 import fp8_problems
 
     # TensorRT-LLM's limits were checked when the config was loaded (builders/trtllm/rules.py).
     return fp8_problems(cfg)
@@ -151,14 +153,14 @@ def plan_outputs(cfg: BuildConfig) -> list[str]:
         return ["config.json"] + [f"rank{r}.engine" for r in range(cfg.parallel.tp * cfg.parallel.pp)]
     if cfg.engine.backend == "pytorch":
         return [llmapi.OPTIONS_FILE, SERVE_FILE]
-    return [SPEC_FILE]
+    return [layout.REFERENCE_SPEC]
 
 
 ENGINE_STAGE = Stage(
-    name="engine",
+    name=layout.ENGINE,
     description="engine: trtllm-build (tensorrt) / LLM API YAML (pytorch) / reference.json (reference)",
     external_inputs=lambda cfg: [],
-    depends_on=(reference.CHECKPOINT_STAGE,),
+    depends_on=(layout.CHECKPOINT,),
     run=run,
     plan_commands=plan_commands,
     preflight=preflight,

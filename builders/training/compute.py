@@ -98,7 +98,7 @@ def load_target(target: str, c: Compute):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from builders.config import ConfigError
-    from builders.demo_model import resolve_target
+    from builders.model_source import resolve_target
 
     target_dir = resolve_target(target)
     tok = AutoTokenizer.from_pretrained(target_dir)

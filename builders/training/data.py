@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from builders.training.config import DataConfig
+from builders.training.shards import atomic_save, shard_path
 from engines.data import chat_ids, iter_sharegpt, sharegpt_path
 
 if TYPE_CHECKING:
@@ -122,17 +123,6 @@ def select_conversations(tok, cfg: DataConfig, path: Path | None = None) -> list
         f"ShareGPT has only {usable} usable conversations (prompt <= data.max_prompt_tokens="
         f"{cfg.max_prompt_tokens}); lower data.offset + data.num_conversations={cfg.offset + cfg.num_conversations}"
     )
-
-
-def shard_path(work_dir: Path, kind: str, index: int) -> Path:
-    return work_dir / kind / f"shard-{index:05d}.pt"
-
-
-def atomic_save(obj: object, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    tmp.replace(path)
 
 
 def data_key(cfg: DataConfig) -> dict:

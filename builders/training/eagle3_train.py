@@ -9,12 +9,12 @@ loss is eagle3_loop.py's.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from builders.atomic import atomic_dir
 from builders.training.compute import Compute
 from builders.training.config import TrainHeadConfig
 from builders.training.dist import Dist
@@ -26,7 +26,7 @@ from builders.training.eagle3_model import (
     eagle3_state_dict,
 )
 from builders.training.eagle3_vocab import DraftVocab, answer_token_counts, build_draft_vocab, coverage_table
-from builders.training.model import export_dtype_keys
+from builders.training.model import MODEL_CARD, export_dtype_keys
 from builders.training.plan import Positions
 from builders.training import runner
 from builders.training.runner import Context, FeatureFn, Sample
@@ -114,20 +114,12 @@ def export_eagle3(head: Eagle3Head, config: dict, out_dir: Path, extra_files: di
     a hand-written MODEL_CARD.md already there survives."""
     from safetensors.torch import save_file
 
-    tmp = out_dir.with_name(out_dir.name + ".tmp-export")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(eagle3_state_dict(head, torch.float16, embedding=embedding), str(tmp / "model.safetensors"),
-              metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(export_dtype_keys(config, "float16"), indent=2) + "\n")
-    for name, text in extra_files.items():
-        (tmp / name).write_text(text)
-    keep = out_dir / "MODEL_CARD.md"
-    if keep.is_file():
-        shutil.copy2(keep, tmp / keep.name)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    with atomic_dir(out_dir, keep=(MODEL_CARD,)) as tmp:
+        save_file(eagle3_state_dict(head, torch.float16, embedding=embedding), str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(export_dtype_keys(config, "float16"), indent=2) + "\n")
+        for name, text in extra_files.items():
+            (tmp / name).write_text(text)
     return out_dir
 
 

@@ -18,7 +18,6 @@ values, not the norm), linear warmup then linear decay (runner.py, which also ha
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,8 @@ import torch.nn.functional as F
 from builders.training.compute import Compute
 from builders.training.config import TrainConfig, TrainHeadConfig
 from builders.training.dist import Dist
-from builders.training.model import EagleHead, export_dtype_keys, head_config_dict, head_from_target
+from builders.atomic import atomic_dir
+from builders.training.model import MODEL_CARD, EagleHead, export_dtype_keys, head_config_dict, head_from_target
 from builders.training.plan import Positions, plan_positions, position_mask
 from builders.training.runner import (
     CKPT_DIR,
@@ -191,24 +191,17 @@ def export_head(
 
     from builders.training.model import safeailab_state_dict
 
-    tmp = out_dir.with_name(out_dir.name + ".tmp-export")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     bias = head.fc.bias is not None
     state = safeailab_state_dict(head, torch.float16)
     if not embedding:
         del state["embed_tokens.weight"]
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    cfg = export_dtype_keys(head_config_dict(target_cfg, bias), "float16")
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for name, text in extra_files.items():
-        (tmp / name).write_text(text)
-    keep = out_dir / "MODEL_CARD.md"  # the hand-written card with measured figures survives retraining
-    if keep.is_file():
-        shutil.copy2(keep, tmp / keep.name)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    # The hand-written card with measured figures survives retraining.
+    with atomic_dir(out_dir, keep=(MODEL_CARD,)) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        cfg = export_dtype_keys(head_config_dict(target_cfg, bias), "float16")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        for name, text in extra_files.items():
+            (tmp / name).write_text(text)
     return out_dir
 
 

@@ -153,6 +153,9 @@ def with_transformers4_rope(cfg: dict) -> dict:
     return out
 
 
+MODEL_CARD = "MODEL_CARD.md"  # hand-written, with measured figures: an export keeps the one already there
+
+
 def export_dtype_keys(cfg: dict, dtype: str) -> dict:
     """The weights' dtype under both names: `torch_dtype` (transformers 4) and `dtype` (transformers 5)."""
     return dict(cfg, torch_dtype=dtype, dtype=dtype)

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from builders.training.compute import Compute
 from builders.training.config import TrainConfig, TrainHeadConfig
-from builders.training.data import atomic_save
+from builders.training.shards import atomic_save
 from builders.training.dist import Dist
 
 CKPT_DIR = "checkpoints"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from builders import trees
+from engines import trees
 from builders.trtllm import registry
 from builders.trtllm.registry import TrtllmVersion
 

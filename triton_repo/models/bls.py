@@ -5,30 +5,19 @@ multi-byte character), so the concatenated stream equals the unary text exactly.
 LLM request.
 """
 
-import json
 import os
-import sys
 import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def _project_root(args):
-    cfg = json.loads(args["model_config"])
-    try:
-        return cfg["parameters"]["project_root"]["string_value"]
-    except KeyError:
-        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
-
-
 class TritonPythonModel:
     def initialize(self, args):
-        root = _project_root(args)
-        if root not in sys.path:
-            sys.path.insert(0, root)
+        project_on_path(args)
         from triton_repo import contract
         from triton_repo.models import common, llm_io
 

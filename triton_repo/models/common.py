@@ -33,7 +33,7 @@ class Params:
     def str(self, key: str) -> str:
         if key not in self._p or self._p[key] == "" or "${" in self._p[key]:
             raise KeyError(f"model {self.model}: parameter {key!r} missing or unset in config.pbtxt; re-render the "
-                           "repository with triton_repo.render")
+                           "repository with builders/triton/render.py")
         return self._p[key]
 
     def int(self, key: str) -> int:

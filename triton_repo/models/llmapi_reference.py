@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 DEFAULT_MAX_TOKENS = 32
@@ -33,14 +34,13 @@ def _params(args):
         return {k: cfg["parameters"][k]["string_value"] for k in ("project_root", "build_dir", "max_queue_size")}
     except KeyError:
         raise KeyError(f"model {cfg['name']}: parameters project_root/build_dir/max_queue_size missing; render with "
-                       "triton_repo.render") from None
+                       "builders/triton/render.py") from None
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        project_on_path(args)
         p = _params(args)
-        if p["project_root"] not in sys.path:
-            sys.path.insert(0, p["project_root"])
         from pathlib import Path
 
         import yaml

@@ -2,26 +2,15 @@
 postprocessing). Each response is decoded on its own: a streamed chunk that splits a multi-byte character shows
 U+FFFD, as upstream; the BLS model (tensorrt_llm_bls) streams with incremental detokenization instead."""
 
-import json
-import sys
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
-
-def _project_root(args):
-    cfg = json.loads(args["model_config"])
-    try:
-        return cfg["parameters"]["project_root"]["string_value"]
-    except KeyError:
-        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
+from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        root = _project_root(args)
-        if root not in sys.path:
-            sys.path.insert(0, root)
+        project_on_path(args)
         from triton_repo.models import common
 
         p = common.Params(common.model_config(args))

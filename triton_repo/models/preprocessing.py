@@ -6,26 +6,15 @@ max_seq_len, and with `greedy_only` a request asking for sampling) get INVALID_A
 requests of the batch are unaffected.
 """
 
-import json
-import sys
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
-
-def _project_root(args):
-    cfg = json.loads(args["model_config"])
-    try:
-        return cfg["parameters"]["project_root"]["string_value"]
-    except KeyError:
-        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
+from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        root = _project_root(args)
-        if root not in sys.path:
-            sys.path.insert(0, root)
+        project_on_path(args)
         from triton_repo import contract
         from triton_repo.models import common, llm_io
 

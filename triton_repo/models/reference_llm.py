@@ -9,20 +9,11 @@ batch at the next step, a finished or cancelled one leaves it. `output_ids` end 
 generation stopped on it (the postprocessing model drops special tokens).
 """
 
-import json
-import sys
 
 import triton_python_backend_utils as pb_utils
+from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def _project_root(args):
-    cfg = json.loads(args["model_config"])
-    try:
-        return cfg["parameters"]["project_root"]["string_value"]
-    except KeyError:
-        raise KeyError(f"model {cfg['name']}: parameter project_root missing; render with triton_repo.render") from None
 
 
 class _Metrics:
@@ -71,9 +62,7 @@ class _Metrics:
 
 class TritonPythonModel:
     def initialize(self, args):
-        root = _project_root(args)
-        if root not in sys.path:
-            sys.path.insert(0, root)
+        project_on_path(args)
         from pathlib import Path
 
         from engines.api import ReferenceEngine

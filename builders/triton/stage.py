@@ -8,17 +8,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders.config import BuildConfig
+from builders.layout import CHECKPOINT, ENGINE, TRITON_REPO
 from builders.pipeline import Stage, StageContext, StageError
-from triton_repo import render
+from builders.triton import render
 
-STAGE_NAME = "triton_repo"
+STAGE_NAME = TRITON_REPO
 
 
 def _sources(cfg: BuildConfig) -> list[Path]:
     """The rendered repository copies these files: a change to any of them re-renders it."""
+    serve = render.SERVE_PACKAGE
     here = Path(__file__).resolve().parent
-    return [here / "contract.py", here / "render.py", here / "llmapi_contract.py", here / "render_llmapi.py",
-            *sorted((here / "models").glob("*.py"))]
+    return [serve / "contract.py", serve / "llmapi_contract.py", here / "pbtxt.py", Path(render.__file__).resolve(),
+            here / "render_llmapi.py", *sorted(render.MODELS_SRC.glob("*.py"))]
 
 
 def run(ctx: StageContext) -> None:
@@ -43,7 +45,7 @@ TRITON_STAGE = Stage(
     description="Triton model repository: preprocessing, tensorrt_llm, postprocessing, ensemble, tensorrt_llm_bls "
     "(TensorRT-LLM 1.1/1.2), or the one `tensorrt_llm` llmapi model (the current line)",
     external_inputs=_sources,
-    depends_on=(render.CHECKPOINT_STAGE, render.ENGINE_STAGE),
+    depends_on=(CHECKPOINT, ENGINE),
     run=run,
     preflight=lambda cfg: render.config_problems(cfg),
     plan_outputs=plan_outputs,

@@ -12,7 +12,7 @@ Flow (called by the convert stage after it wrote the 16-bit checkpoint):
 3. merge: every target linear of our checkpoint is replaced by the exported FP8 weight + scales (same TRT-LLM
    names and shapes, or we stop); embeddings, norms and lm_head stay as our converter wrote them (its layout, e.g.
    replicated embedding under tp, is the one our config.json describes). With an FP8 KV cache the EAGLE-1 drafter's
-   attentions get their own `kv_cache_scaling_factor`, measured on the 16-bit checkpoint by builders/fp8_drafter.py
+   attentions get their own `kv_cache_scaling_factor`, measured on the 16-bit checkpoint by builders/convert/fp8_drafter.py
    (TensorRT-LLM requires one on every Attention), and `eagle_net_config.quantization` repeats the block.
    config.json gets quantization {quant_algo FP8, kv_cache_quant_algo, exclude_modules [lm_head, eagle_nets.*]}:
    the drafter's linears stay 16-bit (upstream's EAGLE FP8 recipe quantizes them and excludes only
@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from builders import layout
 from builders.config import BuildConfig
 
 HEAD_PREFIX = "eagle_nets."
@@ -188,7 +189,7 @@ def check_dequantized(name: str, w8: torch.Tensor, scale: torch.Tensor, w16: tor
 
 
 def quantization_json(cfg: BuildConfig) -> dict[str, Any]:
-    from builders.fp8_drafter import drafter_exclude
+    from builders.convert.fp8_drafter import drafter_exclude
 
     exclude = drafter_exclude(cfg.limits().num_eagle_layers, False) if cfg.draft.type == "eagle" else ["lm_head"]
     return {
@@ -286,7 +287,7 @@ def drafter_kv_scales(cfg: BuildConfig, hf_dir: Path, ckpt16: Path, tmp: Path, p
     """The drafter's `kv_cache_scaling_factor` tensors, measured on the 16-bit checkpoint `ckpt16` (a tp=1 copy is
     converted when the build is tensor-parallel: the reference engine runs tp>1 only inside torch.distributed)."""
     from builders.convert.eagle import convert_eagle
-    from builders.fp8_drafter import calibrate_drafter, kv_scale_tensors
+    from builders.convert.fp8_drafter import calibrate_drafter, kv_scale_tensors
 
     lim = cfg.limits()
     if cfg.parallel.tp > 1:
@@ -315,7 +316,7 @@ def reference_tau(cfg: BuildConfig, prompts: list[str], max_new_tokens: int = 32
         from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
         tree = cfg.static_tree() or cfg.dynamic_tree()
-        head3 = ckpt / "eagle3" if cfg.draft.type == "eagle3" else None
+        head3 = ckpt / layout.EAGLE3_HEAD if cfg.draft.type == "eagle3" else None
         eng = ReferenceEngine.from_checkpoint(ckpt, tree=tree, dtype=cfg.target.dtype, device=cfg.engine.device,
                                               eagle3_head_dir=head3)
         tok = eng.tokenizer

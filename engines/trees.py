@@ -208,6 +208,19 @@ class DynamicTree:
     depth: int
     total_draft_tokens: int
 
+    def __post_init__(self) -> None:
+        if min(self.top_k, self.depth, self.total_draft_tokens) < 1:
+            raise TreeError(
+                f"dynamic tree top_k={self.top_k}, depth={self.depth}, total_draft_tokens={self.total_draft_tokens}: "
+                "each must be >= 1"
+            )
+        bound = tree_size_bound(self.top_k, self.depth)
+        if self.total_draft_tokens > bound:
+            raise TreeError(
+                f"total_draft_tokens={self.total_draft_tokens} exceeds the {bound} candidates "
+                f"top_k={self.top_k}, depth={self.depth} can produce; lower it or raise top_k/depth"
+            )
+
     @property
     def size(self) -> int:
         return self.total_draft_tokens
@@ -215,6 +228,16 @@ class DynamicTree:
     @property
     def max_non_leaves_per_layer(self) -> int:
         return self.top_k
+
+    @property
+    def max_top_k(self) -> int:
+        """Candidates the drafter must keep per expanded node."""
+        return self.top_k
+
+    @property
+    def drafter_runs(self) -> int:
+        """Drafter scratch slots per step: the top_k frontier is run through the drafter at depths 1..depth-1."""
+        return (self.depth - 1) * self.top_k
 
 
 def tree_size_bound(top_k: int, depth: int) -> int:

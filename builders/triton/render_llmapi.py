@@ -23,7 +23,9 @@ from typing import Any
 import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
+from builders import layout
 from builders.config import BuildConfig
+from builders.triton.pbtxt import _add_inputs, _add_outputs, _decoupled, _instances, _params
 from triton_repo import llmapi_contract as L
 
 UPSTREAM_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"  # in the TensorRT-LLM Triton image
@@ -31,8 +33,6 @@ UPSTREAM_FILES = ("model.py", "helpers.py")
 
 
 def model_config(bc: BuildConfig, build_dir: Path, project_root: Path) -> mc.ModelConfig:
-    from triton_repo.render import _add_inputs, _add_outputs, _decoupled, _instances, _params
-
     cfg = mc.ModelConfig(name=bc.triton.llm_model, backend="python")
     _add_inputs(cfg, L.INPUTS)
     _add_outputs(cfg, L.OUTPUTS)
@@ -53,16 +53,14 @@ def llm_options(bc: BuildConfig, build_dir: Path, options_file: Path) -> dict[st
     from builders.engine import llmapi
     from builders.engine.stage import eagle3_capture
 
-    ckpt = build_dir / "checkpoint"
+    ckpt = build_dir / layout.CHECKPOINT
     capture, n_layers = eagle3_capture(bc, ckpt)
-    return llmapi.llm_api_options(bc, (ckpt / "eagle3").resolve(), capture, n_layers)
+    return llmapi.llm_api_options(bc, (ckpt / layout.EAGLE3_HEAD).resolve(), capture, n_layers)
 
 
 def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str:
-    from builders.demo_model import resolve_target
-
     doc = {
-        "model": str(resolve_target(bc.target.model)),
+        "model": str(layout.hf_target_dir(build_dir)),
         **options,
         # max_batch_size 0: the model takes one prompt per request (upstream's template value); the LLM API
         # batches requests in flight itself, up to the top-level max_batch_size.

@@ -1,0 +1,57 @@
+"""The layout of a build directory: every stage's directory name and the files the stages share.
+
+    <build>/config.resolved.yaml      the validated config with its filled-in defaults (builders/build.py)
+    <build>/checkpoint/               convert stage: TensorRT-LLM checkpoint, tokenizer/, eagle3/ (EAGLE-3 head)
+    <build>/engine/                   engine stage: engines / LLM API options / reference.json (engines/spec.py)
+    <build>/triton_repo/              Triton model repository
+    <build>/logs/<stage>.log          each stage's log
+    <build>/<stage>/manifest.json     what each stage read, ran and wrote (builders/pipeline.py)
+
+The engine directory and its reference.json are named in engines/spec.py, because the reference engine reads
+them without importing the build side; they are re-exported here so the build side has one place to look.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from engines.spec import ENGINE_DIR, SPEC_FILE
+
+CHECKPOINT = "checkpoint"
+ENGINE = ENGINE_DIR
+TRITON_REPO = "triton_repo"
+LOGS = "logs"
+MANIFEST = "manifest.json"
+RESOLVED_CONFIG = "config.resolved.yaml"
+TOKENIZER = "tokenizer"  # inside the checkpoint
+EAGLE3_HEAD = "eagle3"  # inside the checkpoint: the normalized EAGLE-3 head
+REFERENCE_SPEC = SPEC_FILE  # inside the engine directory
+HF_TARGET_NOTE = "hf_target_dir"  # the convert stage's manifest note naming the resolved HF target directory
+
+
+class LayoutError(RuntimeError):
+    """A build directory lacks what a later stage or tool needs; the message says which command writes it."""
+
+
+def manifest(build_dir: Path, stage: str) -> dict[str, Any]:
+    """A finished stage's manifest.json."""
+    f = Path(build_dir) / stage / MANIFEST
+    try:
+        return json.loads(f.read_text())
+    except FileNotFoundError:
+        raise LayoutError(f"{f} not found: run `python builders/build.py CONFIG` to write the {stage} stage") from None
+    except ValueError as e:
+        raise LayoutError(f"{f} is not valid JSON ({e}); rerun the build with --force") from None
+
+
+def hf_target_dir(build_dir: Path) -> Path:
+    """The HF directory the convert stage resolved `target.model` to (recorded once in its manifest)."""
+    notes = manifest(build_dir, CHECKPOINT).get("notes", {})
+    if HF_TARGET_NOTE not in notes:
+        raise LayoutError(
+            f"{Path(build_dir) / CHECKPOINT / MANIFEST} has no notes.{HF_TARGET_NOTE}; rerun the convert stage "
+            "(`python builders/build.py CONFIG --force`)"
+        )
+    return Path(notes[HF_TARGET_NOTE])

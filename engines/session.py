@@ -107,7 +107,7 @@ class Session:
 
     def _check_tokens(self, slot: int, request: GenerationRequest) -> None:
         """Token ids outside the vocabulary would index past the embedding table inside a batched forward."""
-        vocab = self.rt.target.lm_head.vocab_size
+        vocab = self.rt.target.embed.shape[0]  # the rows the first forward indexes
         lo, hi = min(request.prompt_ids), max(request.prompt_ids)
         if lo < 0 or hi >= vocab:
             bad = lo if lo < 0 else hi

@@ -18,6 +18,7 @@ from clients import loadtest  # noqa: E402
 from clients import schema as sch  # noqa: E402
 from clients.client import LLMClient  # noqa: E402
 from clients.tokens import make_counter  # noqa: E402
+from triton_repo import contract as C  # noqa: E402
 from triton_repo.launch import TritonServer, free_port  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -45,7 +46,11 @@ def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tri
 def test_descriptor_and_server_schemas_agree(repo: Path, server: TritonServer) -> None:
     on_disk, served = sch.from_descriptor(repo), sch.fetch_schema(server.grpc_url, "ensemble")
     assert on_disk.source.endswith("client.json") and served.source.startswith("model config served at")
-    assert {n: (s.datatype, s.dims, s.optional) for n, s in on_disk.inputs.items()} == {
+    # text_input and max_tokens: required for clients (client.json), declared optional in the served ensemble so a
+    # request without them reaches preprocessing, which refuses it by name (builders/triton/render.py ensemble_config)
+    checked_by_model = set(C.REQUIRED_HELP)
+    assert all(not on_disk.inputs[n].optional and served.inputs[n].optional for n in checked_by_model)
+    assert {n: (s.datatype, s.dims, s.optional or n in checked_by_model) for n, s in on_disk.inputs.items()} == {
         n: (s.datatype, s.dims, s.optional) for n, s in served.inputs.items()
     }
     assert set(on_disk.outputs) == set(served.outputs) and on_disk.max_batch_size == served.max_batch_size == 4

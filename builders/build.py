@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
 from builders import build_dir as owned  # noqa: E402
 from builders.config import BuildConfig, ConfigError, dump_resolved, load_config  # noqa: E402

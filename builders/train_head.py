@@ -31,8 +31,8 @@ import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -22,8 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
 from engines import trees  # noqa: E402
 from builders.tree_tuning import AcceptanceTable, chain, optimal_tree, snippet_yaml  # noqa: E402

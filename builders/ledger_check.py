@@ -117,7 +117,7 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         kv_fp8=cfg.quantization.kv_cache == "fp8", perf=True, tree=tree is not None and not tree.is_chain(),
         dynamic=cfg.tree.dynamic is not None,
         drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
-        reference=cfg.engine.backend == "reference",
+        reference=cfg.engine.backend == "reference", pytorch=cfg.engine.backend == "pytorch",
     )
 
 

@@ -22,7 +22,7 @@ from builders import build_dir as owned  # noqa: E402
 from builders.config import BuildConfig, ConfigError, dump_resolved, load_config  # noqa: E402
 from builders.layout import RESOLVED_CONFIG  # noqa: E402
 from builders.pipeline import Stage, StageError, run_stage  # noqa: E402
-from builders.versions import startup_problems  # noqa: E402
+from builders.startup import startup_problems  # noqa: E402
 
 EXIT_CONFIG = 2
 EXIT_STAGE = 1

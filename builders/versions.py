@@ -1,4 +1,5 @@
-"""The ONE record of the container this toolkit is pinned to, and the start-up check that uses it.
+"""The ONE record of the container this toolkit is pinned to, and the engine-flow checks against it (builders/startup.py
+ runs them at start-up).
 
 Everything that names the GPU container (docker/Dockerfile, docker/docker-compose.yml, docker/k8s/*, docs/deploy.md)
 is checked against these constants by tests/test_docker.py, so changing the pin is a one-line edit here plus the
@@ -101,18 +102,6 @@ def engine_flow_problems(backend: str, installed: InstalledTrtllm | None) -> lis
         f"{last}.x. Fix: run in the pinned image {TRITON_IMAGE} (TensorRT-LLM {TRTLLM_VERSION}; docker/Dockerfile), "
         f"install tensorrt_llm<={last}.*, or set engine.backend=pytorch (LLM API, no engine build)"
     ]
-
-
-def startup_problems(backend: str, trtllm_version: str | None = None) -> list[str]:
-    """The check build.py and the serve entrypoint run before anything is written or started: the engine flow exists
-    in the installed TensorRT-LLM, and (TensorRT-LLM backends) it is the series the config's outputs are written for."""
-    installed = installed_trtllm()
-    problems = engine_flow_problems(backend, installed)
-    if trtllm_version is not None and backend != "reference" and not problems:
-        from builders.trtllm.registry import installed_mismatch
-
-        problems += installed_mismatch(trtllm_version, installed.version if installed else None)
-    return problems
 
 
 def image_pin_problems() -> list[str]:

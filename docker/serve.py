@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:  # run as a script: make the project importable
 
 from builders.config import BuildConfig  # noqa: E402
 from builders.layout import MANIFEST  # noqa: E402
-from builders.versions import startup_problems  # noqa: E402
+from builders.startup import startup_problems  # noqa: E402
 
 RESOLVED = "config.resolved.yaml"
 EXIT_PROBLEM = 2

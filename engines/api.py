@@ -24,6 +24,7 @@ from engines.types import (
     FinishReason,
     GenerationRequest,
     GenerationResult,
+    Limits,
     OnTokens,
     RequestStats,
     SamplingParams,
@@ -35,6 +36,7 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "GenerationResult",
+    "Limits",
     "OnTokens",
     "ReferenceEngine",
     "RequestStats",
@@ -115,6 +117,13 @@ class ReferenceEngine:
     def vocab_size(self) -> int:
         """Token ids the target accepts: 0 .. vocab_size - 1."""
         return self._rt.target.lm_head.vocab_size
+
+    @property
+    def limits(self) -> Limits:
+        """The build's request limits (its reference.json); an engine loaded without a build has none."""
+        if self._rt.limits is None:
+            raise ValueError("this engine was loaded without a build (from_checkpoint): it has no build limits")
+        return self._rt.limits
 
     @property
     def has_draft(self) -> bool:

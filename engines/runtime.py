@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from engines.trees import DraftTree, DynamicTree
-from engines.types import GenerationRequest, GenerationResult, OnTokens
+from engines.types import GenerationRequest, GenerationResult, Limits, OnTokens
 from engines.checkpoint import (
     DTYPES,
     CheckpointError,
@@ -56,30 +56,6 @@ def load_tokenizer(path: Path) -> Any:
     if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
         raise CheckpointError(f"{path}: no tokenizer files; the convert stage copies them to <checkpoint>/tokenizer")
     return AutoTokenizer.from_pretrained(str(path))
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-
-    def check(self, requests: list[GenerationRequest]) -> None:
-        if len(requests) > self.max_batch_size:
-            raise ValueError(f"{len(requests)} requests exceed the build's engine.max_batch_size={self.max_batch_size}")
-        for i, r in enumerate(requests):
-            self.check_request(i, r)
-
-    def check_request(self, i: int, r: GenerationRequest) -> None:
-        if len(r.prompt_ids) > self.max_input_len:
-            raise ValueError(
-                f"request {i}: prompt of {len(r.prompt_ids)} tokens exceeds engine.max_input_len={self.max_input_len}"
-            )
-        if len(r.prompt_ids) + r.max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"request {i}: prompt {len(r.prompt_ids)} + max_new_tokens {r.max_new_tokens} exceeds "
-                f"engine.max_seq_len={self.max_seq_len}; lower max_new_tokens"
-            )
 
 
 @dataclass

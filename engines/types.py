@@ -138,3 +138,30 @@ def stats_dict(s: RequestStats) -> dict[str, Any]:
 
 
 OnTokens = Callable[[int, list[int]], bool]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The request limits a build fixed (engine.max_batch_size / max_input_len / max_seq_len, the build's
+    reference.json); the serve-time Triton models check requests against the same object."""
+
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+
+    def check(self, requests: list[GenerationRequest]) -> None:
+        if len(requests) > self.max_batch_size:
+            raise ValueError(f"{len(requests)} requests exceed the build's engine.max_batch_size={self.max_batch_size}")
+        for i, r in enumerate(requests):
+            self.check_request(i, r)
+
+    def check_request(self, i: int, r: GenerationRequest) -> None:
+        if len(r.prompt_ids) > self.max_input_len:
+            raise ValueError(
+                f"request {i}: prompt of {len(r.prompt_ids)} tokens exceeds engine.max_input_len={self.max_input_len}"
+            )
+        if len(r.prompt_ids) + r.max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"request {i}: prompt {len(r.prompt_ids)} + max_new_tokens {r.max_new_tokens} exceeds "
+                f"engine.max_seq_len={self.max_seq_len}; lower max_new_tokens"
+            )

@@ -20,7 +20,7 @@ ENTRY_POINTS = {
     "builders/train_head.py": ["builders/train_head.py"],
     "builders/tune_tree.py": ["builders/tune_tree.py"],
     "builders/model_source.py": ["-m", "builders.model_source"],
-    "builders/trtllm/ledger_check.py": ["-m", "builders.trtllm.ledger_check"],
+    "builders/ledger_check.py": ["-m", "builders.ledger_check"],
     "builders/trtllm/ledger_docs.py": ["-m", "builders.trtllm.ledger_docs"],
     "clients/generate.py": ["clients/generate.py"],
     "clients/loadtest.py": ["clients/loadtest.py"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.test_docker import DOCKER, _compose, _manifests, _pod_specs, render  # render: docker/k8s/render.py
+from tests.deploy_files import DOCKER, _compose, _manifests, _pod_specs, render  # render: docker/k8s/render.py
 from triton_repo import launch
 
 

@@ -1,9 +1,7 @@
 """Containers and scale-out deployment (issue 8): lint, validate and run what docker/ ships.
 
 - hadolint on every Dockerfile, shellcheck on the entrypoint (no finding left unexplained);
-- every Kubernetes manifest validated offline by kubernetes-validate against K8S_VERSION (strict: unknown fields
-  fail); the two CRDs have no schema there and get the checks stated at CRD_CHECKS;
-- the manifests are a fresh render of their config (docker/k8s/render.py --check) and agree with it;
+- (the Kubernetes manifests: test_k8s.py)
 - the compose file: services, ports, healthcheck, GPU reservation, shm, mounts;
 - the one version pin (builders/versions.py) against the Dockerfile, compose, manifests and docs, and the start-up
   check refusing the engine flow with a TensorRT-LLM that no longer has it;
@@ -28,29 +26,11 @@ import yaml
 from builders import versions
 from builders.config import load_config
 from builders.trtllm import registry
+from tests.deploy_files import DOCKER, REPO, _cfg, _compose, _containers, _manifests, _run, _tensorrt_config, render, serve
 
-REPO = Path(__file__).resolve().parent.parent
-DOCKER = REPO / "docker"
-K8S = DOCKER / "k8s"
 VENV_BIN = Path(sys.executable).parent
-K8S_VERSION = "1.33.0"  # the Kubernetes version every manifest is validated against (kubernetes-validate ships it)
 DOCKERFILES = sorted(p for p in DOCKER.glob("Dockerfile*") if p.suffix != ".dockerignore")
-# The config the committed manifests are rendered from (their header records the same command).
-# tp=2 across 1-GPU nodes, so the LeaderWorkerSet example really spans two pods.
-K8S_CONFIG = "configs/llama31-8b-eagle-fp8.yaml"
-K8S_SETS = ["parallel.tp=2"]
-K8S_ARGS = ["--set", "parallel.tp=2", "--gpus-per-node", "1"]
 
-sys.path.insert(0, str(DOCKER))
-sys.path.insert(0, str(K8S))
-import render  # noqa: E402  (docker/k8s/render.py)
-import serve  # noqa: E402  (docker/serve.py)
-
-
-def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # type: ignore[call-overload]
-        argv, capture_output=True, text=True, cwd=REPO, timeout=300, **kw
-    )
 
 
 # ---- Dockerfiles and the entrypoint: linters ----------------------------------------------------------------------
@@ -154,19 +134,6 @@ def test_engine_flow_problems() -> None:
     assert "cannot parse" in bad and "'not-a-version'" in bad
 
 
-def _tensorrt_config(tmp: Path, target: Path, head: Path) -> Path:
-    cfg = {
-        "name": "trt-check", "trtllm_version": "1.1", "output_dir": str(tmp / "out"),
-        "target": {"model": str(target), "dtype": "float16"},
-        "draft": {"type": "eagle", "model": str(head)},
-        "tree": {"choices": "chain-2"},
-        "engine": {"backend": "tensorrt", "max_batch_size": 2, "max_input_len": 32, "max_seq_len": 64},
-    }  # fmt: skip
-    path = tmp / "trt.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def _dist_info(site: Path, version: str) -> None:
     """The metadata pip writes for an installed tensorrt_llm wheel: what the start-up check reads."""
     d = site / f"tensorrt_llm-{version}.dist-info"
@@ -191,12 +158,6 @@ def test_build_refuses_an_installed_trtllm_the_config_is_not_for(tmp_path: Path,
 # ---- docker/serve.py ----------------------------------------------------------------------------------------------
 
 
-def _cfg(tmp: Path, target: Path, head: Path, backend: str, tp: int) -> object:
-    path = _tensorrt_config(tmp, target, head)
-    kind = ["draft.type=eagle3"] if backend == "pytorch" else []  # the PyTorch backend runs EAGLE-3 heads only
-    return load_config(path, [f"engine.backend={backend}", f"parallel.tp={tp}", *kind])
-
-
 @pytest.mark.parametrize("backend,tp,world", [("tensorrt", 2, 2), ("tensorrt", 1, 1), ("pytorch", 2, 1),
                                               ("reference", 2, 1)])  # fmt: skip
 def test_serve_world_size(tmp_path: Path, tiny_target: Path, eagle_head: Path, backend: str, tp: int,
@@ -218,165 +179,7 @@ def test_serve_refuses_unfinished_or_moved_build(tmp_path: Path, tiny_target: Pa
     assert proc.returncode == 2 and "config.resolved.yaml not found" in proc.stderr
 
 
-# ---- Kubernetes ---------------------------------------------------------------------------------------------------
-
-
-def _manifests() -> list[dict]:
-    docs = []
-    for f in sorted(K8S.glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
-    return docs
-
-
-def _pod_specs(doc: dict) -> list[dict]:
-    kind, spec = doc["kind"], doc.get("spec")  # ConfigMaps have no spec
-    if kind in ("Deployment", "Job"):
-        return [spec["template"]["spec"]]
-    if kind == "LeaderWorkerSet":
-        t = spec["leaderWorkerTemplate"]
-        return [t["leaderTemplate"]["spec"], t["workerTemplate"]["spec"]]
-    return []
-
-
-def _containers(doc: dict) -> list[dict]:
-    return [c for s in _pod_specs(doc) for c in s["containers"]]
-
-
-# Kinds kubernetes-validate has no schema for (CRDs) and what is checked instead.
-CRD_CHECKS = {
-    # leaderworkerset.x-k8s.io/v1 (kubernetes-sigs/lws): its leader and worker templates are core PodTemplateSpecs
-    # and are validated as such; the LWS fields themselves are checked in test_leaderworkerset.
-    "LeaderWorkerSet": "pod templates validated as core v1 PodTemplate",
-    # monitoring.coreos.com/v1 (Prometheus Operator): no schema shipped; test_monitoring_wiring checks that its
-    # selector and endpoint port match the Service.
-    "ServiceMonitor": "selector / port consistency with the Service",
-}
-
-
-def test_manifests_validate_offline() -> None:
-    import kubernetes_validate
-
-    docs = _manifests()
-    kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap", "Job",
-            "PersistentVolumeClaim", "ServiceMonitor", "LeaderWorkerSet"} <= kinds  # fmt: skip
-    for d in docs:
-        if d["kind"] in CRD_CHECKS:
-            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
-                kubernetes_validate.validate(d, K8S_VERSION, strict=True)
-            continue
-        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
-    lws = next(d for d in docs if d["kind"] == "LeaderWorkerSet")
-    for role in ("leaderTemplate", "workerTemplate"):
-        tmpl = lws["spec"]["leaderWorkerTemplate"][role]
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()},
-                                      "template": tmpl}, K8S_VERSION, strict=True)  # fmt: skip
-
-
-def test_validator_rejects_unknown_field() -> None:
-    """Control: strict validation catches a misspelt field (so the pass above means something)."""
-    import kubernetes_validate
-
-    dep = next(d for d in _manifests() if d["kind"] == "Deployment")
-    bad = json.loads(json.dumps(dep))
-    bad["spec"]["template"]["spec"]["containers"][0]["readynessProbe"] = {"tcpSocket": {"port": 8000}}
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
-
-
-def test_manifests_are_a_fresh_render() -> None:
-    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--check"])
-    assert proc.returncode == 0, proc.stderr
-    for f in K8S.glob("*.yaml"):  # every file records the command that regenerates it
-        first = f.read_text().splitlines()[0]
-        assert first.endswith(" ".join(["python docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS])), f.name
-
-
-def test_current_line_manifests_are_a_fresh_render() -> None:
-    """docker/k8s/current/: the Llama-3.1-8B EAGLE-3 config of the current line, on the current-line image."""
-    cfg = "configs/llama31-8b-eagle3-current.yaml"
-    proc = _run([sys.executable, "docker/k8s/render.py", cfg, "--out", str(K8S / "current"), "--check"])
-    assert proc.returncode == 0, proc.stderr
-    docs = [d for f in sorted((K8S / "current").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
-    images = {c["image"] for doc in docs for c in _containers(doc)}
-    assert images == {versions.CURRENT_GPU_IMAGE}
-
-
-def test_render_check_detects_drift(tmp_path: Path) -> None:
-    """Control: --check fails when a committed file differs from the render (e.g. the config's tp changed)."""
-    out = tmp_path / "k8s"
-    assert _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--out", str(out)]).returncode == 0
-    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, "--set", "parallel.tp=4", "--gpus-per-node", "1",
-                 "--out", str(out), "--check"])  # fmt: skip
-    assert proc.returncode == 1 and "deployment.yaml differs" in proc.stderr
-
-
-def test_manifests_agree_with_config() -> None:
-    cfg = load_config(REPO / K8S_CONFIG, K8S_SETS)
-    docs = {d["kind"]: d for d in _manifests()}
-    name = render.dns_name(cfg.name)
-    (server,) = _containers(docs["Deployment"])
-    build_dir = f"/build/{name}"
-    assert server["args"] == ["serve", build_dir]
-    (builder,) = _containers(docs["Job"])
-    assert builder["args"] == ["build", f"/opt/eagle-deploy/{K8S_CONFIG}", "--set", f"output_dir={build_dir}"]
-    for c in (server, builder):  # GPU count = tp * pp, from the config
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == str(cfg.parallel.tp * cfg.parallel.pp) == "2"
-    assert {p["name"]: p["containerPort"] for p in server["ports"]} == serve.TRITON_PORTS
-    assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    assert server["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
-    startup = server["startupProbe"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] == render.READY_TIMEOUT_S
-    hpa = docs["HorizontalPodAutoscaler"]["spec"]
-    assert hpa["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
-    assert hpa["metrics"][0]["pods"]["target"]["averageValue"] == str(max(1, cfg.engine.max_batch_size // 2))
-    assert hpa["minReplicas"] >= 2  # so maxUnavailable 1 in the PDB never takes the last replica
-
-
-def test_monitoring_wiring() -> None:
-    """Prometheus scrapes the Service's metrics port; the adapter publishes the queue series under the name the
-    HPA reads; the PDB and Service select the Deployment's pods."""
-    cfg = load_config(REPO / K8S_CONFIG, K8S_SETS)
-    docs = {d["kind"]: d for d in _manifests()}
-    pod_labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    svc = docs["Service"]
-    assert svc["spec"]["selector"] == pod_labels
-    assert docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == pod_labels
-    sm = docs["ServiceMonitor"]["spec"]
-    assert sm["selector"]["matchLabels"] == svc["metadata"]["labels"]
-    port = sm["endpoints"][0]["port"]
-    assert port == "metrics" and port in {p["name"] for p in svc["spec"]["ports"]}
-    rules = yaml.safe_load(docs["ConfigMap"]["data"]["config.yaml"])["rules"]
-    (rule,) = rules
-    assert rule["name"]["as"] == docs["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
-    assert rule["seriesQuery"].startswith("nv_trt_llm_request_metrics{")  # tensorrt backend: the batch manager queue
-    assert 'request_type="waiting"' in rule["seriesQuery"] and f'model="{cfg.triton.llm_model}"' in rule["seriesQuery"]
-    assert "<<.Series>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
-
-
-def test_queue_series_follows_backend(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
-    ref = _cfg(tmp_path, tiny_target, eagle_head, "reference", 1)
-    assert render.queue_series(ref) == f'nv_inference_pending_request_count{{model="{ref.triton.llm_model}"}}'
-
-
-def test_leaderworkerset() -> None:
-    lws = next(d for d in _manifests() if d["kind"] == "LeaderWorkerSet")
-    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
-    t = lws["spec"]["leaderWorkerTemplate"]
-    assert set(t) == {"size", "restartPolicy", "leaderTemplate", "workerTemplate"}
-    assert t["restartPolicy"] == "RecreateGroupOnPodRestart"
-    per_pod = [int(c["resources"]["limits"]["nvidia.com/gpu"])
-               for role in ("leaderTemplate", "workerTemplate") for c in t[role]["spec"]["containers"]]  # fmt: skip
-    assert per_pod == [1, 1] and t["size"] == 2  # tp=2 on 1-GPU nodes: a group of two pods holds both ranks
-    vols = {v["name"]: v for v in t["workerTemplate"]["spec"]["volumes"]}
-    assert vols["builds"]["persistentVolumeClaim"]["claimName"].endswith("-builds")  # every rank reads its engine
-
-
 # ---- compose ------------------------------------------------------------------------------------------------------
-
-
-def _compose() -> dict:
-    return yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
 
 
 def _expand(value: str) -> str:

@@ -42,6 +42,8 @@ def test_the_tree_keeps_every_contract() -> None:
         ("clients/prompts.py", "import engines.types", "clients/ imports nothing else of ours"),
         ("triton_repo/contract.py", "import builders.layout", "builders on top; serve-time triton_repo and clients"),
         ("engines/types.py", "import engines.api", "no import cycle between the modules"),
+        ("builders/versions.py", "import builders.trtllm.registry", "no import cycle between the modules"),
+        ("builders/trtllm/ledger_rows.py", "import builders.trtllm.ledger", "no import cycle between the modules"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(tmp_path: Path, module: str, line: str, broken: str) -> None:

@@ -18,7 +18,8 @@ import yaml
 from builders.build import main as build_main
 from builders.config import load_config
 from builders.engine import crosscheck
-from builders.trtllm import ledger, ledger_check, ledger_docs, registry
+from builders import ledger_check
+from builders.trtllm import ledger, ledger_docs, ledger_rows, registry
 from tests import tiny_models as tm
 from tests.engine_cases import make_cfg, write_build_yaml
 
@@ -46,7 +47,7 @@ def _engine_flow_build(root: Path, version: str, target: Path, head: Path, **sec
     return cfg, build
 
 
-@pytest.fixture(scope="module", params=ledger.ENGINE_FLOW)
+@pytest.fixture(scope="module", params=ledger_rows.ENGINE_FLOW)
 def tensorrt_build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_target: Path,
                    eagle_head: Path) -> tuple[Any, Path]:
     return _engine_flow_build(tmp_path_factory.mktemp("ledger_trt"), request.param, tiny_target, eagle_head)

@@ -19,9 +19,8 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests import triton_build  # noqa: E402
-from tests.test_triton_server import (  # noqa: E402
-    PROMPT, _input, _stop_inputs, _wait_idle, inputs, stream_call, text_of,
-)
+from tests.test_triton_server import _stop_inputs, _wait_idle  # noqa: E402
+from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of  # noqa: E402
 from tests.triton_servers import metric  # noqa: E402
 from triton_repo.launch import TritonServer  # noqa: E402
 
@@ -53,9 +52,9 @@ def _ids_input(name: str, ids: list[int]) -> Any:
 
 def llm_inputs(ids: list[int], n: int, **extra: tuple[Any, str]) -> list[Any]:
     """A request to the tensorrt_llm model itself (token ids in and out)."""
-    ins = [_ids_input("input_ids", ids), _input("input_lengths", len(ids), "INT32"),
-           _input("request_output_len", n, "INT32"), _input("streaming", True, "BOOL")]  # fmt: skip
-    return ins + [_input(k, v, dt) for k, (v, dt) in extra.items()]
+    ins = [_ids_input("input_ids", ids), infer_input("input_lengths", len(ids), "INT32"),
+           infer_input("request_output_len", n, "INT32"), infer_input("streaming", True, "BOOL")]  # fmt: skip
+    return ins + [infer_input(k, v, dt) for k, (v, dt) in extra.items()]
 
 
 def _call(url: str, model: str, ins: list[Any], results: dict[str, Any], key: str) -> None:
@@ -172,7 +171,7 @@ def test_a_request_without_text_input_or_max_tokens_is_refused_naming_it(triton_
     c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
     for given, message in MISSING:
         with pytest.raises(InferenceServerException) as err:
-            stream_call(c, model, [_input(*g) for g in given])
+            stream_call(c, model, [infer_input(*g) for g in given])
         assert message in err.value.message(), err.value.message()
     [ok] = stream_call(c, model, inputs(PROMPT, 2))
     assert ok["text_output"].reshape(-1)[0].decode().startswith(PROMPT)
@@ -181,9 +180,9 @@ def test_a_request_without_text_input_or_max_tokens_is_refused_naming_it(triton_
 
 def test_preprocessing_refuses_a_missing_required_input_with_invalid_argument(triton_server: TritonServer) -> None:
     c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
-    for ins, message in (([_input("QUERY", PROMPT, "BYTES")], "input max_tokens is required (send the number of "
+    for ins, message in (([infer_input("QUERY", PROMPT, "BYTES")], "input max_tokens is required (send the number of "
                           "tokens to generate, shape [1, 1] INT32)"),
-                         ([_input("REQUEST_OUTPUT_LEN", 4, "INT32"), _input("END_ID", 2, "INT32")],
+                         ([infer_input("REQUEST_OUTPUT_LEN", 4, "INT32"), infer_input("END_ID", 2, "INT32")],
                           "input text_input is required (send the prompt text")):  # fmt: skip
         with pytest.raises(InferenceServerException) as err:
             c.infer("preprocessing", ins)

@@ -22,7 +22,8 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from triton_repo.launch import ADMIN_GRPC_HEADER, LaunchError, TritonServer, free_port  # noqa: E402
-from tests.test_triton_server import PROMPT, _input, build_dir, inputs, start_server, stream_call  # noqa: E402,F401
+from tests.test_triton_server import build_dir, start_server  # noqa: E402,F401
+from tests.triton_requests import PROMPT, infer_input, inputs, stream_call  # noqa: E402
 
 pytestmark = pytest.mark.server
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +123,7 @@ def test_oversized_prompt_refused_by_byte_length_before_tokenizing(client: Any, 
 
 def test_oversized_prompt_status_is_invalid_argument(client: Any, build_dir: Path) -> None:
     limit, _ = _byte_bound(build_dir)
-    ins = [_input("QUERY", "x" * (limit + 1), "BYTES"), _input("REQUEST_OUTPUT_LEN", 4, "INT32")]
+    ins = [infer_input("QUERY", "x" * (limit + 1), "BYTES"), infer_input("REQUEST_OUTPUT_LEN", 4, "INT32")]
     with pytest.raises(InferenceServerException) as err:
         client.infer("preprocessing", ins)
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "bytes >" in err.value.message()

@@ -4,31 +4,27 @@ the whole module. Contract: tensorrtllm_backend all_models/inflight_batcher_llm/
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from clients.client import GenerationError  # noqa: E402
 from tests import triton_build  # noqa: E402
-from tests.triton_build import MAX_BATCH, MAX_INPUT, MAX_QUEUE, MAX_SEQ  # noqa: E402
+from tests.triton_build import MAX_BATCH, MAX_QUEUE  # noqa: E402
+from tests.triton_requests import BAD_REQUESTS, PROMPT, infer_input, inputs, stream_call, text_of  # noqa: E402
 from tests.triton_servers import metric  # noqa: E402
 from triton_repo.launch import TritonServer, free_port  # noqa: E402
 
 pytestmark = pytest.mark.server
 LONG = 300  # tokens of the requests that must still be running when the test acts on them (end_id -1)
-PROMPT = "The quick brown fox"
 
 
 @pytest.fixture(scope="module")
@@ -60,50 +56,6 @@ def engine(build_dir: Path) -> Any:
 
 
 # ---- request helpers ----------------------------------------------------------------------------------------------
-
-
-def _input(name: str, value: Any, datatype: str) -> Any:
-    np_type = {"BYTES": object, "INT32": np.int32, "BOOL": bool, "FP32": np.float32, "UINT64": np.uint64}[datatype]
-    arr = np.array([[value]], dtype=np_type)
-    i = tritonclient_grpc.InferInput(name, list(arr.shape), datatype)
-    i.set_data_from_numpy(arr)
-    return i
-
-
-def inputs(text: str | bytes, max_tokens: int, **extra: tuple[Any, str]) -> list[Any]:
-    ins = [_input("text_input", text, "BYTES"), _input("max_tokens", max_tokens, "INT32")]
-    ins += [_input(k, v, dt) for k, (v, dt) in extra.items()]
-    return ins
-
-
-def stream_call(
-    client: Any, model: str, ins: list[Any], cancel_after: int | None = None, timeout: float = 120,
-    headers: dict[str, str] | None = None, request_id: str = "",
-) -> list[dict[str, Any]]:
-    """All responses of one request on a gRPC stream, as {output: array}; raises the first error."""
-    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((result, error)), headers=headers)
-    try:
-        client.async_stream_infer(model, ins, enable_empty_final_response=True, request_id=request_id)
-        out: list[dict[str, Any]] = []
-        while True:
-            result, error = q.get(timeout=timeout)
-            if error is not None:
-                raise error
-            resp = result.get_response()
-            if resp.outputs:
-                out.append({o.name: result.as_numpy(o.name) for o in resp.outputs})
-            if cancel_after is not None and len(out) >= cancel_after:
-                client.stop_stream(cancel_requests=True)
-                return out
-            if resp.parameters["triton_final_response"].bool_param:
-                return out
-    finally:
-        client.stop_stream()
-
-
-def text_of(responses: list[dict[str, Any]]) -> str:
-    return "".join(r["text_output"].reshape(-1)[0].decode("utf-8") for r in responses)
 
 
 def engine_greedy(engine: Any, text: str, n: int) -> tuple[list[int], Any]:
@@ -190,19 +142,6 @@ def test_streaming_bls_text_equals_unary_and_ensemble_streams_engine_chunks(clie
     ]
 
 
-BAD_REQUESTS = [
-    ("", 4, {}, "text_input is empty"),
-    (b"\xff\xfe bad", 4, {}, "not valid UTF-8"),
-    (PROMPT, 0, {}, "max_tokens=0 must be >= 1"),
-    (PROMPT, -3, {}, "max_tokens=-3 must be >= 1"),
-    (PROMPT, MAX_SEQ, {}, f"> max_seq_len={MAX_SEQ}"),
-    ("fox " * 100, 4, {}, f"> max_input_len={MAX_INPUT}"),  # under the byte bound, over the token bound
-    (PROMPT, 4, {"beam_width": (2, "INT32")}, "beam_width=2: only 1 is supported"),
-    (PROMPT, 4, {"top_p": (1.5, "FP32")}, "top_p=1.5 must be in [0, 1]"),
-    (PROMPT, 4, {"lora_task_id": (1, "UINT64")}, "unexpected inference input 'lora_task_id'"),
-]
-
-
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 def test_each_bad_request_gets_its_error_and_server_keeps_serving(client: Any, model: str) -> None:
     """Over a gRPC stream the error travels in-band (message only: ModelStreamInferResponse.error_message)."""
@@ -217,7 +156,7 @@ def test_each_bad_request_gets_its_error_and_server_keeps_serving(client: Any, m
 @pytest.mark.parametrize(("text", "max_tokens", "message"), [(t, n, m) for t, n, e, m in BAD_REQUESTS[:6]])
 def test_bad_request_status_is_invalid_argument(client: Any, text: Any, max_tokens: int, message: str) -> None:
     """Unary gRPC to the (non-decoupled) preprocessing model shows the status code the checks set."""
-    ins = [_input("QUERY", text, "BYTES"), _input("REQUEST_OUTPUT_LEN", max_tokens, "INT32")]
+    ins = [infer_input("QUERY", text, "BYTES"), infer_input("REQUEST_OUTPUT_LEN", max_tokens, "INT32")]
     with pytest.raises(InferenceServerException) as err:
         client.infer("preprocessing", ins)
     assert message in err.value.message()
@@ -364,8 +303,8 @@ def _wait_idle(server: TritonServer) -> None:
 def _stop_inputs() -> list[Any]:
     """tensorrtllm_backend's stop request to the tensorrt_llm model (input stop=true; the other required inputs are
     placeholders the model never reads)."""
-    return [_input("input_ids", 1, "INT32"), _input("input_lengths", 1, "INT32"),
-            _input("request_output_len", 1, "INT32"), _input("stop", True, "BOOL")]  # fmt: skip
+    return [infer_input("input_ids", 1, "INT32"), infer_input("input_lengths", 1, "INT32"),
+            infer_input("request_output_len", 1, "INT32"), infer_input("stop", True, "BOOL")]  # fmt: skip
 
 
 def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServer, client: Any) -> None:
@@ -437,99 +376,3 @@ def test_ensemble_stream_cancel_on_triton_2_51_is_not_forwarded_and_leaks(build_
 
 
 # ---- gRPC status codes on the stream (triton_grpc_error) -----------------------------------------------------------
-
-GRPC_STATUS = {"triton_grpc_error": "true"}
-# Triton 2.51 (server r24.10) has a race in its gRPC stream handler between a request's completion and the stream's
-# cancellation/close that can crash the server (SIGSEGV right after the log line below; server issue #8034, fixed by
-# server PR #7840 from r24.12). Closing a stream with an error status (triton_grpc_error) hits it now and then, so
-# these tests run on a server of their own: a crash there cannot take the other tests' server down, and it is
-# reported as this known upstream crash (xfail), not hidden.
-KNOWN_GRPC_RACE = "HandleCancellation called even when the context was not cancelled"
-
-
-@pytest.fixture(scope="module")
-def status_server(build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    srv, log = start_server(build_dir, tmp_path_factory, "triton_status_log")
-    yield srv
-    code = srv.stop()
-    if code != 0 and KNOWN_GRPC_RACE in log.read_text():
-        return  # the known 2.51 crash; the test that met it was marked xfail with the log
-    assert code == 0, f"tritonserver did not stop cleanly (exit {code}); log {log}"
-
-
-@pytest.fixture()
-def status_client(status_server: TritonServer) -> Any:
-    c = tritonclient_grpc.InferenceServerClient(status_server.grpc_url)
-    yield c
-    c.close()
-
-
-@contextlib.contextmanager
-def known_grpc_race_is_xfail(srv: TritonServer) -> Iterator[None]:
-    """Turn a failure caused by the known Triton 2.51 crash (server dead, KNOWN_GRPC_RACE in its log) into xfail."""
-    try:
-        yield
-    except (AssertionError, InferenceServerException, GenerationError):
-        time.sleep(0.5)
-        if not srv.is_running() and KNOWN_GRPC_RACE in srv.log_path.read_text():
-            pytest.xfail(f"Triton 2.51 gRPC stream race crashed the server (server #8034, fixed in r24.12): "
-                         f"{srv.log_path}")
-        raise
-
-
-@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-def test_streamed_bad_request_with_triton_grpc_error_header_is_invalid_argument(
-    status_server: TritonServer, status_client: Any, model: str
-) -> None:
-    """Triton >= 2.49 (server r24.10 src/grpc/stream_infer_handler.cc StreamInferResponseComplete, header parsed in
-    src/grpc/infer_handler.h ExtractStateFromHeaders): with the stream header triton_grpc_error=true a response
-    error closes the stream with its gRPC status code instead of an in-band message without one."""
-    client = status_client
-    with known_grpc_race_is_xfail(status_server):
-        for text, max_tokens, extra, message in BAD_REQUESTS[:8]:  # errors the models raise
-            with pytest.raises(InferenceServerException) as err:
-                stream_call(client, model, inputs(text, max_tokens, **extra), headers=GRPC_STATUS)
-            assert message in err.value.message(), (message, err.value.message())
-            assert err.value.status() == "StatusCode.INVALID_ARGUMENT", (message, err.value.status())
-        [ok] = stream_call(client, model, inputs(PROMPT, 2), headers=GRPC_STATUS)  # a fresh stream serves again
-        assert ok["text_output"].reshape(-1)[0].decode().startswith(PROMPT)
-
-
-def test_request_rejected_before_any_model_runs_keeps_the_in_band_error_even_with_the_header(
-    status_server: TritonServer, status_client: Any
-) -> None:
-    """Triton 2.51 applies triton_grpc_error only to response errors: a request the core refuses when it is enqueued
-    (an undeclared input) still gets ModelStreamInferResponse.error_message without a status
-    (stream_infer_handler.cc, the InferAsync failure branch of Process)."""
-    text, max_tokens, extra, message = BAD_REQUESTS[8]
-    with known_grpc_race_is_xfail(status_server):
-        with pytest.raises(InferenceServerException) as err:
-            stream_call(status_client, "ensemble", inputs(text, max_tokens, **extra), headers=GRPC_STATUS)
-        assert message in err.value.message()
-        assert err.value.status() is None
-
-
-def test_async_client_with_grpc_status_reports_invalid_argument(status_server: TritonServer) -> None:
-    """clients.client.AsyncLLMClient(grpc_status=True) (one stream per request, header triton_grpc_error) gives a
-    bad request the status INVALID_ARGUMENT instead of SERVER_ERROR; the next request is served."""
-    import asyncio
-
-    from clients import schema as sch
-    from clients.client import AsyncLLMClient
-
-    async def run() -> tuple[str, str, str]:
-        srv = status_server
-        async with AsyncLLMClient(srv.grpc_url, sch.from_repository(srv.repo, "ensemble"), grpc_status=True) as c:
-            try:
-                await c.generate(PROMPT, MAX_SEQ)
-            except GenerationError as e:
-                status, message = e.status, e.message
-            else:
-                raise AssertionError("a request past max_seq_len was served")
-            ok = await c.generate(PROMPT, 2)
-            return status, message, ok.text
-
-    with known_grpc_race_is_xfail(status_server):
-        status, message, text = asyncio.run(run())
-        assert status == "INVALID_ARGUMENT" and f"> max_seq_len={MAX_SEQ}" in message, (status, message)
-        assert text

@@ -183,14 +183,14 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
         **_python_common(build_dir),
         "llm_kind": kind,
         "build_dir": str(build_dir.resolve()),
-        "max_batch_size": bc.engine.max_batch_size,
         "max_queue_size": t.max_queue_size,
-        "max_input_len": bc.engine.max_input_len,
-        "max_seq_len": bc.engine.max_seq_len,
         "decoupled": t.streaming,
     }
     if kind == "reference":  # the reference model's batcher ends requests past it (triton_repo/models/batcher.py)
         params["request_deadline_s"] = bc.request_deadline_s()
+    else:  # the reference model reads its limits from the engine's reference.json instead
+        params.update(max_batch_size=bc.engine.max_batch_size, max_input_len=bc.engine.max_input_len,
+                      max_seq_len=bc.engine.max_seq_len)
     _params(cfg, params)
     return cfg
 

@@ -11,6 +11,7 @@ from builders.config import BuildConfig
 from builders.layout import CHECKPOINT, ENGINE, TRITON_REPO
 from builders.pipeline import Stage, StageContext, StageError
 from builders.triton import render
+from engines.spec import read_spec
 
 STAGE_NAME = TRITON_REPO
 
@@ -23,7 +24,23 @@ def _sources(cfg: BuildConfig) -> list[Path]:
             here / "render_llmapi.py", *sorted(render.MODELS_SRC.glob("*.py"))]
 
 
+def limits_problems(cfg: BuildConfig, build_dir: Path) -> list[str]:
+    """The reference models take their limits from the engine's reference.json; config.pbtxt's max_batch_size (and
+    model.yaml's copies) come from the config. Refuse to render a repository where the two disagree."""
+    if cfg.engine.backend != "reference":
+        return []
+    spec = read_spec(build_dir)
+    return [
+        f"engine.{k}={getattr(cfg.engine, k)} but the engine stage's reference.json has {getattr(spec, k)}: rebuild "
+        "the engine stage with this config (python builders/build.py CONFIG --only engine --force)"
+        for k in ("max_batch_size", "max_input_len", "max_seq_len") if getattr(cfg.engine, k) != getattr(spec, k)
+    ]
+
+
 def run(ctx: StageContext) -> None:
+    problems = limits_problems(ctx.cfg, ctx.build_dir)
+    if problems:
+        raise StageError("; ".join(problems))
     try:
         written = render.render(ctx.cfg, ctx.build_dir, ctx.out)
     except render.RenderError as e:

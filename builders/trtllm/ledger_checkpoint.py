@@ -4,7 +4,7 @@ w_fp8 / kv_fp8 = FP8 weights / KV cache, drafter_multilayer = a head with more t
 
 from __future__ import annotations
 
-from builders.trtllm.ledger import ENGINE_FLOW, Row, Source, only, rows_of
+from builders.trtllm.ledger_rows import ENGINE_FLOW, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 PRETRAINED = Source(TRT, "tensorrt_llm/models/modeling_utils.py", "PretrainedConfig.__init__")

@@ -5,7 +5,7 @@ existing clients work). Flags (`when`): perf = the backend writes perf outputs (
 
 from __future__ import annotations
 
-from builders.trtllm.ledger import ENGINE_FLOW, ENSEMBLE, Row, Source, only, rows_of
+from builders.trtllm.ledger_rows import ENGINE_FLOW, ENSEMBLE, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 PROTO = Source("triton-inference-server/common", "protobuf/model_config.proto", "ModelConfig")
@@ -109,9 +109,11 @@ _PYTHON = (
     + rows_of("triton.bls.parameter", ("project_root", "tokenizer_dir", "preprocessing_model", "llm_model", "decoupled"),
               _ours("bls"), type="str", required=True)
     + rows_of("triton.python_llm.parameter", ("project_root", "tokenizer_dir", "llm_kind", "build_dir",
-                                              "max_batch_size", "max_queue_size", "max_input_len", "max_seq_len",
-                                              "decoupled"), _ours("reference_llm"), type="str", required=True,
-              note="the same parameters for llmapi_llm.py (engine.backend pytorch)")
+                                              "max_queue_size", "decoupled"), _ours("reference_llm"), type="str",
+              required=True, note="the same parameters for llmapi_llm.py (engine.backend pytorch)")
+    + rows_of("triton.python_llm.parameter", ("max_batch_size", "max_input_len", "max_seq_len"), _ours("llmapi_llm"),
+              type="str", required=True, when=("pytorch",),
+              note="engine.backend pytorch only (the reference model reads them from the engine's reference.json)")
     + rows_of("triton.python_llm.parameter", ("request_deadline_s",), _ours("reference_llm"), type="str (seconds)",
               required=True, when=("reference",),
               note="engine.backend reference only (triton.request_deadline_s, or max_seq_len x "

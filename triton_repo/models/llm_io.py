@@ -12,17 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from engines.types import Limits
 from triton_repo import contract as C
 from triton_repo.models.common import RequestError, parse_word_list, scalar, tensor
 
 LLM_IN = C.by_name(C.LLM_INPUTS)
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_input_len: int
-    max_seq_len: int
-    vocab_size: int | None = None  # None: the engine checks token ids itself (the LLM API refuses ids >= vocab)
 
 
 @dataclass(frozen=True)
@@ -58,7 +52,9 @@ def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> Sa
     return Sampling(greedy, float(temperature), int(top_k), float(top_p) if top_p > 0 else 1.0, int(seed))
 
 
-def parse_request(pb_utils: Any, request: Any, limits: Limits, tokenizer: Any, decoupled: bool) -> Parsed:
+def parse_request(pb_utils: Any, request: Any, limits: Limits, vocab_size: int | None, tokenizer: Any,
+                  decoupled: bool) -> Parsed:
+    """`vocab_size` None: the engine checks token ids itself (the LLM API refuses ids >= its vocabulary)."""
     ids = tensor(pb_utils, request, "input_ids")
     if ids is None or ids.ndim != 2 or ids.shape[0] != 1:
         shape = None if ids is None else list(ids.shape)
@@ -68,7 +64,7 @@ def parse_request(pb_utils: Any, request: Any, limits: Limits, tokenizer: Any, d
     if not 1 <= n_in <= ids.shape[1]:
         raise RequestError(f"input_lengths={n_in} must be in 1..{ids.shape[1]} (the input_ids given)")
     prompt = [int(x) for x in ids[0, :n_in]]
-    check_token_ids(prompt, limits.vocab_size)
+    check_token_ids(prompt, vocab_size)
     n_out = int(scalar(pb_utils, request, LLM_IN["request_output_len"]))
     if n_out <= 0:
         raise RequestError(f"request_output_len (max_tokens)={n_out} must be >= 1")

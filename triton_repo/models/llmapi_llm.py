@@ -32,8 +32,10 @@ class TritonPythonModel:
         self.C, self.common, self.io = contract, common, llm_io
         p = common.Params(common.model_config(args))
         self.decoupled = p.bool("decoupled")
-        self.limits = llm_io.Limits(max_input_len=p.int("max_input_len"), max_seq_len=p.int("max_seq_len"))
-        self.limit = p.int("max_batch_size") + p.int("max_queue_size")
+        from engines.types import Limits
+
+        self.limits = Limits(p.int("max_batch_size"), p.int("max_input_len"), p.int("max_seq_len"))
+        self.limit = self.limits.max_batch_size + p.int("max_queue_size")
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
         yaml_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.yaml")
         with open(yaml_path) as f:
@@ -51,7 +53,7 @@ class TritonPythonModel:
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
             try:
-                parsed = self.io.parse_request(pb_utils, r, self.limits, self.tokenizer, self.decoupled)
+                parsed = self.io.parse_request(pb_utils, r, self.limits, None, self.tokenizer, self.decoupled)
             except self.common.RequestError as e:
                 err = self.common.error_response(pb_utils, str(e), e.code)
                 self._reply(sender, err, out)

@@ -57,9 +57,11 @@ class TritonPythonModel:
         self.engine = ReferenceEngine.from_build(Path(p["build_dir"]))
         llmapi_io.check_tree(doc.get("speculative_config") or {}, self.engine.tree)
         self.tokenizer = self.engine.tokenizer
-        self.max_seq_len = int(doc["max_seq_len"])
-        self.max_input_len = int(doc["max_input_len"])
-        session = self.engine.session(int(doc["max_batch_size"]), self.max_seq_len, speculative=True,
+        # The limits come from the engine's spec (reference.json), the one source; the Triton stage checked at build
+        # time that model.yaml's copies (what TensorRT-LLM's LLM reads) agree with it.
+        limits = self.engine.limits
+        self.max_seq_len, self.max_input_len = limits.max_seq_len, limits.max_input_len
+        session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=True,
                                       on_tokens=self._on_tokens)  # fmt: skip
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
                                        max_queue_size=int(p["max_queue_size"]))

@@ -73,13 +73,14 @@ class TritonPythonModel:
         p = common.Params(common.model_config(args))
         self.decoupled = p.bool("decoupled")
         self.engine = ReferenceEngine.from_build(Path(p.str("build_dir")))
-        self.limits = llm_io.Limits(max_input_len=p.int("max_input_len"), max_seq_len=p.int("max_seq_len"),
-                                    vocab_size=self.engine.vocab_size)  # fmt: skip
+        # The build's limits come from the engine's own spec (reference.json), the one source; the Triton stage
+        # checked at build time that config.pbtxt's max_batch_size agrees with it.
+        self.limits, self.vocab_size = self.engine.limits, self.engine.vocab_size
         self.tokenizer = self.engine.tokenizer
         self.metrics = _Metrics(p.str("llm_kind"))
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
-        session = self.engine.session(p.int("max_batch_size"), self.limits.max_seq_len, speculative=True,
+        session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len, speculative=True,
                                       on_tokens=self._on_tokens)  # fmt: skip
         self.batcher = batcher.Batcher(
             session, lambda job: job.payload[0].request, self._finish, max_queue_size=p.int("max_queue_size"),
@@ -96,7 +97,7 @@ class TritonPythonModel:
                 replies.append((sender, pb_utils.InferenceResponse(output_tensors=[]), None))
                 continue
             try:
-                parsed = self.io.parse_request(pb_utils, r, self.limits, self.tokenizer, self.decoupled)
+                parsed = self.io.parse_request(pb_utils, r, self.limits, self.vocab_size, self.tokenizer, self.decoupled)
             except self.common.RequestError as e:
                 replies.append((sender, self.common.error_response(pb_utils, str(e), e.code), None))
                 continue

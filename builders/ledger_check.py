@@ -1,7 +1,7 @@
 """Check a build directory against the contract ledger: every emitted name has a row for the config's TensorRT-LLM
 version, and every required row is present.
 
-    python -m builders.trtllm.ledger_check CONFIG.yaml [--set k=v ...]
+    python -m builders.ledger_check CONFIG.yaml [--set k=v ...]
 
 reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
 problems (exit 1) or "ledger: N names checked, all cited" (exit 0). tests/test_ledger.py runs the same functions on
@@ -22,7 +22,9 @@ from typing import Any
 
 import yaml
 
-from builders.trtllm import ledger
+from builders.config import ConfigError, load_config
+from builders.engine import llmapi, stage, trtllm_build
+from builders.trtllm import ledger, registry
 
 Emitted = dict[str, set[str]]
 
@@ -115,7 +117,7 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         kv_fp8=cfg.quantization.kv_cache == "fp8", perf=True, tree=tree is not None and not tree.is_chain(),
         dynamic=cfg.tree.dynamic is not None,
         drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
-        reference=cfg.engine.backend == "reference",
+        reference=cfg.engine.backend == "reference", pytorch=cfg.engine.backend == "pytorch",
     )
 
 
@@ -125,10 +127,6 @@ def check_emitted(emitted: Emitted, version: str, flags: frozenset[str]) -> list
 
 def build_names(cfg: Any, build: Path) -> Emitted:
     """Everything a finished build directory emitted for TensorRT-LLM and Triton."""
-    from builders.engine import llmapi, stage, trtllm_build
-
-    from builders.trtllm import registry
-
     version = registry.get(cfg.trtllm_version)
     ckpt = build / "checkpoint"
     # Without the engine flow, TensorRT-LLM never reads the TRT-LLM checkpoint (only the reference engine does).
@@ -156,9 +154,7 @@ def build_names(cfg: Any, build: Path) -> Emitted:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from builders.config import ConfigError, load_config
-
-    ap = argparse.ArgumentParser(prog="python -m builders.trtllm.ledger_check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m builders.ledger_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")

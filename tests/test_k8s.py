@@ -1,0 +1,153 @@
+"""The Kubernetes manifests docker/k8s ships: every one validated offline by kubernetes-validate against K8S_VERSION
+(strict: unknown fields fail; the two CRDs have no schema there and get the checks stated at CRD_CHECKS), a fresh
+render of their config (docker/k8s/render.py --check) that agrees with it, monitoring wiring and the LeaderWorkerSet."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from builders import versions
+from builders.config import load_config
+from tests.deploy_files import K8S, REPO, _cfg, _containers, _manifests, _run, render, serve
+
+K8S_VERSION = "1.33.0"  # the Kubernetes version every manifest is validated against (kubernetes-validate ships it)
+# The config the committed manifests are rendered from (their header records the same command).
+# tp=2 across 1-GPU nodes, so the LeaderWorkerSet example really spans two pods.
+K8S_CONFIG = "configs/llama31-8b-eagle-fp8.yaml"
+K8S_SETS = ["parallel.tp=2"]
+K8S_ARGS = ["--set", "parallel.tp=2", "--gpus-per-node", "1"]
+
+
+# Kinds kubernetes-validate has no schema for (CRDs) and what is checked instead.
+CRD_CHECKS = {
+    # leaderworkerset.x-k8s.io/v1 (kubernetes-sigs/lws): its leader and worker templates are core PodTemplateSpecs
+    # and are validated as such; the LWS fields themselves are checked in test_leaderworkerset.
+    "LeaderWorkerSet": "pod templates validated as core v1 PodTemplate",
+    # monitoring.coreos.com/v1 (Prometheus Operator): no schema shipped; test_monitoring_wiring checks that its
+    # selector and endpoint port match the Service.
+    "ServiceMonitor": "selector / port consistency with the Service",
+}
+
+
+def test_manifests_validate_offline() -> None:
+    import kubernetes_validate
+
+    docs = _manifests()
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap", "Job",
+            "PersistentVolumeClaim", "ServiceMonitor", "LeaderWorkerSet"} <= kinds  # fmt: skip
+    for d in docs:
+        if d["kind"] in CRD_CHECKS:
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+            continue
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    lws = next(d for d in docs if d["kind"] == "LeaderWorkerSet")
+    for role in ("leaderTemplate", "workerTemplate"):
+        tmpl = lws["spec"]["leaderWorkerTemplate"][role]
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()},
+                                      "template": tmpl}, K8S_VERSION, strict=True)  # fmt: skip
+
+
+def test_validator_rejects_unknown_field() -> None:
+    """Control: strict validation catches a misspelt field (so the pass above means something)."""
+    import kubernetes_validate
+
+    dep = next(d for d in _manifests() if d["kind"] == "Deployment")
+    bad = json.loads(json.dumps(dep))
+    bad["spec"]["template"]["spec"]["containers"][0]["readynessProbe"] = {"tcpSocket": {"port": 8000}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_manifests_are_a_fresh_render() -> None:
+    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--check"])
+    assert proc.returncode == 0, proc.stderr
+    for f in K8S.glob("*.yaml"):  # every file records the command that regenerates it
+        first = f.read_text().splitlines()[0]
+        assert first.endswith(" ".join(["python docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS])), f.name
+
+
+def test_current_line_manifests_are_a_fresh_render() -> None:
+    """docker/k8s/current/: the Llama-3.1-8B EAGLE-3 config of the current line, on the current-line image."""
+    cfg = "configs/llama31-8b-eagle3-current.yaml"
+    proc = _run([sys.executable, "docker/k8s/render.py", cfg, "--out", str(K8S / "current"), "--check"])
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for f in sorted((K8S / "current").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    images = {c["image"] for doc in docs for c in _containers(doc)}
+    assert images == {versions.CURRENT_GPU_IMAGE}
+
+
+def test_render_check_detects_drift(tmp_path: Path) -> None:
+    """Control: --check fails when a committed file differs from the render (e.g. the config's tp changed)."""
+    out = tmp_path / "k8s"
+    assert _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--out", str(out)]).returncode == 0
+    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, "--set", "parallel.tp=4", "--gpus-per-node", "1",
+                 "--out", str(out), "--check"])  # fmt: skip
+    assert proc.returncode == 1 and "deployment.yaml differs" in proc.stderr
+
+
+def test_manifests_agree_with_config() -> None:
+    cfg = load_config(REPO / K8S_CONFIG, K8S_SETS)
+    docs = {d["kind"]: d for d in _manifests()}
+    name = render.dns_name(cfg.name)
+    (server,) = _containers(docs["Deployment"])
+    build_dir = f"/build/{name}"
+    assert server["args"] == ["serve", build_dir]
+    (builder,) = _containers(docs["Job"])
+    assert builder["args"] == ["build", f"/opt/eagle-deploy/{K8S_CONFIG}", "--set", f"output_dir={build_dir}"]
+    for c in (server, builder):  # GPU count = tp * pp, from the config
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == str(cfg.parallel.tp * cfg.parallel.pp) == "2"
+    assert {p["name"]: p["containerPort"] for p in server["ports"]} == serve.TRITON_PORTS
+    assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert server["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    startup = server["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == render.READY_TIMEOUT_S
+    hpa = docs["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
+    assert hpa["metrics"][0]["pods"]["target"]["averageValue"] == str(max(1, cfg.engine.max_batch_size // 2))
+    assert hpa["minReplicas"] >= 2  # so maxUnavailable 1 in the PDB never takes the last replica
+
+
+def test_monitoring_wiring() -> None:
+    """Prometheus scrapes the Service's metrics port; the adapter publishes the queue series under the name the
+    HPA reads; the PDB and Service select the Deployment's pods."""
+    cfg = load_config(REPO / K8S_CONFIG, K8S_SETS)
+    docs = {d["kind"]: d for d in _manifests()}
+    pod_labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    svc = docs["Service"]
+    assert svc["spec"]["selector"] == pod_labels
+    assert docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == pod_labels
+    sm = docs["ServiceMonitor"]["spec"]
+    assert sm["selector"]["matchLabels"] == svc["metadata"]["labels"]
+    port = sm["endpoints"][0]["port"]
+    assert port == "metrics" and port in {p["name"] for p in svc["spec"]["ports"]}
+    rules = yaml.safe_load(docs["ConfigMap"]["data"]["config.yaml"])["rules"]
+    (rule,) = rules
+    assert rule["name"]["as"] == docs["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    assert rule["seriesQuery"].startswith("nv_trt_llm_request_metrics{")  # tensorrt backend: the batch manager queue
+    assert 'request_type="waiting"' in rule["seriesQuery"] and f'model="{cfg.triton.llm_model}"' in rule["seriesQuery"]
+    assert "<<.Series>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+
+
+def test_queue_series_follows_backend(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+    ref = _cfg(tmp_path, tiny_target, eagle_head, "reference", 1)
+    assert render.queue_series(ref) == f'nv_inference_pending_request_count{{model="{ref.triton.llm_model}"}}'
+
+
+def test_leaderworkerset() -> None:
+    lws = next(d for d in _manifests() if d["kind"] == "LeaderWorkerSet")
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    t = lws["spec"]["leaderWorkerTemplate"]
+    assert set(t) == {"size", "restartPolicy", "leaderTemplate", "workerTemplate"}
+    assert t["restartPolicy"] == "RecreateGroupOnPodRestart"
+    per_pod = [int(c["resources"]["limits"]["nvidia.com/gpu"])
+               for role in ("leaderTemplate", "workerTemplate") for c in t[role]["spec"]["containers"]]  # fmt: skip
+    assert per_pod == [1, 1] and t["size"] == 2  # tp=2 on 1-GPU nodes: a group of two pods holds both ranks
+    vols = {v["name"]: v for v in t["workerTemplate"]["spec"]["volumes"]}
+    assert vols["builds"]["persistentVolumeClaim"]["claimName"].endswith("-builds")  # every rank reads its engine

@@ -43,15 +43,18 @@ def metric(server: TritonServer, name: str, **labels: str) -> float:
     return total
 
 
-def tiny_reference_repo(root: Path, name: str, target: Path, head: Path, *, max_seq_len: int) -> Path:
+def tiny_reference_repo(root: Path, name: str, target: Path, head: Path, *, max_seq_len: int,
+                        max_queue_size: int | None = None) -> Path:
     """Build a tiny EAGLE target + head with engine.backend=reference (CLI, all stages); its Triton repository."""
     cfg = root / "tiny.yaml"
+    triton = f"triton: {{max_queue_size: {max_queue_size}}}\n" if max_queue_size is not None else ""
     cfg.write_text(
         f"name: {name}\ntrtllm_version: '1.1'\noutput_dir: {root / 'build'}\n"
         f"target: {{model: {target}, dtype: float32}}\n"
         f"draft: {{type: eagle, model: {head}}}\n"
         "tree: {choices: topk-2-2}\n"
         f"engine: {{backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: {max_seq_len}}}\n"
+        + triton
     )
     assert build_main([str(cfg)]) == 0
     return root / "build" / "triton_repo"

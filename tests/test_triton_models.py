@@ -202,3 +202,35 @@ def test_batcher_deadline_ends_running_and_queued_jobs_and_reports_the_counts() 
     assert queued.result is None  # never got the slot
     assert (2, 1) in counts and counts[-1] == (0, 0)
     b.close()
+
+
+class SlowAdmitSession(CountingSession):
+    """CountingSession whose `add` (the prefill) takes `add_delay` seconds."""
+
+    def __init__(self, capacity: int, add_delay: float) -> None:
+        super().__init__(capacity, delay=0.001)
+        self.add_delay = add_delay
+
+    def add(self, request: int) -> int:
+        time.sleep(self.add_delay)
+        return super().add(request)
+
+
+def test_batcher_request_queued_behind_vanished_clients_is_served_not_expired() -> None:
+    """Two vanished clients take both free slots (their prefills take 0.5 s each), a live request arrives 0.4 s
+    later and queues. The slot holders keep their arrival clocks (they never waited for a slot), so they expire at
+    1.0 s, before the live request's queue bound (1.4 s): it gets a slot, its clock restarts, and it is served.
+    With the slot clock restarting at every admission the holders expired at 1.5 / 2.0 s and the live request at
+    1.4 s, while queued."""
+    session = SlowAdmitSession(2, add_delay=0.5)
+    b = batcher.Batcher(session, lambda j: j.payload, lambda j: None, max_queue_size=2, deadline_s=1.0)
+    vanished = [batcher.Job(payload=10**6, is_cancelled=lambda: False, streaming=True) for _ in range(2)]
+    live = batcher.Job(payload=2, is_cancelled=lambda: False, streaming=True)
+    assert all(b.admit(j) is None for j in vanished)
+    time.sleep(0.4)
+    assert b.admit(live) is None
+    assert live.done.wait(10) and all(j.done.wait(10) for j in vanished)
+    assert all(j.expired and j.error_code == "UNAVAILABLE" for j in vanished)
+    assert not vanished[0].waits_for_slot and not vanished[1].waits_for_slot and live.waits_for_slot
+    assert live.error is None and not live.expired and live.result == ("length", 2)
+    b.close()

@@ -11,10 +11,13 @@ Admission is bounded: more than `capacity + max_queue_size` jobs in flight are r
 message saying so, never dropped. A job whose client cancelled or disconnected leaves the batch at the next step
 (or at its next `on_tokens` callback, which returns False), which frees its sequence slot.
 
-A job is ended with UNAVAILABLE after `deadline_s` waiting for a slot, or after `deadline_s` in its slot (the clock
-restarts when it gets one): the bound on how long a client that vanished without a cancellation reaching us (an
-ensemble stream on Triton 2.51) holds a queue place or a slot, without cutting short a request that merely waited
-behind such clients. A sequence whose step failed ends alone with INTERNAL (engines.session.Session isolates
+A job is ended with UNAVAILABLE `deadline_s` after it arrived, or, if every slot was taken when it arrived,
+`deadline_s` after it got one (its clock restarts then): the bound on how long a client that vanished without a
+cancellation reaching us (an ensemble stream on Triton 2.51) holds a queue place or a slot, without cutting short a
+request that merely waited behind such clients. A job that found a slot free keeps its arrival clock even though its
+prefill may start later (behind the prefills of the jobs admitted with it), so it expires before any job that
+arrived after it and queued behind it: a burst of vanished clients on free slots cannot make a live request that
+queued right behind them reach its own queue bound first. A sequence whose step failed ends alone with INTERNAL (engines.session.Session isolates
 it); a failure of the session itself (outside any sequence) still ends every running job with INTERNAL.
 """
 
@@ -43,8 +46,9 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     request_id: str = ""
-    deadline: float = float("inf")  # time.monotonic() after which the job is ended (set at admission and at its slot)
+    deadline: float = float("inf")  # time.monotonic() after which the job is ended (set at admission, maybe at its slot)
     expired: bool = False
+    waits_for_slot: bool = False  # every slot was taken when it arrived: its clock restarts when it gets one
 
     def gone(self) -> bool:
         """True once the client cancelled (flag set by a `stop` request or a failed send, or Triton's own)."""
@@ -118,6 +122,7 @@ class Batcher:
                     f"server busy: {self._in_flight} requests in flight, limit max_batch_size {self.max_batch_size} + "
                     f"triton.max_queue_size {self.max_queue_size}; retry later"
                 )
+            job.waits_for_slot = self._in_flight >= self.max_batch_size
             self._in_flight += 1
             self._live[id(job)] = job
             job.deadline = time.monotonic() + self.deadline_s
@@ -201,7 +206,8 @@ class Batcher:
                 self._complete(job)
                 continue
             self._slots[slot] = job
-            job.deadline = time.monotonic() + self.deadline_s  # its time in the slot starts now
+            if job.waits_for_slot:  # it queued behind others: its time in the slot starts now
+                job.deadline = time.monotonic() + self.deadline_s
             self._set_running(len(self._slots))
 
     def _drop_cancelled(self) -> None:

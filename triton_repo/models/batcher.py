@@ -16,9 +16,10 @@ A job is ended with UNAVAILABLE `deadline_s` after it arrived, or, if every slot
 cancellation reaching us (an ensemble stream on Triton 2.51) holds a queue place or a slot, without cutting short a
 request that merely waited behind such clients. A job that found a slot free keeps its arrival clock even though its
 prefill may start later (behind the prefills of the jobs admitted with it), so it expires before any job that
-arrived after it and queued behind it: a burst of vanished clients on free slots cannot make a live request that
-queued right behind them reach its own queue bound first. A sequence whose step failed ends alone with INTERNAL (engines.session.Session isolates
-it); a failure of the session itself (outside any sequence) still ends every running job with INTERNAL.
+arrived after it and queued behind it. Behind more than `max_batch_size` vanished clients a live request can still
+reach its own queue bound: the vanished ones that queued get the freed slots and restart their clocks
+(docs/deploy.md, "Reliability"). A sequence whose step failed ends alone with INTERNAL (engines.session.Session
+isolates it); a failure of the session itself (outside any sequence) still ends every running job with INTERNAL.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     request_id: str = ""
-    deadline: float = float("inf")  # time.monotonic() after which the job is ended (set at admission, maybe at its slot)
+    deadline: float = float("inf")  # time.monotonic() after which the job ends (set at admission, maybe at its slot)
     expired: bool = False
     waits_for_slot: bool = False  # every slot was taken when it arrived: its clock restarts when it gets one
 

@@ -8,8 +8,9 @@ r"""Reliability runs on a served build: a soak and three faults, every figure me
    memory (tritonserver + python-backend stubs, RSS) before and after.
 2. SIGSTOP: the server is frozen for 5 s while requests are in flight (40 s load); requests lost.
 3. abandoned ensemble streams: --abandon clients start ensemble streams and vanish after their first chunk (Triton
-   2.51 does not pass the cancellation on); then the first-token time of a fresh request (nan: it got an error), and
-   how long until the LLM model holds no request (the repository's triton.request_deadline_s at work).
+   2.51 does not pass the cancellation on to the LLM model; postprocessing does, triton_repo/models/cancel_channel.py);
+   then the first-token time of a fresh request (nan: it got an error), how long until the LLM model holds no
+   request, and how many were counted cancelled and how many ended by triton.request_deadline_s.
 4. kill -9 while requests are in flight (40 s load): what the load tester counted, and that it wrote its report.
 Prints one summary line per run and writes <out>/reliability.json.
 
@@ -160,6 +161,7 @@ def _first_token_s(url: str, text: str, max_tokens: int, abandon: bool) -> float
 def abandoned(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namespace) -> dict[str, Any]:
     quiet = _first_token_s(srv.grpc_url, PROMPTS[0], 8, abandon=False)
     expired0 = metric(srv, "eagle_llm_requests_expired_total")
+    cancelled0 = metric(srv, "eagle_llm_requests_cancelled_total")
     threads = [threading.Thread(target=_first_token_s, args=(srv.grpc_url, PROMPTS[i % len(PROMPTS)], 512, True))
                for i in range(args.abandon)]  # fmt: skip
     t0 = time.perf_counter()
@@ -174,10 +176,11 @@ def abandoned(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Name
     res = {"abandoned": args.abandon, "ttft_idle_s": round(quiet, 3), "ttft_after_abandon_s": round(loaded, 3),
            "slots_free_after_s": round(time.perf_counter() - t0, 1),
            "expired": metric(srv, "eagle_llm_requests_expired_total") - expired0,
+           "cancelled": metric(srv, "eagle_llm_requests_cancelled_total") - cancelled0,
            "deadline_s": _deadline(srv.repo)}  # fmt: skip
     print(f"{args.abandon} abandoned ensemble streams (deadline {res['deadline_s']} s): next first token "
           f"{quiet:.2f} s idle -> {loaded:.2f} s; LLM model empty after {res['slots_free_after_s']} s; "
-          f"{res['expired']:.0f} ended by the deadline")
+          f"{res['cancelled']:.0f} cancelled, {res['expired']:.0f} ended by the deadline")
     return res
 
 

@@ -133,6 +133,8 @@ _TENSORS = rows_of(
         # the python LLM models (reference / LLM API) take the tensorrt_llm model's I/O
         "input_ids", "input_lengths", "request_output_len", "stop_words_list", "runtime_top_k", "runtime_top_p",
         "streaming", "stop", "output_ids", "sequence_length",
+        # this project's: a python LLM model's cancel handle, passed to postprocessing (models/cancel_channel.py)
+        "cancel_handle", "CANCEL_HANDLE",
     ),
     _CONTRACT, type="see triton_repo/contract.py",
     note="names as upstream's all_models/inflight_batcher_llm templates (tensorrt_llm, preprocessing, postprocessing, "

@@ -6,8 +6,10 @@ Like upstream's triton_backend/all_models/llmapi/tensorrt_llm/1/model.py it buil
 triton_config)` and runs requests with `generate_async` on an asyncio loop in a thread; unlike it, it takes token ids
 (preprocessing tokenizes) and reports the speculative-decoding perf metrics (RequestOutput.outputs[0]
 .request_perf_metrics.speculative_decoding, filled when SamplingParams(return_perf_metrics=True)). The LLM API
-batches in flight itself; admission is bounded by max_batch_size + max_queue_size. Needs a GPU and tensorrt_llm
-(the NGC TensorRT-LLM container).
+batches in flight itself; admission is bounded by max_batch_size + max_queue_size. Every response carries the
+request's `cancel_handle`; the postprocessing model sends it back when an ensemble stream's client cancelled, and
+the request is aborted at its next output (models/cancel_channel.py). Needs a GPU and tensorrt_llm (the NGC
+TensorRT-LLM container).
 """
 
 import asyncio
@@ -27,7 +29,7 @@ class TritonPythonModel:
         from tensorrt_llm import LLM
 
         from triton_repo import contract
-        from triton_repo.models import common, llm_io
+        from triton_repo.models import cancel_channel, common, llm_io
 
         self.C, self.common, self.io = contract, common, llm_io
         p = common.Params(common.model_config(args))
@@ -44,6 +46,8 @@ class TritonPythonModel:
         self.llm = LLM(**options)
         self._in_flight = 0
         self._lock = threading.Lock()
+        self._live, self._cancelled = set(), set()  # cancel tokens of the running requests / of those to abort
+        self.cancels = cancel_channel.Listener(self._on_cancel)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -81,8 +85,15 @@ class TritonPythonModel:
         else:
             out.append(resp)
 
+    def _on_cancel(self, token):
+        if token in self._live:  # a late token of a finished request is dropped, not kept
+            self._cancelled.add(token)
+
     async def _run(self, request, parsed, sender):
         from tensorrt_llm import SamplingParams
+
+        handle, token = self.cancels.handle()
+        self._live.add(token)
 
         s = parsed.sampling
         params = SamplingParams(
@@ -94,23 +105,25 @@ class TritonPythonModel:
             stream = self.llm.generate_async(parsed.prompt_ids, params, streaming=parsed.streaming)
             sent, final = 0, None
             async for output in stream:
-                if request.is_cancelled():
+                if request.is_cancelled() or token in self._cancelled:
                     stream.abort()
                     return self._done(sender, self.common.error_response(pb_utils, "request cancelled", "CANCELLED"))
                 ids = list(output.outputs[0].token_ids)
                 if parsed.streaming and len(ids) > sent:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, ids[sent:])))
+                    sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, ids[sent:], handle)))
                     sent = len(ids)
                 final = output
             spec = final.outputs[0].request_perf_metrics.speculative_decoding
             resp = self.io.final_response(
                 pb_utils, parsed, list(final.outputs[0].token_ids), int(spec.total_accepted_draft_tokens),
-                int(spec.total_draft_tokens),
+                int(spec.total_draft_tokens), handle,
             )  # fmt: skip
             return self._done(sender, resp)
         except Exception as e:  # the engine failed for this request: report it, keep serving
             return self._done(sender, self.common.error_response(pb_utils, f"LLM API error: {e}", "INTERNAL"))
         finally:
+            self._live.discard(token)
+            self._cancelled.discard(token)
             with self._lock:
                 self._in_flight -= 1
 
@@ -124,5 +137,6 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        self.cancels.close()
         self.llm.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)

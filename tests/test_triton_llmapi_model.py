@@ -1,0 +1,97 @@
+"""The LLM-API python model (engine.backend pytorch, triton_repo/models/llmapi_llm.py) on the real tritonserver,
+with a stand-in for the TensorRT-LLM LLM API (tests/fixtures/llmapi_standin: no GPU here), so its request,
+streaming and cancellation paths run through the real ensemble: a stream delivers the model's tokens as text, and a
+client that cancels an ensemble stream aborts its LLM request through postprocessing (models/cancel_channel.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
+
+from builders.build import main as build_main  # noqa: E402
+from tests.engine_cases import write_build_yaml  # noqa: E402
+from tests.triton_requests import inputs, stream_call  # noqa: E402
+from tests.triton_servers import server_on  # noqa: E402
+
+pytestmark = pytest.mark.server
+STANDIN = Path(__file__).parent / "fixtures" / "llmapi_standin"
+PROMPT = "the quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def llmapi_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pytorch-backend build of a tiny 4-layer target + EAGLE-3 head (as tests/test_triton_render.py), all stages."""
+    from tests import tiny_models as tm
+
+    root = tmp_path_factory.mktemp("llmapi_model")
+    target = tm.make_target(root / "target", layers=4)
+    head = tm.make_eagle3_head(root / "eagle3", target)
+    head_cfg = json.loads((head / "config.json").read_text())
+    head_cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # TensorRT-LLM needs three distinct layers
+    (head / "config.json").write_text(json.dumps(head_cfg))
+    cfg = write_build_yaml(root / "pt.yaml", output_dir=root / "build", target=target, head=head, draft="eagle3",
+                           backend="pytorch", tree="chain-3", name="llmapi-model", version="1.2")  # fmt: skip
+    assert build_main([str(cfg)]) == 0
+    return root / "build" / "triton_repo"
+
+
+@pytest.fixture(scope="module")
+def llmapi_server(llmapi_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    log_dir = tmp_path_factory.mktemp("llmapi_model_log")
+    # The stand-in goes next to the model: the python backend stub puts the model's version directory on sys.path.
+    shutil.copytree(STANDIN / "tensorrt_llm", llmapi_repo / "tensorrt_llm" / "1" / "tensorrt_llm")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("STANDIN_LLM_LOG", str(log_dir / "llm.log"))
+    srv = server_on(llmapi_repo, log_dir / "tritonserver.log").start(timeout_s=240)
+    mp.undo()  # the server has its environment
+    yield srv, log_dir / "llm.log"
+    assert srv.stop(timeout_s=20) == 0  # nothing left in flight
+
+
+def _lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.is_file() else []
+
+
+def _tokenizer(repo: Path) -> Any:
+    """The tokenizer the served preprocessing model loads (its tokenizer_dir parameter)."""
+    from google.protobuf import text_format
+    from transformers import AutoTokenizer
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    cfg = text_format.Parse((repo / "preprocessing" / "config.pbtxt").read_text(), mc.ModelConfig())
+    return AutoTokenizer.from_pretrained(cfg.parameters["tokenizer_dir"].string_value)
+
+
+def test_llmapi_model_streams_its_tokens_through_the_ensemble(llmapi_server: Any, llmapi_repo: Path) -> None:
+    """Six chunks of one token each, every one detokenized alone by postprocessing (special tokens dropped)."""
+    srv, log = llmapi_server
+    c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
+    got = stream_call(c, "ensemble", inputs(PROMPT, 6, stream=(True, "BOOL")))
+    c.close()
+    tok = _tokenizer(llmapi_repo)
+    ids = tok(PROMPT, add_special_tokens=True)["input_ids"]  # what preprocessing sends the LLM model
+    want = [tok.decode([ids[i % len(ids)]], skip_special_tokens=True) for i in range(6)]
+    assert [r["text_output"].reshape(-1)[0].decode() for r in got] == want
+    assert _lines(log)[-1] == "finished 6"
+
+
+def test_cancelled_ensemble_stream_aborts_its_llm_api_request(llmapi_server: Any) -> None:
+    srv, log = llmapi_server
+    before = len(_lines(log))
+    c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
+    got = stream_call(c, "ensemble", inputs(PROMPT, 400, stream=(True, "BOOL")), cancel_after=1)
+    c.close()
+    assert len(got) == 1
+    deadline = time.time() + 30
+    while time.time() < deadline and len(_lines(log)) == before:
+        time.sleep(0.05)
+    [line] = _lines(log)[before:]
+    kind, made = line.split()
+    assert kind == "aborted" and int(made) < 50  # 400 tokens would take 4 s; it stopped a few tokens in

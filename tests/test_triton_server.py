@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -379,6 +380,51 @@ def test_ensemble_stream_cancel_reaches_the_llm_model_and_the_ensemble_completes
         code = srv.stop(timeout_s=20)
     assert code == 0
     assert "Model 'ensemble' (version 1) has 1 in-flight inferences" not in log.read_text()
+
+
+def _without_cancel_handle(repo: Path, out: Path) -> Path:
+    """A copy of the repository whose ensemble does not pass the cancel handle on: the C++ backend's wiring (its
+    outputs are upstream's), on the reference build."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    shutil.copytree(repo, out)
+    f = out / "ensemble" / "config.pbtxt"
+    cfg = text_format.Parse(f.read_text(), mc.ModelConfig())
+    for step in cfg.ensemble_scheduling.step:
+        step.output_map.pop("cancel_handle", None)
+        step.input_map.pop("CANCEL_HANDLE", None)
+    f.write_text(text_format.MessageToString(cfg))
+    return out
+
+
+def test_ensemble_stream_cancel_without_a_handle_is_relayed_as_a_stop_request(build_dir: Path, tmp_path: Path) -> None:
+    """Without a cancel handle (the C++ backend), postprocessing relays an ensemble client's cancellation as
+    tensorrtllm_backend's `stop` request with the request's id, which the reference model honours as the C++ backend
+    does: the sequence stops a few tokens in and the ensemble request completes. A request without an id cannot be
+    stopped that way and runs to its end (clients give ids; the deadline bounds the rest)."""
+    repo = _without_cancel_handle(build_dir / "triton_repo", tmp_path / "repo")
+    assert "CANCEL_HANDLE" not in (repo / "ensemble" / "config.pbtxt").read_text()
+    srv = triton_build.start_server(repo, tmp_path)
+    try:
+        c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
+        ins = inputs("cancel me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32"))
+        assert len(stream_call(c, "ensemble", ins, cancel_after=1, request_id="relay-1")) == 1
+        _wait_idle(srv)
+        assert metric(srv, "eagle_llm_requests_cancelled_total") == 1
+        assert metric(srv, "eagle_llm_generated_tokens_total") < LONG / 4
+        assert len(stream_call(c, "ensemble", ins, cancel_after=1)) == 1  # no request id
+        _wait_idle(srv)
+        assert metric(srv, "eagle_llm_requests_cancelled_total") == 1
+        assert metric(srv, "eagle_llm_generated_tokens_total") > LONG  # the second one ran to its end
+        deadline = time.time() + 30
+        while time.time() < deadline and metric(srv, "nv_inference_request_success", model="ensemble") < 2:
+            time.sleep(0.05)
+        assert metric(srv, "nv_inference_request_success", model="ensemble") == 2
+        c.close()
+    finally:
+        code = srv.stop(timeout_s=20)
+    assert code == 0
 
 
 # ---- gRPC status codes on the stream (triton_grpc_error) -----------------------------------------------------------

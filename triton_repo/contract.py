@@ -170,7 +170,7 @@ CPP_EXTRA_PERF_OUTPUTS: tuple[Tensor, ...] = (
 # Cancelling ensemble streams (models/cancel_channel.py): every response of a python LLM model (engine.backend
 # reference / pytorch) carries its sequence's cancel handle, and the ensemble passes it to postprocessing, which
 # sends it back to the LLM model when its own request arrives cancelled. Not an output of the C++ backend (its
-# outputs are upstream's): there the input stays unmapped.
+# outputs are upstream's): there the input stays unmapped and postprocessing sends a `stop` request by request id.
 CANCEL_HANDLE_OUTPUT = Tensor("cancel_handle", "TYPE_STRING", (1,))
 PY_LLM_OUTPUTS: tuple[Tensor, ...] = (*LLM_OUTPUTS, CANCEL_HANDLE_OUTPUT)
 

@@ -88,7 +88,13 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     cfg = _base(t.postprocessing_model, bc.engine.max_batch_size, backend="python")
     _add_inputs(cfg, C.POSTPROCESSING_INPUTS)
     _add_outputs(cfg, C.POSTPROCESSING_OUTPUTS)
-    _params(cfg, {**_python_common(build_dir), "skip_special_tokens": C.SKIP_SPECIAL_TOKENS})
+    _params(cfg, {
+        **_python_common(build_dir),
+        "skip_special_tokens": C.SKIP_SPECIAL_TOKENS,
+        # where a cancelled ensemble stream's stop request goes when its responses carry no cancel handle
+        "llm_model": t.llm_model,
+        "decoupled": t.streaming,
+    })  # fmt: skip
     # No dynamic_batching: its queue drops the cancelled requests of an abandoned ensemble stream unseen
     # (core scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy); without it they reach the model, which
     # passes the cancellation on to the python LLM model (models/cancel_channel.py).

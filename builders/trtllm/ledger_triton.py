@@ -104,7 +104,8 @@ _PYTHON = (
     rows_of("triton.preprocessing.parameter", ("project_root", "tokenizer_dir", "add_special_tokens", "max_input_len",
                                                "max_seq_len", "greedy_only"), _ours("preprocessing"), type="str",
             required=True)
-    + rows_of("triton.postprocessing.parameter", ("project_root", "tokenizer_dir", "skip_special_tokens"),
+    + rows_of("triton.postprocessing.parameter", ("project_root", "tokenizer_dir", "skip_special_tokens", "llm_model",
+                                                  "decoupled"),
               _ours("postprocessing"), type="str", required=True)
     + rows_of("triton.bls.parameter", ("project_root", "tokenizer_dir", "preprocessing_model", "llm_model", "decoupled"),
               _ours("bls"), type="str", required=True)

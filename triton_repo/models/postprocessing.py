@@ -2,33 +2,42 @@
 postprocessing). Each response is decoded on its own: a streamed chunk that splits a multi-byte character shows
 U+FFFD, as upstream; the BLS model (tensorrt_llm_bls) streams with incremental detokenization instead.
 
-A request that arrives cancelled (the ensemble's client cancelled its stream) with a `CANCEL_HANDLE` passes the
-cancellation on to the python LLM model that sent the handle (models/cancel_channel.py), which Triton itself never
-tells; it is still answered (the ensemble discards it)."""
+It also passes an ensemble client's cancellation on to the LLM model, which Triton itself never tells (see
+models/cancel_channel.py for why only postprocessing sees it). A request that arrives cancelled is still answered
+(the ensemble discards the answer), after one of:
+  - it carries a `CANCEL_HANDLE` (our python LLM models): the handle's token goes back to the LLM model instance;
+  - otherwise (the C++ tensorrtllm backend), when the LLM model is decoupled and the request has an id: the LLM
+    model gets tensorrtllm_backend's `stop` request with that id (the ensemble gives its composing requests the
+    client's request id), as the BLS model sends it. Like every stop request it stops every request with that id,
+    so clients give their requests unique ids; a request without an id cannot be stopped this way.
+Each sequence is relayed once (the recent handles and ids are remembered).
+"""
 
+from collections import OrderedDict
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
+RECENT = 1024  # relayed handles / ids remembered, so the later cancelled steps of a sequence send nothing
+
 
 class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
-        from triton_repo.models import cancel_channel, common
+        from triton_repo.models import cancel_channel, common, llm_io
 
-        self.send_cancel = cancel_channel.send_cancel
-
+        self.send_cancel, self.io = cancel_channel.send_cancel, llm_io
         p = common.Params(common.model_config(args))
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
         self.skip_special_tokens = p.bool("skip_special_tokens")
+        self.llm_model, self.llm_decoupled = p.str("llm_model"), p.bool("decoupled")
+        self.relayed = OrderedDict()
 
     def execute(self, requests):
         out = []
         for r in requests:
-            handle = pb_utils.get_input_tensor_by_name(r, "CANCEL_HANDLE")
-            if handle is not None and r.is_cancelled():
-                self.send_cancel(handle.as_numpy().reshape(-1)[0].decode("ascii", "replace"))
+            self._relay_cancellation(r)
             tokens = pb_utils.get_input_tensor_by_name(r, "TOKENS_BATCH").as_numpy()  # [B, beam, T]
             lengths = pb_utils.get_input_tensor_by_name(r, "SEQUENCE_LENGTH").as_numpy()  # [B, beam]
             texts = np.empty(lengths.shape, dtype=object)
@@ -39,6 +48,27 @@ class TritonPythonModel:
                     texts[b, k] = text.encode("utf-8")
             out.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", texts)]))
         return out
+
+    def _relay_cancellation(self, r):
+        handle = pb_utils.get_input_tensor_by_name(r, "CANCEL_HANDLE")
+        key = handle.as_numpy().reshape(-1)[0].decode("ascii", "replace") if handle is not None else None
+        if key is None and self.llm_decoupled and r.request_id():
+            key = "id:" + r.request_id()
+        if key is None or key in self.relayed or not r.is_cancelled():
+            return
+        self.relayed[key] = None
+        if len(self.relayed) > RECENT:
+            self.relayed.popitem(last=False)
+        if handle is not None:
+            self.send_cancel(key)
+            return
+        stop = pb_utils.InferenceRequest(model_name=self.llm_model, inputs=self.io.stop_request_tensors(pb_utils),
+                                         requested_output_names=[], request_id=r.request_id())  # fmt: skip
+        try:
+            for _ in stop.exec(decoupled=True):
+                pass
+        except Exception as e:  # the LLM model refused it: nothing more this model can do for that sequence
+            pb_utils.Logger.log_warn(f"postprocessing: stop request for {r.request_id()!r} failed: {e}")
 
     def finalize(self):
         pass

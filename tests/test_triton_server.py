@@ -349,7 +349,9 @@ def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServe
     assert metric(server, "nv_inference_request_success", model="ensemble") == ens_before + 1  # completed, not stuck
 
 
-def test_ensemble_stream_cancel_reaches_the_llm_model_and_the_ensemble_completes(build_dir: Path, tmp_path: Path) -> None:
+def test_ensemble_stream_cancel_reaches_the_llm_model_and_the_ensemble_completes(
+    build_dir: Path, tmp_path: Path
+) -> None:
     """A client cancels an ensemble stream after one chunk, on a server of its own (a leaked request would keep it
     from stopping). Triton 2.51 does not forward the cancellation to the running tensorrt_llm request (core r24.10
     src/ensemble_scheduler/ensemble_scheduler.cc EnsembleContext::ScheduleSteps cancels only the steps scheduled

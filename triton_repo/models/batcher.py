@@ -19,8 +19,8 @@ holds a queue place or a slot, without cutting short a request that merely waite
 found a slot free keeps its arrival clock even though its prefill may start later (behind the prefills of the jobs
 admitted with it), so it expires before any job that arrived after it and queued behind it. Behind more than
 `max_batch_size` such vanished clients a live request can still reach its own queue bound: the vanished ones that
-queued get the freed slots and restart their clocks (docs/deploy.md, "Reliability"). A sequence whose step failed ends alone with INTERNAL (engines.session.Session
-isolates it); a failure of the session itself (outside any sequence) still ends every running job with INTERNAL.
+queued get the freed slots and restart their clocks (docs/deploy.md, "Reliability"). A sequence whose step failed
+ends alone with INTERNAL (engines.session.Session isolates it); a failure of the session itself (outside any sequence) still ends every running job with INTERNAL.
 """
 
 from __future__ import annotations

@@ -164,6 +164,8 @@ def final_response(
     asked; None = send the FINAL flag alone). Not streaming: all ids (prompt first unless exclude_input)."""
     perf = perf_tensors(pb_utils, accepted, drafted) if p.perf else []
     if p.streaming:
-        return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, [], cancel_handle) + perf) if perf else None
+        if not perf:
+            return None
+        return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, [], cancel_handle) + perf)
     ids = list(output_ids) if p.exclude_input else p.prompt_ids + list(output_ids)
     return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, ids, cancel_handle) + perf)

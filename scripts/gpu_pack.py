@@ -42,11 +42,10 @@ DATA_NAME = "sharegpt-first.jsonl.gz"
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
+    """stdlib only (not builders.build_dir.sha256_file, whose package imports pydantic): gpu_run.py checks the parts
+    on the device before the wheels that bring pydantic are installed."""
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(MIB), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def tree_bytes(repo: Path) -> int:
@@ -118,6 +117,8 @@ def write_calls(calls: list[list[tuple[Path, int, int]]], out: Path) -> dict:
                                                           "parts": []})
             entry["parts"].append(f"call-{k}/{part}")
     manifest["calls"] = len(calls)
+    manifest["packed_at_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                                  capture_output=True, text=True, check=True).stdout.strip()
     for k in range(1, len(calls) + 1):
         (out / f"call-{k}" / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest

@@ -57,6 +57,8 @@ def assemble(gpu: Path) -> dict[str, Path]:
     if not manifests:
         raise RunError(f"no {gpu}/call-*/manifest.json: run scripts/gpu_pack.py here and carry its call folders")
     manifest = json.loads(manifests[0].read_text())
+    if "packed_at_commit" not in manifest:
+        raise RunError(f"{manifests[0]} was written by an older scripts/gpu_pack.py; rerun it and carry again")
     missing = sorted({p.split("/")[0] for e in manifest["files"].values() for p in e["parts"]
                       if not (gpu / p).is_file()})
     if missing:
@@ -134,7 +136,7 @@ def engine_argv(args: argparse.Namespace, out: Path) -> list[str]:
 def choose_epochs(seconds_per_step: float, startup: float, left: float, n_train: int, batch: int, most: int) -> int:
     """Epochs that fit in `left` seconds (10% margin), at least 1, at most the recipe's."""
     per_epoch = -(-n_train // batch) * seconds_per_step
-    return max(1, min(most, int((left - startup) / (1.1 * per_epoch)))) if per_epoch > 0 else most
+    return max(1, min(most, int((left - startup) / (1.1 * per_epoch))))
 
 
 def stage_train(args: argparse.Namespace, env: dict[str, str], deadline: float, rec: dict) -> Path | None:
@@ -164,10 +166,15 @@ def stage_train(args: argparse.Namespace, env: dict[str, str], deadline: float, 
     _link_cache(work, work.parent / "probe")
     probe_steps = 2 if args.tiny else 40
     rc, s = timed(train_argv(probe_sets, stop_at=probe_steps), env, deadline - time.time())
-    per_step = max(s - startup, 0.0) / probe_steps
+    rec["probe"] = {"rc": rc, "seconds": s, "steps": probe_steps}
+    if rc != 0:
+        return None
+    # Probe minus start-up; if start-up varied more than the steps took, the whole probe bounds a step from above.
+    basis = "probe minus start-up" if s > startup else "whole probe (upper bound)"
+    per_step = (s - startup if s > startup else s) / probe_steps
     n_train = rec["data"]["sequences"] - cfg.data.num_eval
     epochs = choose_epochs(per_step, startup, deadline - time.time(), n_train, cfg.train.batch_size, cfg.train.epochs)
-    rec["probe"] = {"rc": rc, "seconds": s, "steps": probe_steps, "seconds_per_step": per_step, "epochs": epochs}
+    rec["probe"].update(seconds_per_step=per_step, basis=basis, epochs=epochs)
     rc, s = timed(train_argv(sets + [f"train.epochs={epochs}"]), env, deadline - time.time())
     rec["train"] = {"rc": rc, "seconds": s, "epochs": epochs}
     log_path = head / "train_log.jsonl"
@@ -192,6 +199,11 @@ def _link_cache(work: Path, probe: Path) -> None:
 # ---- main -----------------------------------------------------------------------------------------------------------
 
 
+def _git_commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def environment(site: Path | None) -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     paths = ([str(site)] if site else []) + [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
@@ -214,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = t0 + 60 * args.minutes
     args.out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t0)), "argv": sys.argv,
-                     "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                              text=True).stdout.strip() or "unknown"}
+                     "commit": _git_commit()}  # None where the tree came without .git (a device call)
 
     def save() -> None:
         summary["seconds"] = time.time() - t0
@@ -223,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         files = assemble(REPO / ".gpu")
+        summary["packed_at_commit"] = json.loads(next((REPO / ".gpu").glob("call-*/manifest.json")).read_text())[
+            "packed_at_commit"]
     except RunError as e:
         summary["error"] = str(e)
         save()

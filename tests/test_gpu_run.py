@@ -4,6 +4,7 @@ is rehearsed with `scripts/gpu_run.py --tiny` (docs/gpu-run.md); the GPU itself 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def test_split_payload_joins_back_and_names_what_is_missing_or_damaged(tmp_path:
     files = payload(tmp_path)
     gpu = tmp_path / "gpu"
     manifest = gpu_pack.write_calls(gpu_pack.plan_calls(files, 10000), gpu)
-    assert manifest["calls"] == 4
+    assert manifest["calls"] == 4 and len(manifest["packed_at_commit"]) >= 7
     assert all(json.loads((gpu / f"call-{k}" / "manifest.json").read_text()) == manifest for k in range(1, 5))
     joined = gpu_run.assemble(gpu)
     assert sorted(joined) == ["a.whl", "big.whl", "c.jsonl.gz"]
@@ -87,7 +88,7 @@ def test_epochs_fit_the_time_left() -> None:
 
 
 def test_engine_stage_is_the_cuda_benchmark_with_t64(tmp_path: Path) -> None:
-    args = gpu_run.main.__globals__["argparse"].Namespace(tiny=False, questions=5)
+    args = argparse.Namespace(tiny=False, questions=5)
     argv = gpu_run.engine_argv(args, tmp_path)
     for flag, value in (("--device", "cuda"), ("--forward-ts", "1,2,4,8,16,64"), ("--dtypes", "float32,bfloat16"),
                         ("--json", str(tmp_path / "engine.json")), ("--questions", "5")):

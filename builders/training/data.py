@@ -13,7 +13,6 @@ Examples are cached in shards (`<work_dir>/data/shard-NNNNN.pt`), written atomic
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
+from builders.build_dir import sha256_file
 from builders.training.config import DataConfig
 from builders.training.shards import atomic_save, shard_path
 from engines.data import chat_ids, iter_sharegpt, sharegpt_path
@@ -163,7 +163,7 @@ def check_data_key(work_dir: Path, cfg: DataConfig, target: str, target_dtype: s
     if cfg.responses == "regenerate":
         key["target_dtype"] = target_dtype
     if cfg.source == "file":  # the same path with other contents is other data
-        key["file_sha256"] = _sha256(conversations_file(cfg))
+        key["file_sha256"] = sha256_file(conversations_file(cfg))
     if path.is_file():
         if json.loads(path.read_text()) != key:
             raise DataError(f"{path.parent} holds shards made with other data settings or another target ({path}); "
@@ -173,14 +173,6 @@ def check_data_key(work_dir: Path, cfg: DataConfig, target: str, target_dtype: s
     tmp = path.with_name(f"key.json.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(key, indent=2) + "\n")
     tmp.replace(path)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def build_data(

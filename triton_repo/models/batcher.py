@@ -20,7 +20,8 @@ found a slot free keeps its arrival clock even though its prefill may start late
 admitted with it), so it expires before any job that arrived after it and queued behind it. Behind more than
 `max_batch_size` such vanished clients a live request can still reach its own queue bound: the vanished ones that
 queued get the freed slots and restart their clocks (docs/deploy.md, "Reliability"). A sequence whose step failed
-ends alone with INTERNAL (engines.session.Session isolates it); a failure of the session itself (outside any sequence) still ends every running job with INTERNAL.
+ends alone with INTERNAL (engines.session.Session isolates it); a failure of the session itself (outside any
+sequence) still ends every running job with INTERNAL.
 """
 
 from __future__ import annotations

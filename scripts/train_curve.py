@@ -15,7 +15,7 @@ Points of one answer type share one cache of data and feature shards (shard i is
 the size), so the largest size pays for the smaller ones. Every step is resumable; rerun the same command.
 `report` writes OUT/curve.md (the table) and OUT/curve.png (the plot).
 
-Inputs:  --config, a training recipe (default configs/train/smollm2-eagle.yaml)
+Inputs:  --config, a training recipe (default configs/train/smollm2-eagle-sd4k.yaml)
 Outputs: OUT/ (one head per point), OUT/curve.md and OUT/curve.png
 Guide:   docs/train-a-head.md
 """

@@ -51,14 +51,20 @@ class RunError(RuntimeError):
 # ---- 0. assemble ----------------------------------------------------------------------------------------------------
 
 
-def assemble(gpu: Path) -> dict[str, Path]:
-    """Join each file's parts from the call folders into gpu/files or gpu/data; check its SHA-256."""
+def read_manifest(gpu: Path) -> dict:
+    """The packer's manifest (every call folder carries the same one)."""
     manifests = sorted(gpu.glob("call-*/manifest.json"))
     if not manifests:
         raise RunError(f"no {gpu}/call-*/manifest.json: run scripts/gpu_pack.py here and carry its call folders")
     manifest = json.loads(manifests[0].read_text())
     if "packed_at_commit" not in manifest:
         raise RunError(f"{manifests[0]} was written by an older scripts/gpu_pack.py; rerun it and carry again")
+    return manifest
+
+
+def assemble(gpu: Path) -> dict[str, Path]:
+    """Join each file's parts from the call folders into gpu/files or gpu/data; check its SHA-256."""
+    manifest = read_manifest(gpu)
     missing = sorted({p.split("/")[0] for e in manifest["files"].values() for p in e["parts"]
                       if not (gpu / p).is_file()})
     if missing:
@@ -234,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         files = assemble(REPO / ".gpu")
-        summary["packed_at_commit"] = json.loads(next((REPO / ".gpu").glob("call-*/manifest.json")).read_text())[
-            "packed_at_commit"]
+        summary["packed_at_commit"] = read_manifest(REPO / ".gpu")["packed_at_commit"]
     except RunError as e:
         summary["error"] = str(e)
         save()

@@ -20,6 +20,16 @@ Optimal tree within N nodes: take the N largest w(v) over all paths (ties -> sho
 p <= 1, w(child) <= w(parent), so this top-N set always contains each node's parent (it is a valid, prefix-closed
 tree); and no N-node set can have a larger sum than the N largest weights. So greedy is optimal for this objective.
 For the chain of rank 0, E[tau] equals the measured tau exactly (the products telescope to reach(d)/steps).
+
+Fastest tree (`--objective speed`). A cycle of tree T emits tau(T) tokens in cycle_ms(T); target-only decoding emits
+one token per target_ms. So
+
+    speedup(T) = E[tau(T)] * target_ms / cycle_ms(T).
+
+cycle_ms grows with the tree (a wider verification forward, more draft levels) at a rate only the device can tell:
+on a GPU a 15-token forward costs about a 1-token one, on a small CPU twice as much. The optimal N-node trees are
+nested (each adds the next-heaviest path), so measuring cycle_ms once per size N = 1..budget and taking the best
+speedup picks the fastest tree of at most `budget` nodes under this model.
 """
 
 from __future__ import annotations
@@ -92,6 +102,32 @@ def optimal_tree(table: AcceptanceTable, budget: int) -> DraftTree:
         for r in range(table.top_k):
             push(path + (r,))
     return DraftTree.from_choices([list(p) for p in chosen])
+
+
+@dataclass(frozen=True)
+class SizeCost:
+    """The optimal tree of `nodes` nodes: its expected tau and the measured wall ms of one decoding cycle with it."""
+
+    nodes: int
+    depth: int
+    expected_tau: float
+    cycle_ms: float
+
+    def speedup(self, target_ms: float) -> float:
+        """Predicted tokens/s over target-only decoding's (module doc)."""
+        return self.expected_tau * target_ms / self.cycle_ms
+
+
+def nested_trees(table: AcceptanceTable, budget: int) -> list[DraftTree]:
+    """The optimal tree of every size 1..budget (each the previous one plus the next-heaviest path)."""
+    return [optimal_tree(table, n) for n in range(1, budget + 1)]
+
+
+def fastest(costs: list[SizeCost], target_ms: float) -> SizeCost:
+    """The size with the largest predicted speedup; ties go to the smaller tree."""
+    if not costs:
+        raise ValueError("no tree sizes were measured")
+    return max(costs, key=lambda c: (c.speedup(target_ms), -c.nodes))
 
 
 def snippet_yaml(tree: DraftTree, comment: str) -> str:

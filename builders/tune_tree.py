@@ -1,15 +1,21 @@
-"""`python builders/tune_tree.py --build OUT_DIR --prompts FILE --budget N [--out snippet.yaml]`
+"""`python builders/tune_tree.py --build OUT_DIR --prompts FILE --budget N [--objective tau|speed] [--out snippet.yaml]`
 
-Measures per-(depth, rank) acceptance with the reference engine on the build's checkpoint, writes the tree that
-maximizes expected accepted length within N nodes as a config snippet, and prints expected vs measured tau for it
-and for the presets. Method and optimality argument: builders/tree_tuning.py.
+Measures per-(depth, rank) acceptance with the reference engine on the build's checkpoint and writes a tree as a
+config snippet:
+- `--objective tau` (default): the tree with the largest expected accepted length within N nodes; prints expected
+  vs measured tau for it and for the presets.
+- `--objective speed`: also times one decoding step with the optimal tree of every size 1..N and with target-only
+  decoding on this device, and writes the tree with the largest predicted speedup over target-only decoding; then
+  measures that tree's real speedup on the prompts (each prompt decoded both ways, back to back).
+Method, optimality argument and the speed model: builders/tree_tuning.py.
 
-The build must be a finished build (any engine backend: its checkpoint/ and engine/reference.json are read; for
-non-reference backends pass --checkpoint-build with a reference build of the same checkpoint). The prompts file is
-JSONL with `prompt` or MT-bench `turns` per line (engines/data.py read_prompts).
+The build must be a finished build with engine.backend=reference (engine/reference.json is read: its checkpoint,
+dtype, device and draft vocabulary). The prompts file is JSONL with `prompt` or MT-bench `turns` per line
+(engines/data.py read_prompts). `--table` reuses the acceptance table of an earlier `--json` (same build and
+prompts) instead of measuring it again, e.g. to tune for speed after tuning for tau.
 
-Inputs:  --build (a finished build) and --prompts (JSONL, `prompt` or `turns` per line)
-Outputs: a `tree:` config snippet (--out, else stdout); expected vs measured tau printed; --json the full results
+Inputs:  --build (a finished reference build) and --prompts (JSONL, `prompt` or `turns` per line)
+Outputs: a `tree:` config snippet (--out, else stdout); the comparison printed; --json the full results
 Guide:   docs/tune-tree.md
 """
 
@@ -21,12 +27,15 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
 from engines import trees  # noqa: E402
-from builders.tree_tuning import AcceptanceTable, chain, optimal_tree, snippet_yaml  # noqa: E402
+from builders.tree_tuning import (  # noqa: E402
+    AcceptanceTable, SizeCost, chain, fastest, nested_trees, optimal_tree, snippet_yaml,
+)
 from engines.trees import DraftTree  # noqa: E402
 
 DEFAULT_PRESETS = ("trtllm-default", "eagle-default", "chain-4")
@@ -40,33 +49,35 @@ class Measured:
 
 
 class Runner:
-    """Loads the build's checkpoint once per tree and decodes the prompts greedily (speculative)."""
+    """Loads the build's engine once and decodes the prompts greedily (speculative) with any tree."""
 
     def __init__(self, build_dir: Path, prompts: list[str], max_new_tokens: int, device: str | None) -> None:
-        from engines.spec import read_spec
-
-        self.spec = read_spec(build_dir)
-        self.build_dir = build_dir
-        self.prompts = prompts
-        self.max_new_tokens = max_new_tokens
-        self.device = device or self.spec.device
-        self.random_head = False
-
-    def run(self, tree: DraftTree) -> Measured:
-        from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+        from engines.api import ReferenceEngine
         from engines.data import chat_ids
 
-        s = self.spec
-        eng = ReferenceEngine.from_checkpoint(
-            s.path(self.build_dir, s.checkpoint_dir), tree=tree, dtype=s.dtype, device=self.device,
-            eagle3_head_dir=s.path(self.build_dir, s.eagle3_head_dir) if s.eagle3_head_dir else None,
-        )
-        self.random_head = eng.random_head
-        tok = eng.tokenizer
-        eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-        reqs = [GenerationRequest(prompt_ids=chat_ids(tok, p), max_new_tokens=self.max_new_tokens,
-                                  sampling=SamplingParams(), stop_token_ids=eos) for p in self.prompts]
-        agg = ReferenceEngine.aggregate(eng.generate(reqs, speculative=True))
+        self.engine = ReferenceEngine.from_build(build_dir, device)
+        tok = self.engine.tokenizer
+        self.eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        self.ids = [chat_ids(tok, p) for p in prompts]
+        self.max_new_tokens = max_new_tokens
+
+    @property
+    def random_head(self) -> bool:
+        return self.engine.random_head
+
+    def requests(self, ids: list[list[int]] | None = None) -> list[Any]:
+        from engines.api import GenerationRequest, SamplingParams
+
+        return [GenerationRequest(prompt_ids=i, max_new_tokens=self.max_new_tokens, sampling=SamplingParams(),
+                                  stop_token_ids=self.eos) for i in (self.ids if ids is None else ids)]
+
+    def run(self, tree: DraftTree) -> Measured:
+        from engines.api import ReferenceEngine
+
+        engine, reqs = self.engine.with_tree(tree), self.requests()
+        batch = engine.limits.max_batch_size  # greedy tokens do not depend on the batch (engines.session)
+        results = [r for i in range(0, len(reqs), batch) for r in engine.generate(reqs[i:i + batch], speculative=True)]
+        agg = ReferenceEngine.aggregate(results)
         return Measured(agg.tau, list(agg.acceptance_by_depth), agg.target_forwards)
 
 
@@ -81,16 +92,56 @@ def measure_table(runner: Runner, top_k: int, depth: int) -> AcceptanceTable:
     return AcceptanceTable(reach)
 
 
+def read_table(path: Path) -> AcceptanceTable:
+    """The acceptance table of an earlier `--json` (its `table.reach`), checked for shape."""
+    try:
+        reach = json.loads(path.read_text())["table"]["reach"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--table {path}: not a tune_tree.py --json file with table.reach ({e})") from e
+    ok = (isinstance(reach, list) and reach and all(isinstance(r, list) and len(r) == len(reach[0]) >= 2 for r in reach)
+          and all(isinstance(v, int) and v >= 0 for r in reach for v in r))
+    if not ok:
+        raise ValueError(f"--table {path}: table.reach must be equal-length lists (>= 2) of counts >= 0, one per rank")
+    return AcceptanceTable(reach)
+
+
+def tune_for_speed(runner: Runner, table: AcceptanceTable, budget: int, cost_prompts: int,
+                   rounds: int) -> tuple[list[SizeCost], float]:
+    """The step cost of the optimal tree of each size 1..budget and of target-only decoding (builders/tree_costs)."""
+    from builders.tree_costs import step_ms
+
+    candidates = nested_trees(table, budget)
+    engines: dict[int, tuple[Any, bool]] = {0: (runner.engine, False)}
+    engines.update({t.size: (runner.engine.with_tree(t), True) for t in candidates})
+    ms = step_ms(engines, runner.ids[:cost_prompts], runner.max_new_tokens, runner.eos, rounds)
+    costs = [SizeCost(t.size, t.depth, table.expected_tau(t), ms[t.size]) for t in candidates]
+    return costs, ms[0]
+
+
+def print_speed(costs: list[SizeCost], target_ms: float, best: SizeCost) -> None:
+    print(f"\ntarget-only decoding: {target_ms:.1f} ms per token")
+    print(f"{'nodes':>6}{'depth':>6}{'expected tau':>14}{'step ms':>10}{'predicted speedup':>19}")
+    for c in costs:
+        mark = "  <- fastest" if c is best else ""
+        print(f"{c.nodes:>6}{c.depth:>6}{c.expected_tau:>14.3f}{c.cycle_ms:>10.1f}{c.speedup(target_ms):>18.2f}x{mark}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tune_tree.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--build", required=True, type=Path, help="finished build dir (with engine/reference.json)")
     ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts (`prompt` or `turns` per line)")
-    ap.add_argument("--budget", required=True, type=int, help="tree size N (draft tokens = max_draft_len), <= 256")
+    ap.add_argument("--budget", required=True, type=int,
+                    help="tree size N (draft tokens = max_draft_len), <= 256; with --objective speed the largest size tried")
+    ap.add_argument("--objective", choices=("tau", "speed"), default="tau",
+                    help="tau: most expected tokens per step (default); speed: fastest on this device")
     ap.add_argument("--out", type=Path, help="write the config snippet here (default: print it)")
     ap.add_argument("--max-depth", type=int, default=5, help="deepest level measured (default 5)")
     ap.add_argument("--top-k", type=int, default=10, help="ranks measured per level (default 10)")
+    ap.add_argument("--table", type=Path, help="reuse the acceptance table of an earlier --json (skips measuring it)")
     ap.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default all)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
+    ap.add_argument("--cost-prompts", type=int, default=2, help="speed: prompts each step cost is timed on (default 2)")
+    ap.add_argument("--cost-rounds", type=int, default=3, help="speed: round-robin passes over the sizes (default 3)")
     ap.add_argument("--presets", default=",".join(DEFAULT_PRESETS), help="comma-separated presets to compare")
     ap.add_argument("--device", default=None, help="override the build's device (cpu / cuda)")
     ap.add_argument("--json", type=Path, help="also write table + results as JSON")
@@ -102,41 +153,93 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.budget <= trees.MAX_DRAFT_LEN_LIMIT:
         print(f"error: --budget {args.budget} must be in 1..{trees.MAX_DRAFT_LEN_LIMIT}", file=sys.stderr)
         return 2
+    if args.cost_prompts < 1 or args.cost_rounds < 1:
+        print("error: --cost-prompts and --cost-rounds must be >= 1", file=sys.stderr)
+        return 2
     try:
         prompts = read_prompts(args.prompts, args.num_prompts)
         presets = {name: DraftTree.from_choices(trees.preset(name)) for name in args.presets.split(",") if name}
+        given = read_table(args.table) if args.table else None
         runner = Runner(args.build, prompts, args.max_new_tokens, args.device)
-    except (DataSourceError, trees.TreeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    try:
-        table = measure_table(runner, args.top_k, args.max_depth)
+        table = given or measure_table(runner, args.top_k, args.max_depth)
+        if args.objective == "speed":
+            return tune_speed(args, runner, table, len(prompts))
         tuned = optimal_tree(table, args.budget)
-        rows = [("tuned", tuned)] + list(presets.items())
-        results = []
-        print(f"\n{'tree':<18}{'nodes':>6}{'depth':>6}{'expected tau':>14}{'measured tau':>14}")
-        for name, tree in rows:
-            m = runner.run(tree)
-            exp = table.expected_tau(tree)
-            results.append({"tree": name, "nodes": tree.size, "depth": tree.depth, "expected_tau": exp,
-                            "measured_tau": m.tau})
-            print(f"{name:<18}{tree.size:>6}{tree.depth:>6}{exp:>14.3f}{m.tau:>14.3f}")
-    except ValueError as e:  # engines.checkpoint.CheckpointError and friends: a broken or incomplete build
+        results = compare(runner, table, [("tuned", tuned)] + list(presets.items()))
+    except (DataSourceError, trees.TreeError, FileNotFoundError, ValueError) as e:
+        # ValueError: engines.checkpoint.CheckpointError and friends (a broken or incomplete build), a bad --table
         print(f"error: {e}", file=sys.stderr)
         return 2
-    deeper = [n for n, t in presets.items() if t.depth > args.max_depth or t.max_top_k > args.top_k]
+    deeper = [n for n, t in presets.items() if t.depth > table.depth or t.max_top_k > table.top_k]
     if deeper:
         print(f"note: {', '.join(deeper)} reach beyond the measured depth/ranks; their expected tau counts those "
               "nodes as 0")
+    comment = (f"tree tuned by builders/tune_tree.py on {args.prompts} ({len(prompts)} prompts, "
+               f"{args.max_new_tokens} new tokens each), budget {args.budget}\n"
+               f"expected tau {results[0]['expected_tau']:.3f}, measured tau {results[0]['measured_tau']:.3f}")
+    finish(args, runner, table, tuned, comment, {"objective": "tau", "results": results})
+    return 0
+
+
+def compare(runner: Runner, table: AcceptanceTable, rows: list[tuple[str, DraftTree]]) -> list[dict[str, Any]]:
+    results = []
+    print(f"\n{'tree':<18}{'nodes':>6}{'depth':>6}{'expected tau':>14}{'measured tau':>14}")
+    for name, tree in rows:
+        m = runner.run(tree)
+        exp = table.expected_tau(tree)
+        results.append({"tree": name, "nodes": tree.size, "depth": tree.depth, "expected_tau": exp,
+                        "measured_tau": m.tau})
+        print(f"{name:<18}{tree.size:>6}{tree.depth:>6}{exp:>14.3f}{m.tau:>14.3f}")
+    return results
+
+
+def tune_speed(args: argparse.Namespace, runner: Runner, table: AcceptanceTable, num_prompts: int) -> int:
+    import torch
+
+    from engines.costs import eagle_speedup
+
+    costs, target_ms = tune_for_speed(runner, table, args.budget, args.cost_prompts, args.cost_rounds)
+    best = fastest(costs, target_ms)
+    print_speed(costs, target_ms, best)
+    tuned = optimal_tree(table, best.nodes)
+    got = eagle_speedup(runner.engine.with_tree(tuned), runner.ids, args.max_new_tokens, runner.eos)
+    print(f"\nfastest tree ({best.nodes} nodes) on all {num_prompts} prompts, each decoded both ways back to back: "
+          f"tau {got.tau:.3f} (expected {best.expected_tau:.3f}), {got.eagle_tps:.2f} tok/s against target-only "
+          f"{got.target_tps:.2f} tok/s = {got.ratio:.2f}x; {got.identical}/{got.prompts} outputs identical")
+    if got.identical < got.prompts and runner.engine.dtype != torch.float32:
+        print("note: in 16-bit a tree verification rounds differently from a one-token step, so greedy outputs may "
+              "part at near-ties; float32 is exact (docs/benchmarks.md, the engine benchmark's agreement section)")
+    if best.speedup(target_ms) < 1.0:
+        print(f"note: no tree of at most {args.budget} nodes is predicted to beat target-only decoding on this "
+              f"device (best {best.speedup(target_ms):.2f}x): with this head, decode without EAGLE here, or train a "
+              "head that accepts more (docs/train-a-head.md)")
+    comment = (f"fastest tree found by builders/tune_tree.py --objective speed on {args.prompts} ({num_prompts} "
+               f"prompts, {args.max_new_tokens} new tokens each), sizes 1..{args.budget}, on {runner.engine.device} "
+               f"in {str(runner.engine.dtype).removeprefix('torch.')}\n"
+               f"expected tau {best.expected_tau:.3f}, measured tau {got.tau:.3f}; predicted speedup over "
+               f"target-only {best.speedup(target_ms):.2f}x, measured {got.ratio:.2f}x")
+    sizes = [{"nodes": c.nodes, "depth": c.depth, "expected_tau": c.expected_tau, "step_ms": c.cycle_ms,
+              "predicted_speedup": c.speedup(target_ms)} for c in costs]
+    finish(args, runner, table, tuned, comment, {
+        "objective": "speed", "target_step_ms": target_ms, "sizes": sizes,
+        "results": [{"tree": "fastest", "nodes": tuned.size, "depth": tuned.depth, "expected_tau": best.expected_tau,
+                     "measured_tau": got.tau, "predicted_speedup": best.speedup(target_ms),
+                     "measured_speedup": got.ratio, "eagle_tps": got.eagle_tps, "target_tps": got.target_tps,
+                     "identical": got.identical, "prompts": got.prompts}],
+    })
+    return 0
+
+
+def finish(args: argparse.Namespace, runner: Runner, table: AcceptanceTable, tuned: DraftTree, comment: str,
+           extra: dict[str, Any]) -> None:
+    """Print the acceptance table, write the snippet and the JSON."""
     if runner.random_head:
         print("note: this build's head is RANDOM: acceptance ~0, the tuned tree is meaningless")
     print("p[depth][rank] (rows = depth 1..):")
     for d in range(1, table.depth + 1):
         print(f"  d={d}: " + " ".join(f"{table.p(d, r):.3f}" for r in range(table.top_k)))
-    comment = (f"tree tuned by builders/tune_tree.py on {args.prompts} ({len(prompts)} prompts, "
-               f"{args.max_new_tokens} new tokens each), budget {args.budget}\n"
-               f"expected tau {results[0]['expected_tau']:.3f}, measured tau {results[0]['measured_tau']:.3f}")
+    if args.table:
+        comment += f"\nacceptance table read from {args.table}"
     text = snippet_yaml(tuned, comment)
     if args.out:
         args.out.write_text(text)
@@ -144,9 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     if args.json:
-        args.json.write_text(json.dumps({"table": table.to_json(), "results": results,
-                                         "tuned": tuned.as_lists()}, indent=2) + "\n")
-    return 0
+        args.json.write_text(json.dumps({"table": table.to_json(), **extra, "tuned": tuned.as_lists()}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

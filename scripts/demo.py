@@ -192,6 +192,9 @@ def print_summary(r: dict) -> None:
     print(f"  EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f} "
           f"({s['eagle_tokens_per_s']:.1f} vs {s['target_only_tokens_per_s']:.1f} tokens/s, reference engine, "
           f"{s['prompts']} prompts x {s['tokens']} tokens, {s['identical']}/{s['prompts']} outputs identical)")
+    if s["ratio"] < 1.0:
+        print("  slower than target-only here: a smaller tree verifies cheaper on this device; find the fastest with "
+              "builders/tune_tree.py --objective speed (docs/tune-tree.md)")
     print(f"  total {r['wall_s']:.0f} s (summary: {r['summary']})")
 
 

@@ -66,3 +66,6 @@ def test_demo_end_to_end_on_tiny_models(tiny_target: Path, eagle_head: Path, tmp
     assert f"load c=1: tau {level['tau']:.2f} tokens/step" in out
     for d in ("checkpoint", "engine", "triton_repo"):
         assert (tmp_path / "build" / d / "manifest.json").is_file()
+    s = summary["speedup"]
+    assert f"EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f}" in out
+    assert ("tune_tree.py --objective speed" in out) == (s["ratio"] < 1.0)  # the hint only where EAGLE is slower

@@ -94,7 +94,8 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagl
 def test_cli_on_tiny_build(tiny_build: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in
-                                 ["The quick brown fox", "What is the capital of France?", "Hello world!"]) + "\n")
+                                 ["The quick brown fox", "What is the capital of France?", "Hello world!",
+                                  "Name a colour.", "Count to three."]) + "\n")  # 5 > the build's max_batch_size
     out, js = tmp_path / "snippet.yaml", tmp_path / "r.json"
     rc = tune_tree.main(["--build", str(tiny_build), "--prompts", str(prompts), "--budget", "4", "--top-k", "3",
                          "--max-depth", "3", "--max-new-tokens", "8", "--presets", "chain-3,topk-2-2",
@@ -121,3 +122,82 @@ def test_cli_errors(tiny_build: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert tune_tree.main(["--build", str(tiny_build), "--prompts", "x", "--budget", "300"]) == 2
     err = capsys.readouterr().err
     assert "--budget 300 must be in 1..256" in err
+
+
+def test_speed_model_picks_the_fastest_size() -> None:
+    from builders.tree_tuning import SizeCost, fastest, nested_trees
+
+    t = AcceptanceTable([[100, 60, 30], [100, 20, 0]])
+    sizes = nested_trees(t, 3)
+    assert [s.size for s in sizes] == [1, 2, 3]
+    assert all(set(a.paths) <= set(b.paths) for a, b in zip(sizes, sizes[1:]))  # nested: each adds one path
+    # speedup = E[tau] * target_ms / step_ms: 1.6 * 50 / 60, 1.9 * 50 / 90, 2.1 * 50 / 100
+    costs = [SizeCost(s.size, s.depth, t.expected_tau(s), ms) for s, ms in zip(sizes, [60.0, 90.0, 100.0])]
+    assert [round(c.speedup(50.0), 4) for c in costs] == [1.3333, 1.0556, 1.05]
+    assert fastest(costs, 50.0).nodes == 1
+    # on a GPU-like device a step costs about the same at every size: the biggest tree wins
+    flat = [SizeCost(c.nodes, c.depth, c.expected_tau, 20.0) for c in costs]
+    assert fastest(flat, 20.0).nodes == 3
+    tie = [SizeCost(1, 1, 1.5, 30.0), SizeCost(2, 1, 2.0, 40.0)]
+    assert fastest(tie, 10.0).nodes == 1  # equal speedup: the smaller tree
+    with pytest.raises(ValueError, match="no tree sizes"):
+        fastest([], 10.0)
+
+
+def test_read_table_rejects_what_is_not_a_table(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    for text, msg in [("not json", "not a tune_tree.py --json file"), ('{"table": {}}', "not a tune_tree.py --json file"),
+                      ('{"table": {"reach": [[10, 5], [10]]}}', "equal-length lists"),
+                      ('{"table": {"reach": [[10, -1]]}}', "counts >= 0"), ('{"table": {"reach": []}}', "one per rank")]:
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=msg):
+            tune_tree.read_table(bad)
+    with pytest.raises(ValueError, match="missing.json: not a tune_tree.py --json file"):
+        tune_tree.read_table(tmp_path / "missing.json")
+
+
+def test_cli_speed_objective_on_tiny_build(tiny_build: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["The quick brown fox", "Hello world!"]) + "\n")
+    first = tmp_path / "tau.json"
+    common = ["--build", str(tiny_build), "--prompts", str(prompts), "--max-new-tokens", "8", "--presets", ""]
+    assert tune_tree.main(common + ["--budget", "3", "--top-k", "2", "--max-depth", "3", "--json", str(first)]) == 0
+    capsys.readouterr()
+    out, js = tmp_path / "fast.yaml", tmp_path / "fast.json"
+    rc = tune_tree.main(common + ["--budget", "4", "--objective", "speed", "--table", str(first), "--cost-prompts", "1",
+                                  "--cost-rounds", "1", "--out", str(out), "--json", str(js)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "rank chains" not in printed and "target-only decoding:" in printed and "<- fastest" in printed
+    res = json.loads(js.read_text())
+    assert res["objective"] == "speed" and res["table"]["reach"] == json.loads(first.read_text())["table"]["reach"]
+    assert [s["nodes"] for s in res["sizes"]] == [1, 2, 3, 4] and res["target_step_ms"] > 0
+    best = max(res["sizes"], key=lambda s: (s["predicted_speedup"], -s["nodes"]))
+    [row] = res["results"]
+    assert row["nodes"] == best["nodes"] == len(res["tuned"]) and row["measured_speedup"] > 0
+    assert row["identical"] == row["prompts"] == 2  # lossless: the fastest tree's outputs equal target-only decoding
+    assert yaml.safe_load(out.read_text())["tree"]["choices"] == res["tuned"]
+    assert "--objective speed" in out.read_text() and f"acceptance table read from {first}" in out.read_text()
+
+
+def test_cli_speed_errors(tiny_build: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hello"}) + "\n")
+    base = ["--build", str(tiny_build), "--prompts", str(prompts), "--budget", "2", "--objective", "speed"]
+    assert tune_tree.main(base + ["--cost-rounds", "0"]) == 2
+    assert tune_tree.main(base + ["--table", str(tmp_path / "none.json")]) == 2
+    assert tune_tree.main(["--build", str(tmp_path), "--prompts", str(prompts), "--budget", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--cost-prompts and --cost-rounds must be >= 1" in err
+    assert "none.json: not a tune_tree.py --json file" in err
+    assert "is not a finished build with engine.backend=reference" in err
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "configs" / "trees").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_shipped_tree_snippets_load_into_a_config(path: Path) -> None:
+    text = path.read_text()
+    choices = yaml.safe_load(text)["tree"]["choices"]
+    tree = DraftTree.from_choices(choices)
+    assert make_cfg(f"tree.choices={choices}").limits().max_draft_len == tree.size
+    assert "expected tau" in text and "measured tau" in text  # every shipped tree says what it was measured at

@@ -119,8 +119,15 @@ class SizeCost:
 
 
 def nested_trees(table: AcceptanceTable, budget: int) -> list[DraftTree]:
-    """The optimal tree of every size 1..budget (each the previous one plus the next-heaviest path)."""
-    return [optimal_tree(table, n) for n in range(1, budget + 1)]
+    """The optimal tree of every size 1..budget (each the previous one plus the next-heaviest path); fewer when the
+    table's ranks and depths hold fewer than `budget` paths."""
+    out: list[DraftTree] = []
+    for n in range(1, budget + 1):
+        tree = optimal_tree(table, n)
+        if tree.size < n:
+            break
+        out.append(tree)
+    return out
 
 
 def fastest(costs: list[SizeCost], target_ms: float) -> SizeCost:

@@ -65,11 +65,11 @@ class Runner:
     def random_head(self) -> bool:
         return self.engine.random_head
 
-    def requests(self, ids: list[list[int]] | None = None) -> list[Any]:
+    def requests(self) -> list[Any]:
         from engines.api import GenerationRequest, SamplingParams
 
         return [GenerationRequest(prompt_ids=i, max_new_tokens=self.max_new_tokens, sampling=SamplingParams(),
-                                  stop_token_ids=self.eos) for i in (self.ids if ids is None else ids)]
+                                  stop_token_ids=self.eos) for i in self.ids]
 
     def run(self, tree: DraftTree) -> Measured:
         from engines.api import ReferenceEngine

@@ -131,6 +131,7 @@ def test_speed_model_picks_the_fastest_size() -> None:
     sizes = nested_trees(t, 3)
     assert [s.size for s in sizes] == [1, 2, 3]
     assert all(set(a.paths) <= set(b.paths) for a, b in zip(sizes, sizes[1:]))  # nested: each adds one path
+    assert [s.size for s in nested_trees(AcceptanceTable([[10, 5, 2]]), 5)] == [1, 2]  # only 2 paths measured
     # speedup = E[tau] * target_ms / step_ms: 1.6 * 50 / 60, 1.9 * 50 / 90, 2.1 * 50 / 100
     costs = [SizeCost(s.size, s.depth, t.expected_tau(s), ms) for s, ms in zip(sizes, [60.0, 90.0, 100.0])]
     assert [round(c.speedup(50.0), 4) for c in costs] == [1.3333, 1.0556, 1.05]

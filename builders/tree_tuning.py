@@ -21,14 +21,14 @@ p <= 1, w(child) <= w(parent), so this top-N set always contains each node's par
 tree); and no N-node set can have a larger sum than the N largest weights. So greedy is optimal for this objective.
 For the chain of rank 0, E[tau] equals the measured tau exactly (the products telescope to reach(d)/steps).
 
-Fastest tree (`--objective speed`). A cycle of tree T emits tau(T) tokens in cycle_ms(T); target-only decoding emits
+Fastest tree (`--objective speed`). A cycle of tree T emits tau(T) tokens in step_ms(T); target-only decoding emits
 one token per target_ms. So
 
-    speedup(T) = E[tau(T)] * target_ms / cycle_ms(T).
+    speedup(T) = E[tau(T)] * target_ms / step_ms(T).
 
-cycle_ms grows with the tree (a wider verification forward, more draft levels) at a rate only the device can tell:
+step_ms grows with the tree (a wider verification forward, more draft levels) at a rate only the device can tell:
 on a GPU a 15-token forward costs about a 1-token one, on a small CPU twice as much. The optimal N-node trees are
-nested (each adds the next-heaviest path), so measuring cycle_ms once per size N = 1..budget and taking the best
+nested (each adds the next-heaviest path), so measuring step_ms once per size N = 1..budget and taking the best
 speedup picks the fastest tree of at most `budget` nodes under this model.
 """
 
@@ -106,16 +106,23 @@ def optimal_tree(table: AcceptanceTable, budget: int) -> DraftTree:
 
 @dataclass(frozen=True)
 class SizeCost:
-    """The optimal tree of `nodes` nodes: its expected tau and the measured wall ms of one decoding cycle with it."""
+    """An optimal tree, its expected tau and the measured wall ms of one decoding step with it."""
 
-    nodes: int
-    depth: int
+    tree: DraftTree
     expected_tau: float
-    cycle_ms: float
+    step_ms: float
+
+    @property
+    def nodes(self) -> int:
+        return self.tree.size
+
+    @property
+    def depth(self) -> int:
+        return self.tree.depth
 
     def speedup(self, target_ms: float) -> float:
         """Predicted tokens/s over target-only decoding's (module doc)."""
-        return self.expected_tau * target_ms / self.cycle_ms
+        return self.expected_tau * target_ms / self.step_ms
 
 
 def nested_trees(table: AcceptanceTable, budget: int) -> list[DraftTree]:

@@ -114,7 +114,7 @@ def tune_for_speed(runner: Runner, table: AcceptanceTable, budget: int, cost_pro
     engines: dict[int, tuple[Any, bool]] = {0: (runner.engine, False)}
     engines.update({t.size: (runner.engine.with_tree(t), True) for t in candidates})
     ms = step_ms(engines, runner.ids[:cost_prompts], runner.max_new_tokens, runner.eos, rounds)
-    costs = [SizeCost(t.size, t.depth, table.expected_tau(t), ms[t.size]) for t in candidates]
+    costs = [SizeCost(t, table.expected_tau(t), ms[t.size]) for t in candidates]
     return costs, ms[0]
 
 
@@ -123,7 +123,7 @@ def print_speed(costs: list[SizeCost], target_ms: float, best: SizeCost) -> None
     print(f"{'nodes':>6}{'depth':>6}{'expected tau':>14}{'step ms':>10}{'predicted speedup':>19}")
     for c in costs:
         mark = "  <- fastest" if c is best else ""
-        print(f"{c.nodes:>6}{c.depth:>6}{c.expected_tau:>14.3f}{c.cycle_ms:>10.1f}{c.speedup(target_ms):>18.2f}x{mark}")
+        print(f"{c.nodes:>6}{c.depth:>6}{c.expected_tau:>14.3f}{c.step_ms:>10.1f}{c.speedup(target_ms):>18.2f}x{mark}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,12 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the config snippet here (default: print it)")
     ap.add_argument("--max-depth", type=int, default=5, help="deepest level measured (default 5)")
     ap.add_argument("--top-k", type=int, default=10, help="ranks measured per level (default 10)")
-    ap.add_argument("--table", type=Path, help="reuse the acceptance table of an earlier --json (skips measuring it)")
+    ap.add_argument("--table", type=Path, help="reuse the acceptance table of an earlier --json instead of measuring "
+                    "one (--top-k and --max-depth then do not apply)")
     ap.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default all)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     ap.add_argument("--cost-prompts", type=int, default=2, help="speed: prompts each step cost is timed on (default 2)")
     ap.add_argument("--cost-rounds", type=int, default=3, help="speed: round-robin passes over the sizes (default 3)")
-    ap.add_argument("--presets", default=",".join(DEFAULT_PRESETS), help="comma-separated presets to compare")
+    ap.add_argument("--presets", default=",".join(DEFAULT_PRESETS),
+                    help="comma-separated presets to compare (--objective tau; speed compares tree sizes instead)")
     ap.add_argument("--device", default=None, help="override the build's device (cpu / cuda)")
     ap.add_argument("--json", type=Path, help="also write table + results as JSON")
     args = ap.parse_args(argv)
@@ -201,7 +203,7 @@ def tune_speed(args: argparse.Namespace, runner: Runner, table: AcceptanceTable,
     costs, target_ms = tune_for_speed(runner, table, args.budget, args.cost_prompts, args.cost_rounds)
     best = fastest(costs, target_ms)
     print_speed(costs, target_ms, best)
-    tuned = optimal_tree(table, best.nodes)
+    tuned = best.tree
     got = eagle_speedup(runner.engine.with_tree(tuned), runner.ids, args.max_new_tokens, runner.eos)
     print(f"\nfastest tree ({best.nodes} nodes) on all {num_prompts} prompts, each decoded both ways back to back: "
           f"tau {got.tau:.3f} (expected {best.expected_tau:.3f}), {got.eagle_tps:.2f} tok/s against target-only "
@@ -218,7 +220,7 @@ def tune_speed(args: argparse.Namespace, runner: Runner, table: AcceptanceTable,
                f"in {str(runner.engine.dtype).removeprefix('torch.')}\n"
                f"expected tau {best.expected_tau:.3f}, measured tau {got.tau:.3f}; predicted speedup over "
                f"target-only {best.speedup(target_ms):.2f}x, measured {got.ratio:.2f}x")
-    sizes = [{"nodes": c.nodes, "depth": c.depth, "expected_tau": c.expected_tau, "step_ms": c.cycle_ms,
+    sizes = [{"nodes": c.nodes, "depth": c.depth, "expected_tau": c.expected_tau, "step_ms": c.step_ms,
               "predicted_speedup": c.speedup(target_ms)} for c in costs]
     finish(args, runner, table, tuned, comment, {
         "objective": "speed", "target_step_ms": target_ms, "sizes": sizes,

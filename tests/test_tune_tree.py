@@ -133,13 +133,13 @@ def test_speed_model_picks_the_fastest_size() -> None:
     assert all(set(a.paths) <= set(b.paths) for a, b in zip(sizes, sizes[1:]))  # nested: each adds one path
     assert [s.size for s in nested_trees(AcceptanceTable([[10, 5, 2]]), 5)] == [1, 2]  # only 2 paths measured
     # speedup = E[tau] * target_ms / step_ms: 1.6 * 50 / 60, 1.9 * 50 / 90, 2.1 * 50 / 100
-    costs = [SizeCost(s.size, s.depth, t.expected_tau(s), ms) for s, ms in zip(sizes, [60.0, 90.0, 100.0])]
+    costs = [SizeCost(s, t.expected_tau(s), ms) for s, ms in zip(sizes, [60.0, 90.0, 100.0])]
     assert [round(c.speedup(50.0), 4) for c in costs] == [1.3333, 1.0556, 1.05]
     assert fastest(costs, 50.0).nodes == 1
     # on a GPU-like device a step costs about the same at every size: the biggest tree wins
-    flat = [SizeCost(c.nodes, c.depth, c.expected_tau, 20.0) for c in costs]
+    flat = [SizeCost(c.tree, c.expected_tau, 20.0) for c in costs]
     assert fastest(flat, 20.0).nodes == 3
-    tie = [SizeCost(1, 1, 1.5, 30.0), SizeCost(2, 1, 2.0, 40.0)]
+    tie = [SizeCost(chain(0, 1), 1.5, 30.0), SizeCost(DraftTree.from_choices([[0], [1]]), 2.0, 40.0)]
     assert fastest(tie, 10.0).nodes == 1  # equal speedup: the smaller tree
     with pytest.raises(ValueError, match="no tree sizes"):
         fastest([], 10.0)

@@ -6,28 +6,38 @@
   AVX512-BF16 / AMX; `_is_mkldnn_fp16_supported()`: AVX512-FP16 / AMX-FP16), for 16-bit dtypes: the weight as
   stored, through `F.linear` (cuBLAS / oneDNN; 16-bit products accumulate in float32).
 - CPU float32: W^T contiguous for one-row inputs (x @ W^T streams W row by row; ATen's GEMV on the (N, K) layout is
-  slower on this project's CPUs), and the weight reordered once for oneDNN for multi-row inputs (MKL's sgemm
-  repacks W on every call, which for the skinny products of verification costs about as much as the product).
-- CPU bfloat16 / float16 without native 16-bit support (e.g. AVX2 only): ATen's 16-bit kernels there convert
-  element by element and are slower than float32 at every row count, so the weight is upcast to float32 once
-  (exact: every bf16 and fp16 value is a float32) and multiplied with the float32 layouts above. The input is
-  upcast (exact) and the output rounded to the 16-bit dtype: the numbers of a 16-bit GEMM with float32
-  accumulation, up to summation order. Activations, residual stream and KV cache stay 16-bit.
+  slower on this project's CPUs), and for multi-row inputs the weight packed in panels for the AVX2 kernel
+  (engines/skinny.py: each loaded weight serves every row), or, without AVX2 or a C compiler, reordered once for
+  oneDNN (MKL's sgemm repacks W on every call, which for the skinny products of verification costs about as much
+  as the product).
+- CPU bfloat16 without native 16-bit support, on AVX2: the weight packed once in 16-column panels for the AVX2
+  kernel (engines/skinny.py), which reads bf16 weights, widens them exactly in registers and reuses each for every
+  row of the product: half the bytes of a float32 copy, and 2-8 rows for little more than the price of one.
+- CPU float16 without native support, and bfloat16 where the AVX2 kernel cannot be built (a warning says why):
+  ATen's 16-bit kernels there convert element by element and are slower than float32 at every row count, so the
+  weight is upcast to float32 once (exact: every bf16 and fp16 value is a float32) and multiplied with the float32
+  layouts above.
+  In both 16-bit layouts the input is upcast (exact) and the output rounded to the 16-bit dtype: the numbers of a
+  16-bit GEMM with float32 accumulation, up to summation order. Activations, residual stream and KV cache stay 16-bit.
 
 `scripts/bench_engine.py` prints each layout's cost per row count on the machine it runs on.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from engines import skinny
+
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
-Layout = Literal["as stored", "float32 kernels"]
+Layout = Literal["as stored", "float32 kernels", "bf16 panels"]
 
 
 def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -48,6 +58,7 @@ class Linear:
     act_scale: torch.Tensor | None = None
     packed: torch.Tensor | None = None
     weight_t: torch.Tensor | None = None
+    panels: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:
@@ -56,24 +67,26 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.act_scale is not None:
             x = fake_quant_fp8(x, self.act_scale)
-        if self.weight_t is None:
+        if self.weight_t is None and self.panels is None:
             return F.linear(x, self.weight, self.bias)
         dtype, k = x.dtype, x.shape[-1]
-        xf = x.float()  # no-op for float32; exact upcast for 16-bit inputs
-        if xf.numel() == k:  # one row
-            y = torch.mm(xf.reshape(1, k), self.weight_t)
-            y = (y if self.bias is None else y + self.bias).view(*x.shape[:-1], y.shape[-1])
+        xf = x.float().reshape(-1, k)  # no-op for float32; exact upcast for 16-bit inputs
+        if self.weight_t is not None and xf.shape[0] == 1:  # one row: MKL streams W^T
+            y = torch.mm(xf, self.weight_t)
+            y = y if self.bias is None else y + self.bias
+        elif self.panels is not None:
+            y = skinny.matmul(xf, self.panels, self.out_features, self.bias)
         elif self.packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(xf, self.packed, self.bias, "none", [], "")
         else:
             y = F.linear(xf, self.weight, self.bias)
-        return y.to(dtype)
+        return y.view(*x.shape[:-1], y.shape[-1]).to(dtype)
 
 
 def fuse_rows(parts: list[Linear]) -> Linear | None:
     """One Linear computing [parts[0](x), parts[1](x), ...] (weights stacked by rows), or None when the parts
     cannot share a product (FP8 activation scales, bias on some only, already prepared)."""
-    if any(p.act_scale is not None or p.weight_t is not None for p in parts):
+    if any(p.act_scale is not None or p.weight_t is not None or p.panels is not None for p in parts):
         return None
     if len({p.bias is None for p in parts}) != 1 or len({(p.weight.dtype, p.weight.device) for p in parts}) != 1:
         return None
@@ -97,24 +110,35 @@ def layout_for(device: torch.device, dtype: torch.dtype) -> Layout:
         return "as stored"
     if dtype != torch.float32 and native_16bit(dtype):
         return "as stored"
+    if dtype == torch.bfloat16 and skinny.unavailable() is None:
+        return "bf16 panels"
     return "float32 kernels"
 
 
 def to_float32_kernels(lin: Linear) -> None:
-    """W^T (float32, contiguous) for one-row products, `weight` a view of it, and the oneDNN-reordered weight for
-    multi-row ones (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU weight packing uses:
+    """W^T (float32, contiguous) for one-row products, `weight` a view of it, and for multi-row ones the AVX2
+    kernel's float32 panels, or without the kernel the oneDNN-reordered weight
+    (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU weight packing uses:
     torch/_inductor/fx_passes/mkldnn_fusion.py)."""
     w = lin.weight.float()
     lin.weight_t = w.t().contiguous()
     lin.weight = lin.weight_t.t()
-    lin.bias = None if lin.bias is None else lin.bias.float()
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+    lin.bias = None if lin.bias is None else lin.bias.float().contiguous()
+    if skinny.unavailable() is None:
+        lin.panels = skinny.pack(w)
+    elif torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         lin.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+
+
+def to_bf16_panels(lin: Linear) -> None:
+    """The weight packed for the AVX2 kernel (`skinny.pack`); the stored weight is kept for `restricted` copies."""
+    lin.panels = skinny.pack(lin.weight)
+    lin.bias = None if lin.bias is None else lin.bias.float().contiguous()
 
 
 def prepare_linears(*roots: object) -> int:
     """Give every `Linear` reachable from `roots` (dataclass fields and lists) the layout `layout_for` picks for its
-    weight's device and dtype. Returns how many linears got the float32-kernel layout."""
+    weight's device and dtype. Returns how many linears got a CPU kernel layout (float32 kernels or bf16 panels)."""
     seen: set[int] = set()
     prepared = 0
     stack = list(roots)
@@ -125,11 +149,29 @@ def prepare_linears(*roots: object) -> int:
         seen.add(id(obj))
         if isinstance(obj, Linear):
             w = obj.weight
-            if obj.weight_t is None and layout_for(w.device, w.dtype) == "float32 kernels":
+            layout = layout_for(w.device, w.dtype)
+            if obj.weight_t is not None or obj.panels is not None or layout == "as stored":
+                continue
+            if layout == "bf16 panels":
+                to_bf16_panels(obj)
+            else:
+                warn_bf16_upcast(w.dtype)
                 to_float32_kernels(obj)
-                prepared += 1
+            prepared += 1
         elif isinstance(obj, list):
             stack.extend(obj)
         elif hasattr(obj, "__dataclass_fields__"):
             stack.extend(getattr(obj, f) for f in obj.__dataclass_fields__)
     return prepared
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_once(why: str) -> None:
+    warnings.warn(f"bfloat16 on this CPU runs through float32 kernels (twice the bytes per step): {why}", stacklevel=3)
+
+
+def warn_bf16_upcast(dtype: torch.dtype) -> None:
+    """Say, once per process, why a bf16 model on this AVX2 CPU did not get the bf16 kernel."""
+    why = skinny.unavailable()
+    if dtype == torch.bfloat16 and why is not None and skinny.cpu_has_avx2():
+        _warn_once(why)

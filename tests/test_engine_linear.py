@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engines import skinny
 from engines.api import ReferenceEngine
 from engines.linear import Linear, fuse_rows, layout_for, native_16bit, prepare_linears
 from engines.model import MLP
@@ -32,26 +33,34 @@ def test_layout_rules() -> None:
     assert layout_for(cpu, torch.float32) == "float32 kernels"
     for dt in (torch.bfloat16, torch.float16):
         assert layout_for(cuda, dt) == "as stored"  # cuBLAS multiplies 16-bit natively
-        assert layout_for(cpu, dt) == ("as stored" if native_16bit(dt) else "float32 kernels")
+    assert layout_for(cpu, torch.float16) == ("as stored" if native_16bit(torch.float16) else "float32 kernels")
+    kernel = "bf16 panels" if skinny.unavailable() is None else "float32 kernels"
+    assert layout_for(cpu, torch.bfloat16) == ("as stored" if native_16bit(torch.bfloat16) else kernel)
     assert layout_for(cuda, torch.float32) == "as stored"
     assert layout_for(cpu, torch.float8_e4m3fn) == "as stored"
 
 
 def test_cpu_float32_weights_get_both_layouts_and_the_same_products(target_ckpt: Path) -> None:
-    """W^T for one-row inputs (`weight` a view of it: stored once) and a oneDNN-packed weight for multi-row ones;
-    products equal ATen's to float32 rounding, with and without bias."""
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("this torch build has no oneDNN (the engine then uses ATen for every product)")
+    """W^T for one-row inputs (`weight` a view of it: stored once) and, for multi-row ones, the AVX2 kernel's
+    float32 panels (or without it a oneDNN-packed weight); products equal ATen's to float32 rounding, with and
+    without bias."""
+    kernel = skinny.unavailable() is None
+    if not kernel and not torch.backends.mkldnn.is_available():
+        pytest.skip("neither the AVX2 kernel nor oneDNN here (the engine then uses ATen for every product)")
     engine = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="float32", device="cpu")
     linears = _target_linears(engine)
-    assert all(lin.packed is not None and lin.weight_t is not None for lin in linears)
+    assert all(lin.weight_t is not None for lin in linears)
+    if kernel:
+        assert all(lin.panels is not None and lin.panels.dtype == torch.float32 and lin.packed is None for lin in linears)
+    else:
+        assert all(lin.packed is not None and lin.panels is None for lin in linears)
     assert all(lin.weight.data_ptr() == lin.weight_t.data_ptr() for lin in linears)  # type: ignore[union-attr]
 
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
     lin, nobias = Linear(w.clone(), b), Linear(w.clone())
     assert prepare_linears(lin, [lin, [lin, nobias]]) == 2  # lin reached three times, prepared once
-    assert prepare_linears(lin) == 0 and lin.packed is not None  # already prepared
+    assert prepare_linears(lin) == 0 and (lin.packed is not None or lin.panels is not None)  # already prepared
     for shape in [(64,), (1, 64), (1, 1, 64), (5, 64), (2, 7, 64)]:
         x = torch.randn(*shape, generator=g)
         torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
@@ -62,7 +71,10 @@ def test_cpu_float32_weights_get_both_layouts_and_the_same_products(target_ckpt:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_cpu_16bit_products_are_16bit_gemms_with_float32_accumulation(dtype: torch.dtype) -> None:
     """Without native 16-bit matmul the weight is upcast once (exact) and multiplied in float32: the output is the
-    float32 product of the 16-bit values rounded once to the 16-bit dtype, in the 16-bit dtype."""
+    float32 product of the 16-bit values rounded once to the 16-bit dtype, in the 16-bit dtype. (bf16 on AVX2 CPUs
+    goes through the kernel instead: tests/test_engine_skinny.py.)"""
+    if layout_for(torch.device("cpu"), dtype) == "bf16 panels":
+        pytest.skip("bf16 runs through the AVX2 kernel here (tests/test_engine_skinny.py)")
     g = torch.Generator().manual_seed(1)
     w16, b16 = torch.randn(200, 64, generator=g).to(dtype), torch.randn(200, generator=g).to(dtype)
     lin = Linear(w16.clone(), b16.clone())

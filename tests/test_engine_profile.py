@@ -12,7 +12,7 @@ import torch
 from engines.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from engines.costs import Machine, bounds, forward_flops, forward_fns, interleaved_ms, profile_cycles, weight_bytes
-from engines.linear import native_16bit
+from engines.linear import layout_for
 from engines.profile import NO_LAPS, Laps, python_share
 
 
@@ -85,8 +85,10 @@ def test_forward_cost_and_bounds_count_weights_and_flops(target_ckpt: Path) -> N
     ms = interleaved_ms(forward_fns(t, torch.float32, torch.device("cpu"), [1, 4], context=16), repeats=3)
     assert set(ms) == {1, 4} and all(v > 0 for v in ms.values())
     half = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="bfloat16", device="cpu")
-    # bf16 weights are read as float32 where the CPU has no native 16-bit matmul (engines/linear.py).
-    assert weight_bytes(half._rt.target) == (weight_bytes(t) // 2 if native_16bit(torch.bfloat16) else weight_bytes(t))
+    # bf16 weights are read as float32 only in the float32-kernel layout (no native 16-bit matmul and no AVX2
+    # kernel: engines/linear.py); natively and through the AVX2 kernel they are read as stored.
+    upcast = layout_for(torch.device("cpu"), torch.bfloat16) == "float32 kernels"
+    assert weight_bytes(half._rt.target) == (weight_bytes(t) if upcast else weight_bytes(t) // 2)
 
 
 def test_eagle_speedup_compares_both_decodings_on_the_same_prompts(mimic_ckpt: Path, target_ckpt: Path) -> None:

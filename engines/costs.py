@@ -80,7 +80,7 @@ def linears_of(target: Llama) -> tuple[list[Linear], Linear]:
 
 def weight_bytes(target: Llama) -> int:
     """Bytes of weights one target forward reads (every layer product and one lm_head product), in the layout its
-    products use (engines/linear.py: float32 for the float32-kernel layout)."""
+    products use (engines/linear.py: float32 for the float32-kernel layout, as stored for the bf16 panels)."""
     layers, head = linears_of(target)
     return sum(lin.weight.numel() * lin.weight.element_size() for lin in layers + [head])
 

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 # (accepted path: root .. deepest accepted node, new tokens: the path's draft tokens + the one the target chose)
 Walked = tuple[list[int], list[int]]
 
+# Tree rows (all sequences' nodes) up to which `walk` computes the lm_head at every node in one product: the rows one
+# pass of the AVX2 kernel multiplies for the price of one (engines/kernels/skinny.c); on a GPU a product of a few
+# rows also costs what one does.
+EAGER_LM_HEAD_ROWS = 4
+
 
 def _rows(s: Session, slots: list[int]) -> Rows:
     return Rows.of(slots, [s.lens[i] for i in slots], s.rt.device)
@@ -107,9 +112,12 @@ def walk(s: Session, active: list[int], tree: TreeBatch, hidden: torch.Tensor) -
     """Verify every sequence's tree: walk it from the root, moving to an accepted child (greedy_node /
     sampling_node) until none is; returns (path root .. deepest accepted node, new tokens) per sequence.
 
-    The target's logits are computed only at the nodes the walk reaches, i.e. the accepted path plus the node
-    where it stops: tau rows of the vocabulary-wide lm_head per sequence instead of one per tree node. The walk goes
-    level by level, all sequences still walking in one lm_head product and one read-back of their argmax."""
+    For a large batch of trees the target's logits are computed only at the nodes the walk reaches, i.e. the
+    accepted path plus the node where it stops: tau rows of the vocabulary-wide lm_head per sequence instead of one
+    per tree node, level by level, all sequences still walking in one lm_head product and one read-back of their
+    argmax. When all nodes of all trees are at most EAGER_LM_HEAD_ROWS rows, one product covers every node before the
+    walk: the lm_head is bound by reading its weights, so a few rows cost what one does, and the walk then needs
+    no further product."""
     tokens = tree.tokens.tolist()
     parents = tree.parent.tolist()
     kids: list[list[list[int]]] = []
@@ -120,10 +128,12 @@ def walk(s: Session, active: list[int], tree: TreeBatch, hidden: torch.Tensor) -
         kids.append(k)
     paths = [[0] for _ in active]
     result: list[Walked | None] = [None] * len(active)
+    b, n = hidden.shape[:2]
+    every = s.rt.target.lm_head(hidden) if b * n <= EAGER_LM_HEAD_ROWS else None  # (B, N, V)
     while walking := [j for j, r in enumerate(result) if r is None]:
         idx = torch.tensor(walking, device=hidden.device)
         nodes = torch.tensor([paths[j][-1] for j in walking], device=hidden.device)
-        logits = s.rt.target.lm_head(hidden[idx, nodes])  # (walking, V)
+        logits = every[idx, nodes] if every is not None else s.rt.target.lm_head(hidden[idx, nodes])  # (walking, V)
         tops = logits.argmax(-1).tolist()
         for r, j in enumerate(walking):
             sp, node = s.req(active[j]).sampling, paths[j][-1]

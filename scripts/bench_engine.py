@@ -202,8 +202,9 @@ def hf_forward_fns(model: Any, ts: list[int], context: int = 200) -> dict[int, C
 
 def forward_costs(engines: dict, hfs: dict, args: argparse.Namespace) -> dict[str, Any]:
     dev, ts = torch.device(args.device), args.forward_ts
-    # The compute roof of the 16-bit rows uses the rate of the dtype their products run in.
-    kinds = {dt: torch.float32 if layout_for(dev, getattr(torch, dt)) == "float32 kernels" else getattr(torch, dt)
+    # The compute roof of the 16-bit rows uses the rate of the dtype their products compute in: float32 for the
+    # float32-kernel layout and for the AVX2 kernel's bf16 panels (widened to float32 in registers).
+    kinds = {dt: getattr(torch, dt) if layout_for(dev, getattr(torch, dt)) == "as stored" else torch.float32
              for dt in args.dtypes}
     m0 = {k: measure_machine(dev, k) for k in set(kinds.values())}
     fns: dict[tuple[str, int], Callable[[], None]] = {}

@@ -152,3 +152,24 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
     finally:
         decode.walk = walk  # type: ignore[assignment]
     assert len(levels) > 5 and max(levels) > 1  # several steps, some accepting drafts
+
+
+@pytest.mark.parametrize("tree", ["chain-3", "topk-2-3"])
+def test_the_walk_gives_the_same_tokens_and_counts_with_the_lm_head_at_every_node_or_level_by_level(
+        mimic_ckpt: Path, tree: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """engines/decode.py `walk`: one lm_head product over every node (small trees) or one per level (large ones)
+    is the same rule on the same logits: same tokens, same acceptance, in a batch of 3 with a sampled request."""
+    from engines import decode
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset(tree)), dtype="float32",
+                                             device="cpu")
+    requests = [GenerationRequest([5 + i, 17, 33, 101, 7], 20, SamplingParams(), []) for i in range(2)]
+    requests.append(GenerationRequest([9, 17, 3], 20, SamplingParams(temperature=0.8, seed=3), []))
+    runs = []
+    for rows in (0, 10**6):
+        monkeypatch.setattr(decode, "EAGER_LM_HEAD_ROWS", rows)
+        runs.append(engine.generate(requests))
+    lazy, eager = runs
+    assert [r.output_ids for r in lazy] == [r.output_ids for r in eager]
+    assert [r.stats.accepted_draft_tokens for r in lazy] == [r.stats.accepted_draft_tokens for r in eager]
+    assert sum(r.stats.accepted_draft_tokens for r in lazy) > 0

@@ -149,3 +149,18 @@ def test_a_failing_build_is_reported_with_the_compiler_output(fresh_kernel: Path
     why = skinny.unavailable()
     assert why is not None and "building skinny.c failed" in why and "error: out of coffee" in why
     assert not list(fresh_kernel.glob("*"))  # no partial library left behind
+
+
+@needs_kernel
+def test_bench_kernel_prints_every_layout_per_row_count() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "scripts/bench_kernel.py"), "--rows", "1,3", "--repeats", "1",
+                          "--layers", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
+    head, names, one, three = out.strip().splitlines()
+    assert head.startswith("1 layers x 4 products (SmolLM2-135M layer shapes), cold weights, 1 thread(s), median of 1")
+    for name in ("MKL W^T fp32", "oneDNN packed fp32", "kernel fp32 panels", "kernel bf16 panels"):
+        assert name in names
+    assert one.split()[0] == "1" and three.split()[0] == "3" and three.count("GB/s") == 4

@@ -65,7 +65,7 @@ static void NAME##_m##M(const float *x, int64_t K, const WT *panel, float *acc) 
 }
 
 #define KERNEL(NAME, WT, LOAD, COL)                                                                          \
-BLOCK(NAME, WT, LOAD, 1, 4)                                                                                  \
+BLOCK(NAME, WT, LOAD, 1, 2)                                                                                  \
 BLOCK(NAME, WT, LOAD, 2, 2)                                                                                  \
 BLOCK(NAME, WT, LOAD, 3, 1)                                                                                  \
 BLOCK(NAME, WT, LOAD, 4, 1)                                                                                  \

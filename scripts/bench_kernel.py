@@ -55,7 +55,11 @@ def product(name: str, x: torch.Tensor, n: int, w: torch.Tensor) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Inputs:  none (random weights of the demo target's layer shapes)\n"
+               "Outputs: the table on stdout\n"
+               "Guide:   docs/benchmarks.md (The AVX2 kernel)")
     ap.add_argument("--rows", default="1,2,3,4,8,16", help="comma-separated row counts M")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)

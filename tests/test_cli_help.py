@@ -36,6 +36,7 @@ ENTRY_POINTS = {
     "scripts/bench_convert.py": ["scripts/bench_convert.py"],
     "scripts/bench_engine.py": ["scripts/bench_engine.py"],
     "scripts/bench_head.py": ["scripts/bench_head.py"],
+    "scripts/bench_kernel.py": ["scripts/bench_kernel.py"],
     "scripts/bench_postprocessing.py": ["scripts/bench_postprocessing.py"],
     "scripts/bench_train.py": ["scripts/bench_train.py"],
     "scripts/bench_triton.py": ["scripts/bench_triton.py"],

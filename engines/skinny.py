@@ -1,14 +1,16 @@
 """The AVX2 kernel for the few-row products of decoding (engines/kernels/skinny.c), built once per machine.
 
-A decoding step multiplies 1 to a few dozen rows (one token per sequence, or a draft tree's nodes) by every weight
-of the model: the product is bound by streaming the weights, not by arithmetic. ATen's bf16 kernels on CPUs without
-native 16-bit products (AVX2) convert element by element; upcasting the weights to float32 once doubles the bytes
-every step reads; and the float32 GEMMs (MKL, oneDNN) do not reuse a loaded weight across 2-8 rows. The kernel reads
-bf16 weights packed in 16-column panels, widens them exactly in registers, and reuses each for every row.
+A decoding step multiplies a few rows (one token per sequence, or a draft tree's nodes) by every weight of the
+model: up to about 4 rows the product is bound by streaming the weights, not by arithmetic. ATen's bf16 kernels on
+CPUs without native 16-bit products (AVX2) convert element by element; upcasting the weights to float32 once
+doubles the bytes every step reads; and the float32 GEMMs (MKL, oneDNN) do not reuse a loaded weight across 2-8
+rows. The kernel reads weights packed in 16-column panels (bf16 widened exactly in registers) and reuses each loaded
+weight for every row.
 
-It is compiled with the system's C compiler (`$CC`, default `cc`) into a per-user cache the first time a bf16
-engine loads on an AVX2 CPU, and loaded with ctypes. `unavailable()` says why it cannot be used (no AVX2, no
-compiler, a failed build); engines/linear.py then keeps the float32-kernel layout and warns with that reason.
+It is compiled with the system's C compiler (`$CC`, default `cc`) into a per-user cache the first time an engine
+loads on an AVX2 CPU (bf16 weights use it for every product, float32 ones for multi-row products), and loaded with
+ctypes. `unavailable()` says why it cannot be used (no AVX2, no compiler, a failed build); engines/linear.py then
+keeps the float32-kernel layout with oneDNN for multi-row products, and warns with that reason for bf16.
 """
 
 from __future__ import annotations

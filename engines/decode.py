@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engines import skinny
 from engines.draft import DraftState
 from engines.model import Rows
 from engines.sampling import choose, greedy_node, sampling_node
@@ -30,9 +31,8 @@ if TYPE_CHECKING:
 Walked = tuple[list[int], list[int]]
 
 # Tree rows (all sequences' nodes) up to which `walk` computes the lm_head at every node in one product: the rows one
-# pass of the AVX2 kernel multiplies for the price of one (engines/kernels/skinny.c); on a GPU a product of a few
-# rows also costs what one does.
-EAGER_LM_HEAD_ROWS = 4
+# pass of the AVX2 kernel multiplies for the price of one; on a GPU a product of a few rows also costs what one does.
+EAGER_LM_HEAD_ROWS = skinny.ROWS_PER_PASS
 
 
 def _rows(s: Session, slots: list[int]) -> Rows:

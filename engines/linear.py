@@ -155,7 +155,7 @@ def prepare_linears(*roots: object) -> int:
             if layout == "bf16 panels":
                 to_bf16_panels(obj)
             else:
-                warn_bf16_upcast(w.dtype)
+                warn_no_kernel()
                 to_float32_kernels(obj)
             prepared += 1
         elif isinstance(obj, list):
@@ -167,11 +167,12 @@ def prepare_linears(*roots: object) -> int:
 
 @functools.lru_cache(maxsize=1)
 def _warn_once(why: str) -> None:
-    warnings.warn(f"bfloat16 on this CPU runs through float32 kernels (twice the bytes per step): {why}", stacklevel=3)
+    warnings.warn(f"the AVX2 kernel is unavailable ({why}): bfloat16 runs through float32 kernels (twice the bytes "
+                  "per step) and multi-row float32 products through oneDNN", stacklevel=3)
 
 
-def warn_bf16_upcast(dtype: torch.dtype) -> None:
-    """Say, once per process, why a bf16 model on this AVX2 CPU did not get the bf16 kernel."""
+def warn_no_kernel() -> None:
+    """Say, once per process, why a CPU layout on this AVX2 CPU runs without the kernel (engines/skinny.py)."""
     why = skinny.unavailable()
-    if dtype == torch.bfloat16 and why is not None and skinny.cpu_has_avx2():
+    if why is not None and skinny.cpu_has_avx2():
         _warn_once(why)

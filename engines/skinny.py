@@ -29,6 +29,7 @@ import torch
 
 SOURCE = Path(__file__).parent / "kernels" / "skinny.c"
 PANEL = 16  # output columns per panel (NB in skinny.c)
+ROWS_PER_PASS = 4  # rows multiplied per pass over a panel (the m1..m4 blocks of skinny.c): they cost what one does
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 
 
@@ -116,6 +117,10 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | N
     m, k = x.shape
     if x.dtype != torch.float32 or panels.shape[1] != k or panels.shape[0] * PANEL < n:
         raise ValueError(f"x {x.dtype} {tuple(x.shape)} does not fit panels {tuple(panels.shape)} for {n} outputs")
+    if panels.dtype not in (torch.bfloat16, torch.float32) or not panels.is_contiguous():
+        raise ValueError(f"panels must be contiguous bf16 or float32 (`pack`), not {panels.dtype}")
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous float32 vector of {n}, not {bias.dtype} {tuple(bias.shape)}")
     x = x.contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     fn = lib.skinny_bf16 if panels.dtype == torch.bfloat16 else lib.skinny_f32

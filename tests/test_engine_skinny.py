@@ -78,6 +78,12 @@ def test_matmul_rejects_inputs_that_do_not_fit() -> None:
         skinny.matmul(torch.randn(2, 8), panels, 33, None)
     with pytest.raises(ValueError, match="torch.bfloat16"):
         skinny.matmul(torch.randn(2, 8).bfloat16(), panels, 32, None)
+    with pytest.raises(ValueError, match=r"bias must be a contiguous float32 vector of 32, not torch.bfloat16 \(32,\)"):
+        skinny.matmul(torch.randn(2, 8), panels, 32, torch.zeros(32).bfloat16())
+    with pytest.raises(ValueError, match=r"vector of 32, not torch.float32 \(31,\)"):
+        skinny.matmul(torch.randn(2, 8), panels, 32, torch.zeros(31))
+    with pytest.raises(ValueError, match="panels must be contiguous bf16 or float32"):
+        skinny.matmul(torch.randn(2, 8), panels.transpose(1, 2).contiguous().transpose(1, 2), 32, None)
 
 
 @needs_kernel
@@ -103,6 +109,7 @@ def test_bf16_linear_gets_panels_and_16bit_gemm_numbers() -> None:
 
 @needs_kernel
 def test_build_is_cached_per_source_and_compiler(fresh_kernel: Path) -> None:
+    assert skinny.library_path("gcc") != skinny.library_path("clang")  # the name keys the compiler (and the source)
     assert skinny.unavailable() is None
     built = list(fresh_kernel.glob("skinny-*.so"))
     assert len(built) == 1 and not list(fresh_kernel.glob("*.tmp"))  # written atomically
@@ -130,12 +137,15 @@ def test_no_compiler_says_what_to_do_and_bf16_warns_and_upcasts(fresh_kernel: Pa
         return
     assert layout_for(torch.device("cpu"), torch.bfloat16) == "float32 kernels"
     lin = Linear(torch.randn(32, 16).bfloat16())
-    with pytest.warns(UserWarning, match=r"bfloat16 on this CPU runs through float32 kernels .*no C compiler"):
+    with pytest.warns(UserWarning, match=r"the AVX2 kernel is unavailable \(no C compiler.*\): bfloat16 runs through "
+                                         r"float32 kernels"):
         prepare_linears(lin)
     assert lin.panels is None and lin.weight_t is not None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        prepare_linears(Linear(torch.randn(32, 16).bfloat16()))  # once per process
+        fp32 = Linear(torch.randn(32, 16))
+        prepare_linears(Linear(torch.randn(32, 16).bfloat16()), fp32)  # once per process
+    assert fp32.panels is None and (fp32.packed is not None or not torch.backends.mkldnn.is_available())
 
 
 def test_a_failing_build_is_reported_with_the_compiler_output(fresh_kernel: Path, monkeypatch: pytest.MonkeyPatch,

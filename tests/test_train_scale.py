@@ -81,6 +81,22 @@ def test_self_distilled_features_equal_a_separate_forward(tiny_target: Path) -> 
         assert torch.equal(feats["greedy"], ref["greedy"])
 
 
+def test_reserved_kv_layer_writes_in_place_and_refuses_to_overflow() -> None:
+    """The batch cache of self-distillation grows inside buffers reserved for the whole answer (no copy per step)."""
+    from builders.training.generate import _reserved_layer_class
+
+    keys, values = torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4, 3)
+    layer = _reserved_layer_class()(keys, values)
+    layer._grow(2)
+    assert layer.get_seq_length() == 2
+    k, v = layer.update(torch.ones(2, 1, 1, 3), 2 * torch.ones(2, 1, 1, 3))
+    assert k.shape == (2, 1, 3, 3) and k.data_ptr() == keys.data_ptr()  # a view of the reserved buffer
+    assert torch.equal(keys[:, :, 2], torch.ones(2, 1, 3)) and torch.equal(values[:, :, 2], 2 * torch.ones(2, 1, 3))
+    layer.update(torch.ones(2, 1, 1, 3), torch.ones(2, 1, 1, 3))
+    with pytest.raises(RuntimeError, match="reserved KV cache of 4 positions is full \\(needs 5\\)"):
+        layer.update(torch.ones(2, 1, 1, 3), torch.ones(2, 1, 1, 3))
+
+
 # ---- torchrun / DDP on the CPU (gloo) -------------------------------------------------------------------------------
 
 # Two gloo ranks vs one process after the same 6 steps: the sums over positions run in another order and padding

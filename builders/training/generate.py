@@ -61,17 +61,48 @@ def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cache.key_cache[layer], cache.value_cache[layer]  # transformers 4
 
 
-def prefill(model, prompts: list[list[int]], spec: FeatureSpec | None, rows: list[Row]):
+def _reserved_layer_class():
+    """A transformers `DynamicLayer` whose keys and values are views of buffers reserved for the whole answer.
+
+    `DynamicLayer.update` concatenates: every decode step allocates a new cache-sized tensor per layer and copies the
+    whole cache into it, O(answer length^2) bytes per answer. Writing the new position in place copies one position;
+    the attention reads the filled prefix as a view. `_grow(n)` marks the first n positions filled."""
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            super().__init__()
+            self._k, self._v = keys, values  # [B, kv_heads, capacity, head_dim]
+            self.device = keys.device
+            self.is_initialized = True
+            self._grow(0)
+
+        def _grow(self, n: int) -> None:
+            self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            n, m = self.keys.shape[-2], key_states.shape[-2]
+            if n + m > self._k.shape[-2]:
+                raise RuntimeError(f"reserved KV cache of {self._k.shape[-2]} positions is full (needs {n + m})")
+            self._k[:, :, n : n + m] = key_states
+            self._v[:, :, n : n + m] = value_states
+            self._grow(n + m)
+            return self.keys, self.values
+
+    return ReservedLayer
+
+
+def prefill(model, prompts: list[list[int]], spec: FeatureSpec | None, rows: list[Row], capacity: int):
     """Each prompt alone (no padding: a batch of prompts of different lengths would spend up to half of its
-    compute on pads), then one left-padded KV cache for the batch. Returns (cache, attention mask, positions,
-    last hidden state of each row [B, H])."""
+    compute on pads), its KV written left-padded into one batch cache of `capacity` positions per row. Returns
+    (cache, attention mask, positions, last hidden state of each row [B, H])."""
     from transformers import DynamicCache
 
     dev = model.get_input_embeddings().weight.device
     width = max(len(p) for p in prompts)
-    per_layer: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in model.model.layers]
+    buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
     last = []
-    for row, p in zip(rows, prompts):
+    for b, (row, p) in enumerate(zip(rows, prompts)):
         ids = torch.tensor([p], device=dev)
         hidden, aux, cache = _step(model, ids, torch.ones_like(ids), torch.arange(len(p), device=dev)[None],
                                    DynamicCache(), spec)
@@ -80,12 +111,18 @@ def prefill(model, prompts: list[list[int]], spec: FeatureSpec | None, rows: lis
             if aux is not None:
                 row.keep("aux", aux[0])
         last.append(hidden[0, -1])
-        for j, (ks, vs) in enumerate(per_layer):
-            k, v = _layer_kv(cache, j)
-            pad = width - len(p)  # left padding: [B, kv_heads, width, head_dim], masked out below
-            ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-            vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-    cache = DynamicCache(ddp_cache_data=[(torch.cat(ks), torch.cat(vs)) for ks, vs in per_layer])
+        for j in range(len(model.model.layers)):
+            k, v = _layer_kv(cache, j)  # [1, kv_heads, len(p), head_dim]
+            if b == 0:  # zeros: the left padding, masked out below
+                buffers.append((k.new_zeros(len(prompts), k.shape[1], capacity, k.shape[3]),
+                                v.new_zeros(len(prompts), v.shape[1], capacity, v.shape[3])))
+            buffers[j][0][b, :, width - len(p) : width] = k[0]
+            buffers[j][1][b, :, width - len(p) : width] = v[0]
+    cache = DynamicCache()
+    reserved = _reserved_layer_class()
+    cache.layers = [reserved(k, v) for k, v in buffers]
+    for layer in cache.layers:
+        layer._grow(width)
     att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     pos = torch.tensor([[len(p) - 1] for p in prompts])
     return cache, att, pos, torch.stack(last)
@@ -96,7 +133,8 @@ def greedy_batch(model, prompts: list[list[int]], max_new: int, eos: set[int], p
     """Decode one batch of prompts (see the module docstring); rows keep their features when `spec` is given."""
     dev = model.get_input_embeddings().weight.device
     rows = [Row(list(p)) for p in prompts]
-    cache, att, pos, last = prefill(model, prompts, spec, rows)
+    # every row is fed at most max_new + 1 tokens after its prompt (its last answer token once more)
+    cache, att, pos, last = prefill(model, prompts, spec, rows, max(len(p) for p in prompts) + max_new + 1)
     _extend(rows, _next_tokens(model, last), max_new, eos)
     s = 0
     while any(s < len(row.answer) for row in rows) and (spec is not None or not all(row.done for row in rows)):

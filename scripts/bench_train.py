@@ -7,7 +7,8 @@ Prints, each in tokens/s (threads = --threads, 0 = all cores):
   machine     fp32 / bf16 matmul GFLOPS (1024^3) and the FLOP bound of a target forward: GFLOPS / (2 x body params)
   HF peer     transformers `model(input_ids)` on batches of 8 x 384 tokens (the reference figure the trainer's
               features are set against)
-  features    our length-bucketed hidden-state pass (features.py) over the conversations' real lengths
+  features    our length-bucketed hidden-state pass (features.py) over the conversations' real lengths, once per
+              --batch-tokens budget (features.batch_tokens: on a CPU small batches that stay in cache can win)
   answers     self-distillation: HF `generate` in batches, then a separate feature pass (the previous trainer),
               vs our batched greedy decoding that keeps the features on the way (generate.py); tokens = prompt +
               answer tokens of the finished sequences per second of the whole step
@@ -85,11 +86,11 @@ def hf_peer(model, seqs: list[torch.Tensor], batches: int, width: int) -> float:
     return need / s
 
 
-def features_rate(model, seqs: list[torch.Tensor]) -> float:
+def features_rate(model, seqs: list[torch.Tensor], batch_tokens: int) -> float:
     from builders.training.features import FeatureSpec, sequence_features
 
     spec = FeatureSpec(None, torch.bfloat16)
-    _, s = timed(lambda: sequence_features(model, seqs, spec, 8192))
+    _, s = timed(lambda: sequence_features(model, seqs, spec, batch_tokens))
     return sum(len(x) for x in seqs) / s
 
 
@@ -170,9 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default="float32,bfloat16", help="target/head precisions to measure")
     ap.add_argument("--hf-batches", type=int, default=2, help="8 x 384 batches for the HF peer")
     ap.add_argument("--train-steps", type=int, default=3)
+    ap.add_argument("--batch-tokens", default="1024,8192",
+                    help="comma-separated features.batch_tokens budgets to time the features step with")
     ap.add_argument("--small-bf16", action="store_true", help="on a CPU without native bf16 (emulated bf16 matmuls, "
                     "tens of times slower): measure bf16 on 8 x 64 tokens, 4 conversations and 1 training step")
     args = ap.parse_args(argv)
+    budgets = [int(b) for b in args.batch_tokens.split(",")]
     from builders.training.compute import cpu_has_native_bf16, usable_cores
 
     torch.set_num_threads(args.threads or usable_cores())
@@ -192,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         width = 64 if small else 384
         rows.append((name, f"HF model(input_ids) 8 x {width}, tok/s",
                      hf_peer(model, seqs, 1 if small else args.hf_batches, width)))
-        rows.append((name, "features (length-bucketed), tok/s", features_rate(model, seqs)))
+        for bt in budgets:
+            rows.append((name, f"features (length-bucketed, batch_tokens {bt}), tok/s", features_rate(model, seqs, bt)))
         if name == "float32":  # bf16 decoding on a CPU without native bf16 would take hours here
             few = prompts[: min(len(prompts), 16)]
             rows.append((name, "answers: HF generate + feature pass, tok/s",
@@ -201,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                          answers_ours(model, tok, few, args.new_tokens)))
         rows.append((name, "train EAGLE-1 head (batch 8), tok/s", train_rate(model, seqs, name == "bfloat16",
                                                                              1 if small else args.train_steps)))
-        for r in rows[-7:]:
+        for r in rows[-(6 + len(budgets)):]:
             if r[0] == name:
                 print(f"  {r[0]:>9}  {r[1]:<48} {r[2]:9.1f}", flush=True)
     load1 = os.getloadavg()
@@ -211,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {p} | {what} | {v:.1f} |")
     by = {(p, w): v for p, w, v in rows}
     hf = by.get(("float32", "HF model(input_ids) 8 x 384, tok/s"))
-    ours = by.get(("float32", "features (length-bucketed), tok/s"))
-    if hf and ours:
-        print(f"\nfeatures / HF forward (float32, same run): {ours / hf:.2f}x")
+    for bt in budgets:
+        ours = by.get(("float32", f"features (length-bucketed, batch_tokens {bt}), tok/s"))
+        if hf and ours:
+            print(f"features with batch_tokens {bt} / HF forward (float32, same run): {ours / hf:.2f}x")
     return 0
 
 

@@ -1,10 +1,10 @@
 """Throughput of each step of head training on this machine, measured in one run (SmolLM2-135M-Instruct, real
-ShareGPT conversations), next to the peers that bound it.
+ShareGPT conversations), next to the peers it is set against.
 
     python scripts/bench_train.py [--conversations 32] [--threads 0] [--precisions float32,bfloat16]
 
 Prints, each in tokens/s (threads = --threads, 0 = all cores):
-  machine     fp32 / bf16 matmul GFLOPS (1024^3) and the FLOP bound of a target forward: GFLOPS / (2 x body params)
+  machine     fp32 / bf16 matmul GFLOPS (1024^3) and a target forward at that rate: GFLOPS / (2 x body params)
   HF peer     transformers `model(input_ids)` on batches of 8 x 384 tokens (the reference figure the trainer's
               features are set against)
   features    our length-bucketed hidden-state pass (features.py) over the conversations' real lengths, once per
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         body = sum(p.numel() for n, p in model.model.named_parameters() if "embed_tokens" not in n)
         g = gflops(dtype)
         rows.append((name, "matmul GFLOPS (1024^3)", g))
-        rows.append((name, "FLOP bound of a target forward, tok/s", g * 1e9 / (2 * body)))
+        rows.append((name, "target forward at the matmul rate, tok/s", g * 1e9 / (2 * body)))
         small = args.small_bf16 and name == "bfloat16"
         seqs, prompts = conversations(tok, 4 if small else args.conversations)
         width = 64 if small else 384

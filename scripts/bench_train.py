@@ -163,6 +163,17 @@ def train_rate(model, seqs: list[torch.Tensor], bf16: bool, steps: int) -> float
     return steps * sum(len(e.input_ids) for e in ex) / s
 
 
+def budgets_arg(text: str) -> list[int]:
+    """`--batch-tokens 1024,8192` -> [1024, 8192]; each at least 16 (features.batch_tokens' lower bound)."""
+    try:
+        out = [int(b) for b in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integers, e.g. 1024,8192") from None
+    if not out or min(out) < 16:
+        raise argparse.ArgumentTypeError(f"{text!r}: every budget must be >= 16 tokens, e.g. 1024,8192")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench_train.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--conversations", type=int, default=32, help="ShareGPT conversations for features/answers")
@@ -171,12 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default="float32,bfloat16", help="target/head precisions to measure")
     ap.add_argument("--hf-batches", type=int, default=2, help="8 x 384 batches for the HF peer")
     ap.add_argument("--train-steps", type=int, default=3)
-    ap.add_argument("--batch-tokens", default="1024,8192",
+    ap.add_argument("--batch-tokens", type=budgets_arg, default="1024,8192",
                     help="comma-separated features.batch_tokens budgets to time the features step with")
+    ap.add_argument("--answer-prompts", type=int, default=16,
+                    help="prompts decoded as one batch in the answers step (the recipes' data.generate_batch_size is 64)")
     ap.add_argument("--small-bf16", action="store_true", help="on a CPU without native bf16 (emulated bf16 matmuls, "
                     "tens of times slower): measure bf16 on 8 x 64 tokens, 4 conversations and 1 training step")
     args = ap.parse_args(argv)
-    budgets = [int(b) for b in args.batch_tokens.split(",")]
+    if not 1 <= args.answer_prompts <= args.conversations:
+        ap.error(f"--answer-prompts {args.answer_prompts}: give 1..--conversations ({args.conversations}); raise "
+                 "--conversations for larger answer batches")
+    budgets = args.batch_tokens
     from builders.training.compute import cpu_has_native_bf16, usable_cores
 
     torch.set_num_threads(args.threads or usable_cores())
@@ -188,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = getattr(torch, name)
         model, tok = load(dtype)
         body = sum(p.numel() for n, p in model.model.named_parameters() if "embed_tokens" not in n)
+        first = len(rows)
         g = gflops(dtype)
         rows.append((name, "matmul GFLOPS (1024^3)", g))
         rows.append((name, "target forward at the matmul rate, tok/s", g * 1e9 / (2 * body)))
@@ -199,16 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         for bt in budgets:
             rows.append((name, f"features (length-bucketed, batch_tokens {bt}), tok/s", features_rate(model, seqs, bt)))
         if name == "float32":  # bf16 decoding on a CPU without native bf16 would take hours here
-            few = prompts[: min(len(prompts), 16)]
+            few = prompts[: args.answer_prompts]
             rows.append((name, "answers: HF generate + feature pass, tok/s",
                          answers_hf_then_features(model, tok, few, args.new_tokens)))
             rows.append((name, "answers: batched decode keeping features, tok/s",
                          answers_ours(model, tok, few, args.new_tokens)))
         rows.append((name, "train EAGLE-1 head (batch 8), tok/s", train_rate(model, seqs, name == "bfloat16",
                                                                              1 if small else args.train_steps)))
-        for r in rows[-(6 + len(budgets)):]:
-            if r[0] == name:
-                print(f"  {r[0]:>9}  {r[1]:<48} {r[2]:9.1f}", flush=True)
+        for r in rows[first:]:
+            print(f"  {r[0]:>9}  {r[1]:<48} {r[2]:9.1f}", flush=True)
     load1 = os.getloadavg()
     print(f"\nload average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     print("\n| precision | step | figure |\n|---|---|---|")

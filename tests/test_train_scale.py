@@ -86,8 +86,7 @@ def test_reserved_kv_layer_writes_in_place_and_refuses_to_overflow() -> None:
     from builders.training.generate import _reserved_layer_class
 
     keys, values = torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4, 3)
-    layer = _reserved_layer_class()(keys, values)
-    layer._grow(2)
+    layer = _reserved_layer_class()(keys, values, 2)
     assert layer.get_seq_length() == 2
     k, v = layer.update(torch.ones(2, 1, 1, 3), 2 * torch.ones(2, 1, 1, 3))
     assert k.shape == (2, 1, 3, 3) and k.data_ptr() == keys.data_ptr()  # a view of the reserved buffer
@@ -417,3 +416,19 @@ def test_curve_commands_share_one_cache_per_answer_type(tmp_path: Path) -> None:
     assert sets == ["data.responses=dataset", "data.num_conversations=320", "train.epochs=6",
                     f"work_dir={tmp_path}/work/dataset-256", f"output_dir={tmp_path}/heads/dataset-256",
                     "compute.threads=1"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-tokens", "8,x"], "'8,x': give comma-separated integers, e.g. 1024,8192"),
+    (["--batch-tokens", "8"], "'8': every budget must be >= 16 tokens"),
+    (["--answer-prompts", "64"], "--answer-prompts 64: give 1..--conversations (32)"),
+])
+def test_bench_train_rejects_bad_arguments(argv: list[str], message: str, capsys) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts/bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err

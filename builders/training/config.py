@@ -143,8 +143,8 @@ class FeaturesConfig(Strict):
     batch_tokens: int = Field(
         ge=16, description="Tokens per length-bucketed target forward (rows x padded length): sequences are sorted "
         "by length and packed into batches up to this budget, so padding wastes little. GPUs want large batches "
-        "(tens of thousands of tokens); on a CPU about 1024 is faster, the activations stay in cache "
-        "(`scripts/bench_train.py --batch-tokens` times several). Self-distilled answers (`data.responses: "
+        "(tens of thousands of tokens); on a CPU about 1024 ran faster (docs/benchmarks.md; "
+        "`scripts/bench_train.py --batch-tokens` times several). Self-distilled answers (`data.responses: "
         "regenerate`) bring their features, so it applies to them only with `storage: online`."
     )
 

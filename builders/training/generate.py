@@ -11,6 +11,7 @@ compute in a separate pass, at no extra target forward. Rows stop at an eos toke
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -61,21 +62,23 @@ def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cache.key_cache[layer], cache.value_cache[layer]  # transformers 4
 
 
+@functools.cache
 def _reserved_layer_class():
     """A transformers `DynamicLayer` whose keys and values are views of buffers reserved for the whole answer.
 
     `DynamicLayer.update` concatenates: every decode step allocates a new cache-sized tensor per layer and copies the
     whole cache into it, O(answer length^2) bytes per answer. Writing the new position in place copies one position;
-    the attention reads the filled prefix as a view. `_grow(n)` marks the first n positions filled."""
+    the attention reads the filled prefix as a view. (A function so that transformers is imported only when used.)"""
     from transformers.cache_utils import DynamicLayer
 
     class ReservedLayer(DynamicLayer):
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+            """keys, values: [B, kv_heads, capacity, head_dim], their first `filled` positions already written."""
             super().__init__()
-            self._k, self._v = keys, values  # [B, kv_heads, capacity, head_dim]
+            self._k, self._v = keys, values
             self.device = keys.device
             self.is_initialized = True
-            self._grow(0)
+            self._grow(filled)
 
         def _grow(self, n: int) -> None:
             self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
@@ -119,10 +122,7 @@ def prefill(model, prompts: list[list[int]], spec: FeatureSpec | None, rows: lis
             buffers[j][0][b, :, width - len(p) : width] = k[0]
             buffers[j][1][b, :, width - len(p) : width] = v[0]
     cache = DynamicCache()
-    reserved = _reserved_layer_class()
-    cache.layers = [reserved(k, v) for k, v in buffers]
-    for layer in cache.layers:
-        layer._grow(width)
+    cache.layers = [_reserved_layer_class()(k, v, width) for k, v in buffers]
     att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     pos = torch.tensor([[len(p) - 1] for p in prompts])
     return cache, att, pos, torch.stack(last)

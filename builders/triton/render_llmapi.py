@@ -60,7 +60,7 @@ def llm_options(bc: BuildConfig, build_dir: Path, options_file: Path) -> dict[st
 
 def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str:
     doc = {
-        "model": str(layout.hf_target_dir(build_dir)),
+        "model": str(layout.trtllm_model_dir(build_dir)),  # readable by its transformers (hf_compat)
         **options,
         # max_batch_size 0: the model takes one prompt per request (upstream's template value); the LLM API
         # batches requests in flight itself, up to the top-level max_batch_size.

@@ -40,6 +40,7 @@ def model_config(bc: BuildConfig, build_dir: Path, project_root: Path) -> mc.Mod
     if bc.triton.streaming:
         _decoupled(cfg, True)
     if bc.engine.backend == "reference":
+        _add_inputs(cfg, L.LORA_INPUTS)  # declared to be refused by name (models/llmapi_refusals.py)
         _params(cfg, {"project_root": str(project_root), "build_dir": str(build_dir.resolve()),
                       "max_queue_size": bc.triton.max_queue_size})
     return cfg

@@ -383,7 +383,7 @@ def test_current_image_follows_upstreams_install_recipe() -> None:
 def _dist(site: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
     d = site / f"{name}-{version}.dist-info"
     d.mkdir(parents=True)
-    lines = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
     (d / "METADATA").write_text("\n".join(lines) + "\n")
 
 

@@ -159,8 +159,8 @@ def test_every_directory_handed_to_trtllm_is_readable_by_its_transformers(versio
     from builders import ledger_check
     from builders.build import main as build_main
     from builders.convert.hf_compat import transformers4_problems
-    from tests.engine_cases import write_build_yaml
     from tests import tiny_models as tm
+    from tests.engine_cases import write_build_yaml
 
     target = _transformers5_target(tmp_path)
     head = tm.make_eagle3_head(tmp_path / "eagle3", target)

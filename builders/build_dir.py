@@ -165,12 +165,18 @@ def sha256_file(path: Path) -> str:
 
 
 def output_records(root: Path) -> list[dict[str, Any]]:
-    """Every file of a finished stage output with its size and sha256, for the manifest."""
-    return [
-        {"path": str(p.relative_to(root)), "size": p.stat().st_size, "sha256": sha256_file(p)}
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    ]
+    """Every file of a finished stage output with its size and sha256, for the manifest. A symbolic link (a stage that
+    links an input's weights, e.g. checkpoint/hf_model/) is recorded by its target: that file is an input, fingerprinted
+    as one, and hashing it again would cost as much as the weights are large."""
+    out: list[dict[str, Any]] = []
+    for p in sorted(root.rglob("*")):
+        if p.name == MANIFEST:
+            continue
+        if p.is_symlink():
+            out.append({"path": str(p.relative_to(root)), "link": os.readlink(p)})
+        elif p.is_file():
+            out.append({"path": str(p.relative_to(root)), "size": p.stat().st_size, "sha256": sha256_file(p)})
+    return out
 
 
 def output_damage(stage_dir: Path, manifest: dict[str, Any], verify: bool) -> list[str]:
@@ -182,6 +188,10 @@ def output_damage(stage_dir: Path, manifest: dict[str, Any], verify: bool) -> li
     damage = []
     for rec in records:
         p = stage_dir / str(rec.get("path"))
+        if "link" in rec:
+            if not p.is_symlink() or os.readlink(p) != rec["link"] or not p.is_file():
+                damage.append(f"{p} is not the link to {rec['link']} the build wrote (or its target is gone)")
+            continue
         if not p.is_file():
             damage.append(f"{p} is missing")
         elif p.stat().st_size != rec.get("size"):

@@ -1,7 +1,8 @@
 """The layout of a build directory: every stage's directory name and the files the stages share.
 
     <build>/config.resolved.yaml      the validated config with its filled-in defaults (builders/build.py)
-    <build>/checkpoint/               convert stage: TensorRT-LLM checkpoint, tokenizer/, eagle3/ (EAGLE-3 head)
+    <build>/checkpoint/               convert stage: TensorRT-LLM checkpoint, tokenizer/, eagle3/ (EAGLE-3 head),
+                                      hf_model/ (the target for a transformers-4 TensorRT-LLM, engine.backend pytorch)
     <build>/engine/                   engine stage: engines / LLM API options / reference.json (engines/spec.py)
     <build>/triton_repo/              Triton model repository
     <build>/logs/<stage>.log          each stage's log
@@ -29,6 +30,8 @@ TOKENIZER = "tokenizer"  # inside the checkpoint
 EAGLE3_HEAD = "eagle3"  # inside the checkpoint: the normalized EAGLE-3 head
 REFERENCE_SPEC = SPEC_FILE  # inside the engine directory
 HF_TARGET_NOTE = "hf_target_dir"  # the convert stage's manifest note naming the resolved HF target directory
+HF_MODEL = "hf_model"  # inside the checkpoint: the target's HF directory as a transformers-4 TensorRT-LLM reads it
+TRTLLM_MODEL_NOTE = "trtllm_model_dir"  # the convert stage's note: the HF directory handed to TensorRT-LLM
 
 
 class LayoutError(RuntimeError):
@@ -55,3 +58,15 @@ def hf_target_dir(build_dir: Path) -> Path:
             "(`python builders/build.py CONFIG --force`)"
         )
     return Path(notes[HF_TARGET_NOTE])
+
+
+def trtllm_model_dir(build_dir: Path) -> Path:
+    """The HF directory TensorRT-LLM loads the target and its tokenizer from (trtllm-serve, model.yaml `model`): the
+    convert stage's transformers-4 copy where the version needs one, else the resolved target (recorded once)."""
+    notes = manifest(build_dir, CHECKPOINT).get("notes", {})
+    if TRTLLM_MODEL_NOTE not in notes:
+        raise LayoutError(
+            f"{Path(build_dir) / CHECKPOINT / MANIFEST} has no notes.{TRTLLM_MODEL_NOTE}; rerun the convert stage "
+            "(`python builders/build.py CONFIG --force`)"
+        )
+    return Path(notes[TRTLLM_MODEL_NOTE])

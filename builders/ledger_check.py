@@ -2,13 +2,15 @@
 version, and every required row is present.
 
     python -m builders.ledger_check CONFIG.yaml [--set k=v ...]
+    python -m builders.ledger_check --upstream-report [--version V]
 
 reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
 problems (exit 1) or "ledger: N names checked, all cited" (exit 0). tests/test_ledger.py runs the same functions on
-real builds of every backend and version.
+real builds of every backend and version. --upstream-report lists, per supported version, each row's upstream
+citation and when it was last read, oldest first (builders/trtllm/ledger_report.py): where the next reading starts.
 
-Inputs:  CONFIG.yaml of a finished build (its output_dir is read)
-Outputs: the problems found (exit 1) or the number of names checked (exit 0)
+Inputs:  CONFIG.yaml of a finished build (its output_dir is read); nothing for --upstream-report
+Outputs: the problems found (exit 1) or the number of names checked (exit 0); the report (exit 0)
 Guide:   docs/contracts.md
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from builders import layout
 from builders.config import ConfigError, load_config
 from builders.engine import llmapi, stage, trtllm_build
 from builders.trtllm import ledger, registry
@@ -51,10 +54,10 @@ def checkpoint_names(ckpt: Path) -> Emitted:
     return out
 
 
-def eagle3_names(written: dict[str, Any], source: dict[str, Any]) -> Emitted:
-    """Keys the converter adds to or changes in the head's own config.json (the rest is the head's, passed on)."""
+def eagle3_names(written: dict[str, Any], source: dict[str, Any], surface: str = "eagle3.config") -> Emitted:
+    """Keys the converter adds to or changes in the head's (or target's) own config.json (the rest is passed on)."""
     ours = {k for k, v in written.items() if k not in source or source[k] != v}
-    return {"eagle3.config": ours}
+    return {surface: ours}
 
 
 def pbtxt_fields(msg: Any, prefix: str = "") -> set[str]:
@@ -134,9 +137,14 @@ def build_names(cfg: Any, build: Path) -> Emitted:
     if (ckpt / "eagle3" / "config.json").is_file() and Path(cfg.draft.model, "config.json").is_file():
         written = json.loads((ckpt / "eagle3" / "config.json").read_text())
         out.update(eagle3_names(written, json.loads(Path(cfg.draft.model, "config.json").read_text())))
-    tok = ckpt / "tokenizer" / "tokenizer_config.json"
-    if tok.is_file():
-        _add(out, "tokenizer.config", {"tokenizer_class"} & set(json.loads(tok.read_text())))
+    for tok in (ckpt / layout.TOKENIZER / "tokenizer_config.json", ckpt / layout.HF_MODEL / "tokenizer_config.json"):
+        if tok.is_file():
+            _add(out, "tokenizer.config", {"tokenizer_class"} & set(json.loads(tok.read_text())))
+    hf_model = ckpt / layout.HF_MODEL / "config.json"
+    if hf_model.is_file():  # the keys the transformers-4 copy adds to or changes in the target's own config
+        out.update(eagle3_names(json.loads(hf_model.read_text()),
+                                json.loads((layout.hf_target_dir(build) / "config.json").read_text()),
+                                surface="hf_model.config"))
     if cfg.engine.backend == "tensorrt":
         _add(out, "trtllm-build.flag", ledger.argv_flags(trtllm_build.trtllm_build_argv(cfg, ckpt, build / "engine")))
     if cfg.engine.backend == "pytorch":
@@ -156,9 +164,22 @@ def build_names(cfg: Any, build: Path) -> Emitted:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m builders.ledger_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("config")
+    ap.add_argument("config", nargs="?", help="the build config (not with --upstream-report)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--upstream-report", action="store_true",
+                    help="per version, every row's upstream citation and when it was last read, oldest first")
+    ap.add_argument("--version", action="append", choices=list(registry.VERSIONS),
+                    help="with --upstream-report: only this trtllm_version (repeatable)")
     args = ap.parse_args(argv)
+    if args.upstream_report:
+        from builders.trtllm import ledger_report
+
+        if args.config is not None:
+            ap.error("--upstream-report reads the ledger, not a build: leave out CONFIG")
+        print(ledger_report.render(args.version))
+        return 0
+    if args.config is None:
+        ap.error("give the build CONFIG (or --upstream-report)")
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:

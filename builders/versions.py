@@ -41,6 +41,11 @@ CURRENT_TRTLLM_VERSION = "1.4.0rc4"  # builders/trtllm/registry.py VERSIONS["1.4
 CURRENT_TRTLLM_TAG = "v1.4.0rc4"
 CURRENT_TRITON_BASE = "nvcr.io/nvidia/tritonserver:26.07-py3"  # the newest Triton in the matrix (CUDA 13.1)
 CURRENT_GPU_IMAGE = f"eagle-deploy:trtllm{CURRENT_TRTLLM_VERSION}"
+# TensorRT-LLM's pip recipe (docs/source/installation/installation-guide.md, "Install on Linux via pip"): the PyTorch
+# CUDA 13.0 build first ("to align with the CUDA version used for building TensorRT LLM wheels"; pip's default torch
+# is a CUDA 12.8 build), Open MPI (`apt-get install libopenmpi-dev`), then the wheel with torch held by a constraints
+# file. docker/Dockerfile.current follows it; the build checks the result (current_image_problems).
+CURRENT_TORCH_CUDA = "cu130"  # the local version tag of that torch build (torch==X+cu130)
 LLMAPI_MODEL_FILES = ("/app/all_models/llmapi/tensorrt_llm/1/model.py", "/app/all_models/llmapi/tensorrt_llm/1/helpers.py")
 
 # ---- the engine flow ----------------------------------------------------------------------------------------------
@@ -118,18 +123,80 @@ def image_pin_problems() -> list[str]:
     return []
 
 
-def current_image_problems() -> list[str]:
-    """Run by docker/Dockerfile.current while building: the wheel is the recorded current release and the llmapi
-    Triton model files are where docker/serve.py takes them from."""
+def _dist(name: str, path: list[str] | None) -> metadata.Distribution | None:
+    """The installed distribution `name` (any spelling: tensorrt_llm / tensorrt-llm) on `path` (None: sys.path)."""
+    from packaging.utils import canonicalize_name
+
+    want = canonicalize_name(name)
+    found = metadata.distributions() if path is None else metadata.distributions(path=path)
+    return next((d for d in found if canonicalize_name(d.metadata["Name"] or "") == want), None)
+
+
+def requirement_problems(dist_name: str, path: list[str] | None = None) -> list[str]:
+    """What `pip check` would say about one wheel: each requirement it declares (for this platform, no extras) is
+    installed at a version it accepts. A base image's other packages are not this image's concern."""
+    from packaging.requirements import Requirement
+
+    dist = _dist(dist_name, path)
+    if dist is None:
+        return [f"{dist_name} is not installed"]
+    who = f"{dist.metadata['Name']} {dist.version}"
+    p: list[str] = []
+    for line in dist.requires or []:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        have = _dist(req.name, path)
+        if have is None:
+            p.append(f"{who} requires {req} but {req.name} is not installed")
+        elif not req.specifier.contains(have.version, prereleases=True):
+            p.append(f"{who} requires {req} but {req.name} {have.version} is installed")
+    return p
+
+
+def torch_cuda_problems(path: list[str] | None = None) -> list[str]:
+    """The torch TensorRT-LLM's wheels are built against: the CUDA build recorded in CURRENT_TORCH_CUDA."""
+    torch = _dist("torch", path)
+    if torch is None:
+        return ["torch is not installed: install the PyTorch CUDA build first (docker/Dockerfile.current)"]
+    local = torch.version.partition("+")[2]
+    if local != CURRENT_TORCH_CUDA:
+        return [f"torch {torch.version} is not the {CURRENT_TORCH_CUDA} build TensorRT-LLM {CURRENT_TRTLLM_VERSION}'s "
+                f"wheel needs (pip's default torch is a CUDA 12.8 build): install torch from the {CURRENT_TORCH_CUDA} "
+                "index before tensorrt_llm and hold it with a constraints file (docker/Dockerfile.current)"]
+    return []
+
+
+def mpi_problems(path: list[str] | None = None) -> list[str]:
+    """mpi4py (TensorRT-LLM's LLM API and Triton model spawn their workers with it) and the Open MPI library it
+    loads, which the Triton base image does not carry."""
+    import ctypes.util
+
+    p = [] if _dist("mpi4py", path) else ["mpi4py is not installed (TensorRT-LLM's LLM API needs it)"]
+    if ctypes.util.find_library("mpi") is None:
+        p.append("no MPI library (libmpi) found: install the distribution's Open MPI (`apt-get install "
+                 "libopenmpi-dev`, as TensorRT-LLM's install guide does)")
+    return p
+
+
+def current_image_problems(path: list[str] | None = None) -> list[str]:
+    """Run by docker/Dockerfile.current while building (no GPU there: nothing is imported): the wheel is the recorded
+    current release with everything it requires, torch is the CUDA build it needs, MPI is there, and the llmapi
+    Triton model files are where docker/serve.py takes them from. The import itself is checked when the container
+    starts (builders/startup.py trtllm_import_problems)."""
     from pathlib import Path
 
-    got = installed_trtllm()
+    dist = _dist("tensorrt_llm", path)
+    got = None if dist is None else InstalledTrtllm(dist.metadata["Name"], dist.version)
     p = []
     if got is None or Version(got.version).release[:3] != Version(CURRENT_TRTLLM_VERSION).release[:3] or (
             Version(got.version).pre != Version(CURRENT_TRTLLM_VERSION).pre):
         p.append(f"the image holds TensorRT-LLM {got.version if got else 'none'}, builders/versions.py records "
                  f"{CURRENT_TRTLLM_VERSION} (CURRENT_TRTLLM_VERSION); build with --build-arg "
                  f"TRTLLM_VERSION={CURRENT_TRTLLM_VERSION} or update the record and the registry")
+    if got is not None:
+        p += requirement_problems(got.distribution, path)
+    p += torch_cuda_problems(path) + mpi_problems(path)
     p += [f"{f} missing: copy TensorRT-LLM {CURRENT_TRTLLM_TAG}'s triton_backend/all_models into /app/all_models"
           for f in LLMAPI_MODEL_FILES if not Path(f).is_file()]
     return p

@@ -28,7 +28,8 @@ if str(REPO) not in sys.path:  # run as a script: make the project importable
 
 from builders.config import BuildConfig  # noqa: E402
 from builders.layout import MANIFEST  # noqa: E402
-from builders.startup import startup_problems  # noqa: E402
+from builders.startup import startup_problems, trtllm_import_problems  # noqa: E402
+from builders.versions import installed_trtllm  # noqa: E402
 
 RESOLVED = "config.resolved.yaml"
 EXIT_PROBLEM = 2
@@ -72,6 +73,8 @@ def world_size(cfg: BuildConfig) -> int:
 
 def check_build(build_dir: Path, cfg: BuildConfig, repo_stage: str) -> list[str]:
     problems = list(startup_problems(cfg.engine.backend, cfg.trtllm_version))
+    if not problems and cfg.engine.backend != "reference" and installed_trtllm() is not None:
+        problems += trtllm_import_problems(cfg.trtllm_version)  # the image's install, before Triton starts
     made_at = Path(cfg.output_dir).resolve()
     if made_at != build_dir.resolve():
         # The rendered model configs hold absolute paths (engine, tokenizer, build dir): serve where it was built.

@@ -360,3 +360,107 @@ def test_gpu_requirements_leave_nvidia_builds_alone() -> None:
     nvidia_builds = {"torch", "transformers", "tensorrt_llm", "tensorrt-llm", "nvidia-modelopt", "tensorrt"}
     assert names and not names & nvidia_builds
     assert "numpy" in names  # and numpy is held < 2 like the image's TensorRT-LLM needs
+
+
+# ---- the current-line image proves its own install ---------------------------------------------------------------
+
+
+def test_current_image_follows_upstreams_install_recipe() -> None:
+    """TensorRT-LLM's pip recipe (installation-guide.md): Open MPI, the PyTorch CUDA 13.0 build first, then the wheel
+    with torch held by a constraints file; the build check runs last, over everything installed."""
+    text = (DOCKER / "Dockerfile.current").read_text()
+    mpi = text.index("apt-get install -y --no-install-recommends libopenmpi-dev")
+    torch = text.index('"torch==${TORCH_VERSION}"')
+    wheel = text.index('-c /tmp/torch-constraint.txt \\\n        "tensorrt_llm==${TRTLLM_VERSION}"')
+    check = text.index("current_image_problems")
+    assert mpi < torch < wheel < check and text.index("COPY --chown") < check
+    assert re.search(r'--index-url "\$\{TORCH_INDEX_URL\}"', text[torch - 200:torch])
+    (index_url,) = re.findall(r"^ARG TORCH_INDEX_URL=(\S+)$", text, re.M)
+    assert index_url.endswith("/" + versions.CURRENT_TORCH_CUDA)
+    assert "print('torch==' + m.version('torch'))\" > /tmp/torch-constraint.txt" in text
+
+
+def _dist(site: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    d = site / f"{name}-{version}.dist-info"
+    d.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (d / "METADATA").write_text("\n".join(lines) + "\n")
+
+
+TRTLLM_REQUIRES = ("torch<=2.12.0,>=2.12.0a0", "mpi4py", "transformers>=5.3.0", "pytest; extra == \"dev\"")
+
+
+def _image_site(root: Path, trtllm: str = versions.CURRENT_TRTLLM_VERSION, torch: str = "2.12.0+cu130",
+                mpi4py: bool = True) -> Path:
+    site = root / "site"
+    _dist(site, "tensorrt_llm", trtllm, TRTLLM_REQUIRES)
+    _dist(site, "torch", torch)
+    _dist(site, "transformers", "5.3.0")
+    if mpi4py:
+        _dist(site, "mpi4py", "4.1.1")
+    return site
+
+
+@pytest.mark.parametrize(("site_kw", "expect"), [
+    ({}, []),
+    ({"torch": "2.12.0"}, ["torch 2.12.0 is not the cu130 build"]),
+    ({"torch": "2.11.0+cu130"}, ["requires torch<=2.12.0,>=2.12.0a0 but torch 2.11.0+cu130 is installed"]),
+    ({"mpi4py": False}, ["requires mpi4py but mpi4py is not installed", "mpi4py is not installed (TensorRT-LLM's"]),
+    ({"trtllm": "1.4.0rc3"}, ["the image holds TensorRT-LLM 1.4.0rc3, builders/versions.py records 1.4.0rc4"]),
+])  # fmt: skip
+def test_current_image_build_check_reads_the_installed_metadata(tmp_path: Path, site_kw: dict, expect: list[str]) -> None:
+    """What docker/Dockerfile.current's RUN check says about an installed set of wheels (their metadata: the build has
+    no GPU, so nothing is imported). The model-file and MPI-library lines depend on the machine, not the wheels."""
+    site = _image_site(tmp_path, **site_kw)
+    p = [x for x in versions.current_image_problems([str(site)])
+         if "/app/all_models" not in x and "no MPI library" not in x]
+    assert len(p) == len(expect) and all(e in x for e, x in zip(expect, p)), p
+
+
+def test_current_image_build_check_fails_the_docker_run_line(tmp_path: Path) -> None:
+    """The Dockerfile's own RUN command, on wheels that do not fit: exit status non-zero, every problem named."""
+    text = (DOCKER / "Dockerfile.current").read_text()
+    (code,) = re.findall(r'RUN python3 -c "(from builders\.versions import current_image_problems[^"]*)"', text)
+    site = _image_site(tmp_path, torch="2.12.0", mpi4py=False)
+    proc = _run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"})
+    assert proc.returncode == 1
+    assert "torch 2.12.0 is not the cu130 build" in proc.stderr and "mpi4py is not installed" in proc.stderr
+
+
+def _fake_trtllm(site: Path, body: str) -> None:
+    """An importable `tensorrt_llm` whose import does what a real image's might (fail, or report a version)."""
+    (site / "tensorrt_llm").mkdir(parents=True, exist_ok=True)
+    (site / "tensorrt_llm" / "__init__.py").write_text(body)
+
+
+def test_serve_imports_trtllm_before_triton_starts(tmp_path: Path) -> None:
+    """docker/serve.py (the container's `serve`) imports TensorRT-LLM in a fresh interpreter before it starts Triton:
+    an image where the import fails, or reports another release, does not start."""
+    from builders.build import main as build_main
+    from tests import tiny_models as tm
+    from tests.engine_cases import write_build_yaml
+
+    target = tm.make_target(tmp_path / "target", layers=8)
+    head = tm.make_eagle3_head(tmp_path / "eagle3", target)
+    f = write_build_yaml(tmp_path / "c.yaml", output_dir=tmp_path / "build", target=target, head=head, draft="eagle3",
+                         backend="pytorch", tree="chain-2", name="serve-import", version="1.4")
+    assert build_main([str(f)]) == 0
+    site = tmp_path / "site"
+    _dist(site, "tensorrt_llm", versions.CURRENT_TRTLLM_VERSION)  # the metadata matches: only the import can tell
+    upstream = tmp_path / "llmapi"
+    upstream.mkdir()
+    for name in ("model.py", "helpers.py"):
+        (upstream / name).write_text("# upstream's file\n")
+    env = {**os.environ, "PYTHONPATH": str(site), serve.UPSTREAM_LLMAPI_ENV: str(upstream)}
+    argv = [sys.executable, "docker/serve.py", str(tmp_path / "build"), "--print-argv"]
+    _fake_trtllm(site, 'raise ImportError("libcuda.so.1: cannot open shared object file")\n')
+    proc = _run(argv, env=env)
+    assert proc.returncode == 2 and "launch.py" not in proc.stdout
+    assert "`import tensorrt_llm` fails in this image: ImportError: libcuda.so.1" in proc.stderr
+    _fake_trtllm(site, '__version__ = "1.4.0rc3"\n')
+    proc = _run(argv, env=env)
+    assert proc.returncode == 2 and "the imported TensorRT-LLM reports '1.4.0rc3'" in proc.stderr
+    _fake_trtllm(site, f'__version__ = "{versions.CURRENT_TRTLLM_VERSION}"\n')
+    proc = _run(argv, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "launch.py" in proc.stdout

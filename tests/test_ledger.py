@@ -218,7 +218,7 @@ def test_every_row_is_well_formed() -> None:
         for v in r.versions:
             assert "@" in r.cite(v) and r.source.path in r.cite(v)
     cited = {f"{r.source.repo}:{r.source.path}" for r in rows if r.source.repo == "NVIDIA/TensorRT-LLM"}
-    read = " ".join(f for f, _, _ in ledger_docs.SOURCES)
+    read = " ".join(f for f, _, _, _ in ledger_docs.SOURCES)
     unread = {c for c in cited if c.split(":", 1)[1] not in read}
     assert unread == {"NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_speculative.py"}  # listed as not verified
     assert any("modeling_speculative.py" in u for u in ledger_docs.UNVERIFIED)
@@ -246,3 +246,54 @@ def test_installed_trtllm_must_match_the_configs_version() -> None:
                    "is 1.2.1; set trtllm_version: '1.2' and rebuild, or install TensorRT-LLM 1.1.0")
     (new,) = registry.installed_mismatch("1.2", "1.3.0rc1")
     assert "installed TensorRT-LLM is 1.3.0rc1; run in the pinned image" in new and "Checking a new" in new
+
+
+def test_every_upstream_llmapi_input_is_declared_or_refused_with_the_reason(current_build: tuple[Any, Path]) -> None:
+    """Upstream's llmapi config.pbtxt (as read: docs/contracts.md, Sources) has optional lora_* and image_url inputs:
+    each input is a ledger row or recorded as not declared, and the repository says the same."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from builders.trtllm import ledger_llmapi
+
+    rows = {r.name for r in ledger.rows_for("triton.llmapi.input", "1.4")}
+    refused = {n for entry, _, _ in ledger_llmapi.NOT_DECLARED for n in entry.split(" (")[0].split(" / ")}
+    assert set(ledger_llmapi.UPSTREAM_INPUTS) <= rows | refused and "image_url" in refused - rows
+    assert all(why for _, _, why in ledger_llmapi.NOT_DECLARED)
+    cfg, build = current_build
+    pbtxt = text_format.Parse((build / "triton_repo" / "tensorrt_llm" / "config.pbtxt").read_text(), mc.ModelConfig())
+    declared = {t.name: t for t in pbtxt.input}
+    lora = {"lora_id", "lora_name", "lora_path", "lora_ckpt_source"}
+    assert "image_url" not in declared
+    if cfg.engine.backend == "reference":  # declared only to be refused by name (models/llmapi_refusals.py)
+        assert lora <= set(declared) and all(declared[n].optional for n in lora)
+        assert declared["lora_id"].data_type == mc.TYPE_UINT64
+    else:
+        assert not lora & set(declared)
+
+
+def test_upstream_report_lists_every_citation_with_its_last_reading(capsys: pytest.CaptureFixture) -> None:
+    from builders.trtllm import ledger_report
+
+    assert ledger_check.main(["--upstream-report"]) == 0
+    out = capsys.readouterr().out
+    for key, v in registry.VERSIONS.items():
+        assert f"{v.name} (trtllm_version '{key}', tag {v.tag})" in out
+        cs = ledger_report.citations(key)
+        assert sum(len(c.names) for c in cs) == len([r for r in ledger.all_rows() if key in r.versions])
+        for c in cs:
+            assert c.cite in out
+        order = [c.read_on for c in cs]
+        dated = [d for d in order if d not in (ledger_report.NEVER, ledger_report.OURS)]
+        assert dated == sorted(dated) and order.index(dated[0]) > max(
+            (i for i, d in enumerate(order) if d == ledger_report.NEVER), default=-1)
+    # a citation nothing in Sources names is reported as never read; this round's readings carry their day
+    (modeling,) = [c for c in ledger_report.citations("1.4") if "modeling_speculative.py" in c.cite]
+    assert modeling.read_on == ledger_report.NEVER
+    (workers,) = [c for c in ledger_report.citations("1.2") if "_torch/speculative/eagle3.py" in c.cite]
+    assert workers.read_on == "2026-12-03" and "3952401809" in workers.version_read
+    assert ledger_check.main(["--upstream-report", "--version", "1.2"]) == 0
+    only = capsys.readouterr().out
+    assert "trtllm_version '1.2'" in only and "trtllm_version '1.4'" not in only
+    with pytest.raises(SystemExit):
+        ledger_check.main(["--upstream-report", "some.yaml"])

@@ -149,14 +149,17 @@ def test_pytorch_stage_writes_yaml_and_serve_command(tmp_path: Path, tiny_target
     (ck / "eagle3").mkdir(parents=True)
     (ck / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
     (ck / "eagle3" / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1]}))
-    (ck / "manifest.json").write_text(json.dumps({"notes": {"hf_target_dir": str(tiny_target)}}))
+    hf_model = ck / "hf_model"  # the convert stage's note: the directory TensorRT-LLM loads (builders/layout.py)
+    (ck / "manifest.json").write_text(json.dumps({"notes": {"hf_target_dir": str(tiny_target),
+                                                            "trtllm_model_dir": str(hf_model)}}))
     out, _ = run_stage(stage.ENGINE_STAGE, cfg, tmp_path)
     opts = yaml.safe_load((out / llmapi.OPTIONS_FILE).read_text())
     assert opts["speculative_config"]["speculative_model_dir"] == str(ck / "eagle3")
     assert opts["speculative_config"]["eagle3_layers_to_capture"] == [0]
     serve_file = json.loads((out / stage.SERVE_FILE).read_text())
     serve = serve_file["argv"]
-    assert serve[1] == str(tiny_target) and serve[-1] == str(out / llmapi.OPTIONS_FILE)
+    assert serve[1] == serve[5] == str(hf_model) and serve[4] == "--tokenizer"
+    assert serve[-1] == str(out / llmapi.OPTIONS_FILE)
     assert serve_file["trtllm_version"] == "1.2"
     # an EAGLE-3 id the engine cannot capture is refused with the fix
     (ck / "eagle3" / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [0, 1]}))

@@ -123,6 +123,41 @@ def test_raw_wire_is_upstreams(server: Any) -> None:
     c.stop_stream()
 
 
+def test_upstreams_lora_inputs_are_refused_by_name_and_image_url_by_triton(server: Any) -> None:
+    """Upstream's config.pbtxt declares lora_* and image_url: the reference engine serves neither. lora_* are declared
+    here to be refused naming them (INVALID_ARGUMENT, models/llmapi_refusals.py); image_url is not declared
+    (builders/trtllm/ledger_llmapi.py NOT_DECLARED), so Triton refuses it. Either way no text comes back."""
+    import queue
+
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue[Any] = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+
+    def inp(name: str, arr: np.ndarray, dt: str) -> Any:
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    def error_of(extra: list[Any], rid: str) -> str:
+        c.async_stream_infer("tensorrt_llm", [inp("text_input", np.array([PROMPT.encode()], dtype=object), "BYTES"),
+                                              inp("streaming", np.array([True]), "BOOL")] + extra, request_id=rid)
+        result, error = got.get(timeout=60)
+        assert result is None or result.as_numpy("text_output")[0] == b"N/A", result
+        assert isinstance(error, InferenceServerException), (result, error)
+        return str(error)
+
+    lora = {"lora_id": (np.array([7], np.uint64), "UINT64"),
+            "lora_name": (np.array([b"adapter"], dtype=object), "BYTES"),
+            "lora_path": (np.array([b"/adapters/a"], dtype=object), "BYTES"),
+            "lora_ckpt_source": (np.array([b"hf"], dtype=object), "BYTES")}
+    for i, sent in enumerate((["lora_id"], ["lora_name", "lora_path"], list(lora))):
+        msg = error_of([inp(n, *lora[n]) for n in sent], f"lora{i}")
+        assert f"{', '.join(sent)}: LoRA adapters are not served by this deployment" in msg
+    msg = error_of([inp("image_url", np.array([b"https://example.com/a.jpg"], dtype=object), "BYTES")], "img")
+    assert "unexpected inference input 'image_url'" in msg
+    c.stop_stream()
+
+
 def test_http_generate_endpoint_takes_sampling_param_max_tokens(server: Any, greedy_text: str) -> None:
     """genai-perf's `generate` endpoint type: JSON keys naming model inputs become inputs."""
     body = json.dumps({"text_input": [PROMPT], "sampling_param_max_tokens": N}).encode()

@@ -231,7 +231,8 @@ def test_pytorch_render_golden(pytorch_build: tuple[Any, Path], target4: Path, t
     render.render(cfg, build, repo)
     doc = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     options = yaml.safe_load((build / "engine" / render.LLMAPI_OPTIONS_FILE).read_text())
-    assert doc["backend"] == "pytorch" and Path(doc["model"]) == target4.resolve()
+    # 1.2 reads with transformers 4: the model is the convert stage's transformers-4 copy of the target
+    assert doc["backend"] == "pytorch" and Path(doc["model"]) == (build / "checkpoint" / "hf_model").resolve()
     assert {k: v for k, v in doc.items() if k not in ("model", "backend", "triton_config")} == options
     assert doc["triton_config"] == {"max_batch_size": 8, "decoupled": True}
     assert parse(repo, "tensorrt_llm").parameters["llm_kind"].string_value == "pytorch"

@@ -40,6 +40,19 @@ INPUTS: tuple[Tensor, ...] = (
     Tensor("stop", "TYPE_BOOL", (1,), True, False, "Cancel the requests with this request's id."),
 )  # fmt: skip
 
+# Upstream's config.pbtxt also declares LoRA adapter selection (lora_id, lora_name, lora_path: all three together;
+# lora_ckpt_source optional, default "hf"; helpers.py get_lora_request_from_request). The reference engine cannot
+# honour them, so its repository declares them only to refuse them by name with INVALID_ARGUMENT
+# (models/llmapi_refusals.py) instead of Triton's "unexpected inference input". engine.backend pytorch does not
+# declare them: our model.yaml writes no `lora_config`, so TensorRT-LLM's LLM has no LoRA; Triton refuses the input.
+# `image_url` is declared nowhere (builders/trtllm/ledger_llmapi.py NOT_DECLARED says why).
+LORA_INPUTS: tuple[Tensor, ...] = (
+    Tensor("lora_id", "TYPE_UINT64", (1,), True, None, "Refused: no LoRA adapters here."),
+    Tensor("lora_name", "TYPE_STRING", (1,), True, None, "Refused: no LoRA adapters here."),
+    Tensor("lora_path", "TYPE_STRING", (1,), True, None, "Refused: no LoRA adapters here."),
+    Tensor("lora_ckpt_source", "TYPE_STRING", (1,), True, None, "Refused: no LoRA adapters here."),
+)
+
 PERF_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("kv_cache_reused_block", "TYPE_INT32", (-1,)),
     Tensor("kv_cache_hit_rate", "TYPE_FP32", (-1,)),

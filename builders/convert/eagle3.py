@@ -26,6 +26,7 @@ import torch
 
 from builders.layout import EAGLE3_HEAD
 from engines.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
+from builders.convert.hf_compat import transformers4_config
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
 
@@ -116,23 +117,18 @@ def _t2d_from_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
 
 def normalized_config(head_cfg: dict[str, Any], head: LlamaSpec, target: LlamaSpec, *, dtype: str,
                       layer_ids: list[int], draft_vocab: int, bias: bool, prov: Provenance) -> dict[str, Any]:
-    cfg = dict(head_cfg)
+    # transformers-4 readers (TensorRT-LLM 1.1/1.2's PyTorch backend) take the RoPE base from the top-level
+    # rope_theta only; a head saved by transformers 5 carries it in rope_parameters alone (builders/convert/hf_compat.py).
+    cfg = transformers4_config(head_cfg, rope_theta=head.rope_theta, rope_scaling=head.rope_scaling, dtype=dtype)
     cfg.update(
         architectures=["LlamaForCausalLMEagle3"],
-        torch_dtype=dtype,
-        dtype=dtype,
         num_hidden_layers=head.num_hidden_layers,
         draft_vocab_size=draft_vocab,
         target_hidden_size=target.hidden_size,
         eagle_aux_hidden_state_layer_ids=layer_ids,
         bias=bias,
-        # transformers-4 readers (TensorRT-LLM 1.1/1.2's PyTorch backend) take the RoPE base from the top-level
-        # rope_theta only; a head saved by transformers 5 carries it in rope_parameters alone.
-        rope_theta=head.rope_theta,
         eagle_deploy=dict(prov.to_json(), trtllm_layers_to_capture=[i - 1 for i in layer_ids]),
     )
-    if head.rope_scaling is not None:
-        cfg["rope_scaling"] = head.rope_scaling
     cfg.pop("eagle_config", None)  # its layer ids are now top-level; TensorRT-LLM reads them from nowhere else
     return cfg
 

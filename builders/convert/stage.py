@@ -20,7 +20,8 @@ from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
 from builders.model_source import ModelSourceError, resolve_target
-from builders.layout import CHECKPOINT, HF_TARGET_NOTE
+from builders.convert.hf_compat import needs_transformers4_copy, write_transformers4_copy
+from builders.layout import CHECKPOINT, HF_MODEL, HF_TARGET_NOTE, TRTLLM_MODEL_NOTE
 from builders.pipeline import Stage, StageContext, StageError
 
 STAGE_NAME = CHECKPOINT
@@ -50,9 +51,20 @@ def plan_outputs(cfg: BuildConfig) -> list[str]:
     out.append("tokenizer/")
     if cfg.draft.type == "eagle3":
         out.append(f"{EAGLE3_DIR}/ (normalized EAGLE-3 head: config.json + model.safetensors)")
+    if needs_transformers4_copy(cfg):
+        out.append(f"{HF_MODEL}/ (the target's HF directory as TensorRT-LLM's transformers 4 reads it)")
     if cfg.draft.model == "random":
         out.append(f"{RANDOM_HEAD_DIR}/ ({RANDOM_LABEL} EAGLE-1 head, seed {cfg.draft.seed}: acceptance ~0)")
     return out
+
+
+def _trtllm_model_dir(ctx: StageContext, hf: Path) -> Path:
+    if not needs_transformers4_copy(ctx.cfg):
+        return hf
+    changed = write_transformers4_copy(hf, ctx.out / HF_MODEL)
+    _log(ctx, f"{HF_MODEL}/: {hf} as transformers 4 reads it (config keys {changed} rewritten, tokenizer_config.json "
+              "as tokenizer/, weights linked)")
+    return ctx.final / HF_MODEL
 
 
 def run(ctx: StageContext) -> None:
@@ -91,6 +103,7 @@ def run(ctx: StageContext) -> None:
     except ValueError as e:  # ModelConfigError / WeightFileError: inputs changed since preflight
         raise StageError(str(e)) from e
     _log(ctx, "checkpoint written")
+    ctx.notes[TRTLLM_MODEL_NOTE] = str(_trtllm_model_dir(ctx, hf))
     # FP8 (builders/convert/fp8.py): calibrate + export the target in FP8 into the checkpoint just written
     if cfg.quantization.weights == "fp8" or cfg.quantization.kv_cache == "fp8":
         from builders.convert.fp8 import Fp8Error, run_fp8

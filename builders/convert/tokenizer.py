@@ -73,12 +73,17 @@ def transformers4_tokenizer_config(cfg: dict[str, Any], has_tokenizer_json: bool
 
 def copy_tokenizer(hf_dir: Path, out_dir: Path) -> list[str]:
     """Copy the tokenizer files present in `hf_dir` to `out_dir/tokenizer/`; returns the names copied."""
+    return write_tokenizer_files(hf_dir, out_dir / TOKENIZER)
+
+
+def write_tokenizer_files(hf_dir: Path, dest: Path) -> list[str]:
+    """The tokenizer files of `hf_dir` in `dest`, tokenizer_config.json rewritten for transformers 4 and 5 alike
+    (`transformers4_tokenizer_config`); returns the names written."""
     present = [n for n in TOKENIZER_FILES if (hf_dir / n).is_file()]
     if "tokenizer.json" not in present and "tokenizer.model" not in present:
         raise ModelConfigError(
             f"{hf_dir}: no tokenizer.json or tokenizer.model; the target directory must include its tokenizer"
         )
-    dest = out_dir / TOKENIZER
     dest.mkdir(parents=True, exist_ok=True)
     for n in present:
         if n == "tokenizer_config.json":

@@ -5,11 +5,12 @@ contract ledger (builders/trtllm/ledger_llmapi.py, cited to tensorrt_llm/llmapi/
 - `speculative_config.decoding_type` selects the EAGLE-3 worker on the PyTorch backend: `Eagle` on 1.1/1.2
   (EagleDecodingConfig.spec_dec_mode -> EAGLE3 / EAGLE3_ONE_MODEL), `Eagle3` on the current line
   (Eagle3DecodingConfig); `speculative_model_dir` (1.1/1.2) or `speculative_model` (current line) names the head;
-  `eagle3_one_model` only where the field still exists;
+  `eagle3_one_model` only where the field still exists (true for chains, false for a static tree);
 - `max_draft_len` = number of drafting steps (tree depth). A chain is the default linear tree: nothing else is
   written, which every supported version accepts;
 - a static tree (versions with `pytorch_static_tree`): `eagle_choices` and, where the field exists,
-  `max_total_draft_tokens` (= the number of tree nodes);
+  `max_total_draft_tokens` (= the number of tree nodes), with `eagle3_one_model: false`: only the two-model path
+  builds a tree (1.2's one-model worker drafts chains);
 - a dynamic tree (versions with `pytorch_dynamic_tree`, i.e. the current line): `use_dynamic_tree`, `dynamic_tree_max_topK`,
   `max_total_draft_tokens`, with max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len;
 - `eagle3_layers_to_capture`: target layers whose OUTPUT is captured (upstream default {1, L//2 - 1, L - 4}); our
@@ -85,14 +86,18 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         "max_draft_len": lim.num_eagle_layers,
         v.speculative_model_key: str(draft_dir),
     }
+    tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
+    static_tree = tree is not None and not tree.is_chain()
     if v.eagle3_one_model_field:
-        spec["eagle3_one_model"] = True
+        # A static tree runs on the two-model path only: the one-model worker drafts a chain whatever eagle_choices
+        # says (tensorrt_llm/_torch/speculative/eagle3.py: Eagle3OneModelSpecMetadata sets is_spec_dec_tree = False;
+        # Eagle3SpecMetadata, the two-model one, builds the tree from eagle_choices).
+        spec["eagle3_one_model"] = not static_tree
     if v.eagle3_layers_to_capture:
         spec["eagle3_layers_to_capture"] = capture
     elif sorted(capture) != default_capture(num_target_layers):
         raise LlmApiError("; ".join(capture_problems(v.key, capture, num_target_layers)))
-    tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
-    if tree is not None and not tree.is_chain():
+    if tree is not None and static_tree:
         if not v.static_trees:  # the config validation refuses it; a BuildConfig made by hand may still hold one
             raise LlmApiError(f"{v.name} has no static trees (eagle_choices); use tree.dynamic or a chain")
         if v.max_total_draft_tokens:

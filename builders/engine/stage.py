@@ -15,6 +15,7 @@ from pathlib import Path
 
 from builders import layout
 from builders.config import BuildConfig
+from builders.convert.hf_compat import needs_transformers4_copy
 from builders.engine import crosscheck, llmapi, reference, trtllm_build
 from builders.pipeline import Stage, StageContext, StageError
 from builders.trtllm import registry
@@ -91,9 +92,11 @@ def eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], i
     return llmapi.layers_to_capture(llmapi.resolve_input_layer_ids(cfg, head_cfg), n_layers), n_layers
 
 
-def _target_dir(ctx: StageContext) -> Path:
+def _target_dir(ctx: StageContext, for_trtllm: bool = False) -> Path:
+    """The resolved HF target; `for_trtllm`: the directory TensorRT-LLM loads it from (a transformers-4 copy on the
+    versions that need one: builders/convert/hf_compat.py)."""
     try:
-        return layout.hf_target_dir(ctx.build_dir)
+        return layout.trtllm_model_dir(ctx.build_dir) if for_trtllm else layout.hf_target_dir(ctx.build_dir)
     except layout.LayoutError as e:
         raise StageError(str(e)) from e
 
@@ -108,7 +111,8 @@ def _run_pytorch(ctx: StageContext) -> None:
         raise StageError(str(e)) from e
     (ctx.out / llmapi.OPTIONS_FILE).write_text(llmapi.dump_options(options))
     version = registry.get(cfg.trtllm_version)
-    argv = llmapi.trtllm_serve_argv(_target_dir(ctx), ctx.final / llmapi.OPTIONS_FILE, backend_flag=version.engine_flow)
+    argv = llmapi.trtllm_serve_argv(_target_dir(ctx, for_trtllm=True), ctx.final / llmapi.OPTIONS_FILE,
+                                    backend_flag=version.engine_flow)
     serve = {"argv": argv, "trtllm_version": version.key, "llm_api": f"{version.name} (tensorrt_llm/llmapi/llm_args.py)"}
     (ctx.out / SERVE_FILE).write_text(json.dumps(serve, indent=2) + "\n")
     ctx.notes["serve"] = " ".join(argv)
@@ -136,6 +140,8 @@ def plan_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
     if cfg.engine.backend == "pytorch":
         # Pure: a pip:/.gguf target is extracted only when the stage runs, so show what it will be.
         target = Path(cfg.target.model) if Path(cfg.target.model).is_dir() else f"<HF dir of {cfg.target.model}>"
+        if needs_transformers4_copy(cfg):  # the convert stage's copy for TensorRT-LLM's transformers 4
+            target = build_dir / layout.CHECKPOINT / layout.HF_MODEL
         return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / layout.ENGINE / llmapi.OPTIONS_FILE,
                                          backend_flag=registry.get(cfg.trtllm_version).engine_flow)]
     return []

@@ -214,7 +214,7 @@ def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
         raise RenderError(f"{options_file} not found: run the engine stage (engine.backend=pytorch) first")
     options = yaml.safe_load(options_file.read_text())
     doc = {
-        "model": str(build_layout.hf_target_dir(build_dir)),
+        "model": str(build_layout.trtllm_model_dir(build_dir)),  # readable by its transformers (hf_compat)
         "backend": "pytorch",
         **options,
         "triton_config": {"max_batch_size": bc.engine.max_batch_size, "decoupled": bc.triton.streaming},

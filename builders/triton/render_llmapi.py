@@ -40,6 +40,7 @@ def model_config(bc: BuildConfig, build_dir: Path, project_root: Path) -> mc.Mod
     if bc.triton.streaming:
         _decoupled(cfg, True)
     if bc.engine.backend == "reference":
+        _add_inputs(cfg, L.LORA_INPUTS)  # declared to be refused by name (models/llmapi_refusals.py)
         _params(cfg, {"project_root": str(project_root), "build_dir": str(build_dir.resolve()),
                       "max_queue_size": bc.triton.max_queue_size})
     return cfg
@@ -60,7 +61,7 @@ def llm_options(bc: BuildConfig, build_dir: Path, options_file: Path) -> dict[st
 
 def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str:
     doc = {
-        "model": str(layout.hf_target_dir(build_dir)),
+        "model": str(layout.trtllm_model_dir(build_dir)),  # readable by its transformers (hf_compat)
         **options,
         # max_batch_size 0: the model takes one prompt per request (upstream's template value); the LLM API
         # batches requests in flight itself, up to the top-level max_batch_size.

@@ -13,6 +13,8 @@ LLM_ARGS = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "BaseLlmArgs (StrictBa
 KV_CONFIG = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "KvCacheConfig (StrictBaseModel)")
 DECODING = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "DecodingBaseConfig (StrictBaseModel) / from_dict")
 EAGLE_CFG = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "EagleDecodingConfig")
+EAGLE3_WORKERS = Source(TRT, "tensorrt_llm/_torch/speculative/eagle3.py",
+                        "Eagle3OneModelSpecMetadata.__post_init__ / Eagle3SpecMetadata.__post_init__")
 OURS_LLMAPI_MODEL = Source("eagle-deploy", "triton_repo/models/llmapi_llm.py",
                            "TritonPythonModel.initialize (LLM(**model.yaml minus triton_config))")
 
@@ -56,7 +58,11 @@ _LLMAPI = (
               DECODING, type="int (drafting steps) / path", required=True, versions=ENGINE_FLOW,
               note="EagleDecodingConfig asserts max_draft_len; validate() needs the draft model dir")
     + rows_of("llmapi.option", ("speculative_config.eagle3_one_model",), EAGLE_CFG, type="bool (default true)",
-              versions=ENGINE_FLOW)
+              versions=("1.1",), note="true: chains only on 1.1")
+    + rows_of("llmapi.option", ("speculative_config.eagle3_one_model",), EAGLE3_WORKERS, type="bool (default true)",
+              versions=("1.2",), required=True, when=("tree",),
+              note="false with eagle_choices: the one-model Eagle3OneModelSpecMetadata sets is_spec_dec_tree = False "
+              "(drafts a chain); the two-model Eagle3SpecMetadata builds the tree from eagle_choices")
     + rows_of("llmapi.option", ("speculative_config.eagle3_layers_to_capture",), EAGLE_CFG, type="set[int]",
               versions=("1.2",), note="1.1: not proven (absent in the mid-2025 file, present after the 1.1 branch); "
               "there we write nothing and only the default layers are possible")

@@ -4,7 +4,7 @@ w_fp8 / kv_fp8 = FP8 weights / KV cache, drafter_multilayer = a head with more t
 
 from __future__ import annotations
 
-from builders.trtllm.ledger_rows import ENGINE_FLOW, Row, Source, only, rows_of
+from builders.trtllm.ledger_rows import ENGINE_FLOW, TRANSFORMERS4, TRANSFORMERS5, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 PRETRAINED = Source(TRT, "tensorrt_llm/models/modeling_utils.py", "PretrainedConfig.__init__")
@@ -13,7 +13,7 @@ EAGLE = Source(TRT, "tensorrt_llm/models/eagle/config.py", "EagleConfig.__init__
 QUANT = Source(TRT, "tensorrt_llm/models/modeling_utils.py", "QuantConfig (dataclass fields, QuantConfig.from_dict)")
 MAPPING = Source(TRT, "tensorrt_llm/models/modeling_utils.py", "PretrainedConfig.__init__ -> Mapping.from_dict")
 LOAD = Source(TRT, "tensorrt_llm/models/modeling_utils.py",
-              "PretrainedModel.load (every parameter required: 'Required but not provided tensors')")
+              "PretrainedModel.load ('Required but not provided tensors'; 'Exemption for embedding sharing')")
 EAGLE_NET = Source(TRT, "tensorrt_llm/models/eagle/model.py", "EagleNet (drafter = LLaMAModel, lm_head)")
 KV_QUANT = Source(TRT, "tensorrt_llm/quantization/quantize.py", "kv_cache_quantize (every Attention of the model)")
 FP8_QUANT = Source(TRT, "tensorrt_llm/quantization/quantize.py", "quantize -> fp8_quantize (exclude_modules via fnmatch)")
@@ -22,6 +22,8 @@ BUILDER = Source(TRT, "tensorrt_llm/builder.py", "build() / EngineConfig.to_dict
 EAGLE3_HEAD = Source(TRT, "tensorrt_llm/_torch/models/modeling_speculative.py", "Eagle3DraftModel / Eagle3ForCausalLM")
 HF_LLAMA = Source("huggingface/transformers", "src/transformers/models/llama/configuration_llama.py",
                   "LlamaConfig.__init__ (rope_theta, rope_scaling, torch_dtype)")
+HF_ROPE5 = Source("huggingface/transformers", "src/transformers/modeling_rope_utils.py",
+                  "RotaryEmbeddingConfigMixin.convert_rope_params_to_dict / standardize_rope_params")
 HF_TOKENIZER = Source("huggingface/transformers", "src/transformers/models/auto/tokenization_auto.py",
                       "AutoTokenizer.from_pretrained (tokenizer_class_from_name)")
 OURS_ENGINE = Source("eagle-deploy", "engines/checkpoint.py", "load_eagle3 / Runtime.load")
@@ -67,7 +69,7 @@ _QUANT_KEYS = (
 )
 
 _TARGET_TENSORS = (
-    "transformer.vocab_embedding.weight", "transformer.ln_f.weight", "lm_head.weight",
+    "transformer.vocab_embedding.weight", "transformer.ln_f.weight",
     "transformer.layers.{i}.input_layernorm.weight", "transformer.layers.{i}.post_layernorm.weight",
     "transformer.layers.{i}.attention.qkv.weight", "transformer.layers.{i}.attention.dense.weight",
     "transformer.layers.{i}.mlp.fc.weight", "transformer.layers.{i}.mlp.gate.weight",
@@ -75,18 +77,24 @@ _TARGET_TENSORS = (
 )  # fmt: skip
 _DRAFTER_TENSORS = (
     "eagle_nets.{k}.drafter.vocab_embedding.weight", "eagle_nets.{k}.drafter.fc.weight",
-    "eagle_nets.{k}.drafter.fc.bias", "eagle_nets.{k}.lm_head.weight",
+    "eagle_nets.{k}.drafter.fc.bias",
     "eagle_nets.{k}.drafter.layers.{j}.post_layernorm.weight",
     "eagle_nets.{k}.drafter.layers.{j}.attention.qkv.weight", "eagle_nets.{k}.drafter.layers.{j}.attention.dense.weight",
     "eagle_nets.{k}.drafter.layers.{j}.mlp.fc.weight", "eagle_nets.{k}.drafter.layers.{j}.mlp.gate.weight",
     "eagle_nets.{k}.drafter.layers.{j}.mlp.proj.weight",
 )  # fmt: skip
+_SHARED_EMBEDDING = ("PretrainedModel.load exempts every parameter named *lm_head.weight while any provided tensor "
+                     "ends in vocab_embedding.weight ('Exemption for embedding sharing'); we always write it")
 _LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 
 _TENSORS = (
     rows_of("checkpoint.tensor", _TARGET_TENSORS, LOAD, type="16-bit (or FP8 weight, see scales)", required=True)
+    + rows_of("checkpoint.tensor", ("lm_head.weight",), LOAD, type="16-bit", required=True,
+              exempt_if_emitted_suffix="vocab_embedding.weight", note=_SHARED_EMBEDDING)
     + rows_of("checkpoint.tensor", _DRAFTER_TENSORS, EAGLE_NET, type="16-bit", required=True, when=("eagle",),
               note="fc.bias is required (a head trained without it gets zeros; TensorRT-LLM issue 2588)")
+    + rows_of("checkpoint.tensor", ("eagle_nets.{k}.lm_head.weight",), LOAD, type="16-bit", required=True,
+              when=("eagle",), exempt_if_emitted_suffix="vocab_embedding.weight", note=_SHARED_EMBEDDING)
     + rows_of("checkpoint.tensor", ("eagle_nets.{k}.drafter.layers.{j}.input_layernorm.weight",), EAGLE_NET,
               type="16-bit", required=True, when=("eagle", "drafter_multilayer"),
               note="absent for drafter layer 0 (use_input_layernorm_in_first_layer=False)")
@@ -106,15 +114,29 @@ _EAGLE3 = (
     rows_of("eagle3.config", ("draft_vocab_size", "target_hidden_size", "bias"), EAGLE3_HEAD, type="int / int / bool",
             note="not re-read at the tags in this pass (see docs/contracts.md, Sources)")
     + rows_of("eagle3.config", ("rope_theta", "rope_scaling", "torch_dtype", "num_hidden_layers"), HF_LLAMA,
-              type="transformers-4 LlamaConfig keys", note="a transformers-5 head has rope_parameters only; 4.x "
-              "would silently use base 10000")
+              type="transformers-4 LlamaConfig keys", versions=TRANSFORMERS4,
+              note="a transformers-5 head has rope_parameters only; 4.x would silently use base 10000")
+    + rows_of("eagle3.config", ("torch_dtype", "num_hidden_layers"), HF_LLAMA, versions=TRANSFORMERS5,
+              type="LlamaConfig keys (torch_dtype: the old name of dtype, still read by PretrainedConfig.__init__)")
+    + rows_of("eagle3.config", ("rope_theta", "rope_scaling"), HF_ROPE5,
+              type="legacy keys, read into rope_parameters", versions=TRANSFORMERS5,
+              note="transformers 5 keeps rope_parameters first and fills its rope_theta from the top-level key "
+              "(run with 5.24.0); written equal to rope_parameters for both readers")
     + rows_of("eagle3.config", ("architectures", "dtype"), HF_LLAMA, type="list[str] / str (transformers 5 name)")
     + rows_of("eagle3.config", ("eagle_aux_hidden_state_layer_ids", "eagle_deploy"), OURS_ENGINE,
               type="list[int] / dict", note="TensorRT-LLM takes the layers from eagle3_layers_to_capture instead")
 )
 _TOKENIZER = (
-    rows_of("tokenizer.config", ("tokenizer_class",), HF_TOKENIZER, type="a transformers-4 class name",
-            note="verified by loading the written files with transformers 4.56.0 (tests/test_ledger.py checks the name)")
+    rows_of("tokenizer.config", ("tokenizer_class",), HF_TOKENIZER, type="a class transformers 4 and 5 both have",
+            note="verified by loading the written files with transformers 4.56.0 and 5.24.0 (tests/test_ledger.py "
+            "checks the name)")
+)
+_HF_MODEL = rows_of(
+    "hf_model.config", ("rope_theta", "rope_scaling", "torch_dtype", "dtype"), HF_LLAMA, versions=TRANSFORMERS4,
+    type="transformers-4 LlamaConfig keys (dtype: the 5.x name, kept)",
+    note="checkpoint/hf_model/config.json, what trtllm-serve and model.yaml `model` load on engine.backend pytorch: the "
+    "target's config with the keys transformers 4 reads added where transformers 5 wrote rope_parameters / dtype only "
+    "(builders/convert/hf_compat.py); its tokenizer_config.json is the tokenizer.config row's",
 )
 _ENGINE_CONFIG = rows_of(
     "engine.config",
@@ -130,4 +152,4 @@ _ENGINE_CONFIG = rows_of(
 
 # The TRT-LLM checkpoint and engine are read by TensorRT-LLM only in the engine flow; on later versions the checkpoint
 # is the reference engine's own input. The EAGLE-3 head and the tokenizer are read by the LLM API of every version.
-ROWS: list[Row] = only(_CONFIG + _QUANT_KEYS + _TENSORS + _ENGINE_CONFIG, ENGINE_FLOW) + _EAGLE3 + _TOKENIZER
+ROWS: list[Row] = only(_CONFIG + _QUANT_KEYS + _TENSORS + _ENGINE_CONFIG, ENGINE_FLOW) + _EAGLE3 + _TOKENIZER + _HF_MODEL

@@ -3,7 +3,8 @@
 
 `SOURCES` records what was read to establish the rows: the upstream file, the stored version read (the search index
 keeps file versions by commit, not by tag: read_file at the tag commits reported none, so the versions read are
-dated by their content), and what it showed. `UNVERIFIED` lists what could not be established.
+dated by their content), the day it was read, and what it showed. `UNVERIFIED` lists what could not be established.
+`python -m builders.ledger_check --upstream-report` lists every row's citation with its last reading, oldest first.
 
 Inputs:  the ledger in builders/trtllm/ledger_*.py
 Outputs: docs/contracts.md (--check: exit 1 when stale)
@@ -16,82 +17,162 @@ import argparse
 import sys
 from pathlib import Path
 
-from builders.trtllm import ledger, ledger_rows, registry
+from builders.trtllm import ledger, ledger_llmapi, ledger_rows, registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
 
-SOURCES: tuple[tuple[str, str, str], ...] = (
-    # (repository:path, version read, what it established)
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/eagle/config.py", "commit 0382a8ac",
+SOURCES: tuple[tuple[str, str, str, str], ...] = (
+    # (repository:path, version read, read on (UTC date), what it established)
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/eagle/config.py",
+     "commit 0382a8ac", "2026-12-01",
      "EagleConfig keys; from_hugging_face copies the quantization block into eagle_net_config and excludes "
      "eagle_nets.{i}.lm_head"),
-    ("NVIDIA/TensorRT-LLM:examples/eagle/convert_checkpoint.py", "index id 817366946",
+    ("NVIDIA/TensorRT-LLM:examples/eagle/convert_checkpoint.py",
+     "index id 817366946", "2026-12-01",
      "eagle_net_config['quantization'].update(...) with exclude_modules += eagle_nets.{i}.lm_head"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/llama/config.py", "commit 04100fd0",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/llama/config.py",
+     "commit 04100fd0", "2026-12-01",
      "LLaMAConfig keys; from_hugging_face reads rope_theta with default 10000 (transformers-4 attribute)"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py", "index id 1189552800",
-     "PretrainedConfig.__init__ (keyword-only required keys, unknown keys set as attributes), QuantConfig fields and "
-     "fnmatch exclude_modules, PretrainedModel.load strict on missing tensors, kv_cache_rcp_scaling_factor derived"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/quantization/quantize.py", "index ids 235018984, 2456403896",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py",
+     "index id 1189552800", "2026-12-01",
+     "PretrainedConfig.__init__ (keyword-only required keys, unknown keys set as attributes), QuantConfig fields "
+     "and fnmatch exclude_modules, PretrainedModel.load strict on missing tensors, kv_cache_rcp_scaling_factor "
+     "derived"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/quantization/quantize.py",
+     "index ids 235018984, 2456403896", "2026-12-01",
      "kv_cache_quantize gives every Attention of model.named_modules() a kv_cache_scaling_factor"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/eagle/model.py", "index id 714135431",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/eagle/model.py",
+     "index id 714135431", "2026-12-01",
      "EagleNet = LLaMAModel drafter + lm_head; forward asserts the paged KV cache; accept plugin inputs"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/builder.py", "index id 205252225",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/builder.py",
+     "index id 205252225", "2026-12-01",
      "BuildConfig defaults (2048 / 1024 / None / 8192), _init_max_seq_len, build(): max_seq_len += max_draft_len "
      "(+ num_eagle_layers for EAGLE), EAGLE asserts max_batch_size <= 512 and max_draft_len <= 256"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/commands/build.py", "commit 008b2b8d", "trtllm-build flags and defaults"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/plugin/plugin.py", "index id 196834873", "plugin flag names and values"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/commands/serve.py", "commit 00209af1", "trtllm-serve options; the YAML "
-     "overwrites trtllm-serve's values"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py", "index ids 1520735490 (mid-2025, before the 1.1 branch), "
-     "1090804222 (after it), 7019226376 (1.2 line)",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/commands/build.py",
+     "commit 008b2b8d", "2026-12-01",
+     "trtllm-build flags and defaults"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/plugin/plugin.py",
+     "index id 196834873", "2026-12-01",
+     "plugin flag names and values"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/commands/serve.py",
+     "commit 00209af1", "2026-12-01",
+     "trtllm-serve options; the YAML overwrites trtllm-serve's values"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py",
+     "index ids 1520735490 (mid-2025, before the 1.1 branch), 1090804222 (after it), 7019226376 (1.2 line)",
+     "2026-12-01",
      "BaseLlmArgs / KvCacheConfig fields in all three; EagleDecodingConfig: eagle3_layers_to_capture and "
      "max_total_draft_tokens absent in the first, present in the others; from_dict pops decoding_type"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/attention_backend/trtllm.py", "index id 2450153673",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/attention_backend/trtllm.py",
+     "index id 2450153673", "2026-12-01",
      "'only chained/linear tree is supported now' (PyTorch backend trees, 1.1 line)"),
-    ("NVIDIA/TensorRT-LLM:docs/source/release-notes.md", "commit 001eaece",
+    ("NVIDIA/TensorRT-LLM:docs/source/release-notes.md",
+     "commit 001eaece", "2026-12-01",
      "transformers 4.56.0 in 1.1, 4.57.3 in 1.2; Triton backend base images"),
     ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/model_instance_state.cc",
-     "commit 0c8de69a (index id 4322035863) and index id 650404864",
+     "commit 0c8de69a (index id 4322035863) and index id 650404864", "2026-12-01",
      "parameters read and which are unconditional; fillTritonResponse writes 10 perf outputs"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/model_state.cc", "commit 5cdd6921",
+    ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/model_state.cc",
+     "commit 5cdd6921", "2026-12-01",
      "GetParameter throws 'Cannot find parameter with name'; boolean spellings"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/utils.h", "commit 14c3afec",
+    ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/utils.h",
+     "commit 14c3afec", "2026-12-01",
      "input / output tensor names; getResponseBuffer throws when Triton refuses an output"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/utils.cc", "index id 696271938",
+    ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/utils.cc",
+     "index id 696271938", "2026-12-01",
      "splitBatchInputsTensors: input_lengths 1-D, per-row slicing"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt", "commit 0c8de69a",
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt",
+     "commit 0c8de69a", "2026-12-01",
      "reshape / allow_ragged_batch per input; the guided-decoding parameters present"),
     ("NVIDIA/TensorRT-LLM:cpp/include/tensorrt_llm/batch_manager/llmRequest.h + llmRequest.cpp + "
-     "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp", "index ids 786144818, 572863852, 4152691838",
+     "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp",
+     "index ids 786144818, 572863852, 4152691838", "2026-12-01",
      "engine-flow EAGLE fills acceptance_rate / total_*_draft_tokens (see docs/deploy.md)"),
-    ("triton-inference-server/tensorrtllm_backend:docs/model_config.md", "b9cc224 (v1.1.0 release #830; its "
-     "tensorrt_llm submodule is NVIDIA/TensorRT-LLM 48b7b5d8)", "parameter documentation of the pinned release"),
-    ("triton-inference-server/common:protobuf/model_config.proto", "r25.12 (c09e98a)", "ModelConfig fields"),
-    ("triton-inference-server/core:src/infer_response.cc, src/model.cc", "r25.12 (8dbcc96)",
+    ("triton-inference-server/tensorrtllm_backend:docs/model_config.md",
+     "b9cc224 (v1.1.0 release #830; its tensorrt_llm submodule is NVIDIA/TensorRT-LLM 48b7b5d8)", "2026-12-01",
+     "parameter documentation of the pinned release"),
+    ("triton-inference-server/common:protobuf/model_config.proto",
+     "r25.12 (c09e98a)", "2026-12-01",
+     "ModelConfig fields"),
+    ("triton-inference-server/core:src/infer_response.cc, src/model.cc",
+     "r25.12 (8dbcc96)", "2026-12-01",
      "an output missing from the config is refused ('unexpected inference output')"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (current line)", "index commit 0004396 (2026, before PR "
-     "#18210) and the published docs pages llm-api/reference/Eagle3DecodingConfig.html of 1.3.0rc27, 1.4.0rc1, "
-     "1.4.0rc4", "Eagle3DecodingConfig fields and validators (dynamic tree bounds; speculative_model alias "
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (current line)",
+     "index commit 0004396 (2026, before PR #18210) and the published docs pages "
+     "llm-api/reference/Eagle3DecodingConfig.html of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4", "2026-12-01",
+     "Eagle3DecodingConfig fields and validators (dynamic tree bounds; speculative_model alias "
      "speculative_model_dir); eagle_choices listed in 1.3.0rc27, gone in 1.4.0rc1; eagle3_one_model absent from "
      "1.3.0rc27 on; the SpeculativeConfig union discriminated by decoding_type; BaseLlmArgs extra='forbid'"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt", "index commits c8c6df08, "
-     "0a710573", "the llmapi model's inputs/outputs (names, types, dims, optional); no max_batch_size, no "
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt",
+     "index commits c8c6df08, 0a710573", "2026-12-01",
+     "the llmapi model's inputs/outputs (names, types, dims, optional); no max_batch_size, no "
      "model_transaction_policy, no parameters"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/model.py", "index commit 044a90d2",
-     "model.yaml minus triton_config -> LLM(**args); triton_config.decoupled / max_batch_size read without default; "
-     "'stop' input; streamed responses carry outputs[i].text; perf outputs built with the text_output dtype"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py", "index commit 0df60f9a",
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/model.py",
+     "index commit 044a90d2", "2026-12-01",
+     "model.yaml minus triton_config -> LLM(**args); triton_config.decoupled / max_batch_size read without "
+     "default; 'stop' input; streamed responses carry outputs[i].text; perf outputs built with the text_output dtype"),
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py",
+     "index commit 0df60f9a", "2026-12-01",
      "sampling_param_* inputs -> SamplingParams keyword arguments; streaming; return_* output flags"),
-    ("NVIDIA/TensorRT-LLM pull requests #15907, #11723, #18210, #10124, #12062/#13081 (issues corpus)", "2026 threads",
+    ("NVIDIA/TensorRT-LLM pull requests #15907, #11723, #18210, #10124, #12062/#13081 (issues corpus)",
+     "2026 threads", "2026-12-01",
      "engine-based Triton backend and templates removed (llmapi kept); trtllm-build deprecated then removed after "
      "1.3.0rc20; eagle_choices removed; Eagle3 decoding type; one-model dynamic trees"),
-    ("triton-inference-server/server:docs/introduction/compatibility.md", "main 4b54459 / r26.08 6fa22ae",
+    ("triton-inference-server/server:docs/introduction/compatibility.md",
+     "main 4b54459 / r26.08 6fa22ae", "2026-12-01",
      "newest NGC trtllm image rows: 26.07 -> TensorRT-LLM 1.2.1; no image carries 1.3/1.4"),
-    ("huggingface/transformers 4.56.0 (PyPI wheel, run)", "AutoTokenizer.from_pretrained, AutoConfig.from_pretrained",
+    ("huggingface/transformers 4.56.0 (PyPI wheel, run)",
+     "AutoTokenizer.from_pretrained, AutoConfig.from_pretrained", "2026-12-01",
      "'TokenizersBackend does not exist'; the rewritten tokenizer_config.json loads with identical ids; the "
-     "normalized EAGLE-3 head config of a transformers-5 head (rope_parameters, eagle_config) loads as LlamaConfig "
-     "with its rope_theta, layer ids and torch_dtype"),
+     "normalized EAGLE-3 head config of a transformers-5 head (rope_parameters, eagle_config) loads as "
+     "LlamaConfig with its rope_theta, layer ids and torch_dtype"),
+    # ---- round 2 --------------------------------------------------------------------------------------------------
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/eagle3.py",
+     "index id 3952401809 (1.2 line: SpecWorkerBase, eagle_choices in Eagle3SpecMetadata); index ids 2462137501 "
+     "(2025), 51981746824 (2026)", "2026-12-03",
+     "Eagle3OneModelSpecMetadata.__post_init__ sets is_spec_dec_tree = False ('currently Eagle3 only supports linear "
+     "tree') in all three, and the one-model worker drafts max_draft_len tokens one per step; the two-model "
+     "Eagle3SpecMetadata sets is_spec_dec_tree from eagle_choices and builds the tree (spec_tree_manager)"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (1.2 line)", "index id 7019226376", "2026-12-03",
+     "EagleDecodingConfig: eagle3_one_model default True, spec_dec_mode EAGLE3_ONE_MODEL / EAGLE3; validate_eagle_choices "
+     "warns 'The Draft token tree is still under development'; eagle_choices sets max_total_draft_tokens"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py", "index id 1189552800", "2026-12-03",
+     "PretrainedModel.load: 'Exemption for embedding sharing': a parameter named *lm_head.weight is not required "
+     "while any provided tensor ends in vocab_embedding.weight (likewise lm_head.per_channel_scale)"),
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt", "index commit 0a710573",
+     "2026-12-03",
+     "optional inputs image_url ('Only read when triton_config.multimodal is set') and lora_id / lora_name / "
+     "lora_path / lora_ckpt_source (the first three together), besides the inputs read in round 1"),
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/model.py", "index commit b35ac1b6",
+     "2026-12-03", "_convert_request reads text_input, sampling, output config and streaming: no lora_*, no image_url"),
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py", "index id 56338501046",
+     "2026-12-03",
+     "get_lora_request_from_request: a LoRARequest from lora_id / lora_name / lora_path (all three or none), "
+     "lora_ckpt_source 'hf' (or 'nemo')"),
+    ("triton-inference-server/tutorials:Popular_Models_Guide/Qwen2.5-VL/qwen2_5_vl_trtllm_guide.md", "commit 9511717",
+     "2026-12-03",
+     "image_url and triton_config.multimodal come from NVIDIA/TensorRT-LLM PR #18381, 'not merged and not present "
+     "in any released TensorRT-LLM'; without multimodal the images are silently ignored"),
+    ("NVIDIA/TensorRT-LLM:docs/source/installation/installation-guide.md", "index id 57354465427 (2026)",
+     "2026-12-03",
+     "pip recipe: PyTorch CUDA 13.0 build first (torch==2.12.0, pip's default is CUDA 12.8), apt-get install "
+     "libopenmpi-dev, then tensorrt_llm; a torch constraints file keeps pip from replacing torch"),
+    ("NVIDIA/TensorRT-LLM:requirements.txt", "index commit 000867d9 (1.2 line)", "2026-12-03",
+     "transformers==4.57.1, torch>=2.9.0a0,<=2.9.0 from the CUDA 13.0 index, mpi4py (the 1.4 pin was not read)"),
+    ("triton-inference-server/tensorrtllm_backend:dockerfile/Dockerfile.triton.trt_llm_backend",
+     "0b9d7d5 (main, 2026-07-14)", "2026-12-03",
+     "CUDA torch copied from the NGC PyTorch image, mpi4py by TensorRT-LLM's docker/common/install_mpi4py.sh, then "
+     "tensorrt_llm==${TENSORRTLLM_VER}; all_models / scripts copied to /app"),
+    ("NVIDIA/TensorRT-LLM pull requests #12829, #16516 (issues corpus)", "2026-04 / 2026-07 threads", "2026-12-03",
+     "#12829 (merged 2026-04): transformers 4.x -> 5.3.0, rope_parameters handling; #16516 (open 2026-07): 5.10.1"),
+    ("NVIDIA/TensorRT-LLM issues #5260, #10458 (issues corpus)", "2025-06 / 2026-01 threads", "2026-12-03",
+     "PyTorch backend with a float32 model: rmsnorm / FlashInfer append_paged_kv_cache 'failed to dispatch data type "
+     "Float'; maintainers: most TensorRT-LLM custom kernels do not support float32"),
+    ("huggingface/transformers:src/transformers/modeling_rope_utils.py + src/transformers/configuration_utils.py + "
+     "src/transformers/models/llama/configuration_llama.py + src/transformers/models/auto/tokenization_auto.py",
+     "4.57.3 and 5.24.0 wheels (run)", "2026-12-03",
+     "4.57.3 reads a 5.x config (rope_parameters only) with rope_theta 10000 and no scaling and cannot load "
+     "TokenizersBackend; checkpoint/hf_model loads with rope_theta, rope_scaling and the same token ids; 5.24.0 "
+     "reads both alike (RotaryEmbeddingConfigMixin: rope_parameters first; PretrainedConfig takes torch_dtype)"),
 )
 
 UNVERIFIED: tuple[str, ...] = (
@@ -104,7 +185,12 @@ UNVERIFIED: tuple[str, ...] = (
     "Current line (1.4): no file could be read at the v1.4.0rc4 tag; its rows rest on the 1.4.0rc docs signatures and "
     "on the stored 2026 versions of llm_args.py and of the llmapi model files (commit dates unknown). Not established: "
     "SamplingParams' default max_tokens (the CPU mirror uses 32), whether exclude_input_from_output changes "
-    "text_output, and the transformers version of the 1.4 wheels.",
+    "text_output, the exact transformers pin of the 1.4 wheels (5.x since PR #12829; v5.3.0 is cited) and the torch "
+    "version 1.4.0rc4 requires (docker/Dockerfile.current's TORCH_VERSION follows the newest install guide; the image "
+    "build fails when the wheel's requirements disagree), nor whether its llmapi model.py reads lora_* / image_url.",
+    "float32 on the PyTorch backend is refused on the strength of issues #5260 and #10458, not of a 1.4 source line "
+    "that rejects it.",
+    "1.2's two-model static tree (eagle3_one_model false) is read from eagle3.py, not run on a GPU.",
     "Nothing here ran on TensorRT-LLM or a GPU: every row is read from source, not executed.",
 )
 
@@ -140,10 +226,15 @@ def render() -> str:
                 "|---|---|---|---|---|---|"]
         for r in rows:
             req = ("yes" + (f" ({', '.join(r.when)})" if r.when else "")) if r.required else "no"
+            if r.required and r.exempt_if_emitted_suffix:
+                req += f", unless a name ending in `{r.exempt_if_emitted_suffix}` is written"
             out.append(f"| `{_cell(r.name)}` | {', '.join(r.versions)} | {req} | {_cell(r.type)} | "
                        f"{_cell(_consumer(r))} | {_cell(r.note)} |")
-    out += ["", "## Sources", "", "| file | version read | established |", "|---|---|---|"]
-    out += [f"| {_cell(f)} | {_cell(v)} | {_cell(what)} |" for f, v, what in SOURCES]
+    out += ["", "## Upstream inputs we do not declare (llmapi model)", "", "| input | upstream | why |", "|---|---|---|"]
+    out += [f"| `{_cell(n)}` | {_cell(f'{s.repo} `{s.path}` {s.symbol}')} | {_cell(why)} |"
+            for n, s, why in ledger_llmapi.NOT_DECLARED]
+    out += ["", "## Sources", "", "| file | version read | read on | established |", "|---|---|---|---|"]
+    out += [f"| {_cell(f)} | {_cell(v)} | {on} | {_cell(what)} |" for f, v, on, what in SOURCES]
     out += ["", "## Not verified", ""] + [f"- {u}" for u in UNVERIFIED] + [""]
     return "\n".join(out)
 

@@ -28,6 +28,10 @@ STOP = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._execute_singl
 RESPONSE = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._create_response")
 PBTXT = Source(TRT, f"{LLMAPI_DIR}/config.pbtxt", "input / output")
 MIRROR = Source("eagle-deploy", "triton_repo/models/llmapi_reference.py", "TritonPythonModel.initialize")
+LORA = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
+              "get_lora_request_from_request (lora_id + lora_name + lora_path together; lora_ckpt_source 'hf')")
+TUTORIAL_VL = Source("triton-inference-server/tutorials", "Popular_Models_Guide/Qwen2.5-VL/qwen2_5_vl_trtllm_guide.md",
+                     "image_url / triton_config.multimodal (NVIDIA/TensorRT-LLM PR #18381)")
 
 V = LLMAPI_LAYOUT
 
@@ -69,6 +73,11 @@ _INPUTS = (
               SAMPLING, type="TYPE_BOOL [1]", versions=V)
     + rows_of("triton.llmapi.input", ("stop",), STOP, type="TYPE_BOOL [1]", versions=V,
               note="cancels the requests of the same Triton request id")
+    + rows_of("triton.llmapi.input", ("lora_id", "lora_name", "lora_path", "lora_ckpt_source"), LORA,
+              type="UINT64 / STRING / STRING / STRING [1], optional", versions=V,
+              note="engine.backend reference only, declared to be refused by name with INVALID_ARGUMENT "
+              "(triton_repo/models/llmapi_refusals.py); engine.backend pytorch leaves them out: model.yaml has no "
+              "lora_config, so the LLM runs without LoRA and Triton refuses the input")
 )
 
 _OUTPUTS = (
@@ -89,3 +98,23 @@ _MIRROR = rows_of("triton.llmapi.parameter", ("project_root", "build_dir", "max_
                   versions=V, note="reference engine only (engine.backend reference); upstream's model takes none")
 
 ROWS: list[Row] = _OPTIONS + _MODEL_YAML + _INPUTS + _OUTPUTS + _MIRROR
+
+# Inputs of upstream's config.pbtxt (as read: docs/contracts.md, "Sources") that our repository does not declare, with
+# the reason; every upstream input is a row above or here (tests/test_ledger.py).
+UPSTREAM_INPUTS = (
+    "text_input", "image_url", "streaming", "sampling_param_best_of", "sampling_param_temperature",
+    "sampling_param_top_k", "sampling_param_top_p", "sampling_param_frequency_penalty",
+    "sampling_param_presence_penalty", "sampling_param_max_tokens", "sampling_param_stop", "sampling_param_seed",
+    "sampling_param_exclude_input_from_output", "sampling_param_return_perf_metrics", "return_finish_reason",
+    "return_stop_reason", "return_cumulative_logprob", "stop", "lora_id", "lora_name", "lora_path", "lora_ckpt_source",
+)  # fmt: skip
+NOT_DECLARED: tuple[tuple[str, Source, str], ...] = (
+    ("image_url", TUTORIAL_VL,
+     "not declared on any backend: our targets are text-only Llama-family models; upstream reads it only with "
+     "triton_config.multimodal (which we never write) and otherwise drops the images silently; it comes from PR "
+     "#18381, in no released TensorRT-LLM. Triton refuses a request carrying it (INVALID_ARGUMENT, 'unexpected "
+     "inference input')"),
+    ("lora_id / lora_name / lora_path / lora_ckpt_source (engine.backend pytorch)", LORA,
+     "not declared: model.yaml writes no lora_config, so TensorRT-LLM's LLM has no LoRA; the model.py read "
+     "(b35ac1b6) does not read them, so a declared input could be dropped silently. Triton refuses them"),
+)

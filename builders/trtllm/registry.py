@@ -22,7 +22,7 @@ class TrtllmVersion:
     release: str  # the release the ledger was checked against
     tag: str  # upstream NVIDIA/TensorRT-LLM tag cited by the ledger rows of this version
     triton_image: str | None  # the NGC image that ships it (None: build the backend yourself)
-    transformers_major: int  # transformers major version that reads our tokenizer / head configs in that image
+    transformers_major: int  # the transformers major TensorRT-LLM pins: it reads every directory we hand it
     engine_flow: bool  # convert_checkpoint format + trtllm-build + the Triton C++ `tensorrtllm` backend
     pytorch_eagle3: bool  # EAGLE-3 heads on the PyTorch backend (LLM API / trtllm-serve)
     pytorch_static_tree: bool  # `eagle_choices` on the PyTorch backend (else: chains only)
@@ -101,7 +101,7 @@ VERSIONS: dict[str, TrtllmVersion] = {
         release="1.4.0rc4",
         tag="v1.4.0rc4",
         triton_image=None,
-        transformers_major=4,
+        transformers_major=5,  # TensorRT-LLM PR #12829 moved to transformers 5.3.0 before the 1.4 line
         engine_flow=False,
         pytorch_eagle3=True,
         pytorch_static_tree=False,

@@ -143,9 +143,18 @@ def _engine_tree(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     return p
 
 
+# TensorRT-LLM's PyTorch backend runs its own CUDA kernels, which dispatch float16 / bfloat16 only: a float32 model
+# fails in the fused RMSNorm (NVIDIA/TensorRT-LLM issue #5260, "failed to dispatch data type Float"; the maintainers:
+# most custom kernels do not support float32) and in FlashInfer's paged KV append (issue #10458, open in 2026).
+PYTORCH_FLOAT32 = ("target.dtype=float32 with engine.backend=pytorch: TensorRT-LLM's PyTorch backend kernels do not "
+                   "dispatch float32 (fused RMSNorm and the paged KV cache fail with 'failed to dispatch data type "
+                   "Float': TensorRT-LLM issues #5260, #10458); set target.dtype to bfloat16 or float16 (float32 runs "
+                   "only on engine.backend=reference)")
+
+
 def _pytorch(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     """The LLM API (trtllm-serve / Triton llmapi-style model)."""
-    p: list[str] = []
+    p: list[str] = [PYTORCH_FLOAT32] if cfg.target.dtype == "float32" else []
     if cfg.quantization.weights == "fp8":
         p.append("quantization.weights=fp8 with engine.backend=pytorch: this builder exports FP8 only as a TRT-LLM "
                  "checkpoint (engine flow / reference engine); give an FP8 Hugging Face target instead, or use "

@@ -11,7 +11,8 @@ same wire behaviour:
 - `stop: true` cancels the requests with the same request id; a client cancellation ends the request with
   CANCELLED "Request cancelled by client";
 - no sampling parameter given = greedy; max_tokens absent = 32 (SamplingParams' default).
-It refuses what the reference engine cannot do (best_of > 1, penalties, cumulative logprobs) with INVALID_ARGUMENT.
+It refuses what the reference engine cannot do (best_of > 1, penalties, cumulative logprobs, LoRA adapters) with
+INVALID_ARGUMENT.
 The engine and its draft tree come from `<build_dir>/engine/reference.json`; model.yaml's speculative_config must
 describe the same tree (checked at load). Requests are batched in flight by triton_repo/models/batcher.py.
 """
@@ -47,9 +48,10 @@ class TritonPythonModel:
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
-        from triton_repo.models import batcher, llmapi_io
+        from triton_repo.models import batcher, llmapi_io, llmapi_refusals
 
         self.C, self.io, self.batcher_mod = contract, llmapi_io, batcher
+        self.refusals = llmapi_refusals
         here = os.path.dirname(os.path.abspath(__file__))
         with open(os.environ.get("LLM_CONFIG_PATH", os.path.join(here, "model.yaml"))) as f:
             doc = yaml.safe_load(f)
@@ -71,6 +73,10 @@ class TritonPythonModel:
             sender = r.get_response_sender()
             if self.io.flag(pb_utils, r, "stop"):
                 self._stop(r.request_id(), sender)
+                continue
+            refused = self.refusals.refuse_adapter_inputs(pb_utils, r)
+            if refused is not None:
+                sender.send(self.io.error(pb_utils, refused), flags=FINAL)
                 continue
             try:
                 parsed = self.io.parse(pb_utils, r, self.tokenizer, self.max_input_len, self.max_seq_len,

@@ -1,0 +1,208 @@
+"""`python -m builders.doctor`: static checks on tiny heads, healthy and broken in ways that still load.
+
+Each broken class must exit 1 with the right check named; healthy heads exit 0; unreadable inputs exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from builders.doctor.__main__ import main
+from tests import tiny_models as tm
+from tests.doctor_models import copy_head, make_mimic3
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def mimic3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(target, EAGLE-3 head) where the head accepts (tests/doctor_models.py)."""
+    return make_mimic3(tmp_path_factory.mktemp("mimic3"))
+
+
+def run(tmp: Path, target: Path, head: Path, *extra: str) -> tuple[int, dict]:
+    out = tmp / f"report-{len(list(tmp.glob('report-*')))}.json"
+    code = main(["--target", str(target), "--head", str(head), "--no-measure", "--json", str(out), *extra])
+    return code, json.loads(out.read_text()) if out.is_file() else {}
+
+
+def problems(rep: dict) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for f in rep["findings"]:
+        if f["severity"] != "info":
+            out.setdefault(f["check"], []).append(f["message"])
+    return out
+
+
+def test_healthy_heads_pass(tmp_path: Path, tiny_target: Path, mimic3: tuple[Path, Path], eagle_head: Path) -> None:
+    for target, head in (mimic3, (tiny_target, eagle_head)):
+        code, rep = run(tmp_path, target, head)
+        assert code == 0, problems(rep)
+        assert rep["exit_code"] == 0 and rep["measured"] == {}
+        assert all(set(f) == {"check", "severity", "message", "evidence", "fix"} for f in rep["findings"])
+    assert rep["draft_type"] == "eagle" and rep["layout"] == "eagle-repo"
+
+
+def _d2t(head: Path) -> torch.Tensor:
+    return load_file(str(head / "model.safetensors"))["d2t"]
+
+
+def _targets(head: Path) -> torch.Tensor:
+    d = _d2t(head)
+    return torch.arange(d.shape[0]) + d
+
+
+def b_d2t_range(h: Path, o: Path) -> Path:
+    return copy_head(h, o, tensors={"d2t": _d2t(h) + tm.VOCAB})
+
+
+def b_d2t_permuted(h: Path, o: Path) -> Path:
+    t = _targets(h)
+    p = t[torch.randperm(t.numel(), generator=torch.Generator().manual_seed(0))]
+    return copy_head(h, o, tensors={"d2t": p - torch.arange(t.numel())})
+
+
+def b_d2t_duplicate(h: Path, o: Path) -> Path:
+    t = _targets(h).clone()
+    t[5] = t[4]
+    return copy_head(h, o, tensors={"d2t": t - torch.arange(t.numel())}, drop=("t2d",))
+
+
+def b_t2d(h: Path, o: Path) -> Path:
+    t2d = load_file(str(h / "model.safetensors"))["t2d"].clone()
+    t2d[int((~t2d).nonzero()[0])] = True  # one more target id than d2t maps
+    return copy_head(h, o, tensors={"t2d": t2d})
+
+
+def b_layers_range(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"eagle_aux_hidden_state_layer_ids": [0, 1, 9]})
+
+
+def b_rope(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"rope_theta": 500000.0})
+
+
+def b_tokenizer(h: Path, o: Path) -> Path:
+    out = copy_head(h, o)
+    tm.make_tokenizer(out, vocab_size=300)
+    return out
+
+
+def b_special_ids(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"eos_token_id": 7})
+
+
+def b_vocab(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"vocab_size": tm.VOCAB - 20})
+
+
+def b_hidden(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"target_hidden_size": tm.HIDDEN * 2})
+
+
+def b_positions(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"max_position_embeddings": 64})
+
+
+def b_layers_output_indexed(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"eagle_aux_hidden_state_layer_ids": [1, 14, 26]})
+
+
+BROKEN3: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
+    "d2t out of range": (b_d2t_range, "d2t"),
+    "d2t permuted": (b_d2t_permuted, "d2t"),
+    "d2t duplicate ids": (b_d2t_duplicate, "d2t"),
+    "t2d disagrees": (b_t2d, "d2t"),
+    "layers out of range": (b_layers_range, "captured_layers"),
+    "rope base": (b_rope, "rope"),
+    "other tokenizer": (b_tokenizer, "tokenizer"),
+    "special token ids": (b_special_ids, "tokenizer"),
+    "truncated vocab": (b_vocab, "vocab"),
+    "target hidden size": (b_hidden, "shapes"),
+    "max positions": (b_positions, "positions"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN3))
+def test_broken_eagle3_named(case: str, tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
+    breaker, check = BROKEN3[case]
+    target, healthy = mimic3
+    head = breaker(healthy, tmp_path / "head")
+    code, rep = run(tmp_path, target, head)
+    assert code == 1, rep["findings"]
+    assert check in problems(rep), problems(rep)
+    named = [f for f in rep["findings"] if f["check"] == check and f["severity"] != "info"]
+    assert all(f["fix"] for f in named)
+
+
+def test_output_indexed_layer_ids_named(tmp_path: Path) -> None:
+    """TensorRT-LLM's output-indexed default written into the input-indexed field: one layer off, with the fix."""
+    target = tm.make_target(tmp_path / "t30", layers=30)
+    head = tm.make_eagle3_head(tmp_path / "h30", target)
+    code, rep = run(tmp_path, target, head)
+    assert code == 0, problems(rep)
+    code, rep = run(tmp_path, target, b_layers_output_indexed(head, tmp_path / "h30b"))
+    assert code == 1
+    [msg] = problems(rep)["captured_layers"]
+    assert "[2, 15, 27]" in msg and "one below" in msg
+
+
+def test_broken_eagle1_named(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+    for breaker, check in ((b_rope, "rope"), (b_vocab, "vocab"), (b_tokenizer, "tokenizer")):
+        head = breaker(eagle_head, tmp_path / breaker.__name__)
+        code, rep = run(tmp_path, tiny_target, head)
+        assert code == 1 and check in problems(rep), (breaker.__name__, problems(rep))
+    other = tm.make_target(tmp_path / "other_target", seed=9)
+    head = copy_head(eagle_head, tmp_path / "emb", tensors={"embed_tokens.weight": load_file(
+        str(other / "model.safetensors"))["model.embed_tokens.weight"]})
+    code, rep = run(tmp_path, tiny_target, head)
+    assert code == 1 and "embedding" in problems(rep)
+
+
+def test_missing_embedding_with_target_hidden_size(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
+    """The EAGLE authors' EAGLE-3 loader takes the target's embedding only when target_hidden_size is absent."""
+    tiny_target, eagle3_head = mimic3
+    assert "embed_tokens.weight" not in load_file(str(eagle3_head / "model.safetensors"))
+    code, rep = run(tmp_path, tiny_target, eagle3_head, "--engine", "eagle-repo")
+    assert code == 1
+    [msg] = [m for m in problems(rep)["loader:eagle-repo"] if "embed_tokens" in m]
+    assert "RANDOM" in msg and "SafeAILab/EAGLE@cb7e0841" in msg and "cnets.py" in msg
+    assert rep["compatibility"]["trtllm-1.4"] == "loads as it is"
+    assert rep["compatibility"]["eagle-repo"] != "loads as it is"
+    # The same head on the engines that share the target's embedding: nothing wrong.
+    for engine in ("reference", "trtllm-1.4", "vllm"):
+        assert run(tmp_path, tiny_target, eagle3_head, "--engine", engine)[0] == 0
+    # Renamed layers.0.* tensors load nowhere silently in SGLang (skipped names).
+    t = load_file(str(eagle3_head / "model.safetensors"))
+    renamed = {k.replace("midlayer.", "layers.0."): v for k, v in t.items()}
+    head = copy_head(eagle3_head, tmp_path / "renamed", tensors=renamed, drop=tuple(k for k in t if "midlayer." in k))
+    code, rep = run(tmp_path, tiny_target, head, "--engine", "sglang")
+    assert code == 1 and "loader:sglang" in problems(rep)
+
+
+def test_target_without_chat_template(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
+    tiny_target, eagle3_head = mimic3
+    target = tmp_path / "target"
+    shutil.copytree(tiny_target, target)
+    cfg = json.loads((target / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (target / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    code, rep = run(tmp_path, target, eagle3_head)
+    assert code == 1 and "chat_template" in problems(rep)
+
+
+def test_unusable_inputs_exit_2(tmp_path: Path, tiny_target: Path, eagle3_head: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert run(tmp_path, tiny_target, tmp_path / "nothing")[0] == 2
+    (tmp_path / "empty").mkdir()
+    assert run(tmp_path, tiny_target, tmp_path / "empty")[0] == 2
+    assert run(tmp_path, tiny_target, eagle3_head, "--draft-type", "eagle")[0] == 2
+    assert "eagle3 head" in capsys.readouterr().err
+    assert run(tmp_path, tmp_path / "empty", eagle3_head)[0] == 2

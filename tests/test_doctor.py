@@ -206,3 +206,99 @@ def test_unusable_inputs_exit_2(tmp_path: Path, tiny_target: Path, eagle3_head: 
     assert run(tmp_path, tiny_target, eagle3_head, "--draft-type", "eagle")[0] == 2
     assert "eagle3 head" in capsys.readouterr().err
     assert run(tmp_path, tmp_path / "empty", eagle3_head)[0] == 2
+
+
+# ---- measured checks (reference engine) ------------------------------------------------------------------------------
+
+
+def measured(tmp: Path, target: Path, head: Path, *extra: str) -> tuple[int, dict]:
+    out = tmp / f"measured-{len(list(tmp.glob('measured-*')))}.json"
+    code = main(["--target", str(target), "--head", str(head), "--max-new-tokens", "24", "--json", str(out), *extra])
+    return code, json.loads(out.read_text())
+
+
+def _cause(rep: dict) -> dict:
+    [cause] = [f for f in rep["findings"] if f["check"].startswith("measured:") and f["severity"] == "error"]
+    return cause
+
+
+def b_d2t_rolled(h: Path, o: Path) -> Path:
+    """Every draft id mapped to the next draft id's target (an off-by-one when the map was written)."""
+    t = _targets(h)
+    return copy_head(h, o, tensors={"d2t": torch.roll(t, -1) - torch.arange(t.numel())}, drop=("t2d",))
+
+
+def b_layers_up(h: Path, o: Path) -> Path:
+    ids = json.loads((h / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
+    return copy_head(h, o, cfg={"eagle_aux_hidden_state_layer_ids": [i + 1 for i in ids]})
+
+
+MEASURED3 = {  # breaker -> the experiments that may be named as the cause
+    "d2t rolled by one": (b_d2t_rolled, {"d2t index -1", "d2t sorted"}),  # both restore the trained map
+    "d2t permuted": (b_d2t_permuted, {"d2t sorted"}),
+    "captured layers moved up": (b_layers_up, {"layers -1"}),
+}
+
+
+def test_measured_healthy_eagle3(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
+    code, rep = measured(tmp_path, *mimic3)
+    assert code == 0, problems(rep)
+    base = rep["measured"]["baseline"]
+    assert base["p_by_position"][0] > 0.8 and base["tau"] > 1.8 and base["steps"] > 0
+    names = {e["name"] for e in rep["measured"]["experiments"]}
+    assert {"chat template off", "layers +1", "d2t index +1", "d2t index -1"} <= names
+    # each experiment that changes what the head sees is measured lower than the healthy head, none higher
+    assert all(e["tau"] <= base["tau"] + 1e-9 for e in rep["measured"]["experiments"])
+
+
+@pytest.mark.parametrize("case", sorted(MEASURED3))
+def test_measured_cause_named(case: str, tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
+    breaker, experiment = MEASURED3[case]
+    target, healthy = mimic3
+    code, rep = measured(tmp_path, target, breaker(healthy, tmp_path / "head"))
+    assert code == 1
+    cause = _cause(rep)
+    assert cause["evidence"]["experiment"]["name"] in experiment
+    assert cause["evidence"]["experiment"]["tau"] > cause["evidence"]["baseline"]["tau"] + 0.5
+    assert cause["fix"]
+
+
+def test_measured_eagle1_and_unloadable(tmp_path: Path, mimic_pair: tuple[Path, Path], tiny_target: Path) -> None:
+    code, rep = measured(tmp_path, *mimic_pair)
+    assert code == 0, problems(rep)
+    assert rep["measured"]["baseline"]["tau"] > 1.3
+    # a head whose shapes do not fit: the static error is reported and the measured checks say why they did not run
+    code, rep = measured(tmp_path, tiny_target, b_vocab(mimic_pair[1], tmp_path / "bad"))
+    assert code == 1 and rep["measured"] == {}
+    assert any(f["check"] == "measured" and "not run" in f["message"] for f in rep["findings"])
+
+
+# ---- the shipped heads on the real SmolLM2 target --------------------------------------------------------------------
+
+HEADS = Path(__file__).resolve().parent.parent / "heads"
+
+
+def test_shipped_heads_static(tmp_path: Path) -> None:
+    from builders.model_source import smollm2_dir
+
+    for name in ("smollm2-eagle", "smollm2-eagle3"):
+        code, rep = run(tmp_path, smollm2_dir(), HEADS / name)
+        assert code == 0, problems(rep)
+    assert rep["compatibility"]["trtllm-1.4"] == "loads as it is"
+    # our trainer's EAGLE-3 export sets target_hidden_size and ships no embedding: the EAGLE authors' loader would
+    # draft from a random embedding, and the doctor says so for that engine
+    code, rep = run(tmp_path, smollm2_dir(), HEADS / "smollm2-eagle3", "--engine", "eagle-repo")
+    assert code == 1 and "loader:eagle-repo" in problems(rep)
+
+
+@pytest.mark.slow
+def test_shipped_eagle3_head_measured(tmp_path: Path) -> None:
+    """The one SmolLM2 run: the shipped EAGLE-3 head passes every static and measured check."""
+    from builders.model_source import smollm2_dir
+
+    code, rep = measured(tmp_path, smollm2_dir(), HEADS / "smollm2-eagle3")
+    assert code == 0, problems(rep)
+    base = rep["measured"]["baseline"]
+    assert base["p_by_position"][0] > 0.05 and base["tau"] > 1.05
+    d2t = [e for e in rep["measured"]["experiments"] if e["name"].startswith("d2t")]
+    assert d2t and all(e["tau"] < base["tau"] for e in d2t)  # any remap of a healthy d2t loses acceptance

@@ -36,7 +36,7 @@ def _check_parser() -> argparse.ArgumentParser:
     ap.add_argument("--head", type=Path, required=True, help="the draft head's directory")
     ap.add_argument("--draft-type", choices=("eagle", "eagle3"), help="assert the head type (detected otherwise)")
     ap.add_argument("--prompts", type=Path, help="JSONL prompts (`prompt` or MT-bench `turns`); default: built-in")
-    ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens per prompt in the measured runs")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt in the measured runs")
     ap.add_argument("--engine", choices=ENGINES, default="reference",
                     help="the engine you serve on: its loader's pitfalls count as problems")
     ap.add_argument("--max-seq-len", type=int, help="the serving limit (prompt + output); default the target's "

@@ -84,7 +84,7 @@ def _eagle_repo(head: Head, target: LlamaSpec) -> list[str]:
     if ids is not None and ids != safeailab_default_ids(target.num_hidden_layers):
         p.append(f"captures layers {safeailab_default_ids(target.num_hidden_layers)} (hard-coded in "
                  f"modeling_llama_kv.py) but the head was trained on {ids}")
-    if "rope_theta" not in head.cfg:
+    if "rope_theta" not in head.cfg and head.rope_theta != 10000.0:
         p.append(f"no top-level rope_theta: the head runs with RoPE base 10000 instead of {head.rope_theta:g}")
     scaling = head.cfg.get("rope_scaling")
     if isinstance(scaling, dict) and scaling.get("type") not in ("linear", "dynamic"):
@@ -110,7 +110,7 @@ def _trtllm(head: Head, target: LlamaSpec) -> list[str]:
         p.append("no draft_vocab_size in the config (upstream falls back to vocab_size)")
     if "fc.bias" in head.shapes and head.cfg.get("bias") is not True:
         p.append("fc.bias present but config bias is not true: the fc is built without a bias")
-    if "rope_theta" not in head.cfg and "rope_parameters" in head.cfg:
+    if "rope_theta" not in head.cfg and head.rope_theta != 10000.0:
         p.append("only rope_parameters holds the RoPE base; transformers-4 readers (1.1 / 1.2) take 10000")
     return [f"{m} [{SOURCES['trtllm']}]" for m in p]
 

@@ -12,7 +12,7 @@ from engines.hfconfig import ModelConfigError, llama_spec
 
 
 def diagnose(target_dir: Path, head_dir: Path, *, engine: str, draft_type: str | None, max_seq_len: int | None,
-             measure: bool, prompts: list[str] | None = None, max_new_tokens: int = 32, depth: int = 3,
+             measure: bool, prompts: list[str] | None = None, max_new_tokens: int = 48, depth: int = 3,
              work: Path | None = None) -> Report:
     t0 = time.perf_counter()
     try:

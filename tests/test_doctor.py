@@ -111,6 +111,35 @@ def b_positions(h: Path, o: Path) -> Path:
     return copy_head(h, o, cfg={"max_position_embeddings": 64})
 
 
+def b_kv_heads(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"num_key_value_heads": tm.HEADS})
+
+
+def b_nan(h: Path, o: Path) -> Path:
+    t = load_file(str(h / "model.safetensors"))
+    w = t["fc.weight"].clone()
+    w[0, 0] = float("nan")
+    return copy_head(h, o, tensors={"fc.weight": w})
+
+
+def b_ids_disagree(h: Path, o: Path) -> Path:
+    return copy_head(h, o, cfg={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}})
+
+
+def b_head_template(h: Path, o: Path) -> Path:
+    out = copy_head(h, o)
+    tm.make_tokenizer(out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    return out
+
+
+def b_fc_bias3(h: Path, o: Path) -> Path:
+    return copy_head(h, o, tensors={"fc.bias": torch.zeros(tm.HIDDEN)})
+
+
 def b_layers_output_indexed(h: Path, o: Path) -> Path:
     return copy_head(h, o, cfg={"eagle_aux_hidden_state_layer_ids": [1, 14, 26]})
 
@@ -127,6 +156,11 @@ BROKEN3: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "truncated vocab": (b_vocab, "vocab"),
     "target hidden size": (b_hidden, "shapes"),
     "max positions": (b_positions, "positions"),
+    "config from another head": (b_kv_heads, "shapes"),
+    "NaN weights": (b_nan, "values"),
+    "layer ids disagree": (b_ids_disagree, "captured_layers"),
+    "trained with another chat template": (b_head_template, "chat_template"),
+    "fc.bias the config does not declare": (b_fc_bias3, "bias"),
 }
 
 
@@ -155,8 +189,10 @@ def test_output_indexed_layer_ids_named(tmp_path: Path) -> None:
 
 
 def test_broken_eagle1_named(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
-    for breaker, check in ((b_rope, "rope"), (b_vocab, "vocab"), (b_tokenizer, "tokenizer")):
-        head = breaker(eagle_head, tmp_path / breaker.__name__)
+    no_bias = copy_head(eagle_head, tmp_path / "nobias", drop=("fc.bias",))  # config says (by default) it has one
+    for breaker, check in ((b_rope, "rope"), (b_vocab, "vocab"), (b_tokenizer, "tokenizer"), (b_kv_heads, "shapes"),
+                           (b_nan, "values"), (lambda h, o: no_bias, "bias")):
+        head = breaker(eagle_head, tmp_path / f"{check}-{len(list(tmp_path.iterdir()))}")
         code, rep = run(tmp_path, tiny_target, head)
         assert code == 1 and check in problems(rep), (breaker.__name__, problems(rep))
     other = tm.make_target(tmp_path / "other_target", seed=9)
@@ -302,3 +338,22 @@ def test_shipped_eagle3_head_measured(tmp_path: Path) -> None:
     assert base["p_by_position"][0] > 0.05 and base["tau"] > 1.05
     d2t = [e for e in rep["measured"]["experiments"] if e["name"].startswith("d2t")]
     assert d2t and all(e["tau"] < base["tau"] for e in d2t)  # any remap of a healthy d2t loses acceptance
+
+
+def test_layout_detection(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
+    """Each producer's markers; heads that name no layers get the SafeAILab default assumed, and say so."""
+    target, head = mimic3
+    ids = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    cases = {
+        "specforge": copy_head(head, tmp_path / "sf", cfg={"eagle_config": ids}, drop_cfg=tuple(ids)),
+        "modelopt": copy_head(head, tmp_path / "mo", cfg={"eagle_config": dict(ids, use_aux_hidden_state=True)},
+                              drop_cfg=tuple(ids)),
+        "eagle-repo": copy_head(head, tmp_path / "sa", drop_cfg=tuple(ids)),
+        "eagle-deploy": head,
+    }
+    for layout, h in cases.items():
+        code, rep = run(tmp_path, target, h)
+        assert rep["layout"] == layout and rep["draft_type"] == "eagle3"
+    code, rep = run(tmp_path, target, cases["eagle-repo"])
+    [msg] = [f["message"] for f in rep["findings"] if f["check"] == "captured_layers"]
+    assert "names no captured layers" in msg and "SafeAILab default [2, 2, 1]" in msg

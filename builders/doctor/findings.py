@@ -75,6 +75,9 @@ class Report:
             out.append(f"measured: tau {b['tau']:.3f}, acceptance per draft position {b['p_by_position']} "
                        f"({b['prompts']} prompts, {b['steps']} steps)")
         for e in m.get("experiments", []):
+            if "error" in e:
+                out.append(f"  experiment {e['name']}: failed ({e['error']})")
+                continue
             out.append(f"  experiment {e['name']}: tau {e['tau']:.3f}, p1 {e['p_by_position'][0]:.3f}  ({e['what']})")
         verdict = "no problems found" if not self.problems else f"{len(self.problems)} problem(s) found"
         out.append(f"{verdict} in {self.seconds:.1f} s")

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from builders.doctor.findings import Finding, Report
+from builders.doctor.findings import Finding, Report, Severity
 from builders.doctor.head import Head
 from builders.doctor.loaders import safeailab_default_ids
 from builders.doctor.static import chat_template_of
@@ -226,13 +226,14 @@ def measure_head(rep: Report, head: Head, target_dir: Path, target: LlamaSpec, *
         try:
             llama_spec(target_dir)  # the converter takes Llama-family targets
             ckpt, head3 = _convert(head, target_dir, target, w, depth)
-        except (ModelConfigError, ValueError, OSError) as e:
-            rep.add([Finding("measured", "info", f"measured checks not run: the reference engine cannot load this "
-                             f"pair as it is ({str(e)[:300]}); fix the static findings first")])
+            chat, raw, eos = _prompt_ids(target_dir, prompts or PROMPTS)
+            st = Setup(ckpt, head3, w, depth, max_new_tokens, chat, raw, eos)
+            base = run_variant(st)
+        except (ModelConfigError, ValueError, OSError, RuntimeError) as e:
+            sev: Severity = "info" if rep.problems else "error"  # else the static checks missed what breaks it
+            rep.add([Finding("measured", sev, f"measured checks not run: the reference engine cannot load this "
+                             f"pair as it is ({str(e)[:300]})", fix="fix the other findings first")])
             return
-        chat, raw, eos = _prompt_ids(target_dir, prompts or PROMPTS)
-        st = Setup(ckpt, head3, w, depth, max_new_tokens, chat, raw, eos)
-        base = run_variant(st)
         rep.measured = {"depth": depth, "max_new_tokens": max_new_tokens, "chat_template": chat != raw,
                         "baseline": base, "experiments": []}
         _judge_baseline(rep, base, head)
@@ -240,7 +241,11 @@ def measure_head(rep: Report, head: Head, target_dir: Path, target: LlamaSpec, *
                                       else eagle1_experiments(st, head, target))
         explaining = []
         for exp in exps:
-            fig = dict(exp.run(), name=exp.name, what=exp.what)
+            try:
+                fig = dict(exp.run(), name=exp.name, what=exp.what)
+            except (ModelConfigError, ValueError, RuntimeError) as e:
+                rep.measured["experiments"].append({"name": exp.name, "what": exp.what, "error": str(e)[:300]})
+                continue
             rep.measured["experiments"].append(fig)
             if _explains(base, fig):
                 explaining.append((fig, exp.fix))

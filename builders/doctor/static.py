@@ -19,7 +19,7 @@ from builders.doctor.loaders import (
     compatibility,
     safeailab_default_ids,
 )
-from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec
+from engines.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec
 
 D2T_SOURCE = "SafeAILab/EAGLE@cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b eagle/traineagle3/cnets.py scandata"
 
@@ -237,4 +237,90 @@ def random_head_check(head: Head) -> list[Finding]:
     if (head.cfg.get("eagle_deploy") or {}).get("random_head"):
         return [Finding("head", "error", "the head is marked randomly initialized (eagle_deploy.random_head): it "
                         "accepts nothing", fix="train a head: python builders/train_head.py CONFIG")]
+    return []
+
+
+def layer_shape_checks(head: Head) -> list[Finding]:
+    """Every decoder-layer tensor against the shape the head's own config implies (a config copied from another
+    model loads in some engines and computes garbage in others)."""
+    try:
+        spec = llama_spec(head.dir, require_arch=False)
+    except ModelConfigError as e:
+        return [Finding("shapes", "error", str(e))]
+    h, i, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
+    if head.draft_type == "eagle3":
+        prefixes, qkv_in = [head.mid], 2 * h  # attention over concat[embedding, feature]
+        extra = {f"{head.mid}.hidden_norm.weight": (h,), f"{head.mid}.input_layernorm.weight": (h,), "norm.weight": (h,)}
+    else:
+        prefixes, qkv_in, extra = [f"layers.{j}" for j in range(spec.num_hidden_layers)], h, {}
+    want: dict[str, tuple[int, ...]] = dict(extra)
+    for p in prefixes:
+        want.update({f"{p}.self_attn.q_proj.weight": (q, qkv_in), f"{p}.self_attn.k_proj.weight": (kv, qkv_in),
+                     f"{p}.self_attn.v_proj.weight": (kv, qkv_in), f"{p}.self_attn.o_proj.weight": (h, q),
+                     f"{p}.mlp.gate_proj.weight": (i, h), f"{p}.mlp.up_proj.weight": (i, h),
+                     f"{p}.mlp.down_proj.weight": (h, i), f"{p}.post_attention_layernorm.weight": (h,)})
+    out = []
+    missing = [n for n in want if n not in head.shapes]
+    if missing:
+        out.append(Finding("shapes", "error", f"missing tensor(s) {', '.join(missing[:4])}", {"missing": missing},
+                           "the head file is incomplete or from another architecture; re-export it"))
+    wrong = {n: (head.shapes[n], s) for n, s in want.items() if n in head.shapes and head.shapes[n] != s}
+    if wrong:
+        detail = "; ".join(f"{n} {a} (config implies {b})" for n, (a, b) in list(wrong.items())[:4])
+        out.append(Finding("shapes", "error", f"tensor shapes disagree with the head's config.json: {detail}",
+                           {"shapes": {n: [list(a), list(b)] for n, (a, b) in wrong.items()}},
+                           "the config.json belongs to another head; use the one saved with these weights"))
+    return out
+
+
+def bias_checks(head: Head) -> list[Finding]:
+    """EAGLE-1/2: the converter's rule (builders/convert/eagle.py `head_bias`); EAGLE-3: a bias only TensorRT-LLM
+    builds, and only when the config says so."""
+    if head.draft_type == "eagle":
+        from builders.convert.eagle import head_bias
+
+        try:
+            with WeightSource(head.dir) as src:
+                head_bias(head.dir, src)
+        except ModelConfigError as e:
+            return [Finding("bias", "error", str(e), fix="make config.json \"bias\" match the weights")]
+        return []
+    if "fc.bias" in head.shapes and head.cfg.get("bias") is not True:
+        return [Finding("bias", "warning", "the head has fc.bias but its config does not say \"bias\": true: SafeAILab, "
+                        "vLLM and TensorRT-LLM build the EAGLE-3 fc without a bias and drop or reject it",
+                        fix="set \"bias\": true (TensorRT-LLM, this engine) or retrain without the bias")]
+    return []
+
+
+def value_checks(head: Head) -> list[Finding]:
+    """Non-finite weights, and index tensors of the wrong type."""
+    out = []
+    with WeightSource(head.dir) as src:
+        bad = [n for n in src.tensors if src.info(n).dtype.is_floating_point and not bool(torch.isfinite(src.read(n)).all())]
+    if bad:
+        out.append(Finding("values", "error", f"non-finite values (NaN/inf) in {', '.join(bad[:4])}", {"tensors": bad},
+                           "the head diverged in training or was saved in a dtype too narrow for it; re-export it"))
+    for name, kinds in (("d2t", (torch.int64, torch.int32)), ("t2d", (torch.bool, torch.uint8, torch.int64))):
+        if name in head.dtypes and head.dtypes[name] not in kinds:
+            out.append(Finding("d2t", "error", f"{name} has dtype {head.dtypes[name]}; loaders index with it "
+                               f"({', '.join(str(k) for k in kinds)})", fix=f"save {name} as an integer tensor"))
+    return out
+
+
+def layer_id_agreement(head: Head) -> list[Finding]:
+    try:
+        aux_layer_ids(head.cfg, head.dir / "config.json")
+    except ModelConfigError as e:
+        return [Finding("captured_layers", "error", str(e), fix="keep one list of captured layer ids")]
+    return []
+
+
+def head_template_checks(head: Head, target_dir: Path) -> list[Finding]:
+    """A head that ships its tokenizer tells which chat template it was trained with."""
+    mine, theirs = chat_template_of(head.dir), chat_template_of(target_dir)
+    if mine is not None and theirs is not None and mine != theirs:
+        return [Finding("chat_template", "warning", "the head's tokenizer has another chat template than the "
+                        "target's: it was trained on prompts formatted differently from the ones served",
+                        {"head_chars": len(mine), "target_chars": len(theirs)},
+                        "serve with the template the head was trained on, or retrain the head")]
     return []

@@ -352,8 +352,8 @@ def test_layout_detection(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
         "eagle-deploy": head,
     }
     for layout, h in cases.items():
-        code, rep = run(tmp_path, target, h)
+        _, rep = run(tmp_path, target, h)
         assert rep["layout"] == layout and rep["draft_type"] == "eagle3"
-    code, rep = run(tmp_path, target, cases["eagle-repo"])
+    _, rep = run(tmp_path, target, cases["eagle-repo"])
     [msg] = [f["message"] for f in rep["findings"] if f["check"] == "captured_layers"]
     assert "names no captured layers" in msg and "SafeAILab default [2, 2, 1]" in msg

@@ -299,6 +299,18 @@ def test_measured_cause_named(case: str, tmp_path: Path, mimic3: tuple[Path, Pat
     assert cause["fix"]
 
 
+def test_measured_collapse_without_named_cause(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
+    """Weights that no longer fit (lm_head rows shuffled, d2t intact): collapsed, and no experiment is blamed."""
+    target, healthy = mimic3
+    lm = load_file(str(healthy / "model.safetensors"))["lm_head.weight"]
+    perm = torch.randperm(lm.shape[0], generator=torch.Generator().manual_seed(1))
+    code, rep = measured(tmp_path, target, copy_head(healthy, tmp_path / "head", tensors={"lm_head.weight": lm[perm]}))
+    assert code == 1
+    checks = problems(rep)
+    assert "acceptance" in checks and "measured:none" in checks
+    assert not [c for c in checks if c.startswith("measured:") and c != "measured:none"]
+
+
 def test_measured_eagle1_and_unloadable(tmp_path: Path, mimic_pair: tuple[Path, Path], tiny_target: Path) -> None:
     code, rep = measured(tmp_path, *mimic_pair)
     assert code == 0, problems(rep)

@@ -254,6 +254,12 @@ def measure_head(rep: Report, head: Head, target_dir: Path, target: LlamaSpec, *
                                  f"{base['tau']:.3f} to {fig['tau']:.3f}: less than what names a cause (module doc)",
                                  {"baseline": base, "experiment": fig})])
         rep.add(_causes(base, explaining))
+        if not explaining and base["p_by_position"][0] < COLLAPSED:
+            rep.add([Finding("measured:none", "error", f"none of the {len(exps)} experiments restores acceptance: "
+                             "the head's weights do not fit this target as served (trained for another target or "
+                             "checkpoint, damaged, or a mismatch no experiment covers)",
+                             {"experiments": [e["name"] for e in rep.measured["experiments"]]},
+                             "check the head's provenance; retrain it on this target (docs/train-a-head.md)")])
         rep.measured["seconds"] = round(time.perf_counter() - t0, 2)
 
 

@@ -250,7 +250,8 @@ def layer_shape_checks(head: Head) -> list[Finding]:
     h, i, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
     if head.draft_type == "eagle3":
         prefixes, qkv_in = [head.mid], 2 * h  # attention over concat[embedding, feature]
-        extra = {f"{head.mid}.hidden_norm.weight": (h,), f"{head.mid}.input_layernorm.weight": (h,), "norm.weight": (h,)}
+        extra = {f"{head.mid}.hidden_norm.weight": (h,), f"{head.mid}.input_layernorm.weight": (h,), "norm.weight": (h,),
+                 "lm_head.weight": (int(head.cfg.get("draft_vocab_size") or spec.vocab_size), h)}
     else:
         prefixes, qkv_in, extra = [f"layers.{j}" for j in range(spec.num_hidden_layers)], h, {}
     want: dict[str, tuple[int, ...]] = dict(extra)

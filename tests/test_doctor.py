@@ -369,3 +369,22 @@ def test_layout_detection(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
     _, rep = run(tmp_path, target, cases["eagle-repo"])
     [msg] = [f["message"] for f in rep["findings"] if f["check"] == "captured_layers"]
     assert "names no captured layers" in msg and "SafeAILab default [2, 2, 1]" in msg
+
+
+def test_architecture_switches(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
+    """A head built with a switch (ModelOpt's eagle_config, speculators' norm flags) is another network: loaders that
+    do not implement the switch run it wrong, and export refuses to write it where it cannot run."""
+    target, head = mimic3
+    sw = copy_head(head, tmp_path / "sw", cfg={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2],
+                                                                "norm_before_fc": True}})
+    code, rep = run(tmp_path, target, sw)
+    assert code == 1 and "loader:reference" in problems(rep)
+    assert rep["compatibility"]["trtllm-1.4"] == "loads as it is"  # Eagle3DraftModel reads norm_before_fc
+    assert "norm_before_fc" in rep["compatibility"]["eagle-repo"]
+    assert main(["export", "--head", str(sw), "--to", "eagle-repo", "--target", str(target), str(tmp_path / "x")]) == 2
+    # speculators' norm flags survive the trip through the flat layout
+    flagged = copy_head(head, tmp_path / "flag", cfg={"norm_output": True})
+    assert main(["export", "--head", str(flagged), "--to", "speculators", str(tmp_path / "s")]) == 0
+    assert json.loads((tmp_path / "s" / "config.json").read_text())["norm_output"] is True
+    assert main(["export", "--head", str(tmp_path / "s"), "--to", "specforge", str(tmp_path / "f")]) == 0
+    assert json.loads((tmp_path / "f" / "config.json").read_text())["norm_output"] is True

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 from builders.convert.weights import WeightSource
 from builders.doctor.findings import UnusableInput
-from builders.doctor.head import Head, read_head, speculators_flat
+from builders.doctor.head import ARCH_FLAGS, Head, read_head, speculators_flat
 from engines.hfconfig import llama_spec, rope_theta_of
 
 LAYOUT_KEYS = ("speculators_model_type", "speculators_config", "transformer_layer_config", "speculators_version",
@@ -78,6 +78,8 @@ def _target_embedding(target_dir: Path | None, head: Head) -> torch.Tensor:
 def to_eagle_repo(head: Head, out: Path, target_dir: Path | None) -> list[str]:
     cfg, t = canonical(head)
     notes = []
+    if head.switches:
+        raise UnusableInput(f"the head uses {', '.join(head.switches)}; the EAGLE authors' network has no such switch")
     if "fc.bias" in t:
         raise UnusableInput("the head has fc.bias; the EAGLE authors' EAGLE-3 fc has none (bias=False): it cannot run there")
     if "embed_tokens.weight" not in t:
@@ -122,7 +124,7 @@ def to_speculators(head: Head, out: Path, target_dir: Path | None) -> list[str]:
         "transformer_layer_config": layer, "draft_vocab_size": cfg["draft_vocab_size"],
         "target_hidden_size": cfg.get("target_hidden_size"),
         "eagle_aux_hidden_state_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
-        "norm_before_residual": False,
+        **{k: bool(cfg.get(k, False)) for k in ARCH_FLAGS},
     }
     _write(out, spec, {("layers.0." + n[len("midlayer."):] if n.startswith("midlayer.") else n): v for n, v in t.items()})
     return []

@@ -25,6 +25,10 @@ from builders.convert.weights import WeightFileError, WeightSource
 from builders.doctor.findings import UnusableInput
 from engines.hfconfig import ModelConfigError, aux_layer_ids, rope_theta_of
 
+# Architecture switches some producers set; a loader that does not implement one computes another network.
+ARCH_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+EAGLE_CONFIG_FLAGS = {"use_aux_hidden_state": True, "norm_before_fc": False, "eh_proj_before_attn": False,
+                      "return_hidden_post_norm": False}  # value = the plain EAGLE-3 network's
 MODELOPT_KEYS = ("use_aux_hidden_state", "use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm")
 
 
@@ -60,6 +64,14 @@ class Head:
         return rope_theta_of(self.cfg, self.dir / "config.json")
 
     @property
+    def switches(self) -> list[str]:
+        """Architecture switches that make this head differ from the plain EAGLE-3 network."""
+        on = [k for k in ARCH_FLAGS if self.cfg.get(k)]
+        block = self.raw.get("eagle_config") if isinstance(self.raw.get("eagle_config"), dict) else {}
+        on += [f"eagle_config.{k}={block[k]}" for k, plain in EAGLE_CONFIG_FLAGS.items() if k in block and block[k] != plain]
+        return on
+
+    @property
     def draft_vocab(self) -> int | None:
         if "lm_head.weight" in self.shapes:
             return self.shapes["lm_head.weight"][0]
@@ -83,7 +95,7 @@ def _config(head_dir: Path) -> dict[str, Any]:
 def speculators_flat(raw: dict[str, Any]) -> dict[str, Any]:
     """A speculators config as the flat Llama-style config the other layouts use."""
     cfg = dict(raw.get("transformer_layer_config") or {})
-    for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"):
+    for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", *ARCH_FLAGS):
         if raw.get(k) is not None:
             cfg[k] = raw[k]
     return cfg

@@ -68,8 +68,15 @@ def _reduced(head: Head, target: LlamaSpec) -> bool:
     return dv is not None and dv != target.vocab_size
 
 
+def _switches(head: Head, supported: tuple[str, ...]) -> list[str]:
+    prefixes = supported + tuple(f"eagle_config.{k}" for k in supported)
+    off = [s for s in head.switches if not s.startswith(prefixes)]
+    msg = f"architecture switch(es) {', '.join(off)} not implemented by this loader: it runs the plain EAGLE-3 network"
+    return [msg] if off else []
+
+
 def _eagle_repo(head: Head, target: LlamaSpec) -> list[str]:
-    p: list[str] = []
+    p: list[str] = _switches(head, ())
     s = SOURCES["eagle-repo"]
     if head.layout == "speculators":
         p.append("a speculators config (nested transformer_layer_config) is not an EConfig; export --to eagle-repo")
@@ -98,7 +105,10 @@ def _eagle_repo(head: Head, target: LlamaSpec) -> list[str]:
 
 
 def _trtllm(head: Head, target: LlamaSpec) -> list[str]:
-    p: list[str] = []
+    # Eagle3DraftModel.__init__ reads eagle_config (eh_proj_before_attn, norm_before_fc, return_hidden_post_norm)
+    # and the top-level fc_norm / norm_output
+    p: list[str] = _switches(head, ("eh_proj_before_attn", "norm_before_fc", "return_hidden_post_norm", "fc_norm",
+                                    "norm_output"))
     th = int(head.cfg.get("target_hidden_size", head.cfg.get("hidden_size", 0)))
     if head.layout == "speculators":
         p.append("speculators config: the PyTorch backend reads a flat Llama config; export --to trtllm")
@@ -140,6 +150,8 @@ def _sglang(head: Head, target: LlamaSpec) -> list[str]:
 
 
 def _reference(head: Head, target: LlamaSpec) -> list[str]:
+    if head.switches:
+        return _switches(head, ())
     if head.layout == "speculators":
         return ["a speculators head is converted by the doctor; the build's convert stage needs export --to trtllm"]
     if head.draft_type == "eagle3" and head.layer_ids is None:

@@ -126,9 +126,10 @@ def _trtllm(head: Head, target: LlamaSpec) -> list[str]:
 
 
 def _vllm(head: Head, target: LlamaSpec) -> list[str]:
-    p: list[str] = []
+    # LlamaDecoderLayer reads norm_before_residual; LlamaModel reads eagle_config.use_aux_hidden_state
+    p: list[str] = _switches(head, ("norm_before_residual", "use_aux_hidden_state"))
     if head.layout == "speculators":
-        return []  # vLLM reads speculators configs natively
+        return [f"{m} [{SOURCES['vllm']}]" for m in p]  # vLLM reads speculators configs natively
     if _reduced(head, target) and "d2t" not in head.shapes:
         p.append("no d2t: draft_id_to_target_id stays zeros (draft id i read as target id i)")
     if "fc.bias" in head.shapes:

@@ -10,6 +10,7 @@ draft depth 3 on a few prompts): tau and acceptance per draft position, then exp
 acceptance is low (d2t remaps, captured layers moved by one, chat template off, the target's RoPE base).
 
 Exit status: 0 nothing wrong found; 1 problems found (each with cause, evidence and fix); 2 inputs unusable.
+Moving a head between ecosystems: `python -m builders.doctor export --help`.
 
 Inputs:  --target (HF directory with tokenizer), --head (EAGLE-1/2 or EAGLE-3 head directory, any known layout)
 Outputs: the report on stdout; --json OUT every finding (check, severity, message, evidence, fix) and the figures
@@ -49,12 +50,15 @@ def _check_parser() -> argparse.ArgumentParser:
 
 def _export_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m builders.doctor export",
-                                 description="Write an EAGLE-3 head in the layout a loader reads (builders/doctor/export.py).")
-    ap.add_argument("--head", type=Path, required=True)
-    ap.add_argument("--to", choices=EXPORTS, required=True)
+                                 description="Write an EAGLE-3 head in the layout a loader reads, tensors unchanged "
+                                 "(builders/doctor/export.py says which fields each loader reads). Exit 2 when the "
+                                 "head cannot run there, with the reason.",
+                                 epilog="Guide:   docs/low-acceptance.md")
+    ap.add_argument("--head", type=Path, required=True, help="the head's directory, in any layout the doctor reads")
+    ap.add_argument("--to", choices=EXPORTS, required=True, help="the loader to write for")
     ap.add_argument("--target", type=Path, help="the target's HF directory (needed for eagle-repo when the head "
                     "ships no embedding, and recorded as the speculators verifier)")
-    ap.add_argument("out", type=Path)
+    ap.add_argument("out", type=Path, help="the directory to write (config.json + model.safetensors)")
     return ap
 
 

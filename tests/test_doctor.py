@@ -388,3 +388,11 @@ def test_architecture_switches(tmp_path: Path, mimic3: tuple[Path, Path]) -> Non
     assert json.loads((tmp_path / "s" / "config.json").read_text())["norm_output"] is True
     assert main(["export", "--head", str(tmp_path / "s"), "--to", "specforge", str(tmp_path / "f")]) == 0
     assert json.loads((tmp_path / "f" / "config.json").read_text())["norm_output"] is True
+
+
+def test_random_heads_collapse(tmp_path: Path, tiny_target: Path, eagle3_head: Path, eagle_head: Path) -> None:
+    """The project's random tiny heads load everywhere (static checks pass) but accept nothing: measured, exit 1."""
+    for head in (eagle3_head, eagle_head):
+        assert run(tmp_path, tiny_target, head)[0] == 0
+        code, rep = measured(tmp_path, tiny_target, head)
+        assert code == 1 and {"acceptance", "measured:none"} <= set(problems(rep))

@@ -90,8 +90,9 @@ def layer_checks(head: Head, target: LlamaSpec) -> list[Finding]:
                         f"target layer j, {L} = the last layer's output)", ev,
                         f"set eagle_aux_hidden_state_layer_ids to the layers the head was trained on (default {default})")]
     if sorted(set(ids)) != ids:
-        out.append(Finding("captured_layers", "warning", f"captured layer ids {ids} are not strictly ascending; every "
-                           "trainer captures them in layer order", ev, f"check the ids (default {default})"))
+        out.append(Finding("captured_layers", "info", f"captured layer ids {ids} are not strictly ascending (trainers "
+                           "usually capture in layer order; the measured run tells whether these are the trained ones)",
+                           ev))
     if ids == [i - 1 for i in default]:
         out.append(Finding(
             "captured_layers", "warning",

@@ -126,7 +126,7 @@ def rope_checks(head: Head, target: LlamaSpec) -> list[Finding]:
         out.append(Finding("rope", "warning", f"the head's RoPE base {theta:g} differs from the target's "
                            f"{target.rope_theta:g} ({reads})", ev,
                            f"set rope_theta={target.rope_theta:g} in the head's config.json if the head was trained "
-                           "with the target's base (the measured experiment `rope target base` tells)"))
+                           "with the target's base (the measured rope experiment tells)"))
     if (scaling or None) != (target.rope_scaling or None) and head.draft_type == "eagle3":
         out.append(Finding("rope", "warning", f"the head's RoPE scaling {scaling} differs from the target's "
                            f"{target.rope_scaling}", ev, "copy the target's rope_scaling into the head's config"))

@@ -281,6 +281,8 @@ def test_measured_healthy_eagle3(tmp_path: Path, mimic3: tuple[Path, Path]) -> N
     assert code == 0, problems(rep)
     base = rep["measured"]["baseline"]
     assert base["p_by_position"][0] > 0.8 and base["tau"] > 1.8 and base["steps"] > 0
+    healthy = rep["measured"]["healthy_reference"]
+    assert healthy["head"] == "heads/smollm2-eagle3" and len(healthy["p_by_position"]) == 3
     names = {e["name"] for e in rep["measured"]["experiments"]}
     assert {"chat template off", "layers +1", "d2t index +1", "d2t index -1"} <= names
     # each experiment that changes what the head sees is measured lower than the healthy head, none higher

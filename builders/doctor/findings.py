@@ -74,6 +74,10 @@ class Report:
             b = m["baseline"]
             out.append(f"measured: tau {b['tau']:.3f}, acceptance per draft position {b['p_by_position']} "
                        f"({b['prompts']} prompts, {b['steps']} steps)")
+            h = m.get("healthy_reference")
+            if h:
+                out.append(f"  a healthy head for comparison ({h['head']}, {h['size']}): tau {h['tau']:.3f}, "
+                           f"acceptance per draft position {h['p_by_position']}")
         for e in m.get("experiments", []):
             if "error" in e:
                 out.append(f"  experiment {e['name']}: failed ({e['error']})")

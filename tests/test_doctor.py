@@ -304,6 +304,17 @@ def test_measured_cause_named(case: str, tmp_path: Path, mimic3: tuple[Path, Pat
     assert cause["fix"]
 
 
+def test_measured_chat_template_named(tmp_path: Path) -> None:
+    """A head that drafts right only on text that follows raw prompts (tests/doctor_models.py template_blind):
+    collapsed with the chat template, restored without it, and the chat template is named."""
+    target, head = make_mimic3(tmp_path / "pair", template_blind=True)
+    code, rep = measured(tmp_path, target, head)
+    assert code == 1
+    cause = _cause(rep)
+    assert cause["check"] == "measured:chat" and cause["evidence"]["experiment"]["p_by_position"][0] > 0.8
+    assert "without the chat template" in cause["fix"]
+
+
 def test_measured_collapse_without_named_cause(tmp_path: Path, mimic3: tuple[Path, Path]) -> None:
     """Weights that no longer fit (lm_head rows shuffled, d2t intact): collapsed, and no experiment is blamed."""
     target, healthy = mimic3

@@ -21,6 +21,7 @@ ENTRY_POINTS = {
     "builders/tune_tree.py": ["builders/tune_tree.py"],
     "builders/model_source.py": ["-m", "builders.model_source"],
     "builders/ledger_check.py": ["-m", "builders.ledger_check"],
+    "builders/doctor/__main__.py": ["-m", "builders.doctor"],
     "builders/trtllm/ledger_docs.py": ["-m", "builders.trtllm.ledger_docs"],
     "clients/generate.py": ["clients/generate.py"],
     "clients/loadtest.py": ["clients/loadtest.py"],

@@ -1,0 +1,107 @@
+"""`python -m builders.doctor --target DIR --head DIR [--draft-type eagle|eagle3] [--prompts FILE]
+[--max-new-tokens N] [--engine ENGINE] [--json OUT] [--no-measure]`
+`python -m builders.doctor export --head DIR --to eagle-repo|specforge|speculators|trtllm OUT [--target DIR]`
+
+Says why a draft head's acceptance is low on a target, and where the head loads as it is. Static checks (all
+reported at once): the head's format and layout and the engines that load it unchanged; shapes and vocabulary
+against the target; d2t/t2d; captured layer ids and their convention; RoPE base and scaling; max positions;
+tokenizer identity; chat template; the loader pitfalls of `--engine`. Measured checks (reference engine, a chain of
+draft depth 3 on a few prompts): tau and acceptance per draft position, then experiments that name the cause when
+acceptance is low (d2t remaps, captured layers moved by one, chat template off, the target's RoPE base).
+
+Exit status: 0 nothing wrong found; 1 problems found (each with cause, evidence and fix); 2 inputs unusable.
+Moving a head between ecosystems: `python -m builders.doctor export --help`.
+
+Inputs:  --target (HF directory with tokenizer), --head (EAGLE-1/2 or EAGLE-3 head directory, any known layout)
+Outputs: the report on stdout; --json OUT every finding (check, severity, message, evidence, fix) and the figures
+Guide:   docs/low-acceptance.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from builders.doctor.findings import EXIT_UNUSABLE, UnusableInput
+from builders.doctor.loaders import ENGINES
+
+EXPORTS = ("eagle-repo", "specforge", "speculators", "trtllm")
+
+
+def _check_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m builders.doctor", description=__doc__.split("\n\n")[1],
+                                 epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", type=Path, required=True, help="the target's HF directory (config, weights, "
+                    "tokenizer), a .gguf file or pip:<distribution> (as the build's target.model)")
+    ap.add_argument("--head", type=Path, required=True, help="the draft head's directory")
+    ap.add_argument("--draft-type", choices=("eagle", "eagle3"), help="assert the head type (detected otherwise)")
+    ap.add_argument("--prompts", type=Path, help="JSONL prompts (`prompt` or MT-bench `turns`); default: built-in")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt in the measured runs")
+    ap.add_argument("--engine", choices=ENGINES, default="reference",
+                    help="the engine you serve on: its loader's pitfalls count as problems")
+    ap.add_argument("--max-seq-len", type=int, help="the serving limit (prompt + output); default the target's "
+                    "max_position_embeddings")
+    ap.add_argument("--json", type=Path, help="write the findings and figures here")
+    ap.add_argument("--no-measure", action="store_true", help="static checks only")
+    ap.add_argument("--work", type=Path, help="scratch directory for converted checkpoints (default: a temporary one)")
+    return ap
+
+
+def _export_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m builders.doctor export",
+                                 description="Write an EAGLE-3 head in the layout a loader reads, tensors unchanged "
+                                 "(builders/doctor/export.py says which fields each loader reads). Exit 2 when the "
+                                 "head cannot run there, with the reason.",
+                                 epilog="Guide:   docs/low-acceptance.md")
+    ap.add_argument("--head", type=Path, required=True, help="the head's directory, in any layout the doctor reads")
+    ap.add_argument("--to", choices=EXPORTS, required=True, help="the loader to write for")
+    ap.add_argument("--target", type=Path, help="the target's HF directory (needed for eagle-repo when the head "
+                    "ships no embedding, and recorded as the speculators verifier)")
+    ap.add_argument("out", type=Path, help="the directory to write (config.json + model.safetensors)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        from builders.doctor.export import export
+        from builders.doctor.run import resolve
+
+        args = _export_parser().parse_args(argv[1:])
+        try:
+            target = resolve(args.target) if args.target is not None else None
+            msg = export(args.head, args.to, args.out, target_dir=target)
+        except UnusableInput as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_UNUSABLE
+        print(msg)
+        return 0
+    args = _check_parser().parse_args(argv)
+    if args.max_new_tokens < 2:
+        print("error: --max-new-tokens must be >= 2", file=sys.stderr)
+        return EXIT_UNUSABLE
+    from builders.doctor.run import diagnose
+
+    prompts = None
+    try:
+        if args.prompts is not None:
+            from engines.data import read_prompts
+
+            prompts = read_prompts(args.prompts)
+        rep = diagnose(args.target, args.head, engine=args.engine, draft_type=args.draft_type,
+                       max_seq_len=args.max_seq_len, measure=not args.no_measure, prompts=prompts,
+                       max_new_tokens=args.max_new_tokens, work=args.work)
+    except (UnusableInput, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    print(rep.text())
+    if args.json is not None:
+        rep.write_json(args.json)
+    return rep.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

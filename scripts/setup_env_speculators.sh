@@ -2,11 +2,15 @@
 # Creates the venv the doctor's export test loads heads with: vLLM's `speculators` package, kept out of the main venv
 # (it needs numpy>=2 and transformers<=5.19, the main venv pins numpy<2 for tritonserver's python backend).
 # torch is taken from the main venv (a .pth line) instead of PyPI's CUDA build; the test skips when this venv is absent.
-#   usage: scripts/setup_env_speculators.sh [VENV_DIR] [MAIN_VENV]   (defaults /work/venvs/speculators, .venv)
+#   usage: scripts/setup_env_speculators.sh [VENV_DIR] [MAIN_VENV]   (defaults .venv-speculators, .venv)
 set -euo pipefail
-VENV=${1:-/work/venvs/speculators}
+VENV=${1:-.venv-speculators}
+cd "$(dirname "$0")/.."
 MAIN=${2:-.venv}
 PY=$("$MAIN/bin/python" -c 'import sys; print(sys.executable)')
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import speculators" 2>/dev/null; then
+  echo "speculators venv ready: $VENV"; exit 0
+fi
 "$PY" -m venv "$VENV"
 SITE=$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
 "$MAIN/bin/python" -c 'import site; print(site.getsitepackages()[0])' > "$SITE/zz_main_venv_torch.pth"

@@ -177,7 +177,7 @@ def convert_eagle3(
 ) -> None:
     """Target -> LlamaForCausalLM checkpoint in `out_dir`; EAGLE-3 head -> normalized `out_dir/eagle3/`."""
     hf_dir, head_dir, out_dir = Path(hf_dir), Path(head_dir), Path(out_dir)
-    target = llama_spec(hf_dir)
+    target = llama_spec(hf_dir, require_arch=False)
     problems = check_parallel(target, tp, 1)
     if problems:
         raise ModelConfigError("; ".join(problems))

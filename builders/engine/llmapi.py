@@ -30,7 +30,7 @@ import yaml
 
 from builders.config import BuildConfig
 from engines.hfconfig import ModelConfigError, aux_layer_ids
-from builders.trtllm import registry
+from builders.trtllm import architectures, registry
 from builders.trtllm.rules import capture_problems, default_capture
 
 TRTLLM_SERVE = "trtllm-serve"
@@ -76,9 +76,16 @@ def resolve_input_layer_ids(cfg: BuildConfig, head_config: dict[str, Any]) -> li
     return ids
 
 
-def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int) -> dict[str, Any]:
-    """`speculative_config` for the config's TensorRT-LLM version (pure)."""
+def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int,
+                       target_arch: str = "LlamaForCausalLM") -> dict[str, Any]:
+    """`speculative_config` for the config's TensorRT-LLM version (pure); `target_arch` picks one- or two-model
+    EAGLE-3 from the architecture table (builders/trtllm/architectures.py)."""
     v = registry.get(cfg.trtllm_version)
+    row = architectures.get(target_arch)
+    mode = None if row is None else row.pytorch_mode(v.key)
+    if mode is None:  # the convert stage's preflight refuses it; a BuildConfig made by hand may still hold one
+        raise LlmApiError("; ".join(architectures.problems(target_arch, version=v.key, backend="pytorch",
+                                                           draft_type="eagle3", where="(the converted target)")))
     lim = cfg.limits()
     spec: dict[str, Any] = {
         "decoding_type": v.decoding_type,
@@ -86,7 +93,7 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         v.speculative_model_key: str(draft_dir),
     }
     if v.eagle3_one_model_field:
-        spec["eagle3_one_model"] = True
+        spec["eagle3_one_model"] = mode == architectures.ONE
     if v.eagle3_layers_to_capture:
         spec["eagle3_layers_to_capture"] = capture
     elif sorted(capture) != default_capture(num_target_layers):
@@ -105,7 +112,8 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
     return spec
 
 
-def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int) -> dict[str, Any]:
+def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int,
+                    target_arch: str = "LlamaForCausalLM") -> dict[str, Any]:
     """The whole options mapping (pure). The config was validated against its TensorRT-LLM version when loaded
     (builders/trtllm/rules.py); a capture set that version cannot express raises LlmApiError."""
     llmapi_layout = registry.get(cfg.trtllm_version).triton_layout == "llmapi"
@@ -128,7 +136,7 @@ def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_t
             # off so no request reuses blocks holding them.
             "enable_block_reuse": False,
         },
-        "speculative_config": speculative_config(cfg, draft_dir, capture, num_target_layers),
+        "speculative_config": speculative_config(cfg, draft_dir, capture, num_target_layers, target_arch),
     }
 
 

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from builders.trtllm import ledger, ledger_rows, registry
+from builders.trtllm import architectures, ledger, ledger_rows, registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
 
@@ -88,6 +88,11 @@ SOURCES: tuple[tuple[str, str, str], ...] = (
      "1.3.0rc20; eagle_choices removed; Eagle3 decoding type; one-model dynamic trees"),
     ("triton-inference-server/server:docs/introduction/compatibility.md", "main 4b54459 / r26.08 6fa22ae",
      "newest NGC trtllm image rows: 26.07 -> TensorRT-LLM 1.2.1; no image carries 1.3/1.4"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_{llama,qwen3,qwen,mistral,qwen3_moe,gpt_oss}.py",
+     "the index versions named in 'Target architectures'", "which target classes are SpecDecOneEngineForCausalLM "
+     "(one-model EAGLE-3) and which are DecoderModelForCausalLM whose layers capture hidden states (two-model only)"),
+    ("NVIDIA/TensorRT-LLM pull request #17366 and issue #6158 (issues corpus)", "2026-08 / 2025-09 threads",
+     "two-model speculative decoding forced onto the one-model path; Mistral EAGLE-3 ran two-model only"),
     ("huggingface/transformers 4.56.0 (PyPI wheel, run)", "AutoTokenizer.from_pretrained, AutoConfig.from_pretrained",
      "'TokenizersBackend does not exist'; the rewritten tokenizer_config.json loads with identical ids; the "
      "normalized EAGLE-3 head config of a transformers-5 head (rope_parameters, eagle_config) loads as LlamaConfig "
@@ -105,6 +110,10 @@ UNVERIFIED: tuple[str, ...] = (
     "on the stored 2026 versions of llm_args.py and of the llmapi model files (commit dates unknown). Not established: "
     "SamplingParams' default max_tokens (the CPU mirror uses 32), whether exclude_input_from_output changes "
     "text_output, and the transformers version of the 1.4 wheels.",
+    "Target architectures: the modeling_*.py registrations were read in stored versions dated by content (2025-2026), "
+    "not at the tags; a version's column repeats what those versions show for the whole 1.x line (the classes' base "
+    "did not change between the versions read). Qwen2 / Mistral on the current line rest on PR #17366 (two-model "
+    "forced to one-model) and on their classes not being SpecDecOneEngineForCausalLM in the newest versions read.",
     "Nothing here ran on TensorRT-LLM or a GPU: every row is read from source, not executed.",
 )
 
@@ -132,6 +141,9 @@ def render() -> str:
         out.append(f"| {v.key} | {v.release} ({v.tag}) | {yes[v.engine_flow]} | {yes[v.eagle12_heads]} | "
                    f"{yes[v.pytorch_eagle3]} | {yes[v.pytorch_static_tree]} | {yes[v.pytorch_dynamic_tree]} | "
                    f"{yes[v.eagle3_layers_to_capture]} | {v.triton_layout} | {v.triton_image or '-'} |")
+    out += ["", "## Target architectures", "", "Which target architectures (config.json `architectures[0]`) each path "
+            "serves (builders/trtllm/architectures.py, the one table the preflight, these docs and the tests read).",
+            ""] + architectures.markdown()
     surfaces: dict[str, list[ledger_rows.Row]] = {}
     for r in ledger.all_rows():
         surfaces.setdefault(r.surface, []).append(r)

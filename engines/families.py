@@ -1,0 +1,54 @@
+"""The target families the reference engine runs natively, and how each differs from Llama (torch-free).
+
+The numerics follow transformers' modeling files of each family (models/<family>/modeling_<family>.py):
+- LlamaForCausalLM: the base (engines/model.py);
+- MistralForCausalLM: Llama's computation; `sliding_window` masks keys more than the window behind the query, which
+  the engine does not do, so it refuses sequences longer than the window (`max_context`);
+- Qwen2ForCausalLM (Qwen2 / Qwen2.5): q/k/v projections with biases, o_proj without; `use_sliding_window` true is
+  refused (the published configs ship it false);
+- Qwen3ForCausalLM: per-head RMSNorm of q and k over head_dim (weights of head_dim, shared by the heads) after the
+  projections and before RoPE; head_dim is a config key of its own (not hidden_size / heads).
+
+The converter (builders/convert/families.py) writes the checkpoint keys `family_keys` returns; the engine reads them
+back with `traits`. The architecture table (builders/trtllm/architectures.py) lists NATIVE as its `native` rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+NATIVE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+QKV_BIAS = frozenset({"Qwen2ForCausalLM"})
+QK_NORM = frozenset({"Qwen3ForCausalLM"})
+SLIDING_WINDOW = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM"})  # `use_sliding_window` switches it on
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a checkpoint's target computes beyond Llama (read from its config.json)."""
+
+    qkv_bias: bool = False  # q/k/v biases without an o_proj bias
+    qk_norm: bool = False  # per-head q/k RMSNorm before RoPE
+    sliding_window: int | None = None  # keys beyond this distance are masked upstream: longer contexts are refused
+
+    def max_context(self, max_seq_len: int) -> int:
+        return max_seq_len if self.sliding_window is None else min(max_seq_len, self.sliding_window)
+
+
+def family_keys(architecture: str, hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint config.json keys of a target (written by the converter)."""
+    window = hf_config.get("sliding_window")
+    if architecture in SLIDING_WINDOW and not hf_config.get("use_sliding_window"):
+        window = None  # transformers: sliding_window applies only when use_sliding_window is true
+    if architecture not in SLIDING_WINDOW and architecture != "MistralForCausalLM":
+        window = None
+    return {"qkv_bias": architecture in QKV_BIAS, "qk_norm": architecture in QK_NORM,
+            "sliding_window": None if window is None else int(window)}
+
+
+def traits(ckpt_config: dict[str, Any]) -> Traits:
+    """A checkpoint's traits; a Llama checkpoint written before these keys existed has none of them."""
+    window = ckpt_config.get("sliding_window")
+    return Traits(bool(ckpt_config.get("qkv_bias", False)), bool(ckpt_config.get("qk_norm", False)),
+                  None if window is None else int(window))

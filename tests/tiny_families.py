@@ -32,7 +32,7 @@ LINEAR = {"rope_type": "linear", "factor": 2.0}
 
 
 def family_config(family: str, *, tie: bool = False, head_dim: int | None = None, heads: int = 4, kv_heads: int = 2,
-                  layers: int = 2, rope_theta: float = 1e6, rope_scaling: dict | None = None,
+                  layers: int = 3, rope_theta: float = 1e6, rope_scaling: dict | None = None,
                   sliding_window: int | None = None, **extra: Any) -> dict[str, Any]:
     """The config.json keys of a tiny `family` model (transformers-4 spelling: rope_theta / rope_scaling)."""
     cfg: dict[str, Any] = {
@@ -162,6 +162,6 @@ def make_mimic_eagle3_head(out: Path, target_dir: Path) -> Path:
     cfg = {k: tcfg[k] for k in keep if k in tcfg}
     cfg.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
                intermediate_size=INTER, draft_vocab_size=vocab, target_hidden_size=h, tie_word_embeddings=False,
-               eagle_aux_hidden_state_layer_ids=[0, 1, int(tcfg["num_hidden_layers"])], torch_dtype="float32")
+               eagle_aux_hidden_state_layer_ids=[0, 1, int(tcfg["num_hidden_layers"]) - 1], torch_dtype="float32")
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out

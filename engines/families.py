@@ -52,3 +52,23 @@ def traits(ckpt_config: dict[str, Any]) -> Traits:
     window = ckpt_config.get("sliding_window")
     return Traits(bool(ckpt_config.get("qkv_bias", False)), bool(ckpt_config.get("qk_norm", False)),
                   None if window is None else int(window))
+
+
+# Keys of a target's config that describe its own stack, not a one-layer EAGLE-3 head: a head config that copied
+# them (trainers start from the target's config) fails to load, e.g. a Qwen3 target's `layer_types` has one entry per
+# target layer and transformers refuses a 1-layer config with 36 of them ("num_hidden_layers (1) must be equal to the
+# number of layer types").
+_TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
+                "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers", "output_router_logits",
+                "router_aux_loss_coef", "qkv_bias", "qk_norm")
+
+
+def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """An EAGLE-3 head's config.json in the layout the heads people publish for any target use (SpecForge
+    configs/qwen3-4b-eagle3.json, configs/qwen3-30B-A3B-eagle3.1.json: `model_type: llama`,
+    `architectures: [LlamaForCausalLMEagle3]`, the target's head_dim kept): Llama keys only, no sliding window."""
+    out = {k: v for k, v in cfg.items() if k not in _TARGET_ONLY}
+    out["model_type"] = "llama"
+    if "use_sliding_window" in out or "sliding_window" in out:
+        out.update(use_sliding_window=False, sliding_window=None)
+    return out

@@ -27,6 +27,15 @@ _CLASSES = {
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
 }
 
+# Qwen3's switch as its chat template implements it: with enable_thinking false the generation prompt ends in an
+# empty reasoning block, so the model answers without thinking (Qwen3 model card, "Switching Between Thinking and
+# Non-Thinking Mode"). Written for these tests, same variable and effect.
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
 LINEAR = {"rope_type": "linear", "factor": 2.0}
 
@@ -104,7 +113,17 @@ def make_family_target(out: Path, family: str, *, seed: int = 0, tokenizer: bool
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0]}))
     if tokenizer:
         make_tokenizer(out)
+        if family.startswith("qwen3"):
+            _set_chat_template(out, QWEN3_TEMPLATE)
     return out
+
+
+def _set_chat_template(out: Path, template: str) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(out))
+    tok.chat_template = template
+    tok.save_pretrained(out)
 
 
 def _transformers4_keys(path: Path, theta: float, scaling: dict | None) -> None:

@@ -28,6 +28,7 @@ from builders.layout import EAGLE3_HEAD
 from engines.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
+from engines.families import eagle3_head_config
 
 EAGLE3_DIR = EAGLE3_HEAD
 INT_TENSORS = ("d2t", "t2d")  # index tensors: never cast to the float dtype
@@ -67,6 +68,10 @@ def check_eagle3(head_dir: Path, target: LlamaSpec, layer_ids: list[int], src: W
         head = llama_spec(head_dir, require_arch=False)
     except ModelConfigError as e:
         return [str(e)]
+    extra = [k for k in ("fc_norm", "norm_output") if cfg.get(k)]
+    if extra:  # SpecForge's "eagle3.1" layout (configs/qwen3-30B-A3B-eagle3.1.json): norms this converter drops
+        p.append(f"{d}: {', '.join(f'{k}=true' for k in extra)}: a head with extra norms (SpecForge's EAGLE-3.1 "
+                 "layout) is not computed by this toolkit's converter or reference engine; use a plain EAGLE-3 head")
     th = int(cfg.get("target_hidden_size", head.hidden_size))  # upstream default: hidden_size
     if th != target.hidden_size:
         p.append(f"{d}: target_hidden_size={th} but the target's hidden_size is {target.hidden_size}")
@@ -134,7 +139,7 @@ def normalized_config(head_cfg: dict[str, Any], head: LlamaSpec, target: LlamaSp
     if head.rope_scaling is not None:
         cfg["rope_scaling"] = head.rope_scaling
     cfg.pop("eagle_config", None)  # its layer ids are now top-level; TensorRT-LLM reads them from nowhere else
-    return cfg
+    return eagle3_head_config(cfg)
 
 
 def write_eagle3_head(head_dir: Path, target: LlamaSpec, out: Path, *, dtype: str, layer_ids: list[int],

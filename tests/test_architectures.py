@@ -127,3 +127,29 @@ def test_llmapi_writes_the_rows_mode(arch: str, version: str, one_model: bool) -
     else:
         with pytest.raises(llmapi.LlmApiError, match=f"{arch} with an EAGLE-3 head is not served by TensorRT-LLM 1.4"):
             llmapi.speculative_config(cur, Path("/h"), [1, 15, 28], 32, arch)
+
+
+def test_guide_table_is_rendered_from_the_table() -> None:
+    guide = ledger_docs.GUIDE.read_text()
+    assert ledger_docs.render_guide(guide) == guide, "run: python -m builders.trtllm.ledger_docs"
+    for a in A.ARCHITECTURES:
+        assert f"| `{a.name}` | {a.family} |" in guide
+    with pytest.raises(ValueError, match="markers"):
+        ledger_docs.render_guide("no markers here")
+
+
+def test_shipped_qwen3_configs() -> None:
+    from builders.config import load_config
+    from builders.training.config import load_train_config
+
+    repo = ledger_docs.DOC.parents[1]
+    cfg = load_config(repo / "configs" / "qwen3-8b-eagle3-current.yaml")
+    assert (cfg.trtllm_version, cfg.engine.backend, cfg.draft.type) == ("1.4", "pytorch", "eagle3")
+    assert A.problems("Qwen3ForCausalLM", version=cfg.trtllm_version, backend=cfg.engine.backend,
+                      draft_type=cfg.draft.type, where="Qwen3-8B") == []
+    spec = llmapi.speculative_config(cfg, Path("/h"), llmapi.layers_to_capture([2, 18, 33], 36), 36,
+                                     "Qwen3ForCausalLM")
+    assert spec["eagle3_layers_to_capture"] == [1, 17, 32] and spec["decoding_type"] == "Eagle3"
+    train = load_train_config(repo / "configs" / "train" / "qwen3-8b-eagle3.yaml")
+    assert (train.head, train.eagle3.layer_ids, train.eagle3.draft_vocab_size) == ("eagle3", [2, 18, 33], 32000)
+    assert cfg.draft.eagle3.layers_to_capture == train.eagle3.layer_ids

@@ -184,3 +184,20 @@ def markdown() -> list[str]:
             "(docs/contracts.md, Sources). A target outside this table, or on a path its row does not list, is "
             "refused by the convert stage's preflight before anything is written."]
     return out
+
+
+GUIDE_BEGIN, GUIDE_END = "<!-- architectures: generated -->", "<!-- architectures: end -->"
+
+
+def guide_table() -> list[str]:
+    """The table by architecture of docs/bring-your-own-model.md (what to set for each target)."""
+    out = ["| target architecture | family | EAGLE-1/2 heads (engine flow) | EAGLE-3 on TensorRT-LLM | "
+           "reference engine (CPU) | trainer | note |", "|---|---|---|---|---|---|---|"]
+    for a in ARCHITECTURES:
+        modes: dict[str, list[str]] = {}
+        for v, m in a.pytorch:
+            modes.setdefault(m, []).append(v)
+        e3 = "; ".join(f"{m} on {', '.join(vs)}" for m, vs in modes.items()) or "no"
+        out.append(f"| `{a.name}` | {a.family} | {'1.1, 1.2' if a.engine_flow else 'no'} | {e3} | "
+                   f"{a.reference or 'no'} | {'yes' if a.trainer else 'no'} | {a.note} |")
+    return out

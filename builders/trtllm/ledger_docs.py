@@ -5,8 +5,8 @@
 keeps file versions by commit, not by tag: read_file at the tag commits reported none, so the versions read are
 dated by their content), and what it showed. `UNVERIFIED` lists what could not be established.
 
-Inputs:  the ledger in builders/trtllm/ledger_*.py
-Outputs: docs/contracts.md (--check: exit 1 when stale)
+Inputs:  the ledger in builders/trtllm/ledger_*.py, the architecture table (builders/trtllm/architectures.py)
+Outputs: docs/contracts.md and the table by architecture in docs/bring-your-own-model.md (--check: exit 1 when stale)
 Guide:   docs/contracts.md
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from builders.trtllm import architectures, ledger, ledger_rows, registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
+GUIDE = DOC.parent / "bring-your-own-model.md"  # its table by architecture (between the markers) is rendered too
 
 SOURCES: tuple[tuple[str, str, str], ...] = (
     # (repository:path, version read, what it established)
@@ -160,17 +161,27 @@ def render() -> str:
     return "\n".join(out)
 
 
+def render_guide(text: str) -> str:
+    """`text` (docs/bring-your-own-model.md) with the table between the architecture markers re-rendered."""
+    a, b = architectures.GUIDE_BEGIN, architectures.GUIDE_END
+    if a not in text or b not in text:
+        raise ValueError(f"{GUIDE}: the markers {a} and {b} are missing")
+    head, rest = text.split(a, 1)
+    return head + a + "\n" + "\n".join(architectures.guide_table()) + "\n" + b + rest.split(b, 1)[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m builders.trtllm.ledger_docs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="exit 1 when docs/contracts.md is not a fresh render")
     args = ap.parse_args(argv)
-    text = render()
+    text, guide = render(), GUIDE.read_text()
     if args.check:
-        fresh = DOC.is_file() and DOC.read_text() == text
-        print(f"{DOC}: {'fresh' if fresh else 'stale: run python -m builders.trtllm.ledger_docs'}")
+        fresh = DOC.is_file() and DOC.read_text() == text and render_guide(guide) == guide
+        print(f"{DOC}, {GUIDE.name}: {'fresh' if fresh else 'stale: run python -m builders.trtllm.ledger_docs'}")
         return 0 if fresh else 1
     DOC.write_text(text)
+    GUIDE.write_text(render_guide(guide))
     print(f"wrote {DOC} ({len(ledger.all_rows())} rows)")
     return 0
 

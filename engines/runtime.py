@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from engines.trees import DraftTree, DynamicTree
-from engines.types import GenerationRequest, GenerationResult, Limits, OnTokens
+from core.spec import ReferenceSpec
+from core.trees import DraftTree, DynamicTree
+from core.types import GenerationRequest, GenerationResult, Limits, OnTokens
 from engines.checkpoint import (
     DTYPES,
     CheckpointError,
@@ -31,12 +32,11 @@ from engines.checkpoint import (
     read_config,
     require,
 )
+from engines.drafting import Drafting, drafting_for
 from engines.linear import prepare_linears
 from engines.model import Drafter, Eagle1Drafter, Llama
 from engines.parallel import TPGroup, current_group
 from engines.session import Session
-from engines.spec import ReferenceSpec
-from engines.drafting import Drafting, drafting_for
 
 
 def resolve_device(device: str) -> torch.device:

@@ -17,8 +17,8 @@ from engines.drafting import drafting_for
 from engines.generic import GenericTargetError, check_generic, load_generic
 from engines.parallel import TPGroup
 from engines.runtime import Runtime, load_tokenizer
-from engines.trees import DraftTree, DynamicTree
-from engines.types import GenerationRequest, SamplingParams
+from core.trees import DraftTree, DynamicTree
+from core.types import GenerationRequest, SamplingParams
 from tests.tiny_families import make_family_target, make_mimic_eagle3_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -22,7 +22,7 @@ import torch
 
 from builders.convert.weights import OutTensor, WeightSource
 from engines.families import QK_NORM, QKV_BIAS, SLIDING_WINDOW, family_keys
-from engines.hfconfig import LlamaSpec
+from core.hfconfig import LlamaSpec
 
 
 def extra_shapes(spec: LlamaSpec, layer: int) -> dict[str, tuple[int, ...]]:

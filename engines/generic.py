@@ -12,7 +12,8 @@ session, the decoding loop, verify, the doctor and the trainer's features do not
 - captured hidden states (EAGLE-3): the input of decoder layer j, taken with forward pre-hooks (id = number of layers:
   the last layer's output, before the final norm).
 A model whose attention ignores the mask (or builds its own, e.g. sliding-window layers) would be computed wrongly:
-`check_generic` refuses sliding windows shorter than the sequences and layer kinds that take no mask, and
+`check_generic` (core/families.py) refuses sliding windows shorter than the sequences and layer kinds that take no
+mask, and
 tests/test_engine_generic.py proves token identity per family against transformers' greedy generate.
 """
 
@@ -26,11 +27,8 @@ from typing import Any
 
 import torch
 
+from core.families import check_generic, sliding_window_of
 from engines.model import KVCache, Step
-
-
-class GenericTargetError(ValueError):
-    """A model the generic path cannot run exactly; the message says why and what to do."""
 
 
 class _SlotCache:
@@ -74,6 +72,7 @@ class GenericTarget:
     kv_heads: int
     head_dim: int
     cache_kw: str  # "cache" (transformers >= 5.x) or "past_key_values"
+    window: int | None = None  # sliding window of some layers: longer sequences are refused (Runtime.check_window)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache: KVCache,
                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -110,28 +109,10 @@ def _keep_output(store: dict[int, torch.Tensor], j: int) -> Any:
     return hook
 
 
-def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int) -> None:
-    """Refuse what the generic path would compute wrongly. transformers returns the engine's 4D mask as is for
-    sliding-window layers too, so they attend to every earlier key: exact while no sequence is longer than the
-    window (the sliding mask then equals the causal one), wrong beyond it."""
-    window = hf_config.get("sliding_window")
-    sliding = hf_config.get("use_sliding_window") or any(
-        t == "sliding_attention" for t in hf_config.get("layer_types") or ()) or (
-        window is not None and "use_sliding_window" not in hf_config and "layer_types" not in hf_config)
-    if sliding and window is not None and max_seq_len > int(window):
-        raise GenericTargetError(
-            f"{where}: sliding_window={window} but sequences may reach {max_seq_len} tokens; the generic path gives "
-            "sliding-window layers the engine's own tree mask, which sees every earlier key, so tokens beyond the "
-            f"window would be computed wrongly. Set engine.max_seq_len <= {window}")
-    other = sorted({t for t in hf_config.get("layer_types") or () if t not in ("full_attention", "sliding_attention")})
-    if other:
-        raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "
-                                 "mask (full_attention, sliding_attention) can run on the generic path")
-
-
-def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device, max_seq_len: int) -> GenericTarget:
+def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
+                 max_seq_len: int | None = None) -> GenericTarget:
     """transformers' own model class for `hf_dir` (eager attention: it adds the engine's mask as given), for
-    sequences of at most `max_seq_len` tokens."""
+    sequences of at most `max_seq_len` tokens (None: any, the engine then refuses requests beyond a sliding window)."""
     import json
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -147,4 +128,5 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device, max_seq
     layers = list(model.model.layers)
     kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
     return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
-                         layers, int(getattr(text, "num_key_value_heads", None) or heads), head_dim, kw)
+                         layers, int(getattr(text, "num_key_value_heads", None) or heads), head_dim, kw,
+                         sliding_window_of(cfg))

@@ -14,7 +14,7 @@ from builders import build
 from builders.engine import llmapi
 from builders.trtllm import architectures as A
 from builders.trtllm import ledger_docs, registry
-from engines import families
+from core import families
 from tests.engine_cases import make_cfg
 from tests.test_config_cli import write_cfg
 
@@ -36,6 +36,7 @@ def test_rows_are_well_formed_and_cited() -> None:
         assert a.engine_flow == (a.name == "LlamaForCausalLM"), "EagleForCausalLM subclasses LLaMAForCausalLM"
     native = tuple(a.name for a in A.ARCHITECTURES if a.reference == "native")
     assert sorted(native) == sorted(families.NATIVE)
+    assert all(a.reference in ("native", "generic") for a in A.ARCHITECTURES)
 
 
 def test_docs_render_every_row() -> None:
@@ -82,7 +83,7 @@ def test_two_model_families_are_refused_on_the_current_line(family: str, backend
     assert ("the reference engine serves only what its version serves" in err) == (backend == "reference")
 
 
-def test_unlisted_and_non_native_architectures_are_refused(family_targets: dict[str, Path], tiny_target: Path,
+def test_unlisted_architectures_are_refused(family_targets: dict[str, Path], tiny_target: Path,
                                                            eagle3_head: Path, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture) -> None:
     other = tmp_path / "falcon"
@@ -95,9 +96,10 @@ def test_unlisted_and_non_native_architectures_are_refused(family_targets: dict[
     e3 = dict(trtllm_version="1.4", draft__type="eagle3")
     _refused(write_cfg(tmp_path / "a.yaml", other, eagle3_head, out, **e3), out, capsys,
              "architecture 'FalconForCausalLM' is not in the architecture table", "Qwen3ForCausalLM")
-    _refused(write_cfg(tmp_path / "b.yaml", family_targets["qwen3_moe"], eagle3_head, out, **e3), out, capsys,
-             "a Qwen3MoeForCausalLM target (Qwen3 MoE", "cannot be built by this toolkit yet",
-             "EAGLE-3 on the PyTorch backend (one-model) on trtllm_version 1.1, 1.2, 1.4")
+    assert A.problems("Qwen3MoeForCausalLM", version="1.4", backend="reference", draft_type="eagle3", where="t") == []
+    err = A.problems("GptOssForCausalLM", version="1.2", backend="tensorrt", draft_type="eagle3", where="t")
+    assert len(err) == 1 and "GptOssForCausalLM cannot use engine.backend=tensorrt" in err[0]
+    assert "the reference engine (generic)" in err[0]
 
 
 def test_problems_cover_every_row_and_path() -> None:
@@ -107,7 +109,7 @@ def test_problems_cover_every_row_and_path() -> None:
             for backend in ("tensorrt", "pytorch", "reference"):
                 for draft in ("eagle", "eagle3"):
                     p = A.problems(a.name, version=v, backend=backend, draft_type=draft, where="t")
-                    ok = a.reference == "native" and (a.engine_flow or (draft == "eagle3" and backend != "tensorrt"))
+                    ok = a.engine_flow or (draft == "eagle3" and backend != "tensorrt")
                     ok = ok and (draft == "eagle" or a.pytorch_mode(v) is not None)
                     assert (p == []) == ok, (a.name, v, backend, draft, p)
                     assert all(a.name in m for m in p)

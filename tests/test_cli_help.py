@@ -35,6 +35,7 @@ ENTRY_POINTS = {
     "scripts/bench_client.py": ["scripts/bench_client.py"],
     "scripts/bench_convert.py": ["scripts/bench_convert.py"],
     "scripts/bench_engine.py": ["scripts/bench_engine.py"],
+    "scripts/bench_families.py": ["scripts/bench_families.py"],
     "scripts/bench_head.py": ["scripts/bench_head.py"],
     "scripts/bench_kernel.py": ["scripts/bench_kernel.py"],
     "scripts/bench_postprocessing.py": ["scripts/bench_postprocessing.py"],

@@ -14,7 +14,8 @@ import torch
 
 from engines.checkpoint import load_eagle3
 from engines.drafting import drafting_for
-from engines.generic import GenericTargetError, check_generic, load_generic
+from core.families import GenericTargetError, check_generic
+from engines.generic import load_generic
 from engines.parallel import TPGroup
 from engines.runtime import Runtime, load_tokenizer
 from core.trees import DraftTree, DynamicTree
@@ -85,3 +86,47 @@ def test_sliding_window_beyond_the_sequences_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"sliding_window": 16, "architectures": ["MistralForCausalLM"]}))
     with pytest.raises(GenericTargetError):
         load_generic(tmp_path, torch.float32, torch.device("cpu"), max_seq_len=64)
+
+
+def test_a_moe_target_builds_and_runs_through_the_generic_path(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """builders/build.py with a Qwen3-MoE target on the reference backend: the checkpoint names the HF directory
+    (no converted weights), the engine loads transformers' model from it, EAGLE-3 decoding equals HF greedy; tp=2 and
+    a sliding window shorter than engine.max_seq_len are refused before anything is written."""
+    import yaml
+
+    from builders import build
+    from engines.api import ReferenceEngine
+
+    target = make_family_target(tmp_path / "target", "qwen3_moe", block_scale=0.3)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+
+    def cfg(name: str, **engine: object) -> Path:
+        data = {"name": name, "trtllm_version": "1.4", "output_dir": str(tmp_path / name),
+                "target": {"model": str(target), "dtype": "float32"}, "draft": {"type": "eagle3", "model": str(head)},
+                "tree": {"dynamic": {"top_k": 2, "depth": 3, "total_draft_tokens": 6}},
+                "engine": {"backend": "reference", "device": "cpu", "max_batch_size": 3, "max_input_len": 32,
+                           "max_seq_len": 64, **engine}}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(data))
+        return tmp_path / f"{name}.yaml"
+
+    assert build.main([str(cfg("ok")), "--only", "checkpoint", "--only", "engine"]) == 0
+    ckpt = json.loads((tmp_path / "ok" / "checkpoint" / "config.json").read_text())
+    assert ckpt["architecture"] == "Qwen3MoeForCausalLM" and ckpt["generic_target"] == str(target.resolve())
+    assert not list((tmp_path / "ok" / "checkpoint").glob("rank*.safetensors"))
+    engine = ReferenceEngine.from_build(tmp_path / "ok", device="cpu")
+    res = engine.generate([GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS])
+    assert [r.output_ids for r in res] == _hf_greedy(target)
+    assert sum(r.stats.accepted_draft_tokens for r in res) > 0
+    capsys.readouterr()
+    over = tmp_path / "tp2.yaml"
+    over.write_text(cfg("tp2").read_text() + "parallel: {tp: 2}\n")
+    assert build.main([str(over), "--only", "checkpoint"]) == 2
+    assert "generic path (transformers' own model class), which has no tensor parallelism" in capsys.readouterr().err
+    oss = make_family_target(tmp_path / "oss", "gpt_oss", sliding_window=48)
+    data = yaml.safe_load(cfg("oss").read_text())
+    data["target"]["model"] = str(oss)
+    data["draft"]["model"] = str(make_mimic_eagle3_head(tmp_path / "oss-head", oss))
+    (tmp_path / "oss.yaml").write_text(yaml.safe_dump(data))
+    assert build.main([str(tmp_path / "oss.yaml"), "--only", "checkpoint"]) == 2
+    assert "sliding_window=48 but sequences may reach 64 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "oss").exists() or not (tmp_path / "oss" / "checkpoint").exists()

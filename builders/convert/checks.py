@@ -18,6 +18,7 @@ from builders.convert.weights import WeightFileError, WeightSource
 from builders.model_source import ModelSourceError, resolve_target
 from builders.trtllm import architectures
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
+from core.families import NATIVE
 
 
 def expected_target_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:
@@ -102,7 +103,9 @@ def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, lis
         spec = llama_spec(hf, require_arch=False)
     except (ModelSourceError, ModelConfigError) as e:
         return None, None, [f"target.model: {e}"]
-    p = families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len)
+    p = families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len, tp=cfg.parallel.tp)
+    if spec.architecture not in NATIVE:  # the generic path converts no weights: transformers reads the directory
+        return hf, spec, p
     p += check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)
     if cfg.parallel.pp > 1:
         p.append(f"parallel.pp={cfg.parallel.pp}: EAGLE checkpoints are written with pp=1 (TensorRT-LLM's "

@@ -26,9 +26,11 @@ import torch
 
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
+from builders.convert.families import generic_checkpoint
+from builders.convert.tokenizer import copy_tokenizer
 from builders.layout import EAGLE3_HEAD
 from core.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
-from engines.families import eagle3_head_config
+from core.families import NATIVE, eagle3_head_config
 
 EAGLE3_DIR = EAGLE3_HEAD
 INT_TENSORS = ("d2t", "t2d")  # index tensors: never cast to the float dtype
@@ -180,7 +182,8 @@ def convert_eagle3(
     hf_dir: Path, head_dir: Path, out_dir: Path, *, dtype: str, tp: int = 1, layers_to_capture: list[int] | None,
     provenance: Provenance | None = None,
 ) -> None:
-    """Target -> LlamaForCausalLM checkpoint in `out_dir`; EAGLE-3 head -> normalized `out_dir/eagle3/`."""
+    """Target -> checkpoint in `out_dir` (converted weights for the native families, a `generic_target` config for
+    the others); EAGLE-3 head -> normalized `out_dir/eagle3/`."""
     hf_dir, head_dir, out_dir = Path(hf_dir), Path(head_dir), Path(out_dir)
     target = llama_spec(hf_dir, require_arch=False)
     problems = check_parallel(target, tp, 1)
@@ -192,4 +195,10 @@ def convert_eagle3(
         pass
     # Then the head: it is small and its checks are the likeliest to fail.
     write_eagle3_head(head_dir, target, out_dir / EAGLE3_DIR, dtype=dtype, layer_ids=layer_ids, prov=prov)
-    convert_llama(hf_dir, out_dir, dtype=dtype, tp=tp, pp=1, provenance=prov)
+    if target.architecture in NATIVE:
+        convert_llama(hf_dir, out_dir, dtype=dtype, tp=tp, pp=1, provenance=prov)
+        return
+    cfg = generic_checkpoint(target, hf_dir, dtype=dtype, tp=tp)
+    cfg["eagle_deploy"] = prov.to_json()
+    write_json(out_dir / "config.json", cfg)
+    copy_tokenizer(hf_dir, out_dir)

@@ -2,7 +2,7 @@
 (builders/trtllm/architectures.py): their extra HF tensors, how they are split across TP ranks, the checkpoint keys
 that tell the reference engine about them, and the configs it must refuse.
 
-The families' attention differs from Llama's in three ways (engines/families.py has the engine's side):
+The families' attention differs from Llama's in three ways (core/families.py has the engine's side):
 - Qwen2 / Qwen2.5: q/k/v projections carry biases, o_proj does not (transformers Qwen2Attention: bias=True on q/k/v,
   False on o). Written as `attention.qkv.bias` ([q_r; k_r; v_r], split like the weight) and `qkv_bias: true`.
 - Qwen3: per-head RMSNorm of q and k over head_dim before RoPE (Qwen3Attention q_norm / k_norm), one weight of
@@ -16,13 +16,15 @@ only and its PyTorch backend reads the Hugging Face target directory itself.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from builders.convert.weights import OutTensor, WeightSource
-from engines.families import QK_NORM, QKV_BIAS, SLIDING_WINDOW, family_keys
 from core.hfconfig import LlamaSpec
+from core.families import NATIVE, QK_NORM, QKV_BIAS, SLIDING_WINDOW, family_keys
+from core.families import GenericTargetError, check_generic
 
 
 def extra_shapes(spec: LlamaSpec, layer: int) -> dict[str, tuple[int, ...]]:
@@ -60,14 +62,24 @@ def extra_layer_plan(src: WeightSource, hf: str, out: str, spec: LlamaSpec, dt: 
 
 
 def config_keys(spec: LlamaSpec) -> dict[str, Any]:
-    """Checkpoint config.json keys of the family (engines/families.py reads them back)."""
+    """Checkpoint config.json keys of the family (core/families.py reads them back)."""
     return family_keys(spec.architecture, spec.raw)
 
 
-def problems(spec: LlamaSpec, *, backend: str, max_seq_len: int | None) -> list[str]:
+def problems(spec: LlamaSpec, *, backend: str, max_seq_len: int | None, tp: int) -> list[str]:
     """Configs of the family that the reference engine would compute wrongly, refused before anything is written."""
     raw, where = spec.raw, spec.path
     p: list[str] = []
+    if spec.architecture not in NATIVE:  # the generic path (engines/generic.py)
+        if backend == "reference" and tp != 1:
+            p.append(f"target.model {where}: {spec.architecture} runs on the reference engine's generic path "
+                     f"(transformers' own model class), which has no tensor parallelism; set parallel.tp: 1")
+        if backend == "reference" and max_seq_len is not None:
+            try:
+                check_generic(raw, where, max_seq_len)
+            except GenericTargetError as e:
+                p.append(f"target.model {e}")
+        return p
     if spec.attention_bias or spec.mlp_bias:
         p.append(f"target.model {where}: attention_bias/mlp_bias=true: this converter writes q/k/v biases only for "
                  "Qwen2-family targets (no o_proj or MLP biases); use a checkpoint without them")
@@ -81,3 +93,15 @@ def problems(spec: LlamaSpec, *, backend: str, max_seq_len: int | None) -> list[
                  "engine attends to every key and would compute positions beyond the window wrongly; set "
                  f"engine.max_seq_len <= {window}")
     return p
+
+
+def generic_checkpoint(spec: LlamaSpec, hf_dir: Path, *, dtype: str, tp: int) -> dict[str, Any]:
+    """config.json of a target the reference engine runs through transformers' own model class (engines/generic.py):
+    no converted weights; `generic_target` names the Hugging Face directory the engine loads (absolute, like
+    reference.json's hf_target_dir). TensorRT-LLM never reads it: its PyTorch backend takes the HF directory; the
+    reference engine runs it at tp=1 only (the preflight refuses more on engine.backend reference)."""
+    return {"architecture": spec.architecture, "dtype": dtype, "generic_target": str(Path(hf_dir).resolve()),
+            "num_hidden_layers": spec.num_hidden_layers, "num_attention_heads": spec.num_attention_heads,
+            "vocab_size": spec.vocab_size,
+            "hidden_size": spec.hidden_size, "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1},
+            "quantization": {"quant_algo": None, "kv_cache_quant_algo": None, "exclude_modules": None}}

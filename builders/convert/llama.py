@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from engines.families import NATIVE
+from core.families import NATIVE
 from builders.convert import families
 from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import DTYPES, OutTensor, Piece, WeightSource, Zeros, write_safetensors

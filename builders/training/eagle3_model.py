@@ -27,7 +27,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from builders.training.model import MLP, RMSNorm, with_transformers4_rope
-from engines.families import eagle3_head_config
+from core.families import eagle3_head_config
 
 
 class Eagle3Attention(nn.Module):

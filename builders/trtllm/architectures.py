@@ -5,7 +5,7 @@ serves, per `trtllm_version`, with the upstream code that establishes it. One so
   architecture, what it supports and the way out;
 - docs/contracts.md renders it ("Target architectures", builders/trtllm/ledger_docs.py);
 - tests/test_ledger.py checks every row (citations well formed, each version's claim backed by a source, the
-  reference engine's families match engines/families.py).
+  reference engine's families match core/families.py).
 
 Columns:
 - engine flow (EAGLE-1/2 heads: convert_checkpoint + trtllm-build + the Triton C++ backend; 1.1 / 1.2): TensorRT-LLM's
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from builders.trtllm import registry
 from builders.trtllm.ledger_rows import Source
-from engines.families import NATIVE
 
 TRT = "NVIDIA/TensorRT-LLM"
 ONE, TWO = "one-model", "two-model"
@@ -106,15 +105,16 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "commit 002f3cc3 (index id 60769134753), index ids 4346362365, 118160294",
         "Llama-shaped; contexts beyond a configured sliding_window are refused"),
     Architecture(
-        "Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", False, ONE, None, False,
+        "Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", False, ONE, "generic", False,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3_moe.py",
                "@register_auto_model('Qwen3MoeForCausalLM') class Qwen3MoeForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "index id 645349335", "mixture of experts"),
+        "index id 645349335", "mixture of experts; reference engine: transformers' own model class"),
     Architecture(
-        "GptOssForCausalLM", "gpt-oss", False, ONE, None, False,
+        "GptOssForCausalLM", "gpt-oss", False, ONE, "generic", False,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_gpt_oss.py",
                "@register_auto_model('GptOssForCausalLM') class GptOssForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "index ids 269758585, 4368430037, 65972516900", "mixture of experts, attention sinks, sliding-window layers"),
+        "index ids 269758585, 4368430037, 65972516900",
+        "mixture of experts, attention sinks, sliding-window layers (reference engine: sequences up to the window)"),
 )
 
 BY_NAME = {a.name: a for a in ARCHITECTURES}
@@ -143,12 +143,6 @@ def problems(arch: str | None, *, version: str, backend: str, draft_type: str, w
                  f"flow's EagleForCausalLM subclasses LLaMAForCausalLM ({EAGLE_FLOW.path}), so it serves "
                  f"LlamaForCausalLM targets only. {a.name} supports: {a.supports()}. Way out: "
                  f"{_way_out(a)}")
-        return p
-    if a.reference != "native":
-        p.append(f"target.model {where}: a {a.name} target ({a.family}) cannot be built by this toolkit yet: the "
-                 f"convert stage writes the natively supported families only ({', '.join(NATIVE)}). {a.name} "
-                 f"supports: {a.supports()}. Way out: serve it with trtllm-serve and an EAGLE-3 head directly "
-                 "(docs/bring-your-own-model.md), or use a target of a native family")
         return p
     if draft_type == "eagle3" and a.pytorch_mode(v.key) is None:
         # The reference engine serves a version's Triton layout and nothing that version could not serve.

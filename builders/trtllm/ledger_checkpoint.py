@@ -25,7 +25,8 @@ HF_LLAMA = Source("huggingface/transformers", "src/transformers/models/llama/con
 HF_TOKENIZER = Source("huggingface/transformers", "src/transformers/models/auto/tokenization_auto.py",
                       "AutoTokenizer.from_pretrained (tokenizer_class_from_name)")
 OURS_ENGINE = Source("eagle-deploy", "engines/checkpoint.py", "load_eagle3 / Runtime.load")
-OURS_FAMILIES = Source("eagle-deploy", "engines/families.py", "traits (the reference engine's native families)")
+OURS_FAMILIES = Source("eagle-deploy", "core/families.py", "traits (the reference engine's native families)")
+OURS_GENERIC = Source("eagle-deploy", "engines/runtime.py", "_target (engines/generic.py load_generic)")
 OURS_STAGE = Source("eagle-deploy", "builders/engine/reference.py", "random_head_flag (reads eagle_deploy)")
 
 _LLAMA_REQUIRED = ("architecture", "dtype", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -60,6 +61,8 @@ _CONFIG = (
               type="int (defaults 1 / 63 / 10)", when=("eagle",))
     + rows_of("checkpoint.config", ("qkv_bias", "qk_norm", "sliding_window"), OURS_FAMILIES,
               type="bool / bool / int | null", note=_FAMILY_NOTE)
+    + rows_of("checkpoint.config", ("generic_target",), OURS_GENERIC, type="path (the HF target directory)",
+              note="a target of the generic families (no converted weights); TensorRT-LLM never reads this checkpoint")
     + _llama_config("checkpoint.eagle_net_config")
     + rows_of("checkpoint.eagle_net_config", ("head_dim",), PRETRAINED, type="int (attribute)", note=_KWARGS_NOTE)
 )

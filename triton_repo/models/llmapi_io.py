@@ -82,7 +82,7 @@ def _sampling(pb_utils: Any, request: Any) -> Any:
 def parse(pb_utils: Any, request: Any, tokenizer: Any, max_input_len: int, max_seq_len: int,
           default_max_tokens: int) -> Parsed:
     from engines.api import GenerationRequest
-    from engines.stops import stop_token_ids
+    from core.stops import stop_token_ids
 
     _refuse_unsupported(pb_utils, request)
     ids = [int(i) for i in tokenizer.encode(_prompt(pb_utils, request))]

@@ -16,6 +16,7 @@ back with `traits`. The architecture table (builders/trtllm/architectures.py) li
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 NATIVE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -72,3 +73,37 @@ def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if "use_sliding_window" in out or "sliding_window" in out:
         out.update(use_sliding_window=False, sliding_window=None)
     return out
+
+
+# ---- the generic path (engines/generic.py): what transformers' own model class computes exactly ----------------
+
+
+class GenericTargetError(ValueError):
+    """A model the generic path cannot run exactly; the message says why and what to do."""
+
+
+def sliding_window_of(hf_config: dict[str, Any]) -> int | None:
+    """The window of a config whose layers (some or all) attend to a sliding window, else None."""
+    window = hf_config.get("sliding_window")
+    if window is None or hf_config.get("use_sliding_window") is False:
+        return None
+    layer_types = hf_config.get("layer_types")
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
+def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | None) -> None:
+    """Refuse what the generic path would compute wrongly. transformers returns the engine's 4D mask as is for
+    sliding-window layers too, so they attend to every earlier key: exact while no sequence is longer than the
+    window (the sliding mask then equals the causal one), wrong beyond it (None: checked per request instead)."""
+    window = sliding_window_of(hf_config)
+    if window is not None and max_seq_len is not None and max_seq_len > window:
+        raise GenericTargetError(
+            f"{where}: sliding_window={window} but sequences may reach {max_seq_len} tokens; the generic path gives "
+            "sliding-window layers the engine's own tree mask, which sees every earlier key, so tokens beyond the "
+            f"window would be computed wrongly. Set engine.max_seq_len <= {window}")
+    other = sorted({t for t in hf_config.get("layer_types") or () if t not in ("full_attention", "sliding_attention")})
+    if other:
+        raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "
+                                 "mask (full_attention, sliding_attention) can run on the generic path")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # the RoPE scalings the engine's native forward computes
 NATIVE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 QKV_BIAS = frozenset({"Qwen2ForCausalLM"})
 QK_NORM = frozenset({"Qwen3ForCausalLM"})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from core.families import ROPE_TYPES
 from engines.linear import Linear, fake_quant_fp8, fuse_rows
 from engines.parallel import TPGroup
 from engines.rope_scaling import attention_factor, yarn
@@ -55,8 +56,8 @@ def inv_freq(cfg: RopeConfig) -> torch.Tensor:
     if kind == "yarn":
         return yarn(cfg.base, d, s, cfg.max_position_embeddings)[0]
     if kind != "llama3":
-        raise ValueError(f"rotary_scaling type {kind!r} is not supported by the reference engine (default, linear, "
-                         "llama3, yarn)")
+        raise ValueError(f"rotary_scaling type {kind!r} is not supported by the reference engine "
+                         f"({', '.join(ROPE_TYPES)})")
     factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
     old_len = float(s["original_max_position_embeddings"])
     wavelen = 2 * math.pi / freqs

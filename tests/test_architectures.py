@@ -155,3 +155,26 @@ def test_shipped_qwen3_configs() -> None:
     train = load_train_config(repo / "configs" / "train" / "qwen3-8b-eagle3.yaml")
     assert (train.head, train.eagle3.layer_ids, train.eagle3.draft_vocab_size) == ("eagle3", [2, 18, 33], 32000)
     assert cfg.draft.eagle3.layers_to_capture == train.eagle3.layer_ids
+
+
+def test_what_the_reference_engine_would_compute_wrongly_is_refused(family_targets: dict[str, Path], tmp_path: Path,
+                                                                     eagle3_head: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """Config variants of the native families: each refused before anything is written, naming the key and fix."""
+    cases = {
+        "qwen2": ({"use_sliding_window": True, "sliding_window": 32}, "use_sliding_window=true (window 32)"),
+        "qwen3": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+                  "rope_scaling type 'dynamic': the reference engine computes default, linear, llama3, yarn"),
+        "mistral": ({"sliding_window": 100}, "sliding_window=100 but engine.max_seq_len=128"),
+    }
+    for family, (over, needle) in cases.items():
+        t = tmp_path / family
+        t.mkdir()
+        for f in family_targets[family].iterdir():
+            (t / f.name).write_bytes(f.read_bytes())
+        cfg = json.loads((t / "config.json").read_text())
+        cfg.pop("rope_parameters", None)
+        (t / "config.json").write_text(json.dumps(dict(cfg, **over)))
+        out = tmp_path / f"{family}-out"
+        _refused(write_cfg(tmp_path / f"{family}.yaml", t, eagle3_head, out, trtllm_version="1.2",
+                           draft__type="eagle3"), out, capsys, needle)

@@ -24,7 +24,7 @@ import torch
 from builders.convert.weights import OutTensor, WeightSource
 from core.hfconfig import LlamaSpec
 from core.families import NATIVE, QK_NORM, QKV_BIAS, SLIDING_WINDOW, family_keys
-from core.families import GenericTargetError, check_generic
+from core.families import ROPE_TYPES, GenericTargetError, check_generic
 
 
 def extra_shapes(spec: LlamaSpec, layer: int) -> dict[str, tuple[int, ...]]:
@@ -80,6 +80,10 @@ def problems(spec: LlamaSpec, *, backend: str, max_seq_len: int | None, tp: int)
             except GenericTargetError as e:
                 p.append(f"target.model {e}")
         return p
+    kind = None if spec.rope_scaling is None else spec.rope_scaling.get("rope_type")
+    if backend == "reference" and kind not in (None, *ROPE_TYPES):
+        p.append(f"target.model {where}: rope_scaling type {kind!r}: the reference engine computes "
+                 f"{', '.join(ROPE_TYPES)} RoPE only; use engine.backend pytorch for this target")
     if spec.attention_bias or spec.mlp_bias:
         p.append(f"target.model {where}: attention_bias/mlp_bias=true: this converter writes q/k/v biases only for "
                  "Qwen2-family targets (no o_proj or MLP biases); use a checkpoint without them")

@@ -61,8 +61,8 @@ def traits(ckpt_config: dict[str, Any]) -> Traits:
 # target layer and transformers refuses a 1-layer config with 36 of them ("num_hidden_layers (1) must be equal to the
 # number of layer types").
 _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
-                "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers", "output_router_logits",
-                "router_aux_loss_coef", "qkv_bias", "qk_norm")
+                "num_local_experts", "experts_per_token", "swiglu_limit", "decoder_sparse_step", "norm_topk_prob",
+                "mlp_only_layers", "output_router_logits", "router_aux_loss_coef", "qkv_bias", "qk_norm")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -152,16 +152,18 @@ def test_two_model_families_build_for_the_older_lines(family: str, tmp_path: Pat
     assert sum(r.stats.accepted_draft_tokens for r in res) > 0
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss"])
 def test_trainer_heads_for_other_families_load_as_published_heads(family: str, tmp_path: Path) -> None:
-    """builders/train_head.py on a Qwen2 / Mistral target: the head's config is the published layout (Llama keys,
-    model_type llama, none of the target's stack keys), which transformers loads as a 1-layer LlamaConfig."""
+    """builders/train_head.py on a Qwen2 / Mistral / Qwen3-MoE / gpt-oss target: the head's config is the published
+    layout (Llama keys, model_type llama, none of the target's stack or expert keys), which transformers loads as a
+    1-layer LlamaConfig."""
     from transformers import AutoConfig
 
-    target = make_family_target(tmp_path / "target", family, layers=4, sliding_window=None)
+    target = make_family_target(tmp_path / "target", family, layers=4)
     head = _train_head(target, tmp_path)
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert not {"layer_types", "max_window_layers"} & set(cfg) and cfg["num_hidden_layers"] == 1
+    assert not {"layer_types", "max_window_layers", "num_experts", "num_local_experts"} & set(cfg)
+    assert cfg["num_hidden_layers"] == 1
     loaded = AutoConfig.from_pretrained(str(head))
     assert type(loaded).__name__ == "LlamaConfig" and loaded.num_hidden_layers == 1

@@ -105,12 +105,12 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "commit 002f3cc3 (index id 60769134753), index ids 4346362365, 118160294",
         "Llama-shaped; contexts beyond a configured sliding_window are refused"),
     Architecture(
-        "Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", False, ONE, "generic", False,
+        "Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", False, ONE, "generic", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3_moe.py",
                "@register_auto_model('Qwen3MoeForCausalLM') class Qwen3MoeForCausalLM(SpecDecOneEngineForCausalLM)"),
         "index id 645349335", "mixture of experts; reference engine: transformers' own model class"),
     Architecture(
-        "GptOssForCausalLM", "gpt-oss", False, ONE, "generic", False,
+        "GptOssForCausalLM", "gpt-oss", False, ONE, "generic", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_gpt_oss.py",
                "@register_auto_model('GptOssForCausalLM') class GptOssForCausalLM(SpecDecOneEngineForCausalLM)"),
         "index ids 269758585, 4368430037, 65972516900",

@@ -3,7 +3,7 @@
 The numerics follow transformers' modeling files of each family (models/<family>/modeling_<family>.py):
 - LlamaForCausalLM: the base (engines/model.py);
 - MistralForCausalLM: Llama's computation; `sliding_window` masks keys more than the window behind the query, which
-  the engine does not do, so it refuses sequences longer than the window (`max_context`);
+  the engine does not do, so it refuses sequences longer than the window (engines/runtime.py `check_window`);
 - Qwen2ForCausalLM (Qwen2 / Qwen2.5): q/k/v projections with biases, o_proj without; `use_sliding_window` true is
   refused (the published configs ship it false);
 - Qwen3ForCausalLM: per-head RMSNorm of q and k over head_dim (weights of head_dim, shared by the heads) after the
@@ -11,6 +11,8 @@ The numerics follow transformers' modeling files of each family (models/<family>
 
 The converter (builders/convert/families.py) writes the checkpoint keys `family_keys` returns; the engine reads them
 back with `traits`. The architecture table (builders/trtllm/architectures.py) lists NATIVE as its `native` rows.
+Also here, torch-free for the builders: the published EAGLE-3 head config layout (`eagle3_head_config`) and what the
+generic path (engines/generic.py) computes exactly (`check_generic`).
 """
 
 from __future__ import annotations
@@ -33,9 +35,6 @@ class Traits:
     qkv_bias: bool = False  # q/k/v biases without an o_proj bias
     qk_norm: bool = False  # per-head q/k RMSNorm before RoPE
     sliding_window: int | None = None  # keys beyond this distance are masked upstream: longer contexts are refused
-
-    def max_context(self, max_seq_len: int) -> int:
-        return max_seq_len if self.sliding_window is None else min(max_seq_len, self.sliding_window)
 
 
 def family_keys(architecture: str, hf_config: dict[str, Any]) -> dict[str, Any]:

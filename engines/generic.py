@@ -34,7 +34,7 @@ from engines.model import KVCache, Step
 class _SlotCache:
     """The engine's KVCache seen through transformers' Cache.update for one forward."""
 
-    is_compileable = False
+    is_compileable = False  # what transformers' generation and mask helpers ask of a Cache; never a static cache
 
     def __init__(self, cache: KVCache, step: Step) -> None:
         self.cache, self.step = cache, step
@@ -48,7 +48,7 @@ class _SlotCache:
         v_cache[s.rows[:, None], s.slots] = value_states.transpose(1, 2).to(v_cache.dtype)
         return s.gather(k_cache).transpose(1, 2), s.gather(v_cache).transpose(1, 2)
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # asked when position_ids are absent (they never are here)
         return self.step.kv_len
 
 

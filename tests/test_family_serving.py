@@ -167,3 +167,30 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
     assert cfg["num_hidden_layers"] == 1
     loaded = AutoConfig.from_pretrained(str(head))
     assert type(loaded).__name__ == "LlamaConfig" and loaded.num_hidden_layers == 1
+
+
+@pytest.mark.server
+def test_moe_target_on_the_generic_path_served_by_llmapi(tmp_path: Path) -> None:
+    """A Qwen3-MoE target (transformers' own model class in the reference engine) with an EAGLE-3 head trained by
+    builders/train_head.py, built for the current line and served by the llmapi model on the real Triton server: the
+    answers are HF generate's."""
+    from clients import schema as sch
+    from clients.client import LLMClient
+    from triton_repo.launch import TritonServer, free_port
+
+    target = make_family_target(tmp_path / "target", "qwen3_moe", layers=4, block_scale=0.3)
+    head = _train_head(target, tmp_path)
+    build = _build(target, head, tmp_path / "build", "1.4", {"dynamic": {"top_k": 2, "depth": 3,
+                                                                         "total_draft_tokens": 6}})
+    want = _hf_answers(target, list(PROMPTS))
+    srv = TritonServer(build / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
+                       log_path=tmp_path / "tritonserver.log")
+    srv.start(timeout_s=300)
+    try:
+        with LLMClient(srv.grpc_url, schema=sch.from_repository(build / "triton_repo")) as c:
+            got = [c.generate(p, max_tokens=N).text for p in PROMPTS]
+            stats = c.last_stats
+    finally:
+        srv.stop()
+    assert got == want and all(want)
+    assert stats.draft_tokens > 0

@@ -2,6 +2,7 @@
 
     python clients/generate.py --url localhost:8001 --prompt "Write a haiku about GPUs" --stream --max-tokens 64
     python clients/generate.py --url localhost:8001 --prompt "Hi" --chat        # apply the model's chat template
+    python clients/generate.py --url localhost:8001 --prompt "Hi" --chat --thinking off   # Qwen3: no reasoning
 
 The request schema comes from the server's model config (or `--repo DIR`: the rendered repository's client.json).
 Output tokens are counted with the repository's tokenizer (or `--tokenizer DIR|whitespace`).
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
     ap.add_argument("--stream", action="store_true", help="print text as it is generated")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    ap.add_argument("--thinking", choices=("on", "off"), default=None,
+                    help="with --chat: the template's thinking switch (Qwen3's enable_thinking; default: as the "
+                    "template has it)")
     ap.add_argument("--tokenizer", default=None, help="HF tokenizer dir or `whitespace` (default: the repository's)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: server's)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: server's)")
@@ -47,8 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def chat_prompt(tokenizer_dir: str | None, prompt: str) -> str:
-    """The prompt inside the model's chat template (the server applies none: contract.text_input)."""
+THINKING_SWITCH = "enable_thinking"  # the variable Qwen3's chat template reads (its model card: enable_thinking)
+
+
+def chat_prompt(tokenizer_dir: str | None, prompt: str, thinking: str | None = None) -> str:
+    """The prompt inside the model's chat template (the server applies none: contract.text_input). `thinking` on/off
+    sets the template's thinking switch; a template without one is refused rather than silently ignored."""
     if tokenizer_dir is None or tokenizer_dir == "whitespace":
         raise ValueError("--chat needs the model's tokenizer: pass --tokenizer DIR (the repository names none)")
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -57,8 +65,14 @@ def chat_prompt(tokenizer_dir: str | None, prompt: str) -> str:
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     if not tok.chat_template:
         raise ValueError(f"--chat: the tokenizer in {tokenizer_dir} has no chat template; drop --chat")
+    extra = {}
+    if thinking is not None:
+        if THINKING_SWITCH not in str(tok.chat_template):
+            raise ValueError(f"--thinking: the chat template in {tokenizer_dir} has no `{THINKING_SWITCH}` switch "
+                             "(Qwen3's templates have one); drop --thinking")
+        extra[THINKING_SWITCH] = thinking == "on"
     messages = [{"role": "user", "content": prompt}]
-    text: str = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text: str = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return text
 
 
@@ -87,11 +101,14 @@ def stats_lines(text: str, stats: GenerationStats, counter: TokenCounter | None)
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.thinking is not None and not args.chat:
+        print("error: --thinking switches the chat template's reasoning: add --chat", file=sys.stderr)
+        return 2
     try:
         schema = sch.from_repository(args.repo, args.model) if args.repo else sch.fetch_schema(args.url, args.model)
         tok_spec = args.tokenizer or schema.tokenizer
         counter = make_counter(tok_spec) if tok_spec else None
-        prompt = chat_prompt(tok_spec, args.prompt) if args.chat else args.prompt
+        prompt = chat_prompt(tok_spec, args.prompt, args.thinking) if args.chat else args.prompt
         sampling = sampling_of({"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                                 "seed": args.seed, "stop_words": args.stop})  # fmt: skip
         with LLMClient(args.url, schema=schema, timeout_s=args.timeout) as client:

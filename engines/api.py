@@ -1,6 +1,6 @@
 """Public API of the reference engine: `ReferenceEngine` and the value types it takes and returns.
 
-Other parts of the project (Triton's reference model, the tree tuner, the FP8 check, the trainer, `engines.verify`)
+Other parts of the project (Triton's reference model, the tree tuner, the FP8 check, the trainer, `measure.verify`)
 depend on exactly these names and signatures.
 
     engine = ReferenceEngine.from_build(Path("build/demo"))
@@ -16,11 +16,9 @@ from typing import Any
 
 import torch
 
-from engines.runtime import Runtime, runtime_from_spec
-from engines.session import Session
-from engines.spec import read_spec
-from engines.trees import DraftTree, DynamicTree
-from engines.types import (
+from core.spec import read_spec
+from core.trees import DraftTree, DynamicTree
+from core.types import (
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -31,6 +29,8 @@ from engines.types import (
     aggregate_stats,
     stats_dict,
 )
+from engines.runtime import Runtime, runtime_from_spec
+from engines.session import Session
 
 __all__ = [
     "FinishReason",
@@ -57,7 +57,7 @@ class ReferenceEngine:
     # ---- construction -------------------------------------------------------------------------------------------
     @classmethod
     def from_build(cls, build_dir: Path, device: str | None = None) -> ReferenceEngine:
-        """Load what `<build_dir>/engine/reference.json` (engines.spec) describes. `device` overrides the spec's."""
+        """Load what `<build_dir>/engine/reference.json` (core.spec) describes. `device` overrides the spec's."""
         build_dir = Path(build_dir)
         spec = read_spec(build_dir)
         return cls(runtime_from_spec(spec, build_dir, device=device))
@@ -79,7 +79,7 @@ class ReferenceEngine:
         `EagleForCausalLM` checkpoint carries its EAGLE-1/2 head; an EAGLE-3 head is a separate normalized dir
         (`eagle3_head_dir`). A tp>1 checkpoint must be loaded in every rank of an initialized torch.distributed
         group of that size (see engines/parallel.py). `draft_vocab` (EAGLE-1/2 heads): the target token ids the head
-        drafts over, e.g. the most frequent ones (engines/draft_vocab.py); outputs are unchanged.
+        drafts over, e.g. the most frequent ones (measure/draft_vocab.py); outputs are unchanged.
         """
         return cls(
             Runtime.load(Path(checkpoint_dir), tree=tree, dtype=dtype, device=device, eagle3_head_dir=eagle3_head_dir,

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from engines.hfconfig import llama_spec
+from core.hfconfig import llama_spec
+from core.families import Traits, traits
 from engines.model import (
     MLP,
     Attention,
@@ -34,6 +35,7 @@ from engines.model import (
     Linear,
     Llama,
     LMHead,
+    QKNorm,
     Rope,
     RopeConfig,
 )
@@ -158,6 +160,7 @@ class Dims:
     rope: RopeConfig
     attn_bias: bool
     mlp_bias: bool
+    traits: Traits  # what the target computes beyond Llama (core/families.py)
 
     @classmethod
     def of(cls, cfg: dict[str, Any], where: Path) -> Dims:
@@ -171,15 +174,17 @@ class Dims:
             layers=require(cfg, "num_hidden_layers", where),
             vocab=require(cfg, "vocab_size", where),
             eps=float(require(cfg, "norm_epsilon", where)),
-            rope=RopeConfig(head_dim, float(require(cfg, "rotary_base", where)), cfg.get("rotary_scaling")),
+            rope=RopeConfig(head_dim, float(require(cfg, "rotary_base", where)), cfg.get("rotary_scaling"),
+                            int(cfg.get("max_position_embeddings") or 2048)),
             attn_bias=bool(cfg.get("attn_bias", False)),
             mlp_bias=bool(cfg.get("mlp_bias", False)),
+            traits=traits(cfg),
         )
 
 
 def decoder_layer(ld: Loader, pre: str, d: Dims, group: TPGroup, *, input_norm: bool, kv_fp8: bool) -> DecoderLayer:
     heads = d.heads // group.size
-    qkv = ld.linear(f"{pre}.attention.qkv", d.attn_bias)
+    qkv = ld.linear(f"{pre}.attention.qkv", d.attn_bias or d.traits.qkv_bias)
     rows = qkv.weight.shape[0] // d.head_dim
     kv_heads = (rows - heads) // 2
     if kv_heads < 1 or heads + 2 * kv_heads != rows:
@@ -188,7 +193,12 @@ def decoder_layer(ld: Loader, pre: str, d: Dims, group: TPGroup, *, input_norm: 
             f"* head_size with {heads} local heads of size {d.head_dim}"
         )
     kv_scale = ld.t.get(f"{pre}.attention.kv_cache_scaling_factor").float().reshape(()) if kv_fp8 else None
-    attn = Attention(qkv, ld.linear(f"{pre}.attention.dense", d.attn_bias), heads, kv_heads, d.head_dim, group, kv_scale)
+    qk_norm = None
+    if d.traits.qk_norm:
+        qk_norm = QKNorm(ld.vec(f"{pre}.attention.q_layernorm.weight"), ld.vec(f"{pre}.attention.k_layernorm.weight"),
+                         heads, d.eps)
+    dense = ld.linear(f"{pre}.attention.dense", d.attn_bias)
+    attn = Attention(qkv, dense, heads, kv_heads, d.head_dim, group, kv_scale, qk_norm)
     mlp = MLP(
         ld.linear(f"{pre}.mlp.fc", d.mlp_bias), ld.linear(f"{pre}.mlp.gate", d.mlp_bias),
         ld.linear(f"{pre}.mlp.proj", d.mlp_bias), group,
@@ -304,7 +314,7 @@ def load_eagle3(head_dir: Path, target: Llama, n_target_layers: int, dtype: torc
         norm=ld.vec("norm.weight"),
         lm_head=Linear(lm),
         d2t=d2t,
-        rope=Rope(RopeConfig(hd, spec.rope_theta, spec.rope_scaling), device),
+        rope=Rope(RopeConfig(hd, spec.rope_theta, spec.rope_scaling, spec.max_position_embeddings), device),
         eps=spec.rms_norm_eps,
         kv_heads=spec.num_key_value_heads,
         head_dim=hd,

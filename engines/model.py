@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from core.families import ROPE_TYPES
 from engines.linear import Linear, fake_quant_fp8, fuse_rows
 from engines.parallel import TPGroup
+from engines.rope_scaling import attention_factor, yarn
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
@@ -36,6 +38,7 @@ class RopeConfig:
     head_dim: int
     base: float
     scaling: dict | None  # None = plain RoPE; {"rope_type": "llama3", factor, low/high_freq_factor, original_max...}
+    max_position_embeddings: int = 2048  # YaRN without `factor` derives it from this (engines/rope_scaling.py)
 
 
 def inv_freq(cfg: RopeConfig) -> torch.Tensor:
@@ -50,8 +53,11 @@ def inv_freq(cfg: RopeConfig) -> torch.Tensor:
         return freqs
     if kind == "linear":
         return freqs / float(s["factor"])
+    if kind == "yarn":
+        return yarn(cfg.base, d, s, cfg.max_position_embeddings)[0]
     if kind != "llama3":
-        raise ValueError(f"rotary_scaling type {kind!r} is not supported by the reference engine (default, linear, llama3)")
+        raise ValueError(f"rotary_scaling type {kind!r} is not supported by the reference engine "
+                         f"({', '.join(ROPE_TYPES)})")
     factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
     old_len = float(s["original_max_position_embeddings"])
     wavelen = 2 * math.pi / freqs
@@ -68,6 +74,7 @@ class Rope:
 
     def __init__(self, cfg: RopeConfig, device: torch.device) -> None:
         self.inv = inv_freq(cfg).to(device)
+        self.scale = attention_factor(cfg.base, cfg.head_dim, cfg.scaling, cfg.max_position_embeddings)
         self.cos = torch.empty(0, cfg.head_dim, device=device)
         self.sin = torch.empty(0, cfg.head_dim, device=device)
 
@@ -76,7 +83,7 @@ class Rope:
         t = torch.arange(n, device=self.inv.device, dtype=torch.float32)
         emb = torch.outer(t, self.inv)
         emb = torch.cat([emb, emb], dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+        self.cos, self.sin = emb.cos() * self.scale, emb.sin() * self.scale
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin at `positions`, all < `bound` (a host-side bound: no read-back of the positions)."""
@@ -202,6 +209,21 @@ def make_step(
 
 
 @dataclass
+class QKNorm:
+    """Qwen3: RMSNorm of each query and key head over head_dim after the projections, before RoPE, one weight for
+    all query heads and one for all key heads (transformers Qwen3Attention q_norm / k_norm)."""
+
+    q_weight: torch.Tensor  # (head_dim,)
+    k_weight: torch.Tensor
+    heads: int  # query heads of this rank: the first `heads` of the fused q/k heads
+    eps: float
+
+    def __call__(self, qk: torch.Tensor) -> torch.Tensor:
+        q, k = qk.split([self.heads, qk.shape[2] - self.heads], dim=2)
+        return torch.cat([rms_norm(q, self.q_weight, self.eps), rms_norm(k, self.k_weight, self.eps)], dim=2)
+
+
+@dataclass
 class Attention:
     qkv: Linear  # output [q (heads*D) ; k (kv_heads*D) ; v (kv_heads*D)] for this rank
     dense: Linear
@@ -210,6 +232,7 @@ class Attention:
     head_dim: int
     group: TPGroup
     kv_scale: torch.Tensor | None = None  # FP8 KV cache: fake-quantize K/V with this scale before caching
+    qk_norm: QKNorm | None = None  # Qwen3: per-head q/k RMSNorm before RoPE
 
     def __call__(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], step: Step, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -218,7 +241,10 @@ class Attention:
         d = self.head_dim
         qk, v = self.qkv(x).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
         # q and k heads are adjacent in the fused output: one RoPE for both.
-        q, k = apply_rope(qk.view(b, t, self.heads + self.kv_heads, d), *rope).split([self.heads, self.kv_heads], dim=2)
+        qk = qk.view(b, t, self.heads + self.kv_heads, d)
+        if self.qk_norm is not None:
+            qk = self.qk_norm(qk)
+        q, k = apply_rope(qk, *rope).split([self.heads, self.kv_heads], dim=2)
         v = v.view(b, t, self.kv_heads, d)
         if self.kv_scale is not None:
             k, v = fake_quant_fp8(k, self.kv_scale), fake_quant_fp8(v, self.kv_scale)

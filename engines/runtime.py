@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from engines.trees import DraftTree, DynamicTree
-from engines.types import GenerationRequest, GenerationResult, Limits, OnTokens
+from core.spec import ReferenceSpec
+from core.trees import DraftTree, DynamicTree
+from core.types import GenerationRequest, GenerationResult, Limits, OnTokens
 from engines.checkpoint import (
     DTYPES,
     CheckpointError,
@@ -31,12 +32,13 @@ from engines.checkpoint import (
     read_config,
     require,
 )
+from engines.drafting import Drafting, drafting_for
 from engines.linear import prepare_linears
+from core.families import NATIVE, traits
+from engines.generic import GenericTarget, load_generic
 from engines.model import Drafter, Eagle1Drafter, Llama
 from engines.parallel import TPGroup, current_group
 from engines.session import Session
-from engines.spec import ReferenceSpec
-from engines.drafting import Drafting, drafting_for
 
 
 def resolve_device(device: str) -> torch.device:
@@ -60,7 +62,7 @@ def load_tokenizer(path: Path) -> Any:
 
 @dataclass
 class Runtime:
-    target: Llama
+    target: Llama | GenericTarget
     drafter: Drafter | None
     drafting: Drafting | None  # None = target-only decoding
     tokenizer: Any
@@ -69,6 +71,7 @@ class Runtime:
     random_head: bool
     group: TPGroup
     limits: Limits | None = None  # from the build's reference.json; None = only memory limits
+    window: int | None = None  # the target's sliding window: longer sequences would be computed wrongly, refused
 
     @classmethod
     def load(
@@ -82,10 +85,8 @@ class Runtime:
         dev = resolve_device(device)
         cfg = read_config(ckpt)
         group = current_group(int(require(cfg, "mapping", ckpt)["tp_size"]))
-        tensors = Tensors(rank_file(ckpt, group.rank), dev)
-        ld = Loader(tensors, DTYPES[dtype], quant_of(cfg, ckpt))
-        target = load_target(ld, cfg, ckpt, group, dev)
         arch = require(cfg, "architecture", ckpt)
+        target, tensors, ld = _target(cfg, ckpt, group, dev, dtype)
         drafter: Drafter | None = None
         ignore: tuple[str, ...] = ()
         if arch == "EagleForCausalLM":
@@ -93,18 +94,21 @@ class Runtime:
             if tree is not None:
                 if eagle3_head_dir is not None:
                     raise CheckpointError(f"{ckpt} is an EagleForCausalLM (EAGLE-1/2) checkpoint; do not pass an EAGLE-3 head")
+                assert ld is not None  # an EagleForCausalLM checkpoint always has converted weights
                 drafter = load_eagle1(ld, cfg, ckpt, group, dev)
-        elif arch != "LlamaForCausalLM":
-            raise CheckpointError(f"{ckpt}/config.json: architecture {arch!r}; expected LlamaForCausalLM or EagleForCausalLM")
+        elif arch not in NATIVE and not isinstance(target, GenericTarget):
+            raise CheckpointError(f"{ckpt}/config.json: architecture {arch!r}; expected EagleForCausalLM, one of "
+                                  f"{', '.join(NATIVE)} or a generic_target")
         elif tree is not None:
             if eagle3_head_dir is None:
                 raise CheckpointError(
-                    f"{ckpt} holds no EAGLE head (architecture LlamaForCausalLM): pass eagle3_head_dir for an EAGLE-3 "
+                    f"{ckpt} holds no EAGLE head (architecture {arch}): pass eagle3_head_dir for an EAGLE-3 "
                     "head, convert with an EAGLE-1/2 head, or use tree=None for target-only decoding"
                 )
             drafter = load_eagle3(Path(eagle3_head_dir), target, len(target.layers), DTYPES[dtype], dev)
-        tensors.check_all_used(ignore)
-        tensors.close()
+        if tensors is not None:
+            tensors.check_all_used(ignore)
+            tensors.close()
         if draft_vocab is not None:
             drafter = restrict_draft_vocab(drafter, draft_vocab)
         fuse_and_lay_out(target, drafter)
@@ -113,7 +117,15 @@ class Runtime:
             check_tree_fits(tree, drafter)
         random_head = bool(cfg.get("eagle_deploy", {}).get("random_head", False))
         tok = load_tokenizer(tokenizer_dir or ckpt / "tokenizer")
-        return cls(target, drafter, drafting, tok, dev, DTYPES[dtype], random_head, group)
+        window = target.window if isinstance(target, GenericTarget) else traits(cfg).sliding_window
+        return cls(target, drafter, drafting, tok, dev, DTYPES[dtype], random_head, group, window=window)
+
+    def check_window(self, length: int) -> None:
+        if self.window is not None and length > self.window:
+            raise ValueError(
+                f"a sequence of up to {length} tokens (prompt + max_new_tokens) exceeds the target's sliding_window="
+                f"{self.window}: the reference engine attends to every earlier key and would compute positions "
+                f"beyond the window wrongly; keep prompt + max_new_tokens <= {self.window}")
 
     def with_tree(self, tree: DraftTree | DynamicTree) -> Runtime:
         """The same weights (not copied) drafting with another tree."""
@@ -135,6 +147,7 @@ class Runtime:
             return []
         if self.limits is not None:
             self.limits.check(requests)
+        self.check_window(max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
         # A session sized for exactly these requests, all added before the first step: the prefill groups and
         # decoding steps are those of one static batch.
         with torch.inference_mode():
@@ -155,8 +168,22 @@ class Runtime:
             raise ValueError(
                 f"session capacity {capacity} exceeds the build's engine.max_batch_size={self.limits.max_batch_size}"
             )
+        self.check_window(max_len)
         spec = speculative and self.drafter is not None
         return Session(self, [], spec, on_tokens, capacity=capacity, max_len=max_len)
+
+
+def _target(cfg: dict[str, Any], ckpt: Path, group: TPGroup, dev: torch.device,
+            dtype: str) -> tuple[Llama | GenericTarget, Tensors | None, Loader | None]:
+    """The checkpoint's target: converted weights, or transformers' model of `generic_target` (engines/generic.py)."""
+    generic = cfg.get("generic_target")
+    if generic is None:
+        tensors = Tensors(rank_file(ckpt, group.rank), dev)
+        ld = Loader(tensors, DTYPES[dtype], quant_of(cfg, ckpt))
+        return load_target(ld, cfg, ckpt, group, dev), tensors, ld
+    if group.size != 1:
+        raise CheckpointError(f"{ckpt}/config.json: tp_size={group.size}; a generic target runs at tp=1 only")
+    return load_generic(Path(generic), DTYPES[dtype], dev), None, None
 
 
 def restrict_draft_vocab(drafter: Drafter | None, ids: list[int]) -> Eagle1Drafter:
@@ -167,16 +194,19 @@ def restrict_draft_vocab(drafter: Drafter | None, ids: list[int]) -> Eagle1Draft
     return drafter.restricted(ids)
 
 
-def fuse_and_lay_out(target: Llama, drafter: Drafter | None) -> None:
+def fuse_and_lay_out(target: Llama | GenericTarget, drafter: Drafter | None) -> None:
     """One product for each MLP's two input branches, then the weight layouts of the device (engines/linear.py)."""
-    blocks = [layer.mlp for layer in target.layers]
+    if isinstance(target, GenericTarget):  # transformers' modules keep their own layout
+        blocks, roots = [], [drafter]
+    else:
+        blocks, roots = [layer.mlp for layer in target.layers], [target, drafter]
     if isinstance(drafter, Eagle1Drafter):
         blocks += [layer.mlp for layer in drafter.layers]
     elif drafter is not None:
         blocks.append(drafter.mlp)
     for mlp in blocks:
         mlp.fuse()
-    prepare_linears(target, drafter)
+    prepare_linears(*roots)
 
 
 def check_tree_fits(tree: DraftTree | DynamicTree, drafter: Drafter | None) -> None:

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from core.laps import NO_LAPS, Laps
+from core.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
 from engines import decode
-from engines.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
 from engines.draft import DraftState
 from engines.model import KVCache
-from engines.profile import NO_LAPS, Laps
 
 if TYPE_CHECKING:
     from engines.runtime import Runtime
@@ -34,7 +34,7 @@ class Session:
     its result): the step is undone for its sequences and rerun for each alone, and streamed tokens leave the
     session only once a step has succeeded, so the others continue exactly as if the failing one had not been there.
 
-    `laps` (engines/profile.py) splits each decoding step's wall time into its parts when a profiler sets it.
+    `laps` (measure/profile.py) splits each decoding step's wall time into its parts when a profiler sets it.
 
     Not thread-safe: one thread drives a session (Triton's reference model runs it on its batcher thread)."""
 

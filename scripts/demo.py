@@ -123,8 +123,8 @@ def summarize(report_path: Path) -> dict[str, float | None]:
 def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan) -> dict[str, float | int]:
     """EAGLE vs target-only decoding with the build's reference engine, in this process, on the first prompts."""
     from engines.api import ReferenceEngine
-    from engines.costs import eagle_speedup as measure
-    from engines.data import chat_ids, read_prompts
+    from measure.costs import eagle_speedup as measure
+    from measure.data import chat_ids, read_prompts
 
     engine = ReferenceEngine.from_build(build_dir)
     tok = engine.tokenizer
@@ -136,7 +136,7 @@ def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan) -> dict[str, f
 
 def demo(plan: DemoPlan) -> dict:
     from builders.config import load_config
-    from engines.data import mtbench_path
+    from measure.data import mtbench_path
     from triton_repo.launch import TritonServer, free_port
 
     t0 = time.monotonic()

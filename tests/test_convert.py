@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import save_file
 
 from builders.convert import convert_llama
-from engines.hfconfig import ModelConfigError
 from builders.convert.llama import pad_vocab, pp_layer_range
 from builders.convert.weights import WeightFileError, WeightSource, read_safetensors_header
+from core.hfconfig import ModelConfigError
 from tests import tiny_models as tm
 from tests.convert_helpers import ckpt, derive_target, hf_tensors, reassemble_layer, truncate
 
@@ -224,8 +224,10 @@ def test_not_a_llama_target(tiny_target: Path, tmp_path: Path) -> None:
     cfg = json.loads((t / "config.json").read_text())
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (t / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelConfigError, match="only Llama-family targets"):
+    with pytest.raises(ModelConfigError, match="architecture 'GPT2LMHeadModel'; this converter writes "
+                       "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM targets"):
         convert_llama(t, tmp_path / "out", dtype="float32")
+    assert not (tmp_path / "out").exists()
 
 
 def test_kernel_copy_path_equals_computed_path(tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -147,7 +147,7 @@ def test_pytorch_stage_writes_yaml_and_serve_command(tmp_path: Path, tiny_target
                    "tree.choices=topk-2-2")
     ck = tmp_path / "checkpoint"
     (ck / "eagle3").mkdir(parents=True)
-    (ck / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    (ck / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "architecture": "LlamaForCausalLM"}))
     (ck / "eagle3" / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1]}))
     hf_model = ck / "hf_model"  # the convert stage's note: the directory TensorRT-LLM loads (builders/layout.py)
     (ck / "manifest.json").write_text(json.dumps({"notes": {"hf_target_dir": str(tiny_target),

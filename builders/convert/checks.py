@@ -11,11 +11,14 @@ from typing import Any
 
 from builders.config import BuildConfig
 from builders.convert.eagle import check_head, head_bias
+from builders.convert import families
 from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
-from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from builders.convert.llama import check_parallel
 from builders.convert.weights import WeightFileError, WeightSource
 from builders.model_source import ModelSourceError, resolve_target
+from builders.trtllm import architectures
+from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
+from core.families import NATIVE
 
 
 def expected_target_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:
@@ -35,6 +38,7 @@ def expected_target_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:
             f"{p}.mlp.up_proj.weight": (i, h),
             f"{p}.mlp.down_proj.weight": (h, i),
         })
+        out.update(families.extra_shapes(spec, n))
     if not spec.tie_word_embeddings:
         out["lm_head.weight"] = (spec.vocab_size, h)
     return out
@@ -91,10 +95,18 @@ def _auto_map_problems(path: Path) -> list[str]:
 def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
     try:
         hf = resolve_target(cfg.target.model)
-        spec = llama_spec(hf)
+        arch = (read_config(hf).get("architectures") or [None])[0]
+        refused = architectures.problems(arch, version=cfg.trtllm_version, backend=cfg.engine.backend,
+                                         draft_type=cfg.draft.type, where=str(hf))
+        if refused:
+            return None, None, refused
+        spec = llama_spec(hf, require_arch=False)
     except (ModelSourceError, ModelConfigError) as e:
         return None, None, [f"target.model: {e}"]
-    p = check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)
+    p = families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len, tp=cfg.parallel.tp)
+    if spec.architecture not in NATIVE:  # the generic path converts no weights: transformers reads the directory
+        return hf, spec, p
+    p += check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)
     if cfg.parallel.pp > 1:
         p.append(f"parallel.pp={cfg.parallel.pp}: EAGLE checkpoints are written with pp=1 (TensorRT-LLM's "
                  "EagleForCausalLM has no pipeline parallelism); set parallel.pp=1")

@@ -24,11 +24,14 @@ from typing import Any
 
 import torch
 
-from builders.layout import EAGLE3_HEAD
-from engines.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
 from builders.convert.hf_compat import transformers4_config
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
+from builders.convert.families import generic_checkpoint
+from builders.convert.tokenizer import copy_tokenizer
+from builders.layout import EAGLE3_HEAD
+from core.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
+from core.families import NATIVE, eagle3_head_config
 
 EAGLE3_DIR = EAGLE3_HEAD
 INT_TENSORS = ("d2t", "t2d")  # index tensors: never cast to the float dtype
@@ -68,6 +71,10 @@ def check_eagle3(head_dir: Path, target: LlamaSpec, layer_ids: list[int], src: W
         head = llama_spec(head_dir, require_arch=False)
     except ModelConfigError as e:
         return [str(e)]
+    extra = [k for k in ("fc_norm", "norm_output") if cfg.get(k)]
+    if extra:  # SpecForge's "eagle3.1" layout (configs/qwen3-30B-A3B-eagle3.1.json): norms this converter drops
+        p.append(f"{d}: {', '.join(f'{k}=true' for k in extra)}: a head with extra norms (SpecForge's EAGLE-3.1 "
+                 "layout) is not computed by this toolkit's converter or reference engine; use a plain EAGLE-3 head")
     th = int(cfg.get("target_hidden_size", head.hidden_size))  # upstream default: hidden_size
     if th != target.hidden_size:
         p.append(f"{d}: target_hidden_size={th} but the target's hidden_size is {target.hidden_size}")
@@ -130,7 +137,7 @@ def normalized_config(head_cfg: dict[str, Any], head: LlamaSpec, target: LlamaSp
         eagle_deploy=dict(prov.to_json(), trtllm_layers_to_capture=[i - 1 for i in layer_ids]),
     )
     cfg.pop("eagle_config", None)  # its layer ids are now top-level; TensorRT-LLM reads them from nowhere else
-    return cfg
+    return eagle3_head_config(cfg)
 
 
 def write_eagle3_head(head_dir: Path, target: LlamaSpec, out: Path, *, dtype: str, layer_ids: list[int],
@@ -171,9 +178,10 @@ def convert_eagle3(
     hf_dir: Path, head_dir: Path, out_dir: Path, *, dtype: str, tp: int = 1, layers_to_capture: list[int] | None,
     provenance: Provenance | None = None,
 ) -> None:
-    """Target -> LlamaForCausalLM checkpoint in `out_dir`; EAGLE-3 head -> normalized `out_dir/eagle3/`."""
+    """Target -> checkpoint in `out_dir` (converted weights for the native families, a `generic_target` config for
+    the others); EAGLE-3 head -> normalized `out_dir/eagle3/`."""
     hf_dir, head_dir, out_dir = Path(hf_dir), Path(head_dir), Path(out_dir)
-    target = llama_spec(hf_dir)
+    target = llama_spec(hf_dir, require_arch=False)
     problems = check_parallel(target, tp, 1)
     if problems:
         raise ModelConfigError("; ".join(problems))
@@ -183,4 +191,10 @@ def convert_eagle3(
         pass
     # Then the head: it is small and its checks are the likeliest to fail.
     write_eagle3_head(head_dir, target, out_dir / EAGLE3_DIR, dtype=dtype, layer_ids=layer_ids, prov=prov)
-    convert_llama(hf_dir, out_dir, dtype=dtype, tp=tp, pp=1, provenance=prov)
+    if target.architecture in NATIVE:
+        convert_llama(hf_dir, out_dir, dtype=dtype, tp=tp, pp=1, provenance=prov)
+        return
+    cfg = generic_checkpoint(target, hf_dir, dtype=dtype, tp=tp)
+    cfg["eagle_deploy"] = prov.to_json()
+    write_json(out_dir / "config.json", cfg)
+    copy_tokenizer(hf_dir, out_dir)

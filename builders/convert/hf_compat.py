@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from builders.convert.tokenizer import TRANSFORMERS5_ONLY_CLASSES, write_tokenizer_files
 from builders.trtllm import registry
-from engines.hfconfig import llama_spec, read_config
+from core.hfconfig import llama_spec, read_config
 
 if TYPE_CHECKING:
     from builders.config import BuildConfig
@@ -42,7 +42,7 @@ def needs_transformers4_copy(cfg: BuildConfig) -> bool:
 def transformers4_config(cfg: dict[str, Any], *, rope_theta: float, rope_scaling: dict[str, Any] | None,
                          dtype: str | None) -> dict[str, Any]:
     """`cfg` with the top-level spellings transformers 4 reads, equal to what transformers 5 reads (pure).
-    `rope_theta` / `rope_scaling` as engines.hfconfig resolves them from either layout (scaling None = plain RoPE)."""
+    `rope_theta` / `rope_scaling` as core.hfconfig resolves them from either layout (scaling None = plain RoPE)."""
     out = dict(cfg)
     out["rope_theta"] = rope_theta
     if rope_scaling is not None:

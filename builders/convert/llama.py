@@ -29,9 +29,11 @@ from typing import Any
 
 import torch
 
-from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec
+from core.families import NATIVE
+from builders.convert import families
 from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import DTYPES, OutTensor, Piece, WeightSource, Zeros, write_safetensors
+from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 
 
 @dataclass(frozen=True)
@@ -221,9 +223,10 @@ def target_rank_plan(
     if pp_rank == 0:
         plan.append(copy_tensor(src, "model.embed_tokens.weight", "transformer.vocab_embedding.weight", dt))
     for i in layers:
-        plan += decoder_layer_plan(
-            src, f"model.layers.{i}", f"transformer.layers.{i - layers[0]}", spec, dt, tp, tp_rank, input_norm=True
-        )
+        hf, out = f"model.layers.{i}", f"transformer.layers.{i - layers[0]}"
+        plan += decoder_layer_plan(src, hf, out, spec, dt, tp, tp_rank, input_norm=True)
+        q_rows = even_range(spec.q_size, tp, tp_rank, "num_attention_heads * head_dim")
+        plan += families.extra_layer_plan(src, hf, out, spec, dt, q_rows, kv_rows(spec, tp, tp_rank))
     if pp_rank == pp - 1:
         plan.append(copy_tensor(src, "model.norm.weight", "transformer.ln_f.weight", dt))
         plan.append(lm_head_tensor(src, spec, "lm_head.weight", dt, tp, tp_rank))
@@ -268,6 +271,15 @@ def llama_config_json(spec: LlamaSpec, *, dtype: str, tp: int, pp: int, architec
     }
 
 
+def target_config_json(spec: LlamaSpec, *, dtype: str, tp: int, pp: int) -> dict[str, Any]:
+    """The target's checkpoint config: Llama's keys under the target's own architecture name, and the family keys
+    only for the other families (a Llama checkpoint stays exactly what TensorRT-LLM's engine flow reads)."""
+    cfg = llama_config_json(spec, dtype=dtype, tp=tp, pp=pp, architecture=spec.architecture)
+    if spec.architecture != "LlamaForCausalLM":
+        cfg.update(families.config_keys(spec))
+    return cfg
+
+
 def write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
@@ -291,9 +303,13 @@ def write_target_ranks(src: WeightSource, spec: LlamaSpec, out_dir: Path, *, dty
 def convert_llama(
     hf_dir: Path, out_dir: Path, *, dtype: str, tp: int = 1, pp: int = 1, provenance: Provenance | None = None
 ) -> None:
-    """HF Llama directory -> TRT-LLM LlamaForCausalLM checkpoint in `out_dir` (+ tokenizer/)."""
+    """HF target directory -> checkpoint in `out_dir` (+ tokenizer/): TRT-LLM's LlamaForCausalLM layout, plus the
+    family's tensors and keys for the other native families (builders/convert/families.py)."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
-    spec = llama_spec(hf_dir)
+    spec = llama_spec(hf_dir, require_arch=False)
+    if spec.architecture not in NATIVE:
+        raise ModelConfigError(f"{spec.path}: architecture {spec.architecture!r}; this converter writes "
+                               f"{', '.join(NATIVE)} targets (docs/contracts.md, 'Target architectures')")
     problems = check_parallel(spec, tp, pp)
     if problems:
         raise ModelConfigError("; ".join(problems))
@@ -301,7 +317,7 @@ def convert_llama(
         lm_head_name(src, spec)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_target_ranks(src, spec, out_dir, dtype=dtype, tp=tp, pp=pp)
-    cfg = llama_config_json(spec, dtype=dtype, tp=tp, pp=pp, architecture="LlamaForCausalLM")
+    cfg = target_config_json(spec, dtype=dtype, tp=tp, pp=pp)
     prov = provenance or Provenance(random_head=False, target_source=str(hf_dir), head_source="none")
     cfg["eagle_deploy"] = prov.to_json()
     write_json(out_dir / "config.json", cfg)

@@ -1,7 +1,8 @@
 """The convert stage: target (+ head) -> `<output_dir>/checkpoint/`.
 
 - draft.type eagle  -> EagleForCausalLM checkpoint (tree limits from cfg.limits(), the single source of truth)
-- draft.type eagle3 -> LlamaForCausalLM target checkpoint + normalized head in checkpoint/eagle3/
+- draft.type eagle3 -> target checkpoint (LlamaForCausalLM layout, plus the family's tensors for Qwen2 / Qwen3 /
+  Mistral; a `generic_target` config for the generic families) + normalized head in checkpoint/eagle3/
 - draft.model random -> a random SafeAILab head is written to checkpoint/random_head/ first and converted; RANDOM
   appears in the checkpoint config (`eagle_deploy.random_head`), the manifest notes and the stage log.
 The checkpoint is 16-bit (target.dtype) unless quantization.weights or quantization.kv_cache is fp8: then the FP8
@@ -23,6 +24,11 @@ from builders.model_source import ModelSourceError, resolve_target
 from builders.convert.hf_compat import needs_transformers4_copy, write_transformers4_copy
 from builders.layout import CHECKPOINT, HF_MODEL, HF_TARGET_NOTE, TRTLLM_MODEL_NOTE
 from builders.pipeline import Stage, StageContext, StageError
+from core.hfconfig import read_config
+
+
+def target_architecture(hf: Path) -> str:
+    return str((read_config(hf).get("architectures") or ["?"])[0])
 
 STAGE_NAME = CHECKPOINT
 RANDOM_HEAD_DIR = "random_head"
@@ -45,7 +51,7 @@ def external_inputs(cfg: BuildConfig) -> list[Path]:
 
 def plan_outputs(cfg: BuildConfig) -> list[str]:
     world = cfg.parallel.tp * cfg.parallel.pp
-    arch = "EagleForCausalLM" if cfg.draft.type == "eagle" else "LlamaForCausalLM"
+    arch = "EagleForCausalLM" if cfg.draft.type == "eagle" else "the target's architecture"
     out = [f"config.json ({arch}, {cfg.target.dtype}, tp={cfg.parallel.tp})"]
     out += [f"rank{r}.safetensors" for r in range(world)]
     out.append("tokenizer/")
@@ -97,7 +103,7 @@ def run(ctx: StageContext) -> None:
                           num_eagle_layers=lim.num_eagle_layers, max_non_leaves_per_layer=lim.max_non_leaves_per_layer,
                           tp=cfg.parallel.tp, provenance=prov)
         else:
-            _log(ctx, f"LlamaForCausalLM target + EAGLE-3 head -> {EAGLE3_DIR}/, tp={cfg.parallel.tp}")
+            _log(ctx, f"{target_architecture(hf)} target + EAGLE-3 head -> {EAGLE3_DIR}/, tp={cfg.parallel.tp}")
             convert_eagle3(hf, head_dir, ctx.out, dtype=cfg.target.dtype, tp=cfg.parallel.tp,
                            layers_to_capture=cfg.draft.eagle3.layers_to_capture, provenance=prov)
     except ValueError as e:  # ModelConfigError / WeightFileError: inputs changed since preflight

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = None
     try:
         if args.prompts is not None:
-            from engines.data import read_prompts
+            from measure.data import read_prompts
 
             prompts = read_prompts(args.prompts)
         rep = diagnose(args.target, args.head, engine=args.engine, draft_type=args.draft_type,

@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from builders.convert.weights import WeightSource
 from builders.doctor.findings import UnusableInput
 from builders.doctor.head import ARCH_FLAGS, Head, read_head, speculators_flat
-from engines.hfconfig import llama_spec, rope_theta_of
+from core.hfconfig import llama_spec, rope_theta_of
 
 LAYOUT_KEYS = ("speculators_model_type", "speculators_config", "transformer_layer_config", "speculators_version",
                "eagle_config", "eagle_deploy", "auto_map")

@@ -23,7 +23,7 @@ import torch
 
 from builders.convert.weights import WeightFileError, WeightSource
 from builders.doctor.findings import UnusableInput
-from engines.hfconfig import ModelConfigError, aux_layer_ids, rope_theta_of
+from core.hfconfig import ModelConfigError, aux_layer_ids, rope_theta_of
 
 # Architecture switches some producers set; a loader that does not implement one computes another network.
 ARCH_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")

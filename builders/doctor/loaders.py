@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from builders.doctor.head import Head
-from engines.hfconfig import LlamaSpec
+from core.hfconfig import LlamaSpec
 
 ENGINES = ("reference", "trtllm-1.1", "trtllm-1.2", "trtllm-1.4", "vllm", "sglang", "eagle-repo")
 TRTLLM = ("trtllm-1.1", "trtllm-1.2", "trtllm-1.4")

@@ -4,7 +4,7 @@ cause when acceptance is low, each measured on the same prompts.
 Every run decodes the prompts greedily with a chain of `depth` rank-0 drafts (builders/tree_tuning.py `chain`), so a
 step's accepted length is the number of leading drafts equal to the target's continuation, and
 p[d] = P(draft d accepted | drafts < d accepted) = reach(d) / reach(d-1), reach(0) = decoding steps
-(engines.types RequestStats.acceptance_by_depth). Greedy decoding is lossless: every run emits the same text, so
+(core.types RequestStats.acceptance_by_depth). Greedy decoding is lossless: every run emits the same text, so
 runs differ only in what the head drafts.
 
 An experiment changes one thing (a d2t remap, captured layers moved by one, chat template off, the target's RoPE
@@ -39,7 +39,7 @@ from engines.api import (
     SamplingParams,
     aggregate_stats,
 )
-from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec
+from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 
 COLLAPSED = 0.05  # first-position acceptance below this: the head drafts (almost) nothing right
 MIN_TAU_GAIN = 0.3
@@ -188,7 +188,7 @@ def chat_experiment(st: Setup) -> list[Experiment]:
 
 # ---- setup ----------------------------------------------------------------------------------------------------------
 def _prompt_ids(target_dir: Path, prompts: list[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    from engines.data import chat_ids
+    from measure.data import chat_ids
     from engines.runtime import load_tokenizer
 
     tok = load_tokenizer(target_dir)

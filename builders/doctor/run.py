@@ -9,7 +9,7 @@ from pathlib import Path
 from builders.doctor import static
 from builders.doctor.findings import Finding, Report, UnusableInput
 from builders.doctor.head import read_head
-from engines.hfconfig import ModelConfigError, llama_spec
+from core.hfconfig import ModelConfigError, llama_spec
 
 
 def diagnose(target_dir: Path, head_dir: Path, *, engine: str, draft_type: str | None, max_seq_len: int | None,

@@ -19,7 +19,7 @@ from builders.doctor.loaders import (
     compatibility,
     safeailab_default_ids,
 )
-from engines.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec
+from core.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec
 
 D2T_SOURCE = "SafeAILab/EAGLE@cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b eagle/traineagle3/cnets.py scandata"
 

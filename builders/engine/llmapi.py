@@ -30,9 +30,9 @@ from typing import Any
 import yaml
 
 from builders.config import BuildConfig
-from engines.hfconfig import ModelConfigError, aux_layer_ids
-from builders.trtllm import registry
+from builders.trtllm import architectures, registry
 from builders.trtllm.rules import capture_problems, default_capture
+from core.hfconfig import ModelConfigError, aux_layer_ids
 
 TRTLLM_SERVE = "trtllm-serve"
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -77,9 +77,16 @@ def resolve_input_layer_ids(cfg: BuildConfig, head_config: dict[str, Any]) -> li
     return ids
 
 
-def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int) -> dict[str, Any]:
-    """`speculative_config` for the config's TensorRT-LLM version (pure)."""
+def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int,
+                       target_arch: str = "LlamaForCausalLM") -> dict[str, Any]:
+    """`speculative_config` for the config's TensorRT-LLM version (pure); `target_arch` picks one- or two-model
+    EAGLE-3 from the architecture table (builders/trtllm/architectures.py)."""
     v = registry.get(cfg.trtllm_version)
+    row = architectures.get(target_arch)
+    mode = None if row is None else row.pytorch_mode(v.key)
+    if mode is None:  # the convert stage's preflight refuses it; a BuildConfig made by hand may still hold one
+        raise LlmApiError("; ".join(architectures.problems(target_arch, version=v.key, backend="pytorch",
+                                                           draft_type="eagle3", where="(the converted target)")))
     lim = cfg.limits()
     spec: dict[str, Any] = {
         "decoding_type": v.decoding_type,
@@ -91,8 +98,9 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
     if v.eagle3_one_model_field:
         # A static tree runs on the two-model path only: the one-model worker drafts a chain whatever eagle_choices
         # says (tensorrt_llm/_torch/speculative/eagle3.py: Eagle3OneModelSpecMetadata sets is_spec_dec_tree = False;
-        # Eagle3SpecMetadata, the two-model one, builds the tree from eagle_choices).
-        spec["eagle3_one_model"] = not static_tree
+        # Eagle3SpecMetadata, the two-model one, builds the tree from eagle_choices). A target class that is not a
+        # SpecDecOneEngineForCausalLM runs two-model only (builders/trtllm/architectures.py).
+        spec["eagle3_one_model"] = mode == architectures.ONE and not static_tree
     if v.eagle3_layers_to_capture:
         spec["eagle3_layers_to_capture"] = capture
     elif sorted(capture) != default_capture(num_target_layers):
@@ -102,7 +110,7 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
             raise LlmApiError(f"{v.name} has no static trees (eagle_choices); use tree.dynamic or a chain")
         if v.max_total_draft_tokens:
             spec["max_total_draft_tokens"] = lim.max_draft_len
-        spec["eagle_choices"] = tree.to_yaml_obj()
+        spec["eagle_choices"] = tree.as_lists()  # the LLM API YAML value: plain lists
     elif dyn is not None:
         spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["use_dynamic_tree"] = True
@@ -110,7 +118,8 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
     return spec
 
 
-def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int) -> dict[str, Any]:
+def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int,
+                    target_arch: str = "LlamaForCausalLM") -> dict[str, Any]:
     """The whole options mapping (pure). The config was validated against its TensorRT-LLM version when loaded
     (builders/trtllm/rules.py); a capture set that version cannot express raises LlmApiError."""
     llmapi_layout = registry.get(cfg.trtllm_version).triton_layout == "llmapi"
@@ -133,7 +142,7 @@ def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_t
             # off so no request reuses blocks holding them.
             "enable_block_reuse": False,
         },
-        "speculative_config": speculative_config(cfg, draft_dir, capture, num_target_layers),
+        "speculative_config": speculative_config(cfg, draft_dir, capture, num_target_layers, target_arch),
     }
 
 

@@ -19,7 +19,7 @@ from builders.convert.hf_compat import needs_transformers4_copy
 from builders.engine import crosscheck, llmapi, reference, trtllm_build
 from builders.pipeline import Stage, StageContext, StageError
 from builders.trtllm import registry
-from engines.spec import write_spec
+from core.spec import write_spec
 
 SERVE_FILE = "trtllm_serve.json"
 NGC_HINT = "run the build inside the NGC container instead: see docker/ngc/README.md"
@@ -80,6 +80,15 @@ def _run_tensorrt(ctx: StageContext) -> None:
     ctx.notes["crosscheck"] = "engine config.json matches the config"
 
 
+def target_architecture(checkpoint_dir: Path) -> str:
+    """The converted target's architecture (the Hugging Face name: builders/convert/llama.py target_config_json)."""
+    f = checkpoint_dir / "config.json"
+    try:
+        return str(json.loads(f.read_text())["architecture"])
+    except (OSError, ValueError, KeyError) as e:
+        raise StageError(f"cannot read the target architecture from {f}: {e}") from e
+
+
 def eagle3_capture(cfg: BuildConfig, checkpoint_dir: Path) -> tuple[list[int], int]:
     """(TensorRT-LLM's output-indexed layers to capture, number of target layers)."""
     head_cfg_file = checkpoint_dir / layout.EAGLE3_HEAD / "config.json"
@@ -106,7 +115,7 @@ def _run_pytorch(ctx: StageContext) -> None:
     ckpt = ctx.stage_dir(layout.CHECKPOINT)
     try:
         capture, n_layers = eagle3_capture(cfg, ckpt)
-        options = llmapi.llm_api_options(cfg, ckpt / layout.EAGLE3_HEAD, capture, n_layers)
+        options = llmapi.llm_api_options(cfg, ckpt / layout.EAGLE3_HEAD, capture, n_layers, target_architecture(ckpt))
     except llmapi.LlmApiError as e:
         raise StageError(str(e)) from e
     (ctx.out / llmapi.OPTIONS_FILE).write_text(llmapi.dump_options(options))

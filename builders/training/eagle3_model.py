@@ -27,6 +27,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from builders.training.model import MLP, RMSNorm, with_transformers4_rope
+from core.families import eagle3_head_config
 
 
 class Eagle3Attention(nn.Module):
@@ -168,7 +169,7 @@ def eagle3_config_dict(target_cfg: dict, draft_vocab: int, layer_ids: list[int])
         mlp_bias=False,
         tie_word_embeddings=False,  # the head's lm_head is its own (draft vocabulary rows)
     )
-    return with_transformers4_rope(cfg)
+    return with_transformers4_rope(eagle3_head_config(cfg))
 
 
 def eagle3_state_dict(head: Eagle3Head, dtype: torch.dtype, *, embedding: bool) -> dict[str, torch.Tensor]:

@@ -52,11 +52,12 @@ def llm_options(bc: BuildConfig, build_dir: Path, options_file: Path) -> dict[st
     if bc.engine.backend == "pytorch":
         return dict(yaml.safe_load(options_file.read_text()))
     from builders.engine import llmapi
-    from builders.engine.stage import eagle3_capture
+    from builders.engine.stage import eagle3_capture, target_architecture
 
     ckpt = build_dir / layout.CHECKPOINT
     capture, n_layers = eagle3_capture(bc, ckpt)
-    return llmapi.llm_api_options(bc, (ckpt / layout.EAGLE3_HEAD).resolve(), capture, n_layers)
+    return llmapi.llm_api_options(bc, (ckpt / layout.EAGLE3_HEAD).resolve(), capture, n_layers,
+                                  target_architecture(ckpt))
 
 
 def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str:

@@ -27,6 +27,8 @@ HF_ROPE5 = Source("huggingface/transformers", "src/transformers/modeling_rope_ut
 HF_TOKENIZER = Source("huggingface/transformers", "src/transformers/models/auto/tokenization_auto.py",
                       "AutoTokenizer.from_pretrained (tokenizer_class_from_name)")
 OURS_ENGINE = Source("eagle-deploy", "engines/checkpoint.py", "load_eagle3 / Runtime.load")
+OURS_FAMILIES = Source("eagle-deploy", "core/families.py", "traits (the reference engine's native families)")
+OURS_GENERIC = Source("eagle-deploy", "engines/runtime.py", "_target (engines/generic.py load_generic)")
 OURS_STAGE = Source("eagle-deploy", "builders/engine/reference.py", "random_head_flag (reads eagle_deploy)")
 
 _LLAMA_REQUIRED = ("architecture", "dtype", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -49,6 +51,8 @@ def _llama_config(surface: str) -> list[Row]:
     )
 
 
+_FAMILY_NOTE = ("written for Qwen2 / Qwen3 / Mistral targets only, whose checkpoint only the reference engine reads "
+                "(the engine flow serves Llama targets only: docs/contracts.md, 'Target architectures')")
 _CONFIG = (
     _llama_config("checkpoint.config")
     + rows_of("checkpoint.config", ("eagle_deploy",), OURS_STAGE, type="dict (this project's provenance)",
@@ -57,6 +61,10 @@ _CONFIG = (
               when=("eagle",), note="EagleConfig.__init__ reads kwargs['eagle_net_config'] (KeyError without it)")
     + rows_of("checkpoint.config", ("num_eagle_layers", "max_draft_len", "max_non_leaves_per_layer"), EAGLE,
               type="int (defaults 1 / 63 / 10)", when=("eagle",))
+    + rows_of("checkpoint.config", ("qkv_bias", "qk_norm", "sliding_window"), OURS_FAMILIES,
+              type="bool / bool / int | null", note=_FAMILY_NOTE)
+    + rows_of("checkpoint.config", ("generic_target",), OURS_GENERIC, type="path (the HF target directory)",
+              note="a target of the generic families (no converted weights); TensorRT-LLM never reads this checkpoint")
     + _llama_config("checkpoint.eagle_net_config")
     + rows_of("checkpoint.eagle_net_config", ("head_dim",), PRETRAINED, type="int (attribute)", note=_KWARGS_NOTE)
 )
@@ -98,6 +106,10 @@ _TENSORS = (
     + rows_of("checkpoint.tensor", ("eagle_nets.{k}.drafter.layers.{j}.input_layernorm.weight",), EAGLE_NET,
               type="16-bit", required=True, when=("eagle", "drafter_multilayer"),
               note="absent for drafter layer 0 (use_input_layernorm_in_first_layer=False)")
+    + rows_of("checkpoint.tensor", ("transformer.layers.{i}.attention.qkv.bias",
+                                    "transformer.layers.{i}.attention.q_layernorm.weight",
+                                    "transformer.layers.{i}.attention.k_layernorm.weight"), OURS_FAMILIES,
+              type="16-bit", note="Qwen2 q/k/v biases; Qwen3 per-head q/k RMSNorm weights (head_dim). " + _FAMILY_NOTE)
     + rows_of("checkpoint.tensor", [f"transformer.layers.{{i}}.{m}.{s}" for m in _LINEARS
                                     for s in ("weights_scaling_factor", "activation_scaling_factor")],
               FP8_QUANT, type="float32[1]", required=True, when=("w_fp8",),

@@ -6,8 +6,8 @@ keeps file versions by commit, not by tag: read_file at the tag commits reported
 dated by their content), the day it was read, and what it showed. `UNVERIFIED` lists what could not be established.
 `python -m builders.ledger_check --upstream-report` lists every row's citation with its last reading, oldest first.
 
-Inputs:  the ledger in builders/trtllm/ledger_*.py
-Outputs: docs/contracts.md (--check: exit 1 when stale)
+Inputs:  the ledger in builders/trtllm/ledger_*.py, the architecture table (builders/trtllm/architectures.py)
+Outputs: docs/contracts.md and the table by architecture in docs/bring-your-own-model.md (--check: exit 1 when stale)
 Guide:   docs/contracts.md
 """
 
@@ -17,9 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from builders.trtllm import ledger, ledger_llmapi, ledger_rows, registry
+from builders.trtllm import architectures, ledger, ledger_llmapi, ledger_rows, registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
+GUIDE = DOC.parent / "bring-your-own-model.md"  # its table by architecture (between the markers) is rendered too
 
 SOURCES: tuple[tuple[str, str, str, str], ...] = (
     # (repository:path, version read, read on (UTC date), what it established)
@@ -120,6 +121,12 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
     ("triton-inference-server/server:docs/introduction/compatibility.md",
      "main 4b54459 / r26.08 6fa22ae", "2026-12-01",
      "newest NGC trtllm image rows: 26.07 -> TensorRT-LLM 1.2.1; no image carries 1.3/1.4"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_{llama,qwen3,qwen,mistral,qwen3_moe,gpt_oss}.py",
+     "the index versions named in 'Target architectures'", "2026-12-03",
+     "which target classes are SpecDecOneEngineForCausalLM (one-model EAGLE-3) and which are "
+     "DecoderModelForCausalLM whose layers capture hidden states (two-model only)"),
+    ("NVIDIA/TensorRT-LLM pull request #17366 and issue #6158", "2026-08 / 2025-09 threads", "2026-12-03",
+     "two-model speculative decoding forced onto the one-model path; Mistral EAGLE-3 ran two-model only"),
     ("huggingface/transformers 4.56.0 (PyPI wheel, run)",
      "AutoTokenizer.from_pretrained, AutoConfig.from_pretrained", "2026-12-01",
      "'TokenizersBackend does not exist'; the rewritten tokenizer_config.json loads with identical ids; the "
@@ -191,6 +198,10 @@ UNVERIFIED: tuple[str, ...] = (
     "float32 on the PyTorch backend is refused on the strength of issues #5260 and #10458, not of a 1.4 source line "
     "that rejects it.",
     "1.2's two-model static tree (eagle3_one_model false) is read from eagle3.py, not run on a GPU.",
+    "Target architectures: the modeling_*.py registrations were read in stored versions dated by content (2025-2026), "
+    "not at the tags; a version's column repeats what those versions show for the whole 1.x line (the classes' base "
+    "did not change between the versions read). Qwen2 / Mistral on the current line rest on PR #17366 (two-model "
+    "forced to one-model) and on their classes not being SpecDecOneEngineForCausalLM in the newest versions read.",
     "Nothing here ran on TensorRT-LLM or a GPU: every row is read from source, not executed.",
 )
 
@@ -218,6 +229,9 @@ def render() -> str:
         out.append(f"| {v.key} | {v.release} ({v.tag}) | {yes[v.engine_flow]} | {yes[v.eagle12_heads]} | "
                    f"{yes[v.pytorch_eagle3]} | {yes[v.pytorch_static_tree]} | {yes[v.pytorch_dynamic_tree]} | "
                    f"{yes[v.eagle3_layers_to_capture]} | {v.triton_layout} | {v.triton_image or '-'} |")
+    out += ["", "## Target architectures", "", "Which target architectures (config.json `architectures[0]`) each path "
+            "serves (builders/trtllm/architectures.py, the one table the preflight, these docs and the tests read).",
+            ""] + architectures.markdown()
     surfaces: dict[str, list[ledger_rows.Row]] = {}
     for r in ledger.all_rows():
         surfaces.setdefault(r.surface, []).append(r)
@@ -239,17 +253,27 @@ def render() -> str:
     return "\n".join(out)
 
 
+def render_guide(text: str) -> str:
+    """`text` (docs/bring-your-own-model.md) with the table between the architecture markers re-rendered."""
+    a, b = architectures.GUIDE_BEGIN, architectures.GUIDE_END
+    if a not in text or b not in text:
+        raise ValueError(f"{GUIDE}: the markers {a} and {b} are missing")
+    head, rest = text.split(a, 1)
+    return head + a + "\n" + "\n".join(architectures.guide_table()) + "\n" + b + rest.split(b, 1)[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m builders.trtllm.ledger_docs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="exit 1 when docs/contracts.md is not a fresh render")
     args = ap.parse_args(argv)
-    text = render()
+    text, guide = render(), GUIDE.read_text()
     if args.check:
-        fresh = DOC.is_file() and DOC.read_text() == text
-        print(f"{DOC}: {'fresh' if fresh else 'stale: run python -m builders.trtllm.ledger_docs'}")
+        fresh = DOC.is_file() and DOC.read_text() == text and render_guide(guide) == guide
+        print(f"{DOC}, {GUIDE.name}: {'fresh' if fresh else 'stale: run python -m builders.trtllm.ledger_docs'}")
         return 0 if fresh else 1
     DOC.write_text(text)
+    GUIDE.write_text(render_guide(guide))
     print(f"wrote {DOC} ({len(ledger.all_rows())} rows)")
     return 0
 

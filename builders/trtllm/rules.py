@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engines import trees
 from builders.trtllm import registry
 from builders.trtllm.registry import TrtllmVersion
+from core import trees
 
 if TYPE_CHECKING:
     from builders.config import BuildConfig

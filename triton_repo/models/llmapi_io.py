@@ -82,6 +82,7 @@ def _sampling(pb_utils: Any, request: Any) -> Any:
 def parse(pb_utils: Any, request: Any, tokenizer: Any, max_input_len: int, max_seq_len: int,
           default_max_tokens: int) -> Parsed:
     from engines.api import GenerationRequest
+    from core.stops import stop_token_ids
 
     _refuse_unsupported(pb_utils, request)
     ids = [int(i) for i in tokenizer.encode(_prompt(pb_utils, request))]
@@ -97,9 +98,8 @@ def parse(pb_utils: Any, request: Any, tokenizer: Any, max_input_len: int, max_s
     stop = pb_utils.get_input_tensor_by_name(request, "sampling_param_stop")
     stops = [] if stop is None else [s.decode("utf-8") if isinstance(s, bytes) else str(s)
                                      for s in stop.as_numpy().reshape(-1)]
-    eos = tokenizer.eos_token_id
     req = GenerationRequest(prompt_ids=ids, max_new_tokens=n_out, sampling=_sampling(pb_utils, request),
-                            stop_token_ids=[] if eos is None else [int(eos)], stop_strings=[s for s in stops if s])
+                            stop_token_ids=stop_token_ids(tokenizer), stop_strings=[s for s in stops if s])
     return Parsed(req, flag(pb_utils, request, "streaming"), flag(pb_utils, request, "sampling_param_return_perf_metrics"),
                   flag(pb_utils, request, "return_finish_reason"), flag(pb_utils, request, "return_stop_reason"))
 

@@ -1,0 +1,132 @@
+"""The generic target: transformers' own model class runs the target's forward for the reference engine, for any
+causal LM whose attention takes a caller-built 4D mask (the families without a native forward here, e.g. MoE).
+
+Same interface as engines/model.py `Llama` (forward / lm_head / embed / layers / kv_heads / head_dim), so the
+session, the decoding loop, verify, the doctor and the trainer's features do not know which one runs:
+- tree attention: `Step.mask` (which cache slots each new token sees) becomes an additive 4D mask (0 / dtype min),
+  passed as `attention_mask`; transformers returns a 4D mask as is (masking_utils `_preprocess_mask_arguments`);
+- the KV cache is the engine's own `KVCache`: `_SlotCache.update` writes the new keys/values at `Step.slots` and
+  returns the row's slots [0, kv_len), so the engine's compaction (`KVCache.move`) is what rolls the cache back to
+  the accepted path, exactly as for the native targets;
+- RoPE positions are `Step.positions` (`position_ids`): a tree's nodes take their depth's position;
+- captured hidden states (EAGLE-3): the input of decoder layer j, taken with forward pre-hooks (id = number of layers:
+  the last layer's output, before the final norm).
+A model whose attention ignores the mask (or builds its own, e.g. sliding-window layers) would be computed wrongly:
+`check_generic` (core/families.py) refuses sliding windows shorter than the sequences and layer kinds that take no
+mask, and
+tests/test_engine_generic.py proves token identity per family against transformers' greedy generate.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.families import check_generic, sliding_window_of
+from engines.model import KVCache, Step
+
+
+class _SlotCache:
+    """The engine's KVCache seen through transformers' Cache.update for one forward."""
+
+    is_compileable = False  # what transformers' generation and mask helpers ask of a Cache; never a static cache
+
+    def __init__(self, cache: KVCache, step: Step) -> None:
+        self.cache, self.step = cache, step
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.step
+        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        # transformers: (B, kv_heads, T, D); the engine's cache rows: (slots, kv_heads, D)
+        k_cache[s.rows[:, None], s.slots] = key_states.transpose(1, 2).to(k_cache.dtype)
+        v_cache[s.rows[:, None], s.slots] = value_states.transpose(1, 2).to(v_cache.dtype)
+        return s.gather(k_cache).transpose(1, 2), s.gather(v_cache).transpose(1, 2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # asked when position_ids are absent (they never are here)
+        return self.step.kv_len
+
+
+@dataclass
+class GenericLMHead:
+    linear: torch.nn.Module
+    vocab_size: int
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return self.linear(h)[..., : self.vocab_size].float()
+
+
+@dataclass
+class GenericTarget:
+    """A transformers causal LM as the engine's target."""
+
+    model: Any  # a transformers *ForCausalLM
+    embed: torch.Tensor
+    lm_head: GenericLMHead
+    layers: list[Any]  # the decoder layers (their count sizes the KV cache)
+    kv_heads: int
+    head_dim: int
+    cache_kw: str  # "cache" (transformers >= 5.x) or "past_key_values"
+    window: int | None = None  # sliding window of some layers: longer sequences are refused (Runtime.check_window)
+
+    def forward(self, tokens: torch.Tensor, step: Step, cache: KVCache,
+                capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Same contract as engines/model.py Llama.forward: post-norm last hidden state and the captured inputs."""
+        b, t = tokens.shape
+        dtype = self.embed.dtype
+        visible = step.mask if step.mask is not None else torch.ones(b, 1, t, step.kv_len, dtype=torch.bool,
+                                                                      device=tokens.device)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=tokens.device)
+        mask.masked_fill_(~visible, torch.finfo(dtype).min)
+        by_layer: dict[int, torch.Tensor] = {}
+        hooks = [self.layers[j].register_forward_pre_hook(_keep_input(by_layer, j), with_kwargs=True)
+                 for j in capture if j < len(self.layers)]
+        if len(self.layers) in capture:
+            hooks.append(self.layers[-1].register_forward_hook(_keep_output(by_layer, len(self.layers))))
+        try:
+            out = self.model.model(input_ids=tokens, attention_mask=mask, position_ids=step.positions,
+                                   use_cache=True, **{self.cache_kw: _SlotCache(cache, step)})
+        finally:
+            for h in hooks:
+                h.remove()
+        return out.last_hidden_state, [by_layer[j] for j in capture]
+
+
+def _keep_input(store: dict[int, torch.Tensor], j: int) -> Any:
+    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        store[j] = args[0] if args else kwargs["hidden_states"]
+    return hook
+
+
+def _keep_output(store: dict[int, torch.Tensor], j: int) -> Any:
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
+        store[j] = output[0] if isinstance(output, tuple) else output
+    return hook
+
+
+def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
+                 max_seq_len: int | None = None) -> GenericTarget:
+    """transformers' own model class for `hf_dir` (eager attention: it adds the engine's mask as given), for
+    sequences of at most `max_seq_len` tokens (None: any, the engine then refuses requests beyond a sliding window)."""
+    import json
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    check_generic(cfg, hf_dir / "config.json", max_seq_len)
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, attn_implementation="eager")
+    model.to(device).eval()
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    layers = list(model.model.layers)
+    kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+    return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
+                         layers, int(getattr(text, "num_key_value_heads", None) or heads), head_dim, kw,
+                         sliding_window_of(cfg))

@@ -1,0 +1,137 @@
+"""Reference-engine step cost per target family next to HF eager, in one run.
+
+    python scripts/bench_families.py [--families llama,qwen3,qwen2,mistral,qwen3_moe] [--ts 1,4] [--repeats 20]
+        [--threads 1] [--dtype float32] [--json FILE]
+
+Each family is a random model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, MLP 1536,
+vocab 49,152; Qwen3-MoE: 8 experts of 256, 2 per token), written by transformers. The native families are converted
+(builders/convert) and run by the engine's own forward; Qwen3-MoE runs through the generic target (transformers' own
+model class, engines/generic.py). For T in --ts: one forward with T new tokens after a 200-token context plus the
+lm_head at the last position, the engine and HF eager (transformers, no compile, DynamicCache rewound after each
+call) called round-robin (measure/costs.py interleaved_ms), median of --repeats. Random weights: the cost of a
+forward does not depend on their values. Compare ratios within one run; absolute times depend on the machine and
+its load.
+
+Inputs:  none (the models are generated)
+Outputs: a table on stdout (ms per forward, engine / HF ratio); --json the figures
+Guide:   docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from measure.costs import forward_fns, interleaved_ms  # noqa: E402
+
+SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+         "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "max_position_embeddings": 2048,
+         "rms_norm_eps": 1e-5, "rope_theta": 1e5, "tie_word_embeddings": True}
+CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+           "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+           "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "decoder_sparse_step": 1,
+       "norm_topk_prob": True, "mlp_only_layers": []}
+
+
+def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
+    import transformers
+
+    conf_cls, model_cls = (getattr(transformers, n) for n in CLASSES[family])
+    torch.manual_seed(0)
+    model = model_cls(conf_cls(**SHAPE, **(MOE if family == "qwen3_moe" else {}))).to(dtype).eval()
+    model.save_pretrained(out)
+    from tests.tiny_models import make_tokenizer
+
+    make_tokenizer(out)
+    return model
+
+
+def engine_target(family: str, hf_dir: Path, work: Path, dtype: str) -> Any:
+    if family == "qwen3_moe":
+        from engines.generic import load_generic
+
+        return load_generic(hf_dir, getattr(torch, dtype), torch.device("cpu"), max_seq_len=2048)
+    from builders.convert import convert_llama
+    from engines.api import ReferenceEngine
+
+    convert_llama(hf_dir, work, dtype=dtype)
+    return ReferenceEngine.from_checkpoint(work, tree=None, dtype=dtype, device="cpu")._rt.target
+
+
+def hf_fns(model: Any, ts: list[int], context: int = 200) -> dict[int, Any]:
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(torch.randint(0, model.config.vocab_size, (1, context), generator=g), past_key_values=cache)
+
+    def make(t: int) -> Any:
+        tokens = torch.randint(0, model.config.vocab_size, (1, t), generator=g)
+
+        @torch.inference_mode()
+        def one() -> None:
+            model(tokens, past_key_values=cache, logits_to_keep=1)
+            cache.crop(-t)  # rewind: the next call writes the same positions
+
+        return one
+
+    return {t: make(t) for t in ts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_families.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", default="llama,qwen3,qwen2,mistral,qwen3_moe",
+                    help=f"comma-separated, of {', '.join(CLASSES)}")
+    ap.add_argument("--ts", default="1,4", help="new tokens per forward (default 1,4)")
+    ap.add_argument("--repeats", type=int, default=20, help="timed calls per function (default 20)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = ap.parse_args(argv)
+    families = args.families.split(",")
+    bad = [f for f in families if f not in CLASSES]
+    if bad or args.repeats < 1 or args.threads < 1:
+        print(f"error: unknown families {bad} (use {', '.join(CLASSES)}), or --repeats/--threads < 1", file=sys.stderr)
+        return 2
+    ts = [int(t) for t in args.ts.split(",")]
+    torch.set_num_threads(args.threads)
+    dt = getattr(torch, args.dtype)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for fam in families:
+            hf_dir, work = Path(tmp) / fam, Path(tmp) / f"{fam}-ckpt"
+            model = write_model(fam, hf_dir, dt)
+            target = engine_target(fam, hf_dir, work, args.dtype)
+            fns = {("engine", t): f for t, f in forward_fns(target, dt, torch.device("cpu"), ts).items()}
+            fns |= {("hf", t): f for t, f in hf_fns(model, ts).items()}
+            ms = interleaved_ms(fns, args.repeats)
+            path = "generic" if fam == "qwen3_moe" else "native"
+            for t in ts:
+                rows.append({"family": fam, "path": path, "t": t, "engine_ms": ms[("engine", t)],
+                             "hf_ms": ms[("hf", t)], "ratio": ms[("hf", t)] / ms[("engine", t)]})
+            del model, target, fns
+    print(f"{'family':<10} {'path':<8} {'T':>3} {'engine ms':>10} {'HF eager ms':>12} {'HF / engine':>12}")
+    for r in rows:
+        print(f"{r['family']:<10} {r['path']:<8} {r['t']:>3} {r['engine_ms']:>10.2f} {r['hf_ms']:>12.2f} "
+              f"{r['ratio']:>11.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"dtype": args.dtype, "threads": args.threads, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

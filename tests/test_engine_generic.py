@@ -1,0 +1,132 @@
+"""The generic target (engines/generic.py): transformers' own model class as the reference engine's target, for
+families without a native forward (MoE: Qwen3-MoE, gpt-oss). Greedy decoding, target-only and with EAGLE-3 chains,
+static and dynamic trees and batches, gives exactly transformers' greedy `generate` in float32; a head that accepts
+part of each tree makes the cache roll-back (compaction to the accepted path) happen. Sliding windows shorter than
+the sequences are refused with the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engines.checkpoint import load_eagle3
+from engines.drafting import drafting_for
+from core.families import GenericTargetError, check_generic
+from engines.generic import load_generic
+from engines.parallel import TPGroup
+from engines.runtime import Runtime, load_tokenizer
+from core.trees import DraftTree, DynamicTree
+from core.types import GenerationRequest, SamplingParams
+from tests.tiny_families import make_family_target, make_mimic_eagle3_head
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7], [250, 3]]
+NEW = 20
+TREES = {
+    "chain": DraftTree.from_choices([[0], [0, 0], [0, 0, 0]]),
+    "static": DraftTree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    "dynamic": DynamicTree(3, 4, 8),
+}
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
+    root = tmp_path_factory.mktemp(request.param)
+    target = make_family_target(root / "target", request.param, block_scale=0.3)
+    return request.param, target, make_mimic_eagle3_head(root / "head", target)
+
+
+def _hf_greedy(target: Path) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    return [hf.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                        pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+
+
+def test_generic_target_is_lossless(pair: tuple[str, Path, Path]) -> None:
+    family, target, head_dir = pair
+    dev, dt = torch.device("cpu"), torch.float32
+    tgt = load_generic(target, dt, dev, max_seq_len=64)
+    head = load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev)
+    tok = load_tokenizer(target)
+    want = _hf_greedy(target)
+    reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
+    plain = Runtime(tgt, None, None, tok, dev, dt, False, TPGroup(0, 1))
+    assert [r.output_ids for r in plain.generate(reqs, speculative=False, on_tokens=None)] == want, family
+    accepted = {}
+    for name, tree in TREES.items():
+        rt = Runtime(tgt, head, drafting_for(tree, dev), tok, dev, dt, False, TPGroup(0, 1))
+        res = rt.generate(reqs, speculative=True, on_tokens=None)
+        assert [r.output_ids for r in res] == want, (family, name)
+        one = rt.generate(reqs[1:2], speculative=True, on_tokens=None)  # alone = in a batch
+        assert one[0].output_ids == want[1], (family, name)
+        accepted[name] = sum(r.stats.accepted_draft_tokens for r in res)
+    # The head drafts the target's near-bigram: part of every kind of tree is accepted, so the cache is compacted
+    # to accepted paths that are not the first branch.
+    assert all(n > 0 for n in accepted.values()), accepted
+
+
+def test_sliding_window_beyond_the_sequences_is_refused(tmp_path: Path) -> None:
+    cfg = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 128}
+    check_generic(cfg, tmp_path, max_seq_len=128)
+    with pytest.raises(GenericTargetError, match=r"sliding_window=128 but sequences may reach 129 tokens.*"
+                                                 r"Set engine.max_seq_len <= 128"):
+        check_generic(cfg, tmp_path, max_seq_len=129)
+    for c in ({"use_sliding_window": True, "sliding_window": 32}, {"sliding_window": 32}):
+        with pytest.raises(GenericTargetError, match="sliding_window=32"):
+            check_generic(c, tmp_path, max_seq_len=64)
+    check_generic({"use_sliding_window": False, "sliding_window": 32}, tmp_path, max_seq_len=64)
+    with pytest.raises(GenericTargetError, match=r"layer_types \['linear_attention'\]"):
+        check_generic({"layer_types": ["linear_attention", "full_attention"]}, tmp_path, max_seq_len=64)
+    (tmp_path / "config.json").write_text(json.dumps({"sliding_window": 16, "architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(GenericTargetError):
+        load_generic(tmp_path, torch.float32, torch.device("cpu"), max_seq_len=64)
+
+
+def test_a_moe_target_builds_and_runs_through_the_generic_path(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """builders/build.py with a Qwen3-MoE target on the reference backend: the checkpoint names the HF directory
+    (no converted weights), the engine loads transformers' model from it, EAGLE-3 decoding equals HF greedy; tp=2 and
+    a sliding window shorter than engine.max_seq_len are refused before anything is written."""
+    import yaml
+
+    from builders import build
+    from engines.api import ReferenceEngine
+
+    target = make_family_target(tmp_path / "target", "qwen3_moe", block_scale=0.3)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+
+    def cfg(name: str, **engine: object) -> Path:
+        data = {"name": name, "trtllm_version": "1.4", "output_dir": str(tmp_path / name),
+                "target": {"model": str(target), "dtype": "float32"}, "draft": {"type": "eagle3", "model": str(head)},
+                "tree": {"dynamic": {"top_k": 2, "depth": 3, "total_draft_tokens": 6}},
+                "engine": {"backend": "reference", "device": "cpu", "max_batch_size": 3, "max_input_len": 32,
+                           "max_seq_len": 64, **engine}}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(data))
+        return tmp_path / f"{name}.yaml"
+
+    assert build.main([str(cfg("ok")), "--only", "checkpoint", "--only", "engine"]) == 0
+    ckpt = json.loads((tmp_path / "ok" / "checkpoint" / "config.json").read_text())
+    assert ckpt["architecture"] == "Qwen3MoeForCausalLM" and ckpt["generic_target"] == str(target.resolve())
+    assert not list((tmp_path / "ok" / "checkpoint").glob("rank*.safetensors"))
+    engine = ReferenceEngine.from_build(tmp_path / "ok", device="cpu")
+    res = engine.generate([GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS])
+    assert [r.output_ids for r in res] == _hf_greedy(target)
+    assert sum(r.stats.accepted_draft_tokens for r in res) > 0
+    capsys.readouterr()
+    over = tmp_path / "tp2.yaml"
+    over.write_text(cfg("tp2").read_text() + "parallel: {tp: 2}\n")
+    assert build.main([str(over), "--only", "checkpoint"]) == 2
+    assert "generic path (transformers' own model class), which has no tensor parallelism" in capsys.readouterr().err
+    oss = make_family_target(tmp_path / "oss", "gpt_oss", sliding_window=48)
+    data = yaml.safe_load(cfg("oss").read_text())
+    data["target"]["model"] = str(oss)
+    data["draft"]["model"] = str(make_mimic_eagle3_head(tmp_path / "oss-head", oss))
+    (tmp_path / "oss.yaml").write_text(yaml.safe_dump(data))
+    assert build.main([str(tmp_path / "oss.yaml"), "--only", "checkpoint"]) == 2
+    assert "sliding_window=48 but sequences may reach 64 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "oss").exists() or not (tmp_path / "oss" / "checkpoint").exists()

@@ -1,0 +1,186 @@
+"""Tiny random targets of the families beyond Llama, written by transformers' own classes (so the weights, names and
+config keys are exactly what `from_pretrained` reads), with the shared test tokenizer (tests/tiny_models.py).
+
+`make_family_target(dir, family, **options)`: family is one of FAMILIES; every parameter is drawn from a seeded
+normal (biases and q/k norm weights included, so a missing bias or norm changes the logits). Options cover what the
+families ship: GQA, tied or untied embeddings, a head_dim independent of hidden_size / heads, rope_theta 1e6, YaRN
+or linear RoPE scaling, sliding windows, and for MoE the expert counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.tiny_models import HIDDEN, INTER, VOCAB, make_tokenizer
+
+FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")
+
+_CLASSES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
+}
+
+# Qwen3's switch as its chat template implements it: with enable_thinking false the generation prompt ends in an
+# empty reasoning block, so the model answers without thinking (Qwen3 model card, "Switching Between Thinking and
+# Non-Thinking Mode"). Written for these tests, same variable and effect.
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+LINEAR = {"rope_type": "linear", "factor": 2.0}
+
+
+def family_config(family: str, *, tie: bool = False, head_dim: int | None = None, heads: int = 4, kv_heads: int = 2,
+                  layers: int = 3, rope_theta: float = 1e6, rope_scaling: dict | None = None,
+                  sliding_window: int | None = None, **extra: Any) -> dict[str, Any]:
+    """The config.json keys of a tiny `family` model (transformers-4 spelling: rope_theta / rope_scaling)."""
+    cfg: dict[str, Any] = {
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim or HIDDEN // heads,
+        "hidden_act": "silu", "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": rope_theta,
+        "tie_word_embeddings": tie, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    }
+    if rope_scaling is not None:
+        cfg["rope_scaling"] = dict(rope_scaling)
+    if family in ("qwen2", "qwen3", "qwen3_moe"):
+        cfg.update(use_sliding_window=sliding_window is not None, sliding_window=sliding_window,
+                   max_window_layers=0 if sliding_window is not None else layers)
+    if family == "mistral":
+        cfg["sliding_window"] = sliding_window
+    if family == "gpt_oss":  # alternating sliding / full layers and attention sinks, as gpt-oss ships
+        cfg.update(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+                   sliding_window=sliding_window or 128, rope_theta=rope_theta)
+        cfg.pop("rope_scaling", None)
+    if family == "qwen3_moe":
+        cfg.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
+                   norm_topk_prob=True, mlp_only_layers=[])
+    cfg.update(extra)
+    return cfg
+
+
+def _model(family: str, cfg: dict[str, Any]) -> Any:
+    import transformers
+
+    conf_cls, model_cls = (getattr(transformers, n) for n in _CLASSES[family])
+    conf = conf_cls(**cfg)
+    torch.manual_seed(0)
+    return model_cls(conf)
+
+
+def _randomize(model: torch.nn.Module, seed: int, block_scale: float) -> None:
+    """Every parameter redrawn: norms around 1, embeddings ~N(0, 1), the rest ~N(0, 0.08); the blocks' output
+    projections (o_proj, down_proj) times `block_scale` (below 1: the next token depends mostly on the current one)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+                p.copy_(0.08 * block_scale * noise)
+            elif name == "model.norm.weight" and block_scale < 1:
+                p.copy_(torch.ones_like(p))
+            elif "norm" in name:
+                p.copy_(1.0 + 0.1 * noise)
+            elif "embed_tokens" in name:
+                p.copy_(noise)
+            elif "lm_head" in name:
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(0.08 * noise)
+
+
+def make_family_target(out: Path, family: str, *, seed: int = 0, tokenizer: bool = True, block_scale: float = 1.0,
+                       **options: Any) -> Path:
+    """A random tiny `family` model saved by transformers (float32 safetensors), with generation_config.json and the
+    test tokenizer. Same arguments, same bytes. `block_scale` < 1 makes it close to a bigram model, which
+    `make_mimic_eagle3_head` predicts."""
+    if family not in FAMILIES:
+        raise ValueError(f"family {family!r}: one of {', '.join(FAMILIES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    model = _model(family, family_config(family, **options))
+    _randomize(model, seed, block_scale)
+    model.to(torch.float32).save_pretrained(out, safe_serialization=True)
+    _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0]}))
+    if tokenizer:
+        make_tokenizer(out)
+        if family.startswith("qwen3"):
+            _set_chat_template(out, QWEN3_TEMPLATE)
+    return out
+
+
+def _set_chat_template(out: Path, template: str) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(out))
+    tok.chat_template = template
+    tok.save_pretrained(out)
+
+
+def _transformers4_keys(path: Path, theta: float, scaling: dict | None) -> None:
+    """transformers 5 saves rope_parameters only; published checkpoints (and TensorRT-LLM's transformers 4) carry
+    rope_theta / rope_scaling at the top level: write both, as a checkpoint converted back would."""
+    cfg = json.loads(path.read_text())
+    cfg["rope_theta"] = theta
+    if scaling is not None:
+        cfg["rope_scaling"] = dict(scaling)
+    path.write_text(json.dumps(cfg, indent=2))
+
+
+def make_mimic_eagle3_head(out: Path, target_dir: Path) -> Path:
+    """An EAGLE-3 head that drafts what a near-bigram target (`block_scale` < 1) says next, so that trees are partly
+    accepted (accepted paths, rejections, bonus tokens and the cache roll-back all happen).
+
+    At position t the head sees the target's captured inputs of position t (id 0 = the embedding of x_t) and drafts
+    x_{t+2}. For a bigram target B, x_{t+2} = B(B(x_t)): fc passes the id-0 block through, the midlayer's attention
+    and MLP outputs are zero, and lm_head row y sums the normalized embeddings of the tokens x with B(B(x)) = y, so
+    argmax(lm_head(norm(embed(x)))) = B(B(x)) for most x. B is read from the target itself (transformers, one token
+    at position 0). Draft vocabulary = the full vocabulary (d2t = 0)."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+    vocab, h = int(tcfg["vocab_size"]), int(tcfg["hidden_size"])
+    with torch.no_grad():
+        ids = torch.arange(vocab)[:, None]
+        bigram = model(input_ids=ids).logits[:, -1].argmax(-1)
+        emb = model.get_input_embeddings().weight.float()
+    two_steps = bigram[bigram]
+    unit = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + float(tcfg["rms_norm_eps"]))
+    lm_head = torch.zeros(vocab, h).index_add_(0, two_steps, unit)
+    heads, kv, hd = int(tcfg["num_attention_heads"]), int(tcfg["num_key_value_heads"]), int(tcfg["head_dim"])
+    g = torch.Generator().manual_seed(4)
+    t = {
+        "midlayer.self_attn.q_proj.weight": 0.08 * torch.randn(heads * hd, 2 * h, generator=g),
+        "midlayer.self_attn.k_proj.weight": 0.08 * torch.randn(kv * hd, 2 * h, generator=g),
+        "midlayer.self_attn.v_proj.weight": 0.08 * torch.randn(kv * hd, 2 * h, generator=g),
+        "midlayer.self_attn.o_proj.weight": torch.zeros(h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": 0.08 * torch.randn(INTER, h, generator=g),
+        "midlayer.mlp.up_proj.weight": 0.08 * torch.randn(INTER, h, generator=g),
+        "midlayer.mlp.down_proj.weight": torch.zeros(h, INTER),
+        "midlayer.input_layernorm.weight": torch.ones(h), "midlayer.hidden_norm.weight": torch.ones(h),
+        "midlayer.post_attention_layernorm.weight": torch.ones(h), "norm.weight": torch.ones(h),
+        "fc.weight": torch.cat([torch.eye(h), torch.zeros(h, 2 * h)], 1),
+        "lm_head.weight": lm_head, "d2t": torch.zeros(vocab, dtype=torch.long),
+        "t2d": torch.ones(vocab, dtype=torch.bool),
+    }
+    save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
+    keep = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+            "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "bos_token_id", "eos_token_id")
+    cfg = {k: tcfg[k] for k in keep if k in tcfg}
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
+               intermediate_size=INTER, draft_vocab_size=vocab, target_hidden_size=h, tie_word_embeddings=False,
+               eagle_aux_hidden_state_layer_ids=[0, 1, int(tcfg["num_hidden_layers"]) - 1], torch_dtype="float32")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out

@@ -29,7 +29,7 @@ from core.types import (
     aggregate_stats,
     stats_dict,
 )
-from engines.runtime import Runtime, runtime_from_spec
+from engines.runtime import Runtime, load_tokenizer, runtime_from_spec
 from engines.session import Session
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "RequestStats",
     "SamplingParams",
     "aggregate_stats",
+    "load_tokenizer",
     "stats_dict",
 ]
 

@@ -76,8 +76,9 @@ def test_two_model_families_are_refused_on_the_current_line(family: str, backend
                                                             eagle3_head: Path, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
+    # bfloat16: the PyTorch backend refuses float32 at config load, before the architecture is read
     cfg = write_cfg(tmp_path / "c.yaml", family_targets[family], eagle3_head, out, trtllm_version="1.4",
-                    draft__type="eagle3", engine__backend=backend)
+                    draft__type="eagle3", engine__backend=backend, target__dtype="bfloat16")
     err = _refused(cfg, out, capsys, f"{HF_NAME[family]} with an EAGLE-3 head is not served by TensorRT-LLM 1.4",
                    "DecoderModelForCausalLM", "EAGLE-3 on the PyTorch backend (two-model) on trtllm_version 1.1, 1.2")
     assert ("the reference engine serves only what its version serves" in err) == (backend == "reference")

@@ -189,7 +189,7 @@ def chat_experiment(st: Setup) -> list[Experiment]:
 # ---- setup ----------------------------------------------------------------------------------------------------------
 def _prompt_ids(target_dir: Path, prompts: list[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
     from measure.data import chat_ids
-    from engines.runtime import load_tokenizer
+    from engines.api import load_tokenizer
 
     tok = load_tokenizer(target_dir)
     raw = [tok(p, add_special_tokens=True)["input_ids"] for p in prompts]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from engines.runtime import Runtime, runtime_from_spec
+from engines.schedule import SpeculationPolicy
 from engines.session import Session
 from engines.spec import read_spec
 from engines.trees import DraftTree, DynamicTree
@@ -89,6 +90,15 @@ class ReferenceEngine:
     def with_tree(self, tree: DraftTree | DynamicTree) -> ReferenceEngine:
         """This engine's weights (shared, not copied) drafting with another tree."""
         return ReferenceEngine(self._rt.with_tree(tree))
+
+    def with_policy(self, policy: SpeculationPolicy | None) -> ReferenceEngine:
+        """This engine's weights and tree with each step's draft length following `policy` (engines/schedule.py:
+        draft_len_schedule, max_concurrency, acceptance-rate switch); None = always the whole tree."""
+        return ReferenceEngine(self._rt.with_policy(policy))
+
+    @property
+    def policy(self) -> SpeculationPolicy | None:
+        return self._rt.policy
 
     def with_draft_vocab(self, ids: list[int]) -> ReferenceEngine:
         """This engine's weights (shared) with its EAGLE-1/2 head drafting over the target tokens `ids` only."""

@@ -14,6 +14,7 @@ kept in Python lists so that a step reads the device back once per walk level an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,6 +26,7 @@ from engines.sampling import choose, greedy_node, sampling_node
 from engines.tree import TreeBatch
 
 if TYPE_CHECKING:
+    from engines.drafting import Drafting
     from engines.session import Session
 
 # (accepted path: root .. deepest accepted node, new tokens: the path's draft tokens + the one the target chose)
@@ -80,11 +82,12 @@ def target_step(s: Session, active: list[int]) -> None:
         s.emit(i, [tok])
 
 
-def speculative_step(s: Session, active: list[int]) -> None:
-    """draft a tree -> verify all of it in ONE target forward -> walk to the accepted path -> commit it."""
+def speculative_step(s: Session, active: list[int], make_draft: Callable[[Rows], TreeBatch] | None = None) -> None:
+    """draft a tree -> verify all of it in ONE target forward -> walk to the accepted path -> commit it.
+    `make_draft` replaces the engine's drafting for this step (engines/schedule.py: a shorter draft, or none)."""
     s.laps.start()
     rows = _rows(s, active)
-    tree = draft(s, rows)
+    tree = make_draft(rows) if make_draft is not None else draft(s, rows)
     hidden, captured = verify(s, rows, tree)
     s.laps.lap("verify")
     walked = walk(s, active, tree, hidden)
@@ -92,13 +95,15 @@ def speculative_step(s: Session, active: list[int]) -> None:
     commit(s, rows, tree, walked, hidden, captured)
 
 
-def draft(s: Session, rows: Rows) -> TreeBatch:
+def draft(s: Session, rows: Rows, drafting: Drafting | None = None) -> TreeBatch:
+    """The step's draft trees with the engine's drafting, or with `drafting` (a shorter tree, engines/schedule)."""
     rt = s.rt
     assert rt.drafter is not None
     state = DraftState(s.state.h[rows.idx], s.state.logits[rows.idx])
     root = s.root[rows.idx]
-    assert rt.drafting is not None
-    return rt.drafting.draft(rt.drafter, s.dcache, rows, root, state, s.laps.lap)
+    drafting = drafting if drafting is not None else rt.drafting
+    assert drafting is not None
+    return drafting.draft(rt.drafter, s.dcache, rows, root, state, s.laps.lap)
 
 
 def verify(s: Session, rows: Rows, tree: TreeBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -37,6 +37,7 @@ from engines.parallel import TPGroup, current_group
 from engines.session import Session
 from engines.spec import ReferenceSpec
 from engines.drafting import Drafting, drafting_for
+from engines.schedule import SpeculationPolicy
 
 
 def resolve_device(device: str) -> torch.device:
@@ -69,6 +70,7 @@ class Runtime:
     random_head: bool
     group: TPGroup
     limits: Limits | None = None  # from the build's reference.json; None = only memory limits
+    policy: SpeculationPolicy | None = None  # draft length per step (engines/schedule.py); None = the whole tree
 
     @classmethod
     def load(
@@ -121,6 +123,10 @@ class Runtime:
             raise ValueError("this engine has no EAGLE head; a tree needs one")
         check_tree_fits(tree, self.drafter)
         return dataclasses.replace(self, drafting=drafting_for(tree, self.device))
+
+    def with_policy(self, policy: SpeculationPolicy | None) -> Runtime:
+        """The same weights and tree, each step's draft length following `policy` (None: always the whole tree)."""
+        return dataclasses.replace(self, policy=policy)
 
     def with_draft_vocab(self, ids: list[int]) -> Runtime:
         """The same weights with the head drafting over `ids` only (a new lm_head of those rows; the rest shared)."""
@@ -203,4 +209,5 @@ def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) 
     if rt.group.size != spec.tp:
         raise CheckpointError(f"reference.json says tp={spec.tp} but the checkpoint has tp_size={rt.group.size}")
     rt.limits = Limits(spec.max_batch_size, spec.max_input_len, spec.max_seq_len)
+    rt.policy = spec.policy()
     return rt

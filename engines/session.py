@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engines import decode
+from engines import decode, schedule
 from engines.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
 from engines.draft import DraftState
 from engines.model import KVCache
@@ -68,6 +68,10 @@ class Session:
         self.depth = drafting.tree.depth if drafting is not None else 0
         self.capture: tuple[int, ...] = ()
         self.laps: Laps = NO_LAPS
+        # Load-aware speculation (engines/schedule.py): each step's draft length from the live batch size.
+        policy = rt.policy
+        self.policy_state = (schedule.PolicyState(policy, drafting, dev)
+                             if drafting is not None and policy is not None and not policy.is_static else None)
         if speculative:
             d = rt.drafter
             assert d is not None and drafting is not None
@@ -173,7 +177,8 @@ class Session:
             for group in by_length.values():
                 self._isolated(lambda slots: decode.prefill(self, slots), group)
         elif active := self.active:
-            run = decode.speculative_step if self.spec else decode.target_step
+            run = decode.target_step if not self.spec else (
+                schedule.scheduled_step if self.policy_state is not None else decode.speculative_step)
             self._isolated(lambda slots: run(self, slots), active)
         self._stream()
 

@@ -30,7 +30,7 @@ from core.types import (
     stats_dict,
 )
 from engines.runtime import Runtime, runtime_from_spec
-from engines.session import Session
+from engines.session import Session, generate, open_session
 
 __all__ = [
     "FinishReason",
@@ -47,7 +47,7 @@ __all__ = [
 
 
 class ReferenceEngine:
-    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the loop: engines/decode.py)."""
+    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the batch: engines/session.py; the math: engines/decode.py)."""
 
     def __init__(self, runtime: Runtime) -> None:
         if not isinstance(runtime, Runtime):
@@ -152,7 +152,7 @@ class ReferenceEngine:
         tokens of a request are accepted (streaming); returning False cancels that request (finish_reason
         "cancelled") and frees its cache rows.
         """
-        return self._rt.generate(requests, speculative=speculative, on_tokens=on_tokens)
+        return generate(self._rt, requests, speculative=speculative, on_tokens=on_tokens)
 
     def session(
         self,
@@ -168,13 +168,13 @@ class ReferenceEngine:
         it alone). `capacity` (sequence slots) and `max_len` (prompt + output tokens per slot) default to the
         build's engine.max_batch_size and engine.max_seq_len."""
         limits = self._rt.limits
-        if (capacity is None or max_len is None) and limits is None:
-            raise ValueError("capacity and max_len are required for an engine loaded without a build (from_checkpoint)")
-        return self._rt.open_session(
-            capacity if capacity is not None else limits.max_batch_size,  # type: ignore[union-attr]
-            max_len if max_len is not None else limits.max_seq_len,  # type: ignore[union-attr]
-            speculative=speculative, on_tokens=on_tokens,
-        )  # fmt: skip
+        if capacity is None or max_len is None:
+            if limits is None:
+                raise ValueError("capacity and max_len are required for an engine loaded without a build "
+                                 "(from_checkpoint)")  # fmt: skip
+            capacity = limits.max_batch_size if capacity is None else capacity
+            max_len = limits.max_seq_len if max_len is None else max_len
+        return open_session(self._rt, capacity, max_len, speculative=speculative, on_tokens=on_tokens)
 
     @staticmethod
     def aggregate(results: list[GenerationResult]) -> RequestStats:

@@ -26,8 +26,8 @@ LOGS_MARKER = ".eagle-deploy-logs"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project's own sources: an output_dir equal to, inside or above any of these is refused (a stage rerun swaps
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.
-SOURCE_DIRS = (".git", ".ci", "builders", "clients", "configs", "docker", "docs", "engines", "heads", "scripts",
-               "tests", "triton_repo")  # fmt: skip
+SOURCE_DIRS = (".git", ".ci", "builders", "clients", "configs", "core", "docker", "docs", "engines", "heads", "measure",
+               "scripts", "tests", "triton_repo")  # fmt: skip
 _TEMP = re.compile(r"^\.(?P<stage>[A-Za-z0-9_]+)\.(tmp|old)-(?P<pid>\d+)$")
 
 

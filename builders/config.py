@@ -27,7 +27,7 @@ from pydantic import (
 from builders.speculation import LoadAwareFields, NonNegativeInt, Schedule  # noqa: F401 (TreeConfig's annotations)
 from builders.trtllm import registry
 from builders.trtllm.rules import trtllm_problems
-from engines import trees
+from core import trees
 
 
 class ConfigError(Exception):
@@ -76,7 +76,7 @@ class DraftConfig(Strict):
     draft_vocab: str | None = Field(
         default=None,
         description="EAGLE-1/2 heads on engine.backend reference: a JSON file of target token ids, most frequent "
-        "first (`python -m engines.draft_vocab` writes one). The head drafts over these tokens only (its lm_head "
+        "first (`python -m measure.draft_vocab` writes one). The head drafts over these tokens only (its lm_head "
         "keeps their rows: cheaper draft steps; tau may drop); the target still verifies over its full vocabulary, "
         "so outputs do not change. None = the full vocabulary. Relative paths are relative to the config file.",
     )

@@ -31,7 +31,7 @@ class DefaultsError(ValueError):
 
 def model_max_seq_len(model_dir: Path) -> tuple[int, str]:
     """trtllm-build's max_seq_len for a Hugging Face model directory, and how it was obtained."""
-    from engines.hfconfig import read_config
+    from core.hfconfig import read_config
 
     cfg = read_config(model_dir)
     positions = cfg.get("max_position_embeddings")
@@ -69,8 +69,8 @@ def engine_defaults(backend: str, eagle_max_batch_size: int, model_dir: Path | N
 
 def fill_engine_defaults(data: dict[str, Any], eagle_max_batch_size: int) -> tuple[list[str], dict[str, str]]:
     """Fill the unset engine limits of a raw config mapping in place. Returns (problems, {engine.field: reason})."""
-    from engines.hfconfig import ModelConfigError
     from builders.model_source import ModelSourceError, resolve_target
+    from core.hfconfig import ModelConfigError
 
     engine, target = data.get("engine"), data.get("target")
     if not isinstance(engine, dict) or engine.get("backend") not in ("tensorrt", "pytorch", "reference"):

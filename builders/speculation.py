@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from engines import trees
-
-if TYPE_CHECKING:
-    from builders.config import BuildConfig
+from core import trees
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -96,7 +93,7 @@ def read_schedule(path: Path) -> dict[int, int]:
     return dict(sorted(schedule.items()))
 
 
-def speculation_problems(cfg: BuildConfig) -> list[str]:
+def speculation_problems(cfg: Any) -> list[str]:  # a builders.config.BuildConfig (no import: no cycle)
     """draft_len_schedule / max_concurrency / the acceptance switch, as TensorRT-LLM validates them
     (DecodingBaseConfig.validate_draft_len_schedule_and_sort and the max_concurrency validator in
     tensorrt_llm/llmapi/llm_args.py; docs/contracts.md)."""

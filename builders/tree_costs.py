@@ -1,6 +1,6 @@
 """What a decoding step costs with each candidate tree on this device (the `speed` objective of builders/tune_tree.py).
 
-A step's wall time is measured around `Session.step()` (engines/costs.py `profile_cycles`), the prefill excluded, and
+A step's wall time is measured around `Session.step()` (measure/costs.py `profile_cycles`), the prefill excluded, and
 divided by the target forwards it made: one per step, each verifying the whole tree. The candidates and target-only
 decoding run round-robin, `rounds` times over the same prompts, so a change of load on a shared machine reaches them
 alike. The prompts only need to be real text: a step's cost depends on the tree's shape and the context length, little
@@ -14,9 +14,9 @@ from typing import TypeVar
 
 from tqdm import tqdm
 
+from core.laps import NO_LAPS
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.costs import profile_cycles
-from engines.profile import NO_LAPS
+from measure.costs import profile_cycles
 
 K = TypeVar("K", bound=Hashable)
 

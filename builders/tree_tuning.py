@@ -38,7 +38,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from engines.trees import DraftTree
+from core.trees import DraftTree
 
 
 @dataclass

@@ -16,7 +16,7 @@ Method, optimality argument and the speed model: builders/tree_tuning.py.
 
 The build must be a finished build with engine.backend=reference (engine/reference.json is read: its checkpoint,
 dtype, device and draft vocabulary). The prompts file is JSONL with `prompt` or MT-bench `turns` per line
-(engines/data.py read_prompts). `--table` reuses the acceptance table of an earlier `--json` (same build and
+(measure/data.py read_prompts). `--table` reuses the acceptance table of an earlier `--json` (same build and
 prompts) instead of measuring it again, e.g. to tune for speed after tuning for tau.
 
 Inputs:  --build (a finished reference build) and --prompts (JSONL, `prompt` or `turns` per line)
@@ -37,11 +37,17 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
-from engines import trees  # noqa: E402
 from builders.tree_tuning import (  # noqa: E402
-    AcceptanceTable, SizeCost, chain, fastest, nested_trees, optimal_tree, snippet_yaml,
+    AcceptanceTable,
+    SizeCost,
+    chain,
+    fastest,
+    nested_trees,
+    optimal_tree,
+    snippet_yaml,
 )
-from engines.trees import DraftTree  # noqa: E402
+from core import trees  # noqa: E402
+from core.trees import DraftTree  # noqa: E402
 
 DEFAULT_PRESETS = ("trtllm-default", "eagle-default", "chain-4")
 
@@ -58,7 +64,7 @@ class Runner:
 
     def __init__(self, build_dir: Path, prompts: list[str], max_new_tokens: int, device: str | None) -> None:
         from engines.api import ReferenceEngine
-        from engines.data import chat_ids
+        from measure.data import chat_ids
 
         self.engine = ReferenceEngine.from_build(build_dir, device)
         tok = self.engine.tokenizer
@@ -164,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from engines.data import DataSourceError, read_prompts
+    from measure.data import DataSourceError, read_prompts
 
     if not 1 <= args.budget <= trees.MAX_DRAFT_LEN_LIMIT:
         print(f"error: --budget {args.budget} must be in 1..{trees.MAX_DRAFT_LEN_LIMIT}", file=sys.stderr)
@@ -214,7 +220,7 @@ def compare(runner: Runner, table: AcceptanceTable, rows: list[tuple[str, DraftT
 def tune_speed(args: argparse.Namespace, runner: Runner, table: AcceptanceTable, num_prompts: int) -> int:
     import torch
 
-    from engines.costs import eagle_speedup
+    from measure.costs import eagle_speedup
 
     costs, target_ms = tune_for_speed(runner, table, args.budget, args.cost_prompts, args.cost_rounds)
     best = fastest(costs, target_ms)
@@ -273,7 +279,7 @@ def batch_sizes(args: argparse.Namespace, runner: Runner) -> list[int]:
 
 def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTable) -> int:
     from builders.schedule_policy import measure, plot, print_result
-    from engines.schedule import truncate
+    from core.speculation import truncate
 
     tree = schedule_tree(args, runner)
     taus = [1.0] + [table.expected_tau(truncate(tree, d)) for d in range(1, tree.depth + 1)]  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """Public API of the reference engine: `ReferenceEngine` and the value types it takes and returns.
 
-Other parts of the project (Triton's reference model, the tree tuner, the FP8 check, the trainer, `engines.verify`)
+Other parts of the project (Triton's reference model, the tree tuner, the FP8 check, the trainer, `measure.verify`)
 depend on exactly these names and signatures.
 
     engine = ReferenceEngine.from_build(Path("build/demo"))
@@ -16,12 +16,10 @@ from typing import Any
 
 import torch
 
-from engines.runtime import Runtime, runtime_from_spec
-from engines.schedule import SpeculationPolicy
-from engines.session import Session
-from engines.spec import read_spec
-from engines.trees import DraftTree, DynamicTree
-from engines.types import (
+from core.spec import read_spec
+from core.speculation import SpeculationPolicy
+from core.trees import DraftTree, DynamicTree
+from core.types import (
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -32,6 +30,8 @@ from engines.types import (
     aggregate_stats,
     stats_dict,
 )
+from engines.runtime import Runtime, runtime_from_spec
+from engines.session import Session, generate, open_session
 
 __all__ = [
     "FinishReason",
@@ -48,7 +48,7 @@ __all__ = [
 
 
 class ReferenceEngine:
-    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the loop: engines/decode.py)."""
+    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the batch: engines/session.py; the math: engines/decode.py)."""
 
     def __init__(self, runtime: Runtime) -> None:
         if not isinstance(runtime, Runtime):
@@ -58,7 +58,7 @@ class ReferenceEngine:
     # ---- construction -------------------------------------------------------------------------------------------
     @classmethod
     def from_build(cls, build_dir: Path, device: str | None = None) -> ReferenceEngine:
-        """Load what `<build_dir>/engine/reference.json` (engines.spec) describes. `device` overrides the spec's."""
+        """Load what `<build_dir>/engine/reference.json` (core.spec) describes. `device` overrides the spec's."""
         build_dir = Path(build_dir)
         spec = read_spec(build_dir)
         return cls(runtime_from_spec(spec, build_dir, device=device))
@@ -80,7 +80,7 @@ class ReferenceEngine:
         `EagleForCausalLM` checkpoint carries its EAGLE-1/2 head; an EAGLE-3 head is a separate normalized dir
         (`eagle3_head_dir`). A tp>1 checkpoint must be loaded in every rank of an initialized torch.distributed
         group of that size (see engines/parallel.py). `draft_vocab` (EAGLE-1/2 heads): the target token ids the head
-        drafts over, e.g. the most frequent ones (engines/draft_vocab.py); outputs are unchanged.
+        drafts over, e.g. the most frequent ones (measure/draft_vocab.py); outputs are unchanged.
         """
         return cls(
             Runtime.load(Path(checkpoint_dir), tree=tree, dtype=dtype, device=device, eagle3_head_dir=eagle3_head_dir,
@@ -162,7 +162,7 @@ class ReferenceEngine:
         tokens of a request are accepted (streaming); returning False cancels that request (finish_reason
         "cancelled") and frees its cache rows.
         """
-        return self._rt.generate(requests, speculative=speculative, on_tokens=on_tokens)
+        return generate(self._rt, requests, speculative=speculative, on_tokens=on_tokens)
 
     def session(
         self,
@@ -178,13 +178,13 @@ class ReferenceEngine:
         it alone). `capacity` (sequence slots) and `max_len` (prompt + output tokens per slot) default to the
         build's engine.max_batch_size and engine.max_seq_len."""
         limits = self._rt.limits
-        if (capacity is None or max_len is None) and limits is None:
-            raise ValueError("capacity and max_len are required for an engine loaded without a build (from_checkpoint)")
-        return self._rt.open_session(
-            capacity if capacity is not None else limits.max_batch_size,  # type: ignore[union-attr]
-            max_len if max_len is not None else limits.max_seq_len,  # type: ignore[union-attr]
-            speculative=speculative, on_tokens=on_tokens,
-        )  # fmt: skip
+        if capacity is None or max_len is None:
+            if limits is None:
+                raise ValueError("capacity and max_len are required for an engine loaded without a build "
+                                 "(from_checkpoint)")  # fmt: skip
+            capacity = limits.max_batch_size if capacity is None else capacity
+            max_len = limits.max_seq_len if max_len is None else max_len
+        return open_session(self._rt, capacity, max_len, speculative=speculative, on_tokens=on_tokens)
 
     @staticmethod
     def aggregate(results: list[GenerationResult]) -> RequestStats:

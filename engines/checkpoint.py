@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from engines.hfconfig import llama_spec
+from core.hfconfig import llama_spec
 from engines.model import (
     MLP,
     Attention,

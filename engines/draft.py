@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.trees import DynamicTree
+from core.trees import DynamicTree
 from engines.model import Drafter, KVCache, Rows
 from engines.tree import StaticTree, TreeBatch, ancestor_mask
 
-Lap = Callable[[str], None]  # engines/profile.py Laps.lap: charges the time since the last mark to a part
+Lap = Callable[[str], None]  # measure/profile.py Laps.lap: charges the time since the last mark to a part
 
 
 @dataclass

@@ -12,10 +12,10 @@ from typing import Protocol
 
 import torch
 
+from core.trees import DraftTree, DynamicTree
 from engines.draft import DraftState, Lap, draft_dynamic, draft_static
 from engines.model import Drafter, KVCache, Rows
 from engines.tree import StaticTree, TreeBatch
-from engines.trees import DraftTree, DynamicTree
 
 
 class Drafting(Protocol):

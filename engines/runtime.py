@@ -1,8 +1,9 @@
 """Loading an engine: checkpoint, head, tree, tokenizer and limits, with the weight layouts of its device.
 
-The decoding loop is engines/decode.py; engines/session.py holds the batch as slots (one cache row each): `add` a
+A `Runtime` is the loaded weights and what decoding needs to know about them; it decodes nothing itself. The
+decoding math is engines/decode.py; engines/session.py holds the batch as slots (one cache row each): `add` a
 request at any time, `step` prefills the new ones or advances every active sequence by one step, finished or
-cancelled sequences leave (`pop`). `generate` is a session holding exactly its requests, stepped until all are
+cancelled sequences leave (`pop`). Its `generate` is a session holding exactly its requests, stepped until all are
 done; Triton's reference model keeps one session for its lifetime (in-flight batching).
 """
 
@@ -16,8 +17,9 @@ from typing import Any
 
 import torch
 
-from engines.trees import DraftTree, DynamicTree
-from engines.types import GenerationRequest, GenerationResult, Limits, OnTokens
+from core.spec import ReferenceSpec
+from core.trees import DraftTree, DynamicTree
+from core.types import Limits
 from engines.checkpoint import (
     DTYPES,
     CheckpointError,
@@ -31,13 +33,10 @@ from engines.checkpoint import (
     read_config,
     require,
 )
+from engines.drafting import Drafting, drafting_for
 from engines.linear import prepare_linears
 from engines.model import Drafter, Eagle1Drafter, Llama
 from engines.parallel import TPGroup, current_group
-from engines.session import Session
-from engines.spec import ReferenceSpec
-from engines.drafting import Drafting, drafting_for
-from engines.schedule import SpeculationPolicy
 
 
 def resolve_device(device: str) -> torch.device:
@@ -135,34 +134,6 @@ class Runtime:
         if self.drafting is not None:
             check_tree_fits(self.drafting.tree, drafter)
         return dataclasses.replace(self, drafter=drafter)
-
-    def generate(self, requests: list[GenerationRequest], *, speculative: bool, on_tokens: OnTokens | None) -> list[GenerationResult]:
-        if not requests:
-            return []
-        if self.limits is not None:
-            self.limits.check(requests)
-        # A session sized for exactly these requests, all added before the first step: the prefill groups and
-        # decoding steps are those of one static batch.
-        with torch.inference_mode():
-            session = Session(self, requests, speculative and self.drafter is not None, on_tokens)
-            while not session.done:
-                session.step()
-            results = [session.pop(i) for i in range(len(requests))]
-        failed = [f"request {i}: {r.error}" for i, r in enumerate(results) if r.finish_reason == "error"]
-        if failed:  # the others finished; an offline caller still gets an error, never a partial list
-            raise RuntimeError("generation failed for " + "; ".join(failed))
-        return results
-
-    def open_session(self, capacity: int, max_len: int, *, speculative: bool, on_tokens: OnTokens | None) -> Session:
-        """An empty session with `capacity` sequence slots, each holding up to `max_len` tokens (prompt + output)."""
-        if capacity < 1 or max_len < 2:
-            raise ValueError(f"session capacity={capacity} and max_len={max_len} must be >= 1 and >= 2")
-        if self.limits is not None and capacity > self.limits.max_batch_size:
-            raise ValueError(
-                f"session capacity {capacity} exceeds the build's engine.max_batch_size={self.limits.max_batch_size}"
-            )
-        spec = speculative and self.drafter is not None
-        return Session(self, [], spec, on_tokens, capacity=capacity, max_len=max_len)
 
 
 def restrict_draft_vocab(drafter: Drafter | None, ids: list[int]) -> Eagle1Drafter:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from engines.types import SamplingParams
+from core.types import SamplingParams
 
 
 def target_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Draft-tree tensors: node order, parents, depths, ancestor masks.
 
 Node 0 is the root (the last token already chosen, not yet in the cache); nodes 1..N are draft tokens sorted by
-(depth, path) as TRT-LLM and EAGLE sort `eagle_choices` (engines/trees.py), so a parent always precedes its
+(depth, path) as TRT-LLM and EAGLE sort `eagle_choices` (core/trees.py), so a parent always precedes its
 children and siblings appear in rank order. A node attends to the committed cache plus its ancestors and itself;
 its RoPE position is (committed length + depth).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.trees import DraftTree
+from core.trees import DraftTree
 
 
 def ancestor_mask(parent: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -50,7 +50,7 @@ class TreeBatch:
 
 @dataclass(frozen=True)
 class StaticTree:
-    """Tensors of a `engines.trees.DraftTree`, computed once per engine."""
+    """Tensors of a `core.trees.DraftTree`, computed once per engine."""
 
     parent: torch.Tensor  # (T,)
     depth: torch.Tensor  # (T,)

@@ -6,7 +6,7 @@
 
 1. Forward costs: one target forward with T new tokens after a 200-token context (KV cache, logits at the last
    position) for HF (transformers, no compile) and the engine in each dtype, T = 1..16, interleaved, with the
-   machine's roofs measured in the same run (engines/costs.py): weights read / memory bandwidth, FLOPs / GEMM rate.
+   machine's roofs measured in the same run (measure/costs.py): weights read / memory bandwidth, FLOPs / GEMM rate.
 2. Generation: HF generate, HF prompt lookup, engine target-only and engine EAGLE (each head x tree x dtype, and the
    EAGLE-1/2 head drafting over the --draft-vocab most frequent tokens), prompt by prompt, every method on a prompt
    before the next prompt (a change of load reaches every method alike). Ratios, tau, identical outputs.
@@ -43,12 +43,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from core.laps import Laps  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, RequestStats, SamplingParams, aggregate_stats  # noqa: E402
-from engines.costs import Machine, bounds, forward_fns, interleaved_ms, measure_machine, profile_cycles  # noqa: E402
-from engines.data import chat_ids, mtbench_questions  # noqa: E402
 from engines.linear import layout_for  # noqa: E402
-from engines.lossless import explain, first_divergence  # noqa: E402
-from engines.profile import Laps, python_share  # noqa: E402
+from measure.costs import Machine, bounds, forward_fns, interleaved_ms, measure_machine, profile_cycles  # noqa: E402
+from measure.data import chat_ids, mtbench_questions  # noqa: E402
+from measure.lossless import explain, first_divergence  # noqa: E402
+from measure.profile import python_share  # noqa: E402
 
 TS = [1, 2, 4, 8, 16]
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -59,11 +60,11 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 def resolve_tree(name: str) -> Any:
     """demo = configs/demo.yaml's tree; tuned = configs/trees/smollm2-eagle-tuned-14.yaml; file:PATH = a tree
-    snippet (tree.choices); anything else = a engines/trees.py preset (chain-3, topk-2-3, ...)."""
+    snippet (tree.choices); anything else = a core/trees.py preset (chain-3, topk-2-3, ...)."""
     import yaml
 
     from builders.config import load_config
-    from engines.trees import DraftTree, preset
+    from core.trees import DraftTree, preset
 
     if name == "demo":
         return load_config(REPO / "configs" / "demo.yaml").static_tree()
@@ -91,10 +92,10 @@ def load_engines(hf_dir: Path, work: Path, args: argparse.Namespace, tree: Any) 
 
 
 def draft_vocab_ids(tokenizer_dir: Path, size: int, work: Path) -> list[int]:
-    from engines.draft_vocab import read_draft_vocab
+    from measure.draft_vocab import read_draft_vocab
 
     f = work / "draft_vocab.json"
-    argv = [sys.executable, "-m", "engines.draft_vocab", "--tokenizer", str(tokenizer_dir), "--size", str(size),
+    argv = [sys.executable, "-m", "measure.draft_vocab", "--tokenizer", str(tokenizer_dir), "--size", str(size),
             "--out", str(f)]
     subprocess.run(argv, check=True, cwd=REPO)
     return read_draft_vocab(f)

@@ -1,13 +1,13 @@
-"""Measure a trained EAGLE head with `engines.verify`: tau and wall-clock speedup over HF `generate`, per tree.
+"""Measure a trained EAGLE head with `measure.verify`: tau and wall-clock speedup over HF `generate`, per tree.
 
     python scripts/bench_head.py --config configs/demo.yaml --head heads/smollm2-eagle \
         --mtbench-every 8 --max-new-tokens 128 --out build/bench-head \
         --trees topk-2-3,eagle-default --dynamic 4,4,20 --tune-budget 25
 
 For each tree it builds the config's checkpoint + engine stages with the head (`builders/build.py --set ...
---only checkpoint engine`), runs `python -m engines.verify` (greedy; HF generate is the oracle and the baseline)
+--only checkpoint engine`), runs `python -m measure.verify` (greedy; HF generate is the oracle and the baseline)
 and prints one table row: tree, nodes, tau, HF tok/s, engine tok/s, speedup. HF runs once, with the first tree; the
-other trees reuse its outputs and speeds (`engines.verify --reuse-hf`; `--hf-every-tree` reruns it). `--tune-budget N` also runs
+other trees reuse its outputs and speeds (`measure.verify --reuse-hf`; `--hf-every-tree` reruns it). `--tune-budget N` also runs
 `builders/tune_tree.py` on the first build and measures the tuned N-node tree. `--target-only` also times the
 engine's own target-only decoding (same build, same prompts, one at a time, checked identical to HF) and adds the
 speedup over it. Everything measured in this one run is written to OUT/results.json; the markdown table is printed
@@ -51,7 +51,7 @@ def build_argv(config: Path, head: Path, out: Path, spec: str) -> list[str]:
 
 
 def verify_argv(build: Path, prompts: Path, max_new_tokens: int, json_path: Path, reuse_hf: Path | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "engines.verify", "--build", str(build), "--prompts", str(prompts),
+    argv = [sys.executable, "-m", "measure.verify", "--build", str(build), "--prompts", str(prompts),
             "--max-new-tokens", str(max_new_tokens), "--json", str(json_path)]
     return argv + (["--reuse-hf", str(reuse_hf)] if reuse_hf else [])
 
@@ -93,7 +93,7 @@ def target_only(build: Path, prompts: Path, max_new_tokens: int, hf_report: Path
     import time
 
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-    from engines.data import chat_ids, read_prompts
+    from measure.data import chat_ids, read_prompts
 
     eng = ReferenceEngine.from_build(build)
     hf = json.loads(hf_report.read_text())
@@ -109,7 +109,7 @@ def target_only(build: Path, prompts: Path, max_new_tokens: int, hf_report: Path
 
 
 def write_mtbench(out: Path, every: int) -> Path:
-    from engines.data import mtbench_questions
+    from measure.data import mtbench_questions
 
     qs = mtbench_questions()[::every]
     path = out / f"mtbench-every-{every}.jsonl"

@@ -64,7 +64,7 @@ def load(dtype: torch.dtype):
 def conversations(tok, n: int) -> tuple[list[torch.Tensor], list[list[int]]]:
     """(ShareGPT first turns with their answers, <= 256 tokens; the prompts alone), the demo recipe's filters."""
     from builders.training.data import dataset_example, prompt_ids, sharegpt_conversations
-    from engines.data import sharegpt_path
+    from measure.data import sharegpt_path
 
     seqs, prompts = [], []
     for c in itertools.islice(sharegpt_conversations(sharegpt_path(), "first"), 4 * n):

@@ -148,8 +148,8 @@ def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan, other_tree: An
     """EAGLE vs target-only decoding with the build's reference engine, in this process, on the first prompts; with
     `other_tree`, the same weights drafting with that tree too (key `other`)."""
     from engines.api import ReferenceEngine
-    from engines.costs import eagle_speedup as measure
-    from engines.data import chat_ids, read_prompts
+    from measure.costs import eagle_speedup as measure
+    from measure.data import chat_ids, read_prompts
 
     engine = ReferenceEngine.from_build(build_dir)
     tok = engine.tokenizer
@@ -167,9 +167,9 @@ def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan, other_tree: An
 
 def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None, str]:
     """(the tree to serve instead of the config's, or None; why), for the device the engine will run on."""
-    from engines.runtime import resolve_device
+    import torch
 
-    device = resolve_device(cfg.engine.device).type
+    device = cfg.engine.device if cfg.engine.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     found = device_tree(cfg.draft.model, device, cfg.target.dtype) if use_device_tree else None
     if found is None:
         why = "--tree config" if not use_device_tree else f"no tree tuned for this head on {device} {cfg.target.dtype}"
@@ -180,7 +180,7 @@ def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None
 
 def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     from builders.config import load_config
-    from engines.data import mtbench_path
+    from measure.data import mtbench_path
     from triton_repo.launch import TritonServer, free_port
 
     t0 = time.monotonic()

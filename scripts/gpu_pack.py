@@ -71,7 +71,7 @@ def first_exchanges(dest: Path, max_prompt_tokens: int, answer_chars: int) -> in
 
     from builders.model_source import smollm2_dir
     from builders.training.data import prompt_ids, sharegpt_conversations
-    from engines.data import sharegpt_path
+    from measure.data import sharegpt_path
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir())
     n = 0

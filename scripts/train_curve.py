@@ -135,7 +135,7 @@ def engine_tau(head: Path, out: Path, name: str, tree: str, every: int, new_toke
 
     from builders.model_source import resolve_target
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-    from engines.data import chat_ids, mtbench_questions
+    from measure.data import chat_ids, mtbench_questions
 
     qs = mtbench_questions()[::every]
     build = out / "builds" / name

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY_DIRS = ("builders", "clients", "engines", "scripts", "triton_repo", "docker")
+ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "scripts", "triton_repo", "docker")
 
 # How users run each entry point: a script path, or `-m module` where the docs say `python -m ...`.
 ENTRY_POINTS = {
@@ -25,8 +25,8 @@ ENTRY_POINTS = {
     "clients/generate.py": ["clients/generate.py"],
     "clients/loadtest.py": ["clients/loadtest.py"],
     "clients/genai_perf.py": ["-m", "clients.genai_perf"],
-    "engines/verify.py": ["-m", "engines.verify"],
-    "engines/draft_vocab.py": ["-m", "engines.draft_vocab"],
+    "measure/verify.py": ["-m", "measure.verify"],
+    "measure/draft_vocab.py": ["-m", "measure.draft_vocab"],
     "triton_repo/launch.py": ["triton_repo/launch.py"],
     "docker/serve.py": ["docker/serve.py"],
     "docker/k8s/render.py": ["docker/k8s/render.py"],

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from builders.convert import convert_eagle, convert_eagle3, write_random_head
-from engines.hfconfig import ModelConfigError
+from core.hfconfig import ModelConfigError
 from tests import tiny_models as tm
 from tests.convert_helpers import ckpt, hf_tensors, reassemble_layer
 
@@ -226,7 +226,7 @@ def test_eagle3_head_from_specforge_and_transformers5(tiny_target: Path, eagle3_
 
 
 def test_rope_base_from_either_spelling(tmp_path: Path) -> None:
-    from engines.hfconfig import rope_theta_of
+    from core.hfconfig import rope_theta_of
 
     f = tmp_path / "config.json"
     assert rope_theta_of({"rope_theta": 1e6}, f) == 1e6

@@ -1,5 +1,5 @@
 """Reference engine in 16 bits: logits against Hugging Face in the same dtype, builds that ask for bfloat16 run in
-bfloat16, and the greedy agreement tools (engines/lossless.py).
+bfloat16, and the greedy agreement tools (measure/lossless.py).
 
 Tolerance: the engine in a 16-bit dtype must be at least as close to HF in that dtype as HF in that dtype is to HF
 in float32, max |logit difference| over every position of a prompt. That is the size of 16-bit rounding itself on
@@ -17,9 +17,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engines.trees import DraftTree, preset  # noqa: E402
+from core.trees import DraftTree, preset  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
-from engines.lossless import Divergence, explain, first_divergence, next_logits  # noqa: E402
+from measure.lossless import Divergence, explain, first_divergence, next_logits  # noqa: E402
 
 IDS = [(i * 37) % 300 + 3 for i in range(60)]
 
@@ -70,7 +70,7 @@ def test_tiny_16bit_logits_match_hf_in_the_same_dtype(tiny_target: Path, target_
 def test_a_bfloat16_build_runs_in_bfloat16(tmp_path: Path, mimic_ckpt: Path) -> None:
     """reference.json dtype bfloat16 (a `target.dtype: bfloat16` build): KV caches, activations and drafter state
     in bfloat16; logits float32 (softmax, sampling and the acceptance rule work on float32)."""
-    from engines.spec import ReferenceSpec, write_spec
+    from core.spec import ReferenceSpec, write_spec
 
     shutil.copytree(mimic_ckpt, tmp_path / "checkpoint")
     (tmp_path / "engine").mkdir()

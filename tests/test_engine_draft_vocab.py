@@ -1,4 +1,4 @@
-"""Reference engine, restricted draft vocabulary for EAGLE-1/2 heads (engines/draft_vocab.py, Eagle1Drafter.
+"""Reference engine, restricted draft vocabulary for EAGLE-1/2 heads (measure/draft_vocab.py, Eagle1Drafter.
 restrict_vocab): the head proposes only tokens of the list, greedy outputs stay identical to target-only decoding,
 and what it costs in tau is measured, not assumed."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.trees import DraftTree, DynamicTree, preset
+from core.trees import DraftTree, DynamicTree, preset
 from engines import decode
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.draft_vocab import DraftVocabError, count_tokens, ranked, read_draft_vocab, write_draft_vocab
+from measure.draft_vocab import DraftVocabError, count_tokens, ranked, read_draft_vocab, write_draft_vocab
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [6, 17, 33, 101, 7]]
 
@@ -46,7 +46,7 @@ def test_ranking_counts_and_file_round_trip(tmp_path: Path, tiny_target: Path) -
     with pytest.raises(DraftVocabError, match="holds 3 ids; a draft vocabulary of 4 needs 1..3"):
         read_draft_vocab(f, 4)
     (tmp_path / "bad.json").write_text('{"ids": [1]}')
-    with pytest.raises(DraftVocabError, match="not a draft vocabulary file.*python -m engines.draft_vocab"):
+    with pytest.raises(DraftVocabError, match="not a draft vocabulary file.*python -m measure.draft_vocab"):
         read_draft_vocab(tmp_path / "bad.json")
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engines.trees import DraftTree, preset  # noqa: E402
+from core.trees import DraftTree, preset  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
 from engines.checkpoint import CheckpointError  # noqa: E402
 from engines.model import fake_quant_fp8  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engines.trees import DraftTree, DynamicTree, preset  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams  # noqa: E402
 
 LONG = GenerationRequest([5, 17, 33, 101, 7], 40, SamplingParams(), [])

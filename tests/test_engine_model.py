@@ -139,7 +139,7 @@ def test_tp_checkpoint_without_process_group_says_how_to_launch(tmp_path: Path, 
 
 
 def test_tree_without_head_is_an_error(target_ckpt: Path) -> None:
-    from engines.trees import DraftTree, preset
+    from core.trees import DraftTree, preset
 
     with pytest.raises(CheckpointError, match="holds no EAGLE head"):
         ReferenceEngine.from_checkpoint(target_ckpt, tree=DraftTree.from_choices(preset("chain-2")), dtype="float32")

@@ -1,4 +1,4 @@
-"""Reference engine, cycle profiler (engines/profile.py, engines/costs.py): the parts of every speculative cycle
+"""Reference engine, cycle profiler (measure/profile.py, measure/costs.py): the parts of every speculative cycle
 are named after the loop's stages and add up to the cycle's wall time measured around it; the cost helpers count
 what they say."""
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.trees import DraftTree, DynamicTree, preset
+from core.laps import NO_LAPS, Laps
+from core.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.costs import Machine, bounds, forward_flops, forward_fns, interleaved_ms, profile_cycles, weight_bytes
 from engines.linear import layout_for
-from engines.profile import NO_LAPS, Laps, python_share
-
+from measure.costs import Machine, bounds, forward_flops, forward_fns, interleaved_ms, profile_cycles, weight_bytes
+from measure.profile import python_share
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -92,7 +92,7 @@ def test_forward_cost_and_bounds_count_weights_and_flops(target_ckpt: Path) -> N
 
 
 def test_eagle_speedup_compares_both_decodings_on_the_same_prompts(mimic_ckpt: Path, target_ckpt: Path) -> None:
-    from engines.costs import eagle_speedup
+    from measure.costs import eagle_speedup
 
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset("chain-3")),
                                              dtype="float32", device="cpu")

@@ -19,7 +19,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engines.trees import DraftTree, DynamicTree, preset  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
 from engines.sampling import target_probs  # noqa: E402
 

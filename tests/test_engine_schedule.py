@@ -12,8 +12,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.schedule import SpeculationPolicy, draft_len_for, truncate
-from engines.trees import DraftTree, DynamicTree, preset
+from core.speculation import SpeculationPolicy, draft_len_for, truncate
+from core.trees import DraftTree, DynamicTree, preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -127,9 +127,9 @@ def test_acceptance_window_switches_speculation_off_for_good(mimic_ckpt: Path) -
     session.add(REQS[0])
     drafted_per_step = []
     while not session.done:
-        before = session.stats[0].draft_tokens
+        before = session.slot(0).stats.draft_tokens
         session.step()
-        drafted_per_step.append(session.stats[0].draft_tokens - before)
+        drafted_per_step.append(session.slot(0).stats.draft_tokens - before)
     res = session.pop(0)
     assert res.output_ids == free.output_ids
     assert session.policy_state.switched_off

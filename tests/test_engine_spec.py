@@ -2,7 +2,7 @@
 head kind; acceptance actually happens with a head that predicts the target; streaming, stops, stats.
 
 Trees: chains, TensorRT-LLM's default 63-node tree, the EAGLE repository's 25-node tree, the EAGLE-2 dynamic tree
-(engines/trees.py presets, upstream tensorrt_llm/runtime/generation.py and SafeAILab eagle/model/choices.py).
+(core/trees.py presets, upstream tensorrt_llm/runtime/generation.py and SafeAILab eagle/model/choices.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engines.trees import DraftTree, DynamicTree, preset  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
@@ -179,7 +179,7 @@ def test_sampling_is_reproducible_with_a_seed(mimic_ckpt: Path) -> None:
 def test_from_build_reads_reference_json(tmp_path: Path, eagle_ckpt: Path) -> None:
     import shutil
 
-    from engines.spec import ReferenceSpec, write_spec
+    from core.spec import ReferenceSpec, write_spec
 
     shutil.copytree(eagle_ckpt, tmp_path / "checkpoint")
     (tmp_path / "engine").mkdir()

@@ -17,7 +17,7 @@ from builders import build as build_cli
 from builders import layout
 from builders.engine import crosscheck, reference, stage, trtllm_build
 from builders.pipeline import StageError, run_stage
-from engines.spec import read_spec
+from core.spec import read_spec
 from tests.engine_cases import check_golden, make_cfg
 
 CKPT, OUT = Path("BUILD/checkpoint"), Path("BUILD/engine")

@@ -12,7 +12,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engines.trees import DraftTree, DynamicTree, preset  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
 from engines.parallel import spawn  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""`python -m engines.verify`: a real build directory (builders/build.py: checkpoint + engine stages, reference backend)
+"""`python -m measure.verify`: a real build directory (builders/build.py: checkpoint + engine stages, reference backend)
 checked against Hugging Face generate() on the original target; a build whose checkpoint does not match the HF
 target must fail with exit status 1 and name the first divergence."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engines.lossless import first_divergence
-from engines.verify import main
+from measure.lossless import first_divergence
+from measure.verify import main
 
 REPO = Path(__file__).resolve().parent.parent
 

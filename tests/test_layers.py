@@ -1,6 +1,6 @@
-"""The import-linter contracts in pyproject.toml: layers point down, engines/ and clients/ import nothing else of
-ours, no import cycles. Runs the real `lint-imports` on the tree, and on a copy with one forbidden import added to
-show that the contracts bite."""
+"""The import-linter contracts in pyproject.toml: layers point down, core/ imports nothing else of ours and no torch,
+engines/ only core/, clients/ nothing else of ours, the engine is used through engines.api, no import cycles. Runs
+the real `lint-imports` on the tree, and on a copy with one forbidden import added to show that the contracts bite."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("builders", "engines", "triton_repo", "clients")
+PACKAGES = ("builders", "core", "engines", "measure", "triton_repo", "clients")
 LINT = Path(sys.executable).parent / "lint-imports"
 
 
@@ -32,16 +33,26 @@ def _copy(tmp: Path) -> Path:
 def test_the_tree_keeps_every_contract() -> None:
     proc = _lint(REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Contracts: 4 kept, 0 broken." in proc.stdout
+    assert "Contracts: 6 kept, 0 broken." in proc.stdout
 
 
 @pytest.mark.parametrize(
     ("module", "line", "broken"),
     [
-        ("engines/spec.py", "import builders.config", "engines/ (the reference engine) imports nothing else of ours"),
-        ("clients/prompts.py", "import engines.types", "clients/ imports nothing else of ours"),
-        ("triton_repo/contract.py", "import builders.layout", "builders on top; serve-time triton_repo and clients"),
-        ("engines/types.py", "import engines.api", "no import cycle between the modules"),
+        ("engines/session.py", "import builders.config", "engines/ (the reference engine's runtime) imports nothing"),
+        ("engines/sampling.py", "import measure.costs", "engines/ (the reference engine's runtime) imports nothing"),
+        ("core/trees.py", "import engines.api", "core/ imports nothing else of ours"),
+        ("core/types.py", "import torch", "core/ imports nothing else of ours, and neither torch"),
+        ("core/hfconfig.py", "import numpy", "core/ imports nothing else of ours, and neither torch"),
+        ("clients/prompts.py", "import core.types", "clients/ imports nothing else of ours"),
+        ("clients/prompts.py", "import engines.api", "clients/ imports nothing else of ours"),
+        ("triton_repo/contract.py", "import builders.layout", "builders on top; measure, serve-time triton_repo"),
+        ("triton_repo/contract.py", "import measure.data", "builders on top; measure, serve-time triton_repo"),
+        ("builders/layout.py", "import engines.session", "the reference engine is imported through engines.api only"),
+        ("triton_repo/models/llm_io.py", "import engines.model", "the reference engine is imported through engines.api"),
+        ("engines/tree.py", "import engines.api", "no import cycle between the modules"),
+        ("core/trees.py", "import core.spec", "no import cycle between the modules"),
+        ("measure/data.py", "import measure.verify", "no import cycle between the modules"),
         ("builders/versions.py", "import builders.trtllm.registry", "no import cycle between the modules"),
         ("builders/trtllm/ledger_rows.py", "import builders.trtllm.ledger", "no import cycle between the modules"),
     ],
@@ -53,4 +64,34 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path: Path, module: str, lin
     proc = _lint(root)
     assert proc.returncode == 1, proc.stdout
     report = proc.stdout.split("Broken contracts")[-1]
-    assert broken in report.replace("\n", " "), proc.stdout
+    assert broken in " ".join(report.split()), proc.stdout
+
+
+def test_the_api_contract_protects_every_engine_module() -> None:
+    """A new engines/ module is inside the engines-api contract from the day it is added (else it would be silently
+    importable from builders/ and triton_repo/)."""
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    [contract] = [c for c in cfg if c["id"] == "engines-api"]
+    modules = {f"engines.{p.stem}" for p in (REPO / "engines").glob("*.py")} - {"engines.__init__", "engines.api"}
+    assert set(contract["protected_modules"]) == modules
+
+
+def test_core_imports_without_torch() -> None:
+    """core/ is the floor everybody imports: importing all of it loads no torch, numpy or transformers."""
+    mods = sorted(f"core.{p.stem}" for p in (REPO / "core").glob("*.py") if p.stem != "__init__")
+    code = "import sys\n" + "".join(f"import {m}\n" for m in mods) + (
+        "print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(mods) >= 5 and proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_every_package_is_a_protected_source_dir() -> None:
+    """A build's output_dir may not be inside the project's sources (a stage rerun swaps whole directories): every
+    top-level package of ours is in that list."""
+    from builders.build_dir import SOURCE_DIRS
+
+    packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    assert set(PACKAGES) <= packages and packages <= set(SOURCE_DIRS)

@@ -17,8 +17,8 @@ from builders.engine.stage import ENGINE_STAGE
 from builders.pipeline import run_stage
 from builders.schedule_policy import ScheduleResult
 from builders.speculation import read_schedule, schedule_problems
-from engines.schedule import draft_len_for
-from engines.trees import DraftTree
+from core.speculation import draft_len_for
+from core.trees import DraftTree
 from tests.engine_cases import make_cfg
 
 TREE = DraftTree.from_choices([[0], [1], [0, 0], [0, 0, 0]])  # depth 3

@@ -22,8 +22,8 @@ from builders.training.chain_eval import chain_accept  # noqa: E402
 from builders.training.config import TrainHeadConfig, load_train_config  # noqa: E402
 from builders.training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
 from builders.training.loop import Example, train  # noqa: E402
-from builders.training.runner import TrainError, make_samples  # noqa: E402
 from builders.training.model import head_from_target  # noqa: E402
+from builders.training.runner import TrainError, make_samples  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -91,7 +91,7 @@ def test_real_sharegpt_first_conversation() -> None:
 
 
 def test_prompt_ids_are_what_engines_verify_feeds(tiny_target: Path) -> None:
-    from engines.data import chat_ids
+    from measure.data import chat_ids
 
     _, tok = _load(tiny_target)
     text = "What is the capital of France?"
@@ -268,7 +268,7 @@ def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp
 
     from builders import train_head
     from builders.convert.eagle import convert_eagle
-    from engines.trees import DraftTree, preset
+    from core.trees import DraftTree, preset
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
     cfg = tiny_cfg(tmp_path, tiny_target, epochs=1)

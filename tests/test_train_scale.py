@@ -249,7 +249,7 @@ def test_compute_resolution_and_refusals() -> None:
 def convert_and_decode(target: Path, head_dir: Path, tmp: Path) -> None:
     """The exported head through the EAGLE converter and the reference engine: EAGLE output == target-only."""
     from builders.convert.eagle import convert_eagle
-    from engines.trees import DraftTree, preset
+    from core.trees import DraftTree, preset
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
     tree = DraftTree.from_choices(preset("topk-2-3"))

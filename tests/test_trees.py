@@ -7,13 +7,12 @@ depth 5); runtime checks in cpp/tensorrt_llm/runtime/utils/speculativeChoicesUti
 
 from __future__ import annotations
 
-import ast
-
 import pytest
 
-from engines import trees
 from builders.config import BuildConfig
-from engines.trees import DraftTree, TreeError
+from builders.triton.render import triton_eagle_choices
+from core import trees
+from core.trees import DraftTree, TreeError
 
 
 def test_trtllm_default_matches_upstream_shape() -> None:
@@ -123,23 +122,12 @@ def test_sorting_is_depth_then_lexicographic() -> None:
     assert t.as_lists() == [[0], [1], [0, 0], [0, 1], [1, 0]]
 
 
-def test_python_rendering_round_trips() -> None:
-    t = DraftTree.from_choices(trees.preset("trtllm-default"))
-    assert ast.literal_eval(t.to_python()) == t.as_lists()
-    assert DraftTree.from_choices([[0], [0, 0], [1]]).to_python() == "[[0], [1], [0, 0]]"
-
-
 def test_triton_rendering_uses_braces() -> None:
     # tensorrtllm_backend parses `{0}, {0,0}`: brackets make it fall back to mc_sim_7b_63 silently.
-    assert DraftTree.from_choices([[0], [0, 0], [1]]).to_triton() == "{0}, {1}, {0,0}"
+    assert triton_eagle_choices(DraftTree.from_choices([[0], [0, 0], [1]])) == "{0}, {1}, {0,0}"
     t = DraftTree.from_choices(trees.preset("eagle-default"))
-    parsed = [list(map(int, g.split(","))) for g in t.to_triton().replace(" ", "").strip("{}").split("},{")]
+    parsed = [list(map(int, g.split(","))) for g in triton_eagle_choices(t).replace(" ", "").strip("{}").split("},{")]
     assert parsed == t.as_lists()
-
-
-def test_yaml_rendering_is_plain_lists() -> None:
-    t = DraftTree.from_choices(trees.preset("chain-2"))
-    assert t.to_yaml_obj() == [[0], [0, 0]]
 
 
 def test_dynamic_tree_bound() -> None:

@@ -18,10 +18,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from builders.build import main as build_main
 from builders.config import load_config
-from engines.trees import DraftTree, preset
+from builders.triton import render
+from core.trees import DraftTree, preset
 from tests.engine_cases import write_build_yaml
 from triton_repo import contract as C
-from builders.triton import render
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "triton"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ def test_tensorrt_render_golden(tensorrt_build: tuple[Any, Path], tmp_path: Path
     llm = parse(repo, "tensorrt_llm")
     params = {k: v.string_value for k, v in llm.parameters.items()}
     assert llm.backend == "tensorrtllm" and llm.model_transaction_policy.decoupled
-    assert params["eagle_choices"] == DraftTree.from_choices(preset("trtllm-default")).to_triton()
+    assert params["eagle_choices"] == render.triton_eagle_choices(DraftTree.from_choices(preset("trtllm-default")))
     assert params["eagle_choices"].startswith("{0}, {1}, {2}") and params["eagle_choices"].count("{") == 63
     assert params["decoding_mode"] == "eagle" and params["gpt_model_type"] == "inflight_fused_batching"
     assert params["gpt_model_path"] == str((build / "engine").resolve())

@@ -15,7 +15,7 @@ from builders.convert.stage import CONVERT_STAGE
 from builders.engine.stage import ENGINE_STAGE
 from builders.pipeline import run_stage
 from builders.tree_tuning import AcceptanceTable, chain, optimal_tree, snippet_yaml
-from engines.trees import DraftTree
+from core.trees import DraftTree
 from tests.engine_cases import make_cfg
 
 

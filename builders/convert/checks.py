@@ -12,10 +12,10 @@ from typing import Any
 from builders.config import BuildConfig
 from builders.convert.eagle import check_head, head_bias
 from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
-from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from builders.convert.llama import check_parallel
 from builders.convert.weights import WeightFileError, WeightSource
 from builders.model_source import ModelSourceError, resolve_target
+from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 
 
 def expected_target_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from builders.convert.llama import (
     OutTensor,
     Provenance,
@@ -33,8 +32,8 @@ from builders.convert.llama import (
     decoder_layer_plan,
     dtype_of,
     even_range,
-    lm_head_tensor,
     llama_config_json,
+    lm_head_tensor,
     mapping_json,
     split_tensor,
     target_rank_plan,
@@ -43,6 +42,7 @@ from builders.convert.llama import (
 )
 from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import WeightSource, write_safetensors
+from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 
 
 def head_bias(head_dir: Path, src: WeightSource) -> bool:

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from builders.layout import EAGLE3_HEAD
-from engines.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
+from builders.layout import EAGLE3_HEAD
+from core.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
 
 EAGLE3_DIR = EAGLE3_HEAD
 INT_TENSORS = ("d2t", "t2d")  # index tensors: never cast to the float dtype

@@ -77,9 +77,9 @@ def prompt_format(tokenizer: Any) -> str:
 
 
 def encode_prompts(tokenizer: Any, prompts: list[str], max_length: int) -> list[torch.Tensor]:
-    """Truncated token ids of what the target sees in serving: chat-formatted (engines.data.chat_ids) for a tokenizer
+    """Truncated token ids of what the target sees in serving: chat-formatted (measure.data.chat_ids) for a tokenizer
     with a chat template, the raw text (with the tokenizer's special tokens, as preprocessing adds them) otherwise."""
-    from engines.data import chat_ids
+    from measure.data import chat_ids
 
     if prompt_format(tokenizer) == "chat":
         ids = [chat_ids(tokenizer, p) for p in prompts]
@@ -90,7 +90,7 @@ def encode_prompts(tokenizer: Any, prompts: list[str], max_length: int) -> list[
 
 def calibration_prompts(cfg: BuildConfig) -> list[str]:
     """`quantization.calibration.num_samples` prompts from MT-bench (first turns) or ShareGPT (first human turns)."""
-    from engines import data
+    from measure import data
 
     c = cfg.quantization.calibration
     if c.dataset == "mtbench":

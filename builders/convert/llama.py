@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from engines.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import DTYPES, OutTensor, Piece, WeightSource, Zeros, write_safetensors
+from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 
 
 @dataclass(frozen=True)

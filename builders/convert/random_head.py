@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from engines.hfconfig import llama_spec
 from builders.convert.llama import write_json
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
+from core.hfconfig import llama_spec
 
 RANDOM_LABEL = "RANDOM"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from builders.layout import TOKENIZER
-from engines.hfconfig import ModelConfigError
+from core.hfconfig import ModelConfigError
 
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 
 from builders.config import BuildConfig
-from engines.hfconfig import ModelConfigError, aux_layer_ids
 from builders.trtllm import registry
 from builders.trtllm.rules import capture_problems, default_capture
+from core.hfconfig import ModelConfigError, aux_layer_ids
 
 TRTLLM_SERVE = "trtllm-serve"
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -99,7 +99,7 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
             raise LlmApiError(f"{v.name} has no static trees (eagle_choices); use tree.dynamic or a chain")
         if v.max_total_draft_tokens:
             spec["max_total_draft_tokens"] = lim.max_draft_len
-        spec["eagle_choices"] = tree.to_yaml_obj()
+        spec["eagle_choices"] = tree.as_lists()  # the LLM API YAML value: plain lists
     elif dyn is not None:
         spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["use_dynamic_tree"] = True

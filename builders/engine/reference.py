@@ -1,6 +1,6 @@
 """`engine.backend: reference`: record what the reference engine needs as `<build>/engine/reference.json`.
 
-Everything is relative to the build directory (engines/spec.py), so Triton's reference model and the tools load
+Everything is relative to the build directory (core/spec.py), so Triton's reference model and the tools load
 the engine from the build directory alone, wherever it is mounted.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from builders import layout
 from builders.config import BuildConfig
-from engines.draft_vocab import read_draft_vocab
-from engines.spec import ReferenceSpec
+from core.spec import ReferenceSpec
+from measure.draft_vocab import read_draft_vocab
 
 
 class ReferenceSpecError(ValueError):

@@ -18,7 +18,7 @@ from builders.config import BuildConfig
 from builders.engine import crosscheck, llmapi, reference, trtllm_build
 from builders.pipeline import Stage, StageContext, StageError
 from builders.trtllm import registry
-from engines.spec import write_spec
+from core.spec import write_spec
 
 SERVE_FILE = "trtllm_serve.json"
 NGC_HINT = "run the build inside the NGC container instead: see docker/ngc/README.md"

@@ -8,7 +8,7 @@ attention mask lets root t's step-m query see true keys j <= t and root t's own 
 The target's greedy token after position p is argmax(lm_head(f_p)); draft step m from root t is accepted when it
 equals the target's greedy token at position t+m (and all earlier steps were accepted), as in SafeAILab/EAGLE
 eagle/train/main.py `getkacc`. chain_tau = 1 + mean accepted drafts over answer roots (the +1 is the bonus token),
-i.e. tau of a depth-`depth` chain tree. Trees accept more than a chain; engines.verify measures the real thing.
+i.e. tau of a depth-`depth` chain tree. Trees accept more than a chain; measure.verify measures the real thing.
 """
 
 from __future__ import annotations

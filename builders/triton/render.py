@@ -38,6 +38,7 @@ from builders.triton.pbtxt import (  # noqa: F401  (RenderError and to_text are 
     _params,
     to_text,
 )
+from core.trees import DraftTree
 from triton_repo import contract as C
 from triton_repo.models.bootstrap import BOOTSTRAP_MODULE
 
@@ -49,6 +50,12 @@ CLIENT_FILE = "client.json"
 
 # ---- models shared by all backends --------------------------------------------------------------------------------
 
+
+
+def triton_eagle_choices(tree: DraftTree) -> str:
+    """The tree in the tensorrtllm backend's `eagle_choices` syntax: `{0}, {0,0}, ...` (the backend parses braces,
+    not brackets; tensorrtllm_backend inflight_batcher_llm/src/model_instance_state.cc)."""
+    return ", ".join("{" + ",".join(map(str, p)) + "}" for p in tree.paths)
 
 def _python_common(build_dir: Path) -> dict[str, str]:
     tok = tokenizer_dir(build_dir)
@@ -171,7 +178,7 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "enable_kv_cache_reuse": False,
         "enable_chunked_context": False,
         "decoding_mode": "eagle",
-        "eagle_choices": tree.to_triton(),
+        "eagle_choices": triton_eagle_choices(tree),
         # Read unconditionally at model load (getGuidedDecodingConfigFromParams; a missing one throws "Cannot find
         # parameter with name"); empty values = no guided decoding, as upstream's template leaves them.
         "tokenizer_dir": str(tokenizer_dir(build_dir)),

@@ -11,7 +11,7 @@ from builders.config import BuildConfig
 from builders.layout import CHECKPOINT, ENGINE, TRITON_REPO
 from builders.pipeline import Stage, StageContext, StageError
 from builders.triton import render
-from engines.spec import read_spec
+from core.spec import read_spec
 
 STAGE_NAME = TRITON_REPO
 

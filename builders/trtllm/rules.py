@@ -15,14 +15,28 @@ Each message names the field, the value, the version and the fix. What a version
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from engines import trees
 from builders.trtllm import registry
 from builders.trtllm.registry import TrtllmVersion
+from core import trees
 
-if TYPE_CHECKING:
-    from builders.config import BuildConfig
+
+class BuildConfig(Protocol):
+    """What these rules read of a build config: builders/config.py's BuildConfig, whose validation calls them. A
+    protocol, so that the rules do not import the module that imports them."""
+
+    trtllm_version: str
+    draft: Any
+    engine: Any
+    parallel: Any
+    quantization: Any
+    target: Any
+    tree: Any
+
+    def limits(self) -> Any: ...
+
+    def static_tree(self) -> trees.DraftTree | None: ...
 
 
 def _needs(version: TrtllmVersion, capability: str, what: str, alternatives: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.types import Limits
+from core.types import Limits
 from triton_repo import contract as C
 from triton_repo.models.common import RequestError, parse_word_list, scalar, tensor
 

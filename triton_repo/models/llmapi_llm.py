@@ -34,7 +34,7 @@ class TritonPythonModel:
         self.C, self.common, self.io = contract, common, llm_io
         p = common.Params(common.model_config(args))
         self.decoupled = p.bool("decoupled")
-        from engines.types import Limits
+        from core.types import Limits
 
         self.limits = Limits(p.int("max_batch_size"), p.int("max_input_len"), p.int("max_seq_len"))
         self.limit = self.limits.max_batch_size + p.int("max_queue_size")

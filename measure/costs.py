@@ -5,7 +5,7 @@
 - `bounds`: the two roofs of such a forward. Memory: every weight is read once per forward, so it cannot take less
   than (bytes of the weights its products read) / (measured memory bandwidth). Compute: 2 * T * params FLOPs for the
   decoder layers (+ one lm_head row) cannot take less than that / (a large float32 GEMM's measured FLOP rate).
-- `profile_cycles`: the parts of the speculative cycles of a generation (engines/profile.py `Laps`).
+- `profile_cycles`: the parts of the speculative cycles of a generation (measure/profile.py `Laps`).
 - `eagle_speedup`: what EAGLE buys over target-only decoding with the same engine (`make demo` prints it).
 """
 
@@ -19,11 +19,12 @@ from typing import TypeVar
 
 import torch
 
+from core.laps import NO_LAPS, Laps
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams, aggregate_stats
 from engines.linear import Linear
 from engines.model import KVCache, Llama, Rows
-from engines.profile import NO_LAPS, Laps
 from engines.session import Session
+from measure.profile import laps_for
 
 K = TypeVar("K")
 
@@ -170,16 +171,16 @@ class CycleProfile:
 
 
 def profile_cycles(session: Session, requests: list[GenerationRequest], laps: Laps | None = None) -> CycleProfile:
-    """Decode `requests` in `session` (with room for all of them), `laps` (default: `Laps.for_device`, which
+    """Decode `requests` in `session` (with room for all of them), `laps` (default: `laps_for`, which
     synchronizes CUDA at every mark) on for the decoding steps. Returns the parts of every speculative step, the wall
     time of the prefill and of the decoding steps measured outside, and the results."""
-    laps = Laps.for_device(session.rt.device) if laps is None else laps
+    laps = laps_for(session.rt.device) if laps is None else laps
     slots = [session.add(r) for r in requests]
     t0 = time.perf_counter()
     while session.pending:
         session.step()
     prefill = time.perf_counter() - t0
-    first = sum(len(session.out[i]) for i in slots)
+    first = sum(len(session.slot(i).out) for i in slots)
     session.laps = laps
     decode = 0.0
     try:
@@ -189,7 +190,7 @@ def profile_cycles(session: Session, requests: list[GenerationRequest], laps: La
             decode += time.perf_counter() - t0
     finally:
         session.laps = NO_LAPS
-    tokens = sum(len(session.out[i]) for i in slots) - first
+    tokens = sum(len(session.slot(i).out) for i in slots) - first
     return CycleProfile(laps, prefill, decode, tokens, [session.pop(i) for i in slots])
 
 

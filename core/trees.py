@@ -3,7 +3,8 @@
 A tree is a list of paths; each path is the sequence of top-k ranks taken from the root (the last verified
 token). `[0, 1]` = "the runner-up child of the top-1 child". Every other place that needs the tree (the
 TRT-LLM checkpoint's derived limits, trtllm-build argv, Triton's `eagle_choices`, the LLM API YAML, the reference
-engine) renders it from a `DraftTree` built here.
+engine) renders it from a `DraftTree` built here; each rendering lives next to its consumer (Triton's brace syntax:
+builders/triton/render.py).
 
 Validation follows TensorRT-LLM's runtime checks (cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp and
 tensorrt_llm/runtime/generation.py): prefix-closed, contiguous depths, size <= max_draft_len <= 256, depth ==
@@ -137,20 +138,6 @@ class DraftTree:
 
     def as_lists(self) -> list[list[int]]:
         return [list(p) for p in self.paths]
-
-    # ---- renderings ------------------------------------------------------------------------------------------
-    def to_python(self) -> str:
-        """TRT-LLM's Python-list syntax, as `run.py --eagle_choices` and EagleConfig take it."""
-        return "[" + ", ".join("[" + ", ".join(map(str, p)) + "]" for p in self.paths) + "]"
-
-    def to_triton(self) -> str:
-        """Triton tensorrtllm backend syntax: `{0}, {0,0}, ...` (the backend parses braces, not brackets;
-        tensorrtllm_backend inflight_batcher_llm/src/model_instance_state.cc)."""
-        return ", ".join("{" + ",".join(map(str, p)) + "}" for p in self.paths)
-
-    def to_yaml_obj(self) -> list[list[int]]:
-        """The LLM API YAML value (`speculative_config.eagle_choices`)."""
-        return self.as_lists()
 
 
 def validate_paths(choices: object) -> None:

@@ -1,4 +1,4 @@
-"""`python -m engines.verify --build OUT_DIR --prompts FILE.jsonl --max-new-tokens N [--temperature T] [--json PATH]
+"""`python -m measure.verify --build OUT_DIR --prompts FILE.jsonl --max-new-tokens N [--temperature T] [--json PATH]
 [--limit K] [--device D] [--reuse-hf REPORT.json]`
 
 Decodes every prompt twice: with Hugging Face `generate()` on the ORIGINAL HF target (the independent oracle) and
@@ -30,10 +30,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from core.spec import ENGINE_DIR, SPEC_FILE, read_spec  # noqa: E402
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams, aggregate_stats, stats_dict  # noqa: E402
-from engines.data import chat_ids, read_prompts  # noqa: E402
-from engines.lossless import first_divergence  # noqa: E402
-from engines.spec import ENGINE_DIR, SPEC_FILE, read_spec  # noqa: E402
+from measure.data import chat_ids, read_prompts  # noqa: E402
+from measure.lossless import first_divergence  # noqa: E402
 
 
 def hf_target_dir(build: Path) -> Path:
@@ -102,7 +102,7 @@ def load_hf_outputs(
     if [r.get("prompt_tokens") for r in rows] != [len(p) for p in prompts]:
         problems.append(f"its {len(rows)} prompts are not this run's {len(prompts)} (prompt token counts differ)")
     if any("hf_output_ids" not in r for r in rows) or "eos_token_ids" not in doc:
-        problems.append("it has no hf_output_ids / eos_token_ids (written by an older engines.verify)")
+        problems.append("it has no hf_output_ids / eos_token_ids (written by an older measure.verify)")
     if problems:
         raise ReuseError(f"--reuse-hf {report}: " + "; ".join(problems) + "; rerun without --reuse-hf")
     return [(r["hf_output_ids"], float(r["hf_tokens_per_s"])) for r in rows], [int(e) for e in doc["eos_token_ids"]]
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engines.verify", description=__doc__.split("\n\n")[1],
+    p = argparse.ArgumentParser(prog="python -m measure.verify", description=__doc__.split("\n\n")[1],
                                 epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", required=True, help="build directory (with engine/reference.json)")
     p.add_argument("--prompts", required=True, help="JSONL: `prompt` or MT-bench `turns` per line")

@@ -1,6 +1,6 @@
 """What the reference engine needs to run a build, recorded by the engine stage as `<build>/engine/reference.json`.
 
-Triton's reference model, `engines.verify`, the tree tuner and the load tools load the engine from the build
+Triton's reference model, `measure.verify`, the tree tuner and the load tools load the engine from the build
 directory alone through this file. Paths are relative to the build directory so the directory can be moved
 (e.g. mounted into a container).
 """
@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engines.schedule import SpeculationPolicy
-from engines.trees import DynamicTree
+from core.speculation import SpeculationPolicy
+from core.trees import DynamicTree
 
 ENGINE_DIR = "engine"  # the engine stage's directory inside a build directory
 SPEC_FILE = "reference.json"
@@ -36,7 +36,7 @@ class ReferenceSpec(BaseModel):
     max_seq_len: int = Field(ge=1, description="Max prompt + generated tokens.")
     hf_target_dir: str | None = Field(
         default=None,
-        description="Absolute HF directory the convert stage resolved target.model to (the oracle of engines.verify).",
+        description="Absolute HF directory the convert stage resolved target.model to (the oracle of measure.verify).",
     )
     draft_vocab: list[int] | None = Field(
         default=None,

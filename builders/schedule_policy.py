@@ -26,9 +26,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from core.speculation import SpeculationPolicy, truncate
 from core.trees import DraftTree
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -128,3 +128,21 @@ def test_auto_reads_the_measured_schedule(tmp_path: Path) -> None:
     measured.write_text("{}")
     with pytest.raises(ConfigError, match="not a `tune_tree.py --objective schedule --json` file"):
         load_config(cfg_file)
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["tree.draft_len_schedule={1: 3, 2: 2, 4: 1}"], ["tree.max_concurrency=2"],
+    ["tree.draft_len_schedule={1: 3, 8: 0, 9: 1}", "tree.acceptance_rate_window_size=16",
+     "tree.acceptance_rate_threshold=0.25"],
+])
+def test_llmapi_mirror_accepts_what_the_build_wrote_and_refuses_a_mismatch(overrides: list[str]) -> None:
+    """The 1.4 reference mirror reads model.yaml (LLM API options) and reference.json: written from one config they
+    agree; a model.yaml from another config is refused."""
+    from triton_repo.models.llmapi_io import check_policy
+
+    cfg = make_cfg(*E3, "engine.backend=reference", "tree.choices=chain-3", *overrides)
+    spec = yaml.safe_load(llmapi.dump_options(llmapi.llm_api_options(cfg, HEAD, CAPTURE, 32)))["speculative_config"]
+    policy = reference_spec(cfg, random_head=True).policy()
+    check_policy(spec, policy)
+    with pytest.raises(ValueError, match="does not match the reference engine's load-aware speculation"):
+        check_policy({**spec, "max_concurrency": 99}, policy)

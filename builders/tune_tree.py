@@ -154,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: the build's static tree)")
     ap.add_argument("--steps", type=int, default=8, help="schedule: decoding steps timed per configuration (default 8)")
     ap.add_argument("--plot", type=Path, default=None, help="schedule: write the expected-speedup plot (PNG) here")
+    ap.add_argument("--cost-model", default=None,
+                    help="schedule: take step costs from the roofline MODEL of a named GPU instead of timing this "
+                         "device (builders/gpu_cost_model.py: H100-SXM, H200-SXM, A100-SXM-80GB, L40S); the acceptance "
+                         "table is still measured here. Default batch sizes then 1..256")
+    ap.add_argument("--context", type=int, default=1024,
+                    help="schedule with --cost-model: context length (tokens) whose KV cache a step reads (default 1024)")
     ap.add_argument("--out", type=Path, help="write the config snippet here (default: print it)")
     ap.add_argument("--max-depth", type=int, default=5, help="deepest level measured (default 5)")
     ap.add_argument("--top-k", type=int, default=10, help="ranks measured per level (default 10)")
@@ -267,9 +273,9 @@ def schedule_tree(args: argparse.Namespace, runner: Runner) -> DraftTree:
 
 
 def batch_sizes(args: argparse.Namespace, runner: Runner) -> list[int]:
-    top = runner.engine.limits.max_batch_size
+    top = 512 if args.cost_model else runner.engine.limits.max_batch_size
     if args.batch_sizes is None:
-        return [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= top]
+        return [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= top]
     sizes = sorted({int(x) for x in args.batch_sizes.split(",") if x.strip()})
     if not sizes or sizes[0] != 1 or sizes[-1] > top:
         raise ValueError(f"--batch-sizes {args.batch_sizes}: give sizes from 1 up to the build's engine.max_batch_size "
@@ -286,16 +292,29 @@ def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTab
     sizes = batch_sizes(args, runner)
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps} must be >= 1")
-    r = measure(runner.engine, tree, taus, runner.ids, sizes, args.steps, args.cost_rounds)
-    print_result(r)
     device, dtype = runner.engine.device, str(runner.engine.dtype).removeprefix("torch.")
+    if args.cost_model:
+        from builders import gpu_cost_model as gm
+        from builders.schedule_policy import ScheduleResult
+
+        if args.cost_model not in gm.GPUS:
+            raise ValueError(f"--cost-model {args.cost_model}: use one of {', '.join(gm.GPUS)}")
+        shape = gm.ModelShape.from_checkpoint(args.build / "checkpoint" / "config.json")
+        step, target = gm.modelled_costs(gm.GPUS[args.cost_model], shape, tree, sizes, args.context)
+        r = ScheduleResult(sizes, taus, step, target, tree)
+        device, dtype = f"{args.cost_model} (roofline MODEL, not measured)", "16-bit"
+        print(f"step costs: the roofline model of {args.cost_model} at context {args.context}, not a measurement")
+    else:
+        r = measure(runner.engine, tree, taus, runner.ids, sizes, args.steps, args.cost_rounds)
+    print_result(r)
     if args.plot:
         plot(r, args.plot, f"expected EAGLE speedup by batch size: {tree.size}-node tree, {device}, {dtype}")
         print(f"wrote {args.plot}")
     sched = r.schedule()
     cut = truncate(tree, sched[1]) if sched else tree
+    how = "step costs modelled" if args.cost_model else f"{args.steps} steps x {args.cost_rounds} rounds"
     comment = (f"load-aware schedule by builders/tune_tree.py --objective schedule on {args.prompts}, batch sizes "
-               f"{','.join(map(str, sizes))}, {args.steps} steps x {args.cost_rounds} rounds, on {device} in {dtype}\n"
+               f"{','.join(map(str, sizes))}, {how}, on {device} in {dtype}\n"
                f"draft_len_schedule {sched or 'none: EAGLE does not beat target-only decoding here'}")
     finish(args, runner, table, cut, comment, {"objective": "schedule", "device": device, "dtype": dtype,  # type: ignore[arg-type]
                                                 "schedule": r.to_json()})

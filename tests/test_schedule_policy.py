@@ -105,3 +105,46 @@ def test_cli_schedule_errors(tiny_build: Path, tmp_path: Path, capsys: pytest.Ca
             "--top-k", "1", "--max-depth", "1", "--max-new-tokens", "4"]
     assert tune_tree.main(base + ["--batch-sizes", "2,4"]) == 2
     assert "give sizes from 1 up to the build's engine.max_batch_size" in capsys.readouterr().err
+
+
+# ---- the GPU roofline model (--cost-model) -----------------------------------------------------------------------------
+def test_gpu_model_regimes() -> None:
+    """Small batches are bound by reading the weights (a wider verification is almost free: speedup ~ tau), large
+    ones by arithmetic (speedup ~ tau / tokens verified): the model must show both and the crossing between."""
+    from builders import gpu_cost_model as gm
+
+    shape = gm.ModelShape(hidden=4096, layers=32, intermediate=14336, vocab=128256, heads=32, kv_heads=8, head_dim=128)
+    assert 7.5e9 < shape.params() < 8.5e9  # a Llama-3.1-8B shape
+    chain3 = DraftTree.from_choices([[0], [0, 0], [0, 0, 0]])
+    for gpu in gm.GPUS.values():
+        small = gm.step_ms(gpu, shape, 1, chain3, 1024) / gm.step_ms(gpu, shape, 1, None, 1024)
+        big = gm.step_ms(gpu, shape, 4096, chain3, 16) / gm.step_ms(gpu, shape, 4096, None, 16)
+        long_ctx = gm.step_ms(gpu, shape, 4096, chain3, 8192) / gm.step_ms(gpu, shape, 4096, None, 8192)
+        # weight reads dominate: 4 verified tokens cost about 1; what is added is mostly the head's 4 passes, each
+        # reading its lm_head (0.5B of 8.3B parameters here)
+        assert 1.0 < small < 1.5, gpu.name
+        assert big > 3.5, gpu.name  # short context, many sequences: arithmetic dominates, 4 tokens cost about 4x
+        assert long_ctx < big, gpu.name  # a long context makes the step read the KV cache: verification cheaper again
+        costs = [gm.step_ms(gpu, shape, b, None, 1024) for b in (1, 8, 64, 512)]
+        assert costs == sorted(costs)  # more sequences never cost less
+    steps, target = gm.modelled_costs(gm.GPUS["H100-SXM"], shape, chain3, [1, 256], 1024)
+    assert all(steps[b][0] == target[b] for b in (1, 256))  # length 0 = a target-only step
+    r = ScheduleResult([1, 8, 64, 512], [1.0, 1.7, 2.2, 2.5],
+                       *gm.modelled_costs(gm.GPUS["H100-SXM"], shape, chain3, [1, 8, 64, 512], 1024), chain3)
+    sched = r.schedule()
+    assert sched[1] == 3 and draft_len_for(sched, 512) < 3  # full length alone, less (or none) under load
+
+
+def test_cli_schedule_with_a_gpu_cost_model(tiny_build: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "The quick brown fox"}) + "\n")
+    js = tmp_path / "g.json"
+    base = ["--build", str(tiny_build), "--prompts", str(prompts), "--budget", "6", "--top-k", "2", "--max-depth",
+            "2", "--max-new-tokens", "8", "--objective", "schedule"]
+    assert tune_tree.main(base + ["--cost-model", "H100-SXM", "--json", str(js)]) == 0
+    printed = capsys.readouterr().out
+    assert "the roofline model of H100-SXM at context 1024, not a measurement" in printed
+    doc = json.loads(js.read_text())
+    assert doc["schedule"]["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64, 128, 256] and "MODEL" in doc["device"]
+    assert tune_tree.main(base + ["--cost-model", "TPU"]) == 2
+    assert "--cost-model TPU: use one of H100-SXM, H200-SXM, A100-SXM-80GB, L40S" in capsys.readouterr().err

@@ -14,8 +14,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from builders.speculation import LoadAwareFields, NonNegativeInt, Schedule  # noqa: F401 (TreeConfig's annotations)
 from builders.trtllm import registry
 from builders.trtllm.rules import trtllm_problems
 from core import trees
@@ -82,7 +91,7 @@ class DynamicTreeConfig(Strict):
     )
 
 
-class TreeConfig(Strict):
+class TreeConfig(Strict, LoadAwareFields):
     choices: str | list[list[int]] | None = Field(
         default=None,
         description="Static tree: a preset name (" + trees.PRESET_HELP + ") or an explicit list of paths.",
@@ -241,6 +250,15 @@ class BuildConfig(Strict):
     def limits(self) -> DerivedLimits:
         return derive_limits(self)
 
+    def draft_len_schedule(self) -> dict[int, int] | None:
+        """tree.draft_len_schedule sorted by threshold, `auto` read from tree.schedule_file (None: not set)."""
+        s = self.tree.draft_len_schedule
+        if s == "auto":
+            from builders.speculation import read_schedule
+
+            return read_schedule(Path(self.tree.schedule_file or ""))
+        return None if s is None else dict(sorted(s.items()))
+
     def request_deadline_s(self) -> float:
         """triton.request_deadline_s, or its default engine.max_seq_len x triton.deadline_per_token_s."""
         t = self.triton
@@ -296,6 +314,12 @@ def _rule_tree(cfg: BuildConfig) -> list[str]:
     return p
 
 
+def _rule_speculation(cfg: BuildConfig) -> list[str]:
+    from builders.speculation import speculation_problems
+
+    return speculation_problems(cfg)
+
+
 def _rule_parallel(cfg: BuildConfig) -> list[str]:
     pp, backend = cfg.parallel.pp, cfg.engine.backend
     if pp > 1 and backend == "reference":
@@ -349,7 +373,7 @@ def _rule_trtllm(cfg: BuildConfig) -> list[str]:
     return trtllm_problems(cfg)
 
 
-CROSS_FIELD_RULES = (_rule_tree, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm)
+CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm)
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:
@@ -436,7 +460,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], str(path))
     problems = apply_overrides(data, overrides or [])
     base = path.resolve().parent
-    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab")):
+    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab"), ("tree", "schedule_file")):
         sec = data.get(section)
         if isinstance(sec, dict) and isinstance(sec.get(key), str):
             sec[key] = resolve_path(sec[key], base)

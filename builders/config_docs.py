@@ -152,6 +152,11 @@ EXTRA_EXAMPLES: dict[str, Any] = {
     "tree.dynamic.top_k": 4,
     "tree.dynamic.depth": 4,
     "tree.dynamic.total_draft_tokens": 16,
+    "tree.draft_len_schedule": {1: 3, 2: 2, 4: 1},
+    "tree.schedule_file": "tune-schedule.json",
+    "tree.max_concurrency": 8,
+    "tree.acceptance_rate_window_size": 32,
+    "tree.acceptance_rate_threshold": 0.2,
     "engine.max_num_tokens": 2048,
     "engine.workers": 2,
 }
@@ -162,7 +167,7 @@ def pick_example(dotted: str, prop: dict[str, Any], sources: list[tuple[str, dic
     """(YAML snippet, where it comes from)."""
     for name, data in sources:
         value = _lookup(data, dotted)
-        if value is _MISSING or isinstance(value, dict):
+        if value is _MISSING or (isinstance(value, dict) and dotted not in EXTRA_EXAMPLES):
             continue
         text = example_yaml(dotted, value)
         if len(text) <= MAX_EXAMPLE_CHARS + len(dotted) * 2:

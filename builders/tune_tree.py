@@ -4,6 +4,11 @@ Measures per-(depth, rank) acceptance with the reference engine on the build's c
 config snippet:
 - `--objective tau` (default): the tree with the largest expected accepted length within N nodes; prints expected
   vs measured tau for it and for the presets.
+- `--objective schedule`: load-aware speculation (`tree.draft_len_schedule: auto`): times a step of B sequences
+  drafting each depth 0..D of a tree (the build's, or --tree FILE) and target-only decoding, for each --batch-sizes B,
+  and writes the draft length per batch size with the largest expected speedup (tau of the cut tree from the
+  acceptance table, over the measured step cost), the expected speedup table and --plot; --json holds the schedule
+  `tree.schedule_file` reads (builders/schedule_policy.py).
 - `--objective speed`: also times one decoding step with the optimal tree of every size 1..N and with target-only
   decoding on this device, and writes the tree with the largest predicted speedup over target-only decoding; then
   measures that tree's real speedup on the prompts (each prompt decoded both ways, back to back).
@@ -138,8 +143,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts (`prompt` or `turns` per line)")
     ap.add_argument("--budget", required=True, type=int,
                     help="tree size N (draft tokens = max_draft_len), <= 256; with --objective speed the largest size tried")
-    ap.add_argument("--objective", choices=("tau", "speed"), default="tau",
-                    help="tau: most expected tokens per step (default); speed: fastest on this device")
+    ap.add_argument("--objective", choices=("tau", "speed", "schedule"), default="tau",
+                    help="tau: most expected tokens per step (default); speed: fastest on this device; schedule: "
+                         "draft length per batch size (draft_len_schedule) from measured step costs")
+    ap.add_argument("--batch-sizes", default=None,
+                    help="schedule: batch sizes to time, e.g. 1,2,4 (default: powers of two up to the build's "
+                         "engine.max_batch_size)")
+    ap.add_argument("--tree", type=Path, default=None,
+                    help="schedule: a tree snippet (`tree: choices: ...`, e.g. configs/trees/*.yaml) to schedule "
+                         "(default: the build's static tree)")
+    ap.add_argument("--steps", type=int, default=8, help="schedule: decoding steps timed per configuration (default 8)")
+    ap.add_argument("--plot", type=Path, default=None, help="schedule: write the expected-speedup plot (PNG) here")
+    ap.add_argument("--cost-model", default=None,
+                    help="schedule: take step costs from the roofline MODEL of a named GPU instead of timing this "
+                         "device (builders/gpu_cost_model.py: H100-SXM, H200-SXM, A100-SXM-80GB, L40S); the acceptance "
+                         "table is still measured here. Default batch sizes then 1..256")
+    ap.add_argument("--context", type=int, default=1024,
+                    help="schedule with --cost-model: context length (tokens) whose KV cache a step reads (default 1024)")
     ap.add_argument("--out", type=Path, help="write the config snippet here (default: print it)")
     ap.add_argument("--max-depth", type=int, default=5, help="deepest level measured (default 5)")
     ap.add_argument("--top-k", type=int, default=10, help="ranks measured per level (default 10)")
@@ -172,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         table = given or measure_table(runner, args.top_k, args.max_depth)
         if args.objective == "speed":
             return tune_speed(args, runner, table, len(prompts))
+        if args.objective == "schedule":
+            return tune_schedule(args, runner, table)
         tuned = optimal_tree(table, args.budget)
         results = compare(runner, table, [("tuned", tuned)] + list(presets.items()))
     except (DataSourceError, trees.TreeError, FileNotFoundError, ValueError) as e:
@@ -238,6 +260,67 @@ def tune_speed(args: argparse.Namespace, runner: Runner, table: AcceptanceTable,
     return 0
 
 
+def schedule_tree(args: argparse.Namespace, runner: Runner) -> DraftTree:
+    import yaml
+
+    if args.tree is not None:
+        choices = yaml.safe_load(args.tree.read_text())["tree"]["choices"]
+        return DraftTree.from_choices(trees.preset(choices) if isinstance(choices, str) else choices)
+    tree = runner.engine.tree
+    if not isinstance(tree, DraftTree):
+        raise ValueError("--objective schedule needs a static tree: the build has a dynamic one; give --tree FILE")
+    return tree
+
+
+def batch_sizes(args: argparse.Namespace, runner: Runner) -> list[int]:
+    top = 512 if args.cost_model else runner.engine.limits.max_batch_size
+    if args.batch_sizes is None:
+        return [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= top]
+    sizes = sorted({int(x) for x in args.batch_sizes.split(",") if x.strip()})
+    if not sizes or sizes[0] != 1 or sizes[-1] > top:
+        raise ValueError(f"--batch-sizes {args.batch_sizes}: give sizes from 1 up to the build's engine.max_batch_size "
+                         f"{top}, including 1 (draft_len_schedule must hold batch size 1)")
+    return sizes
+
+
+def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTable) -> int:
+    from builders.schedule_policy import measure, plot, print_result
+    from core.speculation import truncate
+
+    tree = schedule_tree(args, runner)
+    taus = [1.0] + [table.expected_tau(truncate(tree, d)) for d in range(1, tree.depth + 1)]  # type: ignore[arg-type]
+    sizes = batch_sizes(args, runner)
+    if args.steps < 1:
+        raise ValueError(f"--steps {args.steps} must be >= 1")
+    device, dtype = runner.engine.device, str(runner.engine.dtype).removeprefix("torch.")
+    if args.cost_model:
+        from builders import gpu_cost_model as gm
+        from builders.schedule_policy import ScheduleResult
+
+        if args.cost_model not in gm.GPUS:
+            raise ValueError(f"--cost-model {args.cost_model}: use one of {', '.join(gm.GPUS)}")
+        shape = gm.ModelShape.from_checkpoint(args.build / "checkpoint" / "config.json")
+        step, target = gm.modelled_costs(gm.GPUS[args.cost_model], shape, tree, sizes, args.context)
+        r = ScheduleResult(sizes, taus, step, target, tree)
+        device, dtype = f"{args.cost_model} (roofline MODEL, not measured)", "16-bit"
+        print(f"step costs: the roofline model of {args.cost_model} at context {args.context}, not a measurement")
+    else:
+        r = measure(runner.engine, tree, taus, runner.ids, sizes, args.steps, args.cost_rounds)
+    print_result(r)
+    if args.plot:
+        plot(r, args.plot, f"expected EAGLE speedup by batch size: {tree.size}-node tree, {device}, {dtype}")
+        print(f"wrote {args.plot}")
+    sched = r.schedule()
+    cut = truncate(tree, sched[1]) if sched else tree
+    how = "step costs modelled" if args.cost_model else f"{args.steps} steps x {args.cost_rounds} rounds"
+    comment = (f"load-aware schedule by builders/tune_tree.py --objective schedule on {args.prompts}, batch sizes "
+               f"{','.join(map(str, sizes))}, {how}, on {device} in {dtype}\n"
+               f"draft_len_schedule {sched or 'none: EAGLE does not beat target-only decoding here'}")
+    finish(args, runner, table, cut, comment, {"objective": "schedule", "device": device, "dtype": dtype,  # type: ignore[arg-type]
+                                                "schedule": r.to_json()})
+    return 0
+
+
 def finish(args: argparse.Namespace, runner: Runner, table: AcceptanceTable, tuned: DraftTree, comment: str,
            extra: dict[str, Any]) -> None:
     """Print the acceptance table, write the snippet and the JSON."""
@@ -249,6 +332,9 @@ def finish(args: argparse.Namespace, runner: Runner, table: AcceptanceTable, tun
     if args.table:
         comment += f"\nacceptance table read from {args.table}"
     text = snippet_yaml(tuned, comment)
+    sched = extra.get("schedule", {}).get("draft_len_schedule")
+    if sched:  # --objective schedule: the measured schedule goes with its tree
+        text += "  draft_len_schedule: {" + ", ".join(f"{b}: {n}" for b, n in sched.items()) + "}\n"
     if args.out:
         args.out.write_text(text)
         print(f"wrote {args.out}")

@@ -39,7 +39,7 @@ from tqdm import tqdm  # noqa: E402
 from clients import schema as sch  # noqa: E402
 from clients.client import DEFAULT_TIMEOUT_S, AsyncLLMClient, sampling_of  # noqa: E402
 from clients.load import LevelResult, LevelRunner, LevelSpec  # noqa: E402
-from clients.plots import write_plots  # noqa: E402
+from clients.plots import COMPARISON_FILE, plot_speculation_comparison, write_plots  # noqa: E402
 from clients.prompts import PromptFileError, load_prompts  # noqa: E402
 from clients.stats import CSV_COLUMNS, LevelReport, aggregate, csv_row  # noqa: E402
 from clients.tokens import TokenCounter, make_counter  # noqa: E402
@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: server's)")
     ap.add_argument("--top-k", type=int, default=None, help="top-k (default: server's)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--baseline-url", default=None,
+                    help="gRPC endpoint of the same deployment with speculation off (e.g. the same build served with "
+                         "the reference model's `speculative` parameter false): each level runs there too, right "
+                         "after this one; its report goes to OUT/baseline/, and OUT/speculation_on_off.png plots both "
+                         "throughput curves and their ratio (OUT/comparison.json the numbers)")
     return ap
 
 
@@ -150,13 +155,26 @@ async def run_level(
         return await LevelRunner(client, prompts, counter, spec, stop, on_done=lambda _r: bar.update(1)).run()
 
 
+def write_comparison(out: Path, on: list[LevelReport], off: list[LevelReport]) -> None:
+    """comparison.json and the plot: output tokens/s with and without speculation per level, and their ratio."""
+    rows = [{"level": a.level, "on_tokens_per_s": a.output_tokens_per_s, "off_tokens_per_s": b.output_tokens_per_s,
+             "ratio": a.output_tokens_per_s / b.output_tokens_per_s if b.output_tokens_per_s else None,
+             "tau": a.tau} for a, b in zip(on, off, strict=True)]
+    (out / "comparison.json").write_text(json.dumps({"mode": on[0].mode, "levels": rows}, indent=2) + "\n")
+    plot_speculation_comparison(on, off, out / COMPARISON_FILE)
+
+
+async def _connect(args: argparse.Namespace, url: str) -> AsyncLLMClient:
+    if args.repo is not None:
+        return AsyncLLMClient(url, sch.from_repository(args.repo, args.model), timeout_s=args.timeout)
+    return await AsyncLLMClient.connect(url, args.model, timeout_s=args.timeout)
+
+
 async def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts)
     specs = level_specs(args)
-    if args.repo is not None:
-        client = AsyncLLMClient(args.url, sch.from_repository(args.repo, args.model), timeout_s=args.timeout)
-    else:
-        client = await AsyncLLMClient.connect(args.url, args.model, timeout_s=args.timeout)
+    client = await _connect(args, args.url)
+    baseline = None if args.baseline_url is None else await _connect(args, args.baseline_url)
     counter = make_counter(args.tokenizer or client.schema.tokenizer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -170,6 +188,7 @@ async def run(args: argparse.Namespace) -> int:
         "interrupted": False,
     }  # fmt: skip
     results: list[LevelResult] = []
+    base_results: list[LevelResult] = []
     try:
         for spec in specs:
             if stop.is_set():
@@ -179,9 +198,17 @@ async def run(args: argparse.Namespace) -> int:
             meta["interrupted"] = result.interrupted
             reports = write_reports(args.out, results, meta)
             print(_summary_line(reports[-1]), flush=True)
+            if baseline is not None and not stop.is_set():
+                b = await run_level(baseline, prompts, counter, spec, stop, progress=not args.no_progress)
+                base_results.append(b)
+                base_reports = write_reports(args.out / "baseline", base_results, {**meta, "url": args.baseline_url})
+                print("speculation off: " + _summary_line(base_reports[-1]), flush=True)
+                write_comparison(args.out, reports[: len(base_reports)], base_reports)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await client.close()
+        if baseline is not None:
+            await baseline.close()
     if stop.is_set():
         meta["interrupted"] = True
         write_reports(args.out, results, meta)

@@ -100,3 +100,31 @@ def write_plots(levels: Sequence[LevelReport], ttfts: Sequence[Sequence[float]],
         plot_latency_percentiles(levels, out / PLOT_FILES[1]),
         plot_ttft_distribution(levels, ttfts, out / PLOT_FILES[2]),
     ]
+
+
+COMPARISON_FILE = "speculation_on_off.png"
+
+
+def plot_speculation_comparison(on: Sequence[LevelReport], off: Sequence[LevelReport], path: Path) -> Path:
+    """Output tokens/s with speculation and without it at each load level (left), and their ratio (right): where the
+    ratio crosses 1, speculation stops paying."""
+    xs = [rep.level for rep in on]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    ax.plot(xs, [r.output_tokens_per_s for r in on], "o-", color="tab:green", label="EAGLE (speculation on)")
+    ax.plot(xs, [r.output_tokens_per_s for r in off], "s--", color="tab:gray", label="speculation off")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Throughput with and without speculation")
+    ax.legend(fontsize=8)
+    ratio = [a.output_tokens_per_s / b.output_tokens_per_s if b.output_tokens_per_s else float("nan")
+             for a, b in zip(on, off, strict=True)]
+    ax2.plot(xs, ratio, "o-", color="tab:purple")
+    ax2.axhline(1.0, color="grey", lw=1, ls="--")
+    ax2.set_ylabel("on / off (output tokens/s)")
+    ax2.set_title("Speedup of speculation")
+    for a in (ax, ax2):
+        _xaxis(a, on)
+        a.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

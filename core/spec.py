@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.speculation import SpeculationPolicy
 from core.trees import DynamicTree
 
 ENGINE_DIR = "engine"  # the engine stage's directory inside a build directory
@@ -41,6 +42,20 @@ class ReferenceSpec(BaseModel):
         default=None,
         description="EAGLE-1/2 only: target token ids the head drafts over (most frequent first; None = all).",
     )
+
+    draft_len_schedule: dict[int, int] | None = Field(
+        default=None, description="Batch-size threshold -> draft length per step (engines/schedule.py); None = off."
+    )
+    max_concurrency: int | None = Field(default=None, ge=1, description="No speculation above this many sequences.")
+    acceptance_rate_window_size: int = Field(default=0, ge=0, description="Steps in the acceptance window (0 = off).")
+    acceptance_rate_threshold: float | None = Field(
+        default=None, ge=0, le=1, description="Speculation stops once the window's mean acceptance rate is below this."
+    )
+
+    def policy(self) -> SpeculationPolicy | None:
+        p = SpeculationPolicy(self.draft_len_schedule, self.max_concurrency, self.acceptance_rate_window_size,
+                              self.acceptance_rate_threshold)
+        return None if p.is_static else p
 
     def path(self, build_dir: Path, rel: str) -> Path:
         return (build_dir / rel).resolve()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from core.spec import read_spec
+from core.speculation import SpeculationPolicy
 from core.trees import DraftTree, DynamicTree
 from core.types import (
     FinishReason,
@@ -30,7 +31,7 @@ from core.types import (
     stats_dict,
 )
 from engines.runtime import Runtime, load_tokenizer, runtime_from_spec
-from engines.session import Session
+from engines.session import Session, generate, open_session
 
 __all__ = [
     "FinishReason",
@@ -48,7 +49,7 @@ __all__ = [
 
 
 class ReferenceEngine:
-    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the loop: engines/decode.py)."""
+    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the batch: engines/session.py; the math: engines/decode.py)."""
 
     def __init__(self, runtime: Runtime) -> None:
         if not isinstance(runtime, Runtime):
@@ -90,6 +91,15 @@ class ReferenceEngine:
     def with_tree(self, tree: DraftTree | DynamicTree) -> ReferenceEngine:
         """This engine's weights (shared, not copied) drafting with another tree."""
         return ReferenceEngine(self._rt.with_tree(tree))
+
+    def with_policy(self, policy: SpeculationPolicy | None) -> ReferenceEngine:
+        """This engine's weights and tree with each step's draft length following `policy` (engines/schedule.py:
+        draft_len_schedule, max_concurrency, acceptance-rate switch); None = always the whole tree."""
+        return ReferenceEngine(self._rt.with_policy(policy))
+
+    @property
+    def policy(self) -> SpeculationPolicy | None:
+        return self._rt.policy
 
     def with_draft_vocab(self, ids: list[int]) -> ReferenceEngine:
         """This engine's weights (shared) with its EAGLE-1/2 head drafting over the target tokens `ids` only."""
@@ -153,7 +163,7 @@ class ReferenceEngine:
         tokens of a request are accepted (streaming); returning False cancels that request (finish_reason
         "cancelled") and frees its cache rows.
         """
-        return self._rt.generate(requests, speculative=speculative, on_tokens=on_tokens)
+        return generate(self._rt, requests, speculative=speculative, on_tokens=on_tokens)
 
     def session(
         self,
@@ -169,13 +179,13 @@ class ReferenceEngine:
         it alone). `capacity` (sequence slots) and `max_len` (prompt + output tokens per slot) default to the
         build's engine.max_batch_size and engine.max_seq_len."""
         limits = self._rt.limits
-        if (capacity is None or max_len is None) and limits is None:
-            raise ValueError("capacity and max_len are required for an engine loaded without a build (from_checkpoint)")
-        return self._rt.open_session(
-            capacity if capacity is not None else limits.max_batch_size,  # type: ignore[union-attr]
-            max_len if max_len is not None else limits.max_seq_len,  # type: ignore[union-attr]
-            speculative=speculative, on_tokens=on_tokens,
-        )  # fmt: skip
+        if capacity is None or max_len is None:
+            if limits is None:
+                raise ValueError("capacity and max_len are required for an engine loaded without a build "
+                                 "(from_checkpoint)")  # fmt: skip
+            capacity = limits.max_batch_size if capacity is None else capacity
+            max_len = limits.max_seq_len if max_len is None else max_len
+        return open_session(self._rt, capacity, max_len, speculative=speculative, on_tokens=on_tokens)
 
     @staticmethod
     def aggregate(results: list[GenerationResult]) -> RequestStats:

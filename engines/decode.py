@@ -1,114 +1,168 @@
-"""The decoding loop, as functions over a `Session` (engines/session.py).
+"""The decoding math: prefill, a target-only step and a speculative step over a batch of sequence slots.
 
 One speculative step for a batch of sequences (gpt-fast's `speculative_decode`, with a tree):
 
     tree   = draft(drafter state)                        # root = last chosen token, nodes = draft tokens
     hidden = verify(tree)                                # ONE target forward: positions len + depth, mask = ancestors
-    path, next = walk(tree, hidden)                      # deepest accepted path + one token from the target
-    commit(path): compact the path's K/V to len .. len + |path| - 1; emit path tokens + next;
-                  drafter(path tokens[1:] + [next], target features on the path) -> drafter state for the next step
+    path, next = walk(tree, hidden)                      # accept: deepest accepted path + one token from the target
+    compact(path)                                        # the path's K/V move to len .. len + |path| - 1
+    -- the session outputs path tokens + next; stop conditions end some sequences --
+    commit_drafter(path tokens[1:] + [next], target features on the path)   # drafter state for the next step
 
-Target-only decoding is the same loop with an empty tree. Host-side bookkeeping (tokens, paths, cache lengths) is
-kept in Python lists so that a step reads the device back once per walk level and not per sequence or per forward.
+Target-only decoding is the same loop with an empty tree. The functions read the batch's device state (`TargetBatch`,
+and `DraftBatch` when speculating) and each slot's request, generator and committed length (engines/slots.py), and
+return what they accepted per slot; the session applies it (output, stop conditions, statistics, streaming).
+Host-side bookkeeping (tokens, paths, cache lengths) is kept in Python lists so that a step reads the device back
+once per walk level and not per sequence or per forward.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from core.laps import Laps
 from engines import skinny
 from engines.draft import DraftState
-from engines.model import Rows
+from engines.drafting import Drafting
+from engines.model import Drafter, KVCache, Llama, Rows
 from engines.sampling import choose, greedy_node, sampling_node
+from engines.slots import Accepted, Slot
 from engines.tree import TreeBatch
-
-if TYPE_CHECKING:
-    from engines.session import Session
-
-# (accepted path: root .. deepest accepted node, new tokens: the path's draft tokens + the one the target chose)
-Walked = tuple[list[int], list[int]]
 
 # Tree rows (all sequences' nodes) up to which `walk` computes the lm_head at every node in one product: the rows one
 # pass of the AVX2 kernel multiplies for the price of one; on a GPU a product of a few rows also costs what one does.
 EAGER_LM_HEAD_ROWS = skinny.ROWS_PER_PASS
 
 
-def _rows(s: Session, slots: list[int]) -> Rows:
-    return Rows.of(slots, [s.lens[i] for i in slots], s.rt.device)
+@dataclass
+class TargetBatch:
+    """The target's side of a batch: its model, its KV cache (one row per slot) and each slot's last chosen token."""
+
+    model: Llama
+    cache: KVCache
+    root: torch.Tensor  # (capacity,) last chosen token per slot, not yet in the caches
+    capture: tuple[int, ...] = ()  # target layers whose outputs the drafter reads (EAGLE-3)
+
+    @property
+    def device(self) -> torch.device:
+        return self.root.device
+
+
+@dataclass
+class DraftBatch:
+    """The drafter's side of a speculating batch: head, drafting strategy, KV cache (with the strategy's scratch
+    slots) and each slot's drafter state at its last committed token."""
+
+    drafter: Drafter
+    drafting: Drafting
+    cache: KVCache
+    capacity: int
+    # Allocated on the first drafter pass, when the head's hidden size and draft vocabulary are known.
+    state: DraftState | None = None
+
+
+class Walked(NamedTuple):
+    """A sequence's accepted path (root .. deepest accepted node) and its new tokens: the path's draft tokens and
+    the one the target chose after it."""
+
+    path: list[int]
+    tokens: list[int]
+
+
+@dataclass
+class Speculated:
+    """A speculative step up to the output: what it accepted per slot, and what the drafter update needs."""
+
+    slots: list[Slot]
+    walked: list[Walked]
+    hidden: torch.Tensor  # target hidden states at every tree node
+    captured: list[torch.Tensor]  # the captured target layers at every tree node (EAGLE-3)
+    accepted: list[Accepted]
+
+
+def rows_of(slots: list[Slot], device: torch.device) -> Rows:
+    return Rows.of([s.index for s in slots], [s.length for s in slots], device)
 
 
 def _causal(b: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(b, -1, -1)
 
 
-def prefill(s: Session, group: list[int]) -> None:
+# ---- steps ------------------------------------------------------------------------------------------------------------
+def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot]) -> list[Accepted]:
     """Prefill requests whose prompts have the same length in one forward; choose each one's first token."""
-    dev = s.rt.device
-    prompt = torch.tensor([s.req(i).prompt_ids for i in group], device=dev)
+    dev = t.device
+    prompt = torch.tensor([s.request.prompt_ids for s in group], device=dev)
     b, p = prompt.shape
-    rows = Rows.of(group, [0] * b, dev)
+    rows = Rows.of([s.index for s in group], [0] * b, dev)
     arange = torch.arange(p, device=dev)
-    hidden, captured = s.rt.target.forward(prompt, rows.step(arange.expand(b, p), _causal(b, p, dev)), s.tcache, s.capture)
-    logits = s.rt.target.lm_head(hidden[:, -1])
-    first = [choose(logits[j], s.req(i).sampling, s.gens[i]) for j, i in enumerate(group)]
-    for i in group:
-        s.lens[i] = p
-    if s.spec:
+    hidden, captured = t.model.forward(prompt, rows.step(arange.expand(b, p), _causal(b, p, dev)), t.cache, t.capture)
+    logits = t.model.lm_head(hidden[:, -1])
+    first = [choose(logits[j], s.request.sampling, s.gen) for j, s in enumerate(group)]
+    for s in group:
+        s.length = p
+    if d is not None:
         # Drafter pairs (x_{t+1}, f_t) for t = 0..p-1: the prompt shifted by one, then the token just chosen.
         d_tokens = torch.cat([prompt[:, 1:], torch.tensor(first, device=dev)[:, None]], 1)
-        update_drafter(s, Rows.of(group, [0] * b, dev), d_tokens, s.rt.drafter.features(hidden, captured), [p] * b)  # type: ignore[union-attr]
-    for i, tok in zip(group, first):
-        s.root[i] = tok
-        s.emit(i, [tok])
+        update_drafter(d, rows, d_tokens, d.drafter.features(hidden, captured), [p] * b)
+    for s, tok in zip(group, first):
+        t.root[s.index] = tok
+    return [Accepted(s.index, [tok], forwards=0) for s, tok in zip(group, first)]
 
 
-def target_step(s: Session, active: list[int]) -> None:
-    dev = s.rt.device
-    rows = _rows(s, active)
-    ones = torch.ones(len(active), 1, 1, dtype=torch.bool, device=dev)
-    hidden, _ = s.rt.target.forward(s.root[rows.idx][:, None], rows.step(rows.lens[:, None], ones), s.tcache)
-    logits = s.rt.target.lm_head(hidden[:, 0])
-    s.grow(active, [1] * len(active))
+def target_step(t: TargetBatch, slots: list[Slot]) -> list[Accepted]:
+    """One target forward per sequence at its last chosen token; the next token from its logits."""
+    dev = t.device
+    rows = rows_of(slots, dev)
+    ones = torch.ones(len(slots), 1, 1, dtype=torch.bool, device=dev)
+    hidden, _ = t.model.forward(t.root[rows.idx][:, None], rows.step(rows.lens[:, None], ones), t.cache)
+    logits = t.model.lm_head(hidden[:, 0])
     tops = logits.argmax(-1).tolist()  # one read-back for the greedy sequences of the batch
-    for j, i in enumerate(active):
-        sp = s.req(i).sampling
-        tok = tops[j] if sp.greedy else choose(logits[j], sp, s.gens[i])
-        s.stats[i].target_forwards += 1
-        s.root[i] = tok
-        s.emit(i, [tok])
+    accepted = []
+    for j, s in enumerate(slots):
+        s.length += 1
+        sp = s.request.sampling
+        tok = tops[j] if sp.greedy else choose(logits[j], sp, s.gen)
+        t.root[s.index] = tok
+        accepted.append(Accepted(s.index, [tok]))
+    return accepted
 
 
-def speculative_step(s: Session, active: list[int]) -> None:
-    """draft a tree -> verify all of it in ONE target forward -> walk to the accepted path -> commit it."""
-    s.laps.start()
-    rows = _rows(s, active)
-    tree = draft(s, rows)
-    hidden, captured = verify(s, rows, tree)
-    s.laps.lap("verify")
-    walked = walk(s, active, tree, hidden)
-    s.laps.lap("walk")
-    commit(s, rows, tree, walked, hidden, captured)
+def speculate(t: TargetBatch, d: DraftBatch, slots: list[Slot], laps: Laps) -> Speculated:
+    """draft a tree -> verify all of it in ONE target forward -> walk to the accepted path -> compact its K/V."""
+    laps.start()
+    rows = rows_of(slots, t.device)
+    tree = draft(t, d, rows, laps)
+    hidden, captured = verify(t, rows, tree)
+    laps.lap("verify")
+    walked = walk(t, slots, tree, hidden)
+    laps.lap("walk")
+    compact(t, rows, walked)
+    laps.lap("kv compaction")
+    accepted = [Accepted(s.index, w.tokens, forwards=1, drafted=tree.size - 1, accepted=len(w.path) - 1)
+                for s, w in zip(slots, walked)]  # fmt: skip
+    return Speculated(slots, walked, hidden, captured, accepted)
 
 
-def draft(s: Session, rows: Rows) -> TreeBatch:
-    rt = s.rt
-    assert rt.drafter is not None
-    state = DraftState(s.state.h[rows.idx], s.state.logits[rows.idx])
-    root = s.root[rows.idx]
-    assert rt.drafting is not None
-    return rt.drafting.draft(rt.drafter, s.dcache, rows, root, state, s.laps.lap)
+# ---- the parts of a speculative step -----------------------------------------------------------------------------------
+def draft(t: TargetBatch, d: DraftBatch, rows: Rows, laps: Laps) -> TreeBatch:
+    if d.state is None:
+        raise RuntimeError("a speculative step before any prefill: the drafter has no state yet")
+    state = DraftState(d.state.h[rows.idx], d.state.logits[rows.idx])
+    return d.drafting.draft(d.drafter, d.cache, rows, t.root[rows.idx], state, laps.lap)
 
 
-def verify(s: Session, rows: Rows, tree: TreeBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def verify(t: TargetBatch, rows: Rows, tree: TreeBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The target's forward over every tree node at once: node n at position len + depth(n), seeing the committed
     cache and its ancestors."""
     step = rows.step(rows.lens[:, None] + tree.depth, tree.anc)
-    return s.rt.target.forward(tree.tokens, step, s.tcache, s.capture)
+    return t.model.forward(tree.tokens, step, t.cache, t.capture)
 
 
-def walk(s: Session, active: list[int], tree: TreeBatch, hidden: torch.Tensor) -> list[Walked]:
+def walk(t: TargetBatch, slots: list[Slot], tree: TreeBatch, hidden: torch.Tensor) -> list[Walked]:
     """Verify every sequence's tree: walk it from the root, moving to an accepted child (greedy_node /
     sampling_node) until none is; returns (path root .. deepest accepted node, new tokens) per sequence.
 
@@ -126,92 +180,78 @@ def walk(s: Session, active: list[int], tree: TreeBatch, hidden: torch.Tensor) -
         for n, p in enumerate(par[1:], start=1):
             k[p].append(n)
         kids.append(k)
-    paths = [[0] for _ in active]
-    result: list[Walked | None] = [None] * len(active)
+    paths = [[0] for _ in slots]
+    result: list[Walked | None] = [None] * len(slots)
     b, n = hidden.shape[:2]
-    every = s.rt.target.lm_head(hidden) if b * n <= EAGER_LM_HEAD_ROWS else None  # (B, N, V)
+    lm_head = t.model.lm_head
+    every = lm_head(hidden) if b * n <= EAGER_LM_HEAD_ROWS else None  # (B, N, V)
     while walking := [j for j, r in enumerate(result) if r is None]:
         idx = torch.tensor(walking, device=hidden.device)
         nodes = torch.tensor([paths[j][-1] for j in walking], device=hidden.device)
-        logits = every[idx, nodes] if every is not None else s.rt.target.lm_head(hidden[idx, nodes])  # (walking, V)
+        logits = every[idx, nodes] if every is not None else lm_head(hidden[idx, nodes])  # (walking, V)
         tops = logits.argmax(-1).tolist()
         for r, j in enumerate(walking):
-            sp, node = s.req(active[j]).sampling, paths[j][-1]
+            s, node = slots[j], paths[j][-1]
+            sp = s.request.sampling
             tok: int | None = tops[r]
             if sp.greedy:
                 child = greedy_node(tops[r], kids[j][node], tokens[j])
             else:
-                child, tok = sampling_node(logits[r], kids[j][node], tokens[j], sp, s.gens[active[j]])
+                child, tok = sampling_node(logits[r], kids[j][node], tokens[j], sp, s.gen)
             if child is None:
                 assert tok is not None
-                result[j] = (paths[j], [tokens[j][p] for p in paths[j][1:]] + [tok])
+                result[j] = Walked(paths[j], [tokens[j][p] for p in paths[j][1:]] + [tok])
             else:
                 paths[j].append(child)
     return [r for r in result if r is not None]
 
 
-def commit(
-    s: Session, rows: Rows, tree: TreeBatch, walked: list[Walked], hidden: torch.Tensor, captured: list[torch.Tensor]
-) -> None:
-    """KV compaction (the accepted path's entries become contiguous after the committed cache), output, and the
-    drafter fed with the accepted tokens and the target's features on the path."""
-    dev = s.rt.device
-    for j, (i, (path, _)) in enumerate(zip(rows.host, walked)):
-        if path != list(range(len(path))):  # a path of first children is already in place
+def compact(t: TargetBatch, rows: Rows, walked: list[Walked]) -> None:
+    """KV compaction: the accepted path's entries become contiguous after the committed cache."""
+    dev = t.device
+    for j, (i, w) in enumerate(zip(rows.host, walked)):
+        if w.path != list(range(len(w.path))):  # a path of first children is already in place
             base = rows.host_lens[j]
-            s.tcache.move(i, torch.tensor([base + p for p in path], device=dev),
-                          torch.arange(base, base + len(path), device=dev))
-    s.laps.lap("kv compaction")
-    going: list[tuple[int, list[int], torch.Tensor]] = []  # (slot, new tokens, their features)
-    for j, (i, (path, new)) in enumerate(zip(rows.host, walked)):
-        kept = s.emit(i, new)
-        count(s, i, drafted=tree.size - 1, accepted=min(len(path) - 1, kept))
-        if s.finish[i] is None:
-            s.root[i] = new[-1]
-            at = torch.tensor(path, device=dev)
-            feats = s.rt.drafter.features(hidden[j, at][None], [c[j, at][None] for c in captured])[0]  # type: ignore[union-attr]
-            going.append((i, new, feats))
-    s.laps.lap("output")
-    if going:
-        commit_drafter(s, going)
-    s.laps.lap("drafter update")
+            t.cache.move(i, torch.tensor([base + p for p in w.path], device=dev),
+                         torch.arange(base, base + len(w.path), device=dev))  # fmt: skip
 
 
-def count(s: Session, i: int, drafted: int, accepted: int) -> None:
-    st = s.stats[i]
-    st.target_forwards += 1
-    st.draft_tokens += drafted
-    st.accepted_draft_tokens += accepted
-    for d in range(accepted):
-        st.acceptance_by_depth[d] += 1
-
-
-def commit_drafter(s: Session, going: list[tuple[int, list[int], torch.Tensor]]) -> None:
-    """Feed each sequence's newly committed pairs (token, target feature at the previous position) to the
-    drafter, all sequences at once (padded to the longest); the caches grow by the path length."""
-    dev = s.rt.device
-    n = [len(new) for _, new, _ in going]
-    b, longest = len(going), max(n)
-    tok = torch.tensor([new + [0] * (longest - len(new)) for _, new, _ in going], device=dev)
-    ft = going[0][2].new_zeros(b, longest, going[0][2].shape[-1])
-    for j, (_, _, feats) in enumerate(going):
+def commit_drafter(t: TargetBatch, d: DraftBatch, step: Speculated, going: list[bool]) -> None:
+    """The sequences still going commit their new tokens: the root moves to the last one, and the drafter reads
+    the pairs (token, target feature at the previous position), all sequences at once (padded to the longest);
+    the caches grow by the path length."""
+    dev = t.device
+    feed: list[tuple[Slot, list[int], torch.Tensor]] = []  # (slot, new tokens, their features)
+    for j, (s, w) in enumerate(zip(step.slots, step.walked)):
+        if not going[j]:
+            continue
+        t.root[s.index] = w.tokens[-1]
+        at = torch.tensor(w.path, device=dev)
+        feats = d.drafter.features(step.hidden[j, at][None], [c[j, at][None] for c in step.captured])[0]
+        feed.append((s, w.tokens, feats))
+    if not feed:
+        return
+    n = [len(new) for _, new, _ in feed]
+    b, longest = len(feed), max(n)
+    tok = torch.tensor([new + [0] * (longest - len(new)) for _, new, _ in feed], device=dev)
+    ft = feed[0][2].new_zeros(b, longest, feed[0][2].shape[-1])
+    for j, (_, _, feats) in enumerate(feed):
         ft[j, : n[j]] = feats
-    slots = [i for i, _, _ in going]
-    update_drafter(s, _rows(s, slots), tok, ft, n)
-    s.grow(slots, n)
+    slots = [s for s, _, _ in feed]
+    update_drafter(d, rows_of(slots, dev), tok, ft, n)
+    for s, k in zip(slots, n):
+        s.length += k
 
 
-def update_drafter(s: Session, rows: Rows, tokens: torch.Tensor, feats: torch.Tensor, n: list[int]) -> None:
+def update_drafter(d: DraftBatch, rows: Rows, tokens: torch.Tensor, feats: torch.Tensor, n: list[int]) -> None:
     """Append pairs (tokens[:, t], feats[:, t]) at positions lens + t (causal); keep the state of the last real one."""
-    d = s.rt.drafter
-    assert d is not None
     b, length = tokens.shape
-    dev = s.rt.device
+    dev = tokens.device
     arange = torch.arange(length, device=dev)
-    h = d.forward(tokens, feats, rows.step(rows.lens[:, None] + arange, _causal(b, length, dev)), s.dcache)
+    h = d.drafter.forward(tokens, feats, rows.step(rows.lens[:, None] + arange, _causal(b, length, dev)), d.cache)
     last = h[torch.arange(b, device=dev), torch.tensor(n, device=dev) - 1]
-    logits = d.logits(last)
-    if s.state.logits.numel() == 0:
-        s.state = DraftState(last.new_zeros(s.capacity, last.shape[-1]), logits.new_zeros(s.capacity, logits.shape[-1]))
-    s.state.h[rows.idx] = last
-    s.state.logits[rows.idx] = logits
+    logits = d.drafter.logits(last)
+    if d.state is None:
+        d.state = DraftState(last.new_zeros(d.capacity, last.shape[-1]), logits.new_zeros(d.capacity, logits.shape[-1]))
+    d.state.h[rows.idx] = last
+    d.state.logits[rows.idx] = logits

@@ -1,8 +1,9 @@
 """Loading an engine: checkpoint, head, tree, tokenizer and limits, with the weight layouts of its device.
 
-The decoding loop is engines/decode.py; engines/session.py holds the batch as slots (one cache row each): `add` a
+A `Runtime` is the loaded weights and what decoding needs to know about them; it decodes nothing itself. The
+decoding math is engines/decode.py; engines/session.py holds the batch as slots (one cache row each): `add` a
 request at any time, `step` prefills the new ones or advances every active sequence by one step, finished or
-cancelled sequences leave (`pop`). `generate` is a session holding exactly its requests, stepped until all are
+cancelled sequences leave (`pop`). Its `generate` is a session holding exactly its requests, stepped until all are
 done; Triton's reference model keeps one session for its lifetime (in-flight batching).
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from core.spec import ReferenceSpec
 from core.trees import DraftTree, DynamicTree
-from core.types import GenerationRequest, GenerationResult, Limits, OnTokens
+from core.types import Limits
 from engines.checkpoint import (
     DTYPES,
     CheckpointError,
@@ -38,7 +39,6 @@ from core.families import NATIVE, traits
 from engines.generic import GenericTarget, load_generic
 from engines.model import Drafter, Eagle1Drafter, Llama
 from engines.parallel import TPGroup, current_group
-from engines.session import Session
 
 
 def resolve_device(device: str) -> torch.device:
@@ -72,6 +72,7 @@ class Runtime:
     group: TPGroup
     limits: Limits | None = None  # from the build's reference.json; None = only memory limits
     window: int | None = None  # the target's sliding window: longer sequences would be computed wrongly, refused
+    policy: SpeculationPolicy | None = None  # draft length per step (engines/schedule.py); None = the whole tree
 
     @classmethod
     def load(
@@ -134,6 +135,10 @@ class Runtime:
         check_tree_fits(tree, self.drafter)
         return dataclasses.replace(self, drafting=drafting_for(tree, self.device))
 
+    def with_policy(self, policy: SpeculationPolicy | None) -> Runtime:
+        """The same weights and tree, each step's draft length following `policy` (None: always the whole tree)."""
+        return dataclasses.replace(self, policy=policy)
+
     def with_draft_vocab(self, ids: list[int]) -> Runtime:
         """The same weights with the head drafting over `ids` only (a new lm_head of those rows; the rest shared)."""
         drafter = restrict_draft_vocab(self.drafter, ids)
@@ -141,36 +146,6 @@ class Runtime:
         if self.drafting is not None:
             check_tree_fits(self.drafting.tree, drafter)
         return dataclasses.replace(self, drafter=drafter)
-
-    def generate(self, requests: list[GenerationRequest], *, speculative: bool, on_tokens: OnTokens | None) -> list[GenerationResult]:
-        if not requests:
-            return []
-        if self.limits is not None:
-            self.limits.check(requests)
-        self.check_window(max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
-        # A session sized for exactly these requests, all added before the first step: the prefill groups and
-        # decoding steps are those of one static batch.
-        with torch.inference_mode():
-            session = Session(self, requests, speculative and self.drafter is not None, on_tokens)
-            while not session.done:
-                session.step()
-            results = [session.pop(i) for i in range(len(requests))]
-        failed = [f"request {i}: {r.error}" for i, r in enumerate(results) if r.finish_reason == "error"]
-        if failed:  # the others finished; an offline caller still gets an error, never a partial list
-            raise RuntimeError("generation failed for " + "; ".join(failed))
-        return results
-
-    def open_session(self, capacity: int, max_len: int, *, speculative: bool, on_tokens: OnTokens | None) -> Session:
-        """An empty session with `capacity` sequence slots, each holding up to `max_len` tokens (prompt + output)."""
-        if capacity < 1 or max_len < 2:
-            raise ValueError(f"session capacity={capacity} and max_len={max_len} must be >= 1 and >= 2")
-        if self.limits is not None and capacity > self.limits.max_batch_size:
-            raise ValueError(
-                f"session capacity {capacity} exceeds the build's engine.max_batch_size={self.limits.max_batch_size}"
-            )
-        self.check_window(max_len)
-        spec = speculative and self.drafter is not None
-        return Session(self, [], spec, on_tokens, capacity=capacity, max_len=max_len)
 
 
 def _target(cfg: dict[str, Any], ckpt: Path, group: TPGroup, dev: torch.device,
@@ -233,4 +208,5 @@ def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) 
     if rt.group.size != spec.tp:
         raise CheckpointError(f"reference.json says tp={spec.tp} but the checkpoint has tp_size={rt.group.size}")
     rt.limits = Limits(spec.max_batch_size, spec.max_input_len, spec.max_seq_len)
+    rt.policy = spec.policy()
     return rt

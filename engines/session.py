@@ -1,22 +1,23 @@
-"""A batch of sequence slots decoded together (in-flight batching); the decoding math is engines/decode.py."""
+"""A batch of sequence slots decoded together (in-flight batching); the decoding math is engines/decode.py, each
+slot's bookkeeping engines/slots.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 import torch
 
 from core.laps import NO_LAPS, Laps
 from core.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
-from engines import decode
+from engines import decode, schedule
+from engines.decode import DraftBatch, TargetBatch
 from engines.draft import DraftState
 from engines.model import KVCache
-
-if TYPE_CHECKING:
-    from engines.runtime import Runtime
+from engines.runtime import Runtime
+from engines.slots import Accepted, Slot
 
 
 class Session:
@@ -26,15 +27,16 @@ class Session:
     prefills the requests added since the last step or advances every active sequence by one speculative (or
     target-only) step; a sequence leaves the batch when it finishes, fails or is `cancel`led, and `pop(slot)`
     returns its result and frees the slot for the next request. `on_tokens(slot, new_ids)` streams accepted tokens
-    at the end of each step; returning False cancels that sequence. Every row of the caches belongs to one slot; a new request overwrites its slot's
-    rows from position 0 (prefill), so nothing of the previous occupant is visible to it.
+    at the end of each step; returning False cancels that sequence. Every row of the caches belongs to one slot; a
+    new request overwrites its slot's rows from position 0 (prefill), so nothing of the previous occupant is visible
+    to it.
 
     Isolation: a request is checked when it is added (token ids in the vocabulary, finite sampling parameters), and
     an exception raised while stepping ends only the sequence that raises it (finish_reason "error", the message in
     its result): the step is undone for its sequences and rerun for each alone, and streamed tokens leave the
     session only once a step has succeeded, so the others continue exactly as if the failing one had not been there.
 
-    `laps` (measure/profile.py) splits each decoding step's wall time into its parts when a profiler sets it.
+    `laps` (core/laps.py) splits each decoding step's wall time into its parts when a profiler sets it.
 
     Not thread-safe: one thread drives a session (Triton's reference model runs it on its batcher thread)."""
 
@@ -47,43 +49,37 @@ class Session:
         as the static batch it replaces."""
         capacity = len(requests) if capacity is None else capacity
         max_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) if max_len is None else max_len
-        self.rt, self.capacity, self.max_len, self.spec, self.on_tokens = rt, capacity, max_len, speculative, on_tokens
+        self.rt, self.capacity, self.max_len, self.on_tokens = rt, capacity, max_len, on_tokens
         dev, tgt = rt.device, rt.target
-        drafting = rt.drafting if speculative else None
+        drafting = rt.drafting if speculative and rt.drafter is not None else None
         tree_size = (drafting.tree.size if drafting is not None else 0) + 1
-        slots = max_len + tree_size + 1
-        self.tcache = KVCache.allocate(len(tgt.layers), capacity, slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
-        # Committed cache entries per slot (target = drafter), kept on the host: building a step's slots and mask
-        # then needs no device -> host copy.
-        self.lens = [0] * capacity
-        self.root = torch.zeros(capacity, dtype=torch.long, device=dev)  # last chosen token, not yet in the caches
-        self.reqs: list[GenerationRequest | None] = [None] * capacity  # None = free slot
-        self.out: list[list[int]] = [[] for _ in range(capacity)]
-        self.finish: list[str | None] = [None] * capacity
-        self.stats = [RequestStats() for _ in range(capacity)]
-        self.gens = [torch.Generator() for _ in range(capacity)]
-        self.pending: list[int] = []  # slots added since the last step: prefilled by the next one
-        self.errors: dict[int, str] = {}  # slot -> why its sequence failed (finish "error")
-        self._outbox: list[tuple[int, list[int]]] = []  # accepted tokens to stream once the step succeeded
-        self.depth = drafting.tree.depth if drafting is not None else 0
-        self.capture: tuple[int, ...] = ()
-        self.laps: Laps = NO_LAPS
-        if speculative:
+        cache_slots = max_len + tree_size + 1
+        self.draft: DraftBatch | None = None
+        capture: tuple[int, ...] = ()
+        if drafting is not None and rt.drafter is not None:
             d = rt.drafter
-            assert d is not None and drafting is not None
-            self.dcache = KVCache.allocate(
-                len(d.layers), capacity, slots + drafting.scratch_slots, d.kv_heads, d.head_dim, rt.dtype, dev
-            )
-            self.capture = d.capture
-            # Allocated on the first drafter pass, when the head's hidden size and draft vocabulary are known.
-            self.state = DraftState(torch.zeros(0, device=dev), torch.zeros(0, device=dev))
+            dcache = KVCache.allocate(len(d.layers), capacity, cache_slots + drafting.scratch_slots, d.kv_heads,
+                                      d.head_dim, rt.dtype, dev)  # fmt: skip
+            self.draft = DraftBatch(d, drafting, dcache, capacity)
+            capture = d.capture
+        # Load-aware speculation (engines/schedule.py): each step's draft length from the live batch size.
+        policy = rt.policy
+        self.policy_state = (schedule.PolicyState(policy, drafting, dev)
+                             if self.draft is not None and policy is not None and not policy.is_static else None)
+        tcache = KVCache.allocate(len(tgt.layers), capacity, cache_slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
+        self.target = TargetBatch(tgt, tcache, torch.zeros(capacity, dtype=torch.long, device=dev), capture)
+        self.depth = drafting.tree.depth if drafting is not None else 0
+        self.slots: list[Slot | None] = [None] * capacity  # None = free slot
+        self.pending: list[int] = []  # slots added since the last step: prefilled by the next one
+        self.laps: Laps = NO_LAPS
+        self._outbox: list[tuple[int, list[int]]] = []  # accepted tokens to stream once the step succeeded
         for r in requests:
             self.add(r)
 
     # ---- slots --------------------------------------------------------------------------------------------------
     def add(self, request: GenerationRequest) -> int:
         """Put `request` in the lowest free slot and return the slot; its prefill runs at the next `step()`."""
-        free = [i for i, r in enumerate(self.reqs) if r is None]
+        free = [i for i, s in enumerate(self.slots) if s is None]
         if not free:
             raise ValueError(f"session full: all {self.capacity} slots are taken; pop a finished sequence first")
         slot = free[0]
@@ -99,9 +95,8 @@ class Session:
         # Unseeded requests get a random seed, the same on every TP rank (ranks must sample identically).
         s = request.sampling.seed
         [seed] = self.rt.group.broadcast_ints([s if s is not None else random.getrandbits(62)])
-        self.reqs[slot], self.out[slot], self.finish[slot] = request, [], None
-        self.stats[slot] = RequestStats(acceptance_by_depth=[0] * self.depth)
-        self.gens[slot] = torch.Generator().manual_seed(seed)
+        stats = RequestStats(acceptance_by_depth=[0] * self.depth)
+        self.slots[slot] = Slot(slot, request, torch.Generator().manual_seed(seed), stats=stats)
         self.pending.append(slot)
         return slot
 
@@ -114,50 +109,65 @@ class Session:
             raise ValueError(f"request in slot {slot}: prompt token id {bad} at position "
                              f"{request.prompt_ids.index(bad)} is out of range; token ids must be in [0, {vocab})")
 
+    def slot(self, i: int) -> Slot:
+        """The sequence in slot `i` (its request, output so far, finish reason, statistics)."""
+        s = self.slots[i]
+        if s is None:
+            raise ValueError(f"slot {i} is free")
+        return s
+
     def cancel(self, slot: int) -> None:
         """Stop the sequence in `slot` (finish_reason "cancelled"); it takes no further step. `pop` frees the slot."""
-        if self.reqs[slot] is None:
+        if self.slots[slot] is None:
             raise ValueError(f"slot {slot} is free; nothing to cancel")
-        if self.finish[slot] is None:
-            self.finish[slot] = "cancelled"
+        s = self.slot(slot)
+        if s.finish is None:
+            s.finish = "cancelled"
         if slot in self.pending:
             self.pending.remove(slot)
 
     def pop(self, slot: int) -> GenerationResult:
         """The result of the finished sequence in `slot`; the slot becomes free."""
-        if self.reqs[slot] is None or self.finish[slot] is None:
+        s = self.slots[slot]
+        if s is None or s.finish is None:
             raise ValueError(f"slot {slot} holds no finished sequence")
-        res = GenerationResult(self.out[slot], self.finish[slot], self.stats[slot], self.errors.pop(slot, None))  # type: ignore[arg-type]
-        self.reqs[slot], self.out[slot], self.finish[slot] = None, [], None
-        return res
+        self.slots[slot] = None
+        return s.result()
 
     @property
     def active(self) -> list[int]:
         """Slots whose sequence is still generating (prefilled or waiting for its prefill)."""
-        return [i for i, r in enumerate(self.reqs) if r is not None and self.finish[i] is None]
+        return [i for i, s in enumerate(self.slots) if s is not None and s.finish is None]
 
     @property
     def finished(self) -> list[int]:
         """Slots whose sequence finished (or was cancelled) and was not popped yet."""
-        return [i for i, r in enumerate(self.reqs) if r is not None and self.finish[i] is not None]
+        return [i for i, s in enumerate(self.slots) if s is not None and s.finish is not None]
 
     @property
     def free(self) -> int:
-        return sum(r is None for r in self.reqs)
+        return sum(s is None for s in self.slots)
 
     @property
     def done(self) -> bool:
         return not self.active
 
-    def req(self, i: int) -> GenerationRequest:
-        r = self.reqs[i]
-        assert r is not None, f"slot {i} is free"
-        return r
+    # ---- the device state, for inspection -----------------------------------------------------------------------
+    @property
+    def tcache(self) -> KVCache:
+        return self.target.cache
 
-    def grow(self, rows: list[int], by: list[int]) -> None:
-        """The caches of `rows` now hold `by` more committed entries."""
-        for i, n in zip(rows, by):
-            self.lens[i] += n
+    @property
+    def dcache(self) -> KVCache:
+        if self.draft is None:
+            raise ValueError("a target-only session has no drafter cache")
+        return self.draft.cache
+
+    @property
+    def state(self) -> DraftState:
+        if self.draft is None or self.draft.state is None:
+            raise ValueError("no drafter state: a target-only session, or no prefill yet")
+        return self.draft.state
 
     # ---- loop ---------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -168,14 +178,45 @@ class Session:
         if self.pending:
             by_length: dict[int, list[int]] = {}
             for i in self.pending:
-                by_length.setdefault(len(self.req(i).prompt_ids), []).append(i)
+                by_length.setdefault(len(self.slot(i).request.prompt_ids), []).append(i)
             self.pending = []
             for group in by_length.values():
-                self._isolated(lambda slots: decode.prefill(self, slots), group)
+                self._isolated(self._prefill, group)
         elif active := self.active:
-            run = decode.speculative_step if self.spec else decode.target_step
-            self._isolated(lambda slots: run(self, slots), active)
+            run = self._target_step if self.draft is None else partial(self._speculative_step, self.draft)
+            self._isolated(run, active)
         self._stream()
+
+    def _prefill(self, group: list[int]) -> None:
+        self._output(decode.prefill(self.target, self.draft, [self.slot(i) for i in group]))
+
+    def _target_step(self, active: list[int]) -> None:
+        self._output(decode.target_step(self.target, [self.slot(i) for i in active]))
+
+    def _speculative_step(self, d: DraftBatch, active: list[int]) -> None:
+        """draft, verify, accept (decode.speculate) -> output -> commit to the drafter the sequences still going."""
+        ps = self.policy_state  # a shorter draft (or none) for this batch size; the drafter state stays in `d`
+        step = decode.speculate(self.target, d if ps is None else ps.for_step(d, len(active)),
+                                [self.slot(i) for i in active], self.laps)
+        going = self._output(step.accepted)
+        self.laps.lap("output")
+        decode.commit_drafter(self.target, d, step, going)
+        self.laps.lap("drafter update")
+        if ps is not None:
+            ps.after_step(len(active), step.accepted)
+
+    def _output(self, accepted: list[Accepted]) -> list[bool]:
+        """Apply what a step accepted: tokens up to a stop condition, statistics, the outbox; returns, per entry,
+        whether its sequence is still going."""
+        going = []
+        for a in accepted:
+            s = self.slot(a.slot)
+            kept = s.take(a.tokens, self.rt.tokenizer.decode)
+            s.count(a, len(kept))
+            if kept:
+                self._outbox.append((a.slot, kept))  # streamed when the step is over (`_stream`)
+            going.append(s.going)
+        return going
 
     # ---- isolation ----------------------------------------------------------------------------------------------
     def _isolated(self, run: Callable[[list[int]], None], slots: list[int]) -> None:
@@ -188,34 +229,20 @@ class Session:
         except Exception as e:  # noqa: BLE001 - any error of one sequence must end that sequence only
             self._restore(saved)
             if len(slots) == 1:
-                self._fail(slots[0], e)
+                self.slot(slots[0]).fail(e)
                 return
             for i in slots:
                 self._isolated(run, [i])
 
     def _save(self, slots: list[int]) -> tuple[Any, ...]:
-        """What a step changes on the host (a few scalars per slot; the generator state only when it samples)."""
-        per_slot = {i: (self.lens[i], len(self.out[i]), self.finish[i], self._copy_stats(i),
-                        None if self.req(i).sampling.greedy else self.gens[i].get_state()) for i in slots}  # fmt: skip
-        return per_slot, self.root.clone(), len(self._outbox)
-
-    def _copy_stats(self, i: int) -> RequestStats:
-        st = self.stats[i]
-        return dataclasses.replace(st, acceptance_by_depth=list(st.acceptance_by_depth))
+        return {i: self.slot(i).snapshot() for i in slots}, self.target.root.clone(), len(self._outbox)
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
         per_slot, root, outbox = saved
-        for i, (n, n_out, finish, stats, gen) in per_slot.items():
-            self.lens[i], self.finish[i], self.stats[i] = n, finish, stats
-            del self.out[i][n_out:]
-            if gen is not None:
-                self.gens[i].set_state(gen)
-            self.root[i] = root[i]
+        for i, snap in per_slot.items():
+            self.slot(i).restore(snap)
+            self.target.root[i] = root[i]
         del self._outbox[outbox:]
-
-    def _fail(self, slot: int, e: BaseException) -> None:
-        self.finish[slot] = "error"
-        self.errors[slot] = f"{type(e).__name__}: {e}"
 
     def _stream(self) -> None:
         """Hand the step's accepted tokens to `on_tokens`; False (or an exception) ends that sequence."""
@@ -226,33 +253,42 @@ class Session:
             try:
                 go_on = self.on_tokens(i, tokens)
             except Exception as e:  # noqa: BLE001
-                self._fail(i, e)
+                self.slot(i).fail(e)
                 continue
-            if go_on is False and self.finish[i] is None:
-                self.finish[i] = "cancelled"
+            s = self.slot(i)
+            if go_on is False and s.finish is None:
+                s.finish = "cancelled"
 
-    # ---- output -------------------------------------------------------------------------------------------------
-    def emit(self, i: int, tokens: list[int]) -> int:
-        """Append accepted tokens until a stop condition; queue them for streaming; return how many were kept."""
-        req, out = self.req(i), self.out[i]
-        kept: list[int] = []
-        for tok in tokens:
-            out.append(tok)
-            kept.append(tok)
-            if tok in req.stop_token_ids:
-                self.finish[i] = "eos"
-            elif req.stop_strings and self._hit_stop_string(out, req.stop_strings):
-                self.finish[i] = "stop"
-            elif len(out) >= req.max_new_tokens:
-                self.finish[i] = "length"
-            if self.finish[i] is not None:
-                break
-        self.stats[i].generated_tokens = len(out)
-        if kept:
-            self._outbox.append((i, kept))  # streamed when the step is over (`_stream`)
-        return len(kept)
 
-    def _hit_stop_string(self, out: list[int], stops: list[str]) -> bool:
-        # Only the tail can contain a stop string that the previous token did not complete.
-        tail = self.rt.tokenizer.decode(out[-(max(len(s) for s in stops) + 8) :])
-        return any(s in tail for s in stops)
+def generate(
+    rt: Runtime, requests: list[GenerationRequest], *, speculative: bool, on_tokens: OnTokens | None
+) -> list[GenerationResult]:
+    """Decode `requests` together to the end: a session holding exactly them, stepped until all are done."""
+    if not requests:
+        return []
+    if rt.limits is not None:
+        rt.limits.check(requests)
+    rt.check_window(max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
+    # A session sized for exactly these requests, all added before the first step: the prefill groups and
+    # decoding steps are those of one static batch.
+    with torch.inference_mode():
+        session = Session(rt, requests, speculative, on_tokens)
+        while not session.done:
+            session.step()
+        results = [session.pop(i) for i in range(len(requests))]
+    failed = [f"request {i}: {r.error}" for i, r in enumerate(results) if r.finish_reason == "error"]
+    if failed:  # the others finished; an offline caller still gets an error, never a partial list
+        raise RuntimeError("generation failed for " + "; ".join(failed))
+    return results
+
+
+def open_session(rt: Runtime, capacity: int, max_len: int, *, speculative: bool, on_tokens: OnTokens | None) -> Session:
+    """An empty session with `capacity` sequence slots, each holding up to `max_len` tokens (prompt + output)."""
+    if capacity < 1 or max_len < 2:
+        raise ValueError(f"session capacity={capacity} and max_len={max_len} must be >= 1 and >= 2")
+    if rt.limits is not None and capacity > rt.limits.max_batch_size:
+        raise ValueError(
+            f"session capacity {capacity} exceeds the build's engine.max_batch_size={rt.limits.max_batch_size}"
+        )
+    rt.check_window(max_len)
+    return Session(rt, [], speculative, on_tokens, capacity=capacity, max_len=max_len)

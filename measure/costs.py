@@ -180,7 +180,7 @@ def profile_cycles(session: Session, requests: list[GenerationRequest], laps: La
     while session.pending:
         session.step()
     prefill = time.perf_counter() - t0
-    first = sum(len(session.out[i]) for i in slots)
+    first = sum(len(session.slot(i).out) for i in slots)
     session.laps = laps
     decode = 0.0
     try:
@@ -190,7 +190,7 @@ def profile_cycles(session: Session, requests: list[GenerationRequest], laps: La
             decode += time.perf_counter() - t0
     finally:
         session.laps = NO_LAPS
-    tokens = sum(len(session.out[i]) for i in slots) - first
+    tokens = sum(len(session.slot(i).out) for i in slots) - first
     return CycleProfile(laps, prefill, decode, tokens, [session.pop(i) for i in slots])
 
 

@@ -10,6 +10,10 @@
 6. stops the server and prints where everything is and what it showed (tau, tokens/s), and what EAGLE buys: the
    speedup over target-only decoding with the same engine on the same prompts, next to tau.
 
+The demo serves the draft tree tuned for the device it runs on (`DEVICE_TREES`: the fastest tree found by
+builders/tune_tree.py --objective speed for the demo head on a CPU, per dtype); the config's own tree, shaped for a
+GPU (many nodes verified in one memory-bound pass), is measured beside it. `--tree config` serves the config's tree.
+
 `--quick` shortens the answer and the load test (the tests run the demo on tiny models with it).
 Commands are built by pure functions (`*_argv`) and run with their output shown.
 
@@ -28,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -39,6 +44,12 @@ DEFAULT_PROMPT = "Explain in three sentences what speculative decoding is."
 # Per-request client deadline: on 2 busy CPU cores the 135M target decodes a few tokens/s, so 128 tokens can take a
 # minute or more (the clients' default is 120 s).
 REQUEST_TIMEOUT_S = 900
+
+
+# (head directory name, device, target dtype) -> the tree tuned for speed there (its header says how it was found)
+DEVICE_TREES = {
+    ("smollm2-eagle", "cpu", "float32"): REPO / "configs" / "trees" / "smollm2-eagle-fastest-cpu-fp32.yaml",
+}
 
 
 @dataclass(frozen=True)
@@ -67,8 +78,21 @@ def plan_for(config: Path, quick: bool, prompt: str, prompts: Path | None = None
 # ---- commands (pure) ------------------------------------------------------------------------------------------
 
 
-def build_argv(config: Path) -> list[str]:
-    return [sys.executable, str(REPO / "builders" / "build.py"), str(config)]
+def build_argv(config: Path, tree: list[list[int]] | None = None) -> list[str]:
+    """The build; `tree` (paths) replaces the config's tree (`--set tree.choices=...`)."""
+    sets = [] if tree is None else ["--set", "tree.dynamic=null", "--set", f"tree.choices={json.dumps(tree)}"]
+    return [sys.executable, str(REPO / "builders" / "build.py"), str(config), *sets]
+
+
+def device_tree(head: str, device: str, dtype: str) -> tuple[list[list[int]], Path] | None:
+    """The tree tuned for speed for this head on this device and dtype, with its file; None = none is known (the
+    config's tree is served)."""
+    import yaml
+
+    f = DEVICE_TREES.get((Path(head).name, device, dtype))
+    if f is None:
+        return None
+    return [list(p) for p in yaml.safe_load(f.read_text())["tree"]["choices"]], f
 
 
 def generate_argv(url: str, repo: Path, plan: DemoPlan) -> list[str]:
@@ -120,8 +144,9 @@ def summarize(report_path: Path) -> dict[str, float | None]:
     }
 
 
-def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan) -> dict[str, float | int]:
-    """EAGLE vs target-only decoding with the build's reference engine, in this process, on the first prompts."""
+def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan, other_tree: Any = None) -> dict[str, Any]:
+    """EAGLE vs target-only decoding with the build's reference engine, in this process, on the first prompts; with
+    `other_tree`, the same weights drafting with that tree too (key `other`)."""
     from engines.api import ReferenceEngine
     from measure.costs import eagle_speedup as measure
     from measure.data import chat_ids, read_prompts
@@ -129,12 +154,31 @@ def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan) -> dict[str, f
     engine = ReferenceEngine.from_build(build_dir)
     tok = engine.tokenizer
     ids = [chat_ids(tok, text) for text in read_prompts(prompts, plan.speedup_prompts)]
-    s = measure(engine, ids, plan.speedup_tokens, [int(tok.eos_token_id)])
-    return {"ratio": s.ratio, "eagle_tokens_per_s": s.eagle_tps, "target_only_tokens_per_s": s.target_tps,
-            "tau": s.tau, "identical": s.identical, "prompts": s.prompts, "tokens": plan.speedup_tokens}
+    out: dict[str, Any] = {}
+    for key, eng in (("served", engine), ("other", None if other_tree is None else engine.with_tree(other_tree))):
+        if eng is None:
+            continue
+        s = measure(eng, ids, plan.speedup_tokens, [int(tok.eos_token_id)])
+        out[key] = {"ratio": s.ratio, "eagle_tokens_per_s": s.eagle_tps, "target_only_tokens_per_s": s.target_tps,
+                    "tau": s.tau, "identical": s.identical, "prompts": s.prompts, "tokens": plan.speedup_tokens,
+                    "tree": eng.describe_tree()}
+    return out
 
 
-def demo(plan: DemoPlan) -> dict:
+def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None, str]:
+    """(the tree to serve instead of the config's, or None; why), for the device the engine will run on."""
+    import torch
+
+    device = cfg.engine.device if cfg.engine.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    found = device_tree(cfg.draft.model, device, cfg.target.dtype) if use_device_tree else None
+    if found is None:
+        why = "--tree config" if not use_device_tree else f"no tree tuned for this head on {device} {cfg.target.dtype}"
+        return None, f"the config's tree ({why})"
+    tree, f = found
+    return tree, f"tuned for speed on {device} in {cfg.target.dtype}: {f.relative_to(REPO)}"
+
+
+def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     from builders.config import load_config
     from measure.data import mtbench_path
     from triton_repo.launch import TritonServer, free_port
@@ -147,8 +191,10 @@ def demo(plan: DemoPlan) -> dict:
     print(f"target HF dir: {target}")
     head = "RANDOM (acceptance ~0)" if cfg.draft.model == "random" else cfg.draft.model
     print(f"EAGLE head: {head}")
+    tree, why = choose_tree(cfg, use_device_tree)
+    print(f"draft tree served: {why}")
     banner("2/5 build: convert -> engine -> Triton repository")
-    run(build_argv(plan.config))
+    run(build_argv(plan.config, tree))
     repo = build_dir / "triton_repo"
     demo_dir = build_dir / "demo_results"
     demo_dir.mkdir(parents=True, exist_ok=True)
@@ -165,12 +211,14 @@ def demo(plan: DemoPlan) -> dict:
         run(loadtest_argv(server.grpc_url, repo, prompts, load_out, plan))
     levels = summarize(load_out / "report.json")
     banner("what EAGLE buys: the same engine with and without its head (in-process)")
-    speedup = eagle_speedup(build_dir, prompts, plan)
+    speedups = eagle_speedup(build_dir, prompts, plan, None if tree is None else cfg.draft_tree)
+    speedup = {**speedups["served"], "served_tree": why}
     result = {
         "build_dir": str(build_dir), "checkpoint": str(build_dir / "checkpoint"), "engine": str(build_dir / "engine"),
         "triton_repo": str(repo), "server_log": str(server.log_path), "loadtest": str(load_out),
         "plots": sorted(str(p) for p in load_out.glob("*.png")), "head": head, "levels": levels, "speedup": speedup,
         "wall_s": round(time.monotonic() - t0, 1), "summary": str(demo_dir / "summary.json"),
+        "config_tree": speedups.get("other"),
     }
     (demo_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     print_summary(result)
@@ -192,6 +240,12 @@ def print_summary(r: dict) -> None:
     print(f"  EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f} "
           f"({s['eagle_tokens_per_s']:.1f} vs {s['target_only_tokens_per_s']:.1f} tokens/s, reference engine, "
           f"{s['prompts']} prompts x {s['tokens']} tokens, {s['identical']}/{s['prompts']} outputs identical)")
+    print(f"    served tree: {s['tree']} ({s['served_tree']})")
+    c = r.get("config_tree")
+    if c is not None:
+        print(f"  the config's tree, shaped for a GPU ({c['tree']}): {c['ratio']:.2f}x at tau {c['tau']:.2f} "
+              f"({c['eagle_tokens_per_s']:.1f} vs {c['target_only_tokens_per_s']:.1f} tokens/s, "
+              f"{c['identical']}/{c['prompts']} outputs identical)")
     if s["ratio"] < 1.0:
         print("  slower than target-only here: a smaller tree verifies cheaper on this device; find the fastest with "
               "builders/tune_tree.py --objective speed (docs/tune-tree.md)")
@@ -207,10 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads per process (sets OMP_NUM_THREADS for the build, server and clients). Default: "
                          "torch's (all cores). On a shared, busy machine 1 is much faster: OpenMP threads spin-wait.")
+    ap.add_argument("--tree", choices=("device", "config"), default="device",
+                    help="device (default): serve the tree tuned for speed on this device when one is known for the "
+                         "head (the config's tree is measured beside it); config: serve the config's tree")
     args = ap.parse_args(argv)
     if args.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    demo(plan_for(args.config, args.quick, args.prompt, args.prompts))
+    demo(plan_for(args.config, args.quick, args.prompt, args.prompts), use_device_tree=args.tree == "device")
     return 0
 
 

@@ -45,6 +45,7 @@ ENTRY_POINTS = {
     "scripts/measure_drafter_fp8.py": ["scripts/measure_drafter_fp8.py"],
     "scripts/reliability.py": ["scripts/reliability.py"],
     "scripts/train_curve.py": ["scripts/train_curve.py"],
+    "scripts/spec_sweep.py": ["scripts/spec_sweep.py"],
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
     "scripts/gpu_pack.py": ["scripts/gpu_pack.py"],
     "scripts/gpu_run.py": ["scripts/gpu_run.py"],

@@ -69,3 +69,26 @@ def test_demo_end_to_end_on_tiny_models(tiny_target: Path, eagle_head: Path, tmp
     s = summary["speedup"]
     assert f"EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f}" in out
     assert ("tune_tree.py --objective speed" in out) == (s["ratio"] < 1.0)  # the hint only where EAGLE is slower
+
+
+def test_demo_serves_the_tree_tuned_for_the_device(tmp_path: Path) -> None:
+    import yaml
+
+    from builders.config import load_config
+
+    tree, f = demo.device_tree("heads/smollm2-eagle", "cpu", "float32")
+    assert f == REPO / "configs/trees/smollm2-eagle-fastest-cpu-fp32.yaml"
+    assert tree == yaml.safe_load(f.read_text())["tree"]["choices"]
+    argv = demo.build_argv(tmp_path / "c.yaml", tree)
+    assert argv[argv.index("--set") + 1] == "tree.dynamic=null"
+    assert argv[-1] == "tree.choices=" + json.dumps(tree)
+    assert demo.build_argv(tmp_path / "c.yaml")[2:] == [str(tmp_path / "c.yaml")]  # no tree: the config's
+    for key in (("smollm2-eagle", "cuda", "float32"), ("smollm2-eagle", "cpu", "bfloat16"), ("other", "cpu", "float32")):
+        assert demo.device_tree(*key) is None  # nothing tuned there: the config's tree is served
+    cfg = load_config(REPO / "configs/demo.yaml", ["engine.device=cpu"])
+    chosen, why = demo.choose_tree(cfg, use_device_tree=True)
+    assert chosen == tree and why.startswith("tuned for speed on cpu in float32")
+    assert demo.choose_tree(cfg, use_device_tree=False) == (None, "the config's tree (--tree config)")
+    none, why = demo.choose_tree(load_config(REPO / "configs/demo.yaml", ["engine.device=cpu",
+                                                                        "target.dtype=bfloat16"]), True)
+    assert none is None and why == "the config's tree (no tree tuned for this head on cpu bfloat16)"

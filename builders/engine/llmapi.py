@@ -16,6 +16,9 @@ contract ledger (builders/trtllm/ledger_llmapi.py, cited to tensorrt_llm/llmapi/
 - `eagle3_layers_to_capture`: target layers whose OUTPUT is captured (upstream default {1, L//2 - 1, L - 4}); our
   config and EAGLE's code index the layer whose INPUT is fused (2, L//2, L-3), so the value is ours minus one. Written
   where the field exists; elsewhere only the default is possible and it is left out (rules.capture_problems);
+- load-aware speculation (versions with `load_aware_speculation`): `draft_len_schedule` ({batch threshold: draft
+  length}, `auto` = the measured one), `max_concurrency`, `acceptance_rate_window_size` / `acceptance_rate_threshold`
+  (builders/speculation.py; the reference engine's semantics in engines/schedule.py);
 - `kv_cache_config.dtype: fp8` for an FP8 KV cache; `free_gpu_memory_fraction`.
 `trtllm-serve MODEL --backend pytorch ... --extra_llm_api_options FILE` (tensorrt_llm/commands/serve.py): the YAML
 overrides trtllm-serve's own values, so the limits live in the YAML only.
@@ -23,7 +26,6 @@ overrides trtllm-serve's own values, so the limits live in the YAML only.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +117,28 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["use_dynamic_tree"] = True
         spec["dynamic_tree_max_topK"] = dyn.top_k
+    spec.update(load_aware_fields(cfg))
     return spec
+
+
+def load_aware_fields(cfg: BuildConfig) -> dict[str, Any]:
+    """draft_len_schedule (`auto`: the measured one), max_concurrency, acceptance_rate_window_size/_threshold, where
+    set; only versions with `load_aware_speculation` get here (builders/trtllm/rules.py refuses the others)."""
+    t, out = cfg.tree, {}
+    schedule = cfg.draft_len_schedule()
+    if schedule is not None or t.max_concurrency is not None or t.acceptance_rate_window_size:
+        v = registry.get(cfg.trtllm_version)
+        if not v.load_aware_speculation:
+            raise LlmApiError(f"{v.name} has no draft_len_schedule / max_concurrency / acceptance_rate_* fields; "
+                              "set trtllm_version: '1.4' or remove them")
+    if schedule is not None:
+        out["draft_len_schedule"] = schedule
+    if t.max_concurrency is not None:
+        out["max_concurrency"] = t.max_concurrency
+    if t.acceptance_rate_window_size:
+        out["acceptance_rate_window_size"] = t.acceptance_rate_window_size
+        out["acceptance_rate_threshold"] = t.acceptance_rate_threshold
+    return out
 
 
 def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_target_layers: int,
@@ -146,9 +169,19 @@ def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_t
     }
 
 
+def plain(value: Any) -> Any:
+    """Plain YAML data: tuples -> lists, paths -> strings; integer mapping keys stay integers (draft_len_schedule is
+    dict[int, int] upstream), which a JSON round trip would turn into strings."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, int) else str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
 def dump_options(options: dict[str, Any]) -> str:
     """YAML text; eagle_choices stay one flow-style list per path so the file diffs well."""
-    return yaml.safe_dump(json.loads(json.dumps(options)), sort_keys=False, default_flow_style=None, width=120)
+    return yaml.safe_dump(plain(options), sort_keys=False, default_flow_style=None, width=120)
 
 
 def trtllm_serve_argv(target_dir: Path, options_file: Path, host: str = "0.0.0.0", port: int = 8000, *,

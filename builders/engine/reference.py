@@ -55,4 +55,8 @@ def reference_spec(cfg: BuildConfig, random_head: bool, hf_target_dir: Path | No
         max_seq_len=cfg.engine.max_seq_len,
         hf_target_dir=None if hf_target_dir is None else str(hf_target_dir),
         draft_vocab=read_draft_vocab(Path(cfg.draft.draft_vocab)) if cfg.draft.draft_vocab else None,
+        draft_len_schedule=cfg.draft_len_schedule(),
+        max_concurrency=cfg.tree.max_concurrency,
+        acceptance_rate_window_size=cfg.tree.acceptance_rate_window_size or 0,
+        acceptance_rate_threshold=cfg.tree.acceptance_rate_threshold,
     )

@@ -206,6 +206,8 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
     }
     if kind == "reference":  # the reference model's batcher ends requests past it (triton_repo/models/batcher.py)
         params["request_deadline_s"] = bc.request_deadline_s()
+        # false serves the same build without speculation (the baseline of clients/loadtest.py --baseline-url)
+        params["speculative"] = True
     else:  # the reference model reads its limits from the engine's reference.json instead
         params.update(max_batch_size=bc.engine.max_batch_size, max_input_len=bc.engine.max_input_len,
                       max_seq_len=bc.engine.max_seq_len)

@@ -16,7 +16,6 @@ config.pbtxt says it too (model_transaction_policy), or streaming requests would
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,8 @@ def llm_options(bc: BuildConfig, build_dir: Path, options_file: Path) -> dict[st
 
 
 def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str:
+    from builders.engine.llmapi import plain
+
     doc = {
         "model": str(layout.trtllm_model_dir(build_dir)),  # readable by its transformers (hf_compat)
         **options,
@@ -68,7 +69,7 @@ def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str
         # batches requests in flight itself, up to the top-level max_batch_size.
         "triton_config": {"max_batch_size": 0, "decoupled": bc.triton.streaming},
     }
-    return yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False, default_flow_style=None, width=120)
+    return yaml.safe_dump(plain(doc), sort_keys=False, default_flow_style=None, width=120)
 
 
 def client_descriptor(bc: BuildConfig, tokenizer: Path) -> dict[str, Any]:

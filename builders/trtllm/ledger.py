@@ -45,12 +45,13 @@ def tensor_pattern(name: str) -> str:
 
 
 def flat_keys(d: dict[str, object], prefix: str = "") -> set[str]:
-    """Dotted key paths of nested mappings (lists are values)."""
+    """Dotted key paths of nested mappings (lists, and mappings keyed by numbers such as draft_len_schedule, are
+    values)."""
     out: set[str] = set()
     for k, v in d.items():
         path = f"{prefix}{k}"
         out.add(path)
-        if isinstance(v, dict):
+        if isinstance(v, dict) and all(isinstance(key, str) for key in v):
             out |= flat_keys(v, path + ".")  # type: ignore[arg-type]
     return out
 

@@ -103,6 +103,17 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "Eagle3DecodingConfig fields and validators (dynamic tree bounds; speculative_model alias "
      "speculative_model_dir); eagle_choices listed in 1.3.0rc27, gone in 1.4.0rc1; eagle3_one_model absent from "
      "1.3.0rc27 on; the SpeculativeConfig union discriminated by decoding_type; BaseLlmArgs extra='forbid'"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig (load-aware speculation)",
+     "the published Eagle3DecodingConfig pages of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4; index copies 55143598664 (main, "
+     "after 1.4.0rc4) and 7019226376 (1.2 line)", "2026-12-03", "max_concurrency (int > 0), draft_len_schedule "
+     "(dict[int, int]), acceptance_rate_window_size (int >= 0) / acceptance_rate_threshold ([0, 1]) on "
+     "1.3.0rc27..1.4.0rc4; the validator: thresholds >= 1, lengths >= 0 and <= max_draft_len, smallest threshold = "
+     "max_draft_len (the 1.2 copy: key 1 required); max_concurrency and draft_len_schedule exclusive, "
+     "max_concurrency -> {N: max_draft_len}; above the largest threshold no speculation. The 1.2 copy names the "
+     "switch acceptance_window / acceptance_length_threshold and was not read at v1.2.0, so 1.2 is refused; later "
+     "main renamed it again"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/interface.py", "index copies 56267098755, 55097849426",
+     "2026-12-03", "SpeculativeDecodingMode.support_dynamic_draft_len includes EAGLE-3 one-model"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt",
      "index commits c8c6df08, 0a710573", "2026-12-01",
      "the llmapi model's inputs/outputs (names, types, dims, optional); no max_batch_size, no "

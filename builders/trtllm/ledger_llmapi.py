@@ -27,6 +27,11 @@ SAMPLING = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
 STOP = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._execute_single_request ('stop' -> handle_stop_request)")
 RESPONSE = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._create_response")
 PBTXT = Source(TRT, f"{LLMAPI_DIR}/config.pbtxt", "input / output")
+DECODING_BASE = Source(TRT, "tensorrt_llm/llmapi/llm_args.py",
+                       "DecodingBaseConfig (PR #10860): draft_len_schedule validate_draft_len_schedule_and_sort / "
+                       "max_concurrency validator; the Eagle3DecodingConfig API reference of the release")
+DYNAMIC_DRAFT_LEN = Source(TRT, "tensorrt_llm/_torch/speculative/interface.py",
+                           "SpeculativeDecodingMode.support_dynamic_draft_len (EAGLE-3 one-model)")
 MIRROR = Source("eagle-deploy", "triton_repo/models/llmapi_reference.py", "TritonPythonModel.initialize")
 LORA = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
               "get_lora_request_from_request (lora_id + lora_name + lora_path together; lora_ckpt_source 'hf')")
@@ -50,6 +55,24 @@ _OPTIONS = (
               required=True, versions=V, when=("dynamic",),
               note="max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len; no "
               "eagle_choices on this line (PR #18210)")
+)
+
+# Load-aware speculation (builders/speculation.py; the reference engine's semantics: engines/schedule.py). Flags:
+# schedule / max_concurrency / acceptance = the config sets tree.draft_len_schedule / max_concurrency / the switch.
+_LOAD_AWARE = (
+    rows_of("llmapi.option", ("speculative_config.draft_len_schedule",), DECODING_BASE,
+            type="dict[int, int]: batch threshold -> draft length (0 = off)", required=True, versions=V,
+            when=("schedule",), note="thresholds >= 1, lengths >= 0 and <= max_draft_len, the smallest threshold's "
+            "length = max_draft_len; above the largest threshold: no speculation; exclusive with max_concurrency; "
+            "honoured on the EAGLE-3 one-model path (" + DYNAMIC_DRAFT_LEN.path + " support_dynamic_draft_len)")
+    + rows_of("llmapi.option", ("speculative_config.max_concurrency",), DECODING_BASE, type="int > 0",
+              required=True, versions=V, when=("max_concurrency",),
+              note="translated upstream into draft_len_schedule {max_concurrency: max_draft_len}")
+    + rows_of("llmapi.option", ("speculative_config.acceptance_rate_window_size",
+                                "speculative_config.acceptance_rate_threshold"), DECODING_BASE,
+              type="int >= 0 / float in [0, 1]", required=True, versions=V, when=("acceptance",),
+              note="speculation off for good once the mean accepted/drafted rate of the last N speculating "
+              "iterations drops below the threshold; names at 1.3.0rc27..1.4.0rc4 (later main: acceptance_window)")
 )
 
 _MODEL_YAML = (
@@ -97,7 +120,7 @@ _MIRROR = rows_of("triton.llmapi.parameter", ("project_root", "build_dir", "max_
                   required=True,
                   versions=V, note="reference engine only (engine.backend reference); upstream's model takes none")
 
-ROWS: list[Row] = _OPTIONS + _MODEL_YAML + _INPUTS + _OUTPUTS + _MIRROR
+ROWS: list[Row] = _OPTIONS + _LOAD_AWARE + _MODEL_YAML + _INPUTS + _OUTPUTS + _MIRROR
 
 # Inputs of upstream's config.pbtxt (as read: docs/contracts.md, "Sources") that our repository does not declare, with
 # the reason; every upstream input is a row above or here (tests/test_ledger.py).

@@ -119,6 +119,9 @@ _PYTHON = (
               required=True, when=("reference",),
               note="engine.backend reference only (triton.request_deadline_s, or max_seq_len x "
               "triton.deadline_per_token_s)")
+    + rows_of("triton.python_llm.parameter", ("speculative",), _ours("reference_llm"), type="str (true / false)",
+              required=True, when=("reference",),
+              note="engine.backend reference only: false = the same build decoded without speculation (a baseline)")
 )
 
 _CONTRACT = Source(OURS, "triton_repo/contract.py", "the tensors every python model reads and writes")

@@ -29,6 +29,7 @@ class TrtllmVersion:
     pytorch_dynamic_tree: bool  # `use_dynamic_tree` on the PyTorch backend
     eagle3_layers_to_capture: bool  # the LLM API field exists (proven in the ledger)
     max_total_draft_tokens: bool  # the LLM API field exists
+    load_aware_speculation: bool  # speculative_config.draft_len_schedule / max_concurrency / acceptance_rate_* exist
     eagle12_heads: bool  # EAGLE-1/2 heads run at all (engine flow); False: EAGLE-3 only
     static_trees: bool  # any static tree (`eagle_choices`) exists in this version, on some backend
     decoding_type: str  # speculative_config.decoding_type that selects the EAGLE-3 worker
@@ -58,6 +59,7 @@ VERSIONS: dict[str, TrtllmVersion] = {
         pytorch_dynamic_tree=False,
         eagle3_layers_to_capture=False,
         max_total_draft_tokens=False,
+        load_aware_speculation=False,
         eagle12_heads=True,
         static_trees=True,
         decoding_type="Eagle",
@@ -82,6 +84,7 @@ VERSIONS: dict[str, TrtllmVersion] = {
         pytorch_dynamic_tree=False,
         eagle3_layers_to_capture=True,
         max_total_draft_tokens=True,
+        load_aware_speculation=False,  # the 1.2 line's copy names the switch acceptance_window; not read at v1.2.0
         eagle12_heads=True,
         static_trees=True,
         decoding_type="Eagle",
@@ -108,6 +111,7 @@ VERSIONS: dict[str, TrtllmVersion] = {
         pytorch_dynamic_tree=True,
         eagle3_layers_to_capture=True,
         max_total_draft_tokens=True,
+        load_aware_speculation=True,
         eagle12_heads=False,
         static_trees=False,
         decoding_type="Eagle3",

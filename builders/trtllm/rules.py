@@ -15,14 +15,28 @@ Each message names the field, the value, the version and the fix. What a version
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from builders.trtllm import registry
 from builders.trtllm.registry import TrtllmVersion
 from core import trees
 
-if TYPE_CHECKING:
-    from builders.config import BuildConfig
+
+class BuildConfig(Protocol):
+    """What these rules read of a build config: builders/config.py's BuildConfig, whose validation calls them. A
+    protocol, so that the rules do not import the module that imports them."""
+
+    trtllm_version: str
+    draft: Any
+    engine: Any
+    parallel: Any
+    quantization: Any
+    target: Any
+    tree: Any
+
+    def limits(self) -> Any: ...
+
+    def static_tree(self) -> trees.DraftTree | None: ...
 
 
 def _needs(version: TrtllmVersion, capability: str, what: str, alternatives: str) -> str:
@@ -180,12 +194,31 @@ def _pytorch(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     return p
 
 
+def _load_aware(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    """tree.draft_len_schedule / max_concurrency / acceptance_rate_*: LLM API fields of the current line only
+    (DecodingBaseConfig, PR #10860); the engine flow's C++ runtime has none. The reference engine follows them on
+    every version (engines/schedule.py)."""
+    t = cfg.tree
+    set_ = [f"tree.{f}" for f in ("draft_len_schedule", "max_concurrency", "acceptance_rate_window_size",
+                                  "acceptance_rate_threshold") if getattr(t, f) not in (None, 0)]
+    if not set_ or cfg.engine.backend == "reference":
+        return []
+    what = f"{', '.join(set_)} with engine.backend={cfg.engine.backend}"
+    if cfg.engine.backend == "tensorrt":
+        return [f"{what}: the engine flow (trtllm-build + the C++ runtime) has no per-batch-size draft length nor "
+                "acceptance switch; use engine.backend pytorch on trtllm_version '1.4', or engine.backend reference, "
+                "or remove " + ", ".join(set_)]
+    if not v.load_aware_speculation:
+        return [_needs(v, "load_aware_speculation", what, "remove " + ", ".join(set_))]
+    return []
+
+
 def trtllm_problems(cfg: BuildConfig) -> list[str]:
     """Every TensorRT-LLM limit this config breaks for its `trtllm_version`. engine.backend=reference has the
     reference engine's own limits, except that an EAGLE-3-only version refuses EAGLE-1/2 heads and static trees
     there too (the reference engine then serves that version's Triton layout and nothing it could not serve)."""
     v = registry.get(cfg.trtllm_version)
-    p = _backend_and_draft(cfg, v)
+    p = _backend_and_draft(cfg, v) + _load_aware(cfg, v)
     if cfg.engine.backend == "tensorrt":
         p += _engine_flow(cfg, v)
     elif cfg.engine.backend == "pytorch":

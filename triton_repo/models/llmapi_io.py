@@ -149,3 +149,24 @@ def check_tree(spec: dict[str, Any], tree: Any) -> None:
     if got != want:
         raise ValueError(f"model.yaml speculative_config {got} does not describe the reference engine's tree {want}; "
                          "re-render the repository from the build's config")
+
+
+LOAD_AWARE_KEYS = ("draft_len_schedule", "max_concurrency", "acceptance_rate_window_size", "acceptance_rate_threshold")
+
+
+def check_policy(spec: dict[str, Any], policy: Any) -> None:
+    """model.yaml's load-aware speculation keys and the reference engine's policy (reference.json) come from the same
+    config: refuse a repository where they disagree, so the mirror drafts what TensorRT-LLM would."""
+    want: dict[str, Any] = dict.fromkeys(LOAD_AWARE_KEYS)
+    if policy is not None:
+        window = policy.acceptance_rate_window_size or None
+        want.update(draft_len_schedule=policy.draft_len_schedule, max_concurrency=policy.max_concurrency,
+                    acceptance_rate_window_size=window,
+                    acceptance_rate_threshold=policy.acceptance_rate_threshold if window else None)
+    got = {k: spec.get(k) for k in LOAD_AWARE_KEYS}
+    if isinstance(got["draft_len_schedule"], dict):
+        got["draft_len_schedule"] = {int(k): int(v) for k, v in got["draft_len_schedule"].items()}
+    if got != want:
+        raise ValueError(f"model.yaml speculative_config {got} does not match the reference engine's load-aware "
+                         f"speculation {want}; re-render the repository from the build's config")
+

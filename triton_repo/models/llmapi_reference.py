@@ -58,6 +58,7 @@ class TritonPythonModel:
         self.decoupled = bool(doc["triton_config"]["decoupled"])
         self.engine = ReferenceEngine.from_build(Path(p["build_dir"]))
         llmapi_io.check_tree(doc.get("speculative_config") or {}, self.engine.tree)
+        llmapi_io.check_policy(doc.get("speculative_config") or {}, self.engine.policy)
         self.tokenizer = self.engine.tokenizer
         # The limits come from the engine's spec (reference.json), the one source; the Triton stage checked at build
         # time that model.yaml's copies (what TensorRT-LLM's LLM reads) agree with it.

@@ -83,7 +83,8 @@ class TritonPythonModel:
         self.metrics = _Metrics(p.str("llm_kind"))
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
-        session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len, speculative=True,
+        session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,
+                                      speculative=p.bool("speculative"),
                                       on_tokens=self._on_tokens)  # fmt: skip
         self.batcher = batcher.Batcher(
             session, lambda job: job.payload[0].request, self._finish, max_queue_size=p.int("max_queue_size"),

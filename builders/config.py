@@ -14,11 +14,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from engines import trees
+from builders.monitoring_config import MonitoringConfig
 from builders.trtllm import registry
 from builders.trtllm.rules import trtllm_problems
+from engines import trees
 
 
 class ConfigError(Exception):
@@ -198,6 +207,8 @@ class BuildConfig(Strict):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallelism.")
     engine: EngineConfig = Field(description="Engine backend and limits.")
     triton: TritonConfig = Field(default_factory=TritonConfig, description="Triton model repository options.")
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig,
+                                         description="Acceptance baseline and alert thresholds (production metrics).")
     # engine fields filled by load_config (builders/defaults.py) -> why; written to config.resolved.yaml
     _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -436,7 +447,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], str(path))
     problems = apply_overrides(data, overrides or [])
     base = path.resolve().parent
-    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab")):
+    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab"),
+                         ("monitoring", "calibration_prompts")):
         sec = data.get(section)
         if isinstance(sec, dict) and isinstance(sec.get(key), str):
             sec[key] = resolve_path(sec[key], base)

@@ -63,9 +63,9 @@ class TritonPythonModel:
         self.max_seq_len, self.max_input_len = limits.max_seq_len, limits.max_input_len
         session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=True,
                                       on_tokens=self._on_tokens)  # fmt: skip
-        self.metrics = spec_metrics.SpecMetrics(  # the build's baseline lies at the repository root
+        self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], "reference", self.engine.tree.depth if self.engine.has_draft else 0,
-            self.engine.has_draft, spec_metrics.read_baseline(Path(args["model_repository"]).resolve().parent))
+            self.engine.has_draft, spec_metrics.baseline_for(args))
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
                                        max_queue_size=int(p["max_queue_size"]), on_count=self.metrics.counts)
 

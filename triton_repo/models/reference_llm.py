@@ -36,9 +36,9 @@ class TritonPythonModel:
         # checked at build time that config.pbtxt's max_batch_size agrees with it.
         self.limits, self.vocab_size = self.engine.limits, self.engine.vocab_size
         self.tokenizer = self.engine.tokenizer
-        self.metrics = spec_metrics.SpecMetrics(  # the build's baseline lies at the repository root
+        self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], p.str("llm_kind"), self.engine.tree.depth if self.engine.has_draft else 0,
-            self.engine.has_draft, spec_metrics.read_baseline(Path(args["model_repository"]).resolve().parent))
+            self.engine.has_draft, spec_metrics.baseline_for(args))
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
         session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len, speculative=True,

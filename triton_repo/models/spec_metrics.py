@@ -72,10 +72,40 @@ def position_counts(target_forwards: int, acceptance_by_depth: list[int]) -> tup
     return attempts, accepted
 
 
+def llmapi_counts(generated_tokens: int, spec: Any) -> tuple[int, int, int]:
+    """(target forwards, accepted, drafted) of one finished LLM API request, from its
+    `RequestOutput.outputs[0].request_perf_metrics.speculative_decoding` (total_accepted_draft_tokens,
+    total_draft_tokens) and its token count. The LLM API reports no forward count: the context step yields one token
+    and every generation step its accepted drafts plus one, so forwards = tokens - 1 - accepted (exact unless a
+    stop string cut the last step's tokens)."""
+    accepted, drafted = int(spec.total_accepted_draft_tokens), int(spec.total_draft_tokens)
+    return max(0, generated_tokens - 1 - accepted), accepted, drafted
+
+
 def read_baseline(repo_root: Path) -> dict[str, Any] | None:
     """The build's baseline (`tau`, `position_acceptance` list), or None when the build measured none."""
     f = repo_root / BASELINE_FILE
     return json.loads(f.read_text()) if f.is_file() else None
+
+
+def iteration_counts(stat: dict[str, Any] | str) -> tuple[int, int, int, int, int]:
+    """(target forwards, accepted, drafted, queued, active) of one LLM API iteration-stats entry (`LLM.get_stats()`:
+    a dict, or its JSON text in some releases): the executor's IterationStats with its SpecDecodingStats
+    (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/types.h). Every request with drafts is verified by one
+    target forward in the iteration, so forwards = numRequestsWithDraftTokens and 1 + accepted / forwards is
+    upstream's acceptanceLength. An iteration without speculative stats counts nothing."""
+    if isinstance(stat, str):
+        stat = json.loads(stat)
+    spec = stat.get("specDecodingStats") or {}
+    return (int(spec.get("numRequestsWithDraftTokens", 0)), int(spec.get("numAcceptedTokens", 0)),
+            int(spec.get("numDraftTokens", 0)), int(stat.get("numQueuedRequests", 0)),
+            int(stat.get("numActiveRequests", 0)))
+
+
+def baseline_for(args: dict[str, Any]) -> dict[str, Any] | None:
+    """The baseline of the repository a python model was loaded from (`args` of initialize(): model_repository is
+    the model's directory, the baseline lies at the repository root)."""
+    return read_baseline(Path(args["model_repository"]).resolve().parent)
 
 
 class SpecMetrics:

@@ -6,8 +6,8 @@ Builds a tiny target + EAGLE-3 head (tests/tiny_models.py) into the `llmapi` lay
 (trtllm_version 1.4, engine.backend reference, chain-3), whose model exported no metric before
 triton_repo/models/spec_metrics.py existed. "without" serves the same repository with that model's model.py taken
 from git at --without-rev (default: the commit before spec_metrics.py was added); "with" serves it as rendered.
-Each round starts a fresh tritonserver per variant (alternating, so machine load drifts hit both), sends 4 warm-up
-requests, then runs `concurrency` closed-loop HTTP clients (POST /v2/models/tensorrt_llm/generate, greedy,
+Each round starts a fresh tritonserver per variant (ABBA order: load drifts and going first hit both), sends
+4 warm-up requests, then runs `concurrency` closed-loop HTTP clients (POST /v2/models/tensorrt_llm/generate, greedy,
 max_tokens) for `seconds` while a scraper reads /metrics every second, as Prometheus would. Reported: completed
 requests/s per variant and round, and the ratio with/without of the per-variant means.
 
@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     (bare / "tensorrt_llm" / "1" / "model.py").write_text(old)
     results: dict[str, list[float]] = {"without": [], "with": []}
     for r in range(args.rounds):
-        for name, path in (("without", bare), ("with", repo)):
+        order = (("without", bare), ("with", repo))
+        for name, path in order if r % 2 == 0 else order[::-1]:  # ABBA: neither variant always runs first
             srv = server_on(path, work / f"triton_{name}_{r}.log").start(timeout_s=240)
             try:
                 rps = run_level(srv, args.seconds, args.concurrency, args.max_tokens)

@@ -216,5 +216,105 @@ def test_drift_alert_quiet_for_the_matching_head_and_fires_for_a_degraded_one(
         assert fired[0]["labels"]["model"] == "tensorrt_llm"
         live = float(prom.query(f'eagle:llm_tau:window{{instance="{bad}"}}')[0]["value"][1])
         assert live < 0.7 * baseline
+        from builders.monitoring.dashboard import queries
+
+        for expr in queries():  # every dashboard panel is valid PromQL on this Prometheus
+            prom.query(expr.replace("$__rate_interval", f"{WINDOW_S}s").replace("$llm_model", "tensorrt_llm"))
+        assert prom.query("max by (instance) (eagle_llm_speculation_enabled)")
     finally:
         prom.stop()
+
+
+@pytest.fixture(scope="module")
+def llmapi_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, Path]]:
+    """The `llmapi` layout (trtllm_version 1.4) on the reference engine: a tiny target + EAGLE-3 head, chain-3."""
+    from tests import tiny_models as tm
+
+    root = tmp_path_factory.mktemp("prod_metrics_llmapi")
+    target = tm.make_target(root / "target", layers=4)
+    head = tm.make_eagle3_head(root / "eagle3", target)
+    cfg_h = json.loads((head / "config.json").read_text())
+    cfg_h["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
+    (head / "config.json").write_text(json.dumps(cfg_h))
+    cfg = root / "llmapi.yaml"
+    cfg.write_text(f"name: llmapi-metrics\ntrtllm_version: '1.4'\noutput_dir: {root / 'build'}\n"
+                   f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle3, model: {head}}}\n"
+                   "tree: {choices: chain-3}\n"
+                   "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n")
+    assert build_main([str(cfg)]) == 0
+    srv = server_on(root / "build" / "triton_repo", root / "tritonserver.log").start(timeout_s=240)
+    try:
+        yield srv, root / "build"
+    finally:
+        srv.stop(timeout_s=STOP_TIMEOUT_S)
+
+
+def test_llmapi_layout_counters_equal_the_perf_outputs_summed(llmapi_server: tuple[TritonServer, Path]) -> None:
+    import urllib.request
+
+    from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+
+    srv, build = llmapi_server
+    before = scrape(srv)
+    outs = []
+    for p in PROMPTS[:4]:
+        body = json.dumps({"text_input": p, "sampling_param_max_tokens": MAX_TOKENS,
+                           "sampling_param_return_perf_metrics": True}).encode()
+        req = urllib.request.Request(f"http://{srv.http_url}/v2/models/tensorrt_llm/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+        outs.append(json.loads(urllib.request.urlopen(req, timeout=120).read()))
+    after = scrape(srv)
+
+    def delta(name: str, **labels: str) -> float:
+        key = f"{name}{{{_labels(**labels)}}}"
+        return after[key] - before.get(key, 0.0)
+
+    accepted = sum(int(o["total_accepted_draft_tokens"]) for o in outs)
+    assert delta("eagle_llm_accepted_draft_tokens_total") == accepted
+    assert delta("eagle_llm_draft_tokens_total") == sum(int(o["total_draft_tokens"]) for o in outs) > 0
+    eng = ReferenceEngine.from_build(build)
+    tok = eng.tokenizer
+    agg = ReferenceEngine.aggregate(eng.generate([
+        GenerationRequest(tok.encode(p, add_special_tokens=True), MAX_TOKENS, SamplingParams(), [tok.eos_token_id])
+        for p in PROMPTS[:4]]))
+    assert agg.accepted_draft_tokens == accepted
+    assert delta("eagle_llm_target_forwards_total") == agg.target_forwards > 0
+    got = [delta("eagle_llm_position_accepted_total", position=str(p)) for p in (1, 2, 3)]
+    assert got == agg.acceptance_by_depth
+    assert [delta("eagle_llm_position_attempts_total", position=str(p)) for p in (1, 2, 3)] == [
+        agg.target_forwards, *agg.acceptance_by_depth[:-1]]
+    assert after[f"eagle_llm_requests_in_flight{{{_labels()}}}"] == 0
+    assert not any(k.startswith("eagle_llm_baseline_") for k in after)  # no calibration prompts: no baseline
+
+
+def test_llmapi_layout_in_flight_gauge_moves_where_tritons_pending_count_does_not(
+    llmapi_server: tuple[TritonServer, Path]
+) -> None:
+    """The decoupled llmapi model returns from execute() at once: Triton's pending count stays 0 with requests
+    running, ours counts them (what the autoscaler scales on), and drops back to 0 when they end."""
+    import urllib.request
+
+    from tests.triton_servers import metric
+
+    srv, _build = llmapi_server
+    n, threads = 3, []
+
+    def one(i: int) -> None:
+        body = json.dumps({"text_input": PROMPTS[i], "sampling_param_max_tokens": 100}).encode()
+        req = urllib.request.Request(f"http://{srv.http_url}/v2/models/tensorrt_llm/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=120).read()
+
+    for i in range(n):
+        threads.append(threading.Thread(target=one, args=(i,)))
+        threads[-1].start()
+    seen, pending = 0.0, []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and seen < n:
+        seen = metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm")
+        pending.append(metric(srv, "nv_inference_pending_request_count", model="tensorrt_llm"))
+        time.sleep(0.05)
+    for t in threads:
+        t.join(timeout=120)
+    assert seen == n and max(pending) == 0
+    assert metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm") == 0

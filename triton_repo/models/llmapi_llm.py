@@ -48,6 +48,7 @@ class TritonPythonModel:
         self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], "pytorch", 0, "speculative_config" in options,
             spec_metrics.baseline_for(args))
+        self.llmapi_counts = spec_metrics.llmapi_counts
         self._in_flight = 0
         self._lock = threading.Lock()
         self._live, self._cancelled = set(), set()  # cancel tokens of the running requests / of those to abort
@@ -121,7 +122,7 @@ class TritonPythonModel:
                     sent = len(ids)
                 final = output
             spec = final.outputs[0].request_perf_metrics.speculative_decoding
-            self.metrics.add(*spec_metrics.llmapi_counts(len(final.outputs[0].token_ids), spec), [])
+            self.metrics.add(*self.llmapi_counts(len(final.outputs[0].token_ids), spec), [])
             resp = self.io.final_response(
                 pb_utils, parsed, list(final.outputs[0].token_ids), int(spec.total_accepted_draft_tokens),
                 int(spec.total_draft_tokens), handle,

@@ -130,7 +130,7 @@ class SpecMetrics:
             self.by_position[attr] = [self.families[-1].Metric({**labels, "position": str(p)})
                                       for p in range(1, depth + 1)]
         self.depth, self._forwards, self._accepted = depth, 0, 0
-        self.enabled.set(1 if speculative and depth > 0 else 0)
+        self.enabled.set(1 if speculative else 0)
         if baseline is not None:
             self.baseline_tau.set(float(baseline["tau"]))
             for m, v in zip(self.by_position["baseline_pos"], baseline["position_acceptance"]):

@@ -120,3 +120,28 @@ def test_llmapi_request_counts(tokens: int, accepted: int, forwards: int) -> Non
 
     spec = SimpleNamespace(total_accepted_draft_tokens=accepted, total_draft_tokens=3 * tokens)
     assert SM.llmapi_counts(tokens, spec) == (forwards, accepted, 3 * tokens)
+
+
+def test_serve_installs_upstreams_llmapi_model_unmodified_under_the_bridge(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The current line with engine.backend pytorch: the rendered model.py is the metrics bridge; serve copies
+    TensorRT-LLM's model.py byte for byte as upstream_model.py (what the bridge imports) and its helpers.py."""
+    from tests.deploy_files import serve
+
+    cfg = make_cfg("trtllm_version=1.4", "draft.type=eagle3", "draft.model=/models/eagle3", "engine.max_num_tokens=null",
+                   "engine.backend=pytorch", "tree.choices=chain-3")
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    (upstream / "model.py").write_bytes(b"class TritonPythonModel:\n    pass  # upstream\n")
+    repo = tmp_path / "repo"
+    (repo / "tensorrt_llm" / "1").mkdir(parents=True)
+    (repo / "tensorrt_llm" / "1" / "model.py").write_text("bridge")
+    monkeypatch.setenv(serve.UPSTREAM_LLMAPI_ENV, str(upstream))
+    [problem] = serve.upstream_llmapi_problems(cfg, repo)
+    assert "(helpers.py) not found in" in problem and serve.UPSTREAM_LLMAPI_ENV in problem
+    (upstream / "helpers.py").write_text("# upstream helpers\n")
+    assert serve.upstream_llmapi_problems(cfg, repo) == []
+    serve.install_upstream_llmapi_model(cfg, repo)
+    d = repo / "tensorrt_llm" / "1"
+    assert (d / "upstream_model.py").read_bytes() == (upstream / "model.py").read_bytes()
+    assert (d / "helpers.py").read_text() == "# upstream helpers\n" and (d / "model.py").read_text() == "bridge"

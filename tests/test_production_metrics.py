@@ -318,3 +318,68 @@ def test_llmapi_layout_in_flight_gauge_moves_where_tritons_pending_count_does_no
         t.join(timeout=120)
     assert seen == n and max(pending) == 0
     assert metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm") == 0
+
+
+def test_llmapi_bridge_exports_upstreams_iteration_stats_and_in_flight(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """engine.backend pytorch, llmapi layout: the rendered bridge over a stand-in of upstream's model (installed by
+    serve's own copy step) counts the LLM API's iteration statistics and upstream's in-flight count."""
+    import urllib.request
+
+    from tests import tiny_models as tm
+    from tests.deploy_files import serve
+    from tests.triton_servers import metric
+
+    root = tmp_path_factory.mktemp("prod_metrics_bridge")
+    target = tm.make_target(root / "target", layers=4)
+    head = tm.make_eagle3_head(root / "eagle3", target)
+    cfg_h = json.loads((head / "config.json").read_text())
+    cfg_h["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
+    (head / "config.json").write_text(json.dumps(cfg_h))
+    cfg_file = root / "pt.yaml"
+    cfg_file.write_text(f"name: bridge\ntrtllm_version: '1.4'\noutput_dir: {root / 'build'}\n"
+                        f"target: {{model: {target}, dtype: float16}}\ndraft: {{type: eagle3, model: {head}}}\n"
+                        "tree: {choices: chain-3}\n"
+                        "engine: {backend: pytorch, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n")
+    assert build_main([str(cfg_file)]) == 0
+    from builders.config import load_config
+
+    repo = root / "build" / "triton_repo"
+    assert "enable_iter_perf_stats: true" in (repo / "tensorrt_llm" / "1" / "model.yaml").read_text()
+    monkeypatch.setenv(serve.UPSTREAM_LLMAPI_ENV, str(Path(__file__).parent / "fixtures" / "llmapi_upstream_standin"))
+    serve.install_upstream_llmapi_model(load_config(cfg_file), repo)
+    srv = server_on(repo, root / "tritonserver.log").start(timeout_s=240)
+    try:
+        prompts, threads = ["one two three", "four five", "six seven eight nine"], []
+
+        def one(p: str) -> None:
+            body = json.dumps({"text_input": p}).encode()
+            req = urllib.request.Request(f"http://{srv.http_url}/v2/models/tensorrt_llm/generate", data=body,
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=60).read()
+
+        for p in prompts:
+            threads.append(threading.Thread(target=one, args=(p,)))
+            threads[-1].start()
+        seen, deadline = 0.0, time.monotonic() + 30
+        while time.monotonic() < deadline and seen == 0:  # the bridge polls every second; requests take 2.5 s
+            seen = metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm", backend="pytorch")
+            time.sleep(0.05)
+        for t in threads:
+            t.join(timeout=60)
+        words = sum(len(p.split()) for p in prompts)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and metric(srv, "eagle_llm_accepted_draft_tokens_total") < words:
+            time.sleep(0.2)
+        assert seen > 0
+        assert metric(srv, "eagle_llm_accepted_draft_tokens_total", backend="pytorch") == words
+        assert metric(srv, "eagle_llm_draft_tokens_total", backend="pytorch") == 3 * words
+        assert metric(srv, "eagle_llm_target_forwards_total", backend="pytorch") == words
+        assert metric(srv, "eagle_llm_speculation_enabled", backend="pytorch") == 1
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and metric(srv, "eagle_llm_requests_in_flight") > 0:
+            time.sleep(0.2)
+        assert metric(srv, "eagle_llm_requests_in_flight", backend="pytorch") == 0
+    finally:
+        srv.stop(timeout_s=STOP_TIMEOUT_S)

@@ -29,6 +29,9 @@ PROMPTS = ["the quick brown fox jumps", "hello world how are you", "a b c d e f 
            "tell me a story about a cat", "the weather today is", "numbers and letters mix", "once upon a time"]
 MAX_TOKENS = 16
 WINDOW_S, FOR_S = 8, 2
+# The matching head's prompts run at tau 1.25-2.29 (baseline 1.72), the degraded head's at 1.00-1.07: a drop of 35%
+# (threshold 1.12) keeps even a window holding only the matching head's worst prompt quiet.
+DROP = 0.35
 
 
 def _degrade(head: Path, out: Path) -> Path:
@@ -51,7 +54,7 @@ def _build(root: Path, name: str, target: Path, head: Path, prompts: Path) -> Pa
         "tree: {choices: topk-2-3}\n"
         "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 200}\n"
         f"monitoring: {{calibration_prompts: {prompts}, calibration_max_new_tokens: {MAX_TOKENS}, "
-        f"window: {WINDOW_S}s, alert_for: {FOR_S}s, tau_drop_fraction: 0.3}}\n"
+        f"window: {WINDOW_S}s, alert_for: {FOR_S}s, tau_drop_fraction: {DROP}}}\n"
     )
     assert build_main([str(cfg)]) == 0
     return root / name / "triton_repo"
@@ -202,7 +205,7 @@ def test_drift_alert_quiet_for_the_matching_head_and_fires_for_a_degraded_one(
         finally:
             traffic.close()
         baseline = json.loads((repos[0] / BASELINE_FILE).read_text())["tau"]
-        assert seen_tau and min(seen_tau) > 0.7 * baseline > 1.2, (seen_tau, baseline)
+        assert seen_tau and min(seen_tau) > (1 - DROP) * baseline > 1.1, (seen_tau, baseline)
         traffic = Traffic(servers[1])
         try:
             deadline, fired = time.monotonic() + 60, []
@@ -215,7 +218,7 @@ def test_drift_alert_quiet_for_the_matching_head_and_fires_for_a_degraded_one(
         assert fired, prom.alerts()
         assert fired[0]["labels"]["model"] == "tensorrt_llm"
         live = float(prom.query(f'eagle:llm_tau:window{{instance="{bad}"}}')[0]["value"][1])
-        assert live < 0.7 * baseline
+        assert live < (1 - DROP) * baseline
         from builders.monitoring.dashboard import queries
 
         for expr in queries():  # every dashboard panel is valid PromQL on this Prometheus

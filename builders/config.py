@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields, NonNegativeInt, Schedule  # noqa: F401 (TreeConfig's annotations)
 from builders.trtllm import registry
 from builders.trtllm.rules import trtllm_problems
@@ -207,6 +208,8 @@ class BuildConfig(Strict):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallelism.")
     engine: EngineConfig = Field(description="Engine backend and limits.")
     triton: TritonConfig = Field(default_factory=TritonConfig, description="Triton model repository options.")
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig,
+                                         description="Acceptance baseline and alert thresholds (production metrics).")
     # engine fields filled by load_config (builders/defaults.py) -> why; written to config.resolved.yaml
     _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -460,7 +463,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], str(path))
     problems = apply_overrides(data, overrides or [])
     base = path.resolve().parent
-    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab"), ("tree", "schedule_file")):
+    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab"), ("tree", "schedule_file"),
+                         ("monitoring", "calibration_prompts")):
         sec = data.get(section)
         if isinstance(sec, dict) and isinstance(sec.get(key), str):
             sec[key] = resolve_path(sec[key], base)

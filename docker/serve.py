@@ -93,10 +93,12 @@ def check_build(build_dir: Path, cfg: BuildConfig, repo_stage: str) -> list[str]
 UPSTREAM_LLMAPI_ENV = "TRTLLM_LLMAPI_MODEL_DIR"  # overrides where upstream's llmapi model.py / helpers.py are taken
 
 
-def upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> tuple[Path, list[Path]] | None:
-    """The current line on a GPU (llmapi layout, engine.backend pytorch): the repository holds our config.pbtxt and
-    model.yaml; the model code is TensorRT-LLM's own triton_backend/all_models/llmapi/tensorrt_llm/1/{model,helpers}.py
-    from the image. Returns (source dir, files to copy) or None when nothing is needed."""
+def upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> tuple[Path, dict[str, Path]] | None:
+    """The current line on a GPU (llmapi layout, engine.backend pytorch): the repository holds our config.pbtxt,
+    model.yaml and the metrics bridge (model.py); the model code is TensorRT-LLM's own
+    triton_backend/all_models/llmapi/tensorrt_llm/1/{model,helpers}.py from the image, model.py copied as
+    upstream_model.py (builders/triton/render_llmapi.py UPSTREAM_FILES). Returns (source dir, {upstream name: file to
+    write}) or None when nothing is needed."""
     from builders.triton.render import layout
     from builders.triton.render_llmapi import UPSTREAM_FILES, UPSTREAM_MODEL_DIR
 
@@ -104,7 +106,7 @@ def upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> tuple[Path, list[Path
         return None
     src = Path(os.environ.get(UPSTREAM_LLMAPI_ENV, UPSTREAM_MODEL_DIR))
     dest = repo / cfg.triton.llm_model / "1"
-    return src, [dest / f for f in UPSTREAM_FILES if not (dest / f).is_file()]
+    return src, {name: dest / to for name, to in UPSTREAM_FILES.items() if not (dest / to).is_file()}
 
 
 def upstream_llmapi_problems(cfg: BuildConfig, repo: Path) -> list[str]:
@@ -112,7 +114,7 @@ def upstream_llmapi_problems(cfg: BuildConfig, repo: Path) -> list[str]:
     if found is None:
         return []
     src, missing = found
-    absent = [f.name for f in missing if not (src / f.name).is_file()]
+    absent = [name for name in missing if not (src / name).is_file()]
     if not absent:
         return []
     return [f"TensorRT-LLM's llmapi Triton model ({', '.join(absent)}) not found in {src}: serve in an image built by "
@@ -124,8 +126,10 @@ def install_upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> None:
     import shutil
 
     found = upstream_llmapi_model(cfg, repo)
-    for f in [] if found is None else found[1]:
-        shutil.copyfile(found[0] / f.name, f)  # type: ignore[index]
+    if found is None:
+        return
+    for name, to in found[1].items():
+        shutil.copyfile(found[0] / name, to)
 
 
 def serve_argv(

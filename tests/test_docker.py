@@ -330,7 +330,7 @@ def test_entrypoint_build_serve_loadtest(tmp_path: Path, tiny_target: Path, eagl
         assert levels == [(2, 4, 4, {})]
         assert all(lv["output_tokens"] > 0 for lv in report["levels"])
         # The series the rendered HPA scales on (via the adapter rule) is really exported for this backend.
-        series = render.queue_series(load_config(config))
+        series = render.in_flight_series(load_config(config))
         name, labels = series[: series.index("{")], series[series.index("{") + 1 : -1].split(",")
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as r:
             lines = [ln for ln in r.read().decode().splitlines() if ln.startswith(name + "{")]

@@ -31,6 +31,8 @@ CRD_CHECKS = {
     # monitoring.coreos.com/v1 (Prometheus Operator): no schema shipped; test_monitoring_wiring checks that its
     # selector and endpoint port match the Service.
     "ServiceMonitor": "selector / port consistency with the Service",
+    # monitoring.coreos.com/v1 PrometheusRule: its groups are checked by promtool in test_prometheus_rule.
+    "PrometheusRule": "spec.groups checked by `promtool check rules`",
 }
 
 
@@ -40,7 +42,7 @@ def test_manifests_validate_offline() -> None:
     docs = _manifests()
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap", "Job",
-            "PersistentVolumeClaim", "ServiceMonitor", "LeaderWorkerSet"} <= kinds  # fmt: skip
+            "PersistentVolumeClaim", "ServiceMonitor", "LeaderWorkerSet", "PrometheusRule"} <= kinds  # fmt: skip
     for d in docs:
         if d["kind"] in CRD_CHECKS:
             with pytest.raises(kubernetes_validate.SchemaNotFoundError):
@@ -110,12 +112,13 @@ def test_manifests_agree_with_config() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] == render.READY_TIMEOUT_S
     hpa = docs["HorizontalPodAutoscaler"]["spec"]
     assert hpa["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
-    assert hpa["metrics"][0]["pods"]["target"]["averageValue"] == str(max(1, cfg.engine.max_batch_size // 2))
+    mbs = cfg.engine.max_batch_size  # a full batch in flight plus half a batch waiting
+    assert hpa["metrics"][0]["pods"]["target"]["averageValue"] == str(mbs + max(1, mbs // 2))
     assert hpa["minReplicas"] >= 2  # so maxUnavailable 1 in the PDB never takes the last replica
 
 
 def test_monitoring_wiring() -> None:
-    """Prometheus scrapes the Service's metrics port; the adapter publishes the queue series under the name the
+    """Prometheus scrapes the Service's metrics port; the adapter publishes the in-flight series under the name the
     HPA reads; the PDB and Service select the Deployment's pods."""
     cfg = load_config(REPO / K8S_CONFIG, K8S_SETS)
     docs = {d["kind"]: d for d in _manifests()}
@@ -130,14 +133,38 @@ def test_monitoring_wiring() -> None:
     rules = yaml.safe_load(docs["ConfigMap"]["data"]["config.yaml"])["rules"]
     (rule,) = rules
     assert rule["name"]["as"] == docs["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
-    assert rule["seriesQuery"].startswith("nv_trt_llm_request_metrics{")  # tensorrt backend: the batch manager queue
-    assert 'request_type="waiting"' in rule["seriesQuery"] and f'model="{cfg.triton.llm_model}"' in rule["seriesQuery"]
+    assert rule["seriesQuery"].startswith("nv_trt_llm_request_metrics{")  # tensorrt backend: the batch manager's
+    assert 'request_type=~"active|waiting"' in rule["seriesQuery"] and f'model="{cfg.triton.llm_model}"' in rule["seriesQuery"]
     assert "<<.Series>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
 
 
-def test_queue_series_follows_backend(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+def test_in_flight_series_follows_backend(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+    """Python models (decoupled: Triton's pending count stays 0) scale on their own in-flight gauge."""
     ref = _cfg(tmp_path, tiny_target, eagle_head, "reference", 1)
-    assert render.queue_series(ref) == f'nv_inference_pending_request_count{{model="{ref.triton.llm_model}"}}'
+    assert render.in_flight_series(ref) == f'eagle_llm_requests_in_flight{{model="{ref.triton.llm_model}"}}'
+    current = load_config(REPO / "configs" / "llama31-8b-eagle3-current.yaml")
+    adapter = yaml.safe_load((K8S / "current" / "prometheus-adapter-rules.yaml").read_text())
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert rule["seriesQuery"].startswith(render.in_flight_series(current)[:-1])
+
+
+@pytest.mark.parametrize("sub", ["", "current"])
+def test_prometheus_rule(sub: str, tmp_path: Path) -> None:
+    """The PrometheusRule carries the generator's groups for the config's thresholds, and promtool accepts them."""
+    import subprocess
+
+    from builders.monitoring.rules import rule_groups
+    from tests.prometheus_server import binary
+
+    docs = [d for f in sorted((K8S / sub).glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
+    (rule,) = [d for d in docs if d and d["kind"] == "PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    config = K8S_CONFIG if not sub else "configs/llama31-8b-eagle3-current.yaml"
+    assert rule["spec"]["groups"] == rule_groups(load_config(REPO / config).monitoring)
+    f = tmp_path / "rules.yml"
+    f.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    r = subprocess.run([binary("promtool"), "check", "rules", str(f)], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_leaderworkerset() -> None:

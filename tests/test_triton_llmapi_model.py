@@ -95,3 +95,23 @@ def test_cancelled_ensemble_stream_aborts_its_llm_api_request(llmapi_server: Any
     [line] = _lines(log)[before:]
     kind, made = line.split()
     assert kind == "aborted" and int(made) < 50  # 400 tokens would take 4 s; it stopped a few tokens in
+
+
+def test_llm_api_models_speculative_counters_equal_its_perf_outputs(llmapi_server: Any) -> None:
+    """The counters on /metrics (triton_repo/models/spec_metrics.py) move by the request's perf outputs; forwards =
+    tokens - 1 - accepted (the LLM API reports no forward count); nothing stays in flight."""
+    from tests.triton_servers import metric
+
+    srv, _log = llmapi_server
+    names = ("eagle_llm_accepted_draft_tokens_total", "eagle_llm_draft_tokens_total", "eagle_llm_target_forwards_total")
+    before = {n: metric(srv, n, backend="pytorch", model="tensorrt_llm") for n in names}
+    c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
+    [resp] = stream_call(c, "ensemble", inputs(PROMPT, 9, return_perf_metrics=(True, "BOOL")))
+    c.close()
+    delta = {n: metric(srv, n, backend="pytorch", model="tensorrt_llm") - before[n] for n in names}
+    accepted = int(resp["total_accepted_draft_tokens"].reshape(-1)[0])
+    assert delta["eagle_llm_accepted_draft_tokens_total"] == accepted > 0
+    assert delta["eagle_llm_draft_tokens_total"] == int(resp["total_draft_tokens"].reshape(-1)[0])
+    assert delta["eagle_llm_target_forwards_total"] == 9 - 1 - accepted
+    assert metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm") == 0
+    assert metric(srv, "eagle_llm_speculation_enabled", model="tensorrt_llm") == 1

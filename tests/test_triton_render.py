@@ -124,7 +124,7 @@ def test_every_config_parses_and_no_placeholder_survives(reference_repo: Path) -
     for f in reference_repo.rglob("*"):
         if f.is_file() and f.suffix in (".pbtxt", ".json", ".yaml"):
             assert "${" not in f.read_text(), f
-    assert {p.name for p in reference_repo.iterdir()} == {*MODELS, "client.json", "manifest.json"}
+    assert {p.name for p in reference_repo.iterdir()} == {*MODELS, "client.json", "manifest.json", "prometheus-rules.yml"}
 
 
 def test_ensemble_io_matches_tensorrtllm_backend(reference_repo: Path) -> None:

@@ -316,11 +316,11 @@ def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
              out / CLIENT_FILE: json.dumps(RL.client_descriptor(bc, tokenizer_dir(build_dir)), indent=2) + "\n"}
     for f, text in files.items():
         f.write_text(text)
-    if bc.engine.backend == "reference":
-        shutil.copyfile(MODELS_SRC / "llmapi_reference.py", d / "1" / "model.py")
-        shutil.copyfile(MODELS_SRC / "bootstrap.py", d / "1" / f"{BOOTSTRAP_MODULE}.py")
-        files[d / "1" / "model.py"] = ""
-        files[d / "1" / f"{BOOTSTRAP_MODULE}.py"] = ""
+    source = {"reference": "llmapi_reference.py", "pytorch": "llmapi_bridge.py"}[bc.engine.backend]
+    shutil.copyfile(MODELS_SRC / source, d / "1" / "model.py")
+    shutil.copyfile(MODELS_SRC / "bootstrap.py", d / "1" / f"{BOOTSTRAP_MODULE}.py")
+    files[d / "1" / "model.py"] = ""
+    files[d / "1" / f"{BOOTSTRAP_MODULE}.py"] = ""
     return list(files)
 
 

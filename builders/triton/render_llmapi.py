@@ -5,8 +5,10 @@ triton_backend/all_models/llmapi/ lays it out:
     <repo>/tensorrt_llm/1/model.yaml     LLM API options (model, limits, kv_cache_config, speculative_config)
                                          + triton_config {decoupled, max_batch_size}
     <repo>/tensorrt_llm/1/model.py       engine.backend reference: the reference engine's mirror (ours);
-                                         engine.backend pytorch: upstream's model.py and helpers.py, copied from the
-                                         TensorRT-LLM image at start-up (docker/serve.py), never written by us
+                                         engine.backend pytorch: the metrics bridge (models/llmapi_bridge.py), a
+                                         subclass of upstream's model.py, which is copied with helpers.py from the
+                                         TensorRT-LLM image at start-up as upstream_model.py (docker/serve.py),
+                                         never written by us
 
 The LLM API options come from builders/engine/llmapi.py, the one source for them (and through it the config's draft
 tree): the engine stage's YAML for engine.backend pytorch, computed the same way for the reference mirror.
@@ -28,7 +30,8 @@ from builders.triton.pbtxt import _add_inputs, _add_outputs, _decoupled, _instan
 from triton_repo import llmapi_contract as L
 
 UPSTREAM_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"  # in the TensorRT-LLM Triton image
-UPSTREAM_FILES = ("model.py", "helpers.py")
+# upstream file -> its name in the repository: the bridge (models/llmapi_bridge.py) is model.py and imports upstream's
+UPSTREAM_FILES = {"model.py": "upstream_model.py", "helpers.py": "helpers.py"}
 
 
 def model_config(bc: BuildConfig, build_dir: Path, project_root: Path) -> mc.ModelConfig:
@@ -42,6 +45,8 @@ def model_config(bc: BuildConfig, build_dir: Path, project_root: Path) -> mc.Mod
         _add_inputs(cfg, L.LORA_INPUTS)  # declared to be refused by name (models/llmapi_refusals.py)
         _params(cfg, {"project_root": str(project_root), "build_dir": str(build_dir.resolve()),
                       "max_queue_size": bc.triton.max_queue_size})
+    else:  # the metrics bridge imports triton_repo.models.spec_metrics from the project
+        _params(cfg, {"project_root": str(project_root)})
     return cfg
 
 
@@ -65,6 +70,8 @@ def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str
     doc = {
         "model": str(layout.trtllm_model_dir(build_dir)),  # readable by its transformers (hf_compat)
         **options,
+        # the metrics bridge reads LLM.get_stats(), which needs the iteration statistics (models/llmapi_bridge.py)
+        **({"enable_iter_perf_stats": True} if bc.engine.backend == "pytorch" else {}),
         # max_batch_size 0: the model takes one prompt per request (upstream's template value); the LLM API
         # batches requests in flight itself, up to the top-level max_batch_size.
         "triton_config": {"max_batch_size": 0, "decoupled": bc.triton.streaming},

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from builders.config import BuildConfig
 from builders.layout import CHECKPOINT, ENGINE, TRITON_REPO
+from builders.monitoring import baseline, rules
 from builders.pipeline import Stage, StageContext, StageError
 from builders.triton import render
 from core.spec import read_spec
@@ -21,7 +22,8 @@ def _sources(cfg: BuildConfig) -> list[Path]:
     serve = render.SERVE_PACKAGE
     here = Path(__file__).resolve().parent
     return [serve / "contract.py", serve / "llmapi_contract.py", here / "pbtxt.py", Path(render.__file__).resolve(),
-            here / "render_llmapi.py", *sorted(render.MODELS_SRC.glob("*.py"))]
+            here / "render_llmapi.py", *sorted(render.MODELS_SRC.glob("*.py")),
+            *([Path(p)] if (p := cfg.monitoring.calibration_prompts) else [])]
 
 
 def limits_problems(cfg: BuildConfig, build_dir: Path) -> list[str]:
@@ -45,6 +47,9 @@ def run(ctx: StageContext) -> None:
         written = render.render(ctx.cfg, ctx.build_dir, ctx.out)
     except render.RenderError as e:
         raise StageError(str(e)) from e
+    (ctx.out / rules.RULES_FILE).write_text(rules.rules_yaml(ctx.cfg.monitoring))  # Triton ignores plain files here
+    if ctx.cfg.monitoring.calibration_prompts is not None:
+        ctx.notes["acceptance_baseline"] = baseline.write(ctx.cfg, ctx.build_dir, ctx.out).name
     ctx.notes["models"] = sorted({p.relative_to(ctx.out).parts[0] for p in written if len(p.relative_to(ctx.out).parts) > 1})
     ctx.notes["serve"] = f"python triton_repo/launch.py --repo {ctx.final}"
 
@@ -64,6 +69,6 @@ TRITON_STAGE = Stage(
     external_inputs=_sources,
     depends_on=(CHECKPOINT, ENGINE),
     run=run,
-    preflight=lambda cfg: render.config_problems(cfg),
+    preflight=lambda cfg: render.config_problems(cfg) + baseline.config_problems(cfg),
     plan_outputs=plan_outputs,
 )

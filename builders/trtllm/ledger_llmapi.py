@@ -116,11 +116,20 @@ _OUTPUTS = (
         note="sent when request_perf_metrics is present (sampling_param_return_perf_metrics)")
 )
 
-_MIRROR = rows_of("triton.llmapi.parameter", ("project_root", "build_dir", "max_queue_size"), MIRROR, type="str",
-                  required=True,
-                  versions=V, note="reference engine only (engine.backend reference); upstream's model takes none")
+_BRIDGE = rows_of("llmapi.option", ("enable_iter_perf_stats",),
+                  Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "TorchLlmArgs.enable_iter_perf_stats (LLM.get_stats)"),
+                  type="bool", versions=V, note="engine.backend pytorch: the metrics bridge (triton_repo/models/"
+                  "llmapi_bridge.py) reads the iteration statistics it turns on")
 
-ROWS: list[Row] = _OPTIONS + _LOAD_AWARE + _MODEL_YAML + _INPUTS + _OUTPUTS + _MIRROR
+_MIRROR = (
+    rows_of("triton.llmapi.parameter", ("project_root",), MIRROR, type="str", required=True, versions=V,
+            note="the project our python model imports: the reference mirror, or the metrics bridge "
+            "(engine.backend pytorch, models/llmapi_bridge.py); upstream's model reads no parameter")
+    + rows_of("triton.llmapi.parameter", ("build_dir", "max_queue_size"), MIRROR, type="str", required=True,
+              versions=V, when=("reference",), note="reference engine only (engine.backend reference)")
+)
+
+ROWS: list[Row] = _OPTIONS + _LOAD_AWARE + _MODEL_YAML + _INPUTS + _OUTPUTS + _BRIDGE + _MIRROR
 
 # Inputs of upstream's config.pbtxt (as read: docs/contracts.md, "Sources") that our repository does not declare, with
 # the reason; every upstream input is a row above or here (tests/test_ledger.py).

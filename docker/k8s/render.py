@@ -2,13 +2,14 @@
 
 Renders the Kubernetes manifests for one build config, so the values they share with the build come from that
 config and nowhere else: GPUs per pod = tp * pp, the build directory and model repository path (the Triton stage's
-output under the build root), the Triton model name whose queue drives the autoscaler, the engine's batch size.
+output under the build root), the Triton model name whose requests in flight drive the autoscaler, the engine's
+batch size.
 Ports are Triton's, from docker/serve.py. `--check` compares with the files in DIR instead of writing
 (tests/test_docker.py runs it, so committed manifests can't drift from the config).
 
 Files written (one concern each): storage.yaml (PVCs), build-job.yaml, deployment.yaml, service.yaml, hpa.yaml,
-pdb.yaml, prometheus-adapter-rules.yaml (ConfigMap), servicemonitor.yaml (Prometheus Operator CRD),
-leaderworkerset.yaml (LWS CRD: multi-node tensor parallelism, see docs/deploy.md).
+pdb.yaml, prometheus-adapter-rules.yaml (ConfigMap), servicemonitor.yaml and prometheusrule.yaml (Prometheus
+Operator CRDs), leaderworkerset.yaml (LWS CRD: multi-node tensor parallelism, see docs/deploy.md).
 
 Inputs:  CONFIG, a build config
 Outputs: the Kubernetes manifests in --out (--check: compare only)
@@ -40,7 +41,7 @@ IMAGE_HOME = "/opt/eagle-deploy"  # WORKDIR of docker/Dockerfile: configs/ live 
 READY_TIMEOUT_S = 1800  # entrypoint TRITON_READY_TIMEOUT; the startup probe allows the same time
 STARTUP_PERIOD_S = 10
 # Custom metric exposed by the Prometheus adapter rule and consumed by the HPA (one name, rendered into both).
-QUEUE_METRIC = "eagle_triton_queued_requests"
+IN_FLIGHT_METRIC = "eagle_requests_in_flight"
 IMAGE_UID = 1000  # docker/Dockerfile USER: NGC's `triton-server` user (uid/gid 1000 in every tritonserver image)
 CACHE_DIR = f"{IMAGE_HOME}/.cache"  # EAGLE_DEPLOY_CACHE and HOME of the images: an emptyDir (read-only root)
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"  # triton_repo/launch.py: the key of Triton's restricted admin endpoints
@@ -75,23 +76,30 @@ def gpus(cfg: BuildConfig) -> int:
 
 
 def queue_target(cfg: BuildConfig, opts: RenderOptions) -> int:
-    """Average queued requests per pod the HPA holds. Requests wait only once the in-flight batch
-    (engine.max_batch_size slots) is full; half a batch waiting means a newcomer waits about half a generation
+    """Requests per pod waiting for a slot that the HPA tolerates on average. Requests wait only once the in-flight
+    batch (engine.max_batch_size slots) is full; half a batch waiting means a newcomer waits about half a generation
     for a slot, the point where another replica is worth its GPUs. Override with --queue-target."""
     return opts.queue_target if opts.queue_target is not None else max(1, cfg.engine.max_batch_size // 2)
 
 
-def queue_series(cfg: BuildConfig) -> str:
-    """The Prometheus series that counts queued requests for this backend.
+def in_flight_target(cfg: BuildConfig, opts: RenderOptions) -> int:
+    """Average requests in flight per pod the HPA holds: a full batch plus queue_target() waiting."""
+    return cfg.engine.max_batch_size + queue_target(cfg, opts)
 
-    tensorrt: the C++ tensorrtllm backend takes every request into its own batch manager at once, so Triton's
-    pending count stays ~0; its `nv_trt_llm_request_metrics{request_type="waiting"}` gauge is the queue
-    (tensorrtllm_backend README, "Triton Metrics"). Python-backend models (reference, LLM API) queue in Triton's
-    scheduler: `nv_inference_pending_request_count` (server docs/user_guide/metrics.md)."""
+
+def in_flight_series(cfg: BuildConfig) -> str:
+    """The Prometheus series that counts a pod's requests in flight (running + waiting) for this backend.
+
+    Triton's own `nv_inference_pending_request_count` cannot serve: a decoupled python model (reference, the LLM
+    API, the `llmapi` model) returns from execute() at once and holds its requests itself, so it stays 0.
+    tensorrt: the C++ backend's batch manager gauges, active + waiting (`nv_trt_llm_request_metrics`,
+    triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc request_labels_).
+    Python models: `eagle_llm_requests_in_flight` (triton_repo/models/spec_metrics.py; for upstream's `llmapi`
+    model, the bridge triton_repo/models/llmapi_bridge.py)."""
     model = cfg.triton.llm_model
     if cfg.engine.backend == "tensorrt":
-        return f'nv_trt_llm_request_metrics{{request_type="waiting",model="{model}"}}'
-    return f'nv_inference_pending_request_count{{model="{model}"}}'
+        return f'nv_trt_llm_request_metrics{{request_type=~"active|waiting",model="{model}"}}'
+    return f'eagle_llm_requests_in_flight{{model="{model}"}}'
 
 
 def _labels(name: str, component: str) -> dict[str, str]:
@@ -230,8 +238,8 @@ def hpa(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest]:
     metric = {
         "type": "Pods",
         "pods": {
-            "metric": {"name": QUEUE_METRIC},
-            "target": {"type": "AverageValue", "averageValue": str(queue_target(cfg, opts))},
+            "metric": {"name": IN_FLIGHT_METRIC},
+            "target": {"type": "AverageValue", "averageValue": str(in_flight_target(cfg, opts))},
         },
     }
     behavior = {
@@ -256,15 +264,15 @@ def pdb(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest]:
 
 
 def adapter_rules(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest]:
-    """prometheus-adapter rule (docs: kubernetes-sigs/prometheus-adapter docs/config.md): the queue series,
+    """prometheus-adapter rule (docs: kubernetes-sigs/prometheus-adapter docs/config.md): the in-flight series,
     per pod, published as the custom metric the HPA reads. Merge `rules` into the adapter's config."""
-    series = queue_series(cfg)
+    series = in_flight_series(cfg)
     selector = series[series.index("{") + 1 : -1]
     rule = {
         # Only series Prometheus attached to a pod (ServiceMonitor target labels) can be served per pod.
         "seriesQuery": series[:-1] + ',namespace!="",pod!=""}',
         "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
-        "name": {"matches": f"^{series[: series.index('{')]}$", "as": QUEUE_METRIC},
+        "name": {"matches": f"^{series[: series.index('{')]}$", "as": IN_FLIGHT_METRIC},
         # Sum over the model's series in each pod (TP ranks > 0 serve no metrics, so one rank reports).
         "metricsQuery": f"sum(<<.Series>>{{<<.LabelMatchers>>,{selector}}}) by (<<.GroupBy>>)",
     }
@@ -278,6 +286,15 @@ def service_monitor(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Ma
         "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
     }
     return [_obj("monitoring.coreos.com/v1", "ServiceMonitor", name, name, "server", spec=spec)]
+
+
+def prometheus_rule(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest]:
+    """Prometheus Operator PrometheusRule: the recording and alerting rules of builders/monitoring/rules.py with the
+    config's `monitoring` thresholds (docs/production-metrics.md)."""
+    from builders.monitoring.rules import rule_groups
+
+    return [_obj("monitoring.coreos.com/v1", "PrometheusRule", name, name, "monitoring",
+                 spec={"groups": rule_groups(cfg.monitoring)})]
 
 
 def leader_worker_set(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest]:
@@ -326,6 +343,7 @@ RENDERERS = {
     "pdb.yaml": pdb,
     "prometheus-adapter-rules.yaml": adapter_rules,
     "servicemonitor.yaml": service_monitor,
+    "prometheusrule.yaml": prometheus_rule,
     "leaderworkerset.yaml": leader_worker_set,
 }
 
@@ -371,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image", default=None, help=f"server image (default {GPU_IMAGE}; {CURRENT_GPU_IMAGE} for a config "
                     "of the current TensorRT-LLM line)")
     ap.add_argument("--queue-target", type=int, default=None,
-                    help="queued requests per pod the HPA holds (default max(1, engine.max_batch_size // 2))")
+                    help="waiting requests per pod the HPA tolerates: it holds engine.max_batch_size + this in flight "
+                    "(default max(1, engine.max_batch_size // 2))")
     ap.add_argument("--gpus-per-node", type=int, default=RenderOptions.gpus_per_node,
                     help="GPUs per node: the LeaderWorkerSet group has ceil(tp*pp / this) pods")
     ap.add_argument("--check", action="store_true", help="compare with the files in --out; exit 1 on a difference")

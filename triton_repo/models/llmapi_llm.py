@@ -29,7 +29,7 @@ class TritonPythonModel:
         from tensorrt_llm import LLM
 
         from triton_repo import contract
-        from triton_repo.models import cancel_channel, common, llm_io
+        from triton_repo.models import cancel_channel, common, llm_io, spec_metrics
 
         self.C, self.common, self.io = contract, common, llm_io
         p = common.Params(common.model_config(args))
@@ -44,6 +44,11 @@ class TritonPythonModel:
             options = yaml.safe_load(f)
         options.pop("triton_config")
         self.llm = LLM(**options)
+        # The LLM API reports accepted and drafted tokens per request, not per position (spec_metrics.llmapi_counts)
+        self.metrics = spec_metrics.SpecMetrics(
+            pb_utils, args["model_name"], "pytorch", 0, "speculative_config" in options,
+            spec_metrics.baseline_for(args))
+        self.llmapi_counts = spec_metrics.llmapi_counts
         self._in_flight = 0
         self._lock = threading.Lock()
         self._live, self._cancelled = set(), set()  # cancel tokens of the running requests / of those to abort
@@ -66,7 +71,9 @@ class TritonPythonModel:
                 full = self._in_flight >= self.limit
                 if not full:
                     self._in_flight += 1
+                    self._count()
             if full:
+                self.metrics.refused.increment(1)
                 msg = f"server busy: {self.limit} requests in flight (max_batch_size + max_queue_size); retry later"
                 self._reply(sender, self.common.error_response(pb_utils, msg, self.C.UNAVAILABLE), out)
                 continue
@@ -115,6 +122,7 @@ class TritonPythonModel:
                     sent = len(ids)
                 final = output
             spec = final.outputs[0].request_perf_metrics.speculative_decoding
+            self.metrics.add(*self.llmapi_counts(len(final.outputs[0].token_ids), spec), [])
             resp = self.io.final_response(
                 pb_utils, parsed, list(final.outputs[0].token_ids), int(spec.total_accepted_draft_tokens),
                 int(spec.total_draft_tokens), handle,
@@ -127,6 +135,11 @@ class TritonPythonModel:
             self._cancelled.discard(token)
             with self._lock:
                 self._in_flight -= 1
+                self._count()
+
+    def _count(self):
+        """The LLM API runs up to max_batch_size requests; the rest of those in flight wait in its queue."""
+        self.metrics.counts(self._in_flight, max(0, self._in_flight - self.limits.max_batch_size))
 
     def _done(self, sender, resp):
         if not self.decoupled:

@@ -48,7 +48,7 @@ class TritonPythonModel:
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
-        from triton_repo.models import batcher, llmapi_io, llmapi_refusals
+        from triton_repo.models import batcher, llmapi_io, llmapi_refusals, spec_metrics
 
         self.C, self.io, self.batcher_mod = contract, llmapi_io, batcher
         self.refusals = llmapi_refusals
@@ -66,8 +66,11 @@ class TritonPythonModel:
         self.max_seq_len, self.max_input_len = limits.max_seq_len, limits.max_input_len
         session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=True,
                                       on_tokens=self._on_tokens)  # fmt: skip
+        self.metrics = spec_metrics.SpecMetrics(
+            pb_utils, args["model_name"], "reference", self.engine.tree.depth if self.engine.has_draft else 0,
+            self.engine.has_draft, spec_metrics.baseline_for(args))
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
-                                       max_queue_size=int(p["max_queue_size"]))
+                                       max_queue_size=int(p["max_queue_size"]), on_count=self.metrics.counts)
 
     def execute(self, requests):
         for r in requests:
@@ -92,6 +95,7 @@ class TritonPythonModel:
             parsed.sender = sender
             refusal = self.batcher.admit(job)
             if refusal is not None:
+                self.metrics.refused.increment(1)
                 sender.send(self.io.error(pb_utils, refusal, self.C.UNAVAILABLE), flags=FINAL)
         return None
 
@@ -109,6 +113,7 @@ class TritonPythonModel:
         job = self.batcher.job_in(slot)
         parsed = job.payload
         parsed.generated.extend(new_ids)
+        self.metrics.tokens.increment(len(new_ids))
         if job.gone():
             return False
         if parsed.streaming and new_ids:
@@ -121,9 +126,11 @@ class TritonPythonModel:
 
     def _finish(self, job):
         parsed = job.payload
+        self.metrics.finished(job)
         if job.error is not None:
             resp = self.io.error(pb_utils, job.error, job.error_code)
         elif job.cancelled or job.result.finish_reason == "cancelled":
+            self.metrics.cancelled.increment(1)
             resp = self.io.error(pb_utils, "Request cancelled by client", "CANCELLED")
         else:
             resp = self.io.final_response(pb_utils, self.tokenizer, parsed, job.result)

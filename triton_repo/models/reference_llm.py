@@ -19,50 +19,6 @@ from eagle_bootstrap import project_on_path  # rendered next to this file (model
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-class _Metrics:
-    """Custom Prometheus metrics on Triton's metrics endpoint (python backend pb_utils.MetricFamily). The families
-    are kept alive here: a Metric whose family was garbage-collected can no longer be set. tau over any interval =
-    1 + rate(accepted_draft_tokens) / rate(target_forwards); acceptance rate = accepted / draft tokens."""
-
-    SPECS = (
-        ("in_flight", "eagle_llm_requests_in_flight", "Requests admitted and not finished (queued + running)", "GAUGE"),
-        ("queued", "eagle_llm_requests_queued", "Requests admitted and waiting for a sequence slot", "GAUGE"),
-        ("refused", "eagle_llm_requests_refused_total", "Requests refused: queue full", "COUNTER"),
-        ("cancelled", "eagle_llm_requests_cancelled_total", "Requests cancelled or disconnected mid-generation",
-         "COUNTER"),
-        ("expired", "eagle_llm_requests_expired_total", "Requests ended by the server's deadline "
-         "(triton.request_deadline_s)", "COUNTER"),
-        ("failed", "eagle_llm_requests_failed_total", "Requests ended by an engine error (INTERNAL)", "COUNTER"),
-        ("tokens", "eagle_llm_generated_tokens_total", "Tokens generated (cancelled requests included)", "COUNTER"),
-        ("forwards", "eagle_llm_target_forwards_total", "Target forward passes after the prefill (decoding steps)",
-         "COUNTER"),
-        ("accepted", "eagle_llm_accepted_draft_tokens_total", "Draft tokens the target accepted", "COUNTER"),
-        ("drafted", "eagle_llm_draft_tokens_total", "Draft tokens proposed (tree nodes per step)", "COUNTER"),
-    )  # fmt: skip
-
-    def __init__(self, kind):
-        fam, labels = pb_utils.MetricFamily, {"backend": kind}
-        self.families = [fam(name, desc, getattr(fam, kind_)) for _, name, desc, kind_ in self.SPECS]
-        for (attr, *_), family in zip(self.SPECS, self.families):
-            setattr(self, attr, family.Metric(labels))
-
-    def counts(self, in_flight, queued):
-        self.in_flight.set(in_flight)
-        self.queued.set(queued)
-
-    def finished(self, job):
-        """Count a finished job's decoding work (whatever ended it) and why it ended early."""
-        st = None if job.result is None else job.result.stats
-        if st is not None:
-            self.forwards.increment(st.target_forwards)
-            self.accepted.increment(st.accepted_draft_tokens)
-            self.drafted.increment(st.draft_tokens)
-        if job.expired:
-            self.expired.increment(1)
-        elif job.error_code == "INTERNAL":
-            self.failed.increment(1)
-
-
 class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
@@ -70,7 +26,7 @@ class TritonPythonModel:
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
-        from triton_repo.models import batcher, cancel_channel, common, llm_io
+        from triton_repo.models import batcher, cancel_channel, common, llm_io, spec_metrics
 
         self.C, self.common, self.io, self.batcher_mod = contract, common, llm_io, batcher
         p = common.Params(common.model_config(args))
@@ -80,7 +36,9 @@ class TritonPythonModel:
         # checked at build time that config.pbtxt's max_batch_size agrees with it.
         self.limits, self.vocab_size = self.engine.limits, self.engine.vocab_size
         self.tokenizer = self.engine.tokenizer
-        self.metrics = _Metrics(p.str("llm_kind"))
+        self.metrics = spec_metrics.SpecMetrics(
+            pb_utils, args["model_name"], p.str("llm_kind"), self.engine.tree.depth if self.engine.has_draft else 0,
+            self.engine.has_draft, spec_metrics.baseline_for(args))
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
         session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,

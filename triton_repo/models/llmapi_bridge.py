@@ -1,0 +1,68 @@
+"""Triton python model `tensorrt_llm` of the llmapi layout with engine.backend=pytorch: TensorRT-LLM's own llmapi
+model, unmodified, plus the speculative and request metrics of triton_repo/models/spec_metrics.py.
+
+Upstream's triton_backend/all_models/llmapi/tensorrt_llm/1/model.py is copied next to this file as
+`upstream_model.py` (docker/serve.py, from the image; byte for byte) and this model subclasses its
+`TritonPythonModel`, adding nothing to its request path. After upstream's initialize() has started the LLM, a thread
+polls the LLM API's iteration statistics (`LLM.get_stats(timeout)`: one dict per executor iteration, filled when the
+LLM args set `enable_iter_perf_stats`, which the rendered model.yaml does) and counts, per iteration:
+
+    specDecodingStats.numDraftTokens             -> eagle_llm_draft_tokens_total
+    specDecodingStats.numAcceptedTokens          -> eagle_llm_accepted_draft_tokens_total
+    specDecodingStats.numRequestsWithDraftTokens -> eagle_llm_target_forwards_total (one verification per request
+                                                    and iteration: tau = 1 + accepted / forwards, upstream's own
+                                                    acceptanceLength over any window)
+    numQueuedRequests                            -> eagle_llm_requests_queued
+
+Requests in flight are upstream's own count (`_ongoing_request_count`: +1 when a request starts, -1 when its final
+response was sent), so the gauge moves for this decoupled model, where Triton's pending count stays 0. Upstream
+exposes no per-position acceptance for this backend (IterationStats carries totals only), so the per-position
+families are absent; speculation is reported off for an iteration with requests that drafted nothing.
+Non-leader MPI ranks (multi-node) run no LLM and export nothing.
+"""
+
+import threading
+
+import triton_python_backend_utils as pb_utils
+from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
+from upstream_model import TritonPythonModel as UpstreamModel  # TensorRT-LLM's model.py, copied unmodified
+
+POLL_S = 1.0  # how often the iteration statistics are drained (they queue up between polls)
+
+
+class TritonPythonModel(UpstreamModel):
+    def initialize(self, args):
+        super().initialize(args)
+        self._eagle_stop = threading.Event()
+        if getattr(self, "_llm_engine", None) is None:
+            return  # a worker rank: the leader serves the requests and the metrics
+        project_on_path(args)
+        from triton_repo.models import spec_metrics
+
+        self._eagle_counts = spec_metrics.iteration_counts
+        self._eagle = spec_metrics.SpecMetrics(pb_utils, args["model_name"], "pytorch", 0, True,
+                                               spec_metrics.baseline_for(args))
+        self._eagle_thread = threading.Thread(target=self._eagle_poll, daemon=True)
+        self._eagle_thread.start()
+
+    def _eagle_poll(self):
+        queued = 0
+        while not self._eagle_stop.wait(POLL_S):
+            llm = self._llm_engine
+            if llm is None or isinstance(llm, Exception):
+                continue
+            try:
+                stats = llm.get_stats(timeout=POLL_S)
+            except Exception as e:  # noqa: BLE001  (a failed poll loses no count: the stats stay queued upstream)
+                pb_utils.Logger.log_warn(f"[eagle] iteration statistics unavailable: {e}")
+                stats = []
+            for stat in stats:
+                forwards, accepted, drafted, queued, active = self._eagle_counts(stat)
+                self._eagle.add(forwards, accepted, drafted, [])
+                if active > 0:
+                    self._eagle.enabled.set(1 if drafted > 0 else 0)
+            self._eagle.counts(max(0, int(getattr(self, "_ongoing_request_count", 0))), queued)
+
+    def finalize(self):
+        self._eagle_stop.set()
+        super().finalize()

@@ -27,6 +27,7 @@ import torch
 from builders.layout import EAGLE3_HEAD
 from engines.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec, read_config
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
+from builders.convert.shapes import eagle3_head_shapes, shape_problems
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
 
 EAGLE3_DIR = EAGLE3_HEAD
@@ -76,15 +77,20 @@ def check_eagle3(head_dir: Path, target: LlamaSpec, layer_ids: list[int], src: W
     if bad:
         p.append(f"{d}: captured layer ids {bad} are outside 0..{target.num_hidden_layers - 1} (the target's layers)")
     try:
-        _midlayer_prefix(src)
+        prefix = _midlayer_prefix(src)
     except ModelConfigError as e:
-        p.append(str(e))
+        return p + [str(e)]
     if "fc.weight" not in src:
         p.append(f"{d}: no fc.weight")
     elif src.info("fc.weight").shape != (head.hidden_size, len(layer_ids) * th):
         p.append(f"{d}: fc.weight has shape {src.info('fc.weight').shape}, expected ({head.hidden_size}, "
                  f"{len(layer_ids) * th}) for {len(layer_ids)} captured layers of width {th}")
     draft_vocab = cfg.get("draft_vocab_size")
+    rows = src.info("lm_head.weight").shape[0] if "lm_head.weight" in src else None
+    required, optional = eagle3_head_shapes(head, target, prefix, len(layer_ids), th,
+                                            draft_vocab if isinstance(draft_vocab, int) else rows)
+    required.pop("fc.weight")  # checked above, with the captured layers named
+    p += shape_problems(src, required, "draft.model", optional)
     if "lm_head.weight" in src:
         lm_rows = src.info("lm_head.weight").shape[0]
         if draft_vocab is not None and lm_rows != draft_vocab:

@@ -15,14 +15,17 @@ import hashlib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
+from builders.atomic import TEMP_MARKER, is_marked
 from builders.layout import LOGS, MANIFEST
 from builders.layout import RESOLVED_CONFIG as RESOLVED
 from triton_repo.exposure import unsafe_path_problem
 
 LOGS_MARKER = ".eagle-deploy-logs"
+RESOLVED_MARKER = "# eagle-deploy: the validated config of this build (builders/build.py rewrites it on each run)"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project's own sources: an output_dir equal to, inside or above any of these is refused (a stage rerun swaps
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.
@@ -107,8 +110,8 @@ def _foreign_log(build_dir: Path, stage: str) -> str | None:
     log = build_dir / LOGS / f"{stage}.log"
     if not log.exists() and not log.is_symlink():
         return None
-    if log.is_symlink() or not log.is_file():
-        return f"{log} exists and is not a log file this build wrote; move it away"
+    if not _single_file(log):
+        return f"{log} exists and is not a log file this build wrote (a link, a hard link or not a file); move it away"
     if (build_dir / LOGS / LOGS_MARKER).is_file() or is_ours(build_dir / stage, stage):
         return None
     return f"{log} was not written by this build (no {LOGS}/{LOGS_MARKER}); move it away or pick another output_dir"
@@ -124,13 +127,44 @@ def mark_logs(build_dir: Path) -> Path:
     return logs
 
 
-def _looks_resolved(path: Path) -> bool:
-    """A config.resolved.yaml the build wrote has the `derived` limits it adds (builders/config.py dump_resolved)."""
+def fresh_log(build_dir: Path, stage: str) -> Path:
+    """An empty `logs/<stage>.log`: a new file (the old one unlinked, never truncated through a link or a hard
+    link to a file elsewhere)."""
+    log = mark_logs(build_dir) / f"{stage}.log"
+    log.unlink(missing_ok=True)
+    os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    return log
+
+
+def _single_file(path: Path) -> bool:
+    """A regular file, not a link, with no other hard link (writing it can change nothing elsewhere)."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError):
+        st = path.lstat()
+    except OSError:
         return False
-    return "\nderived:\n" in f"\n{text}"
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def _looks_resolved(path: Path) -> bool:
+    """A config.resolved.yaml the build wrote starts with RESOLVED_MARKER (write_resolved)."""
+    if not _single_file(path):
+        return False
+    try:
+        with path.open("rb") as f:
+            return f.read(len(RESOLVED_MARKER) + 1) == RESOLVED_MARKER.encode() + b"\n"
+    except OSError:
+        return False
+
+
+def write_resolved(build_dir: Path, text: str) -> None:
+    """Write config.resolved.yaml beside itself and rename it into place (a link or a hard link there is replaced,
+    never written through)."""
+    tmp = build_dir / f".{RESOLVED}.tmp-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{RESOLVED_MARKER}\n{text}")
+    os.replace(tmp, build_dir / RESOLVED)
 
 
 def _alive(pid: int) -> bool:
@@ -143,15 +177,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def dead_temp_dirs(build_dir: Path) -> list[Path]:
+def dead_temp_dirs(build_dir: Path, stages: list[str]) -> list[Path]:
     """`.<stage>.tmp-<pid>` / `.<stage>.old-<pid>` directories left by builds that are no longer running (killed
-    builds leave them; a live pid may be a concurrent build, so its directories stay)."""
+    builds leave them; a live pid may be a concurrent build, so its directories stay). Only for our `stages`, and
+    only those carrying our marker (builders/atomic.py TEMP_MARKER) or, for `.old-`, our manifest of that stage:
+    a directory of the same shape that we did not write is never removed."""
     if not build_dir.is_dir():
         return []
     out = []
     for p in sorted(build_dir.iterdir()):
         m = _TEMP.match(p.name)
-        if m and p.is_dir() and not p.is_symlink() and not _alive(int(m.group("pid"))):
+        if not m or m.group("stage") not in stages or _alive(int(m.group("pid"))):
+            continue
+        if is_marked(p) or (p.name.startswith(f".{m.group('stage')}.old-") and is_ours(p, m.group("stage"))):
             out.append(p)
     return out
 
@@ -169,7 +207,7 @@ def output_records(root: Path) -> list[dict[str, Any]]:
     return [
         {"path": str(p.relative_to(root)), "size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name != MANIFEST and p.relative_to(root) != Path(TEMP_MARKER)
     ]
 
 

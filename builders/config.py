@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from engines import trees
 from builders.trtllm import registry
+from builders.config_input import resolve_paths
 from builders.trtllm.rules import trtllm_problems
 
 
@@ -435,19 +436,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
     if not isinstance(data, dict):
         raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], str(path))
     problems = apply_overrides(data, overrides or [])
-    base = path.resolve().parent
-    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab")):
-        sec = data.get(section)
-        if isinstance(sec, dict) and isinstance(sec.get(key), str):
-            sec[key] = resolve_path(sec[key], base)
-    if isinstance(data.get("output_dir"), str):
-        data["output_dir"] = resolve_path(data["output_dir"], base)
+    problems.extend(resolve_paths(data, path.resolve().parent))
     default_problems, applied = _fill_defaults(data)
     problems.extend(default_problems)
     try:
         cfg = BuildConfig.model_validate(data)
     except ValidationError as e:
-        field_problems = _format_pydantic(e)
+        emptied = {x.split(":")[0] for x in problems if ": empty path " in x}
+        field_problems = [x for x in _format_pydantic(e) if x.split(":")[0] not in emptied]
         problems.extend(field_problems)
         problems.extend(x for x in cross_field_problems(_partial_config(data)) if x not in problems)
         raise ConfigError(problems, str(path)) from None
@@ -467,13 +463,6 @@ def _fill_defaults(data: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     except registry.UnknownVersion:
         version = registry.get(registry.DEFAULT_VERSION)  # the field validator reports the bad value
     return fill_engine_defaults(data, version.eagle_max_batch_size)
-
-
-def resolve_path(value: str, base: Path) -> str:
-    if value == "random" or value.startswith("pip:"):
-        return value
-    p = Path(value).expanduser()
-    return str(p if p.is_absolute() else (base / p).resolve())
 
 
 def dump_resolved(cfg: BuildConfig) -> str:

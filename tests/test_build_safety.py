@@ -204,9 +204,8 @@ def test_foreign_dir_under_our_own_temp_name_is_refused_not_removed(tiny_target:
     final = tmp_path / "checkpoint"
     mine = final.with_name(f".checkpoint.tmp-{os.getpid()}")
     (mine / "keep").mkdir(parents=True)
-    with pytest.raises(FileExistsError, match="was not written by this build"):
-        with atomic_dir(final):
-            pass
+    with pytest.raises(FileExistsError, match="was not written by this build"), atomic_dir(final):
+        pass
     assert (mine / "keep").is_dir() and not final.exists()
 
 

@@ -29,6 +29,7 @@ from builders.config_input import (
     resolve_paths,
 )
 from builders.trtllm.rules import trtllm_problems
+from triton_repo.exposure import model_name_problem
 
 
 class ConfigError(Exception):
@@ -212,6 +213,15 @@ class TritonConfig(Strict):
         description="The per-token time bound the default request_deadline_s assumes: a request of max_seq_len "
         "tokens that takes longer than this per token in its slot is ended.",
     )  # fmt: skip
+
+
+    @field_validator("ensemble_model", "preprocessing_model", "postprocessing_model", "llm_model", "bls_model")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        problem = model_name_problem(v, "the name")
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 class BuildConfig(Strict):

@@ -54,6 +54,8 @@ from triton_repo.exposure import (  # noqa: E402  (re-exported: the launcher's p
     ADMIN_KEY_ENV,
     RESTRICTED_APIS,
     SHELL_UNSAFE,
+    model_name_problem,
+    repository_problems,
     restricted_api_argv,
     unsafe_chars,
     unsafe_path_problem,
@@ -337,11 +339,15 @@ class TritonServer:
         return " ".join(self.argv()).replace(self.admin_key, "***")
 
     def path_problems(self) -> list[str]:
-        """Paths the python backend would put unquoted on its stub's bash command line (see SHELL_UNSAFE)."""
+        """Paths the python backend would put unquoted on its stub's bash command line (see SHELL_UNSAFE), and model
+        names outside the allow-list (triton_repo/exposure.py MODEL_NAME)."""
         binary = self._binary or find_binary()
         self._binary = binary
         checks = ((self.repo, "model repository"), (binary.backend_dir, "backend directory"))
-        return [p for path, what in checks if (p := unsafe_path_problem(path, what)) is not None]
+        problems = [p for path, what in checks if (p := unsafe_path_problem(path, what)) is not None]
+        if (p := model_name_problem(self.llm_model, "--llm-model")) is not None:
+            problems.append(p)
+        return problems + (repository_problems(self.repo) if self.repo.is_dir() else [])
 
     def log_tail(self, n_chars: int = 4000) -> str:
         try:
@@ -450,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.world_size < 1:
         ap.error(f"--world-size {args.world_size}: must be >= 1")
+    if (name_problem := model_name_problem(args.llm_model, "--llm-model")) is not None:
+        ap.error(name_problem)
     stopping = {"flag": False}
 
     def _on_signal(signum: int, _frame: object) -> None:

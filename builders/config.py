@@ -20,8 +20,8 @@ from engines import trees
 from builders.trtllm import registry
 from builders.capacity import capacity_problems
 from builders.config_input import (
+    ConfigError,
     apply_overrides,
-    bounded_problems,
     format_pydantic,
     choices_problem,
     expansion_problem,
@@ -30,15 +30,6 @@ from builders.config_input import (
 )
 from builders.trtllm.rules import trtllm_problems
 from triton_repo.exposure import model_name_problem
-
-
-class ConfigError(Exception):
-    """Raised with every problem found in a config; `problems` is a list of one-line messages."""
-
-    def __init__(self, problems: list[str], source: str = "config") -> None:
-        self.problems = problems
-        shown = bounded_problems(problems)
-        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in shown))
 
 
 class Strict(BaseModel):

@@ -15,11 +15,18 @@ MAX_PROBLEMS = 50  # config errors printed
 MAX_PROBLEM_CHARS = 400  # characters of one printed problem
 
 
+class ConfigError(Exception):
+    """Raised with every problem found in a config; `problems` is a list of one-line messages."""
+
+    def __init__(self, problems: list[str], source: str = "config") -> None:
+        self.problems = problems
+        shown = bounded_problems(problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in shown))
+
+
 def load_yaml(text: str, source: str) -> dict[str, Any]:
     """YAML -> a mapping, refusing oversized text and alias expansion beyond MAX_NODES (an alias bomb is a few
     lines that expand to billions of nodes: every consumer after the parser would walk them)."""
-    from builders.config import ConfigError
-
     if len(text.encode()) > MAX_CONFIG_BYTES:
         raise ConfigError([f"the file has {len(text.encode()):,} bytes; a build config is at most "
                            f"{MAX_CONFIG_BYTES:,} (a few KB is usual): use a tree preset or a shorter list"], source)

@@ -5,7 +5,7 @@ multi-byte character), so the concatenated stream equals the unary text exactly.
 LLM request.
 """
 
-import os
+import secrets
 import threading
 
 import numpy as np
@@ -106,7 +106,8 @@ class TritonPythonModel:
         streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
         with self._lock:
             self._count += 1
-            request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{os.getpid()}-{self._count}"
+            # 128 random bits: a stop request reaches a request only by its id (models/bounds.py STOPPABLE_ID)
+            request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{self._count}-{secrets.token_hex(16)}"
         llm_req = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self._inputs(request, llm_map),
             requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,

@@ -312,9 +312,10 @@ def hostile(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namesp
            "stop_requests": stopper.calls, "stop_rate_per_s": round(stopper.calls / wall, 1),
            "stop_answers": stopper.errors, "flood_requests": flooder.calls,
            "flood_mean_refusal_s": round(flooder.seconds / max(1, flooder.calls), 3), "flood_answers": flooder.errors,
-           "ttft_solo_s": round(sum(v[1] for v in solo.values()) / len(solo), 3),
-           "ttft_concurrent_s": round(sum(v[1] for v in results.values()) / len(results), 3)}  # fmt: skip
-    print(f"hostile: {same}/{len(threads)} concurrent streams identical to their solo runs while {res['stop_requests']} "
+           "empty_solo_outputs": sum(not v[0] for v in solo.values()),
+           "output_chars": sum(len(v[0]) for v in results.values())}  # fmt: skip
+    print(f"hostile: {same}/{len(threads)} concurrent streams identical to their solo runs ({res['output_chars']} "
+          f"characters, {res['empty_solo_outputs']} empty solo outputs) while {res['stop_requests']} "
           f"guessed stop requests ({res['stop_rate_per_s']}/s) and {flooder.calls} 200,000-stop-word requests "
           f"(refused in {res['flood_mean_refusal_s']} s each) were sent; answers {stopper.errors} / {flooder.errors}")
     return res

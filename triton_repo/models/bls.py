@@ -19,9 +19,9 @@ class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
         from triton_repo import contract
-        from triton_repo.models import common, llm_io
+        from triton_repo.models import bounds, common, llm_io
 
-        self.C, self.common, self.io = contract, common, llm_io
+        self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         self._count = 0
         p = common.Params(common.model_config(args))
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
@@ -95,6 +95,8 @@ class TritonPythonModel:
 
     def _one(self, request, sender):
         C = self.C
+        if "stop_words" in request:  # bounded here too: never forward a million strings to preprocessing
+            self.bounds.stop_strings(request["stop_words"], "stop_words")
         pre = pb_utils.InferenceRequest(
             model_name=self.pre_model,
             inputs=self._inputs(request, C.PREPROCESSING_INPUT_MAP),

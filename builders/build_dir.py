@@ -98,7 +98,7 @@ def ownership_problems(build_dir: Path, stages: list[str]) -> list[str]:
     resolved = build_dir / RESOLVED
     if resolved.is_symlink() or (resolved.exists() and not resolved.is_file()):
         problems.append(f"{resolved} exists and is not a file; move it away")
-    elif resolved.exists() and not _looks_resolved(resolved):
+    elif resolved.exists() and not _looks_resolved(resolved) and not _legacy_resolved(build_dir, stages):
         problems.append(f"{resolved} exists and was not written by this build; move it away")
     return problems
 
@@ -153,6 +153,18 @@ def _looks_resolved(path: Path) -> bool:
         with path.open("rb") as f:
             return f.read(len(RESOLVED_MARKER) + 1) == RESOLVED_MARKER.encode() + b"\n"
     except OSError:
+        return False
+
+
+def _legacy_resolved(build_dir: Path, stages: list[str]) -> bool:
+    """A config.resolved.yaml of a build from before the marker line: its `derived:` section, next to a stage
+    directory carrying our manifest (a lone file with such a line is a user's)."""
+    path = build_dir / RESOLVED
+    if not _single_file(path) or not any(is_ours(build_dir / s, s) for s in stages):
+        return False
+    try:
+        return "\nderived:\n" in f"\n{path.read_text()}"
+    except (OSError, UnicodeDecodeError):
         return False
 
 

@@ -240,6 +240,18 @@ def test_users_resolved_config_is_never_replaced(text: str, tiny_target: Path, t
     assert (out / "config.resolved.yaml").read_text() == text and not (out / "checkpoint").exists()
 
 
+def test_resolved_config_of_an_earlier_build_without_the_marker_is_still_ours(tiny_target: Path, tmp_path: Path) -> None:
+    """Builds from before the marker line wrote config.resolved.yaml with its `derived:` section only; next to a
+    stage directory carrying our manifest it is still replaced (and gets the marker)."""
+    out = tmp_path / "out"
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", out)
+    assert run(cfg) == 0
+    resolved = out / "config.resolved.yaml"
+    resolved.write_text(resolved.read_text().split("\n", 1)[1])  # without the marker line, as older builds wrote it
+    assert "derived:" in resolved.read_text() and not resolved.read_text().startswith("# eagle-deploy")
+    assert run(cfg) == 0 and resolved.read_text().startswith("# eagle-deploy")
+
+
 @pytest.mark.parametrize("field", ["output_dir", "target.model", "draft.model", "draft.draft_vocab"])
 @pytest.mark.parametrize("value", ["", " ", "\t"])
 def test_empty_paths_are_refused(field: str, value: str, tiny_target: Path, tmp_path: Path,

@@ -2,6 +2,10 @@
 
 A crash therefore never leaves a half-written directory that a later run would trust: readers see either the old
 complete directory or the new complete one (a rename within one filesystem is atomic).
+
+The temporary `.<name>.tmp-<pid>` and the replaced `.<name>.old-<pid>` carry TEMP_MARKER from the moment they
+exist, so a later build removes only directories that it wrote (builders/build_dir.py `dead_temp_dirs`); a
+directory of that name without the marker is someone else's and is never removed.
 """
 
 from __future__ import annotations
@@ -12,6 +16,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+TEMP_MARKER = ".eagle-deploy-temp"
+
+
+def is_marked(d: Path) -> bool:
+    """A real directory (not a link) holding the marker as a regular file."""
+    return d.is_dir() and not d.is_symlink() and (d / TEMP_MARKER).is_file() and not (d / TEMP_MARKER).is_symlink()
+
+
+def _mark(d: Path) -> None:
+    (d / TEMP_MARKER).write_text("temporary directory of an eagle-deploy build; removed when its build ends\n")
+
+
+def _clear(d: Path) -> None:
+    """Remove a leftover of our own pid; refuse one we did not write."""
+    if not d.exists() and not d.is_symlink():
+        return
+    if not is_marked(d):
+        raise FileExistsError(f"{d} exists and was not written by this build (no {TEMP_MARKER}); move it away")
+    shutil.rmtree(d)
+
 
 @contextmanager
 def atomic_dir(final: Path, *, keep: tuple[str, ...] = ()) -> Iterator[Path]:
@@ -20,8 +44,11 @@ def atomic_dir(final: Path, *, keep: tuple[str, ...] = ()) -> Iterator[Path]:
     hand-written model card) are copied into the new one unless it wrote its own."""
     final = Path(final)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+    _clear(tmp)
+    _clear(trash)
     tmp.mkdir(parents=True)
+    _mark(tmp)
     try:
         yield tmp
         for name in keep:
@@ -30,11 +57,11 @@ def atomic_dir(final: Path, *, keep: tuple[str, ...] = ()) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    (tmp / TEMP_MARKER).unlink()
     # Remove the old output only once the new one is complete.
     if final.exists():
-        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
-        shutil.rmtree(trash, ignore_errors=True)
         final.rename(trash)
+        _mark(trash)
         tmp.rename(final)
         shutil.rmtree(trash, ignore_errors=True)
     else:

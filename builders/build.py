@@ -20,7 +20,6 @@ if __package__ in (None, ""):  # run as a script: the repository, not builders/,
 
 from builders import build_dir as owned  # noqa: E402
 from builders.config import BuildConfig, ConfigError, dump_resolved, load_config  # noqa: E402
-from builders.layout import RESOLVED_CONFIG  # noqa: E402
 from builders.pipeline import Stage, StageError, run_stage  # noqa: E402
 from builders.startup import startup_problems  # noqa: E402
 
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     build_dir = Path(cfg.output_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / RESOLVED_CONFIG).write_text(dump_resolved(cfg))
+    owned.write_resolved(build_dir, dump_resolved(cfg))
     for s in stages:
         print(f"[{s.name}] {s.description} ...", flush=True)
         try:

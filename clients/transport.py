@@ -20,10 +20,11 @@ _ids = itertools.count()
 
 
 def new_request_id() -> str:
-    """A request id unique across processes and clients: `r<n>-<16 hex>` (n counts this process's requests, for
-    reading logs; the random part is uuid4's). It must be unique because tensorrtllm_backend's stop request stops
-    every running request with its id, whoever sent it; the counter alone repeats in every process."""
-    return f"r{next(_ids)}-{uuid.uuid4().hex[:16]}"
+    """A request id unique across processes and clients: `r<n>-<32 hex>` (n counts this process's requests, for
+    reading logs; the random part is uuid4's hex). It must be unique because tensorrtllm_backend's stop request stops
+    every running request with its id, and unguessable (our servers honour a stop request only for an id with 32
+    hex digits, triton_repo/models/bounds.py) so that no other client can stop it."""
+    return f"r{next(_ids)}-{uuid.uuid4().hex}"
 
 
 def channel_args() -> list[tuple[str, int]]:

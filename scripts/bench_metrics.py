@@ -107,7 +107,10 @@ def run_level(srv: object, seconds: float, concurrency: int, max_tokens: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Inputs:  the demo target and head (built into --work)\n"
+               "Outputs: requests/s with and without the production metrics, printed\nGuide:   docs/benchmarks.md")
     ap.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--concurrency", type=int, default=4)

@@ -11,7 +11,13 @@ r"""Reliability runs on a served build: a soak and three faults, every figure me
    2.51 does not pass the cancellation on to the LLM model; postprocessing does, triton_repo/models/cancel_channel.py);
    then the first-token time of a fresh request (nan: it got an error), how long until the LLM model holds no
    request, and how many were counted cancelled and how many ended by triton.request_deadline_s.
-4. kill -9 while requests are in flight (40 s load): what the load tester counted, and that it wrote its report.
+4. hostile: every prompt solo, then all concurrently through the ensemble (short request ids) and BLS while one
+   client floods the tensorrt_llm model with stop requests for every id it can guess and another sends requests
+   with 200,000 stop words: concurrent outputs identical to their solo runs, the rates and the answers.
+5. stop_flood: a fresh request's first-token time, idle and while 4 clients send 1,000,000-stop-word requests.
+6. llmapi_prompt (an llmapi-layout repository only): a 5 MB prompt's time to refusal, and a concurrent stream's
+   first-token time beside it.
+7. kill -9 while requests are in flight (40 s load): what the load tester counted, and that it wrote its report.
 Prints one summary line per run and writes <out>/reliability.json.
 
 Inputs:  --repo, a rendered Triton repository of a reference build (served here by a real tritonserver)
@@ -202,7 +208,174 @@ def kill9(srv: TritonServer, out: Path, prompts: Path, args: argparse.Namespace)
             "loadtest_exit": run["exit"], "report_written": bool(rep)}  # fmt: skip
 
 
-RUNS = {"soak": soak, "sigstop": sigstop, "abandoned": abandoned, "kill9": kill9}  # kill9 last: it ends the server
+# ---- hostile clients (docs/deploy.md "Reliability") -----------------------------------------------------------------
+
+
+def _stream_text(url: str, model: str, ins: list[Any], request_id: str = "") -> tuple[str, float, str | None]:
+    """(text, seconds to the first chunk, error message or None) of one stream; text concatenates the chunks."""
+    c = grpcclient.InferenceServerClient(url)
+    q: queue.Queue[Any] = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    t0, first, text = time.perf_counter(), float("nan"), []
+    try:
+        c.async_stream_infer(model, ins, enable_empty_final_response=True, request_id=request_id)
+        while True:
+            result, error = q.get(timeout=600)
+            if error is not None:
+                return "".join(text), time.perf_counter() - t0, error.message()
+            resp = result.get_response()
+            if resp.outputs:
+                first = first if first == first else time.perf_counter() - t0
+                text.append(result.as_numpy("text_output").reshape(-1)[0].decode())
+            if resp.parameters["triton_final_response"].bool_param:
+                return "".join(text), first, None
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def _inputs(pairs: list[tuple[str, np.ndarray, str]]) -> list[Any]:
+    out = []
+    for name, arr, dt in pairs:
+        i = grpcclient.InferInput(name, list(arr.shape), dt)
+        i.set_data_from_numpy(arr)
+        out.append(i)
+    return out
+
+
+def _good(text: str, max_tokens: int) -> list[Any]:
+    return _inputs([("text_input", np.array([[text]], dtype=object), "BYTES"),
+                    ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
+                    ("stream", np.array([[True]]), "BOOL")])
+
+
+def _stop_flood_inputs(n: int) -> list[Any]:
+    return _good(PROMPTS[0], 8) + _inputs([("stop_words", np.array([[b"w%d" % i for i in range(n)]], dtype=object),
+                                            "BYTES")])
+
+
+def _llm_stop() -> list[Any]:
+    one = np.ones((1, 1), np.int32)
+    return _inputs([("input_ids", one, "INT32"), ("input_lengths", one, "INT32"), ("request_output_len", one, "INT32"),
+                    ("stop", np.ones((1, 1), bool), "BOOL")])
+
+
+class _Repeat(threading.Thread):
+    """Calls `fn()` until stopped; counts calls and the errors' first words."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.done, self.calls, self.errors, self.seconds = fn, threading.Event(), 0, {}, 0.0
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            t0 = time.perf_counter()
+            answers = self.fn()
+            self.seconds += time.perf_counter() - t0
+            for err in answers:
+                self.calls += 1
+                key = "ok" if err is None else err.split(";")[0][-70:]
+                self.errors[key] = self.errors.get(key, 0) + 1
+
+
+def hostile(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Each prompt solo, then all of them concurrently (ensemble with short request ids "1".."8", and BLS) while one
+    client floods the tensorrt_llm model with stop requests for every id it can guess and another sends requests
+    with 200,000 stop words: how many concurrent outputs equal their solo runs, the stop and flood rates and how
+    each was answered."""
+    solo = {p: _stream_text(srv.grpc_url, "ensemble", _good(p, args.max_tokens)) for p in PROMPTS}
+    guesses = [str(i) for i in range(1, 9)] + [f"bls-{i}" for i in range(1, 9)]
+    stopper = _Repeat(lambda: [_stream_text(srv.grpc_url, "tensorrt_llm", _llm_stop(), rid)[2] for rid in guesses])
+    flooder = _Repeat(lambda: [_stream_text(srv.grpc_url, "ensemble", _stop_flood_inputs(200_000))[2]])
+    results: dict[str, tuple[str, float, str | None]] = {}
+
+    def one(i: int, p: str, model: str) -> None:
+        results[f"{model} {i}"] = _stream_text(srv.grpc_url, model, _good(p, args.max_tokens), str(i + 1))
+
+    threads = [threading.Thread(target=one, args=(i, p, m)) for m in ("ensemble", "tensorrt_llm_bls")
+               for i, p in enumerate(PROMPTS)]
+    stopper.start()
+    flooder.start()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(1200)
+    wall = time.perf_counter() - t0
+    stopper.done.set()
+    flooder.done.set()
+    stopper.join(60)
+    flooder.join(60)
+    same = sum(results[f"{m} {i}"][0] == solo[p][0] for m in ("ensemble", "tensorrt_llm_bls")
+               for i, p in enumerate(PROMPTS))
+    res = {"streams": len(threads), "identical_to_solo": same, "seconds": round(wall, 1),
+           "stop_requests": stopper.calls, "stop_rate_per_s": round(stopper.calls / wall, 1),
+           "stop_answers": stopper.errors, "flood_requests": flooder.calls,
+           "flood_mean_refusal_s": round(flooder.seconds / max(1, flooder.calls), 3), "flood_answers": flooder.errors,
+           "empty_solo_outputs": sum(not v[0] for v in solo.values()),
+           "output_chars": sum(len(v[0]) for v in results.values())}  # fmt: skip
+    print(f"hostile: {same}/{len(threads)} concurrent streams identical to their solo runs ({res['output_chars']} "
+          f"characters, {res['empty_solo_outputs']} empty solo outputs) while {res['stop_requests']} "
+          f"guessed stop requests ({res['stop_rate_per_s']}/s) and {flooder.calls} 200,000-stop-word requests "
+          f"(refused in {res['flood_mean_refusal_s']} s each) were sent; answers {stopper.errors} / {flooder.errors}")
+    return res
+
+
+def stop_flood(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """First-token time of a fresh request, idle and while 4 clients send 1,000,000-stop-word requests (8.9 MB)."""
+    idle = [_stream_text(srv.grpc_url, "ensemble", _good(PROMPTS[1], 8))[1] for _ in range(3)]
+    flooders = [_Repeat(lambda: [_stream_text(srv.grpc_url, "ensemble", _stop_flood_inputs(1_000_000))[2]])
+                for _ in range(4)]
+    for f in flooders:
+        f.start()
+    time.sleep(3)
+    loaded = [_stream_text(srv.grpc_url, "ensemble", _good(PROMPTS[1], 8))[1] for _ in range(3)]
+    for f in flooders:
+        f.done.set()
+    for f in flooders:
+        f.join(120)
+    answers: dict[str, int] = {}
+    for f in flooders:
+        for k, v in f.errors.items():
+            answers[k] = answers.get(k, 0) + v
+    calls = sum(f.calls for f in flooders)
+    res = {"ttft_idle_s": [round(x, 3) for x in idle], "ttft_flood_s": [round(x, 3) for x in loaded],
+           "flood_requests": calls, "flood_mean_answer_s": round(sum(f.seconds for f in flooders) / max(1, calls), 3),
+           "flood_answers": answers}  # fmt: skip
+    print(f"stop-word flood (4 clients, 1,000,000 words each): first token {max(idle):.2f} s idle -> "
+          f"{max(loaded):.2f} s (worst of 3); {calls} flood requests answered in {res['flood_mean_answer_s']} s each: "
+          f"{answers}")
+    return res
+
+
+def llmapi_prompt(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """On an llmapi-layout repository: first-token time of a stream, idle and while another client sends a 5 MB
+    prompt; how long the 5 MB prompt took to be refused, and with what."""
+    def ins(text: bytes, n: int) -> list[Any]:
+        return _inputs([("text_input", np.array([text], dtype=object), "BYTES"), ("streaming", np.array([True]), "BOOL"),
+                        ("sampling_param_max_tokens", np.array([n], np.int32), "INT32")])
+
+    idle = _stream_text(srv.grpc_url, "tensorrt_llm", ins(PROMPTS[1].encode(), 8))[1]
+    big: dict[str, Any] = {}
+
+    def send_big() -> None:
+        t0 = time.perf_counter()
+        big["error"] = _stream_text(srv.grpc_url, "tensorrt_llm", ins(b"a" * 5_000_000, 8))[2]
+        big["seconds"] = time.perf_counter() - t0
+
+    t = threading.Thread(target=send_big)
+    t.start()
+    loaded = _stream_text(srv.grpc_url, "tensorrt_llm", ins(PROMPTS[1].encode(), 8))[1]
+    t.join(600)
+    res = {"ttft_idle_s": round(idle, 3), "ttft_beside_5mb_s": round(loaded, 3),
+           "refused_after_s": round(big["seconds"], 3), "answer": big["error"]}
+    print(f"llmapi 5 MB prompt: refused after {res['refused_after_s']} s ({big['error']!r}); a concurrent stream's "
+          f"first token {idle:.2f} s idle -> {loaded:.2f} s")
+    return res
+
+
+RUNS = {"soak": soak, "sigstop": sigstop, "abandoned": abandoned, "hostile": hostile, "stop_flood": stop_flood,
+        "llmapi_prompt": llmapi_prompt, "kill9": kill9}  # kill9 last: it ends the server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
     ap.add_argument("--abandon", type=int, default=20, help="abandoned ensemble streams (default 20)")
-    ap.add_argument("--runs", default=",".join(RUNS), help=f"which runs, in this order (default {','.join(RUNS)})")
+    default = ",".join(r for r in RUNS if r != "llmapi_prompt")
+    ap.add_argument("--runs", default=default, help=f"which runs, in this order (default {default}; llmapi_prompt "
+                    "needs an llmapi-layout repository)")
     args = ap.parse_args(argv)
     if not set(args.runs.split(",")) <= set(RUNS):
         ap.error(f"--runs {args.runs}: choose from {', '.join(RUNS)}")

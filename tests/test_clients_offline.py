@@ -248,7 +248,7 @@ def test_tokenizer_found_in_ensemble_steps(tmp_path: Path) -> None:
 
 # ---- request ids and cancelling ensemble requests -----------------------------------------------------------------
 
-ID_FORMAT = re.compile(r"r\d+-[0-9a-f]{16}")
+ID_FORMAT = re.compile(r"r\d+-[0-9a-f]{32}")  # 128 random bits: what a stop request needs
 
 
 def test_request_ids_are_unique_across_processes() -> None:

@@ -304,7 +304,7 @@ def test_schema_follows_the_served_repository(tmp_path: Path) -> None:
 
 # ---- request ids ---------------------------------------------------------------------------------------------------
 
-ID_FORMAT = re.compile(r"r\d+-[0-9a-f]{16}")
+ID_FORMAT = re.compile(r"r\d+-[0-9a-f]{32}")  # 128 random bits: what a stop request needs
 
 
 def test_request_ids_differ_between_clients(echo: TritonServer) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +223,7 @@ def test_in_flight_and_queued_gauges_count_running_and_waiting_requests(triton_s
     stopped (tensorrtllm_backend's stop request, by request id)."""
     _wait_idle(triton_server)
     n, results = triton_build.MAX_BATCH + 2, {}
-    ids = [f"held-{i}-{time.monotonic_ns()}" for i in range(n)]
+    ids = [f"held-{i}-{uuid.uuid4().hex}" for i in range(n)]  # 32 hex digits: ids a stop request may reach
 
     def one(i: int) -> None:
         c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)

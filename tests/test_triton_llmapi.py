@@ -191,3 +191,83 @@ def test_genai_perf_command(build: tuple[Any, Path]) -> None:
         "--request-count", "4", "--synthetic-input-tokens-mean", "128", "--endpoint-type", "generate",
         "-u", "127.0.0.1:8000", "--extra-inputs", "sampling_param_max_tokens:16",
         "--extra-inputs", "sampling_param_exclude_input_from_output:true"]  # fmt: skip
+
+
+# ---- hostile requests: bounded before the prompt is tokenized, INVALID_ARGUMENT by name, no traceback ----------------
+
+LEAKS = ("Traceback", 'File "', "site-packages", "/usr/", "line ")
+
+
+def _llmapi_inputs(prompts: list[bytes], **extra: tuple[np.ndarray, str]) -> list[Any]:
+    def inp(name: str, arr: np.ndarray, dt: str) -> Any:
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    ins = [inp("text_input", np.array(prompts, dtype=object), "BYTES"), inp("streaming", np.array([True]), "BOOL"),
+           inp("sampling_param_max_tokens", np.array([N], np.int32), "INT32")]
+    return ins + [inp(k, v, dt) for k, (v, dt) in extra.items()]
+
+
+def _stream(url: str, ins: list[Any], request_id: str = "") -> Any:
+    """The text of one llmapi stream (cumulative: the last response), or the error it ended with."""
+    import queue
+
+    c = grpcclient.InferenceServerClient(url)
+    got: queue.Queue[Any] = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        c.async_stream_infer("tensorrt_llm", ins, request_id=request_id, enable_empty_final_response=True)
+        text = ""
+        while True:
+            result, error = got.get(timeout=300)
+            if error is not None:
+                return error
+            resp = result.get_response()
+            if resp.outputs:
+                text = result.as_numpy("text_output")[0].decode()
+            if resp.parameters["triton_final_response"].bool_param:
+                return text
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def test_hostile_requests_are_refused_before_tokenizing_and_a_concurrent_stream_is_unchanged(
+    server: Any, greedy_text: str
+) -> None:
+    """Each of these, sent while a good stream decodes, gets INVALID_ARGUMENT naming what was wrong (no traceback,
+    no install path): a 5 MB prompt (refused by its bytes before it is tokenized), an empty prompt, a prompt that is
+    not UTF-8, 64 prompts in one request (upstream answers the first and drops the rest), stop strings that are not
+    UTF-8, too many or too long, and upstream's stop request for an id without 32 hex digits. The good stream's text
+    equals target-only greedy decoding."""
+    import threading
+
+    bad = {
+        "5 MB prompt": (_llmapi_inputs([b"a" * 5_000_000]), "text_input has 5000000 bytes >"),
+        "empty prompt": (_llmapi_inputs([b""]), "text_input is empty"),
+        "not UTF-8": (_llmapi_inputs([b"caf\xe9 au lait"]), "text_input is not valid UTF-8"),
+        "64 prompts": (_llmapi_inputs([PROMPT.encode()] * 64), "text_input holds 64 prompts"),
+        "stop not UTF-8": (_llmapi_inputs([PROMPT.encode()], sampling_param_stop=(
+            np.array([b"\xff\xfe"], dtype=object), "BYTES")), "sampling_param_stop[0] is not valid UTF-8"),
+        "stop flood": (_llmapi_inputs([PROMPT.encode()], sampling_param_stop=(
+            np.array([b"w%d" % i for i in range(200_000)], dtype=object), "BYTES")),
+            "sampling_param_stop has 200000 entries > 64"),
+        "long stop": (_llmapi_inputs([PROMPT.encode()], sampling_param_stop=(
+            np.array([b"z" * 4000], dtype=object), "BYTES")), "sampling_param_stop[0] has 4000 bytes > 1024"),
+        "stop by guess": (_llmapi_inputs([b"x"], stop=(np.array([True]), "BOOL")),
+                          "stop: request id '1' has no 32 hex digits"),
+    }
+    results: dict[str, Any] = {}
+    good = threading.Thread(target=lambda: results.update(good=_stream(server.grpc_url,
+                                                                       _llmapi_inputs([PROMPT.encode()]), "1")))
+    good.start()
+    for k, (ins, _msg) in bad.items():
+        results[k] = _stream(server.grpc_url, ins, "1")
+    good.join(timeout=600)
+    for k, (_ins, msg) in bad.items():
+        err = results[k]
+        assert isinstance(err, InferenceServerException), (k, err)
+        assert msg in err.message() and not any(leak in err.message() for leak in LEAKS), (k, err.message())
+        assert len(err.message()) < 1000, k
+    assert results["good"] == greedy_text

@@ -411,7 +411,7 @@ def test_ensemble_stream_cancel_without_a_handle_is_relayed_as_a_stop_request(bu
     try:
         c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
         ins = inputs("cancel me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32"))
-        assert len(stream_call(c, "ensemble", ins, cancel_after=1, request_id="relay-1")) == 1
+        assert len(stream_call(c, "ensemble", ins, cancel_after=1, request_id=f"relay-{'1' * 32}")) == 1
         _wait_idle(srv)
         assert metric(srv, "eagle_llm_requests_cancelled_total") == 1
         assert metric(srv, "eagle_llm_generated_tokens_total") < LONG / 4

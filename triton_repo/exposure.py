@@ -13,6 +13,8 @@ such an output_dir and the launcher such a repository, with the reason, instead 
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 ADMIN_HEADER = "eagle-admin-key"  # the HTTP header; gRPC metadata keys must be lower case
@@ -44,6 +46,35 @@ def unsafe_path_problem(path: Path | str, what: str) -> str | None:
     return (f"{what} {str(path)!r} contains {shown}: Triton's python backend starts its stub through `bash -c` with "
             "this path unquoted and reads it as ASCII, so every python model would fail to load (stub error "
             "`std::invalid_argument stol` for a space); use a path of ASCII letters, digits and - _ . / + , : @ = %")
+
+
+# Model names: the python backend puts <repository>/<model>/<version>/model.py unquoted on that bash command line, so a
+# name is a shell word: an allow-list, not a deny-list (`bls$(id>f)` ran `id` as root at launch before).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+MODEL_NAME_RULE = "1 to 64 ASCII letters, digits, _ and -, starting with a letter or digit"
+
+
+def model_name_problem(name: object, what: str) -> str | None:
+    """Why `name` may not name a served model (None when it may)."""
+    if isinstance(name, str) and MODEL_NAME.fullmatch(name):
+        return None
+    shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:80] + "..."
+    return f"{what} {shown} is not a model name this server accepts: use {MODEL_NAME_RULE}"
+
+
+def repository_problems(repo: Path, limit: int = 5) -> list[str]:
+    """Every model directory of `repo` must have an allowed name, and no path under it may hold characters the
+    stub's command line mishandles (a version directory, a model file named by default_model_filename)."""
+    problems = []
+    for entry in sorted(repo.iterdir()):
+        if entry.is_dir() and (p := model_name_problem(entry.name, f"model directory {entry}:")) is not None:
+            problems.append(p)
+    for root, dirs, files in os.walk(repo):  # links to directories are listed, not followed
+        for name in dirs + files:
+            bad = unsafe_chars(name)
+            if bad:
+                problems.append(unsafe_path_problem(Path(root, name), "model repository path") or "")
+    return problems[:limit] + ([f"... and {len(problems) - limit} more"] if len(problems) > limit else [])
 
 
 def restricted_api_argv(admin_key: str) -> list[str]:

@@ -30,30 +30,39 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from triton_repo import shm  # noqa: E402
+from triton_repo.server_binary import (  # noqa: E402, F401  (re-exported: where launch.py's users look)
+    LaunchError,
+    ServerBinary,
+    _libpython_dir,
+    bundled_binary,
+    find_binary,
+    prepare_bundled_backends,
+    system_binary,
+)
 from triton_repo.exposure import (  # noqa: E402  (re-exported: the launcher's public names)
     ADMIN_GRPC_HEADER,
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
     RESTRICTED_APIS,
     SHELL_UNSAFE,
+    model_name_problem,
+    repository_problems,
     restricted_api_argv,
     unsafe_chars,
     unsafe_path_problem,
@@ -63,27 +72,12 @@ __all__ = ["ADMIN_GRPC_HEADER", "ADMIN_HEADER", "ADMIN_KEY_ENV", "RESTRICTED_API
            "LaunchInterrupted", "TritonServer", "free_port", "launch_argv", "mpirun_argv", "restricted_api_argv",
            "server_argv", "unsafe_chars", "unsafe_path_problem"]
 
-SYSTEM_TRITON_DIRS = (Path("/opt/tritonserver"),)  # NGC tritonserver / trtllm containers
 READY_POLL_S = 0.25
 STOP_TIMEOUT_S = 30.0
 
 
-class LaunchError(RuntimeError):
-    """The server could not be started or did not become ready; the message carries its log tail."""
-
-
 class LaunchInterrupted(LaunchError):
     """A stop was requested (SIGTERM/SIGINT) before the server became ready; the server has been stopped."""
-
-
-@dataclass(frozen=True)
-class ServerBinary:
-    """A tritonserver executable, the backend directory it loads backends from, and the env it needs."""
-
-    executable: Path
-    backend_dir: Path
-    env: dict[str, str] = field(default_factory=dict)  # variables to set/prepend (values are full values)
-    bundled: bool = False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -91,95 +85,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-# ---- finding the binary -------------------------------------------------------------------------------------------
-
-
-def system_binary() -> ServerBinary | None:
-    """`tritonserver` on PATH or in /opt/tritonserver, with its sibling `backends/` directory."""
-    found = shutil.which("tritonserver")
-    candidates = [Path(found)] if found else []
-    candidates += [d / "bin" / "tritonserver" for d in SYSTEM_TRITON_DIRS]
-    venv_bin = Path(sys.executable).parent
-    for exe in candidates:
-        # A `tritonserver` console script in our own venv would be a wrapper, not the server.
-        if exe.is_file() and os.access(exe, os.X_OK) and exe.resolve().parent != venv_bin.resolve():
-            backends = exe.resolve().parent.parent / "backends"
-            if backends.is_dir():
-                return ServerBinary(executable=exe, backend_dir=backends)
-    return None
-
-
-def _pytriton_root() -> Path:
-    try:
-        import pytriton
-    except ImportError as e:
-        raise LaunchError(
-            "no system tritonserver found and nvidia-pytriton is not installed; `pip install nvidia-pytriton` "
-            "(bundles a CPU tritonserver) or run inside the NGC tritonserver container"
-        ) from e
-    return Path(pytriton.__file__).resolve().parent
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "eagle-deploy"
-
-
-def prepare_bundled_backends(root: Path, cache: Path) -> Path:
-    """Backend directory for the bundled server: `python/` with the backend library and the stub for this Python.
-
-    Built in a temporary directory and renamed into place, so concurrent first starts never see a partial one."""
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = root / "tritonserver" / "python_backend_stubs" / py / "triton_python_backend_stub"
-    backend_src = root / "tritonserver" / "backends" / "python"
-    if not stub.is_file():
-        raise LaunchError(f"nvidia-pytriton has no python-backend stub for Python {py} ({stub}); use Python 3.8-3.13")
-    target = cache / f"triton-backends-py{py}-{root.stat().st_mtime_ns}"
-    if (target / "python" / "triton_python_backend_stub").exists():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".backends-", dir=cache))
-    (tmp / "python").mkdir()
-    for src in backend_src.iterdir():
-        if src.is_file():
-            (tmp / "python" / src.name).symlink_to(src)
-    (tmp / "python" / "triton_python_backend_stub").symlink_to(stub)
-    try:
-        tmp.rename(target)
-    except OSError:  # another process won the race: use its directory
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _libpython_dir() -> str | None:
-    """Directory of this interpreter's shared libpython (None for a static build: the system one is used)."""
-    libdir, name = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
-    if libdir and name and (Path(libdir) / name).is_file():
-        return str(libdir)
-    return None
-
-
-def bundled_binary() -> ServerBinary:
-    root = _pytriton_root()
-    exe = root / "tritonserver" / "bin" / "tritonserver"
-    libs = root.parent / "nvidia_pytriton.libs"
-    if not exe.is_file():
-        raise LaunchError(f"nvidia-pytriton is installed but {exe} is missing; reinstall nvidia-pytriton")
-    env_path = os.environ.get("PATH", "")
-    ld = os.environ.get("LD_LIBRARY_PATH", "")
-    # The stub links `libpython3.X.so.1.0` dynamically; without help the loader picks the system one, whose
-    # patch level can differ from this interpreter's (extension modules then fail with undefined symbols such
-    # as `_PyModule_Add`). Put this interpreter's own shared libpython first.
-    lib_dirs = [d for d in (_libpython_dir(),) if d is not None] + ([ld] if ld else []) + [str(libs)]
-    env = {"PATH": f"{Path(sys.executable).parent}:{env_path}", "LD_LIBRARY_PATH": ":".join(lib_dirs)}
-    return ServerBinary(exe, prepare_bundled_backends(root, _cache_root()), env, bundled=True)
-
-
-def find_binary() -> ServerBinary:
-    """The system tritonserver when installed, else the one bundled in nvidia-pytriton."""
-    return system_binary() or bundled_binary()
 
 
 # ---- argv (pure) --------------------------------------------------------------------------------------------------
@@ -254,7 +159,7 @@ def launch_argv(
     ranks = [
         server_argv(
             binary.executable, repo, backend_dir=binary.backend_dir, grpc_port=grpc_port, http_port=http_port,
-            metrics_port=metrics_port, host=host, shm_prefix=f"eagle{shm_tag}_rank{r}_", admin_key=admin_key,
+            metrics_port=metrics_port, host=host, shm_prefix=shm.prefix(shm_tag, r), admin_key=admin_key,
             load_only=None if r == 0 else llm_model,
         )
         for r in range(world_size)
@@ -300,6 +205,7 @@ class TritonServer:
             log_path = Path(name)
         self.log_path = Path(log_path)
         self._proc: subprocess.Popen[bytes] | None = None
+        self.shm_tag = f"{os.getpid()}_{grpc_port}"  # names its python-backend shm regions (triton_repo/shm.py)
 
     # -- endpoints
     @property
@@ -328,7 +234,7 @@ class TritonServer:
         self._binary = binary
         return launch_argv(
             binary, self.repo, grpc_port=self.grpc_port, http_port=self.http_port, metrics_port=self.metrics_port,
-            host=self.host, world_size=self.world_size, shm_tag=f"{os.getpid()}_{self.grpc_port}",
+            host=self.host, world_size=self.world_size, shm_tag=self.shm_tag,
             llm_model=self.llm_model, admin_key=self.admin_key, as_root=os.geteuid() == 0,
         )  # fmt: skip
 
@@ -337,11 +243,15 @@ class TritonServer:
         return " ".join(self.argv()).replace(self.admin_key, "***")
 
     def path_problems(self) -> list[str]:
-        """Paths the python backend would put unquoted on its stub's bash command line (see SHELL_UNSAFE)."""
+        """Paths the python backend would put unquoted on its stub's bash command line (see SHELL_UNSAFE), and model
+        names outside the allow-list (triton_repo/exposure.py MODEL_NAME)."""
         binary = self._binary or find_binary()
         self._binary = binary
         checks = ((self.repo, "model repository"), (binary.backend_dir, "backend directory"))
-        return [p for path, what in checks if (p := unsafe_path_problem(path, what)) is not None]
+        problems = [p for path, what in checks if (p := unsafe_path_problem(path, what)) is not None]
+        if (p := model_name_problem(self.llm_model, "--llm-model")) is not None:
+            problems.append(p)
+        return problems + (repository_problems(self.repo) if self.repo.is_dir() else [])
 
     def log_tail(self, n_chars: int = 4000) -> str:
         try:
@@ -365,16 +275,24 @@ class TritonServer:
             raise LaunchError("; ".join(problems))
         argv = self.argv()
         assert self._binary is not None
+        shm.remove(shm.stale_regions())  # left by earlier servers that were killed; none is in use
         env = {**os.environ, **self._binary.env}
         with self.log_path.open("ab") as log:
             log.write(f"$ {self.shown_argv()}\n".encode())
             log.flush()
             # Own process group: stop() can signal the server and its python-backend stubs together.
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            return self._wait_ready(timeout_s, stop_requested)
+        except BaseException:  # whatever ends the wait (not ready, exited, interrupted): stopped and cleaned up
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout_s: float, stop_requested: Callable[[], bool] | None) -> TritonServer:
+        assert self._proc is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if stop_requested is not None and stop_requested():
-                self.stop()
                 raise LaunchInterrupted("stop requested while waiting for the server to become ready")
             code = self._proc.poll()
             if code is not None:
@@ -383,7 +301,6 @@ class TritonServer:
             if self._ready():
                 return self
             time.sleep(READY_POLL_S)
-        self.stop()
         raise LaunchError(f"tritonserver not ready after {timeout_s:.0f}s; log {self.log_path}:\n{self.log_tail()}")
 
     def _ready(self) -> bool:
@@ -410,11 +327,12 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
-        # Stubs normally exit with the server; make sure none of this group outlives it.
+        # Stubs normally exit with the server; make sure none of this group outlives it, then free its shm regions.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        shm.remove(shm.own_regions(self.shm_tag))
         return proc.returncode
 
     def __enter__(self) -> TritonServer:
@@ -450,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.world_size < 1:
         ap.error(f"--world-size {args.world_size}: must be >= 1")
+    if (name_problem := model_name_problem(args.llm_model, "--llm-model")) is not None:
+        ap.error(name_problem)
     stopping = {"flag": False}
 
     def _on_signal(signum: int, _frame: object) -> None:

@@ -14,46 +14,12 @@ from builders.convert.eagle import check_head, head_bias
 from builders.convert import families
 from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
 from builders.convert.llama import check_parallel
+from builders.convert.shapes import shape_problems, target_shapes
 from builders.convert.weights import WeightFileError, WeightSource
 from builders.model_source import ModelSourceError, resolve_target
 from builders.trtllm import architectures
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from core.families import NATIVE
-
-
-def expected_target_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:
-    """Every HF tensor the Llama converter reads, with its shape."""
-    h, i, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h), "model.norm.weight": (h,)}
-    for n in range(spec.num_hidden_layers):
-        p = f"model.layers.{n}"
-        out.update({
-            f"{p}.input_layernorm.weight": (h,),
-            f"{p}.post_attention_layernorm.weight": (h,),
-            f"{p}.self_attn.q_proj.weight": (q, h),
-            f"{p}.self_attn.k_proj.weight": (kv, h),
-            f"{p}.self_attn.v_proj.weight": (kv, h),
-            f"{p}.self_attn.o_proj.weight": (h, q),
-            f"{p}.mlp.gate_proj.weight": (i, h),
-            f"{p}.mlp.up_proj.weight": (i, h),
-            f"{p}.mlp.down_proj.weight": (h, i),
-        })
-        out.update(families.extra_shapes(spec, n))
-    if not spec.tie_word_embeddings:
-        out["lm_head.weight"] = (spec.vocab_size, h)
-    return out
-
-
-def tensor_problems(src: WeightSource, expected: dict[str, tuple[int, ...]], what: str) -> list[str]:
-    p = []
-    missing = [n for n in expected if n not in src]
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        p.append(f"{what} {src.dir}: missing tensor(s) {', '.join(missing[:3])}{more}")
-    for n, shape in expected.items():
-        if n in src and src.info(n).shape != shape:
-            p.append(f"{what} {src.dir}: {n} has shape {src.info(n).shape}, config.json implies {shape}")
-    return p
 
 
 def _tokenizer_fingerprint(d: Path) -> Any:
@@ -112,7 +78,7 @@ def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, lis
                  "EagleForCausalLM has no pipeline parallelism); set parallel.pp=1")
     try:
         with WeightSource(hf) as src:
-            p += tensor_problems(src, expected_target_shapes(spec), "target.model")
+            p += shape_problems(src, target_shapes(spec), "target.model")
     except (WeightFileError, ModelConfigError) as e:
         p.append(f"target.model: {e}")
     return hf, spec, p

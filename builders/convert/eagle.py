@@ -40,6 +40,7 @@ from builders.convert.llama import (
     write_json,
     zeros_tensor,
 )
+from builders.convert.shapes import eagle_head_shapes, shape_problems, target_shapes
 from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import WeightSource, write_safetensors
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
@@ -78,19 +79,11 @@ def check_head(head: LlamaSpec, target: LlamaSpec, src: WeightSource) -> list[st
     if head.vocab_size != target.vocab_size:
         p.append(f"draft.model {d}: vocab_size={head.vocab_size} but the target's is {target.vocab_size}; "
                  "the head and the target must share the tokenizer")
-    h = target.hidden_size
     if "fc.weight" not in src:
         p.append(f"draft.model {d}: no fc.weight; not an EAGLE-1/2 head (EAGLE-3 heads need draft.type=eagle3)")
-    elif src.info("fc.weight").shape != (head.hidden_size, 2 * h):
-        p.append(f"draft.model {d}: fc.weight has shape {src.info('fc.weight').shape}, expected "
-                 f"({head.hidden_size}, {2 * h}) (hidden x 2*target hidden)")
-    if "embed_tokens.weight" in src and src.info("embed_tokens.weight").shape != (target.vocab_size, h):
-        p.append(f"draft.model {d}: embed_tokens.weight has shape {src.info('embed_tokens.weight').shape}, expected "
-                 f"({target.vocab_size}, {h})")
-    for j in range(head.num_hidden_layers):
-        q = f"layers.{j}.self_attn.q_proj.weight"
-        if q not in src:
-            p.append(f"draft.model {d}: missing tensor {q} (config says num_hidden_layers={head.num_hidden_layers})")
+        return p
+    required, optional = eagle_head_shapes(head, target)
+    p += shape_problems(src, required, "draft.model", optional)
     return p
 
 
@@ -138,6 +131,7 @@ def convert_eagle(
     dt = dtype_of(dtype)
     with WeightSource(hf_dir) as tgt_src, WeightSource(head_dir) as head_src:
         problems = check_parallel(target, tp, 1) + check_parallel(head, tp, 1) + check_head(head, target, head_src)
+        problems += shape_problems(tgt_src, target_shapes(target), "target.model")
         if problems:
             raise ModelConfigError("; ".join(problems))
         bias = head_bias(head_dir, head_src)

@@ -26,6 +26,7 @@ import torch
 
 from builders.convert.hf_compat import transformers4_config
 from builders.convert.llama import Provenance, check_parallel, convert_llama, dtype_of, write_json
+from builders.convert.shapes import eagle3_head_shapes, shape_problems
 from builders.convert.weights import OutTensor, WeightSource, write_safetensors
 from builders.convert.families import generic_checkpoint
 from builders.convert.tokenizer import copy_tokenizer
@@ -84,15 +85,20 @@ def check_eagle3(head_dir: Path, target: LlamaSpec, layer_ids: list[int], src: W
     if bad:
         p.append(f"{d}: captured layer ids {bad} are outside 0..{target.num_hidden_layers - 1} (the target's layers)")
     try:
-        _midlayer_prefix(src)
+        prefix = _midlayer_prefix(src)
     except ModelConfigError as e:
-        p.append(str(e))
+        return p + [str(e)]
     if "fc.weight" not in src:
         p.append(f"{d}: no fc.weight")
     elif src.info("fc.weight").shape != (head.hidden_size, len(layer_ids) * th):
         p.append(f"{d}: fc.weight has shape {src.info('fc.weight').shape}, expected ({head.hidden_size}, "
                  f"{len(layer_ids) * th}) for {len(layer_ids)} captured layers of width {th}")
     draft_vocab = cfg.get("draft_vocab_size")
+    rows = src.info("lm_head.weight").shape[0] if "lm_head.weight" in src else None
+    required, optional = eagle3_head_shapes(head, target, prefix, len(layer_ids), th,
+                                            draft_vocab if isinstance(draft_vocab, int) else rows)
+    required.pop("fc.weight")  # checked above, with the captured layers named
+    p += shape_problems(src, required, "draft.model", optional)
     if "lm_head.weight" in src:
         lm_rows = src.info("lm_head.weight").shape[0]
         if draft_vocab is not None and lm_rows != draft_vocab:
@@ -109,9 +115,9 @@ def check_eagle3(head_dir: Path, target: LlamaSpec, layer_ids: list[int], src: W
             tgt = torch.arange(draft_vocab) + d2t
             if tgt.min() < 0 or tgt.max() >= target.vocab_size:
                 p.append(f"{d}: d2t maps draft ids outside the target vocabulary 0..{target.vocab_size - 1}")
-            elif "t2d" in src:
+            elif "t2d" in src and src.info("t2d").shape == (target.vocab_size,):  # a wrong shape is reported above
                 t2d = src.read("t2d").to(torch.bool)
-                if t2d.shape != (target.vocab_size,) or not bool(t2d[tgt].all()) or int(t2d.sum()) != draft_vocab:
+                if not bool(t2d[tgt].all()) or int(t2d.sum()) != draft_vocab:
                     p.append(f"{d}: t2d disagrees with d2t (t2d must be true exactly at the {draft_vocab} mapped ids)")
     return p
 

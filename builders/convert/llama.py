@@ -30,10 +30,11 @@ from typing import Any
 import torch
 
 from core.families import NATIVE
+from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 from builders.convert import families
+from builders.convert.shapes import shape_problems, target_shapes
 from builders.convert.tokenizer import copy_tokenizer
 from builders.convert.weights import DTYPES, OutTensor, Piece, WeightSource, Zeros, write_safetensors
-from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,9 @@ def convert_llama(
         raise ModelConfigError("; ".join(problems))
     with WeightSource(hf_dir) as src:  # validates every weight file's header before anything is written
         lm_head_name(src, spec)
+        problems = shape_problems(src, target_shapes(spec), "target.model")
+        if problems:
+            raise ModelConfigError("; ".join(problems))
         out_dir.mkdir(parents=True, exist_ok=True)
         write_target_ranks(src, spec, out_dir, dtype=dtype, tp=tp, pp=pp)
     cfg = target_config_json(spec, dtype=dtype, tp=tp, pp=pp)

@@ -199,6 +199,8 @@ class WeightSource:
     def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """One tensor, or the rows (dim 0) / columns (dim 1) [start, stop) of it, read without the rest."""
         info = self.info(name)
+        if dim is not None:
+            self._check_range(name, info, dim, start, stop)
         if info.file.suffix == ".safetensors":
             if dim == 0:  # rows [start, stop) are one contiguous byte range
                 return self._read_rows(info, start, info.shape[0] if stop is None else stop)
@@ -221,9 +223,19 @@ class WeightSource:
         info = self.info(name)
         if info.offset < 0:
             return None
+        if info.shape:
+            self._check_range(name, info, 0, start, stop)
         stop = (info.shape[0] if info.shape else 1) if stop is None else stop
         row = self.row_bytes(name)
         return ByteRange(info.file, info.offset + start * row, (stop - start) * row)
+
+    @staticmethod
+    def _check_range(name: str, info: TensorInfo, dim: int, start: int, stop: int | None) -> None:
+        """Never read outside a tensor: a range past its end would return the next tensor's bytes."""
+        size = info.shape[dim] if dim < len(info.shape) else 0
+        if not 0 <= start <= (size if stop is None else stop) <= size:
+            raise WeightFileError(f"{info.file}: tensor {name!r} has shape {info.shape}; [{start}, {stop}) on dim "
+                                  f"{dim} is outside it; the weights do not match their config.json")
 
     def _read_rows(self, info: TensorInfo, start: int, stop: int) -> torch.Tensor:
         f = self._handles.get(info.file)

@@ -79,7 +79,11 @@ def queries() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m builders.monitoring.dashboard", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m builders.monitoring.dashboard", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Inputs:  none (the panels are fixed)\nOutputs: the Grafana dashboard JSON (stdout or --out)\n"
+               "Guide:   docs/production-metrics.md")
     ap.add_argument("--out", type=Path, help="write here instead of stdout")
     args = ap.parse_args(argv)
     text = json.dumps(dashboard(), indent=2, ensure_ascii=False) + "\n"

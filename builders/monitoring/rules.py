@@ -102,7 +102,11 @@ def rules_yaml(m: MonitoringConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m builders.monitoring.rules", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m builders.monitoring.rules", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Inputs:  a build config (its `monitoring` section), or none for the defaults\n"
+               "Outputs: Prometheus recording and alerting rules (stdout or --out)\nGuide:   docs/production-metrics.md")
     ap.add_argument("config", nargs="?", help="build config whose `monitoring` thresholds to use (default: defaults)")
     ap.add_argument("--out", type=Path, help="write here instead of stdout")
     args = ap.parse_args(argv)

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from builders.config import ConfigError, apply_overrides
+from builders.config_input import load_yaml
 
 
 class Strict(BaseModel):
@@ -242,9 +243,7 @@ def load_train_config(path: Path, overrides: list[str] | None = None) -> TrainHe
     """Parse and validate; every problem at once in a ConfigError naming field, value and fix."""
     if not path.is_file():
         raise ConfigError([f"{path}: no such file"], str(path))
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}: expected a YAML mapping at the top level"], str(path))
+    data = load_yaml(path.read_text(), str(path))  # bounded: size and alias expansion
     problems = apply_overrides(data, overrides or [])
     if problems:
         raise ConfigError(problems, str(path))

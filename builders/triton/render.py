@@ -24,6 +24,7 @@ import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builders import layout as build_layout
+from builders.atomic import TEMP_MARKER
 from builders.config import BuildConfig
 from builders.engine.llmapi import OPTIONS_FILE as LLMAPI_OPTIONS_FILE
 from builders.triton import render_llmapi as RL
@@ -330,7 +331,7 @@ def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
     if problems:
         raise RenderError("; ".join(problems))
     out.mkdir(parents=True, exist_ok=True)
-    if any(out.iterdir()):
+    if any(p.name != TEMP_MARKER for p in out.iterdir()):  # the stage's temp-dir marker is removed before use
         raise RenderError(f"{out} is not empty; render into a fresh directory")
     if layout(bc) == "llmapi":
         return render_llmapi(bc, build_dir, out)

@@ -5,7 +5,7 @@ multi-byte character), so the concatenated stream equals the unary text exactly.
 LLM request.
 """
 
-import os
+import secrets
 import threading
 
 import numpy as np
@@ -19,9 +19,9 @@ class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
         from triton_repo import contract
-        from triton_repo.models import common, llm_io
+        from triton_repo.models import bounds, common, llm_io
 
-        self.C, self.common, self.io = contract, common, llm_io
+        self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         self._count = 0
         p = common.Params(common.model_config(args))
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
@@ -95,6 +95,8 @@ class TritonPythonModel:
 
     def _one(self, request, sender):
         C = self.C
+        if "stop_words" in request:  # bounded here too: never forward a million strings to preprocessing
+            self.bounds.stop_strings(request["stop_words"], "stop_words")
         pre = pb_utils.InferenceRequest(
             model_name=self.pre_model,
             inputs=self._inputs(request, C.PREPROCESSING_INPUT_MAP),
@@ -106,7 +108,8 @@ class TritonPythonModel:
         streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
         with self._lock:
             self._count += 1
-            request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{os.getpid()}-{self._count}"
+            # 128 random bits: a stop request reaches a request only by its id (models/bounds.py STOPPABLE_ID)
+            request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{self._count}-{secrets.token_hex(16)}"
         llm_req = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self._inputs(request, llm_map),
             requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,

@@ -89,9 +89,17 @@ def scalar(pb_utils: Any, request: Any, spec: C.Tensor) -> Any:
         if not spec.optional:
             raise RequestError(f"input {spec.name} is required")
         return spec.default
-    if arr.size == 0:
-        raise RequestError(f"input {spec.name} is empty; send shape [1, 1]")
+    if arr.size != 1:
+        raise RequestError(f"input {spec.name} has {arr.size} values; send one, shape [1, 1]")
     return arr.reshape(-1)[0].item()
+
+
+def unexpected(e: Exception) -> str:
+    """A short message for an exception no check anticipated: its type and first line, never a traceback (which
+    would show the server's install paths)."""
+    first = (str(e).splitlines() or [""])[0]
+    first = first if len(first) <= 200 else first[:200] + "..."
+    return f"the request could not be processed ({type(e).__name__}: {first}); check its inputs against client.json"
 
 
 def error_response(pb_utils: Any, message: str, code: str = C.INVALID_ARGUMENT) -> Any:

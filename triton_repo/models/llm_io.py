@@ -14,7 +14,8 @@ import numpy as np
 
 from core.types import Limits
 from triton_repo import contract as C
-from triton_repo.models.common import RequestError, parse_word_list, scalar, tensor
+from triton_repo.models import bounds
+from triton_repo.models.common import RequestError, scalar, tensor
 
 LLM_IN = C.by_name(C.LLM_INPUTS)
 
@@ -60,16 +61,17 @@ def parse_request(pb_utils: Any, request: Any, limits: Limits, vocab_size: int |
         shape = None if ids is None else list(ids.shape)
         raise RequestError(f"input_ids shape {shape}: send one prompt per request, shape [1, n] (concurrent "
                            "requests are batched by the server)")
+    if ids.shape[1] > limits.max_input_len:  # before anything is copied out of it
+        raise RequestError(f"input_ids holds {ids.shape[1]} ids > max_input_len={limits.max_input_len}; shorten it")
     n_in = int(scalar(pb_utils, request, LLM_IN["input_lengths"]))
     if not 1 <= n_in <= ids.shape[1]:
         raise RequestError(f"input_lengths={n_in} must be in 1..{ids.shape[1]} (the input_ids given)")
     prompt = [int(x) for x in ids[0, :n_in]]
+    vocab = vocab_size if vocab_size is not None else len(tokenizer)
     check_token_ids(prompt, vocab_size)
     n_out = int(scalar(pb_utils, request, LLM_IN["request_output_len"]))
     if n_out <= 0:
         raise RequestError(f"request_output_len (max_tokens)={n_out} must be >= 1")
-    if n_in > limits.max_input_len:
-        raise RequestError(f"prompt has {n_in} tokens > max_input_len={limits.max_input_len}; shorten it")
     if n_in + n_out > limits.max_seq_len:
         raise RequestError(f"prompt tokens {n_in} + max_tokens {n_out} > max_seq_len={limits.max_seq_len}; lower "
                            f"max_tokens to at most {limits.max_seq_len - n_in}")
@@ -81,10 +83,13 @@ def parse_request(pb_utils: Any, request: Any, limits: Limits, vocab_size: int |
         raise RequestError("stream=true but this repository is not decoupled (rendered with triton.streaming="
                            "false); send stream=false or re-render with triton.streaming=true")
     end_id = scalar(pb_utils, request, LLM_IN["end_id"])
-    if end_id is None:
-        end_id = tokenizer.eos_token_id
+    end_id = tokenizer.eos_token_id if end_id is None else bounds.token_id(end_id, "end_id", vocab, allow_none_id=True)
+    pad_id = scalar(pb_utils, request, LLM_IN["pad_id"])
+    if pad_id is not None:
+        bounds.token_id(pad_id, "pad_id", vocab)
     stop = tensor(pb_utils, request, "stop_words_list")
-    stop_strings = [] if stop is None else [tokenizer.decode(w) for w in parse_word_list(stop.reshape(-1, *stop.shape[-2:])[0])]
+    words = [] if stop is None else bounds.word_ids(stop, "stop_words_list", vocab)
+    stop_strings = [tokenizer.decode(w) for w in words]
     sampling = sampling_from(
         float(scalar(pb_utils, request, LLM_IN["temperature"])), int(scalar(pb_utils, request, LLM_IN["runtime_top_k"])),
         float(scalar(pb_utils, request, LLM_IN["runtime_top_p"])), int(scalar(pb_utils, request, LLM_IN["seed"])),

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from triton_repo import contract as C
-from triton_repo.models.common import RequestError
+from triton_repo.models import bounds
+from triton_repo.models.common import RequestError, max_text_bytes
 from triton_repo.models.llm_io import sampling_from
 
 __all__ = ["RequestError", "Parsed", "parse", "flag", "error", "text_response", "final_response", "check_tree"]
@@ -33,24 +34,46 @@ def _value(pb_utils: Any, request: Any, name: str) -> Any:
     if t is None:
         return None
     arr = t.as_numpy()
-    if arr.size == 0:
-        raise RequestError(f"input {name} is empty")
+    if arr.size != 1:
+        raise RequestError(f"input {name} has {arr.size} values; send one, shape [1]")
     return arr.reshape(-1)[0].item()
+
+
+def _array(pb_utils: Any, request: Any, name: str) -> Any:
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy()
 
 
 def flag(pb_utils: Any, request: Any, name: str) -> bool:
     return bool(_value(pb_utils, request, name))
 
 
-def _prompt(pb_utils: Any, request: Any) -> str:
+_TEXT_BOUNDS: dict[tuple[int, int], tuple[int, int]] = {}
+
+
+def text_bound(tokenizer: Any, max_input_len: int) -> tuple[int, int]:
+    """common.max_text_bytes, computed once per tokenizer (it walks the vocabulary)."""
+    key = (id(tokenizer), max_input_len)
+    if key not in _TEXT_BOUNDS:
+        _TEXT_BOUNDS[key] = max_text_bytes(tokenizer, max_input_len)
+    return _TEXT_BOUNDS[key]
+
+
+def _prompt(pb_utils: Any, request: Any, tokenizer: Any, max_input_len: int) -> str:
+    """Element 0 of text_input, as upstream, but only when it is the only one (upstream answers the first of 64
+    prompts and drops the rest silently), its bytes bounded before it is decoded or tokenized."""
     t = pb_utils.get_input_tensor_by_name(request, "text_input")
     if t is None:
         raise RequestError("text_input is missing from the request")
     arr = t.as_numpy()
     if arr.ndim > 1:
         raise RequestError("The current implementation only supports text_input being a 1D tensor.")
-    prompt = arr[0]
-    return prompt.decode("utf-8") if isinstance(prompt, bytes) else str(prompt)
+    if arr.size != 1:
+        raise RequestError(f"text_input holds {arr.size} prompts; this model answers one prompt per request: send "
+                           "shape [1] (concurrent requests are batched by the server)")
+    limit, per_token = text_bound(tokenizer, max_input_len)
+    return bounds.text(arr[0], "text_input", limit, f"max_input_len {max_input_len} x {per_token} bytes (the "
+                                                    "longest token)")
 
 
 def _refuse_unsupported(pb_utils: Any, request: Any) -> None:
@@ -85,7 +108,8 @@ def parse(pb_utils: Any, request: Any, tokenizer: Any, max_input_len: int, max_s
     from core.stops import stop_token_ids
 
     _refuse_unsupported(pb_utils, request)
-    ids = [int(i) for i in tokenizer.encode(_prompt(pb_utils, request))]
+    stops = bounds.stop_strings(_array(pb_utils, request, "sampling_param_stop"), "sampling_param_stop")
+    ids = [int(i) for i in tokenizer.encode(_prompt(pb_utils, request, tokenizer, max_input_len))]
     n_out = _value(pb_utils, request, "sampling_param_max_tokens")
     n_out = default_max_tokens if n_out is None else int(n_out)
     if n_out < 1:
@@ -95,9 +119,6 @@ def parse(pb_utils: Any, request: Any, tokenizer: Any, max_input_len: int, max_s
     if len(ids) + n_out > max_seq_len:
         raise RequestError(f"prompt tokens {len(ids)} + max_tokens {n_out} > max_seq_len={max_seq_len}; lower "
                            f"sampling_param_max_tokens to at most {max_seq_len - len(ids)}")
-    stop = pb_utils.get_input_tensor_by_name(request, "sampling_param_stop")
-    stops = [] if stop is None else [s.decode("utf-8") if isinstance(s, bytes) else str(s)
-                                     for s in stop.as_numpy().reshape(-1)]
     req = GenerationRequest(prompt_ids=ids, max_new_tokens=n_out, sampling=_sampling(pb_utils, request),
                             stop_token_ids=stop_token_ids(tokenizer), stop_strings=[s for s in stops if s])
     return Parsed(req, flag(pb_utils, request, "streaming"), flag(pb_utils, request, "sampling_param_return_perf_metrics"),

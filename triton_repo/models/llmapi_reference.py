@@ -8,8 +8,10 @@ same wire behaviour:
   last one has the FINAL flag; not streaming: one response with the whole text;
 - perf outputs, when `sampling_param_return_perf_metrics`: the speculative ones, sent as strings as upstream does
   (the reference engine has no KV-block or timing metrics, so those are not sent);
-- `stop: true` cancels the requests with the same request id; a client cancellation ends the request with
-  CANCELLED "Request cancelled by client";
+- `stop: true` cancels the requests with the same request id, when that id holds 32 hex digits (128 random bits:
+  only its sender knows it; models/bounds.py); a client cancellation ends the request with CANCELLED "Request
+  cancelled by client";
+- every input is bounded before the prompt is tokenized (one prompt per request, its bytes, stop strings);
 - no sampling parameter given = greedy; max_tokens absent = 32 (SamplingParams' default).
 It refuses what the reference engine cannot do (best_of > 1, penalties, cumulative logprobs, LoRA adapters) with
 INVALID_ARGUMENT.
@@ -48,9 +50,9 @@ class TritonPythonModel:
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
-        from triton_repo.models import batcher, llmapi_io, llmapi_refusals, spec_metrics
+        from triton_repo.models import batcher, bounds, common, llmapi_io, llmapi_refusals, spec_metrics
 
-        self.C, self.io, self.batcher_mod = contract, llmapi_io, batcher
+        self.C, self.io, self.batcher_mod, self.bounds, self.common = contract, llmapi_io, batcher, bounds, common
         self.refusals = llmapi_refusals
         here = os.path.dirname(os.path.abspath(__file__))
         with open(os.environ.get("LLM_CONFIG_PATH", os.path.join(here, "model.yaml"))) as f:
@@ -75,20 +77,22 @@ class TritonPythonModel:
     def execute(self, requests):
         for r in requests:
             sender = r.get_response_sender()
-            if self.io.flag(pb_utils, r, "stop"):
-                self._stop(r.request_id(), sender)
-                continue
-            refused = self.refusals.refuse_adapter_inputs(pb_utils, r)
-            if refused is not None:
-                sender.send(self.io.error(pb_utils, refused), flags=FINAL)
-                continue
             try:
+                if self.io.flag(pb_utils, r, "stop"):
+                    self._stop(r.request_id(), sender)
+                    continue
+                refused = self.refusals.refuse_adapter_inputs(pb_utils, r)
+                if refused is not None:
+                    raise self.io.RequestError(refused)
                 parsed = self.io.parse(pb_utils, r, self.tokenizer, self.max_input_len, self.max_seq_len,
                                        DEFAULT_MAX_TOKENS)  # fmt: skip
                 if parsed.streaming and not self.decoupled:
                     raise self.io.RequestError("Streaming is only supported in decoupled mode.")
             except self.io.RequestError as e:
                 sender.send(self.io.error(pb_utils, str(e)), flags=FINAL)
+                continue
+            except Exception as e:  # an input no check anticipated: refused without a traceback
+                sender.send(self.io.error(pb_utils, self.common.unexpected(e)), flags=FINAL)
                 continue
             job = self.batcher_mod.Job(payload=parsed, is_cancelled=sender.is_cancelled, streaming=parsed.streaming)
             job.request_id = r.request_id() or ""
@@ -102,6 +106,9 @@ class TritonPythonModel:
     def _stop(self, request_id, sender):
         if not request_id:
             sender.send(self.io.error(pb_utils, "A request id must be provided for request cancellation"), flags=FINAL)
+            return
+        if not self.bounds.stoppable(request_id):  # only ids their sender alone knows (models/bounds.py)
+            sender.send(self.io.error(pb_utils, self.bounds.not_stoppable_message(request_id)), flags=FINAL)
             return
         for job in self.batcher.jobs():
             if job.request_id == request_id:

@@ -1,9 +1,10 @@
 """Triton python model `preprocessing`: text -> token ids, with the request checks (upstream
 all_models/inflight_batcher_llm/preprocessing, I/O in triton_repo/contract.py).
 
-Bad requests (empty, non-UTF-8 or too many bytes of text (checked before tokenizing), max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over
-max_seq_len, and with `greedy_only` a request asking for sampling) get INVALID_ARGUMENT with a message; the other
-requests of the batch are unaffected.
+Bad requests (empty, non-UTF-8 or too many bytes of text, more than one value per input, too many or too long stop
+words, end_id / pad_id outside the vocabulary: all checked before anything is tokenized (models/bounds.py);
+max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over max_seq_len, and with `greedy_only` a request
+asking for sampling) get INVALID_ARGUMENT with a message; the other requests of the batch are unaffected.
 """
 
 
@@ -16,9 +17,9 @@ class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
         from triton_repo import contract
-        from triton_repo.models import common, llm_io
+        from triton_repo.models import bounds, common, llm_io
 
-        self.C, self.common, self.io = contract, common, llm_io
+        self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         p = common.Params(common.model_config(args))
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
@@ -27,6 +28,7 @@ class TritonPythonModel:
         self.max_seq_len = p.int("max_seq_len")
         self.greedy_only = p.bool("greedy_only")
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
+        self.vocab = len(self.tokenizer)  # ids the tokenizer knows: end_id / pad_id must be one of them
 
     def execute(self, requests):
         out = []
@@ -35,39 +37,44 @@ class TritonPythonModel:
                 out.append(self._one(r))
             except self.common.RequestError as e:
                 out.append(self.common.error_response(pb_utils, str(e), e.code))
+            except Exception as e:  # an input no check anticipated: refused without a traceback
+                out.append(self.common.error_response(pb_utils, self.common.unexpected(e)))
         return out
 
-    def _decode_query(self, raw):
-        n = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8"))
-        if n > self.max_text_bytes:  # before decoding and tokenizing: refusing costs a comparison
-            raise self.common.RequestError(
-                f"text_input has {n} bytes > {self.max_text_bytes} = max_input_len {self.max_input_len} x "
-                f"{self.bytes_per_token} bytes (the longest token): it cannot fit in max_input_len tokens; shorten it")
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)  # strict: UnicodeDecodeError below
-        if text == "":
-            raise self.common.RequestError("text_input is empty; send a non-empty prompt")
-        return text
+    def _checked(self, request):
+        """Every input bounded and checked for every row before any row is tokenized (models/bounds.py)."""
+        common, bounds = self.common, self.bounds
+        query = self._required(request, "QUERY")
+        batch = query.shape[0]
+        texts = [bounds.text(q, "text_input", self.max_text_bytes,
+                             f"max_input_len {self.max_input_len} x {self.bytes_per_token} bytes (the longest token)")
+                 for q in bounds.one_per_row(query, "text_input", batch).tolist()]
+        out_len = bounds.one_per_row(self._required(request, "REQUEST_OUTPUT_LEN"), "max_tokens", batch)
+        for n in out_len.tolist():
+            if n <= 0:
+                raise common.RequestError(f"max_tokens={n} must be >= 1")
+        stop = common.tensor(pb_utils, request, "STOP_WORDS_DICT")
+        if stop is not None and stop.shape[0] != batch:
+            raise common.RequestError(f"input stop_words has shape {list(stop.shape)}; send [1, n] strings")
+        stops = [bounds.stop_strings(None if stop is None else stop[b], "stop_words") for b in range(batch)]
+        ids = {}
+        for name, given, default, none_ok in (("END_ID", "end_id", self.end_id, True),
+                                              ("PAD_ID", "pad_id", self.pad_id, False)):
+            arr = common.tensor(pb_utils, request, name)
+            values = [default] * batch if arr is None else bounds.one_per_row(arr, given, batch).tolist()
+            ids[name] = np.array([[bounds.token_id(v, given, self.vocab, none_ok)] for v in values], np.int32)
+        return texts, out_len, stops, ids["END_ID"], ids["PAD_ID"]
 
     def _one(self, request):
         common = self.common
-        query = self._required(request, "QUERY")
-        out_len = self._required(request, "REQUEST_OUTPUT_LEN")
-        stop = common.tensor(pb_utils, request, "STOP_WORDS_DICT")
-        end_in = common.tensor(pb_utils, request, "END_ID")
-        pad_in = common.tensor(pb_utils, request, "PAD_ID")
-        batch = query.shape[0]
-        ids, stop_lists = [], []
+        texts, out_len, stops, end, pad = self._checked(request)
         if self.greedy_only:
-            self._refuse_sampling(request, batch)
-        for b in range(batch):
-            try:
-                text = self._decode_query(query[b].reshape(-1)[0])
-            except UnicodeDecodeError as e:
-                raise common.RequestError(f"text_input is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            n_out = int(out_len[b].reshape(-1)[0])
+            self._refuse_sampling(request, len(texts))
+        batch = len(texts)
+        ids, stop_lists = [], []
+        for b, text in enumerate(texts):
+            n_out = int(out_len[b])
             tok = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
-            if n_out <= 0:
-                raise common.RequestError(f"max_tokens={n_out} must be >= 1")
             if len(tok) > self.max_input_len:
                 raise common.RequestError(
                     f"prompt has {len(tok)} tokens > max_input_len={self.max_input_len}; shorten it")
@@ -76,16 +83,9 @@ class TritonPythonModel:
                     f"prompt tokens {len(tok)} + max_tokens {n_out} = {len(tok) + n_out} > max_seq_len="
                     f"{self.max_seq_len}; lower max_tokens to at most {self.max_seq_len - len(tok)}")
             ids.append(tok)
-            words = [] if stop is None else [w for w in stop[b].reshape(-1).tolist() if w not in (b"", "")]
-            try:
-                words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in words]
-            except UnicodeDecodeError:
-                raise common.RequestError("stop_words contains invalid UTF-8") from None
             stop_lists.append(common.word_list(
-                [self.tokenizer.encode(w, add_special_tokens=False) for w in words]))
+                [self.tokenizer.encode(w, add_special_tokens=False) for w in stops[b]]))
         width = max(len(t) for t in ids)
-        end = np.full((batch, 1), self.end_id, np.int32) if end_in is None else end_in.astype(np.int32).reshape(batch, 1)
-        pad = np.full((batch, 1), self.pad_id, np.int32) if pad_in is None else pad_in.astype(np.int32).reshape(batch, 1)
         input_ids = np.empty((batch, width), np.int32)
         for b, t in enumerate(ids):
             input_ids[b, :] = pad[b, 0]

@@ -26,9 +26,9 @@ class TritonPythonModel:
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
-        from triton_repo.models import batcher, cancel_channel, common, llm_io, spec_metrics
+        from triton_repo.models import batcher, bounds, cancel_channel, common, llm_io, spec_metrics
 
-        self.C, self.common, self.io, self.batcher_mod = contract, common, llm_io, batcher
+        self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
         p = common.Params(common.model_config(args))
         self.decoupled = p.bool("decoupled")
         self.engine = ReferenceEngine.from_build(Path(p.str("build_dir")))
@@ -55,14 +55,16 @@ class TritonPythonModel:
         jobs, replies = [], []
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
-            if self.io.is_stop_request(pb_utils, r):
-                self._stop_job(r.request_id())
-                replies.append((sender, pb_utils.InferenceResponse(output_tensors=[]), None))
-                continue
             try:
+                if self.io.is_stop_request(pb_utils, r):
+                    replies.append((sender, self._stop_job(r.request_id()), None))
+                    continue
                 parsed = self.io.parse_request(pb_utils, r, self.limits, self.vocab_size, self.tokenizer, self.decoupled)
             except self.common.RequestError as e:
                 replies.append((sender, self.common.error_response(pb_utils, str(e), e.code), None))
+                continue
+            except Exception as e:  # an input no check anticipated: refused without a traceback
+                replies.append((sender, self.common.error_response(pb_utils, self.common.unexpected(e)), None))
                 continue
             # Decoupled: the request object is done once execute() returns; its sender keeps the cancel flag.
             cancelled = sender.is_cancelled if self.decoupled else r.is_cancelled
@@ -93,9 +95,14 @@ class TritonPythonModel:
         return out
 
     def _stop_job(self, request_id):
+        """tensorrtllm_backend's stop request, for request ids only their sender knows (models/bounds.py
+        STOPPABLE_ID: the BLS model's, our clients'); the same empty answer whether a request had that id or not."""
+        if not self.bounds.stoppable(request_id):
+            return self.common.error_response(pb_utils, self.bounds.not_stoppable_message(request_id))
         for job in self.batcher.jobs():
-            if request_id and job.request_id == request_id:
+            if job.request_id == request_id:
                 job.cancelled = True
+        return pb_utils.InferenceResponse(output_tensors=[])
 
     # ---- worker thread ----------------------------------------------------------------------------------------
     def _on_tokens(self, slot, new_ids):

@@ -1,0 +1,157 @@
+"""What the config loader does to the raw YAML before validation: parse it within bounds, resolve its paths;
+and the bounds on what a config error prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+MAX_CONFIG_BYTES = 256 << 10  # a build config is a few KB; an explicit 256-node tree is under 100 KB
+MAX_NODES = 100_000  # scalars + containers after YAML alias expansion
+MAX_PROBLEMS = 50  # config errors printed
+MAX_PROBLEM_CHARS = 1600  # characters of one printed problem (the longest message we write is ~800)
+
+
+class ConfigError(Exception):
+    """Raised with every problem found in a config; `problems` is a list of one-line messages."""
+
+    def __init__(self, problems: list[str], source: str = "config") -> None:
+        self.problems = problems
+        shown = bounded_problems(problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in shown))
+
+
+def load_yaml(text: str, source: str) -> dict[str, Any]:
+    """YAML -> a mapping, refusing oversized text and alias expansion beyond MAX_NODES (an alias bomb is a few
+    lines that expand to billions of nodes: every consumer after the parser would walk them)."""
+    if len(text.encode()) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"the file has {len(text.encode()):,} bytes; a build config is at most "
+                           f"{MAX_CONFIG_BYTES:,} (a few KB is usual): use a tree preset or a shorter list"], source)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"malformed YAML: {bounded(str(e))}"], source) from None
+    problem = expansion_problem(data)
+    if problem:
+        raise ConfigError([problem], source)
+    if not isinstance(data, dict):
+        raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], source)
+    return data
+
+
+def expansion_problem(data: object) -> str | None:
+    """Count nodes as every consumer sees them (each alias use counts again); stop at MAX_NODES."""
+    stack, seen = [data], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            return (f"the config expands to more than {MAX_NODES:,} values (YAML anchors and aliases repeat what "
+                    "they name, and a self-referencing alias never ends); write the values out without aliases")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
+def choices_problem(value: object, limit: int) -> str | None:
+    """tree.choices bounded before the tree is built: at most `limit` paths of at most `limit` ranks."""
+    if not isinstance(value, list):
+        return None
+    if len(value) > limit:
+        return f"{len(value)} paths; TensorRT-LLM allows at most {limit} draft tokens (tree nodes)"
+    long = next((p for p in value if isinstance(p, list) and len(p) > limit), None)
+    if long is not None:
+        return f"a path of {len(long)} ranks; a tree is at most {limit} deep"
+    return None
+
+
+def bounded(text: str, limit: int = MAX_PROBLEM_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    # Head and tail: a message ends with its fix, and the value echoed in its middle is what can be megabytes.
+    half = limit // 2
+    return f"{text[:half]}... ({len(text) - 2 * half:,} more characters) ...{text[-half:]}"
+
+
+def bounded_problems(problems: list[str]) -> list[str]:
+    """At most MAX_PROBLEMS problems of at most MAX_PROBLEM_CHARS characters each (a value echoed in an error can
+    be megabytes)."""
+    shown = [bounded(p) for p in problems[:MAX_PROBLEMS]]
+    if len(problems) > MAX_PROBLEMS:
+        shown.append(f"... and {len(problems) - MAX_PROBLEMS} more problem(s); fix these first")
+    return shown
+
+
+PATH_FIELDS = (("target", "model"), ("draft", "model"), ("draft", "draft_vocab"), ("tree", "schedule_file"),
+               ("monitoring", "calibration_prompts"), (None, "output_dir"))
+
+
+def resolve_paths(data: dict[str, Any], base: Path) -> list[str]:
+    """Resolve relative paths against the config's directory; an empty one is refused (it would silently mean
+    that directory)."""
+    problems = []
+    for section, key in PATH_FIELDS:
+        sec = data if section is None else data.get(section)
+        if not isinstance(sec, dict) or not isinstance(sec.get(key), str):
+            continue
+        if not sec[key].strip():
+            where = key if section is None else f"{section}.{key}"
+            problems.append(f"{where}: empty path {sec[key]!r}; give a path (relative paths are relative to the "
+                            "config file)")
+            sec.pop(key)
+            continue
+        sec[key] = resolve_path(sec[key], base)
+    return problems
+
+
+def resolve_path(value: str, base: Path) -> str:
+    if value == "random" or value.startswith("pip:"):
+        return value
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Apply `a.b=value` overrides in place (value parsed as YAML). Returns problems."""
+    problems = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. --set engine.max_batch_size=8")
+            continue
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.append(f"--set {item!r}: {part!r} is not a section")
+                break
+            node = child
+        else:
+            try:
+                node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+            except yaml.YAMLError as e:
+                problems.append(f"--set {item!r}: the value is not valid YAML ({e.__class__.__name__}); quote it")
+    return problems
+
+
+def format_pydantic(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            out.append(f"{loc}: unknown key (value {bounded(repr(e['input']), 200)}); remove it or check the spelling")
+        elif e["type"] == "missing":
+            out.append(f"{loc}: required field is missing; add it")
+        elif e["type"] == "value_error" and not e["loc"]:
+            msg = str(e["ctx"]["error"]) if "ctx" in e else e["msg"]
+            out.extend(msg.split("\n"))
+        else:
+            out.append(f"{loc}: {e['msg']} (got {bounded(repr(e['input']), 200)})")
+    return out

@@ -1,0 +1,240 @@
+"""Hostile requests on the real tritonserver (the shared tiny reference build, tests/triton_build.py): every input is
+bounded before any work (triton_repo/models/bounds.py), every malformed request gets INVALID_ARGUMENT naming what
+was wrong and never a traceback, a stop request reaches only requests whose id only their sender knows, and good
+streams decoding meanwhile get exactly their solo output."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tests.test_triton_isolation import _call, llm_inputs, solo_ids  # noqa: E402
+from tests.test_triton_server import _stop_inputs, _wait_idle  # noqa: E402
+from tests.triton_build import MAX_INPUT  # noqa: E402
+from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of  # noqa: E402
+from tests.triton_servers import metric  # noqa: E402
+from triton_repo.launch import TritonServer  # noqa: E402
+from triton_repo.models import bounds  # noqa: E402
+
+pytestmark = pytest.mark.server
+N = 40
+TRITON_SHAPE = "unexpected shape for input '{}'"
+LEAKS = ("Traceback", 'File "', "site-packages", "/usr/", "line ")  # what a traceback would show
+
+
+@pytest.fixture(scope="module")
+def engine(triton_build_dir: Any) -> Any:
+    from engines.api import ReferenceEngine
+
+    return ReferenceEngine.from_build(triton_build_dir, device="cpu")
+
+
+def arr_input(name: str, arr: np.ndarray, datatype: str) -> Any:
+    i = tritonclient_grpc.InferInput(name, list(arr.shape), datatype)
+    i.set_data_from_numpy(arr)
+    return i
+
+
+def words(values: list[bytes]) -> np.ndarray:
+    return np.array([values], dtype=object)
+
+
+def text_requests(vocab: int) -> dict[str, tuple[list[Any], str]]:
+    """Requests of the ensemble contract (ensemble and BLS) that must be refused, with the message each gets."""
+    ok = [infer_input("max_tokens", 4, "INT32")]
+    two = arr_input("text_input", np.array([[PROMPT.encode(), b"another prompt"]], dtype=object), "BYTES")
+    return {
+        # Shapes the config declares [1] are refused by Triton itself (before any model runs).
+        "two prompts": ([two, *ok], TRITON_SHAPE.format("text_input")),
+        "two max_tokens": ([infer_input("text_input", PROMPT, "BYTES"),
+                            arr_input("max_tokens", np.array([[4, 5]], np.int32), "INT32")], TRITON_SHAPE.format("max_tokens")),
+        "stop-word flood": ([infer_input("text_input", PROMPT, "BYTES"), *ok,
+                             arr_input("stop_words", words([b"w%d" % i for i in range(200_000)]), "BYTES")],
+                            f"stop_words has 200000 entries > {bounds.MAX_STOP_WORDS}"),
+        "long stop word": ([infer_input("text_input", PROMPT, "BYTES"), *ok,
+                            arr_input("stop_words", words([b"x" * 5000]), "BYTES")],
+                           f"stop_words[0] has 5000 bytes > {bounds.MAX_STOP_WORD_BYTES}"),
+        "stop bytes in all": ([infer_input("text_input", PROMPT, "BYTES"), *ok,
+                               arr_input("stop_words", words([b"y" * 1000] * 60), "BYTES")],
+                              f"stop_words holds 60000 bytes > {bounds.MAX_STOP_TOTAL_BYTES} in all"),
+        "stop word not UTF-8": ([infer_input("text_input", PROMPT, "BYTES"), *ok,
+                                 arr_input("stop_words", words([b"ok", b"\xc3\x28"]), "BYTES")],
+                                "stop_words[1] is not valid UTF-8"),
+        "end_id past vocab": (inputs(PROMPT, 4, end_id=(vocab, "INT32")),
+                              f"end_id={vocab} is out of range: token ids must be in [0, "),
+        "end_id negative": (inputs(PROMPT, 4, end_id=(-5, "INT32")), "end_id=-5 is out of range"),
+        "pad_id huge": (inputs(PROMPT, 4, pad_id=(10**9, "INT32")), "pad_id=1000000000 is out of range"),
+        "pad_id -1": (inputs(PROMPT, 4, pad_id=(-1, "INT32")), "pad_id=-1 is out of range"),
+        "two temperatures": (inputs(PROMPT, 4) + [arr_input("temperature", np.array([[0.0, 1.0]], np.float32), "FP32")],
+                             TRITON_SHAPE.format("temperature")),
+        "prompt bytes": (inputs("x" * 10**6, 4), "text_input has 1000000 bytes >"),
+    }
+
+
+def llm_requests(prompt_ids: list[int], vocab: int) -> dict[str, tuple[list[Any], str]]:
+    """Requests to the tensorrt_llm model itself (token ids) that must be refused."""
+    def swl(ids: list[int], offsets: list[int]) -> Any:
+        return arr_input("stop_words_list", np.array([[ids, offsets]], np.int32), "INT32")
+
+    return {
+        "negative stop id": (llm_inputs(prompt_ids, 4) + [swl([5, -3, 7], [1, 3, -1])],
+                             "stop_words_list[0][1]=-3 is out of range"),
+        "stop id past vocab": (llm_inputs(prompt_ids, 4) + [swl([vocab + 1], [1])],
+                               f"stop_words_list[0][0]={vocab + 1} is out of range"),
+        "stop offsets": (llm_inputs(prompt_ids, 4) + [swl([5, 6, 7], [3, 1, -1])],
+                         "stop_words_list: end offsets [3, 1] must increase"),
+        "stop ids flood": (llm_inputs(prompt_ids, 4) + [swl([1] * 100_000, [100_000] + [-1] * 99_999)],
+                           f"stop_words_list holds 100000 ids > {bounds.MAX_WORD_IDS}"),
+        "end_id past vocab": (llm_inputs(prompt_ids, 4, end_id=(vocab, "INT32")), f"end_id={vocab} is out of range"),
+        "pad_id negative": (llm_inputs(prompt_ids, 4, pad_id=(-2, "INT32")), "pad_id=-2 is out of range"),
+        "ids flood": (llm_inputs([1] * 1_000_000, 4), f"input_ids holds 1000000 ids > max_input_len={MAX_INPUT}"),
+        "two lengths": ([*llm_inputs(prompt_ids, 4)[:1],
+                         arr_input("input_lengths", np.array([[2, 3]], np.int32), "INT32"),
+                         *llm_inputs(prompt_ids, 4)[2:]], TRITON_SHAPE.format("input_lengths")),
+    }
+
+
+def _refused(results: dict[str, Any], expected: dict[str, str]) -> None:
+    for k, message in expected.items():
+        err = results[k]
+        assert isinstance(err, InferenceServerException), (k, err)
+        # On a stream without the triton_grpc_error header Triton sends errors without a status code
+        # (tests/test_triton_grpc_status.py has the header and the codes); with it, INVALID_ARGUMENT.
+        assert err.status() in (None, "StatusCode.INVALID_ARGUMENT"), (k, err.status(), err.message())
+        assert message in err.message(), (k, err.message())
+        assert not any(leak in err.message() for leak in LEAKS), (k, err.message())
+        assert len(err.message()) < 1000, (k, len(err.message()))
+
+
+def test_hostile_requests_are_refused_by_name_while_good_streams_get_their_solo_output(
+    triton_server: TritonServer, engine: Any
+) -> None:
+    """Each hostile request through ensemble, BLS and the tensorrt_llm model itself, sent while three good greedy
+    streams decode: each is refused with INVALID_ARGUMENT and its message (no traceback), and each good stream's
+    output equals the engine's solo output."""
+    _wait_idle(triton_server)
+    tok, vocab = engine.tokenizer, len(engine.tokenizer)
+    prompt_ids = tok.encode(PROMPT, add_special_tokens=True)
+    good = {
+        "good ensemble": ("ensemble", inputs(PROMPT, N, end_id=(-1, "INT32"), stream=(True, "BOOL"))),
+        "good bls": ("tensorrt_llm_bls", inputs(PROMPT, N, end_id=(-1, "INT32"), stream=(True, "BOOL"))),
+        "good llm": ("tensorrt_llm", llm_inputs(prompt_ids, N, end_id=(-1, "INT32"))),
+    }
+    bad: dict[str, tuple[str, list[Any]]] = {}
+    expected: dict[str, str] = {}
+    for model in ("ensemble", "tensorrt_llm_bls"):
+        for k, (ins, msg) in text_requests(vocab).items():
+            bad[f"{model}: {k}"], expected[f"{model}: {k}"] = (model, ins), msg
+    for k, (ins, msg) in llm_requests(prompt_ids, engine.vocab_size).items():
+        bad[f"llm: {k}"], expected[f"llm: {k}"] = ("tensorrt_llm", ins), msg
+    results: dict[str, Any] = {}
+    threads = {k: threading.Thread(target=_call, args=(triton_server.grpc_url, m, ins, results, k))
+               for k, (m, ins) in {**good, **bad}.items()}  # fmt: skip
+    for k in good:
+        threads[k].start()
+    deadline = time.time() + 60
+    while metric(triton_server, "eagle_llm_requests_in_flight") < len(good) and time.time() < deadline:
+        time.sleep(0.01)
+    for k in bad:  # a few at a time: the server's queue bound is not under test here
+        threads[k].start()
+        threads[k].join(timeout=120)
+    for t in threads.values():
+        t.join(timeout=300)
+    _refused(results, expected)
+    ids = solo_ids(engine, prompt_ids, N)
+    assert text_of(results["good ensemble"]) == tok.decode(ids, skip_special_tokens=True)
+    assert text_of(results["good bls"]) == tok.decode(ids, skip_special_tokens=True)
+    assert [int(x) for r in results["good llm"] for x in r["output_ids"].reshape(-1)] == ids
+    _wait_idle(triton_server)
+
+
+def _stopper(url: str, ids: list[str], answers: dict[str, Any], done: threading.Event) -> None:
+    c = tritonclient_grpc.InferenceServerClient(url)
+    try:
+        while not done.is_set():
+            for rid in ids:
+                try:
+                    answers[rid] = stream_call(c, "tensorrt_llm", _stop_inputs(), request_id=rid)
+                except InferenceServerException as e:
+                    answers[rid] = e
+    finally:
+        c.close()
+
+
+def test_a_stop_request_never_reaches_another_clients_request(triton_server: TritonServer, engine: Any) -> None:
+    """Victims stream through the ensemble (ids of their own choosing: short ones, and 128-bit ones the attacker
+    cannot know) and through BLS (whose ids the server mints), while an attacker floods the tensorrt_llm model with
+    upstream's stop request for the ids it can guess: the victims' short ids, BLS-shaped ids, random 128-bit ids.
+    Every victim gets its whole solo output; a stop for an id without 32 hex digits is refused by name."""
+    _wait_idle(triton_server)
+    tok = engine.tokenizer
+    prompt_ids = tok.encode(PROMPT, add_special_tokens=True)
+    want = tok.decode(solo_ids(engine, prompt_ids, N), skip_special_tokens=True)
+    secret = uuid.uuid4().hex
+    victims = {"1": "ensemble", "victim-2": "ensemble", f"mine-{secret}": "ensemble", "": "tensorrt_llm_bls"}
+    guesses = ["1", "victim-2", "bls-1", "bls-2", *(f"bls-{os.getpid()}-{n}" for n in range(1, 5)),
+               *(f"bls-{n}-{uuid.uuid4().hex}" for n in range(1, 5)), uuid.uuid4().hex]
+    results: dict[str, Any] = {}
+    answers: dict[str, Any] = {}
+    done = threading.Event()
+    attacker = threading.Thread(target=_stopper, args=(triton_server.grpc_url, guesses, answers, done))
+    attacker.start()
+
+    def victim(rid: str, model: str) -> None:
+        c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
+        try:
+            results[rid] = stream_call(c, model, inputs(PROMPT, N, end_id=(-1, "INT32"), stream=(True, "BOOL")),
+                                       request_id=rid)
+        except InferenceServerException as e:
+            results[rid] = e
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=victim, args=item) for item in victims.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    done.set()
+    attacker.join(timeout=120)
+    for rid in victims:
+        assert not isinstance(results[rid], Exception), (rid, results[rid])
+        assert text_of(results[rid]) == want, rid
+    for rid in ("1", "victim-2", "bls-1"):
+        err = answers[rid]
+        assert isinstance(err, InferenceServerException) and err.status() in (None, "StatusCode.INVALID_ARGUMENT"), err
+        assert f"stop: request id {rid!r} has no 32 hex digits" in err.message()
+    assert answers[guesses[-1]] == []  # a well-formed id: the same empty answer, found or not
+    _wait_idle(triton_server)
+
+
+def test_the_owner_can_still_stop_its_own_request(triton_server: TritonServer) -> None:
+    """A client that gave its request an id only it knows stops it with upstream's stop request (the id a BLS or
+    our clients use)."""
+    _wait_idle(triton_server)
+    rid = f"own-{uuid.uuid4().hex}"
+    before = metric(triton_server, "eagle_llm_requests_cancelled_total")
+    results: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: results.update(r=stream_call(
+        tritonclient_grpc.InferenceServerClient(triton_server.grpc_url), "ensemble",
+        inputs(PROMPT, 300, end_id=(-1, "INT32"), stream=(True, "BOOL")), request_id=rid)))
+    t.start()
+    deadline = time.time() + 60
+    while metric(triton_server, "eagle_llm_requests_in_flight") < 1 and time.time() < deadline:
+        time.sleep(0.01)
+    c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
+    assert stream_call(c, "tensorrt_llm", _stop_inputs(), request_id=rid) == []
+    c.close()
+    t.join(timeout=120)
+    _wait_idle(triton_server)
+    assert metric(triton_server, "eagle_llm_requests_cancelled_total") == before + 1

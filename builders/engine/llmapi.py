@@ -32,6 +32,7 @@ from builders.config import BuildConfig
 from builders.trtllm import registry
 from builders.trtllm.rules import capture_problems, default_capture
 from core.hfconfig import ModelConfigError, aux_layer_ids
+from core.trees import DraftTree, DynamicTree
 
 TRTLLM_SERVE = "trtllm-serve"
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -91,17 +92,17 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         spec["eagle3_layers_to_capture"] = capture
     elif sorted(capture) != default_capture(num_target_layers):
         raise LlmApiError("; ".join(capture_problems(v.key, capture, num_target_layers)))
-    tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
-    if tree is not None and not tree.is_chain():
+    tree = cfg.draft_tree
+    if isinstance(tree, DraftTree) and not tree.is_chain():
         if not v.static_trees:  # the config validation refuses it; a BuildConfig made by hand may still hold one
             raise LlmApiError(f"{v.name} has no static trees (eagle_choices); use tree.dynamic or a chain")
         if v.max_total_draft_tokens:
             spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["eagle_choices"] = tree.as_lists()  # the LLM API YAML value: plain lists
-    elif dyn is not None:
+    elif isinstance(tree, DynamicTree):
         spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["use_dynamic_tree"] = True
-        spec["dynamic_tree_max_topK"] = dyn.top_k
+        spec["dynamic_tree_max_topK"] = tree.top_k
     return spec
 
 

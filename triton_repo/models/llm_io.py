@@ -6,26 +6,16 @@ Sampling follows TensorRT-LLM's rules: temperature 0, top_k 1, or top_k 0 with t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from core.types import Limits
+from core.types import Limits, SamplingParams
 from triton_repo import contract as C
 from triton_repo.models.common import RequestError, parse_word_list, scalar, tensor
 
 LLM_IN = C.by_name(C.LLM_INPUTS)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    greedy: bool
-    temperature: float
-    top_k: int
-    top_p: float  # 1.0 = off
-    seed: int
 
 
 @dataclass
@@ -34,22 +24,25 @@ class Parsed:
     max_new_tokens: int
     end_id: int
     stop_strings: list[str]
-    sampling: Sampling
+    sampling: SamplingParams
     streaming: bool
     exclude_input: bool
     perf: bool
     request: Any = None  # the engine's request object (engines.api.GenerationRequest for the reference engine)
 
 
-def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> Sampling:
-    if not math.isfinite(temperature) or temperature < 0:
-        raise RequestError(f"temperature={temperature} must be a finite number >= 0 (0 = greedy)")
-    if top_k < 0:
-        raise RequestError(f"top_k={top_k} must be >= 0 (0 = off)")
-    if not 0.0 <= top_p <= 1.0:  # also refuses NaN
-        raise RequestError(f"top_p={top_p} must be in [0, 1] (0 = off)")
-    greedy = temperature == 0.0 or top_k == 1 or (top_k == 0 and top_p == 0.0)
-    return Sampling(greedy, float(temperature), int(top_k), float(top_p) if top_p > 0 else 1.0, int(seed))
+def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> SamplingParams:
+    """TensorRT-LLM's wire conventions -> the engine's SamplingParams, whose check is the one validation (its
+    messages are the ones reported): top_p 0 = off (1.0); temperature 0, top_k 1, or top_k 0 with top_p 0 = greedy
+    (temperature 0; top_k and top_p kept for a backend that reads them)."""
+    off = top_p == 0.0
+    try:
+        s = SamplingParams(temperature=temperature, top_k=top_k, top_p=1.0 if off else top_p, seed=seed)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    if s.greedy or top_k == 1 or (top_k == 0 and off):
+        return SamplingParams(temperature=0.0, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    return s
 
 
 def parse_request(pb_utils: Any, request: Any, limits: Limits, vocab_size: int | None, tokenizer: Any,
@@ -66,13 +59,8 @@ def parse_request(pb_utils: Any, request: Any, limits: Limits, vocab_size: int |
     prompt = [int(x) for x in ids[0, :n_in]]
     check_token_ids(prompt, vocab_size)
     n_out = int(scalar(pb_utils, request, LLM_IN["request_output_len"]))
-    if n_out <= 0:
-        raise RequestError(f"request_output_len (max_tokens)={n_out} must be >= 1")
-    if n_in > limits.max_input_len:
-        raise RequestError(f"prompt has {n_in} tokens > max_input_len={limits.max_input_len}; shorten it")
-    if n_in + n_out > limits.max_seq_len:
-        raise RequestError(f"prompt tokens {n_in} + max_tokens {n_out} > max_seq_len={limits.max_seq_len}; lower "
-                           f"max_tokens to at most {limits.max_seq_len - n_in}")
+    if problem := limits.length_problem(n_in, n_out, "request_output_len (max_tokens)"):
+        raise RequestError(problem)
     beam = int(scalar(pb_utils, request, LLM_IN["beam_width"]))
     if beam != 1:
         raise RequestError(f"beam_width={beam}: only 1 is supported (speculative decoding has no beam search)")
@@ -124,48 +112,9 @@ def stop_request_tensors(pb_utils: Any) -> list[Any]:
 
 
 def reference_request(p: Parsed) -> Any:
-    from engines.api import GenerationRequest, SamplingParams
+    from engines.api import GenerationRequest
 
-    s = p.sampling
-    params = (
-        SamplingParams(temperature=0.0)
-        if s.greedy
-        else SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
-    )
     return GenerationRequest(
-        prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens, sampling=params, stop_token_ids=[p.end_id],
+        prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens, sampling=p.sampling, stop_token_ids=[p.end_id],
         stop_strings=p.stop_strings,
     )  # fmt: skip
-
-
-def ids_tensors(pb_utils: Any, ids: list[int], cancel_handle: str = "") -> list[Any]:
-    """`output_ids` and `sequence_length`, plus the sequence's `cancel_handle` when given (models/cancel_channel.py:
-    the ensemble passes it to postprocessing with every response)."""
-    arr = np.asarray(ids, dtype=np.int32).reshape(1, 1, -1)
-    out = [pb_utils.Tensor("output_ids", arr), pb_utils.Tensor("sequence_length", np.array([[len(ids)]], np.int32))]
-    if cancel_handle:
-        out.append(pb_utils.Tensor("cancel_handle", np.array([[cancel_handle.encode("ascii")]], dtype=object)))
-    return out
-
-
-def perf_tensors(pb_utils: Any, accepted: int, drafted: int) -> list[Any]:
-    rate = accepted / drafted if drafted else 0.0
-    return [
-        pb_utils.Tensor("acceptance_rate", np.array([[rate]], np.float32)),
-        pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
-        pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
-    ]
-
-
-def final_response(
-    pb_utils: Any, p: Parsed, output_ids: list[int], accepted: int, drafted: int, cancel_handle: str = ""
-) -> Any:
-    """Streaming: the chunks went out already, so the final response carries no tokens (only the metrics when
-    asked; None = send the FINAL flag alone). Not streaming: all ids (prompt first unless exclude_input)."""
-    perf = perf_tensors(pb_utils, accepted, drafted) if p.perf else []
-    if p.streaming:
-        if not perf:
-            return None
-        return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, [], cancel_handle) + perf)
-    ids = list(output_ids) if p.exclude_input else p.prompt_ids + list(output_ids)
-    return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, ids, cancel_handle) + perf)

@@ -60,7 +60,7 @@ class TritonPythonModel:
         # The limits come from the engine's spec (reference.json), the one source; the Triton stage checked at build
         # time that model.yaml's copies (what TensorRT-LLM's LLM reads) agree with it.
         limits = self.engine.limits
-        self.max_seq_len, self.max_input_len = limits.max_seq_len, limits.max_input_len
+        self.limits = limits
         session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=True,
                                       on_tokens=self._on_tokens)  # fmt: skip
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
@@ -73,8 +73,7 @@ class TritonPythonModel:
                 self._stop(r.request_id(), sender)
                 continue
             try:
-                parsed = self.io.parse(pb_utils, r, self.tokenizer, self.max_input_len, self.max_seq_len,
-                                       DEFAULT_MAX_TOKENS)  # fmt: skip
+                parsed = self.io.parse(pb_utils, r, self.tokenizer, self.limits, DEFAULT_MAX_TOKENS)
                 if parsed.streaming and not self.decoupled:
                     raise self.io.RequestError("Streaming is only supported in decoupled mode.")
             except self.io.RequestError as e:

@@ -16,15 +16,18 @@ class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
         from triton_repo import contract
+        from core.types import Limits
         from triton_repo.models import common, llm_io
 
         self.C, self.common, self.io = contract, common, llm_io
-        p = common.Params(common.model_config(args))
+        cfg = common.model_config(args)
+        p = common.Params(cfg)
         self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
         self.max_input_len = p.int("max_input_len")
         self.max_text_bytes, self.bytes_per_token = common.max_text_bytes(self.tokenizer, self.max_input_len)
         self.max_seq_len = p.int("max_seq_len")
+        self.limits = Limits(int(cfg["max_batch_size"]), self.max_input_len, self.max_seq_len)
         self.greedy_only = p.bool("greedy_only")
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
 
@@ -66,15 +69,8 @@ class TritonPythonModel:
                 raise common.RequestError(f"text_input is not valid UTF-8 ({e.reason} at byte {e.start})") from None
             n_out = int(out_len[b].reshape(-1)[0])
             tok = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
-            if n_out <= 0:
-                raise common.RequestError(f"max_tokens={n_out} must be >= 1")
-            if len(tok) > self.max_input_len:
-                raise common.RequestError(
-                    f"prompt has {len(tok)} tokens > max_input_len={self.max_input_len}; shorten it")
-            if len(tok) + n_out > self.max_seq_len:
-                raise common.RequestError(
-                    f"prompt tokens {len(tok)} + max_tokens {n_out} = {len(tok) + n_out} > max_seq_len="
-                    f"{self.max_seq_len}; lower max_tokens to at most {self.max_seq_len - len(tok)}")
+            if problem := self.limits.length_problem(len(tok), n_out, "max_tokens"):
+                raise common.RequestError(problem)
             ids.append(tok)
             words = [] if stop is None else [w for w in stop[b].reshape(-1).tolist() if w not in (b"", "")]
             try:

@@ -84,7 +84,7 @@ _OUTPUTS = (
         note="sent when request_perf_metrics is present (sampling_param_return_perf_metrics)")
 )
 
-_MIRROR = rows_of("triton.llmapi.parameter", ("project_root", "build_dir", "max_queue_size"), MIRROR, type="str",
+_MIRROR = rows_of("triton.llmapi.parameter", ("build_dir", "max_queue_size"), MIRROR, type="str",
                   required=True,
                   versions=V, note="reference engine only (engine.backend reference); upstream's model takes none")
 

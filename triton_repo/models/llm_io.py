@@ -118,3 +118,36 @@ def reference_request(p: Parsed) -> Any:
         prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens, sampling=p.sampling, stop_token_ids=[p.end_id],
         stop_strings=p.stop_strings,
     )  # fmt: skip
+
+
+def ids_tensors(pb_utils: Any, ids: list[int], cancel_handle: str = "") -> list[Any]:
+    """`output_ids` and `sequence_length`, plus the sequence's `cancel_handle` when given (models/cancel_channel.py:
+    the ensemble passes it to postprocessing with every response)."""
+    arr = np.asarray(ids, dtype=np.int32).reshape(1, 1, -1)
+    out = [pb_utils.Tensor("output_ids", arr), pb_utils.Tensor("sequence_length", np.array([[len(ids)]], np.int32))]
+    if cancel_handle:
+        out.append(pb_utils.Tensor("cancel_handle", np.array([[cancel_handle.encode("ascii")]], dtype=object)))
+    return out
+
+
+def perf_tensors(pb_utils: Any, accepted: int, drafted: int) -> list[Any]:
+    rate = accepted / drafted if drafted else 0.0
+    return [
+        pb_utils.Tensor("acceptance_rate", np.array([[rate]], np.float32)),
+        pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
+        pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
+    ]
+
+
+def final_response(
+    pb_utils: Any, p: Parsed, output_ids: list[int], accepted: int, drafted: int, cancel_handle: str = ""
+) -> Any:
+    """Streaming: the chunks went out already, so the final response carries no tokens (only the metrics when
+    asked; None = send the FINAL flag alone). Not streaming: all ids (prompt first unless exclude_input)."""
+    perf = perf_tensors(pb_utils, accepted, drafted) if p.perf else []
+    if p.streaming:
+        if not perf:
+            return None
+        return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, [], cancel_handle) + perf)
+    ids = list(output_ids) if p.exclude_input else p.prompt_ids + list(output_ids)
+    return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, ids, cancel_handle) + perf)

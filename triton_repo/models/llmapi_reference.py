@@ -16,7 +16,6 @@ The engine and its draft tree come from `<build_dir>/engine/reference.json`; mod
 describe the same tree (checked at load). Requests are batched in flight by triton_repo/models/batcher.py.
 """
 
-import json
 import os
 import sys
 
@@ -28,33 +27,24 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 DEFAULT_MAX_TOKENS = 32
 
 
-def _params(args):
-    cfg = json.loads(args["model_config"])
-    try:
-        return {k: cfg["parameters"][k]["string_value"] for k in ("project_root", "build_dir", "max_queue_size")}
-    except KeyError:
-        raise KeyError(f"model {cfg['name']}: parameters project_root/build_dir/max_queue_size missing; render with "
-                       "builders/triton/render.py") from None
-
-
 class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
-        p = _params(args)
         from pathlib import Path
 
         import yaml
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
-        from triton_repo.models import batcher, llmapi_io
+        from triton_repo.models import batcher, common, llmapi_io
 
         self.C, self.io, self.batcher_mod = contract, llmapi_io, batcher
         here = os.path.dirname(os.path.abspath(__file__))
         with open(os.environ.get("LLM_CONFIG_PATH", os.path.join(here, "model.yaml"))) as f:
             doc = yaml.safe_load(f)
         self.decoupled = bool(doc["triton_config"]["decoupled"])
-        self.engine = ReferenceEngine.from_build(Path(p["build_dir"]))
+        p = common.Params.of(args)
+        self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
         llmapi_io.check_tree(doc.get("speculative_config") or {}, self.engine.tree)
         self.tokenizer = self.engine.tokenizer
         # The limits come from the engine's spec (reference.json), the one source; the Triton stage checked at build
@@ -64,7 +54,7 @@ class TritonPythonModel:
         session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=True,
                                       on_tokens=self._on_tokens)  # fmt: skip
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
-                                       max_queue_size=int(p["max_queue_size"]))
+                                       max_queue_size=p.int("max_queue_size"))
 
     def execute(self, requests):
         for r in requests:

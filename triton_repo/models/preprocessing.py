@@ -21,8 +21,8 @@ class TritonPythonModel:
 
         self.C, self.common, self.io = contract, common, llm_io
         cfg = common.model_config(args)
-        p = common.Params(cfg)
-        self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
+        p = common.Params.of(args)
+        self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
         self.max_input_len = p.int("max_input_len")
         self.max_text_bytes, self.bytes_per_token = common.max_text_bytes(self.tokenizer, self.max_input_len)

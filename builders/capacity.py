@@ -14,12 +14,21 @@ The draft head's own small KV cache and activations are not counted: the check i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from core.hfconfig import LlamaSpec
 
-if TYPE_CHECKING:
-    from builders.config import BuildConfig
+
+class BuildConfig(Protocol):
+    """What the budget reads of builders.config.BuildConfig (a Protocol, so that module and this one import in one
+    direction only)."""
+
+    engine: Any
+    quantization: Any
+    parallel: Any
+    target: Any
+
+    def limits(self) -> Any: ...
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

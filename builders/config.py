@@ -267,7 +267,7 @@ class BuildConfig(Strict):
 
     # ---- derived values (the single source of truth) ----------------------------------------------------------
     @functools.cached_property
-    def draft_tree(self) -> trees.DraftTree | trees.DynamicTree:
+    def draft_tree(self) -> trees.Tree:
         """The validated tree, built once per config (the config is frozen); raises TreeError for a bad one."""
         t = self.tree
         if t.dynamic is not None:
@@ -277,10 +277,9 @@ class BuildConfig(Strict):
         return trees.DraftTree.from_choices(trees.preset(t.choices) if isinstance(t.choices, str) else t.choices)
 
     def static_tree(self) -> trees.DraftTree | None:
-        return self.draft_tree if self.tree.choices is not None else None  # type: ignore[return-value]
-
-    def dynamic_tree(self) -> trees.DynamicTree | None:
-        return self.draft_tree if self.tree.dynamic is not None else None  # type: ignore[return-value]
+        """The tree when it is static (what the consumers that take `eagle_choices` only need), else None."""
+        tree = self.draft_tree
+        return tree if isinstance(tree, trees.DraftTree) else None
 
     def limits(self) -> DerivedLimits:
         return derive_limits(self)

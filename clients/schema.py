@@ -168,8 +168,9 @@ def _specs(entries: list[dict[str, Any]], where: str) -> dict[str, TensorSpec]:
     return specs
 
 
-def from_model_config(cfg: Mapping[str, Any], source: str = "server model config") -> Schema:
-    """Schema from a Triton model config in its JSON form (as `get_model_config(..., as_json=True)["config"]`)."""
+def from_model_config(cfg: Mapping[str, Any], source: str = "server model config", repo: Path | None = None) -> Schema:
+    """Schema from a Triton model config in its JSON form (as `get_model_config(..., as_json=True)["config"]`);
+    `repo`: the repository it was read from on disk (its relative paths are relative to it)."""
     for key in ("name", "input", "output"):
         if key not in cfg:
             raise SchemaError(f"{source}: model config has no {key!r} (keys: {sorted(cfg)})")
@@ -181,7 +182,7 @@ def from_model_config(cfg: Mapping[str, Any], source: str = "server model config
         inputs=_specs(cfg["input"], f"{source} {name}"),
         outputs=_specs(cfg["output"], f"{source} {name}"),
         source=source,
-        tokenizer=_param(cfg, "tokenizer_dir"),
+        tokenizer=_tokenizer_path(_param(cfg, "tokenizer_dir"), repo),
     )
 
 
@@ -220,17 +221,27 @@ def _param(cfg: Mapping[str, Any], key: str) -> str | None:
     return value or None
 
 
-def find_tokenizer(cfg: Mapping[str, Any], get_config: ConfigGetter) -> str | None:
+def _tokenizer_path(value: str | None, repo: Path | None) -> str | None:
+    """A `tokenizer_dir` the client can open: absolute as given, relative resolved against the repository on disk.
+    A relative one read from a server names a directory next to the server's repository, which a client cannot
+    locate: None (the commands then ask for --tokenizer)."""
+    if value is None or Path(value).is_absolute():
+        return value
+    return None if repo is None else str((repo / value).resolve())
+
+
+def find_tokenizer(cfg: Mapping[str, Any], get_config: ConfigGetter, repo: Path | None = None) -> str | None:
     """The `tokenizer_dir` parameter of the model, else of the first ensemble step that has one (the upstream
-    preprocessing/postprocessing models carry it). `get_config(name)` returns a model's JSON config or None."""
+    preprocessing/postprocessing models carry it). `get_config(name)` returns a model's JSON config or None;
+    `repo`: the repository on disk the configs come from (None: a server)."""
     own = _param(cfg, "tokenizer_dir")
     if own:
-        return own
+        return _tokenizer_path(own, repo)
     for step in cfg.get("ensemble_scheduling", {}).get("step", []):  # absent for non-ensemble models
         sub = get_config(step["model_name"])
         found = _param(sub, "tokenizer_dir") if sub is not None else None
         if found:
-            return found
+            return _tokenizer_path(found, repo)
     return None
 
 
@@ -259,8 +270,8 @@ def from_repository(repo: Path, model: str = "ensemble") -> Schema:
     cfg = get(model)
     if cfg is None:
         raise SchemaError(f"{repo} has neither {CLIENT_FILE} nor {model}/config.pbtxt; pass the rendered repository")
-    schema = from_model_config(cfg, source=f"{repo / model / 'config.pbtxt'}")
-    return replace(schema, tokenizer=find_tokenizer(cfg, get))
+    schema = from_model_config(cfg, source=f"{repo / model / 'config.pbtxt'}", repo=repo)
+    return replace(schema, tokenizer=find_tokenizer(cfg, get, repo))
 
 
 CLIENT_FILE = "client.json"  # builders/triton/render.py writes it into the repository root
@@ -293,7 +304,7 @@ def from_descriptor(path: Path) -> Schema:
     repo = path.parent
     get = repo_config_getter(repo)
     ensemble = get(desc["model"])
-    tokenizer = desc.get("tokenizer") or (None if ensemble is None else find_tokenizer(ensemble, get))
+    tokenizer = desc.get("tokenizer") or (None if ensemble is None else find_tokenizer(ensemble, get, repo))
     return Schema(
         model=desc["model"],
         max_batch_size=int(desc["max_batch_size"]),

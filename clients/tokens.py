@@ -50,7 +50,8 @@ def make_counter(spec: str | None) -> TokenCounter:
     """`whitespace` or a tokenizer directory; None is an error that says what to pass."""
     if spec is None:
         raise ValueError(
-            "cannot count output tokens: the server's model config names no tokenizer (`tokenizer_dir` parameter); "
+            "cannot count output tokens: the model config names no tokenizer this client can open (`tokenizer_dir` "
+            "parameter; a served one is relative to the server's repository); "
             f"pass --tokenizer DIR (the target's Hugging Face directory) or --tokenizer {WHITESPACE}"
         )
     if spec == WHITESPACE:

@@ -8,12 +8,12 @@ directory alone through this file. Paths are relative to the build directory so 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.speculation import SpeculationPolicy
-from core.trees import DynamicTree
+from core.trees import DraftTree, Tree
 
 ENGINE_DIR = "engine"  # the engine stage's directory inside a build directory
 SPEC_FILE = "reference.json"
@@ -26,8 +26,8 @@ class ReferenceSpec(BaseModel):
     draft_type: Literal["eagle", "eagle3"] = Field(description="Head kind.")
     eagle3_head_dir: str | None = Field(description="Normalized EAGLE-3 head dir (eagle3 only), relative.")
     random_head: bool = Field(description="True when the head is randomly initialized (label it everywhere).")
-    tree_choices: list[list[int]] | None = Field(description="Static tree paths (sorted), or None for dynamic.")
-    dynamic_tree: DynamicTree | None = Field(description="EAGLE-2 dynamic tree (validated), or None for static.")
+    tree: Tree = Field(description="The draft tree: {kind: static, paths} or {kind: dynamic, top_k, depth, "
+                                   "total_draft_tokens} (validated when read).")
     dtype: Literal["float16", "bfloat16", "float32"] = Field(description="Compute dtype.")
     device: Literal["auto", "cpu", "cuda"] = Field(description="`auto` = CUDA when present, else CPU.")
     tp: int = Field(ge=1, description="Tensor-parallel size of the checkpoint.")
@@ -56,6 +56,22 @@ class ReferenceSpec(BaseModel):
         p = SpeculationPolicy(self.draft_len_schedule, self.max_concurrency, self.acceptance_rate_window_size,
                               self.acceptance_rate_threshold)
         return None if p.is_static else p
+
+    @model_validator(mode="before")
+    @classmethod
+    def _two_tree_fields(cls, data: Any) -> Any:
+        """reference.json files written before the tree was one field hold `tree_choices` (static paths) or
+        `dynamic_tree`: read them as the one `tree`, so builds already on disk keep loading."""
+        if isinstance(data, dict) and "tree" not in data and ("tree_choices" in data or "dynamic_tree" in data):
+            data = dict(data)
+            choices, dynamic = data.pop("tree_choices", None), data.pop("dynamic_tree", None)
+            if (choices is None) == (dynamic is None):
+                raise ValueError("set exactly one of tree_choices or dynamic_tree (or the one field `tree`)")
+            if choices is not None:
+                data["tree"] = DraftTree.from_choices(choices)
+            else:
+                data["tree"] = {**dynamic, "kind": "dynamic"} if isinstance(dynamic, dict) else dynamic
+        return data
 
     def path(self, build_dir: Path, rel: str) -> Path:
         return (build_dir / rel).resolve()

@@ -16,6 +16,9 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 Path = tuple[int, ...]
 
@@ -100,14 +103,20 @@ def sort_key(path: Path) -> tuple[int, Path]:
 
 @dataclass(frozen=True)
 class DraftTree:
-    """A validated static draft tree, sorted by (depth, path)."""
+    """A validated static draft tree, sorted by (depth, path). Every construction validates (from_choices, or a
+    file holding `{"kind": "static", "paths": ...}` read through `Tree`)."""
 
     paths: tuple[Path, ...]
+    kind: Literal["static"] = "static"
+
+    def __post_init__(self) -> None:
+        validate_paths(self.paths)
+        object.__setattr__(self, "paths", tuple(sorted((tuple(p) for p in self.paths), key=sort_key)))
 
     @classmethod
     def from_choices(cls, choices: list[list[int]] | list[tuple[int, ...]]) -> DraftTree:
         validate_paths(choices)
-        return cls(tuple(sorted((tuple(p) for p in choices), key=sort_key)))
+        return cls(tuple(tuple(p) for p in choices))
 
     @property
     def size(self) -> int:
@@ -194,6 +203,7 @@ class DynamicTree:
     top_k: int
     depth: int
     total_draft_tokens: int
+    kind: Literal["dynamic"] = "dynamic"
 
     def __post_init__(self) -> None:
         if min(self.top_k, self.depth, self.total_draft_tokens) < 1:
@@ -225,6 +235,11 @@ class DynamicTree:
     def drafter_runs(self) -> int:
         """Drafter scratch slots per step: the top_k frontier is run through the drafter at depths 1..depth-1."""
         return (self.depth - 1) * self.top_k
+
+
+# The one tree type: a static tree or an EAGLE-2 dynamic one, told apart by `kind` wherever it is read from a file
+# (core.spec's reference.json). Only the drafting strategy (engines/drafting.py `drafting_for`) dispatches on it.
+Tree = Annotated[DraftTree | DynamicTree, Field(discriminator="kind")]
 
 
 def tree_size_bound(top_k: int, depth: int) -> int:

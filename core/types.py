@@ -31,13 +31,15 @@ class SamplingParams:
         self.check()
 
     def check(self) -> None:
-        """Raise ValueError for values no sampler can use (NaN or infinite temperature: probabilities of NaN)."""
+        """Raise ValueError for values no sampler can use (NaN or infinite temperature: probabilities of NaN). The one
+        domain of the sampling parameters: the serve-time models translate their wire conventions into these values
+        and report these messages (triton_repo/models/llm_io.py `sampling_from`)."""
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature={self.temperature} must be a finite number >= 0 (0 = greedy)")
+            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0 (0 = greedy)")
         if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 = off)")
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = off)")
         if not 0.0 < self.top_p <= 1.0:  # also refuses NaN (every comparison with NaN is false)
-            raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1.0 = off)")
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1.0 = off)")
 
     @property
     def greedy(self) -> bool:
@@ -59,8 +61,8 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError("GenerationRequest.prompt_ids is empty; give at least one token")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"GenerationRequest.max_new_tokens={self.max_new_tokens} must be >= 1")
+        if problem := new_tokens_problem(self.max_new_tokens):
+            raise ValueError(problem)
 
 
 @dataclass
@@ -156,12 +158,21 @@ class Limits:
             self.check_request(i, r)
 
     def check_request(self, i: int, r: GenerationRequest) -> None:
-        if len(r.prompt_ids) > self.max_input_len:
-            raise ValueError(
-                f"request {i}: prompt of {len(r.prompt_ids)} tokens exceeds engine.max_input_len={self.max_input_len}"
-            )
-        if len(r.prompt_ids) + r.max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"request {i}: prompt {len(r.prompt_ids)} + max_new_tokens {r.max_new_tokens} exceeds "
-                f"engine.max_seq_len={self.max_seq_len}; lower max_new_tokens"
-            )
+        if problem := self.length_problem(len(r.prompt_ids), r.max_new_tokens):
+            raise ValueError(f"request {i}: {problem}")
+
+    def length_problem(self, prompt_tokens: int, new_tokens: int, name: str = "max_new_tokens") -> str | None:
+        """The one check of a request's lengths against the build, with the one text every entry point reports (the
+        engine, the serve-time models); `name` is what the caller calls the number of tokens to generate."""
+        if problem := new_tokens_problem(new_tokens, name):
+            return problem
+        if prompt_tokens > self.max_input_len:
+            return f"prompt of {prompt_tokens} tokens exceeds engine.max_input_len={self.max_input_len}; shorten it"
+        if prompt_tokens + new_tokens > self.max_seq_len:
+            return (f"prompt {prompt_tokens} + {name} {new_tokens} exceeds engine.max_seq_len={self.max_seq_len}; "
+                    f"lower {name} to at most {self.max_seq_len - prompt_tokens}")
+        return None
+
+
+def new_tokens_problem(new_tokens: int, name: str = "max_new_tokens") -> str | None:
+    return f"{name}={new_tokens} must be >= 1" if new_tokens < 1 else None

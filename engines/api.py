@@ -18,7 +18,7 @@ import torch
 
 from core.spec import read_spec
 from core.speculation import SpeculationPolicy
-from core.trees import DraftTree, DynamicTree
+from core.trees import Tree
 from core.types import (
     FinishReason,
     GenerationRequest,
@@ -69,7 +69,7 @@ class ReferenceEngine:
         cls,
         checkpoint_dir: Path,
         *,
-        tree: DraftTree | DynamicTree | None,
+        tree: Tree | None,
         dtype: str,
         device: str = "auto",
         eagle3_head_dir: Path | None = None,
@@ -88,7 +88,7 @@ class ReferenceEngine:
                          draft_vocab=draft_vocab)
         )
 
-    def with_tree(self, tree: DraftTree | DynamicTree) -> ReferenceEngine:
+    def with_tree(self, tree: Tree) -> ReferenceEngine:
         """This engine's weights (shared, not copied) drafting with another tree."""
         return ReferenceEngine(self._rt.with_tree(tree))
 
@@ -146,7 +146,7 @@ class ReferenceEngine:
         return self._rt.random_head
 
     @property
-    def tree(self) -> DraftTree | DynamicTree | None:
+    def tree(self) -> Tree | None:
         return None if self._rt.drafting is None else self._rt.drafting.tree
 
     # ---- generation ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from core.trees import DraftTree, DynamicTree
+from core.trees import DraftTree, DynamicTree, Tree
 from engines.draft import DraftState, Lap, draft_dynamic, draft_static
 from engines.model import Drafter, KVCache, Rows
 from engines.tree import StaticTree, TreeBatch
@@ -20,7 +20,7 @@ from engines.tree import StaticTree, TreeBatch
 
 class Drafting(Protocol):
     @property
-    def tree(self) -> DraftTree | DynamicTree: ...
+    def tree(self) -> Tree: ...
 
     @property
     def scratch_slots(self) -> int:
@@ -73,7 +73,7 @@ class DynamicDrafting:
         return f"dynamic top_k={self.tree.top_k} tree, {self.tree.size} draft tokens, depth {self.tree.depth}"
 
 
-def drafting_for(tree: DraftTree | DynamicTree, device: torch.device) -> Drafting:
+def drafting_for(tree: Tree, device: torch.device) -> Drafting:
     """The strategy of a tree: the one place that tells the kinds apart."""
     if isinstance(tree, DraftTree):
         return StaticDrafting(tree, StaticTree.build(tree, device))

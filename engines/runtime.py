@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from core.spec import ReferenceSpec
-from core.trees import DraftTree, DynamicTree
+from core.speculation import SpeculationPolicy
+from core.trees import Tree
 from core.types import Limits
 from engines.checkpoint import (
     DTYPES,
@@ -76,7 +77,7 @@ class Runtime:
 
     @classmethod
     def load(
-        cls, ckpt: Path, *, tree: DraftTree | DynamicTree | None, dtype: str, device: str,
+        cls, ckpt: Path, *, tree: Tree | None, dtype: str, device: str,
         eagle3_head_dir: Path | None, tokenizer_dir: Path | None = None, draft_vocab: list[int] | None = None,
     ) -> Runtime:
         """`draft_vocab`: target token ids an EAGLE-1/2 head drafts over (its lm_head restricted to those rows,
@@ -128,7 +129,7 @@ class Runtime:
                 f"{self.window}: the reference engine attends to every earlier key and would compute positions "
                 f"beyond the window wrongly; keep prompt + max_new_tokens <= {self.window}")
 
-    def with_tree(self, tree: DraftTree | DynamicTree) -> Runtime:
+    def with_tree(self, tree: Tree) -> Runtime:
         """The same weights (not copied) drafting with another tree."""
         if self.drafter is None:
             raise ValueError("this engine has no EAGLE head; a tree needs one")
@@ -184,7 +185,7 @@ def fuse_and_lay_out(target: Llama | GenericTarget, drafter: Drafter | None) -> 
     prepare_linears(*roots)
 
 
-def check_tree_fits(tree: DraftTree | DynamicTree, drafter: Drafter | None) -> None:
+def check_tree_fits(tree: Tree, drafter: Drafter | None) -> None:
     assert drafter is not None
     k = tree.max_top_k
     vocab = drafter.lm_head.vocab_size if isinstance(drafter, Eagle1Drafter) else drafter.lm_head.weight.shape[0]
@@ -193,16 +194,9 @@ def check_tree_fits(tree: DraftTree | DynamicTree, drafter: Drafter | None) -> N
 
 
 def runtime_from_spec(spec: ReferenceSpec, build_dir: Path, device: str | None) -> Runtime:
-    tree: DraftTree | DynamicTree | None
-    if spec.tree_choices is not None:
-        tree = DraftTree.from_choices(spec.tree_choices)
-    elif spec.dynamic_tree is not None:
-        tree = spec.dynamic_tree
-    else:
-        raise CheckpointError(f"{build_dir}/engine/reference.json: neither tree_choices nor dynamic_tree is set")
     head = spec.path(build_dir, spec.eagle3_head_dir) if spec.eagle3_head_dir else None
     rt = Runtime.load(
-        spec.path(build_dir, spec.checkpoint_dir), tree=tree, dtype=spec.dtype, device=device or spec.device,
+        spec.path(build_dir, spec.checkpoint_dir), tree=spec.tree, dtype=spec.dtype, device=device or spec.device,
         eagle3_head_dir=head, tokenizer_dir=spec.path(build_dir, spec.tokenizer_dir), draft_vocab=spec.draft_vocab,
     )
     if rt.group.size != spec.tp:

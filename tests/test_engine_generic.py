@@ -17,6 +17,7 @@ from engines.drafting import drafting_for
 from core.families import GenericTargetError, check_generic
 from engines.generic import load_generic
 from engines.parallel import TPGroup
+from engines.session import generate
 from engines.runtime import Runtime, load_tokenizer
 from core.trees import DraftTree, DynamicTree
 from core.types import GenerationRequest, SamplingParams
@@ -57,13 +58,13 @@ def test_generic_target_is_lossless(pair: tuple[str, Path, Path]) -> None:
     want = _hf_greedy(target)
     reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
     plain = Runtime(tgt, None, None, tok, dev, dt, False, TPGroup(0, 1))
-    assert [r.output_ids for r in plain.generate(reqs, speculative=False, on_tokens=None)] == want, family
+    assert [r.output_ids for r in generate(plain, reqs, speculative=False, on_tokens=None)] == want, family
     accepted = {}
     for name, tree in TREES.items():
         rt = Runtime(tgt, head, drafting_for(tree, dev), tok, dev, dt, False, TPGroup(0, 1))
-        res = rt.generate(reqs, speculative=True, on_tokens=None)
+        res = generate(rt, reqs, speculative=True, on_tokens=None)
         assert [r.output_ids for r in res] == want, (family, name)
-        one = rt.generate(reqs[1:2], speculative=True, on_tokens=None)  # alone = in a batch
+        one = generate(rt, reqs[1:2], speculative=True, on_tokens=None)  # alone = in a batch
         assert one[0].output_ids == want[1], (family, name)
         accepted[name] = sum(r.stats.accepted_draft_tokens for r in res)
     # The head drafts the target's near-bigram: part of every kind of tree is accepted, so the cache is compacted

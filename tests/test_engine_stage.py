@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from builders import build as build_cli
 from builders import layout
 from builders.engine import crosscheck, reference, stage, trtllm_build
 from builders.pipeline import StageError, run_stage
-from core.spec import read_spec
+from core.spec import ReferenceSpec, read_spec
+from core.trees import DraftTree, DynamicTree
 from tests.engine_cases import check_golden, make_cfg
 
 CKPT, OUT = Path("BUILD/checkpoint"), Path("BUILD/engine")
@@ -273,8 +275,10 @@ def test_reference_stage_writes_spec(tmp_path: Path) -> None:
     run_stage(stage.ENGINE_STAGE, cfg, tmp_path)
     spec = read_spec(tmp_path)
     assert spec.checkpoint_dir == "checkpoint" and spec.tokenizer_dir == "checkpoint/tokenizer"
-    assert spec.random_head is True and spec.eagle3_head_dir is None and spec.dynamic_tree is None
-    assert spec.tree_choices[:5] == [[0], [1], [2], [3], [0, 0]] and len(spec.tree_choices) == 25
+    assert spec.random_head is True and spec.eagle3_head_dir is None and spec.tree.kind == "static"
+    assert spec.tree.as_lists()[:5] == [[0], [1], [2], [3], [0, 0]] and spec.tree.size == 25
+    on_disk = json.loads((tmp_path / "engine" / "reference.json").read_text())["tree"]
+    assert on_disk["kind"] == "static" and on_disk["paths"][:2] == [[0], [1]]
     assert (spec.dtype, spec.device, spec.tp, spec.max_batch_size) == ("float16", "cpu", 1, 4)
 
 
@@ -282,8 +286,34 @@ def test_reference_spec_eagle3_dynamic() -> None:
     cfg = make_cfg("engine.backend=reference", "draft.type=eagle3", "tree.choices=null",
                    "tree.dynamic={top_k: 4, depth: 3, total_draft_tokens: 16}")
     spec = reference.reference_spec(cfg, random_head=False)
-    assert spec.eagle3_head_dir == "checkpoint/eagle3" and spec.tree_choices is None
-    assert (spec.dynamic_tree.top_k, spec.dynamic_tree.depth, spec.dynamic_tree.total_draft_tokens) == (4, 3, 16)
+    assert spec.eagle3_head_dir == "checkpoint/eagle3" and spec.tree == DynamicTree(4, 3, 16)
+    assert ReferenceSpec.model_validate_json(spec.model_dump_json()) == spec  # the union round-trips by its kind
+
+
+@pytest.mark.parametrize(
+    ("tree", "error"),
+    [({"kind": "static", "paths": [[0], [0, 0, 1]]}, "tree path [0, 0, 1] has no parent [0, 0]"),
+     ({"kind": "dynamic", "top_k": 2, "depth": 2, "total_draft_tokens": 99}, "total_draft_tokens=99 exceeds the 6"),
+     ({"kind": "chain", "paths": [[0]]}, "does not match any of the expected tags: 'static', 'dynamic'"),
+     ({"paths": [[0]]}, "Unable to extract tag using discriminator 'kind'")],
+)  # fmt: skip
+def test_a_spec_tree_is_validated_when_read(tree: dict, error: str) -> None:
+    cfg = make_cfg("engine.backend=reference")
+    doc = json.loads(reference.reference_spec(cfg, random_head=False).model_dump_json())
+    with pytest.raises(ValueError, match=re.escape(error)):
+        ReferenceSpec.model_validate({**doc, "tree": tree})
+
+
+def test_a_spec_written_with_the_two_tree_fields_still_reads() -> None:
+    cfg = make_cfg("engine.backend=reference", "tree.choices=chain-2")
+    doc = json.loads(reference.reference_spec(cfg, random_head=False).model_dump_json())
+    del doc["tree"]
+    static = ReferenceSpec.model_validate({**doc, "tree_choices": [[0, 0], [0]], "dynamic_tree": None})
+    assert static.tree == DraftTree.from_choices([[0], [0, 0]])
+    dynamic = {"top_k": 4, "depth": 3, "total_draft_tokens": 16}
+    assert ReferenceSpec.model_validate({**doc, "tree_choices": None, "dynamic_tree": dynamic}).tree == DynamicTree(4, 3, 16)
+    with pytest.raises(ValueError, match="set exactly one of tree_choices or dynamic_tree"):
+        ReferenceSpec.model_validate({**doc, "tree_choices": None, "dynamic_tree": None})
 
 
 def test_reference_stage_requires_random_head_flag(tmp_path: Path) -> None:

@@ -103,8 +103,9 @@ def test_current_line_build_is_fully_cited(current_build: tuple[Any, Path]) -> N
     assert {"speculative_config.use_dynamic_tree", "speculative_config.dynamic_tree_max_topK",
             "speculative_config.max_total_draft_tokens", "speculative_config.speculative_model"} <= {
         k for k in emitted["llmapi.option"] if k.startswith("speculative_config.")}
-    params = {"project_root", "build_dir", "max_queue_size"} if cfg.engine.backend == "reference" else {"project_root"}
-    assert emitted["triton.llmapi.parameter"] == params
+    # No absolute project path is written (builds can move); the bridge imports the installed project.
+    params = {"build_dir", "max_queue_size"} if cfg.engine.backend == "reference" else set()
+    assert emitted.get("triton.llmapi.parameter", set()) == params
     # upstream's model.py / helpers.py come from the TensorRT-LLM image (docker/serve.py, model.py as
     # upstream_model.py); we write the mirror (reference) or the metrics bridge that subclasses upstream's (pytorch)
     files = sorted(p.name for p in (build / "triton_repo" / "tensorrt_llm").rglob("*") if p.is_file())

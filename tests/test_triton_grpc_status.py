@@ -120,5 +120,5 @@ def test_async_client_with_grpc_status_reports_invalid_argument(status_server: T
 
     with known_grpc_race_is_xfail(status_server):
         status, message, text = asyncio.run(run())
-        assert status == "INVALID_ARGUMENT" and f"> max_seq_len={MAX_SEQ}" in message, (status, message)
+        assert status == "INVALID_ARGUMENT" and f"exceeds engine.max_seq_len={MAX_SEQ}" in message, (status, message)
         assert text

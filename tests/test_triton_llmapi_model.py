@@ -60,13 +60,13 @@ def _lines(log: Path) -> list[str]:
 
 
 def _tokenizer(repo: Path) -> Any:
-    """The tokenizer the served preprocessing model loads (its tokenizer_dir parameter)."""
+    """The tokenizer the served preprocessing model loads (its tokenizer_dir parameter, relative to the repository)."""
     from google.protobuf import text_format
     from transformers import AutoTokenizer
     from tritonclient.grpc import model_config_pb2 as mc
 
     cfg = text_format.Parse((repo / "preprocessing" / "config.pbtxt").read_text(), mc.ModelConfig())
-    return AutoTokenizer.from_pretrained(cfg.parameters["tokenizer_dir"].string_value)
+    return AutoTokenizer.from_pretrained(str((repo / cfg.parameters["tokenizer_dir"].string_value).resolve()))
 
 
 def test_llmapi_model_streams_its_tokens_through_the_ensemble(llmapi_server: Any, llmapi_repo: Path) -> None:

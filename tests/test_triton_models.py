@@ -37,12 +37,12 @@ def test_sampling_rejects_bad_values() -> None:
     for t in (-1.0, float("nan"), float("inf")):
         with pytest.raises(common.RequestError, match=rf"temperature={t} must be a finite number >= 0"):
             llm_io.sampling_from(t, 5, 0.0, 0)
-    with pytest.raises(common.RequestError, match=r"top_p=nan must be in \[0, 1\]"):
+    with pytest.raises(common.RequestError, match=r"top_p=nan must be in \(0, 1\]"):
         llm_io.sampling_from(1.0, 0, float("nan"), 0)
     with pytest.raises(common.RequestError, match=r"input_ids\[1\]=320 is out of range: token ids must be in \[0, 320\)"):
         llm_io.check_token_ids([5, 320], 320)
     llm_io.check_token_ids([0, 319], 320)
-    with pytest.raises(common.RequestError, match=r"top_p=1.5 must be in \[0, 1\]"):
+    with pytest.raises(common.RequestError, match=r"top_p=1.5 must be in \(0, 1\]"):
         llm_io.sampling_from(1.0, 0, 1.5, 0)
 
 

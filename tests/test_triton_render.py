@@ -94,7 +94,10 @@ def parse(repo: Path, model: str) -> mc.ModelConfig:
     return text_format.Parse((repo / model / "config.pbtxt").read_text(), mc.ModelConfig())
 
 
-def normalized(text: str, build: Path, target: Path | None = None) -> str:
+def normalized(text: str, build: Path, target: Path | None = None, repo: Path | None = None) -> str:
+    if repo is not None:  # the python models' paths, relative to the repository's directory
+        rel = os.path.relpath(build.resolve(), repo.resolve())
+        text = text.replace(f'"{rel}/', '"<BUILD>/').replace(f'"{rel}"', '"<BUILD>"')
     text = text.replace(str(build.resolve()), "<BUILD>").replace(str(REPO_ROOT), "<PROJECT>")
     return text if target is None else text.replace(str(target.resolve()), "<TARGET>")
 
@@ -157,8 +160,9 @@ def test_reference_llm_model_is_decoupled_python_with_queue_limit(reference_repo
     assert not {"max_batch_size", "max_input_len", "max_seq_len"} & set(params)
     spec = json.loads((reference_repo.parent / "engine" / "reference.json").read_text())
     assert (llm.max_batch_size, spec["max_seq_len"], spec["max_input_len"]) == (spec["max_batch_size"], 512, 256)
-    assert Path(params["build_dir"]) == reference_repo.parent.resolve()
-    assert Path(params["project_root"]) == REPO_ROOT
+    # Paths relative to the repository's directory (the build moves as a whole); no path of the checkout.
+    assert params["build_dir"] == ".." and params["tokenizer_dir"] == "../checkpoint/tokenizer"
+    assert "project_root" not in params
     assert (reference_repo / "tensorrt_llm" / "1" / "model.py").read_text() == (
         REPO_ROOT / "triton_repo" / "models" / "reference_llm.py"
     ).read_text()
@@ -217,7 +221,7 @@ def test_tensorrt_render_golden(tensorrt_build: tuple[Any, Path], tmp_path: Path
     assert params["gpt_model_path"] == str((build / "engine").resolve())
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()  # the C++ backend needs no model.py
     for m in MODELS:
-        check_golden(f"tensorrt/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build))
+        check_golden(f"tensorrt/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build, repo=repo))
     desc = json.loads((repo / "client.json").read_text())
     assert desc.pop("config_hash") == cfg.config_hash()  # depends on the tmp paths: not golden
     check_golden("tensorrt/client.json", json.dumps(desc, indent=2) + "\n")
@@ -237,7 +241,7 @@ def test_pytorch_render_golden(pytorch_build: tuple[Any, Path], target4: Path, t
     assert doc["triton_config"] == {"max_batch_size": 8, "decoupled": True}
     assert parse(repo, "tensorrt_llm").parameters["llm_kind"].string_value == "pytorch"
     for m in MODELS:
-        check_golden(f"pytorch/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build))
+        check_golden(f"pytorch/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build, repo=repo))
     check_golden("pytorch/model.yaml", normalized((repo / "tensorrt_llm" / "1" / "model.yaml").read_text(), build,
                                                   target4))  # fmt: skip
 

@@ -116,7 +116,7 @@ def test_oversized_prompt_refused_by_byte_length_before_tokenizing(client: Any, 
     # At the bound the byte check passes and the token check decides, as before.
     with pytest.raises(InferenceServerException) as err:
         stream_call(client, model, inputs(("fox " * limit)[:limit], 4))
-    assert f"> max_input_len={MAX_INPUT}" in err.value.message()
+    assert f"exceeds engine.max_input_len={MAX_INPUT}" in err.value.message()
     [ok] = stream_call(client, model, inputs(PROMPT, 2))
     assert ok["text_output"].reshape(-1)[0].decode().startswith(PROMPT)
 

@@ -67,6 +67,9 @@ from triton_repo.exposure import (  # noqa: E402  (re-exported: the launcher's p
     unsafe_chars,
     unsafe_path_problem,
 )
+from triton_repo.models.bootstrap import HOME_ENV  # noqa: E402
+
+PROJECT_HOME = Path(__file__).resolve().parent.parent  # the checkout (or installation) the served models import
 
 __all__ = ["ADMIN_GRPC_HEADER", "ADMIN_HEADER", "ADMIN_KEY_ENV", "RESTRICTED_APIS", "SHELL_UNSAFE", "LaunchError",
            "LaunchInterrupted", "TritonServer", "free_port", "launch_argv", "mpirun_argv", "restricted_api_argv",
@@ -277,6 +280,9 @@ class TritonServer:
         assert self._binary is not None
         shm.remove(shm.stale_regions())  # left by earlier servers that were killed; none is in use
         env = {**os.environ, **self._binary.env}
+        # The rendered python models import the project named here (triton_repo/models/bootstrap.py): this checkout,
+        # unless the caller names another one.
+        env.setdefault(HOME_ENV, str(PROJECT_HOME))
         with self.log_path.open("ab") as log:
             log.write(f"$ {self.shown_argv()}\n".encode())
             log.flush()

@@ -302,7 +302,7 @@ def drafter_kv_scales(cfg: BuildConfig, hf_dir: Path, ckpt16: Path, tmp: Path, p
     def encode(tok: Any) -> list[list[int]]:
         return [t[0].tolist() for t in encode_prompts(tok, prompts[:n], max_len)]
 
-    stats = calibrate_drafter(ckpt16, cfg.static_tree() or cfg.dynamic_tree(), cfg.target.dtype, cfg.engine.device,
+    stats = calibrate_drafter(ckpt16, cfg.draft_tree, cfg.target.dtype, cfg.engine.device,
                               encode, DRAFTER_CALIB_TOKENS)
     return kv_scale_tensors(stats, lim.num_eagle_layers)
 
@@ -315,7 +315,7 @@ def reference_tau(cfg: BuildConfig, prompts: list[str], max_new_tokens: int = 32
     def tau_of(ckpt: Path) -> float | None:
         from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
-        tree = cfg.static_tree() or cfg.dynamic_tree()
+        tree = cfg.draft_tree
         head3 = ckpt / layout.EAGLE3_HEAD if cfg.draft.type == "eagle3" else None
         eng = ReferenceEngine.from_checkpoint(ckpt, tree=tree, dtype=cfg.target.dtype, device=cfg.engine.device,
                                               eagle3_head_dir=head3)

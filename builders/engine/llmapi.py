@@ -35,6 +35,7 @@ from builders.config import BuildConfig
 from builders.trtllm import architectures, registry
 from builders.trtllm.rules import capture_problems, default_capture
 from core.hfconfig import ModelConfigError, aux_layer_ids
+from core.trees import DraftTree, DynamicTree
 
 TRTLLM_SERVE = "trtllm-serve"
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -95,8 +96,8 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         "max_draft_len": lim.num_eagle_layers,
         v.speculative_model_key: str(draft_dir),
     }
-    tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
-    static_tree = tree is not None and not tree.is_chain()
+    tree = cfg.draft_tree
+    static_tree = isinstance(tree, DraftTree) and not tree.is_chain()
     if v.eagle3_one_model_field:
         # A static tree runs on the two-model path only: the one-model worker drafts a chain whatever eagle_choices
         # says (tensorrt_llm/_torch/speculative/eagle3.py: Eagle3OneModelSpecMetadata sets is_spec_dec_tree = False;
@@ -107,16 +108,16 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         spec["eagle3_layers_to_capture"] = capture
     elif sorted(capture) != default_capture(num_target_layers):
         raise LlmApiError("; ".join(capture_problems(v.key, capture, num_target_layers)))
-    if tree is not None and static_tree:
+    if static_tree:
         if not v.static_trees:  # the config validation refuses it; a BuildConfig made by hand may still hold one
             raise LlmApiError(f"{v.name} has no static trees (eagle_choices); use tree.dynamic or a chain")
         if v.max_total_draft_tokens:
             spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["eagle_choices"] = tree.as_lists()  # the LLM API YAML value: plain lists
-    elif dyn is not None:
+    elif isinstance(tree, DynamicTree):
         spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["use_dynamic_tree"] = True
-        spec["dynamic_tree_max_topK"] = dyn.top_k
+        spec["dynamic_tree_max_topK"] = tree.top_k
     spec.update(load_aware_fields(cfg))
     return spec
 

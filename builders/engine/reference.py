@@ -38,15 +38,13 @@ def random_head_flag(checkpoint_dir: Path) -> bool:
 def reference_spec(cfg: BuildConfig, random_head: bool, hf_target_dir: Path | None = None) -> ReferenceSpec:
     """The spec rendered from the config (pure but for reading draft.draft_vocab's ids); paths relative to the
     build dir; `hf_target_dir` is what the convert stage resolved target.model to."""
-    tree, dyn = cfg.static_tree(), cfg.dynamic_tree()
     return ReferenceSpec(
         checkpoint_dir=layout.CHECKPOINT,
         tokenizer_dir=f"{layout.CHECKPOINT}/{layout.TOKENIZER}",
         draft_type=cfg.draft.type,
         eagle3_head_dir=f"{layout.CHECKPOINT}/{layout.EAGLE3_HEAD}" if cfg.draft.type == "eagle3" else None,
         random_head=random_head,
-        tree_choices=None if tree is None else tree.as_lists(),
-        dynamic_tree=dyn,
+        tree=cfg.draft_tree,
         dtype=cfg.target.dtype,
         device=cfg.engine.device,
         tp=cfg.parallel.tp,

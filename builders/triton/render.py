@@ -16,6 +16,7 @@ a RenderError naming the field and the fix. A `client.json` descriptor of the en
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,6 @@ from triton_repo import contract as C
 from triton_repo.models.bootstrap import BOOTSTRAP_MODULE
 
 SERVE_PACKAGE = Path(C.__file__).resolve().parent  # triton_repo/: what the rendered models run
-PROJECT_ROOT = SERVE_PACKAGE.parent
 MODELS_SRC = SERVE_PACKAGE / "models"
 CLIENT_FILE = "client.json"
 
@@ -59,8 +59,21 @@ def triton_eagle_choices(tree: DraftTree) -> str:
     return ", ".join("{" + ",".join(map(str, p)) + "}" for p in tree.paths)
 
 def _python_common(build_dir: Path) -> dict[str, str]:
-    tok = tokenizer_dir(build_dir)
-    return {"project_root": str(PROJECT_ROOT), "tokenizer_dir": str(tok)}
+    return {"tokenizer_dir": str(tokenizer_dir(build_dir))}
+
+
+# Path parameters of the python models: written relative to the repository's directory and resolved there at
+# start-up (triton_repo/models/common.py Params.path), so a build whose repository sits inside it can be moved.
+REPOSITORY_RELATIVE = ("tokenizer_dir", "build_dir")
+
+
+def _repository_relative(cfg: mc.ModelConfig, out: Path) -> mc.ModelConfig:
+    if cfg.backend == "python":
+        for key in REPOSITORY_RELATIVE:
+            if key in cfg.parameters:
+                value = cfg.parameters[key].string_value
+                cfg.parameters[key].string_value = os.path.relpath(value, out.resolve())
+    return cfg
 
 
 def tokenizer_dir(build_dir: Path) -> Path:
@@ -312,7 +325,7 @@ def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
         raise RenderError(f"LLM API options for the llmapi model: {e}") from e
     d = out / bc.triton.llm_model
     (d / "1").mkdir(parents=True)
-    files = {d / "config.pbtxt": to_text(RL.model_config(bc, build_dir, PROJECT_ROOT)),
+    files = {d / "config.pbtxt": to_text(_repository_relative(RL.model_config(bc, build_dir), out)),
              d / "1" / RL.L.MODEL_YAML: RL.model_yaml(bc, build_dir, options),
              out / CLIENT_FILE: json.dumps(RL.client_descriptor(bc, tokenizer_dir(build_dir)), indent=2) + "\n"}
     for f, text in files.items():
@@ -347,7 +360,7 @@ def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
     for cfg in model_configs(bc, build_dir):
         d = out / cfg.name
         (d / "1").mkdir(parents=True)
-        (d / "config.pbtxt").write_text(to_text(cfg))
+        (d / "config.pbtxt").write_text(to_text(_repository_relative(cfg, out)))
         written.append(d / "config.pbtxt")
         if cfg.name in sources:
             shutil.copyfile(MODELS_SRC / sources[cfg.name], d / "1" / "model.py")

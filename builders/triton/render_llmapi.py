@@ -34,7 +34,7 @@ UPSTREAM_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"  # in the TensorRT-
 UPSTREAM_FILES = {"model.py": "upstream_model.py", "helpers.py": "helpers.py"}
 
 
-def model_config(bc: BuildConfig, build_dir: Path, project_root: Path) -> mc.ModelConfig:
+def model_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     cfg = mc.ModelConfig(name=bc.triton.llm_model, backend="python")
     _add_inputs(cfg, L.INPUTS)
     _add_outputs(cfg, L.OUTPUTS)
@@ -43,10 +43,8 @@ def model_config(bc: BuildConfig, build_dir: Path, project_root: Path) -> mc.Mod
         _decoupled(cfg, True)
     if bc.engine.backend == "reference":
         _add_inputs(cfg, L.LORA_INPUTS)  # declared to be refused by name (models/llmapi_refusals.py)
-        _params(cfg, {"project_root": str(project_root), "build_dir": str(build_dir.resolve()),
+        _params(cfg, {"build_dir": str(build_dir.resolve()),
                       "max_queue_size": bc.triton.max_queue_size})
-    else:  # the metrics bridge imports triton_repo.models.spec_metrics from the project
-        _params(cfg, {"project_root": str(project_root)})
     return cfg
 
 

@@ -121,13 +121,9 @@ _BRIDGE = rows_of("llmapi.option", ("enable_iter_perf_stats",),
                   type="bool", versions=V, note="engine.backend pytorch: the metrics bridge (triton_repo/models/"
                   "llmapi_bridge.py) reads the iteration statistics it turns on")
 
-_MIRROR = (
-    rows_of("triton.llmapi.parameter", ("project_root",), MIRROR, type="str", required=True, versions=V,
-            note="the project our python model imports: the reference mirror, or the metrics bridge "
-            "(engine.backend pytorch, models/llmapi_bridge.py); upstream's model reads no parameter")
-    + rows_of("triton.llmapi.parameter", ("build_dir", "max_queue_size"), MIRROR, type="str", required=True,
-              versions=V, when=("reference",), note="reference engine only (engine.backend reference)")
-)
+_MIRROR = rows_of("triton.llmapi.parameter", ("build_dir", "max_queue_size"), MIRROR, type="str", required=True,
+                  versions=V, when=("reference",),
+                  note="reference engine only (engine.backend reference); upstream's model reads no parameter")
 
 ROWS: list[Row] = _OPTIONS + _LOAD_AWARE + _MODEL_YAML + _INPUTS + _OUTPUTS + _BRIDGE + _MIRROR
 

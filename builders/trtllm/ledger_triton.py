@@ -101,15 +101,15 @@ _CPP_OUTPUTS = (
 )
 
 _PYTHON = (
-    rows_of("triton.preprocessing.parameter", ("project_root", "tokenizer_dir", "add_special_tokens", "max_input_len",
+    rows_of("triton.preprocessing.parameter", ("tokenizer_dir", "add_special_tokens", "max_input_len",
                                                "max_seq_len", "greedy_only"), _ours("preprocessing"), type="str",
             required=True)
-    + rows_of("triton.postprocessing.parameter", ("project_root", "tokenizer_dir", "skip_special_tokens", "llm_model",
+    + rows_of("triton.postprocessing.parameter", ("tokenizer_dir", "skip_special_tokens", "llm_model",
                                                   "decoupled"),
               _ours("postprocessing"), type="str", required=True)
-    + rows_of("triton.bls.parameter", ("project_root", "tokenizer_dir", "preprocessing_model", "llm_model", "decoupled"),
+    + rows_of("triton.bls.parameter", ("tokenizer_dir", "preprocessing_model", "llm_model", "decoupled"),
               _ours("bls"), type="str", required=True)
-    + rows_of("triton.python_llm.parameter", ("project_root", "tokenizer_dir", "llm_kind", "build_dir",
+    + rows_of("triton.python_llm.parameter", ("tokenizer_dir", "llm_kind", "build_dir",
                                               "max_queue_size", "decoupled"), _ours("reference_llm"), type="str",
               required=True, note="the same parameters for llmapi_llm.py (engine.backend pytorch)")
     + rows_of("triton.python_llm.parameter", ("max_batch_size", "max_input_len", "max_seq_len"), _ours("llmapi_llm"),

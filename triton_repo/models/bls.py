@@ -23,8 +23,8 @@ class TritonPythonModel:
 
         self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         self._count = 0
-        p = common.Params(common.model_config(args))
-        self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
+        p = common.Params.of(args)
+        self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.pre_model, self.llm_model = p.str("preprocessing_model"), p.str("llm_model")
         self.decoupled = p.bool("decoupled")
         self._lock = threading.Lock()

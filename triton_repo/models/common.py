@@ -1,4 +1,4 @@
-"""Helpers shared by the python-backend models (imported inside the stub after `project_root` is on sys.path).
+"""Helpers shared by the python-backend models (imported inside the stub once the project is importable, models/bootstrap.py).
 
 `pb_utils` (triton_python_backend_utils) exists only inside the python-backend stub; it is passed in, never
 imported here, so this module also imports in tests.
@@ -24,11 +24,30 @@ class RequestError(ValueError):
 
 
 class Params:
-    """The model's config.pbtxt `parameters`, strict: a missing one is an error naming it (render it)."""
+    """The model's config.pbtxt `parameters`, strict: a missing one is an error naming it (render it). Paths are
+    written relative to the model repository (builders/triton/render.py) and resolved here against where the
+    repository is now, so a build can be moved."""
 
-    def __init__(self, model_config: dict[str, Any]) -> None:
+    def __init__(self, model_config: dict[str, Any], repository: str | None = None) -> None:
         self.model = model_config["name"]
+        self.repository = repository
         self._p = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+    @classmethod
+    def of(cls, args: dict[str, Any]) -> Params:
+        """From TritonPythonModel.initialize's args: `model_repository` is this model's directory, inside the
+        repository (python_backend src/python_be.cc passes the model's repository path)."""
+        return cls(model_config(args), os.path.dirname(os.path.abspath(args["model_repository"])))
+
+    def path(self, key: str) -> str:
+        """A path parameter, resolved against the model repository's directory when relative."""
+        value = self.str(key)
+        if os.path.isabs(value):
+            return value
+        if self.repository is None:
+            raise ValueError(f"model {self.model}: parameter {key}={value!r} is relative but the model repository is "
+                             "unknown; build the parameters with Params.of(args)")
+        return os.path.normpath(os.path.join(self.repository, value))
 
     def str(self, key: str) -> str:
         if key not in self._p or self._p[key] == "" or "${" in self._p[key]:

@@ -6,27 +6,17 @@ Sampling follows TensorRT-LLM's rules: temperature 0, top_k 1, or top_k 0 with t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from core.types import Limits
+from core.types import Limits, SamplingParams
 from triton_repo import contract as C
 from triton_repo.models import bounds
 from triton_repo.models.common import RequestError, scalar, tensor
 
 LLM_IN = C.by_name(C.LLM_INPUTS)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    greedy: bool
-    temperature: float
-    top_k: int
-    top_p: float  # 1.0 = off
-    seed: int
 
 
 @dataclass
@@ -35,22 +25,25 @@ class Parsed:
     max_new_tokens: int
     end_id: int
     stop_strings: list[str]
-    sampling: Sampling
+    sampling: SamplingParams
     streaming: bool
     exclude_input: bool
     perf: bool
     request: Any = None  # the engine's request object (engines.api.GenerationRequest for the reference engine)
 
 
-def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> Sampling:
-    if not math.isfinite(temperature) or temperature < 0:
-        raise RequestError(f"temperature={temperature} must be a finite number >= 0 (0 = greedy)")
-    if top_k < 0:
-        raise RequestError(f"top_k={top_k} must be >= 0 (0 = off)")
-    if not 0.0 <= top_p <= 1.0:  # also refuses NaN
-        raise RequestError(f"top_p={top_p} must be in [0, 1] (0 = off)")
-    greedy = temperature == 0.0 or top_k == 1 or (top_k == 0 and top_p == 0.0)
-    return Sampling(greedy, float(temperature), int(top_k), float(top_p) if top_p > 0 else 1.0, int(seed))
+def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> SamplingParams:
+    """TensorRT-LLM's wire conventions -> the engine's SamplingParams, whose check is the one validation (its
+    messages are the ones reported): top_p 0 = off (1.0); temperature 0, top_k 1, or top_k 0 with top_p 0 = greedy
+    (temperature 0; top_k and top_p kept for a backend that reads them)."""
+    off = top_p == 0.0
+    try:
+        s = SamplingParams(temperature=temperature, top_k=top_k, top_p=1.0 if off else top_p, seed=seed)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    if s.greedy or top_k == 1 or (top_k == 0 and off):
+        return SamplingParams(temperature=0.0, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    return s
 
 
 def parse_request(pb_utils: Any, request: Any, limits: Limits, vocab_size: int | None, tokenizer: Any,
@@ -70,11 +63,8 @@ def parse_request(pb_utils: Any, request: Any, limits: Limits, vocab_size: int |
     vocab = vocab_size if vocab_size is not None else len(tokenizer)
     check_token_ids(prompt, vocab_size)
     n_out = int(scalar(pb_utils, request, LLM_IN["request_output_len"]))
-    if n_out <= 0:
-        raise RequestError(f"request_output_len (max_tokens)={n_out} must be >= 1")
-    if n_in + n_out > limits.max_seq_len:
-        raise RequestError(f"prompt tokens {n_in} + max_tokens {n_out} > max_seq_len={limits.max_seq_len}; lower "
-                           f"max_tokens to at most {limits.max_seq_len - n_in}")
+    if problem := limits.length_problem(n_in, n_out, "request_output_len (max_tokens)"):
+        raise RequestError(problem)
     beam = int(scalar(pb_utils, request, LLM_IN["beam_width"]))
     if beam != 1:
         raise RequestError(f"beam_width={beam}: only 1 is supported (speculative decoding has no beam search)")
@@ -129,16 +119,10 @@ def stop_request_tensors(pb_utils: Any) -> list[Any]:
 
 
 def reference_request(p: Parsed) -> Any:
-    from engines.api import GenerationRequest, SamplingParams
+    from engines.api import GenerationRequest
 
-    s = p.sampling
-    params = (
-        SamplingParams(temperature=0.0)
-        if s.greedy
-        else SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
-    )
     return GenerationRequest(
-        prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens, sampling=params, stop_token_ids=[p.end_id],
+        prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens, sampling=p.sampling, stop_token_ids=[p.end_id],
         stop_strings=p.stop_strings,
     )  # fmt: skip
 

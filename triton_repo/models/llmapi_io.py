@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from core.types import Limits, SamplingParams
 from triton_repo import contract as C
 from triton_repo.models import bounds
 from triton_repo.models.common import RequestError, max_text_bytes
@@ -88,37 +89,26 @@ def _refuse_unsupported(pb_utils: Any, request: Any) -> None:
         raise RequestError("return_cumulative_logprob: the reference engine does not compute log-probabilities")
 
 
-def _sampling(pb_utils: Any, request: Any) -> Any:
+def _sampling(pb_utils: Any, request: Any) -> SamplingParams:
     """No sampling input = greedy (TensorRT-LLM's default); else TensorRT-LLM's greedy rule (llm_io.sampling_from)."""
-    from engines.api import SamplingParams
-
     t, k, p = (_value(pb_utils, request, f"sampling_param_{n}") for n in ("temperature", "top_k", "top_p"))
     if t is None and k is None and p is None:
         return SamplingParams(temperature=0.0)
-    s = sampling_from(1.0 if t is None else float(t), int(k or 0), float(p or 0.0),
-                      int(_value(pb_utils, request, "sampling_param_seed") or 0))
-    if s.greedy:
-        return SamplingParams(temperature=0.0)
-    return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    return sampling_from(1.0 if t is None else float(t), int(k or 0), float(p or 0.0),
+                         int(_value(pb_utils, request, "sampling_param_seed") or 0))
 
 
-def parse(pb_utils: Any, request: Any, tokenizer: Any, max_input_len: int, max_seq_len: int,
-          default_max_tokens: int) -> Parsed:
+def parse(pb_utils: Any, request: Any, tokenizer: Any, limits: Limits, default_max_tokens: int) -> Parsed:
     from engines.api import GenerationRequest
     from core.stops import stop_token_ids
 
     _refuse_unsupported(pb_utils, request)
     stops = bounds.stop_strings(_array(pb_utils, request, "sampling_param_stop"), "sampling_param_stop")
-    ids = [int(i) for i in tokenizer.encode(_prompt(pb_utils, request, tokenizer, max_input_len))]
+    ids = [int(i) for i in tokenizer.encode(_prompt(pb_utils, request, tokenizer, limits.max_input_len))]
     n_out = _value(pb_utils, request, "sampling_param_max_tokens")
     n_out = default_max_tokens if n_out is None else int(n_out)
-    if n_out < 1:
-        raise RequestError(f"sampling_param_max_tokens={n_out} must be >= 1")
-    if len(ids) > max_input_len:
-        raise RequestError(f"prompt has {len(ids)} tokens > max_input_len={max_input_len}; shorten it")
-    if len(ids) + n_out > max_seq_len:
-        raise RequestError(f"prompt tokens {len(ids)} + max_tokens {n_out} > max_seq_len={max_seq_len}; lower "
-                           f"sampling_param_max_tokens to at most {max_seq_len - len(ids)}")
+    if problem := limits.length_problem(len(ids), n_out, "sampling_param_max_tokens"):
+        raise RequestError(problem)
     req = GenerationRequest(prompt_ids=ids, max_new_tokens=n_out, sampling=_sampling(pb_utils, request),
                             stop_token_ids=stop_token_ids(tokenizer), stop_strings=[s for s in stops if s])
     return Parsed(req, flag(pb_utils, request, "streaming"), flag(pb_utils, request, "sampling_param_return_perf_metrics"),

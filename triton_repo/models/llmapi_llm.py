@@ -32,13 +32,13 @@ class TritonPythonModel:
         from triton_repo.models import cancel_channel, common, llm_io, spec_metrics
 
         self.C, self.common, self.io = contract, common, llm_io
-        p = common.Params(common.model_config(args))
+        p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
         from core.types import Limits
 
         self.limits = Limits(p.int("max_batch_size"), p.int("max_input_len"), p.int("max_seq_len"))
         self.limit = self.limits.max_batch_size + p.int("max_queue_size")
-        self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
+        self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         yaml_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.yaml")
         with open(yaml_path) as f:
             options = yaml.safe_load(f)

@@ -19,11 +19,8 @@ The engine and its draft tree come from `<build_dir>/engine/reference.json`; mod
 describe the same tree (checked at load). Requests are batched in flight by triton_repo/models/batcher.py.
 """
 
-import json
 import os
-import sys
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
@@ -31,19 +28,9 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 DEFAULT_MAX_TOKENS = 32
 
 
-def _params(args):
-    cfg = json.loads(args["model_config"])
-    try:
-        return {k: cfg["parameters"][k]["string_value"] for k in ("project_root", "build_dir", "max_queue_size")}
-    except KeyError:
-        raise KeyError(f"model {cfg['name']}: parameters project_root/build_dir/max_queue_size missing; render with "
-                       "builders/triton/render.py") from None
-
-
 class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
-        p = _params(args)
         from pathlib import Path
 
         import yaml
@@ -58,21 +45,21 @@ class TritonPythonModel:
         with open(os.environ.get("LLM_CONFIG_PATH", os.path.join(here, "model.yaml"))) as f:
             doc = yaml.safe_load(f)
         self.decoupled = bool(doc["triton_config"]["decoupled"])
-        self.engine = ReferenceEngine.from_build(Path(p["build_dir"]))
+        p = common.Params.of(args)
+        self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
         llmapi_io.check_tree(doc.get("speculative_config") or {}, self.engine.tree)
         llmapi_io.check_policy(doc.get("speculative_config") or {}, self.engine.policy)
         self.tokenizer = self.engine.tokenizer
         # The limits come from the engine's spec (reference.json), the one source; the Triton stage checked at build
         # time that model.yaml's copies (what TensorRT-LLM's LLM reads) agree with it.
-        limits = self.engine.limits
-        self.max_seq_len, self.max_input_len = limits.max_seq_len, limits.max_input_len
+        self.limits = limits = self.engine.limits
         session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=True,
                                       on_tokens=self._on_tokens)  # fmt: skip
         self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], "reference", self.engine.tree.depth if self.engine.has_draft else 0,
             self.engine.has_draft, spec_metrics.baseline_for(args))
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
-                                       max_queue_size=int(p["max_queue_size"]), on_count=self.metrics.counts)
+                                       max_queue_size=p.int("max_queue_size"), on_count=self.metrics.counts)
 
     def execute(self, requests):
         for r in requests:
@@ -84,8 +71,7 @@ class TritonPythonModel:
                 refused = self.refusals.refuse_adapter_inputs(pb_utils, r)
                 if refused is not None:
                     raise self.io.RequestError(refused)
-                parsed = self.io.parse(pb_utils, r, self.tokenizer, self.max_input_len, self.max_seq_len,
-                                       DEFAULT_MAX_TOKENS)  # fmt: skip
+                parsed = self.io.parse(pb_utils, r, self.tokenizer, self.limits, DEFAULT_MAX_TOKENS)
                 if parsed.streaming and not self.decoupled:
                     raise self.io.RequestError("Streaming is only supported in decoupled mode.")
             except self.io.RequestError as e:

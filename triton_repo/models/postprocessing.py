@@ -28,8 +28,8 @@ class TritonPythonModel:
         from triton_repo.models import cancel_channel, common, llm_io
 
         self.send_cancel, self.io = cancel_channel.send_cancel, llm_io
-        p = common.Params(common.model_config(args))
-        self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
+        p = common.Params.of(args)
+        self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.skip_special_tokens = p.bool("skip_special_tokens")
         self.llm_model, self.llm_decoupled = p.str("llm_model"), p.bool("decoupled")
         self.relayed = OrderedDict()

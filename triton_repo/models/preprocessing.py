@@ -17,15 +17,18 @@ class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
         from triton_repo import contract
+        from core.types import Limits
         from triton_repo.models import bounds, common, llm_io
 
         self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
-        p = common.Params(common.model_config(args))
-        self.tokenizer = common.load_tokenizer(p.str("tokenizer_dir"))
+        cfg = common.model_config(args)
+        p = common.Params.of(args)
+        self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
         self.max_input_len = p.int("max_input_len")
         self.max_text_bytes, self.bytes_per_token = common.max_text_bytes(self.tokenizer, self.max_input_len)
         self.max_seq_len = p.int("max_seq_len")
+        self.limits = Limits(int(cfg["max_batch_size"]), self.max_input_len, self.max_seq_len)
         self.greedy_only = p.bool("greedy_only")
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
         self.vocab = len(self.tokenizer)  # ids the tokenizer knows: end_id / pad_id must be one of them
@@ -75,13 +78,8 @@ class TritonPythonModel:
         for b, text in enumerate(texts):
             n_out = int(out_len[b])
             tok = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
-            if len(tok) > self.max_input_len:
-                raise common.RequestError(
-                    f"prompt has {len(tok)} tokens > max_input_len={self.max_input_len}; shorten it")
-            if len(tok) + n_out > self.max_seq_len:
-                raise common.RequestError(
-                    f"prompt tokens {len(tok)} + max_tokens {n_out} = {len(tok) + n_out} > max_seq_len="
-                    f"{self.max_seq_len}; lower max_tokens to at most {self.max_seq_len - len(tok)}")
+            if problem := self.limits.length_problem(len(tok), n_out, "max_tokens"):
+                raise common.RequestError(problem)
             ids.append(tok)
             stop_lists.append(common.word_list(
                 [self.tokenizer.encode(w, add_special_tokens=False) for w in stops[b]]))

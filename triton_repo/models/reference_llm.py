@@ -29,9 +29,9 @@ class TritonPythonModel:
         from triton_repo.models import batcher, bounds, cancel_channel, common, llm_io, spec_metrics
 
         self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
-        p = common.Params(common.model_config(args))
+        p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
-        self.engine = ReferenceEngine.from_build(Path(p.str("build_dir")))
+        self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
         # The build's limits come from the engine's own spec (reference.json), the one source; the Triton stage
         # checked at build time that config.pbtxt's max_batch_size agrees with it.
         self.limits, self.vocab_size = self.engine.limits, self.engine.vocab_size

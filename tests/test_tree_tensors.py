@@ -81,8 +81,10 @@ def test_static_tree_tensors_match_the_paths(name: str) -> None:
     runs = want["runs"]
     assert t.num_runs == len(runs)
     assert [t.run_slot[i].item() for i in runs] == list(range(len(runs)))
-    assert sum(1 for s in t.run_slot.tolist() if s >= 0) == len(runs), "only expanded non-root nodes get a slot"
-    assert t.run_start[: len(want["run_start"])] == want["run_start"]
+    assert [s for i, s in enumerate(t.run_slot.tolist()) if i not in runs] == [-1] * (len(want["paths"]) - len(runs)), (
+        "only expanded non-root nodes get a slot (-1 = not run)"
+    )
+    assert t.run_start == want["run_start"], "first drafter scratch slot of each depth 0..D"
     assert t.run_visible.tolist() == [[want["anc"][a][b] for b in runs] for a in runs], (
         "a drafter scratch slot sees exactly its own and its ancestors' slots"
     )

@@ -1,0 +1,189 @@
+"""Mutation score of the core modules (mutmut 3), one group of modules at a time with a fast, targeted test selection.
+
+    python scripts/mutation.py [GROUP ...] [--venv /work/venvs/mut] [--jobs 2] [--out build/mutation]
+
+Not part of `make test`. Each group is run in a scratch copy of the tracked files (mutmut writes `mutants/` there),
+with `[tool.mutmut]` set to the group's modules and tests, then `mutmut results` is read back. The report
+(<out>/report.json and report.md) lists per group: mutants, killed, survived, timeouts, no tests, the score
+killed / (all - equivalent), and each survivor with its diff (`mutmut show`), so it can be triaged: a test added,
+or recorded in EQUIVALENT below with the reason it cannot change behaviour.
+
+mutmut must be installed in its own venv (`python -m venv V && V/bin/pip install mutmut`); the project's
+dependencies come from the project venv through a .pth file (`--deps`), so nothing is installed into that venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The oracle tests on one family and without the tp=2 processes: a mutant runs them in a forked worker.
+ORACLE_K = "not tp2 and not llama3-rope"
+
+# group -> (modules to mutate, pytest arguments selecting the tests that exercise them)
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    "tree": (["engines/tree.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K]),
+    "trees": (["engines/trees.py"], ["tests/test_trees.py", "tests/test_tree_tensors.py"]),
+    "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K]),
+    "sampling": (["engines/sampling.py"], ["tests/test_engine_sampling.py", "tests/test_engine_oracle.py",
+                                           "-k", ORACLE_K]),
+    "decode": (["engines/decode.py"], ["tests/test_engine_oracle.py", "tests/test_engine_sampling.py",
+                                       "-k", ORACLE_K]),
+    "convert-config": (["builders/convert/eagle.py", "builders/convert/eagle3.py", "engines/hfconfig.py"],
+                       ["tests/test_convert_fields.py", "tests/test_convert_eagle.py"]),
+    "llmapi-options": (["builders/engine/llmapi.py"], ["tests/test_llmapi.py"]),
+    "request-validation": (["triton_repo/models/llm_io.py"], ["tests/test_triton_models.py"]),
+}
+
+# Survivors triaged as equivalent: mutant name -> why no test can tell it from the original.
+EQUIVALENT: dict[str, str] = {}
+
+# Classes of equivalent mutants, recognised from the diff: (regex the mutated line must match once the original
+# line's text is substituted in, reason).
+DEVICE_ONLY = (
+    "only a `device=` argument is dropped or set to None: the tensor is made on the default device, which is the "
+    "CPU the tests run on, so no CPU test can tell; on CUDA the mismatch raises (tests marked gpu, "
+    "tests/test_engine_spec.py::test_cuda_greedy_equals_cpu)"
+)
+
+
+def equivalent_reason(name: str, diff: str) -> str | None:
+    if name in EQUIVALENT:
+        return EQUIVALENT[name]
+    minus = [ln[1:] for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    plus = [ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    if len(minus) != 1 or len(plus) != 1:
+        return None
+    line = minus[0]
+    for m in re.finditer(r"(, )?device=[\w.]+", line):
+        a, b = m.span()
+        arg_at = a + (2 if m.group(1) else 0)  # where `device=` starts
+        if plus[0] in (line[:arg_at] + "device=None" + line[b:], line[:a] + ", " + line[b:], line[:a] + line[b:]):
+            return DEVICE_ONLY
+    return None
+
+STATUS = re.compile(r"^\s*(\S+): (\w[\w ]*)$")
+
+
+def scratch_copy(dst: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True, text=True,
+                           capture_output=True).stdout.split()
+    for f in files:
+        src = REPO / f
+        if src.is_file() and not f.startswith(("heads/", "docs/", "docker/")):
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+
+
+def configure(dst: Path, modules: list[str], tests: list[str]) -> None:
+    text = (dst / "pyproject.toml").read_text()
+    text += (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["engines/", "builders/", "triton_repo/", "clients/"]\n'
+        f"only_mutate = {json.dumps(modules)}\n"
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
+        'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]\n'
+        'process_isolation = "forkserver"\n'
+    )
+    (dst / "pyproject.toml").write_text(text)
+
+
+def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = False) -> dict:
+    modules, tests = GROUPS[name]
+    work = out / "work" / name
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.pop("PYTHONPATH", None)  # the mutated copy (mutants/) must be what the tests import
+    t0 = time.time()
+    returncode = 0
+    if not report_only:
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        scratch_copy(work)
+        configure(work, modules, tests)
+        run = subprocess.run([str(venv / "bin" / "mutmut"), "run", "--max-children", str(jobs)], cwd=work, env=env,
+                             check=False, text=True, capture_output=True)
+        (out / f"{name}.run.log").write_text(run.stdout + run.stderr)
+        returncode = run.returncode
+    elif not (work / "mutants").is_dir():
+        raise SystemExit(f"{work}/mutants: no earlier run of group {name} to report on")
+    res = subprocess.run([str(venv / "bin" / "mutmut"), "results", "--all", "true"], cwd=work, env=env, text=True,
+                         capture_output=True, check=True)
+    statuses: dict[str, str] = {}
+    for line in res.stdout.splitlines():
+        if m := STATUS.match(line):
+            statuses[m.group(1)] = m.group(2).strip()
+    survivors = {}
+    for mutant, status in statuses.items():
+        if status in ("survived", "no tests"):
+            show = subprocess.run([str(venv / "bin" / "mutmut"), "show", mutant], cwd=work, env=env, text=True,
+                                  capture_output=True, check=True)
+            survivors[mutant] = {"status": status, "diff": show.stdout, "equivalent": equivalent_reason(mutant, show.stdout)}
+    counts: dict[str, int] = {}
+    for s in statuses.values():
+        counts[s] = counts.get(s, 0) + 1
+    equivalent = sum(1 for s in survivors.values() if s["equivalent"])
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)  # a timeout is a detected change (mutmut counts it so)
+    scored = len(statuses) - equivalent - counts.get("skipped", 0)
+    return {
+        "group": name, "modules": modules, "tests": tests, "exit_code": returncode,
+        "seconds": None if report_only else round(time.time() - t0), "mutants": len(statuses), "counts": counts, "equivalent": equivalent,
+        "score": None if scored <= 0 else round(killed / scored, 4), "survivors": survivors,
+    }
+
+
+def write_report(out: Path, groups: list[dict], commit: str) -> None:
+    (out / "report.json").write_text(json.dumps({"commit": commit, "groups": groups}, indent=2))
+    lines = [f"# Mutation report at {commit}", ""]
+    lines.append("| group | modules | mutants | killed | survived | no tests | equivalent | score |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for g in groups:
+        c = g["counts"]
+        lines.append(f"| {g['group']} | {', '.join(g['modules'])} | {g['mutants']} | "
+                     f"{c.get('killed', 0) + c.get('timeout', 0)} | {c.get('survived', 0)} | {c.get('no tests', 0)} | "
+                     f"{g['equivalent']} | {g['score']} |")
+    for g in groups:
+        for name, s in g["survivors"].items():
+            lines += ["", f"## {name} ({s['status']})", "", s["equivalent"] or "NOT TRIAGED", "", "```diff",
+                      s["diff"].strip(), "```"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("groups", nargs="*", help=f"groups to run (default: all): {', '.join(GROUPS)}")
+    ap.add_argument("--venv", type=Path, default=Path("/work/venvs/mut"), help="venv with mutmut installed")
+    ap.add_argument("--jobs", type=int, default=2, help="mutants tested at once")
+    ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation", help="report directory")
+    ap.add_argument("--report-only", action="store_true", help="re-read the results of an earlier run in --out")
+    args = ap.parse_args(argv)
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        ap.error(f"unknown group(s) {unknown}; choose from {', '.join(GROUPS)}")
+    if not (args.venv / "bin" / "mutmut").is_file():
+        ap.error(f"{args.venv}/bin/mutmut not found: python -m venv {args.venv} && {args.venv}/bin/pip install mutmut")
+    args.out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True, capture_output=True,
+                            check=True).stdout.strip()
+    done = []
+    for g in args.groups or list(GROUPS):
+        print(f"[mutation] {g}: {', '.join(GROUPS[g][0])} ...", flush=True)
+        r = run_group(g, args.venv, args.out, args.jobs, args.report_only)
+        done.append(r)
+        print(f"[mutation] {g}: {r['mutants']} mutants {r['counts']} score {r['score']} in {r['seconds']} s", flush=True)
+        write_report(args.out, done, commit)
+    print(f"[mutation] report: {args.out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,8 +8,13 @@ with `[tool.mutmut]` set to the group's modules and tests, then `mutmut results`
 killed / (all - equivalent), and each survivor with its diff (`mutmut show`), so it can be triaged: a test added,
 or recorded in EQUIVALENT below with the reason it cannot change behaviour.
 
-mutmut must be installed in its own venv (`python -m venv V && V/bin/pip install mutmut`); the project's
-dependencies come from the project venv through a .pth file (`--deps`), so nothing is installed into that venv.
+mutmut must be installed in its own venv (`python -m venv V && V/bin/pip install mutmut`) that also sees the
+project's dependencies (e.g. a .pth file naming the project venv's site-packages), so nothing is installed into the
+project venv.
+
+Inputs:  the tracked files of this checkout; the groups to run (default: all)
+Outputs: <out>/report.md and report.json (score, survivors with diffs), <out>/<group>.run.log, <out>/work/<group>/
+Guide:   docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -159,7 +164,7 @@ def write_report(out: Path, groups: list[dict], commit: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("groups", nargs="*", help=f"groups to run (default: all): {', '.join(GROUPS)}")
     ap.add_argument("--venv", type=Path, default=Path("/work/venvs/mut"), help="venv with mutmut installed")
     ap.add_argument("--jobs", type=int, default=2, help="mutants tested at once")

@@ -20,6 +20,7 @@ Guide:   docs/benchmarks.md
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -35,19 +36,33 @@ REPO = Path(__file__).resolve().parent.parent
 # models in its forked worker, so each fixture left out saves seconds per mutant.
 ORACLE_K = "not tp2 and not llama3-rope and not eagle3"
 
-# group -> (modules to mutate, pytest arguments selecting the tests that exercise them)
-GROUPS: dict[str, tuple[list[str], list[str]]] = {
-    "tree": (["engines/tree.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K]),
-    "trees": (["engines/trees.py"], ["tests/test_trees.py", "tests/test_tree_tensors.py"]),
-    "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K]),
+# group -> (modules to mutate, pytest arguments selecting the tests that exercise them, mutant name globs: the
+# functions whose mutants are run, all of the modules' when empty)
+GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
+    "tree": (["engines/tree.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K], []),
+    "trees": (["engines/trees.py"], ["tests/test_trees.py", "tests/test_tree_tensors.py"], []),
+    "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K], []),
     "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py", "tests/test_engine_oracle.py",
-                                           "-k", ORACLE_K]),
+                                           "-k", ORACLE_K], []),
     "decode": (["engines/decode.py"], ["tests/test_engine_oracle.py", "tests/test_sampling_units.py",
-                                       "tests/test_engine_spec.py", "-k", f"({ORACLE_K}) and not cuda"]),
-    "convert-config": (["builders/convert/eagle.py", "builders/convert/eagle3.py", "engines/hfconfig.py"],
-                       ["tests/test_convert_fields.py", "tests/test_convert_eagle.py"]),
-    "llmapi-options": (["builders/engine/llmapi.py"], ["tests/test_llmapi.py"]),
-    "request-validation": (["triton_repo/models/llm_io.py"], ["tests/test_triton_models.py"]),
+                                       "tests/test_engine_spec.py", "-k", f"({ORACLE_K}) and not cuda"],
+               [f"engines.decode.x_{f}__mutmut_*" for f in ("verify", "walk", "commit", "count", "commit_drafter",
+                                                            "update_drafter")]),
+    # the converters' field mapping: the functions that write config keys or read the HF configs they derive from
+    "convert-config": (["builders/convert/eagle.py", "builders/convert/eagle3.py", "builders/convert/llama.py",
+                        "engines/hfconfig.py"],
+                       ["tests/test_convert_fields.py", "tests/test_convert_eagle.py", "tests/test_convert.py"],
+                       ["builders.convert.eagle.x_eagle_net_config__mutmut_*", "builders.convert.eagle.x_head_bias__mutmut_*",
+                        "builders.convert.eagle3.x_normalized_config__mutmut_*",
+                        "builders.convert.eagle3.x_resolve_layer_ids__mutmut_*",
+                        "builders.convert.llama.x_llama_config_json__mutmut_*",
+                        "builders.convert.llama.x_mapping_json__mutmut_*", "engines.hfconfig.x_rope_theta_of__mutmut_*",
+                        "engines.hfconfig.x__rope__mutmut_*", "engines.hfconfig.x_aux_layer_ids__mutmut_*",
+                        "engines.hfconfig.x_llama_spec__mutmut_*"]),
+    "llmapi-options": (["builders/engine/llmapi.py"], ["tests/test_llmapi.py"],
+                       [f"builders.engine.llmapi.x_{f}__mutmut_*" for f in ("layers_to_capture", "resolve_input_layer_ids",
+                                                                            "speculative_config", "llm_api_options")]),
+    "request-validation": (["triton_repo/models/llm_io.py"], ["tests/test_triton_models.py"], []),
 }
 
 # Survivors triaged as equivalent: mutant name -> why no test can tell it from the original.
@@ -104,7 +119,7 @@ def configure(dst: Path, modules: list[str], tests: list[str]) -> None:
 
 
 def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = False) -> dict:
-    modules, tests = GROUPS[name]
+    modules, tests, names = GROUPS[name]
     work = out / "work" / name
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("PYTHONPATH", None)  # the mutated copy (mutants/) must be what the tests import
@@ -116,7 +131,7 @@ def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = F
         work.mkdir(parents=True)
         scratch_copy(work)
         configure(work, modules, tests)
-        run = subprocess.run([str(venv / "bin" / "mutmut"), "run", "--max-children", str(jobs)], cwd=work, env=env,
+        run = subprocess.run([str(venv / "bin" / "mutmut"), "run", "--max-children", str(jobs), *names], cwd=work, env=env,
                              check=False, text=True, capture_output=True)
         (out / f"{name}.run.log").write_text(run.stdout + run.stderr)
         returncode = run.returncode
@@ -127,7 +142,8 @@ def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = F
     statuses: dict[str, str] = {}
     for line in res.stdout.splitlines():
         if m := STATUS.match(line):
-            statuses[m.group(1)] = m.group(2).strip()
+            if not names or any(fnmatch.fnmatch(m.group(1), g) for g in names):
+                statuses[m.group(1)] = m.group(2).strip()
     survivors = {}
     for mutant, status in statuses.items():
         if status in ("survived", "no tests"):
@@ -139,9 +155,9 @@ def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = F
         counts[s] = counts.get(s, 0) + 1
     equivalent = sum(1 for s in survivors.values() if s["equivalent"])
     killed = counts.get("killed", 0) + counts.get("timeout", 0)  # a timeout is a detected change (mutmut counts it so)
-    scored = len(statuses) - equivalent - counts.get("skipped", 0)
+    scored = len(statuses) - equivalent - counts.get("skipped", 0) - counts.get("not checked", 0)
     return {
-        "group": name, "modules": modules, "tests": tests, "exit_code": returncode,
+        "group": name, "modules": modules, "tests": tests, "functions": names, "exit_code": returncode,
         "seconds": None if report_only else round(time.time() - t0), "mutants": len(statuses), "counts": counts, "equivalent": equivalent,
         "score": None if scored <= 0 else round(killed / scored, 4), "survivors": survivors,
     }

@@ -141,9 +141,9 @@ def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = F
                          capture_output=True, check=True)
     statuses: dict[str, str] = {}
     for line in res.stdout.splitlines():
-        if m := STATUS.match(line):
-            if not names or any(fnmatch.fnmatch(m.group(1), g) for g in names):
-                statuses[m.group(1)] = m.group(2).strip()
+        m = STATUS.match(line)
+        if m and (not names or any(fnmatch.fnmatch(m.group(1), g) for g in names)):
+            statuses[m.group(1)] = m.group(2).strip()
     survivors = {}
     for mutant, status in statuses.items():
         if status in ("survived", "no tests"):

@@ -63,7 +63,18 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
 }
 
 # Survivors triaged as equivalent: mutant name -> why no test can tell it from the original.
-EQUIVALENT: dict[str, str] = {}
+EQUIVALENT: dict[str, str] = {
+    "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
+    "the filter does",
+    "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",
+    "engines.sampling.x_target_probs__mutmut_28": 'float("-INF") == float("-inf") (Python parses it case-blind)',
+    "engines.sampling.x_target_probs__mutmut_43": "torch.sort's default dim is -1",
+    "engines.sampling.x_sampling_node__mutmut_10": "mass >= 0 instead of > 0: with mass 0 every p is 0 and "
+    "rand * 0 < p[x] = 0 is false either way",
+    "engines.sampling.x_sampling_node__mutmut_18": "rand * mass <= p[x] instead of <: differs only when the uniform "
+    "draw times the mass equals p[x] exactly, i.e. p[x] = 0 and torch.rand returned exactly 0.0 (probability 2^-24 "
+    "per draw); no seeded test can reach it",
+}
 
 # Classes of equivalent mutants, recognised from the diff: (regex the mutated line must match once the original
 # line's text is substituted in, reason).

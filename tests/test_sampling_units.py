@@ -137,3 +137,32 @@ def test_draw_uses_the_requests_generator() -> None:
     assert draw(torch.tensor([0.0, 0.0, 1.0]), torch.Generator()) == 2
     sp = SamplingParams(temperature=1.0, seed=3)
     assert choose(torch.tensor([0.0, 0.0, 50.0]), sp, torch.Generator().manual_seed(0)) == 2
+
+
+def test_top_p_off_and_top_p_boundary() -> None:
+    """top_p=1.0 is off: even a token of probability 1e-13 keeps it (a filter over float32 cumulative sums would
+    zero it); top_p exactly reached by a prefix keeps that prefix only (4 equal tokens, top_p 0.5: two of them)."""
+    p = target_probs(torch.tensor([0.0, -30.0]), SamplingParams(temperature=1.0, top_p=1.0))
+    assert float(p[1]) > 0.0
+    q = target_probs(torch.tensor([0.0, 0.0, 0.0, 0.0]), SamplingParams(temperature=1.0, top_p=0.5))
+    assert sorted(q.tolist()) == [0.0, 0.0, 0.5, 0.5]
+
+
+def test_every_draw_uses_the_requests_generator() -> None:
+    """Seeded requests are reproducible: choose's draw, sibling rejection's uniform draws and its residual draw all
+    use the request's generator (never the global one)."""
+    logits = torch.tensor([0.3, 0.1, 0.0, -0.2, 0.25])
+    sp = SamplingParams(temperature=1.0)
+
+    def run(seed: int) -> list:
+        gen = torch.Generator().manual_seed(seed)
+        out: list = [choose(logits, sp, gen) for _ in range(20)]
+        out += [sampling_node(logits, [1, 2], [9, 0, 4], sp, gen) for _ in range(40)]
+        out += [sampling_node(torch.tensor([-1e9, 0.0, 0.1, 0.2]), [1], [9, 0], sp, gen) for _ in range(20)]
+        return out
+
+    torch.manual_seed(1)
+    a = run(5)
+    torch.manual_seed(2)  # another global state must not matter
+    assert run(5) == a
+    assert run(6) != a

@@ -64,6 +64,12 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
 
 # Survivors triaged as equivalent: mutant name -> why no test can tell it from the original.
 EQUIVALENT: dict[str, str] = {
+    "builders.convert.eagle.x_eagle_net_config__mutmut_12": "pp=2 for the head's llama_config_json: pp only feeds "
+    "`mapping`, which eagle_net_config overwrites with mapping_json(tp, 1) in the same function",
+    "builders.convert.eagle.x_eagle_net_config__mutmut_21": "vocab_size not re-set from the target: it is the head's, "
+    "and check_head refuses a head whose vocab_size differs from the target's before anything is written",
+    "builders.convert.eagle.x_eagle_net_config__mutmut_25": "mapping not re-set: llama_config_json(..., pp=1) already "
+    "wrote mapping_json(tp, 1)",
     "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",

@@ -208,14 +208,21 @@ def test_target_only_fields(targets: dict[str, Path], tmp_path: Path, target: st
 
 
 @pytest.mark.parametrize("target", ["plain", "llama3.1", "llama3.1-transformers5"])
-@pytest.mark.parametrize("head_layout", ["transformers4", "transformers5"])
+@pytest.mark.parametrize("head_layout", ["transformers4", "transformers5", "specforge"])
 def test_eagle3_fields_and_the_engines_reading(targets: dict[str, Path], tmp_path: Path, target: str, head_layout: str) -> None:
     """The EAGLE-3 head keeps its own config (TensorRT-LLM reads it as the speculative model's); for a Llama-3.1
     target its llama3 rope_scaling is written at the top level with rope_theta (transformers-4 readers) and the
-    engine drafts with those frequencies."""
+    engine drafts with those frequencies. A SpecForge-style config (layer ids in an `eagle_config` block, no
+    draft_vocab_size, no target_hidden_size) gets them from the block, the lm_head rows and the target."""
     tdir = targets[target]
     head = tm.make_eagle3_head(tmp_path / "head3", tdir)
     hcfg = hf(head)
+    ids, draft_vocab = hcfg["eagle_aux_hidden_state_layer_ids"], hcfg["draft_vocab_size"]
+    if head_layout == "specforge":
+        for k in ("eagle_aux_hidden_state_layer_ids", "draft_vocab_size", "target_hidden_size"):
+            hcfg.pop(k)
+        hcfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
+        (head / "config.json").write_text(json.dumps(hcfg))
     if head_layout == "transformers5":
         base, scaling = rope_of(hcfg)
         for k in ("rope_theta", "rope_scaling"):
@@ -227,17 +234,18 @@ def test_eagle3_fields_and_the_engines_reading(targets: dict[str, Path], tmp_pat
     n = json.loads((out / "eagle3" / "config.json").read_text())
     tcfg = hf(tdir)
     base, scaling = rope_of(hcfg)
-    ids = hcfg["eagle_aux_hidden_state_layer_ids"]
     derived = {
         "architectures": ["LlamaForCausalLMEagle3"], "torch_dtype": "float32", "dtype": "float32",
-        "num_hidden_layers": hcfg["num_hidden_layers"], "draft_vocab_size": hcfg["draft_vocab_size"],
+        "num_hidden_layers": hcfg["num_hidden_layers"], "draft_vocab_size": draft_vocab,
         "target_hidden_size": tcfg["hidden_size"], "eagle_aux_hidden_state_layer_ids": ids, "bias": False,
         "rope_theta": base,
     }
     for k, v in derived.items():
         assert n[k] == v, f"{target} EAGLE-3 {head_layout}: {k}={n[k]!r}, expected {v!r}"
     assert same_scaling(n.get("rope_scaling"), scaling), f"EAGLE-3 rope_scaling {n.get('rope_scaling')} vs {scaling}"
-    assert n["eagle_deploy"]["trtllm_layers_to_capture"] == [i - 1 for i in ids]
+    assert n["eagle_deploy"] == {"random_head": False, "target_source": str(tdir), "head_source": str(head),
+                                 "trtllm_layers_to_capture": [i - 1 for i in ids]}
+    assert "eagle_config" not in n, "the ids are top-level now; TensorRT-LLM reads them from nowhere else"
     for k, v in hcfg.items():  # every other key of the head's config is kept as it was
         if k not in derived and k not in ("rope_scaling", "eagle_config"):
             assert n[k] == v, f"EAGLE-3 head key {k} changed: {n[k]!r} vs {v!r}"
@@ -247,4 +255,4 @@ def test_eagle3_fields_and_the_engines_reading(targets: dict[str, Path], tmp_pat
     torch.testing.assert_close(d.rope.inv, hf_inv_freq(hcfg), msg=lambda m: f"EAGLE-3 drafter RoPE: {m}")  # type: ignore[union-attr]
     torch.testing.assert_close(engine._rt.target.rope.inv, hf_inv_freq(tcfg))
     assert d.capture == tuple(ids) and d.eps == hcfg["rms_norm_eps"]  # type: ignore[union-attr]
-    assert d.lm_head.weight.shape[0] == hcfg["draft_vocab_size"]  # type: ignore[union-attr]
+    assert d.lm_head.weight.shape[0] == draft_vocab  # type: ignore[union-attr]

@@ -96,8 +96,7 @@ def same_scaling(written: dict[str, Any] | None, source: dict[str, Any] | None) 
         return False
     kind = source.get("rope_type", source.get("type"))
     params = {k: v for k, v in source.items() if k not in ("type", "rope_type")}
-    return written.get("type") == kind and written.get("rope_type") == kind and all(
-        written.get(k) == v for k, v in params.items())
+    return written == dict(params, type=kind, rope_type=kind)  # nothing else (no rope_theta inside)
 
 
 def expected_llama_fields(cfg: dict[str, Any], *, dtype: str, tp: int, architecture: str) -> dict[str, Any]:
@@ -256,3 +255,23 @@ def test_eagle3_fields_and_the_engines_reading(targets: dict[str, Path], tmp_pat
     torch.testing.assert_close(engine._rt.target.rope.inv, hf_inv_freq(tcfg))
     assert d.capture == tuple(ids) and d.eps == hcfg["rms_norm_eps"]  # type: ignore[union-attr]
     assert d.lm_head.weight.shape[0] == draft_vocab  # type: ignore[union-attr]
+
+
+def test_rope_base_given_twice_must_agree(targets: dict[str, Path], tmp_path: Path) -> None:
+    """transformers 4 and 5 spellings of the RoPE base in one config must agree; the error names the file, both
+    values and why (engines/hfconfig.py rope_theta_of)."""
+    import shutil
+
+    from engines.hfconfig import ModelConfigError
+
+    d = tmp_path / "both"
+    shutil.copytree(targets["plain"], d)
+    cfg = hf(d)
+    cfg.update(rope_theta=10000.0, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError) as err:
+        convert_llama(d, tmp_path / "out", dtype="float32")
+    assert str(err.value) == (
+        f"{d / 'config.json'}: rope_theta=10000.0 disagrees with rope_parameters.rope_theta=500000.0; fix the config "
+        "(they are the same RoPE base for transformers 4 and 5 readers)"
+    )

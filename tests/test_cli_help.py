@@ -52,6 +52,7 @@ ENTRY_POINTS = {
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
     "scripts/gpu_pack.py": ["scripts/gpu_pack.py"],
     "scripts/gpu_run.py": ["scripts/gpu_run.py"],
+    "scripts/mutation.py": ["scripts/mutation.py"],
     "scripts/reliability.py": ["scripts/reliability.py"],
 }
 

@@ -271,3 +271,69 @@ def test_hostile_requests_are_refused_before_tokenizing_and_a_concurrent_stream_
         assert msg in err.message() and not any(leak in err.message() for leak in LEAKS), (k, err.message())
         assert len(err.message()) < 1000, k
     assert results["good"] == greedy_text
+
+
+def test_each_limit_is_refused_by_name_and_a_running_stream_is_unaffected(
+    server: Any, build: tuple[Any, Path], greedy_text: str
+) -> None:
+    """The llmapi `tensorrt_llm` model called directly (triton_repo/models/llmapi_io.py `parse`): every input limit
+    answers with its own message while a stream that was already running goes on to the target-only greedy text."""
+    import queue
+
+    from tests.triton_requests import stream_call
+
+    def inp(name: str, value: Any, dt: str) -> Any:
+        arr = np.array([value], dtype={"BYTES": object, "INT32": np.int32, "BOOL": bool, "FP32": np.float32}[dt])
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    def req(text: str, n: int, **extra: tuple[Any, str]) -> list[Any]:
+        return [inp("text_input", text.encode(), "BYTES"), inp("sampling_param_max_tokens", n, "INT32"),
+                *(inp(k, v, dt) for k, (v, dt) in extra.items())]
+
+    from builders.layout import CHECKPOINT, TOKENIZER
+    from engines.runtime import load_tokenizer
+
+    tok = load_tokenizer(build[1] / CHECKPOINT / TOKENIZER)
+    long_text = "fox " * 200
+    n_long = len(tok.encode(long_text))
+    n_prompt = len(tok.encode(PROMPT))
+    bad = [
+        (req(long_text, 4), f"prompt has {n_long} tokens > max_input_len=128; shorten it"),
+        (req(PROMPT, 256), f"prompt tokens {n_prompt} + max_tokens 256 > max_seq_len=256"),
+        (req(PROMPT, 0), "sampling_param_max_tokens=0 must be >= 1"),
+        (req(PROMPT, 4, sampling_param_best_of=(2, "INT32")), "sampling_param_best_of=2"),
+        (req(PROMPT, 4, sampling_param_frequency_penalty=(0.5, "FP32")), "sampling_param_frequency_penalty=0.5"),
+        (req(PROMPT, 4, return_cumulative_logprob=(True, "BOOL")), "return_cumulative_logprob"),
+        (req(PROMPT, 4, sampling_param_temperature=(-1.0, "FP32")), "temperature=-1.0 must be a finite number >= 0"),
+        (req(PROMPT, 4, sampling_param_top_p=(1.5, "FP32")), "top_p=1.5 must be in [0, 1]"),
+    ]
+    running = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue[Any] = queue.Queue()
+    running.start_stream(callback=lambda result, error: got.put((result, error)))
+    texts: list[str] = []
+    try:
+        running.async_stream_infer("tensorrt_llm", req(PROMPT, N, streaming=(True, "BOOL")), request_id="running")
+        result, error = got.get(timeout=120)
+        assert error is None, error
+        final = result.get_response().parameters["triton_final_response"].bool_param
+        assert not final, "the running stream must still be running when the bad requests arrive"
+        texts.append(result.as_numpy("text_output")[0].decode())
+        other = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            for ins, message in bad:
+                with pytest.raises(InferenceServerException) as err:
+                    stream_call(other, "tensorrt_llm", ins)
+                assert message in err.value.message(), (message, err.value.message())
+        finally:
+            other.close()
+        while not final:
+            result, error = got.get(timeout=120)
+            assert error is None, f"the running stream failed next to the refused requests: {error}"
+            texts.append(result.as_numpy("text_output")[0].decode())
+            final = result.get_response().parameters["triton_final_response"].bool_param
+    finally:
+        running.stop_stream()
+        running.close()
+    assert texts[-1] == greedy_text

@@ -1,0 +1,236 @@
+"""Mutation score of the core modules (mutmut 3), one group of modules at a time with a fast, targeted test selection.
+
+    python scripts/mutation.py [GROUP ...] [--venv /work/venvs/mut] [--jobs 2] [--out build/mutation]
+
+Not part of `make test`. Each group is run in a scratch copy of the tracked files (mutmut writes `mutants/` there),
+with `[tool.mutmut]` set to the group's modules and tests, then `mutmut results` is read back. The report
+(<out>/report.json and report.md) lists per group: mutants, killed, survived, timeouts, no tests, the score
+killed / (all - equivalent), and each survivor with its diff (`mutmut show`), so it can be triaged: a test added,
+or recorded in EQUIVALENT below with the reason it cannot change behaviour.
+
+mutmut must be installed in its own venv (`python -m venv V && V/bin/pip install mutmut`) that also sees the
+project's dependencies (e.g. a .pth file naming the project venv's site-packages), so nothing is installed into the
+project venv.
+
+Inputs:  the tracked files of this checkout; the groups to run (default: all)
+Outputs: <out>/report.md and report.json (score, survivors with diffs), <out>/<group>.run.log, <out>/work/<group>/
+Guide:   docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The oracle tests on one family, EAGLE-1, without the tp=2 processes: every mutant rebuilds the session's tiny
+# models in its forked worker, so each fixture left out saves seconds per mutant.
+ORACLE_K = "not tp2 and not llama3-rope and not eagle3"
+
+# group -> (modules to mutate, pytest arguments selecting the tests that exercise them, mutant name globs: the
+# functions whose mutants are run, all of the modules' when empty)
+GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
+    "tree": (["engines/tree.py"], ["tests/test_tree_tensors.py"], []),
+    "trees": (["core/trees.py"], ["tests/test_trees.py", "tests/test_tree_tensors.py"], []),
+    "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K], []),
+    "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py"], []),
+    "decode": (["engines/decode.py"], ["tests/test_engine_oracle.py", "tests/test_sampling_units.py",
+                                       "tests/test_engine_spec.py", "-k", f"({ORACLE_K}) and not cuda"],
+               [f"engines.decode.x_{f}__mutmut_*" for f in ("verify", "walk", "commit", "count", "commit_drafter",
+                                                            "update_drafter")]),
+    # the converters' field mapping: the functions that write config keys or read the HF configs they derive from
+    "convert-config": (["builders/convert/eagle.py", "builders/convert/eagle3.py", "builders/convert/llama.py",
+                        "core/hfconfig.py"],
+                       ["tests/test_convert_fields.py"],
+                       ["builders.convert.eagle.x_eagle_net_config__mutmut_*",
+                        "builders.convert.eagle3.x_normalized_config__mutmut_*",
+                        "builders.convert.llama.x_llama_config_json__mutmut_*",
+                        "builders.convert.llama.x_mapping_json__mutmut_*", "core.hfconfig.x_rope_theta_of__mutmut_*",
+                        "core.hfconfig.x__rope__mutmut_*"]),
+    "llmapi-options": (["builders/engine/llmapi.py"], ["tests/test_llmapi.py", "tests/test_llmapi_options.py"],
+                       [f"builders.engine.llmapi.x_{f}__mutmut_*" for f in ("layers_to_capture", "resolve_input_layer_ids",
+                                                                            "speculative_config", "llm_api_options")]),
+    "request-validation": (["triton_repo/models/llm_io.py"], ["tests/test_triton_models.py"], []),
+}
+
+# Survivors triaged as equivalent: mutant name -> why no test can tell it from the original.
+EQUIVALENT: dict[str, str] = {
+    "builders.convert.eagle.x_eagle_net_config__mutmut_12": "pp=2 for the head's llama_config_json: pp only feeds "
+    "`mapping`, which eagle_net_config overwrites with mapping_json(tp, 1) in the same function",
+    "builders.convert.eagle.x_eagle_net_config__mutmut_21": "vocab_size not re-set from the target: it is the head's, "
+    "and check_head refuses a head whose vocab_size differs from the target's before anything is written",
+    "builders.convert.eagle.x_eagle_net_config__mutmut_25": "mapping not re-set: llama_config_json(..., pp=1) already "
+    "wrote mapping_json(tp, 1)",
+    "builders.engine.llmapi.x_speculative_config__mutmut_22": '"XX; XX".join of capture_problems: that list has at '
+    "most one problem (builders/trtllm/rules.py), so the separator never appears",
+    "engines.decode.x_walk__mutmut_19": "the eager lm_head product over every node is skipped: the walk computes the "
+    "same logits level by level (only the number of products differs, engines/decode.py `walk`)",
+    "engines.decode.x_walk__mutmut_20": "as mutmut_19: the per-level path computes the same logits",
+    "engines.decode.x_walk__mutmut_24": "the eager/per-level threshold moves by one row: the same logits either way",
+    "engines.decode.x_walk__mutmut_40": "as mutmut_19: the per-level lm_head computes the same logits",
+    "engines.decode.x_walk__mutmut_46": "argmax(+1) on the 2-D (walking, vocab) logits is argmax(-1)",
+    "engines.decode.x_commit__mutmut_1": "dev = None: the index tensors land on the default device, the CPU the tests "
+    "run on (see DEVICE_ONLY)",
+    "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_commit__mutmut_1",
+    "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
+    "the filter does",
+    "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",
+    "engines.sampling.x_target_probs__mutmut_28": 'float("-INF") == float("-inf") (Python parses it case-blind)',
+    "engines.sampling.x_target_probs__mutmut_43": "torch.sort's default dim is -1",
+    "engines.sampling.x_sampling_node__mutmut_10": "mass >= 0 instead of > 0: with mass 0 every p is 0 and "
+    "rand * 0 < p[x] = 0 is false either way",
+    "engines.sampling.x_sampling_node__mutmut_18": "rand * mass <= p[x] instead of <: differs only when the uniform "
+    "draw times the mass equals p[x] exactly, i.e. p[x] = 0 and torch.rand returned exactly 0.0 (probability 2^-24 "
+    "per draw); no seeded test can reach it",
+}
+
+# Classes of equivalent mutants, recognised from the diff: (regex the mutated line must match once the original
+# line's text is substituted in, reason).
+DEVICE_ONLY = (
+    "only a `device=` argument is dropped or set to None: the tensor is made on the default device, which is the "
+    "CPU the tests run on, so no CPU test can tell; on CUDA the mismatch raises (tests marked gpu, "
+    "tests/test_engine_spec.py::test_cuda_greedy_equals_cpu)"
+)
+
+
+def equivalent_reason(name: str, diff: str) -> str | None:
+    if name in EQUIVALENT:
+        return EQUIVALENT[name]
+    minus = [ln[1:] for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    plus = [ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    if len(minus) != 1 or len(plus) != 1:
+        return None
+    line = minus[0]
+    for m in re.finditer(r"(, )?device=[\w.]+", line):
+        a, b = m.span()
+        arg_at = a + (2 if m.group(1) else 0)  # where `device=` starts
+        if plus[0] in (line[:arg_at] + "device=None" + line[b:], line[:a] + ", " + line[b:], line[:a] + line[b:]):
+            return DEVICE_ONLY
+    return None
+
+STATUS = re.compile(r"^\s*(\S+): (\w[\w ]*)$")
+
+
+def scratch_copy(dst: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True, text=True,
+                           capture_output=True).stdout.split()
+    for f in files:
+        src = REPO / f
+        if src.is_file() and not f.startswith(("heads/", "docs/", "docker/")):
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+
+
+def configure(dst: Path, modules: list[str], tests: list[str]) -> None:
+    text = (dst / "pyproject.toml").read_text()
+    text += (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["engines/", "builders/", "triton_repo/", "clients/"]\n'
+        f"only_mutate = {json.dumps(modules)}\n"
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
+        'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]\n'
+        'process_isolation = "forkserver"\n'
+    )
+    (dst / "pyproject.toml").write_text(text)
+
+
+def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = False) -> dict:
+    modules, tests, names = GROUPS[name]
+    work = out / "work" / name
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.pop("PYTHONPATH", None)  # the mutated copy (mutants/) must be what the tests import
+    t0 = time.time()
+    returncode = 0
+    if not report_only:
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        scratch_copy(work)
+        configure(work, modules, tests)
+        run = subprocess.run([str(venv / "bin" / "mutmut"), "run", "--max-children", str(jobs), *names], cwd=work, env=env,
+                             check=False, text=True, capture_output=True)
+        (out / f"{name}.run.log").write_text(run.stdout + run.stderr)
+        returncode = run.returncode
+    elif not (work / "mutants").is_dir():
+        raise SystemExit(f"{work}/mutants: no earlier run of group {name} to report on")
+    res = subprocess.run([str(venv / "bin" / "mutmut"), "results", "--all", "true"], cwd=work, env=env, text=True,
+                         capture_output=True, check=True)
+    statuses: dict[str, str] = {}
+    for line in res.stdout.splitlines():
+        m = STATUS.match(line)
+        if m and (not names or any(fnmatch.fnmatch(m.group(1), g) for g in names)):
+            statuses[m.group(1)] = m.group(2).strip()
+    survivors = {}
+    for mutant, status in statuses.items():
+        if status in ("survived", "no tests"):
+            show = subprocess.run([str(venv / "bin" / "mutmut"), "show", mutant], cwd=work, env=env, text=True,
+                                  capture_output=True, check=True)
+            survivors[mutant] = {"status": status, "diff": show.stdout, "equivalent": equivalent_reason(mutant, show.stdout)}
+    counts: dict[str, int] = {}
+    for s in statuses.values():
+        counts[s] = counts.get(s, 0) + 1
+    equivalent = sum(1 for s in survivors.values() if s["equivalent"])
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)  # a timeout is a detected change (mutmut counts it so)
+    scored = len(statuses) - equivalent - counts.get("skipped", 0) - counts.get("not checked", 0)
+    return {
+        "group": name, "modules": modules, "tests": tests, "functions": names, "exit_code": returncode,
+        "seconds": None if report_only else round(time.time() - t0), "mutants": len(statuses), "counts": counts, "equivalent": equivalent,
+        "score": None if scored <= 0 else round(killed / scored, 4), "survivors": survivors,
+    }
+
+
+def write_report(out: Path, groups: list[dict], commit: str) -> None:
+    (out / "report.json").write_text(json.dumps({"commit": commit, "groups": groups}, indent=2))
+    lines = [f"# Mutation report at {commit}", ""]
+    lines.append("| group | modules | mutants | killed | survived | no tests | equivalent | score |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for g in groups:
+        c = g["counts"]
+        lines.append(f"| {g['group']} | {', '.join(g['modules'])} | {g['mutants']} | "
+                     f"{c.get('killed', 0) + c.get('timeout', 0)} | {c.get('survived', 0)} | {c.get('no tests', 0)} | "
+                     f"{g['equivalent']} | {g['score']} |")
+    for g in groups:
+        for name, s in g["survivors"].items():
+            lines += ["", f"## {name} ({s['status']})", "", s["equivalent"] or "NOT TRIAGED", "", "```diff",
+                      s["diff"].strip(), "```"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("groups", nargs="*", help=f"groups to run (default: all): {', '.join(GROUPS)}")
+    ap.add_argument("--venv", type=Path, default=Path("/work/venvs/mut"), help="venv with mutmut installed")
+    ap.add_argument("--jobs", type=int, default=2, help="mutants tested at once")
+    ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation", help="report directory")
+    ap.add_argument("--report-only", action="store_true", help="re-read the results of an earlier run in --out")
+    args = ap.parse_args(argv)
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        ap.error(f"unknown group(s) {unknown}; choose from {', '.join(GROUPS)}")
+    if not (args.venv / "bin" / "mutmut").is_file():
+        ap.error(f"{args.venv}/bin/mutmut not found: python -m venv {args.venv} && {args.venv}/bin/pip install mutmut")
+    args.out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True, capture_output=True,
+                            check=True).stdout.strip()
+    done = []
+    for g in args.groups or list(GROUPS):
+        print(f"[mutation] {g}: {', '.join(GROUPS[g][0])} ...", flush=True)
+        r = run_group(g, args.venv, args.out, args.jobs, args.report_only)
+        done.append(r)
+        print(f"[mutation] {g}: {r['mutants']} mutants {r['counts']} score {r['score']} in {r['seconds']} s", flush=True)
+        write_report(args.out, done, commit)
+    print(f"[mutation] report: {args.out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

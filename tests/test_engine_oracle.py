@@ -1,0 +1,185 @@
+"""Full-depth oracles (tests/oracle.py): heads whose drafts are the target's greedy continuation, so every tree kind is
+accepted to its deepest level. Each case asserts both lossless output and the EXACT per-request forwards and
+acceptance by depth that the tree and the oracle's schedule imply: a tree-mask, position, KV-compaction or drafter
+state bug at any depth changes the output or tau. Static, chain and dynamic trees, batches of different lengths,
+in-flight joins, tp=2, EAGLE-1 and EAGLE-3, every family in `oracle.FAMILIES`."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
+from tests import oracle  # noqa: E402
+from tests import tiny_models as tm  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+NEW = [29, 17, 24]  # different lengths: sequences finish at different steps, cut inside an accepted path
+
+
+def static(name: str) -> DraftTree:
+    return DraftTree.from_choices(preset(name))
+
+
+@pytest.fixture(scope="session")
+def family_ckpts(tiny_dir: Path) -> dict[str, dict[str, Path]]:
+    """family -> {"eagle": EAGLE-1 checkpoint, "eagle3": target checkpoint with the EAGLE-3 head in eagle3/}, built
+    on first use (tiny models from the family's factory)."""
+    return {}
+
+
+def ckpt(family_ckpts: dict[str, dict[str, Path]], tiny_dir: Path, family: str, kind: str) -> Path:
+    from builders.convert import convert_eagle3
+    from tests.conftest import convert_eagle_ckpt
+
+    got = family_ckpts.setdefault(family, {})
+    if kind not in got:
+        root = tiny_dir / f"oracle_{family}"
+        target = root / "target"
+        if not (target / "config.json").is_file():
+            oracle.sharpen(oracle.FAMILIES[family](target, 7))
+        if kind == "eagle":
+            head = tm.make_eagle_head(root / "head1", target)
+            got[kind] = convert_eagle_ckpt(target, head, root / "ckpt_eagle")
+        else:
+            # A 288-of-320 draft vocabulary: most greedy tokens can be drafted (deep acceptance), some cannot (d2t).
+            head = tm.make_eagle3_head(root / "head3", target, draft_vocab=288)
+            out = root / "ckpt_eagle3"
+            convert_eagle3(target, head, out, dtype="float32", layers_to_capture=None)
+            got[kind] = out
+    return got[kind]
+
+
+def load(path: Path, kind: str, tree: DraftTree | DynamicTree) -> ReferenceEngine:
+    head = path / "eagle3" if kind == "eagle3" else None
+    return ReferenceEngine.from_checkpoint(path, tree=tree, dtype="float32", device="cpu", eagle3_head_dir=head)
+
+
+TREES = {
+    "chain-4": static("chain-4"),
+    "trtllm-63": static("trtllm-default"),
+    "eagle-25": static("eagle-default"),
+    "dynamic-k3-d4-n12": DynamicTree(3, 4, 12),
+}
+
+
+# EAGLE-1/2 heads run on Llama targets only (the engine flow's EagleForCausalLM subclasses LLaMAForCausalLM:
+# builders/trtllm/architectures.py); EAGLE-3 on every family.
+FAMILY_KINDS = [(f, k) for f in oracle.FAMILIES for k in ("eagle", "eagle3") if k == "eagle3" or f.startswith("llama")]
+
+
+@pytest.mark.parametrize(("family", "kind"), FAMILY_KINDS)
+@pytest.mark.parametrize("tree", list(TREES))
+def test_oracle_reaches_full_depth_lossless_with_exact_tau(family_ckpts, tiny_dir, family, kind, tree) -> None:
+    engine = load(ckpt(family_ckpts, tiny_dir, family, kind), kind, TREES[tree])
+    reqs = oracle.requests(PROMPTS, NEW)
+    engine = oracle.with_oracle(engine, reqs)
+    res = engine.generate(reqs)
+    oracle.check_exact(engine, reqs, res, f"{family} {kind} {tree}")
+    depth = TREES[tree].depth
+    deepest = sum(r.stats.acceptance_by_depth[depth - 1] for r in res)
+    assert deepest >= (3 if kind == "eagle" else 1), f"the oracle never reached depth {depth}: {[r.stats for r in res]}"
+    if kind == "eagle":  # every greedy token is draftable: each step but a cut last one accepts the whole depth
+        for r in res:
+            assert r.stats.target_forwards == -(-(len(r.output_ids) - 1) // (depth + 1))
+
+
+@pytest.mark.parametrize(
+    "tree,ranks",
+    [
+        ("trtllm-63", [0, 0, 1, 0, None, 2, 0, 3]),  # runner-up branches [1], [0, 1], [2, 0], ... are accepted
+        ("eagle-25", [0, 1, 0, 2, 0, None]),
+        ("chain-4", [0, 0, 1, None]),  # a chain accepts only rank 0
+        ("dynamic-k3-d4-n12", [0, 0, 0, None]),  # EAGLE-2: a miss ends the chain, the scores keep it otherwise
+    ],
+)
+def test_oracle_mix_gives_exact_acceptance(family_ckpts, tiny_dir, tree, ranks) -> None:
+    engine = load(ckpt(family_ckpts, tiny_dir, "llama", "eagle"), "eagle", TREES[tree])
+    reqs = oracle.requests(PROMPTS, NEW)
+    engine = oracle.with_oracle(engine, reqs, oracle.mixed(ranks))
+    res = engine.generate(reqs)
+    oracle.check_exact(engine, reqs, res, f"mix {ranks} on {tree}")
+    agg = engine.aggregate(res)
+    assert 0 < agg.accepted_draft_tokens < agg.target_forwards * TREES[tree].depth  # a mix: neither none nor all
+
+
+def test_oracle_in_flight_joins_are_exact(family_ckpts, tiny_dir) -> None:
+    """Requests joining a running batch (engines/session.py): a newcomer's prefill next to others' tree steps and a
+    reused slot keep every request lossless with its exact acceptance."""
+    engine = load(ckpt(family_ckpts, tiny_dir, "llama", "eagle"), "eagle", TREES["eagle-25"])
+    reqs = oracle.requests(PROMPTS, NEW)
+    engine = oracle.with_oracle(engine, reqs)
+    session = engine.session(capacity=2, max_len=64)
+    slot_of: dict[int, int] = {}  # request -> slot while running
+    results: dict[int, GenerationResult] = {}
+    joins = {0: 0, 1: 3, 2: 5}  # request -> step at which it joins (request 2 waits for a free slot)
+    step = 0
+    while len(results) < len(reqs):
+        for k, at in joins.items():
+            if at <= step and k not in slot_of and k not in results and session.free:
+                slot_of[k] = session.add(reqs[k])
+        session.step()
+        step += 1
+        for slot in session.finished:
+            k = next(k for k, s in slot_of.items() if s == slot)
+            results[k] = session.pop(slot)
+            del slot_of[k]
+    oracle.check_exact(engine, reqs, [results[i] for i in range(3)], "in-flight eagle-25")
+
+
+def _tp_worker(rank: int, *, eagle: str, eagle3: str) -> dict[str, list[tuple]]:
+    out = {}
+    for name, path, kind, tree in (("eagle", eagle, "eagle", TREES["trtllm-63"]), ("eagle3", eagle3, "eagle3", TREES["dynamic-k3-d4-n12"])):
+        engine = load(Path(path), kind, tree)
+        reqs = oracle.requests(PROMPTS, NEW)
+        engine = oracle.with_oracle(engine, reqs)
+        res = engine.generate(reqs)
+        oracle.check_exact(engine, reqs, res, f"tp=2 rank {rank} {name}")
+        out[name] = [(r.output_ids, r.stats.target_forwards, list(r.stats.acceptance_by_depth)) for r in res]
+    return out
+
+
+def test_oracle_tp2_exact(tiny_dir: Path) -> None:
+    """Both ranks of a tp=2 checkpoint (two gloo processes) reach full depth with the exact tp=1 acceptance."""
+    from builders.convert import convert_eagle3
+    from engines.parallel import spawn
+    from tests.conftest import convert_eagle_ckpt
+
+    root = tiny_dir / "oracle_tp2"
+    target = root / "target"
+    if not (target / "config.json").is_file():
+        oracle.sharpen(oracle.FAMILIES["llama"](target, 7))
+    e1 = convert_eagle_ckpt(target, tm.make_eagle_head(root / "head1", target), root / "eagle", tp=2)
+    e3 = root / "eagle3"
+    if not (e3 / "config.json").is_file():
+        convert_eagle3(target, tm.make_eagle3_head(root / "head3", target, draft_vocab=288), e3, dtype="float32", tp=2,
+                       layers_to_capture=None)
+    ranks = spawn(functools.partial(_tp_worker, eagle=str(e1), eagle3=str(e3)), world=2)
+    assert ranks[0] == ranks[1]
+    depth = TREES["trtllm-63"].depth
+    assert all(by[depth - 1] > 0 for _, _, by in ranks[0]["eagle"])
+    torch.set_num_threads(1)
+
+
+def test_oracle_really_drafts_the_greedy_path(family_ckpts, tiny_dir) -> None:
+    """The oracle is no no-op: with it the real head's tau (~1) becomes depth + 1, and the schedule's misses cost
+    exactly what the simulation says (a wrong simulation would fail check_exact on one of the two)."""
+    engine = load(ckpt(family_ckpts, tiny_dir, "llama", "eagle"), "eagle", TREES["chain-4"])
+    reqs = [GenerationRequest([5, 17, 33, 101, 7], 41, SamplingParams(), [])]
+    real = engine.generate(reqs)[0].stats
+    top = oracle.with_oracle(engine, reqs)
+    got = top.generate(reqs)[0].stats
+    assert oracle.oracle_of(top).placed > 0
+    assert got.target_forwards == 8 and got.accepted_draft_tokens == 32  # 1 + 8 x (4 + 1) = 41 tokens
+    assert real.accepted_draft_tokens < 8
+    miss = oracle.with_oracle(engine, reqs, lambda ctx: None)
+    assert miss.generate(reqs)[0].stats.accepted_draft_tokens == 0

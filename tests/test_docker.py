@@ -206,6 +206,7 @@ def test_compose_services_and_profiles() -> None:
         assert entry[1:] == ["loadtest", f"triton-{p}:{serve.TRITON_PORTS['grpc']}"]
         args = [_expand(a) for a in services[f"loadtest-{p}"]["command"]]
         assert (REPO / args[args.index("--prompts") + 1]).is_file()
+        assert args[args.index("--repo") + 1] == "/build/demo/triton_repo"  # the tokenizer: served paths are relative
 
 
 def test_compose_current_line_profile() -> None:
@@ -322,7 +323,8 @@ def test_entrypoint_build_serve_loadtest(tmp_path: Path, tiny_target: Path, eagl
             assert time.monotonic() < deadline, f"not ready in 240 s; log:\n{log.read_text()[-3000:]}"
             time.sleep(0.5)
         out = tmp_path / "loadtest"
-        lt = _entry("loadtest", f"127.0.0.1:{grpc}", "--prompts", str(DOCKER / "prompts.jsonl"), "--out", str(out),
+        lt = _entry("loadtest", f"127.0.0.1:{grpc}", "--repo", str(build_dir / "triton_repo"),
+                    "--prompts", str(DOCKER / "prompts.jsonl"), "--out", str(out),
                     "--concurrency", "2", "--requests", "4", "--max-tokens", "8", "--no-progress")  # fmt: skip
         assert lt.returncode == 0, lt.stdout + lt.stderr
         report = json.loads((out / "report.json").read_text())

@@ -77,8 +77,9 @@ def bad_llm_requests(engine: Any) -> list[tuple[str, list[Any], str]]:
     ok = engine.tokenizer.encode("The quick brown fox")
     long = (ok * (MAX_INPUT // len(ok) + 2))[: MAX_INPUT + 1]
     return [
-        ("max_input_len", llm_inputs(long, 4), f"prompt has {MAX_INPUT + 1} tokens > max_input_len={MAX_INPUT}"),
-        ("max_seq_len", llm_inputs(ok, MAX_SEQ), f"prompt tokens {len(ok)} + max_tokens {MAX_SEQ} > max_seq_len={MAX_SEQ}"),
+        ("max_input_len", llm_inputs(long, 4), f"input_ids holds {MAX_INPUT + 1} ids > max_input_len={MAX_INPUT}"),
+        ("max_seq_len", llm_inputs(ok, MAX_SEQ), 
+         f"prompt {len(ok)} + request_output_len (max_tokens) {MAX_SEQ} exceeds engine.max_seq_len={MAX_SEQ}"),
         ("request_output_len", llm_inputs(ok, 0), "request_output_len (max_tokens)=0 must be >= 1"),
         ("input_lengths=0", llm_inputs(ok, 4, lengths=0), f"input_lengths=0 must be in 1..{len(ok)}"),
         ("input_lengths>given", llm_inputs(ok, 4, lengths=len(ok) + 1), f"input_lengths={len(ok) + 1} must be in 1..{len(ok)}"),
@@ -90,7 +91,7 @@ def bad_llm_requests(engine: Any) -> list[tuple[str, list[Any], str]]:
         ("temperature", llm_inputs(ok, 4)[:3] + [infer_input("temperature", -1.0, "FP32")],
          "temperature=-1.0 must be a finite number >= 0"),
         ("top_k", llm_inputs(ok, 4, runtime_top_k=(-2, "INT32")), "top_k=-2 must be >= 0"),
-        ("top_p", llm_inputs(ok, 4, runtime_top_p=(1.5, "FP32")), "top_p=1.5 must be in [0, 1]"),
+        ("top_p", llm_inputs(ok, 4, runtime_top_p=(1.5, "FP32")), "top_p=1.5 must be in (0, 1]"),
     ]
 
 
@@ -177,8 +178,8 @@ def test_preprocessing_refuses_each_limit_and_concurrent_requests_are_unaffected
     too_many_bytes = "x" * 100_000
     bad = [
         (_pre_inputs(too_many_bytes, 4), "text_input has 100000 bytes > "),
-        (_pre_inputs("fox " * 100, 4), f"> max_input_len={MAX_INPUT}"),
-        (_pre_inputs("The quick", MAX_SEQ), f"> max_seq_len={MAX_SEQ}"),
+        (_pre_inputs("fox " * 100, 4), f"exceeds engine.max_input_len={MAX_INPUT}"),
+        (_pre_inputs("The quick", MAX_SEQ), f"exceeds engine.max_seq_len={MAX_SEQ}"),
         (_pre_inputs("The quick", 0), "max_tokens=0 must be >= 1"),
         (_pre_inputs("", 4), "text_input is empty"),
         (_pre_inputs(b"\xff bad", 4), "not valid UTF-8"),

@@ -67,7 +67,7 @@ def greedy_text(build: tuple[Any, Path]) -> str:
 def test_repository_is_the_llmapi_layout(build: tuple[Any, Path]) -> None:
     repo = build[1] / "triton_repo"
     assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()) == [
-        "client.json", "manifest.json", "tensorrt_llm/1/eagle_bootstrap.py", "tensorrt_llm/1/model.py",
+        "client.json", "manifest.json", "prometheus-rules.yml", "tensorrt_llm/1/eagle_bootstrap.py", "tensorrt_llm/1/model.py",
         "tensorrt_llm/1/model.yaml", "tensorrt_llm/config.pbtxt"]
     doc = yaml.safe_load((repo / "tensorrt_llm/1/model.yaml").read_text())
     assert doc["speculative_config"] == {
@@ -300,14 +300,14 @@ def test_each_limit_is_refused_by_name_and_a_running_stream_is_unaffected(
     n_long = len(tok.encode(long_text))
     n_prompt = len(tok.encode(PROMPT))
     bad = [
-        (req(long_text, 4), f"prompt has {n_long} tokens > max_input_len=128; shorten it"),
-        (req(PROMPT, 256), f"prompt tokens {n_prompt} + max_tokens 256 > max_seq_len=256"),
+        (req(long_text, 4), f"prompt of {n_long} tokens exceeds engine.max_input_len=128; shorten it"),
+        (req(PROMPT, 256), f"prompt {n_prompt} + sampling_param_max_tokens 256 exceeds engine.max_seq_len=256"),
         (req(PROMPT, 0), "sampling_param_max_tokens=0 must be >= 1"),
         (req(PROMPT, 4, sampling_param_best_of=(2, "INT32")), "sampling_param_best_of=2"),
         (req(PROMPT, 4, sampling_param_frequency_penalty=(0.5, "FP32")), "sampling_param_frequency_penalty=0.5"),
         (req(PROMPT, 4, return_cumulative_logprob=(True, "BOOL")), "return_cumulative_logprob"),
         (req(PROMPT, 4, sampling_param_temperature=(-1.0, "FP32")), "temperature=-1.0 must be a finite number >= 0"),
-        (req(PROMPT, 4, sampling_param_top_p=(1.5, "FP32")), "top_p=1.5 must be in [0, 1]"),
+        (req(PROMPT, 4, sampling_param_top_p=(1.5, "FP32")), "top_p=1.5 must be in (0, 1]"),
     ]
     running = grpcclient.InferenceServerClient(server.grpc_url)
     got: queue.Queue[Any] = queue.Queue()

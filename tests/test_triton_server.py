@@ -391,6 +391,9 @@ def _without_cancel_handle(repo: Path, out: Path) -> Path:
     from tritonclient.grpc import model_config_pb2 as mc
 
     shutil.copytree(repo, out)
+    # The rendered paths are relative to the repository (builds can move): the copy sees the build's stages beside it.
+    for stage in ("checkpoint", "engine"):
+        (out.parent / stage).symlink_to(repo.parent / stage)
     f = out / "ensemble" / "config.pbtxt"
     cfg = text_format.Parse(f.read_text(), mc.ModelConfig())
     for step in cfg.ensemble_scheduling.step:

@@ -14,7 +14,6 @@ Layouts (the markers each is recognized by; detection reports the markers it saw
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 
 from builders.convert.weights import WeightFileError, WeightSource
 from builders.doctor.findings import UnusableInput
-from core.hfconfig import ModelConfigError, aux_layer_ids, rope_theta_of
+from core.hfconfig import ModelConfigError, aux_layer_ids, read_config, rope_theta_of
 
 # Architecture switches some producers set; a loader that does not implement one computes another network.
 ARCH_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
@@ -80,16 +79,11 @@ class Head:
 
 
 def _config(head_dir: Path) -> dict[str, Any]:
-    path = head_dir / "config.json"
+    """The head's config.json (core.hfconfig.read_config); unreadable = unusable input (exit 2)."""
     try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UnusableInput(f"{path}: missing; give the head's directory (config.json + weights)") from None
-    except ValueError as e:
-        raise UnusableInput(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise UnusableInput(f"{path}: top level must be a JSON object")
-    return cfg
+        return read_config(head_dir)
+    except ModelConfigError as e:
+        raise UnusableInput(str(e)) from None
 
 
 def speculators_flat(raw: dict[str, Any]) -> dict[str, Any]:

@@ -437,3 +437,15 @@ def test_measured_other_families(family: str, tmp_path: Path) -> None:
     cause = _cause(rep)
     assert cause["check"] == "measured:d2t", problems(rep)
     assert cause["evidence"]["experiment"]["tau"] > cause["evidence"]["baseline"]["tau"] + 0.3 and cause["fix"]
+
+
+def test_measured_eagle1_refused_on_other_families(tmp_path: Path, mimic_pair: tuple[Path, Path]) -> None:
+    """EAGLE-1/2 drafting is Llama-only (TensorRT-LLM's EagleForCausalLM): on a Qwen3 target the measured checks say
+    they did not run, and why."""
+    from tests.tiny_families import make_family_target
+
+    target = make_family_target(tmp_path / "target", "qwen3", block_scale=0.3)
+    code, rep = measured(tmp_path, target, mimic_pair[1])
+    assert code == 1 and rep["measured"] == {}
+    [f] = [f for f in rep["findings"] if f["check"] == "measured"]
+    assert "not run" in f["message"] and "Qwen3ForCausalLM" in f["message"] and "Llama" in f["message"]

@@ -412,3 +412,40 @@ def test_random_heads_collapse(tmp_path: Path, tiny_target: Path, eagle3_head: P
         assert run(tmp_path, tiny_target, head)[0] == 0
         code, rep = measured(tmp_path, tiny_target, head)
         assert code == 1 and {"acceptance", "measured:none"} <= set(problems(rep))
+
+
+# ---- measured checks on the other target families the reference engine runs ----------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])  # a native family and one through the generic path
+def test_measured_other_families(family: str, tmp_path: Path) -> None:
+    """A near-bigram target of another family with a head that drafts what it says next (tests/tiny_families.py):
+    healthy passes with real acceptance; the same head with every d2t entry shifted by one is named by d2t."""
+    from tests.tiny_families import make_family_target, make_mimic_eagle3_head
+
+    target = make_family_target(tmp_path / "target", family, block_scale=0.3)
+    healthy = make_mimic_eagle3_head(tmp_path / "head", target)
+    code, rep = measured(tmp_path, target, healthy)
+    assert code == 0, problems(rep)
+    base = rep["measured"]["baseline"]
+    assert base["p_by_position"][0] > 0.3 and base["tau"] > 1.3 and base["steps"] > 0
+    assert {"d2t index +1", "d2t index -1"} <= {e["name"] for e in rep["measured"]["experiments"]}
+    n = _d2t(healthy).numel()  # every draft id mapped to the next target id (the last one wraps to 0)
+    shifted = copy_head(healthy, tmp_path / "shifted", tensors={"d2t": (_targets(healthy) + 1) % n - torch.arange(n)})
+    code, rep = measured(tmp_path, target, shifted)
+    assert code == 1 and rep["measured"]["baseline"]["p_by_position"][0] < base["p_by_position"][0] / 2
+    cause = _cause(rep)
+    assert cause["check"] == "measured:d2t", problems(rep)
+    assert cause["evidence"]["experiment"]["tau"] > cause["evidence"]["baseline"]["tau"] + 0.3 and cause["fix"]
+
+
+def test_measured_eagle1_refused_on_other_families(tmp_path: Path, mimic_pair: tuple[Path, Path]) -> None:
+    """EAGLE-1/2 drafting is Llama-only (TensorRT-LLM's EagleForCausalLM): on a Qwen3 target the measured checks say
+    they did not run, and why."""
+    from tests.tiny_families import make_family_target
+
+    target = make_family_target(tmp_path / "target", "qwen3", block_scale=0.3)
+    code, rep = measured(tmp_path, target, mimic_pair[1])
+    assert code == 1 and rep["measured"] == {}
+    [f] = [f for f in rep["findings"] if f["check"] == "measured"]
+    assert "not run" in f["message"] and "Qwen3ForCausalLM" in f["message"] and "Llama" in f["message"]

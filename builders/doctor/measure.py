@@ -33,13 +33,13 @@ from builders.doctor.head import Head
 from builders.doctor.loaders import safeailab_default_ids
 from builders.doctor.static import chat_template_of
 from builders.tree_tuning import AcceptanceTable, chain
+from core.hfconfig import LlamaSpec, ModelConfigError
 from engines.api import (
     GenerationRequest,
     ReferenceEngine,
     SamplingParams,
     aggregate_stats,
 )
-from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 
 COLLAPSED = 0.05  # first-position acceptance below this: the head drafts (almost) nothing right
 MIN_TAU_GAIN = 0.3
@@ -188,8 +188,8 @@ def chat_experiment(st: Setup) -> list[Experiment]:
 
 # ---- setup ----------------------------------------------------------------------------------------------------------
 def _prompt_ids(target_dir: Path, prompts: list[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    from measure.data import chat_ids
     from engines.api import load_tokenizer
+    from measure.data import chat_ids
 
     tok = load_tokenizer(target_dir)
     raw = [tok(p, add_special_tokens=True)["input_ids"] for p in prompts]
@@ -199,8 +199,11 @@ def _prompt_ids(target_dir: Path, prompts: list[str]) -> tuple[list[list[int]], 
 
 
 def _convert(head: Head, target_dir: Path, target: LlamaSpec, work: Path, depth: int) -> tuple[Path, Path | None]:
-    from builders.convert import convert_eagle, convert_llama
-    from builders.convert.eagle3 import write_eagle3_head
+    """The pair as the build converts it: an EAGLE-1 checkpoint (Llama-family targets, builders/convert/eagle.py), or
+    for EAGLE-3 the converter's family handling (builders/convert/eagle3.py `convert_eagle3`: converted weights for
+    the native families, a generic_target config for the others; it refuses what the engine cannot run)."""
+    from builders.convert import convert_eagle
+    from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
     from builders.convert.llama import Provenance
 
     prov = Provenance(random_head=False, target_source=str(target_dir), head_source=str(head.dir))
@@ -210,11 +213,9 @@ def _convert(head: Head, target_dir: Path, target: LlamaSpec, work: Path, depth:
                       max_non_leaves_per_layer=1, provenance=prov)
         return ckpt, None
     ckpt = work / "ckpt"
-    convert_llama(target_dir, ckpt, dtype="float32", provenance=prov)
     ids = head.layer_ids or safeailab_default_ids(target.num_hidden_layers)
-    head3 = work / "head3"
-    write_eagle3_head(head.dir, target, head3, dtype="float32", layer_ids=ids, prov=prov)
-    return ckpt, head3
+    convert_eagle3(target_dir, head.dir, ckpt, dtype="float32", layers_to_capture=ids, provenance=prov)
+    return ckpt, ckpt / EAGLE3_DIR
 
 
 def measure_head(rep: Report, head: Head, target_dir: Path, target: LlamaSpec, *, prompts: list[str] | None,
@@ -224,7 +225,6 @@ def measure_head(rep: Report, head: Head, target_dir: Path, target: LlamaSpec, *
         w.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         try:
-            llama_spec(target_dir)  # the converter takes Llama-family targets
             ckpt, head3 = _convert(head, target_dir, target, w, depth)
             chat, raw, eos = _prompt_ids(target_dir, prompts or PROMPTS)
             st = Setup(ckpt, head3, w, depth, max_new_tokens, chat, raw, eos)

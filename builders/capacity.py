@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from core.hfconfig import LlamaSpec
+from core import trees
+from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec
 
 
 class BuildConfig(Protocol):
@@ -73,3 +74,17 @@ def capacity_problems(cfg: BuildConfig, spec: LlamaSpec) -> list[str]:
         "engine.max_batch_size / max_seq_len / max_num_tokens, raise parallel.tp, or state the memory the engine "
         "really has in engine.memory_budget_gib"
     ]
+
+
+def capacity_rule(cfg: BuildConfig) -> list[str]:
+    """The config's cross-field rule: `capacity_problems` against the target's config.json. An unreadable target is
+    the convert preflight's to report, an invalid tree the tree rule's."""
+    from builders.model_source import ModelSourceError, resolve_target
+
+    if cfg.engine.max_batch_size is None or cfg.engine.max_input_len is None:
+        return []
+    try:
+        spec = llama_spec(resolve_target(cfg.target.model), require_arch=False)
+        return capacity_problems(cfg, spec)
+    except (ModelSourceError, ModelConfigError, OSError, trees.TreeError):
+        return []

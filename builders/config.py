@@ -27,7 +27,7 @@ from pydantic import (
 from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields, NonNegativeInt, Schedule  # noqa: F401 (TreeConfig's annotations)
 from builders.trtllm import registry
-from builders.capacity import capacity_problems
+from builders.capacity import capacity_rule
 from builders.config_input import (
     ConfigError,
     apply_overrides,
@@ -407,22 +407,8 @@ def _rule_trtllm(cfg: BuildConfig) -> list[str]:
     return trtllm_problems(cfg)
 
 
-def _rule_capacity(cfg: BuildConfig) -> list[str]:
-    """builders/capacity.py against the target's config.json; an unreadable target is the convert preflight's
-    to report, an invalid tree the tree rule's."""
-    from builders.model_source import ModelSourceError, resolve_target
-    from core.hfconfig import ModelConfigError, llama_spec
-
-    if cfg.engine.max_batch_size is None or cfg.engine.max_input_len is None:
-        return []
-    try:
-        spec = llama_spec(resolve_target(cfg.target.model), require_arch=False)
-        return capacity_problems(cfg, spec)
-    except (ModelSourceError, ModelConfigError, OSError, trees.TreeError):
-        return []
-
-
-CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm, _rule_capacity)
+CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm,
+                    capacity_rule)
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:

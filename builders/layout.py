@@ -50,24 +50,23 @@ def manifest(build_dir: Path, stage: str) -> dict[str, Any]:
         raise LayoutError(f"{f} is not valid JSON ({e}); rerun the build with --force") from None
 
 
-def hf_target_dir(build_dir: Path) -> Path:
-    """The HF directory the convert stage resolved `target.model` to (recorded once in its manifest)."""
+def _convert_note(build_dir: Path, key: str) -> Path:
+    """A path the convert stage recorded once in its manifest's notes."""
     notes = manifest(build_dir, CHECKPOINT).get("notes", {})
-    if HF_TARGET_NOTE not in notes:
+    if key not in notes:
         raise LayoutError(
-            f"{Path(build_dir) / CHECKPOINT / MANIFEST} has no notes.{HF_TARGET_NOTE}; rerun the convert stage "
+            f"{Path(build_dir) / CHECKPOINT / MANIFEST} has no notes.{key}; rerun the convert stage "
             "(`python builders/build.py CONFIG --force`)"
         )
-    return Path(notes[HF_TARGET_NOTE])
+    return Path(notes[key])
+
+
+def hf_target_dir(build_dir: Path) -> Path:
+    """The HF directory the convert stage resolved `target.model` to."""
+    return _convert_note(build_dir, HF_TARGET_NOTE)
 
 
 def trtllm_model_dir(build_dir: Path) -> Path:
     """The HF directory TensorRT-LLM loads the target and its tokenizer from (trtllm-serve, model.yaml `model`): the
-    convert stage's transformers-4 copy where the version needs one, else the resolved target (recorded once)."""
-    notes = manifest(build_dir, CHECKPOINT).get("notes", {})
-    if TRTLLM_MODEL_NOTE not in notes:
-        raise LayoutError(
-            f"{Path(build_dir) / CHECKPOINT / MANIFEST} has no notes.{TRTLLM_MODEL_NOTE}; rerun the convert stage "
-            "(`python builders/build.py CONFIG --force`)"
-        )
-    return Path(notes[TRTLLM_MODEL_NOTE])
+    convert stage's transformers-4 copy where the version needs one, else the resolved target."""
+    return _convert_note(build_dir, TRTLLM_MODEL_NOTE)

@@ -11,7 +11,6 @@ its stub in (triton_repo/launch.py `SHELL_UNSAFE`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -19,7 +18,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from builders.atomic import TEMP_MARKER, is_marked
+from core.atomic import TEMP_MARKER, is_marked, sha256_file
 from builders.layout import LOGS, MANIFEST
 from builders.layout import RESOLVED_CONFIG as RESOLVED
 from triton_repo.exposure import unsafe_path_problem
@@ -30,7 +29,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project's own sources: an output_dir equal to, inside or above any of these is refused (a stage rerun swaps
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.
 SOURCE_DIRS = (".git", ".ci", "builders", "clients", "configs", "core", "docker", "docs", "engines", "heads", "measure",
-               "scripts", "tests", "triton_repo")  # fmt: skip
+               "scripts", "tests", "training", "triton_repo")  # fmt: skip
 _TEMP = re.compile(r"^\.(?P<stage>[A-Za-z0-9_]+)\.(tmp|old)-(?P<pid>\d+)$")
 
 
@@ -192,7 +191,7 @@ def _alive(pid: int) -> bool:
 def dead_temp_dirs(build_dir: Path, stages: list[str]) -> list[Path]:
     """`.<stage>.tmp-<pid>` / `.<stage>.old-<pid>` directories left by builds that are no longer running (killed
     builds leave them; a live pid may be a concurrent build, so its directories stay). Only for our `stages`, and
-    only those carrying our marker (builders/atomic.py TEMP_MARKER) or, for `.old-`, our manifest of that stage:
+    only those carrying our marker (core/atomic.py TEMP_MARKER) or, for `.old-`, our manifest of that stage:
     a directory of the same shape that we did not write is never removed."""
     if not build_dir.is_dir():
         return []
@@ -204,14 +203,6 @@ def dead_temp_dirs(build_dir: Path, stages: list[str]) -> list[Path]:
         if is_marked(p) or (p.name.startswith(f".{m.group('stage')}.old-") and is_ours(p, m.group("stage"))):
             out.append(p)
     return out
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def output_records(root: Path) -> list[dict[str, Any]]:

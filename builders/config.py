@@ -28,13 +28,11 @@ from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields, NonNegativeInt, Schedule  # noqa: F401 (TreeConfig's annotations)
 from builders.trtllm import registry
 from builders.capacity import capacity_rule
-from builders.config_input import (
+from core.config_input import (
     ConfigError,
-    apply_overrides,
-    format_pydantic,
     choices_problem,
-    expansion_problem,
-    load_yaml,
+    format_pydantic,
+    read_config,
     resolve_paths,
 )
 from builders.trtllm.rules import trtllm_problems
@@ -446,16 +444,8 @@ def _partial_config(data: dict[str, Any]) -> BuildConfig:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildConfig:
     """Load, override and validate; relative paths are resolved against the config file's directory."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError([f"cannot read config file: {e}"], str(path)) from e
-    data = load_yaml(text, str(path))
-    problems = apply_overrides(data, overrides or [])
-    size_problem = expansion_problem(data)
-    if size_problem:
-        raise ConfigError([f"after --set overrides: {size_problem}"], str(path))
-    problems.extend(resolve_paths(data, path.resolve().parent))
+    data = read_config(path, overrides)
+    problems = resolve_paths(data, path.resolve().parent)
     default_problems, applied = _fill_defaults(data)
     problems.extend(default_problems)
     try:

@@ -1,7 +1,7 @@
 """The config reference pages and JSON Schemas, generated from the pydantic models (the one source of truth).
 
 `python scripts/gen_config_docs.py` writes, for the build config (`builders/config.py` `BuildConfig`) and the
-training config (`builders/training/config.py` `TrainHeadConfig`), a Markdown reference (every field: type, default,
+training config (`training/config.py` `TrainHeadConfig`), a Markdown reference (every field: type, default,
 constraints, description, an example) and a JSON Schema that editors use to validate and complete the YAML
 (`# yaml-language-server: $schema=...`). `--check` compares instead of writing; tests run it.
 
@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel
 
 from builders.config import BuildConfig
-from builders.training.config import TrainHeadConfig
+from training.config import TrainHeadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 REGEN_COMMAND = ".venv/bin/python scripts/gen_config_docs.py"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from builders import build_dir as owned
-from builders.atomic import atomic_dir
+from core.atomic import atomic_dir
 from builders.config import BuildConfig
 from builders.layout import MANIFEST, STAGE_DIRS
 

@@ -2,7 +2,7 @@
 `torchrun --nproc-per-node N builders/train_head.py CONFIG.yaml`   (data-parallel: NCCL on GPUs, gloo on CPUs)
 
 Trains an EAGLE-1/2 head (`head: eagle`) or an EAGLE-3 head with a reduced draft vocabulary (`head: eagle3`) for a
-target (SafeAILab/EAGLE recipes, see builders/training/):
+target (SafeAILab/EAGLE recipes, see training/):
   1. data      ShareGPT conversations, cached shards in work_dir/data; with `responses: regenerate` the answers are
                the target's own greedy continuations, decoded in batches, and the features of every token are
                kept on the way (written as the shard's feature shard: no second target pass)
@@ -37,12 +37,12 @@ if __package__ in (None, ""):  # run as a script: the repository, not builders/,
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from builders.config import ConfigError  # noqa: E402
-from builders.training.compute import ComputeError  # noqa: E402
-from builders.training.config import TrainHeadConfig, load_train_config  # noqa: E402
-from builders.training.data import DataError  # noqa: E402
-from builders.training.eagle3_vocab import VocabError  # noqa: E402
-from builders.training.features import FeatureError  # noqa: E402
-from builders.training.runner import TrainError  # noqa: E402
+from training.compute import ComputeError  # noqa: E402
+from training.config import TrainHeadConfig, load_train_config  # noqa: E402
+from training.data import DataError  # noqa: E402
+from training.eagle3_vocab import VocabError  # noqa: E402
+from training.features import FeatureError  # noqa: E402
+from training.runner import TrainError  # noqa: E402
 
 STEPS = ("data", "features", "train")
 
@@ -50,8 +50,8 @@ STEPS = ("data", "features", "train")
 def run(cfg: TrainHeadConfig, until: str = "train", stop_at: int | None = None) -> Path | None:
     """Run the steps up to `until` in this process (one rank of a torchrun job, or alone); returns the exported
     head directory (None when stopped earlier: `until`, or `stop_at` = the last training step to run)."""
-    from builders.training.compute import apply_compute, resolve_compute
-    from builders.training.dist import close_dist, env_dist, init_dist
+    from training.compute import apply_compute, resolve_compute
+    from training.dist import close_dist, env_dist, init_dist
 
     dist = env_dist()
     compute = resolve_compute(cfg.compute, dist.local_rank, dist.local_world)
@@ -64,10 +64,10 @@ def run(cfg: TrainHeadConfig, until: str = "train", stop_at: int | None = None) 
 
 
 def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist, compute) -> Path | None:
-    from builders.training.compute import load_target
-    from builders.training.data import build_data, check_data_key
-    from builders.training.features import build_features, online_features, spec_for
-    from builders.training.runner import Context, cached_features, make_samples
+    from training.compute import load_target
+    from training.data import build_data, check_data_key
+    from training.features import build_features, online_features, spec_for
+    from training.runner import Context, cached_features, make_samples
 
     if dist.main:
         print(f"train_head: {dist.world} rank(s); {compute.describe()}", flush=True)
@@ -90,10 +90,10 @@ def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist, compute)
     ctx = Context(cfg, model, target_dir, dist, compute, features, stop_at)
     samples = make_samples(data_shards, feat_shards, spec)
     if cfg.head == "eagle3":
-        from builders.training.eagle3_train import train_and_export3
+        from training.eagle3_train import train_and_export3
 
         return train_and_export3(ctx, samples)
-    from builders.training.loop import train_and_export
+    from training.loop import train_and_export
 
     return train_and_export(ctx, samples)
 

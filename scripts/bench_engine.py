@@ -405,7 +405,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
-    from builders.model_source import smollm2_dir
+    from measure.model_source import smollm2_dir
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     load0, t_start = os.getloadavg(), time.time()

@@ -55,7 +55,7 @@ def timed(fn) -> tuple[object, float]:
 def load(dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from builders.model_source import smollm2_dir
+    from measure.model_source import smollm2_dir
 
     d = smollm2_dir()
     return AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval(), AutoTokenizer.from_pretrained(d)
@@ -63,7 +63,7 @@ def load(dtype: torch.dtype):
 
 def conversations(tok, n: int) -> tuple[list[torch.Tensor], list[list[int]]]:
     """(ShareGPT first turns with their answers, <= 256 tokens; the prompts alone), the demo recipe's filters."""
-    from builders.training.data import dataset_example, prompt_ids, sharegpt_conversations
+    from training.data import dataset_example, prompt_ids, sharegpt_conversations
     from measure.data import sharegpt_path
 
     seqs, prompts = [], []
@@ -87,7 +87,7 @@ def hf_peer(model, seqs: list[torch.Tensor], batches: int, width: int) -> float:
 
 
 def features_rate(model, seqs: list[torch.Tensor], batch_tokens: int) -> float:
-    from builders.training.features import FeatureSpec, sequence_features
+    from training.features import FeatureSpec, sequence_features
 
     spec = FeatureSpec(None, torch.bfloat16)
     _, s = timed(lambda: sequence_features(model, seqs, spec, batch_tokens))
@@ -96,7 +96,7 @@ def features_rate(model, seqs: list[torch.Tensor], batch_tokens: int) -> float:
 
 def answers_hf_then_features(model, tok, prompts: list[list[int]], new: int) -> float:
     """The previous trainer's self-distillation: HF generate (batched, left-padded), then a separate feature pass."""
-    from builders.training.features import FeatureSpec, sequence_features
+    from training.features import FeatureSpec, sequence_features
 
     eos, pad = tok.eos_token_id, tok.pad_token_id
 
@@ -119,8 +119,8 @@ def answers_hf_then_features(model, tok, prompts: list[list[int]], new: int) -> 
 
 
 def answers_ours(model, tok, prompts: list[list[int]], new: int) -> float:
-    from builders.training.features import FeatureSpec
-    from builders.training.generate import regenerate_with_features
+    from training.features import FeatureSpec
+    from training.generate import regenerate_with_features
 
     got, s = timed(lambda: regenerate_with_features(model, prompts, new, {tok.eos_token_id}, tok.pad_token_id,
                                                     len(prompts), FeatureSpec(None, torch.bfloat16)))
@@ -131,13 +131,13 @@ def train_rate(model, seqs: list[torch.Tensor], bf16: bool, steps: int) -> float
     """Optimizer steps of the demo recipe's EAGLE-1 loss on cached features (batch 8), tokens/s."""
     import json
 
-    from builders.model_source import smollm2_dir
-    from builders.training.compute import Compute
-    from builders.training.config import load_train_config
-    from builders.training.features import FeatureSpec, sequence_features
-    from builders.training.loop import Example, add_noise, collate, eagle_loss
-    from builders.training.model import head_from_target
-    from builders.training.plan import plan_positions
+    from measure.model_source import smollm2_dir
+    from training.compute import Compute
+    from training.config import load_train_config
+    from training.features import FeatureSpec, sequence_features
+    from training.loop import Example, add_noise, collate, eagle_loss
+    from training.model import head_from_target
+    from training.plan import plan_positions
 
     tc = load_train_config(REPO / "configs/train/smollm2-eagle.yaml").train
     feats = sequence_features(model, seqs[:8], FeatureSpec(None, torch.bfloat16), 8192)
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--answer-prompts {args.answer_prompts}: give 1..--conversations ({args.conversations}); raise "
                  "--conversations for larger answer batches")
     budgets = args.batch_tokens
-    from builders.training.compute import cpu_has_native_bf16, usable_cores
+    from training.compute import cpu_has_native_bf16, usable_cores
 
     torch.set_num_threads(args.threads or usable_cores())
     load0 = os.getloadavg()

@@ -128,7 +128,7 @@ def run(argv: list[str]) -> None:
 
 def extract_target(config: Path) -> Path:
     from builders.config import load_config
-    from builders.model_source import resolve_target
+    from measure.model_source import resolve_target
 
     cfg = load_config(config)
     return resolve_target(cfg.target.model)

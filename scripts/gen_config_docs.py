@@ -1,7 +1,7 @@
 """`python scripts/gen_config_docs.py [--check]`: regenerate the config references and JSON Schemas.
 
 Writes docs/config.md + docs/config.schema.json (the build config, builders/config.py) and docs/train-config.md +
-docs/train-config.schema.json (the training config, builders/training/config.py) from the pydantic models.
+docs/train-config.schema.json (the training config, training/config.py) from the pydantic models.
 --check writes nothing and exits 1 naming the stale files.
 
 Inputs:  the pydantic models BuildConfig and TrainHeadConfig; example values from configs/*.yaml, configs/train/*.yaml

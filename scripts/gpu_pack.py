@@ -69,8 +69,8 @@ def first_exchanges(dest: Path, max_prompt_tokens: int, answer_chars: int) -> in
     the answer cut at `answer_chars` (beyond any max_seq_len a recipe trains on), as gzipped JSON Lines."""
     from transformers import AutoTokenizer
 
-    from builders.model_source import smollm2_dir
-    from builders.training.data import prompt_ids, sharegpt_conversations
+    from measure.model_source import smollm2_dir
+    from training.data import prompt_ids, sharegpt_conversations
     from measure.data import sharegpt_path
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir())

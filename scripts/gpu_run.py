@@ -146,7 +146,7 @@ def choose_epochs(seconds_per_step: float, startup: float, left: float, n_train:
 
 
 def stage_train(args: argparse.Namespace, env: dict[str, str], deadline: float, rec: dict) -> Path | None:
-    from builders.training.config import load_train_config
+    from training.config import load_train_config
 
     work = (REPO / "build" / ("gpu-tiny" if args.tiny else "gpu") / "work").resolve()
     head = work.parent / "head"
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["install"] = {"rc": rc, "seconds": s}
         sys.path.insert(0, str(site))  # this process reads the recipe too (pydantic)
     env = environment(site)
-    rc, s = timed([sys.executable, "-m", "builders.model_source"], env, 300)  # dequantize the GGUF once, here
+    rc, s = timed([sys.executable, "-m", "measure.model_source"], env, 300)  # dequantize the GGUF once, here
     summary["target"] = {"rc": rc, "seconds": s}
     summary["device"] = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, "
                                         "torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"],

@@ -98,13 +98,13 @@ def top1_on(head: Path, config: Path, answers: str) -> float:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from builders.model_source import resolve_target
-    from builders.training.config import load_train_config
-    from builders.training.features import spec_for
-    from builders.training.loop import cached_features, collate, eagle_loss, examples_of
-    from builders.training.model import head_from_target
-    from builders.training.plan import plan_positions
-    from builders.training.runner import make_samples
+    from measure.model_source import resolve_target
+    from training.config import load_train_config
+    from training.features import spec_for
+    from training.loop import cached_features, collate, eagle_loss, examples_of
+    from training.model import head_from_target
+    from training.plan import plan_positions
+    from training.runner import make_samples
 
     cfg = load_train_config(config, [f"data.responses={answers}"])
     shared = cache_dir(config, answers)
@@ -133,7 +133,7 @@ def engine_tau(head: Path, out: Path, name: str, tree: str, every: int, new_toke
     questions as one greedy batch; tau over all of them."""
     from transformers import AutoConfig, GenerationConfig
 
-    from builders.model_source import resolve_target
+    from measure.model_source import resolve_target
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
     from measure.data import chat_ids, mtbench_questions
 
@@ -196,7 +196,7 @@ def answer_tokens(head: Path, config: Path, answers: str, size: int) -> int:
     """Answer tokens of the point's training conversations (from the cached data shards)."""
     import torch
 
-    from builders.training.config import load_train_config
+    from training.config import load_train_config
 
     cfg = load_train_config(config)
     shared, total, seen = cache_dir(config, answers), 0, 0

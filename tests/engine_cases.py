@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from builders.config import BuildConfig, apply_overrides
+from builders.config import BuildConfig
+from core.config_input import apply_overrides
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 BASE: dict[str, Any] = {

@@ -143,7 +143,7 @@ def test_guide_table_is_rendered_from_the_table() -> None:
 
 def test_shipped_qwen3_configs() -> None:
     from builders.config import load_config
-    from builders.training.config import load_train_config
+    from training.config import load_train_config
 
     repo = ledger_docs.DOC.parents[1]
     cfg = load_config(repo / "configs" / "qwen3-8b-eagle3-current.yaml")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from builders import build
-from builders.atomic import TEMP_MARKER, atomic_dir
+from core.atomic import TEMP_MARKER, atomic_dir
 from builders.build_dir import PROJECT_ROOT, output_dir_problems
 from triton_repo.launch import unsafe_chars
 from tests.test_config_cli import write_cfg
@@ -135,7 +135,7 @@ def _dead_pid() -> int:
 
 def _killed_inside_atomic_dir(final: Path) -> int:
     """A process that dies (os._exit, as after SIGKILL: no cleanup runs) while writing `final` with atomic_dir."""
-    code = ("import os, sys; from pathlib import Path; from builders.atomic import atomic_dir\n"
+    code = ("import os, sys; from pathlib import Path; from core.atomic import atomic_dir\n"
             "with atomic_dir(Path(sys.argv[1])) as t:\n"
             "    (t / 'sub').mkdir(); (t / 'sub' / 'weights.bin').write_bytes(bytes(1024)); os._exit(9)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(final)], cwd=PROJECT_ROOT,

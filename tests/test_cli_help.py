@@ -19,7 +19,7 @@ ENTRY_POINTS = {
     "builders/build.py": ["builders/build.py"],
     "builders/train_head.py": ["builders/train_head.py"],
     "builders/tune_tree.py": ["builders/tune_tree.py"],
-    "builders/model_source.py": ["-m", "builders.model_source"],
+    "measure/model_source.py": ["-m", "measure.model_source"],
     "builders/ledger_check.py": ["-m", "builders.ledger_check"],
     "builders/doctor/__main__.py": ["-m", "builders.doctor"],
     "builders/monitoring/dashboard.py": ["-m", "builders.monitoring.dashboard"],

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from builders import config_docs
 from builders.config import load_config
 from builders.config_docs import REFERENCES, REGEN_COMMAND, Reference
-from builders.training.config import load_train_config
+from training.config import load_train_config
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = [r.doc for r in REFERENCES]

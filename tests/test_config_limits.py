@@ -1,5 +1,5 @@
 """Config values that could never be served are refused at load (builders/config.py, builders/capacity.py,
-builders/config_input.py): strict integers (`true` is not 1), ceilings from what the target and the backend can hold
+core/config_input.py): strict integers (`true` is not 1), ceilings from what the target and the backend can hold
 (KV bytes against engine.memory_budget_gib), trees bounded before they are built, YAML alias expansion and file size
 bounded, and the error output bounded whatever the input."""
 

@@ -96,7 +96,7 @@ def test_engine_stage_is_the_cuda_benchmark_with_t64(tmp_path: Path) -> None:
 
 
 def test_the_h200_recipe_reads_the_packed_file() -> None:
-    from builders.training.config import load_train_config
+    from training.config import load_train_config
 
     cfg = load_train_config(gpu_run.RECIPE)
     assert cfg.data.source == "file" and cfg.data.path == str(REPO / ".gpu/data" / gpu_pack.DATA_NAME)

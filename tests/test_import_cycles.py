@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("builders", "core", "engines", "measure", "triton_repo", "clients")
+PACKAGES = ("builders", "core", "engines", "measure", "training", "triton_repo", "clients")
 
 
 def _modules(root: Path) -> dict[str, Path]:

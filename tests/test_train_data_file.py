@@ -16,8 +16,8 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from builders.config import ConfigError  # noqa: E402
-from builders.training import data as tdata  # noqa: E402
-from builders.training.config import load_train_config  # noqa: E402
+from training import data as tdata  # noqa: E402
+from training.config import load_train_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""EAGLE-3 head trainer (head: eagle3 in builders/train_head.py; builders/training/eagle3_*.py) on a tiny 4-layer
+"""EAGLE-3 head trainer (head: eagle3 in builders/train_head.py; training/eagle3_*.py) on a tiny 4-layer
 target and real ShareGPT conversations.
 
 Recipe checked against SafeAILab/EAGLE eagle/traineagle3/cnets.py (scandata vocabulary, d2t/t2d, midlayer,
@@ -20,13 +20,13 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from builders.config import ConfigError  # noqa: E402
-from builders.training import data as tdata  # noqa: E402
-from builders.training.config import TrainHeadConfig, load_train_config  # noqa: E402
-from builders.training.eagle3_loop import Example3, collate3, eagle3_loss, plan3  # noqa: E402
-from builders.training.eagle3_train import examples3_of, setup3, train3  # noqa: E402
-from builders.training.eagle3_vocab import VocabError, answer_token_counts, build_draft_vocab  # noqa: E402
-from builders.training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
-from builders.training.runner import TrainError, cached_features, make_samples  # noqa: E402
+from training import data as tdata  # noqa: E402
+from training.config import TrainHeadConfig, load_train_config  # noqa: E402
+from training.eagle3_loop import Example3, collate3, eagle3_loss, plan3  # noqa: E402
+from training.eagle3_train import examples3_of, setup3, train3  # noqa: E402
+from training.eagle3_vocab import VocabError, answer_token_counts, build_draft_vocab  # noqa: E402
+from training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
+from training.runner import TrainError, cached_features, make_samples  # noqa: E402
 from tests import tiny_models as tm  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

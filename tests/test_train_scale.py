@@ -16,11 +16,11 @@ import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.training import data as tdata  # noqa: E402
-from builders.training.compute import ComputeError, resolve_compute  # noqa: E402
-from builders.training.config import TrainHeadConfig  # noqa: E402
-from builders.training.features import FeatureSpec, bucket_batches, sequence_features  # noqa: E402
-from builders.training.generate import regenerate_with_features  # noqa: E402
+from training import data as tdata  # noqa: E402
+from training.compute import ComputeError, resolve_compute  # noqa: E402
+from training.config import TrainHeadConfig  # noqa: E402
+from training.features import FeatureSpec, bucket_batches, sequence_features  # noqa: E402
+from training.generate import regenerate_with_features  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = FeatureSpec(None, torch.float32)
@@ -83,7 +83,7 @@ def test_self_distilled_features_equal_a_separate_forward(tiny_target: Path) -> 
 
 def test_reserved_kv_layer_writes_in_place_and_refuses_to_overflow() -> None:
     """The batch cache of self-distillation grows inside buffers reserved for the whole answer (no copy per step)."""
-    from builders.training.generate import _reserved_layer_class
+    from training.generate import _reserved_layer_class
 
     keys, values = torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4, 3)
     layer = _reserved_layer_class()(keys, values, 2)
@@ -158,7 +158,7 @@ def grad_mean_diff(a: Path, b: Path, step: int) -> float:
 
 
 def initial_head(target: Path) -> dict[str, torch.Tensor]:
-    from builders.training.model import head_from_target
+    from training.model import head_from_target
 
     model, _ = _load(target)
     tcfg = json.loads((target / "config.json").read_text())
@@ -227,8 +227,8 @@ def test_resume_under_another_rank_count(one_process, tiny_target: Path) -> None
 
 
 def test_compute_resolution_and_refusals() -> None:
-    from builders.training.compute import cpu_has_native_bf16, usable_cores
-    from builders.training.config import ComputeConfig
+    from training.compute import cpu_has_native_bf16, usable_cores
+    from training.config import ComputeConfig
 
     base = dict(device="cpu", precision="auto", tf32=True, threads=0, target_device_map="none")
     c = resolve_compute(ComputeConfig(**base), local_rank=1, local_world=2)
@@ -306,8 +306,8 @@ def test_online_features_train_the_same_head_as_cached_shards(one_process, tiny_
 def test_exported_configs_carry_rope_theta_and_torch_dtype() -> None:
     """transformers-4 readers (TensorRT-LLM 1.1 converters, SafeAILab EAGLE) read top-level `rope_theta`
     (default 10000) and `rope_scaling`; transformers 5 writes only `rope_parameters`."""
-    from builders.training.eagle3_model import eagle3_config_dict
-    from builders.training.model import head_config_dict
+    from training.eagle3_model import eagle3_config_dict
+    from training.model import head_config_dict
 
     tf5 = {"hidden_size": 64, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "dtype": "bfloat16"}
     assert head_config_dict(tf5, bias=True)["rope_theta"] == 500000.0
@@ -388,8 +388,8 @@ def test_two_gloo_ranks_train_the_same_eagle3_head(tmp_path: Path) -> None:
 
 
 def test_recipes_validate_and_the_held_out_set_does_not_depend_on_the_slice_size() -> None:
-    from builders.training.config import load_train_config
-    from builders.training.runner import Sample, split
+    from training.config import load_train_config
+    from training.runner import Sample, split
 
     llama = load_train_config(REPO / "configs/train/llama31-8b-eagle3.yaml")
     assert (llama.compute.device, llama.compute.precision, llama.eagle3.ttt_steps) == ("cuda", "bfloat16", 7)

@@ -16,7 +16,7 @@ from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
 from builders.convert.llama import check_parallel
 from builders.convert.shapes import shape_problems, target_shapes
 from builders.convert.weights import WeightFileError, WeightSource
-from builders.model_source import ModelSourceError, resolve_target
+from measure.model_source import ModelSourceError, resolve_target
 from builders.trtllm import architectures
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from core.families import NATIVE

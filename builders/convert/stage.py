@@ -20,7 +20,7 @@ from builders.convert.eagle import convert_eagle
 from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
-from builders.model_source import ModelSourceError, resolve_target
+from measure.model_source import ModelSourceError, resolve_target
 from builders.convert.hf_compat import needs_transformers4_copy, write_transformers4_copy
 from builders.layout import CHECKPOINT, HF_MODEL, HF_TARGET_NOTE, TRTLLM_MODEL_NOTE
 from builders.pipeline import Stage, StageContext, StageError

@@ -25,7 +25,7 @@ import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
 from builders import layout as build_layout
-from builders.atomic import TEMP_MARKER
+from core.atomic import TEMP_MARKER
 from builders.config import BuildConfig
 from builders.engine.llmapi import OPTIONS_FILE as LLMAPI_OPTIONS_FILE
 from builders.triton import render_llmapi as RL

@@ -155,3 +155,21 @@ def format_pydantic(err: ValidationError) -> list[str]:
         else:
             out.append(f"{loc}: {e['msg']} (got {bounded(repr(e['input']), 200)})")
     return out
+
+
+def read_config(path: Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The one way a config file becomes data: read, parse bounded YAML, apply `--set` overrides, bound the result.
+    Both loaders (the build's and the trainer's) start here, then validate with their own pydantic model and report
+    its errors through `format_pydantic`."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError([f"cannot read config file: {e}"], str(path)) from e
+    data = load_yaml(text, str(path))
+    problems = apply_overrides(data, overrides or [])
+    if problems:
+        raise ConfigError(problems, str(path))
+    size_problem = expansion_problem(data)
+    if size_problem:
+        raise ConfigError([f"after --set overrides: {size_problem}"], str(path))
+    return data

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from builders.training.model import EagleHead
+from training.model import EagleHead
 
 
 @torch.no_grad()

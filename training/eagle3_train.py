@@ -1,6 +1,6 @@
 """EAGLE-3 training driver: draft vocabulary, deterministic resumable loop, held-out eval, HF-style export.
 
-The machinery is the shared loop's (builders/training/runner.py): the batch order of epoch e from (seed, e), the
+The machinery is the shared loop's (training/runner.py): the batch order of epoch e from (seed, e), the
 position subsets of step s from (seed, s), AdamW, gradient value clipping, linear warmup/decay, DDP over torchrun
 ranks, checkpoints every `checkpoint_every` steps (the last two kept) that resume bitwise, train_log.jsonl. The
 loss is eagle3_loop.py's.
@@ -14,22 +14,22 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from builders.atomic import atomic_dir
-from builders.training.compute import Compute
-from builders.training.config import TrainHeadConfig
-from builders.training.dist import Dist
-from builders.training.eagle3_loop import Example3, chain_accept3, collate3, eagle3_loss, empty_metrics3, plan3
-from builders.training.eagle3_model import (
+from core.atomic import atomic_dir
+from training.compute import Compute
+from training.config import TrainHeadConfig
+from training.dist import Dist
+from training.eagle3_loop import Example3, chain_accept3, collate3, eagle3_loss, empty_metrics3, plan3
+from training.eagle3_model import (
     Eagle3Head,
     eagle3_config_dict,
     eagle3_head_from_target,
     eagle3_state_dict,
 )
-from builders.training.eagle3_vocab import DraftVocab, answer_token_counts, build_draft_vocab, coverage_table
-from builders.training.model import MODEL_CARD, export_dtype_keys
-from builders.training.plan import Positions
-from builders.training import runner
-from builders.training.runner import Context, FeatureFn, Sample
+from training.eagle3_vocab import DraftVocab, answer_token_counts, build_draft_vocab, coverage_table
+from training.model import MODEL_CARD, export_dtype_keys
+from training.plan import Positions
+from training import runner
+from training.runner import Context, FeatureFn, Sample
 
 COVERAGE_SIZES = [1024, 2048, 4096, 8192, 16384, 32000]
 

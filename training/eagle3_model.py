@@ -26,7 +26,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from builders.training.model import MLP, RMSNorm, with_transformers4_rope
+from training.model import MLP, RMSNorm, with_transformers4_rope
 from core.families import eagle3_head_config
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from builders.training.features import FeatureSpec, LayerInputs, greedy_tokens
+from training.features import FeatureSpec, LayerInputs, greedy_tokens
 
 
 @dataclass

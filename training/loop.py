@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from builders.training.compute import Compute
-from builders.training.config import TrainConfig, TrainHeadConfig
-from builders.training.dist import Dist
-from builders.atomic import atomic_dir
-from builders.training.model import MODEL_CARD, EagleHead, export_dtype_keys, head_config_dict, head_from_target
-from builders.training.plan import Positions, plan_positions, position_mask
-from builders.training.runner import (
+from training.compute import Compute
+from training.config import TrainConfig, TrainHeadConfig
+from training.dist import Dist
+from core.atomic import atomic_dir
+from training.model import MODEL_CARD, EagleHead, export_dtype_keys, head_config_dict, head_from_target
+from training.plan import Positions, plan_positions, position_mask
+from training.runner import (
     CKPT_DIR,
     Context,
     FeatureFn,
@@ -132,7 +132,7 @@ def train(
     features: FeatureFn = cached_features,
 ) -> list[dict]:
     """Train an EAGLE-1/2 `head` in place (runner.run_training); returns the metrics log."""
-    from builders.training.compute import Compute as C
+    from training.compute import Compute as C
 
     tc, dist = cfg.train, dist or Dist()
     compute = compute or C(torch.device("cpu"), bf16=False, threads=torch.get_num_threads(), device_map=False)
@@ -160,7 +160,7 @@ def train(
 def evaluate(head: EagleHead, lm_head: torch.Tensor, examples: list[Example], tc: TrainConfig, compute: Compute) -> dict[str, float]:
     """Held-out teacher-forced losses/accuracy over every loss position (no noise) and the chain acceptance
     estimate (see chain_eval.py)."""
-    from builders.training.chain_eval import chain_accept
+    from training.chain_eval import chain_accept
 
     head.eval()
     sums = {"vloss": 0.0, "ploss": 0.0, "acc": 0.0}
@@ -189,7 +189,7 @@ def export_head(
     False leaves out the frozen embed_tokens copy (converters then use the target's)."""
     from safetensors.torch import save_file
 
-    from builders.training.model import safeailab_state_dict
+    from training.model import safeailab_state_dict
 
     bias = head.fc.bias is not None
     state = safeailab_state_dict(head, torch.float16)

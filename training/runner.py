@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from builders.training.compute import Compute
-from builders.training.config import TrainConfig, TrainHeadConfig
-from builders.training.shards import atomic_save
-from builders.training.dist import Dist
+from training.compute import Compute
+from training.config import TrainConfig, TrainHeadConfig
+from training.shards import atomic_save
+from training.dist import Dist
 
 CKPT_DIR = "checkpoints"
 
@@ -71,8 +71,8 @@ class Context:
 
 def make_samples(data_shards: list[Path], feat_shards: list[Path] | None, spec: Any) -> list[Sample]:
     """Samples in slice order; features from the cached shards (memory-mapped) or None (online)."""
-    from builders.training.data import load_shards
-    from builders.training.features import load_features
+    from training.data import load_shards
+    from training.features import load_features
 
     data = load_shards(data_shards)
     if feat_shards is None:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from builders.training.config import TrainConfig
-from builders.training.eagle3_model import Eagle3Head
-from builders.training.plan import Positions, plan_positions, position_mask
+from training.config import TrainConfig
+from training.eagle3_model import Eagle3Head
+from training.plan import Positions, plan_positions, position_mask
 
 
 @dataclass

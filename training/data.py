@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from builders.build_dir import sha256_file
-from builders.training.config import DataConfig
-from builders.training.shards import atomic_save, shard_path
+from core.atomic import sha256_file
+from training.config import DataConfig
+from training.shards import atomic_save, shard_path
 from measure.data import chat_ids, iter_sharegpt, sharegpt_path
 
 if TYPE_CHECKING:
-    from builders.training.features import FeatureSpec
+    from training.features import FeatureSpec
 
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
 
@@ -98,7 +98,7 @@ def dataset_example(tok, conv: Conversation, max_seq_len: int) -> tuple[torch.Te
 def regenerate(model, tok, prompts: list[list[int]], cfg: DataConfig) -> list[list[int]]:
     """Greedy answers of the target for tokenized prompts, decoded in batches of prompts of similar length (see
     generate.py); each answer ends at the first eos (kept) or after max_new_tokens."""
-    from builders.training.generate import regenerate_with_features
+    from training.generate import regenerate_with_features
 
     eos = _eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
@@ -182,7 +182,7 @@ def build_data(
     holds conversations [i*shard_size, (i+1)*shard_size) of the slice; finished shards are never recomputed.
     With `responses: regenerate` and a `spec`, the features captured while decoding are written as the shard's
     feature shard too (features.py then finds it done)."""
-    from builders.training.features import my_shards
+    from training.features import my_shards
 
     convs = select_conversations(tok, cfg)
     n_shards = (len(convs) + cfg.shard_size - 1) // cfg.shard_size
@@ -203,8 +203,8 @@ def _make_shard(model, tok, convs: list[Conversation], cfg: DataConfig, spec: Fe
     ids_list, masks = [], []
     feats = None
     if cfg.responses == "regenerate":
-        from builders.training.features import pack
-        from builders.training.generate import regenerate_with_features
+        from training.features import pack
+        from training.generate import regenerate_with_features
 
         eos = _eos_ids(model, tok)
         pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from builders.training.shards import atomic_save, shard_path
+from training.shards import atomic_save, shard_path
 
 KIND = "features"
 FORMAT = 2

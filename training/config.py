@@ -12,8 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from builders.config import ConfigError, apply_overrides
-from builders.config_input import load_yaml
+from core.config_input import ConfigError, format_pydantic, read_config
 
 
 class Strict(BaseModel):
@@ -242,10 +241,7 @@ def load_train_config(path: Path, overrides: list[str] | None = None) -> TrainHe
     """Parse and validate; every problem at once in a ConfigError naming field, value and fix."""
     if not path.is_file():
         raise ConfigError([f"{path}: no such file"], str(path))
-    data = load_yaml(path.read_text(), str(path))  # bounded: size and alias expansion
-    problems = apply_overrides(data, overrides or [])
-    if problems:
-        raise ConfigError(problems, str(path))
+    data = read_config(path, overrides)  # bounded: size, alias expansion, overrides
     base = path.resolve().parent
     for key in ("target", "work_dir", "output_dir"):
         if isinstance(data.get(key), str):  # noqa: the key's absence is reported by pydantic below
@@ -255,13 +251,4 @@ def load_train_config(path: Path, overrides: list[str] | None = None) -> TrainHe
     try:
         return TrainHeadConfig.model_validate(data)
     except ValidationError as e:
-        msgs = []
-        for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            if err["type"] == "extra_forbidden":
-                msgs.append(f"{loc}: unknown field; remove it (fields are described in builders/training/config.py)")
-            elif err["type"] == "missing":
-                msgs.append(f"{loc}: required field missing; add it (see builders/training/config.py)")
-            else:
-                msgs.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
-        raise ConfigError(msgs, str(path)) from None
+        raise ConfigError(format_pydantic(e), str(path)) from None

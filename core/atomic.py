@@ -10,6 +10,7 @@ directory of that name without the marker is someone else's and is never removed
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -66,3 +67,12 @@ def atomic_dir(final: Path, *, keep: tuple[str, ...] = ()) -> Iterator[Path]:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         tmp.rename(final)
+
+
+def sha256_file(path: Path) -> str:
+    """The file's SHA-256, read in 1 MiB chunks (weights may be larger than memory)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from builders.training.config import ComputeConfig
+from training.config import ComputeConfig
 
 
 class ComputeError(RuntimeError):
@@ -97,8 +97,8 @@ def load_target(target: str, c: Compute):
     """(model, tokenizer, target_dir): the HF target in c.target_dtype on c.device (or device_map="auto"), eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from builders.config import ConfigError
-    from builders.model_source import resolve_target
+    from core.config_input import ConfigError
+    from measure.model_source import resolve_target
 
     target_dir = resolve_target(target)
     tok = AutoTokenizer.from_pretrained(target_dir)

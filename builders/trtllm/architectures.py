@@ -43,7 +43,7 @@ class Architecture:
     reference: str | None  # "native" | "generic" | None
     trainer: bool  # builders/train_head.py trains EAGLE-3 heads for it
     source: Source  # the registration that establishes the PyTorch column
-    read: str  # the stored versions read (the index keeps versions by commit, dated by content)
+    read: str  # the versions read, by commit (dated by their content where no tag was read)
     note: str = ""
 
     def pytorch_mode(self, version: str) -> str | None:
@@ -83,37 +83,40 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "LlamaForCausalLM", "Llama 2 / 3.x, SmolLM2, Vicuna", True, ONE, "native", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_llama.py",
                "@register_auto_model('LlamaForCausalLM') class LlamaForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "index id 426411151", _HF_LLAMA_LIKE),
+        "commit 3a5901cd0d77bed18baaf402d1d12fab468d44a9", _HF_LLAMA_LIKE),
     Architecture(
         "Qwen3ForCausalLM", "Qwen3 dense", False, ONE, "native", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3.py",
                "@register_auto_model('Qwen3ForCausalLM') class Qwen3ForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "index ids 1020988104, 2464033405, 2637164177, 46245023650",
+        "commit 5dedf53b14d94f0b53c1bff0e560af11dc3eaf5d; three later versions read, commits not recorded",
         "per-head q/k RMSNorm; head_dim independent of hidden_size / heads"),
     Architecture(
         "Qwen2ForCausalLM", "Qwen2 / Qwen2.5", False, TWO, "native", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen.py",
                "@register_auto_model('Qwen2ForCausalLM') class Qwen2ForCausalLM(DecoderModelForCausalLM); "
                "QwenDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states"),
-        "commit 047098b7 (index id 57853347673, a transformers-5 era file), index id 897439166",
+        "commits 047098b74c51f488abcfcd72f7d4a988a56442f6 (a transformers-5 era file), "
+        "87b279a9719cc257bb89d19ea794296857e2f83f",
         "q/k/v biases; a config with use_sliding_window true is refused"),
     Architecture(
         "MistralForCausalLM", "Mistral", False, TWO, "native", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_mistral.py",
                "@register_auto_model('MistralForCausalLM') class MistralForCausalLM(DecoderModelForCausalLM); "
                "MistralDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states"),
-        "commit 002f3cc3 (index id 60769134753), index ids 4346362365, 118160294",
+        "commits 002f3cc3d0554c4ebd530d1354f96e89666d93b8, 0dcfa87b9636e749e3656c1e1e6ee61e4d090a5f; "
+        "one more version read, commit not recorded",
         "Llama-shaped; contexts beyond a configured sliding_window are refused"),
     Architecture(
         "Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", False, ONE, "generic", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3_moe.py",
                "@register_auto_model('Qwen3MoeForCausalLM') class Qwen3MoeForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "index id 645349335", "mixture of experts; reference engine: transformers' own model class"),
+        "commit a678b91aafbeff265cd0b764abb59d7def624ac2",
+        "mixture of experts; reference engine: transformers' own model class"),
     Architecture(
         "GptOssForCausalLM", "gpt-oss", False, ONE, "generic", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_gpt_oss.py",
                "@register_auto_model('GptOssForCausalLM') class GptOssForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "index ids 269758585, 4368430037, 65972516900",
+        "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb; two later versions read, commits not recorded",
         "mixture of experts, attention sinks, sliding-window layers (reference engine: sequences up to the window)"),
 )
 
@@ -172,7 +175,7 @@ def markdown() -> list[str]:
         cite = f"{a.source.repo}:{a.source.path} `{a.source.symbol}` (read: {a.read})"
         out.append(f"| `{a.name}` | {a.family} | {'yes' if a.engine_flow else 'no'} | " + " | ".join(cols)
                    + f" | {a.reference or 'no'} | {'yes' if a.trainer else 'no'} | {cite} | {a.note} |")
-    out += ["", f"Engine flow: {EAGLE_FLOW.repo}:{EAGLE_FLOW.path} `{EAGLE_FLOW.symbol}` (index id 714135431). "
+    out += ["", f"Engine flow: {EAGLE_FLOW.repo}:{EAGLE_FLOW.path} `{EAGLE_FLOW.symbol}` (read: commit 89fd9b74). "
             f"Two-model EAGLE-3 on the current line: {TWO_MODEL_REMOVED.repo} {TWO_MODEL_REMOVED.path} "
             f"{TWO_MODEL_REMOVED.symbol}; the current line's Eagle3DecodingConfig has no eagle3_one_model field "
             "(docs/contracts.md, Sources). A target outside this table, or on a path its row does not list, is "

@@ -1,9 +1,10 @@
 """Render the contract ledger into docs/contracts.md: `python -m builders.trtllm.ledger_docs` (writes it) or
 `--check` (exit 1 when the committed file is stale; tests/test_ledger.py runs the check).
 
-`SOURCES` records what was read to establish the rows: the upstream file, the stored version read (the search index
-keeps file versions by commit, not by tag: read_file at the tag commits reported none, so the versions read are
-dated by their content), the day it was read, and what it showed. `UNVERIFIED` lists what could not be established.
+`SOURCES` records what was read to establish the rows: the upstream file, the version read (by commit: no copy
+at the tag commits was available, so the versions read are dated by their content), the day it was read, and what
+it showed; "commit not recorded" marks a reading whose commit was not kept. `UNVERIFIED` lists what could not be
+established.
 `python -m builders.ledger_check --upstream-report` lists every row's citation with its last reading, oldest first.
 
 Inputs:  the ledger in builders/trtllm/ledger_*.py, the architecture table (builders/trtllm/architectures.py)
@@ -29,48 +30,48 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "EagleConfig keys; from_hugging_face copies the quantization block into eagle_net_config and excludes "
      "eagle_nets.{i}.lm_head"),
     ("NVIDIA/TensorRT-LLM:examples/eagle/convert_checkpoint.py",
-     "index id 817366946", "2026-12-01",
+     "commit 65b31db1b401d3752b8ebe7c29093cbfb6af04b7", "2026-12-01",
      "eagle_net_config['quantization'].update(...) with exclude_modules += eagle_nets.{i}.lm_head"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/llama/config.py",
      "commit 04100fd0", "2026-12-01",
      "LLaMAConfig keys; from_hugging_face reads rope_theta with default 10000 (transformers-4 attribute)"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py",
-     "index id 1189552800", "2026-12-01",
+     "a version read, commit not recorded", "2026-12-01",
      "PretrainedConfig.__init__ (keyword-only required keys, unknown keys set as attributes), QuantConfig fields "
      "and fnmatch exclude_modules, PretrainedModel.load strict on missing tensors, kv_cache_rcp_scaling_factor "
      "derived"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/quantization/quantize.py",
-     "index ids 235018984, 2456403896", "2026-12-01",
+     "commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0 and one more version (commit not recorded)", "2026-12-01",
      "kv_cache_quantize gives every Attention of model.named_modules() a kv_cache_scaling_factor"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/eagle/model.py",
-     "index id 714135431", "2026-12-01",
+     "commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0", "2026-12-01",
      "EagleNet = LLaMAModel drafter + lm_head; forward asserts the paged KV cache; accept plugin inputs"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/builder.py",
-     "index id 205252225", "2026-12-01",
+     "a version read, commit not recorded", "2026-12-01",
      "BuildConfig defaults (2048 / 1024 / None / 8192), _init_max_seq_len, build(): max_seq_len += max_draft_len "
      "(+ num_eagle_layers for EAGLE), EAGLE asserts max_batch_size <= 512 and max_draft_len <= 256"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/commands/build.py",
      "commit 008b2b8d", "2026-12-01",
      "trtllm-build flags and defaults"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/plugin/plugin.py",
-     "index id 196834873", "2026-12-01",
+     "commit c20322ffd3dc0740ca530c9fad989b22e64f6e06", "2026-12-01",
      "plugin flag names and values"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/commands/serve.py",
      "commit 00209af1", "2026-12-01",
      "trtllm-serve options; the YAML overwrites trtllm-serve's values"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py",
-     "index ids 1520735490 (mid-2025, before the 1.1 branch), 1090804222 (after it), 7019226376 (1.2 line)",
+     "three versions (mid-2025 before the 1.1 branch, after it, the 1.2 line), commits not recorded",
      "2026-12-01",
      "BaseLlmArgs / KvCacheConfig fields in all three; EagleDecodingConfig: eagle3_layers_to_capture and "
      "max_total_draft_tokens absent in the first, present in the others; from_dict pops decoding_type"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/attention_backend/trtllm.py",
-     "index id 2450153673", "2026-12-01",
+     "a 1.1-line version, commit not recorded", "2026-12-01",
      "'only chained/linear tree is supported now' (PyTorch backend trees, 1.1 line)"),
     ("NVIDIA/TensorRT-LLM:docs/source/release-notes.md",
      "commit 001eaece", "2026-12-01",
      "transformers 4.56.0 in 1.1, 4.57.3 in 1.2; Triton backend base images"),
     ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/model_instance_state.cc",
-     "commit 0c8de69a (index id 4322035863) and index id 650404864", "2026-12-01",
+     "commits 0c8de69a, c8c6df08bd0ead54cd47f7973e1e425c28a174cd", "2026-12-01",
      "parameters read and which are unconditional; fillTritonResponse writes 10 perf outputs"),
     ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/model_state.cc",
      "commit 5cdd6921", "2026-12-01",
@@ -79,14 +80,15 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit 14c3afec", "2026-12-01",
      "input / output tensor names; getResponseBuffer throws when Triton refuses an output"),
     ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/utils.cc",
-     "index id 696271938", "2026-12-01",
+     "commit c8c6df08bd0ead54cd47f7973e1e425c28a174cd", "2026-12-01",
      "splitBatchInputsTensors: input_lengths 1-D, per-row slicing"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt",
      "commit 0c8de69a", "2026-12-01",
      "reshape / allow_ragged_batch per input; the guided-decoding parameters present"),
     ("NVIDIA/TensorRT-LLM:cpp/include/tensorrt_llm/batch_manager/llmRequest.h + llmRequest.cpp + "
      "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp",
-     "index ids 786144818, 572863852, 4152691838", "2026-12-01",
+     "llmRequest.cpp at commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0; the other two: commits not recorded",
+     "2026-12-01",
      "engine-flow EAGLE fills acceptance_rate / total_*_draft_tokens (see docs/deploy.md)"),
     ("triton-inference-server/tensorrtllm_backend:docs/model_config.md",
      "b9cc224 (v1.1.0 release #830; its tensorrt_llm submodule is NVIDIA/TensorRT-LLM 48b7b5d8)", "2026-12-01",
@@ -98,34 +100,34 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "r25.12 (8dbcc96)", "2026-12-01",
      "an output missing from the config is refused ('unexpected inference output')"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (current line)",
-     "index commit 0004396 (2026, before PR #18210) and the published docs pages "
+     "commit 0004396720054fd8e205cbf616f21f0b57c6b412 (2026, before PR #18210) and the published docs pages "
      "llm-api/reference/Eagle3DecodingConfig.html of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4", "2026-12-01",
      "Eagle3DecodingConfig fields and validators (dynamic tree bounds; speculative_model alias "
      "speculative_model_dir); eagle_choices listed in 1.3.0rc27, gone in 1.4.0rc1; eagle3_one_model absent from "
      "1.3.0rc27 on; the SpeculativeConfig union discriminated by decoding_type; BaseLlmArgs extra='forbid'"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig (load-aware speculation)",
-     "the published Eagle3DecodingConfig pages of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4; index copies 55143598664 (main, "
-     "after 1.4.0rc4) and 7019226376 (1.2 line)", "2026-12-03", "max_concurrency (int > 0), draft_len_schedule "
+     "the published Eagle3DecodingConfig pages of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4; a main version after 1.4.0rc4 and a "
+     "1.2-line version (commits not recorded)", "2026-12-03", "max_concurrency (int > 0), draft_len_schedule "
      "(dict[int, int]), acceptance_rate_window_size (int >= 0) / acceptance_rate_threshold ([0, 1]) on "
      "1.3.0rc27..1.4.0rc4; the validator: thresholds >= 1, lengths >= 0 and <= max_draft_len, smallest threshold = "
      "max_draft_len (the 1.2 copy: key 1 required); max_concurrency and draft_len_schedule exclusive, "
      "max_concurrency -> {N: max_draft_len}; above the largest threshold no speculation. The 1.2 copy names the "
      "switch acceptance_window / acceptance_length_threshold and was not read at v1.2.0, so 1.2 is refused; later "
      "main renamed it again"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/interface.py", "index copies 56267098755, 55097849426",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/interface.py", "two 2026 versions, commits not recorded",
      "2026-12-03", "SpeculativeDecodingMode.support_dynamic_draft_len includes EAGLE-3 one-model"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt",
-     "index commits c8c6df08, 0a710573", "2026-12-01",
+     "commits c8c6df08, 0a710573", "2026-12-01",
      "the llmapi model's inputs/outputs (names, types, dims, optional); no max_batch_size, no "
      "model_transaction_policy, no parameters"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/model.py",
-     "index commit 044a90d2", "2026-12-01",
+     "commit 044a90d2", "2026-12-01",
      "model.yaml minus triton_config -> LLM(**args); triton_config.decoupled / max_batch_size read without "
      "default; 'stop' input; streamed responses carry outputs[i].text; perf outputs built with the text_output dtype"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py",
-     "index commit 0df60f9a", "2026-12-01",
+     "commit 0df60f9a", "2026-12-01",
      "sampling_param_* inputs -> SamplingParams keyword arguments; streaming; return_* output flags"),
-    ("NVIDIA/TensorRT-LLM pull requests #15907, #11723, #18210, #10124, #12062/#13081 (issues corpus)",
+    ("NVIDIA/TensorRT-LLM pull requests #15907, #11723, #18210, #10124, #12062/#13081",
      "2026 threads", "2026-12-01",
      "engine-based Triton backend and templates removed (llmapi kept); trtllm-build deprecated then removed after "
      "1.3.0rc20; eagle_choices removed; Eagle3 decoding type; one-model dynamic trees"),
@@ -133,7 +135,7 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "main 4b54459 / r26.08 6fa22ae", "2026-12-01",
      "newest NGC trtllm image rows: 26.07 -> TensorRT-LLM 1.2.1; no image carries 1.3/1.4"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_{llama,qwen3,qwen,mistral,qwen3_moe,gpt_oss}.py",
-     "the index versions named in 'Target architectures'", "2026-12-03",
+     "the commits named in 'Target architectures'", "2026-12-03",
      "which target classes are SpecDecOneEngineForCausalLM (one-model EAGLE-3) and which are "
      "DecoderModelForCausalLM whose layers capture hidden states (two-model only)"),
     ("NVIDIA/TensorRT-LLM pull request #17366 and issue #6158", "2026-08 / 2025-09 threads", "2026-12-03",
@@ -145,24 +147,27 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "LlamaConfig with its rope_theta, layer ids and torch_dtype"),
     # ---- round 2 --------------------------------------------------------------------------------------------------
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/eagle3.py",
-     "index id 3952401809 (1.2 line: SpecWorkerBase, eagle_choices in Eagle3SpecMetadata); index ids 2462137501 "
-     "(2025), 51981746824 (2026)", "2026-12-03",
+     "three versions: the 1.2 line (SpecWorkerBase, eagle_choices in Eagle3SpecMetadata), 2025, 2026; "
+     "commits not recorded", "2026-12-03",
      "Eagle3OneModelSpecMetadata.__post_init__ sets is_spec_dec_tree = False ('currently Eagle3 only supports linear "
      "tree') in all three, and the one-model worker drafts max_draft_len tokens one per step; the two-model "
      "Eagle3SpecMetadata sets is_spec_dec_tree from eagle_choices and builds the tree (spec_tree_manager)"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (1.2 line)", "index id 7019226376", "2026-12-03",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (1.2 line)", "a 1.2-line version, commit not recorded",
+     "2026-12-03",
      "EagleDecodingConfig: eagle3_one_model default True, spec_dec_mode EAGLE3_ONE_MODEL / EAGLE3; validate_eagle_choices "
      "warns 'The Draft token tree is still under development'; eagle_choices sets max_total_draft_tokens"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py", "index id 1189552800", "2026-12-03",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py", "a version read, commit not recorded", "2026-12-03",
      "PretrainedModel.load: 'Exemption for embedding sharing': a parameter named *lm_head.weight is not required "
      "while any provided tensor ends in vocab_embedding.weight (likewise lm_head.per_channel_scale)"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt", "index commit 0a710573",
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt", "commit 0a710573",
      "2026-12-03",
      "optional inputs image_url ('Only read when triton_config.multimodal is set') and lora_id / lora_name / "
      "lora_path / lora_ckpt_source (the first three together), besides the inputs read in round 1"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/model.py", "index commit b35ac1b6",
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/model.py",
+     "commit b35ac1b64368513d215c57d2ed01d62d910df8da",
      "2026-12-03", "_convert_request reads text_input, sampling, output config and streaming: no lora_*, no image_url"),
-    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py", "index id 56338501046",
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py",
+     "a 2026 version, commit not recorded",
      "2026-12-03",
      "get_lora_request_from_request: a LoRARequest from lora_id / lora_name / lora_path (all three or none), "
      "lora_ckpt_source 'hf' (or 'nemo')"),
@@ -170,19 +175,19 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "2026-12-03",
      "image_url and triton_config.multimodal come from NVIDIA/TensorRT-LLM PR #18381, 'not merged and not present "
      "in any released TensorRT-LLM'; without multimodal the images are silently ignored"),
-    ("NVIDIA/TensorRT-LLM:docs/source/installation/installation-guide.md", "index id 57354465427 (2026)",
+    ("NVIDIA/TensorRT-LLM:docs/source/installation/installation-guide.md", "a 2026 version, commit not recorded",
      "2026-12-03",
      "pip recipe: PyTorch CUDA 13.0 build first (torch==2.12.0, pip's default is CUDA 12.8), apt-get install "
      "libopenmpi-dev, then tensorrt_llm; a torch constraints file keeps pip from replacing torch"),
-    ("NVIDIA/TensorRT-LLM:requirements.txt", "index commit 000867d9 (1.2 line)", "2026-12-03",
+    ("NVIDIA/TensorRT-LLM:requirements.txt", "commit 000867d9 (1.2 line)", "2026-12-03",
      "transformers==4.57.1, torch>=2.9.0a0,<=2.9.0 from the CUDA 13.0 index, mpi4py (the 1.4 pin was not read)"),
     ("triton-inference-server/tensorrtllm_backend:dockerfile/Dockerfile.triton.trt_llm_backend",
      "0b9d7d5 (main, 2026-07-14)", "2026-12-03",
      "CUDA torch copied from the NGC PyTorch image, mpi4py by TensorRT-LLM's docker/common/install_mpi4py.sh, then "
      "tensorrt_llm==${TENSORRTLLM_VER}; all_models / scripts copied to /app"),
-    ("NVIDIA/TensorRT-LLM pull requests #12829, #16516 (issues corpus)", "2026-04 / 2026-07 threads", "2026-12-03",
+    ("NVIDIA/TensorRT-LLM pull requests #12829, #16516", "2026-04 / 2026-07 threads", "2026-12-03",
      "#12829 (merged 2026-04): transformers 4.x -> 5.3.0, rope_parameters handling; #16516 (open 2026-07): 5.10.1"),
-    ("NVIDIA/TensorRT-LLM issues #5260, #10458 (issues corpus)", "2025-06 / 2026-01 threads", "2026-12-03",
+    ("NVIDIA/TensorRT-LLM issues #5260, #10458", "2025-06 / 2026-01 threads", "2026-12-03",
      "PyTorch backend with a float32 model: rmsnorm / FlashInfer append_paged_kv_cache 'failed to dispatch data type "
      "Float'; maintainers: most TensorRT-LLM custom kernels do not support float32"),
     ("huggingface/transformers:src/transformers/modeling_rope_utils.py + src/transformers/configuration_utils.py + "
@@ -195,7 +200,7 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
 
 UNVERIFIED: tuple[str, ...] = (
     "The stored file versions could not be pinned to the exact tag commits (NVIDIA/TensorRT-LLM is too large to "
-    "fetch; the index has no version at 48b7b5d8 = v1.1.0 or 36e34eef = release/1.2). Engine-flow files changed "
+    "fetch; no copy at 48b7b5d8 = v1.1.0 or 36e34eef = release/1.2). Engine-flow files changed "
     "little across 1.x; the LLM API differences are bracketed by versions dated before and after the 1.1 branch.",
     "eagle3_layers_to_capture at v1.1.0: not proven, so 1.1 output never contains it (only the default layers).",
     "tensorrt_llm/_torch/models/modeling_speculative.py (EAGLE-3 head keys and tensor names): the stored version is "

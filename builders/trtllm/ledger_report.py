@@ -21,7 +21,7 @@ SHOWN_NAMES = 4  # names listed per citation; the rest are counted
 class Citation:
     cite: str  # repository@ref:path symbol, as the ledger's messages print it
     read_on: str  # UTC date of the latest reading, NEVER, or OURS
-    version_read: str  # what that reading looked at (commit / index id / page), "" when none
+    version_read: str  # what that reading looked at (commit / tag / page), "" when none
     names: tuple[str, ...]  # the rows citing it (surface:name)
 
 

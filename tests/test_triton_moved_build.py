@@ -51,6 +51,8 @@ def test_a_build_moved_elsewhere_serves_the_same_tokens(tmp_path: Path, tiny_tar
 
     srv = server_on(moved / "triton_repo", tmp_path / "tritonserver.log").start(timeout_s=240)
     try:
+        # the server runs in the repository directory: the C++ backend resolves the relative gpt_model_path there
+        assert Path(f"/proc/{srv.pid}/cwd").resolve() == (moved / "triton_repo").resolve()
         client = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
         for model in ("ensemble", "tensorrt_llm_bls"):
             got = text_of(stream_call(client, model, inputs(PROMPT, 12)))

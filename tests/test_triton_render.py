@@ -218,13 +218,43 @@ def test_tensorrt_render_golden(tensorrt_build: tuple[Any, Path], tmp_path: Path
     assert params["eagle_choices"] == render.triton_eagle_choices(DraftTree.from_choices(preset("trtllm-default")))
     assert params["eagle_choices"].startswith("{0}, {1}, {2}") and params["eagle_choices"].count("{") == 63
     assert params["decoding_mode"] == "eagle" and params["gpt_model_type"] == "inflight_fused_batching"
-    assert params["gpt_model_path"] == str((build / "engine").resolve())
+    assert params["gpt_model_path"] == os.path.relpath(build / "engine", repo)
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()  # the C++ backend needs no model.py
     for m in MODELS:
         check_golden(f"tensorrt/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build, repo=repo))
     desc = json.loads((repo / "client.json").read_text())
     assert desc.pop("config_hash") == cfg.config_hash()  # depends on the tmp paths: not golden
     check_golden("tensorrt/client.json", json.dumps(desc, indent=2) + "\n")
+
+
+def test_engine_flow_repository_holds_no_absolute_path_and_moves_with_its_build(
+        tensorrt_build: tuple[Any, Path], tmp_path: Path) -> None:
+    """Every path parameter of every model, the C++ tensorrtllm one included, is relative to the repository, so a
+    build copied elsewhere resolves to its new engine and tokenizer (the launcher starts tritonserver in the
+    repository directory, against which the C++ backend resolves gpt_model_path: tests/test_triton_moved_build.py)."""
+    import shutil
+
+    cfg, build = tensorrt_build
+    origin = tmp_path / "origin"
+    shutil.copytree(build, origin, ignore=shutil.ignore_patterns("triton_repo*"))
+    (origin / "engine").mkdir(exist_ok=True)  # TensorRT-LLM cannot build engines here: the directory stands for it
+    render.render(cfg, origin, origin / "triton_repo")
+    moved = tmp_path / "volume" / "models" / "build"
+    moved.parent.mkdir(parents=True)
+    shutil.move(str(origin), str(moved))
+    repo = moved / "triton_repo"
+    for f in repo.rglob("*"):
+        if f.is_file():
+            assert str(origin) not in f.read_text() and str(tmp_path) not in f.read_text(), f
+    resolved = {}
+    for m in MODELS:
+        for key, v in parse(repo, m).parameters.items():
+            assert not os.path.isabs(v.string_value), (m, key, v.string_value)
+            if key in render.REPOSITORY_RELATIVE:
+                resolved[(m, key)] = (repo / v.string_value).resolve()
+    assert resolved[("tensorrt_llm", "gpt_model_path")] == (moved / "engine").resolve()
+    assert (resolved[("tensorrt_llm", "tokenizer_dir")] / "tokenizer_config.json").is_file()
+    assert resolved[("preprocessing", "tokenizer_dir")] == resolved[("tensorrt_llm", "tokenizer_dir")]
 
 
 def test_pytorch_render_golden(pytorch_build: tuple[Any, Path], target4: Path, tmp_path: Path) -> None:

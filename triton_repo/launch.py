@@ -286,8 +286,11 @@ class TritonServer:
         with self.log_path.open("ab") as log:
             log.write(f"$ {self.shown_argv()}\n".encode())
             log.flush()
-            # Own process group: stop() can signal the server and its python-backend stubs together.
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            # Own process group: stop() can signal the server and its python-backend stubs together. Working directory:
+            # the repository, against which the C++ tensorrtllm backend resolves the relative gpt_model_path the
+            # render writes (builders/triton/render.py REPOSITORY_RELATIVE); mpirun gives its ranks the same one.
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                          cwd=self.repo)
         try:
             return self._wait_ready(timeout_s, stop_requested)
         except BaseException:  # whatever ends the wait (not ready, exited, interrupted): stopped and cleaned up

@@ -62,17 +62,21 @@ def _python_common(build_dir: Path) -> dict[str, str]:
     return {"tokenizer_dir": str(tokenizer_dir(build_dir))}
 
 
-# Path parameters of the python models: written relative to the repository's directory and resolved there at
-# start-up (triton_repo/models/common.py Params.path), so a build whose repository sits inside it can be moved.
-REPOSITORY_RELATIVE = ("tokenizer_dir", "build_dir")
+# Path parameters, written relative to the repository's directory so a build whose repository sits inside it can be
+# moved. The python models resolve them against the repository at start-up (triton_repo/models/common.py
+# Params.path). The C++ tensorrtllm backend opens gpt_model_path as given (NVIDIA/TensorRT-LLM@c8c6df08
+# triton_backend/inflight_batcher_llm/src/model_instance_state.cc ModelInstanceState::ModelInstanceState:
+# std::filesystem::exists, then the Executor), so a relative path is relative to the server's working directory:
+# triton_repo/launch.py starts tritonserver in the repository directory. Its tokenizer_dir is read but unused there
+# (getGuidedDecodingConfigFromParams: 'does not use tokenizer_dir').
+REPOSITORY_RELATIVE = ("tokenizer_dir", "build_dir", "gpt_model_path")
 
 
 def _repository_relative(cfg: mc.ModelConfig, out: Path) -> mc.ModelConfig:
-    if cfg.backend == "python":
-        for key in REPOSITORY_RELATIVE:
-            if key in cfg.parameters:
-                value = cfg.parameters[key].string_value
-                cfg.parameters[key].string_value = os.path.relpath(value, out.resolve())
+    for key in REPOSITORY_RELATIVE:
+        if key in cfg.parameters:
+            value = cfg.parameters[key].string_value
+            cfg.parameters[key].string_value = os.path.relpath(value, out.resolve())
     return cfg
 
 

@@ -50,8 +50,7 @@ ENTRY_POINTS = {
     "scripts/train_curve.py": ["scripts/train_curve.py"],
     "scripts/spec_sweep.py": ["scripts/spec_sweep.py"],
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
-    "scripts/gpu_pack.py": ["scripts/gpu_pack.py"],
-    "scripts/gpu_run.py": ["scripts/gpu_run.py"],
+    "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
     "scripts/mutation.py": ["scripts/mutation.py"],
     "scripts/reliability.py": ["scripts/reliability.py"],
 }

@@ -406,7 +406,7 @@ def test_recipes_validate_and_the_held_out_set_does_not_depend_on_the_slice_size
 
 def test_curve_commands_share_one_cache_per_answer_type(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "scripts"))
-    import train_curve as tc
+    import bench_train_curve as tc
 
     cfg = REPO / "configs/train/smollm2-eagle-sd4k.yaml"
     assert tc.cache_dir(cfg, "regenerate") == (REPO / ".cache/train/smollm2-eagle-sd").resolve()

@@ -1,6 +1,6 @@
 """The data-scaling curve of an EAGLE head recipe: what more conversations, and self-distilled answers, buy.
 
-    python scripts/train_curve.py --sizes 256,1024,4096 --answers dataset,regenerate --out build/curve \
+    python scripts/bench_train_curve.py --sizes 256,1024,4096 --answers dataset,regenerate --out build/curve \
         [--config configs/train/smollm2-eagle-sd4k.yaml] [--epochs 256:6,1024:3,4096:2] [--steps train,tau,report]
 
 For every (answers, size) point it trains the recipe on `size` training conversations (+ the recipe's held-out
@@ -79,7 +79,7 @@ def link_cache(out: Path, config: Path, answers: str, size: int) -> None:
 def run(argv: list[str]) -> None:
     print("$ " + " ".join(argv), flush=True)
     if subprocess.run(argv, cwd=REPO).returncode != 0:
-        raise SystemExit(f"train_curve: command failed: {' '.join(argv)}")
+        raise SystemExit(f"bench_train_curve: command failed: {' '.join(argv)}")
 
 
 # ---- measurements ----------------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def answer_tokens(head: Path, config: Path, answers: str, size: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="train_curve.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="bench_train_curve.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--config", type=Path, default=REPO / "configs/train/smollm2-eagle-sd4k.yaml", help="base recipe")
     ap.add_argument("--sizes", default="256,1024,4096", help="training conversations per point")
     ap.add_argument("--answers", default="dataset,regenerate", help="answer types (data.responses values)")

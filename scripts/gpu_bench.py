@@ -134,7 +134,7 @@ def timed(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, fl
     t0 = time.perf_counter()
     try:
         limit = None if math.isinf(timeout) else max(timeout, 1)
-        rc = subprocess.run(argv, cwd=REPO, env=env, timeout=limit).returncode
+        rc = subprocess.run(argv, cwd=REPO, env=env, timeout=limit, check=False).returncode
     except subprocess.TimeoutExpired:
         rc = 124
     return rc, time.perf_counter() - t0
@@ -204,7 +204,8 @@ def _link_cache(work: Path, probe: Path) -> None:
 
 
 def _git_commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=False)
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -257,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     summary: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t0)),
                                "argv": sys.argv, "commit": _git_commit()}
-    summary["device"] = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, "
-                                        "torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"],
-                                       capture_output=True, text=True, env=env).stdout.strip()
+    probe = ("import torch; print(torch.__version__, "
+             "torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')")
+    summary["device"] = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                                       check=False).stdout.strip()
     for name, cmd in steps.items():
         if name == "train":
             summary["train"] = {}

@@ -88,7 +88,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "Qwen3ForCausalLM", "Qwen3 dense", False, ONE, "native", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3.py",
                "@register_auto_model('Qwen3ForCausalLM') class Qwen3ForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "commit 5dedf53b14d94f0b53c1bff0e560af11dc3eaf5d; three later versions read, commits not recorded",
+        "commit 5dedf53b14d94f0b53c1bff0e560af11dc3eaf5d; three other versions read, commits not recorded",
         "per-head q/k RMSNorm; head_dim independent of hidden_size / heads"),
     Architecture(
         "Qwen2ForCausalLM", "Qwen2 / Qwen2.5", False, TWO, "native", True,
@@ -116,7 +116,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "GptOssForCausalLM", "gpt-oss", False, ONE, "generic", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_gpt_oss.py",
                "@register_auto_model('GptOssForCausalLM') class GptOssForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb; two later versions read, commits not recorded",
+        "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb; two other versions read, commits not recorded",
         "mixture of experts, attention sinks, sliding-window layers (reference engine: sequences up to the window)"),
 )
 

@@ -304,7 +304,8 @@ def from_descriptor(path: Path) -> Schema:
     repo = path.parent
     get = repo_config_getter(repo)
     ensemble = get(desc["model"])
-    tokenizer = desc.get("tokenizer") or (None if ensemble is None else find_tokenizer(ensemble, get, repo))
+    tokenizer = (_tokenizer_path(desc["tokenizer"], repo) if desc.get("tokenizer")  # relative to the repository
+                 else None if ensemble is None else find_tokenizer(ensemble, get, repo))
     return Schema(
         model=desc["model"],
         max_batch_size=int(desc["max_batch_size"]),

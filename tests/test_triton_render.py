@@ -98,6 +98,7 @@ def normalized(text: str, build: Path, target: Path | None = None, repo: Path | 
     if repo is not None:  # the python models' paths, relative to the repository's directory
         rel = os.path.relpath(build.resolve(), repo.resolve())
         text = text.replace(f'"{rel}/', '"<BUILD>/').replace(f'"{rel}"', '"<BUILD>"')
+        text = text.replace(f": {rel}/", ": <BUILD>/")  # model.yaml's directories (YAML, unquoted)
     text = text.replace(str(build.resolve()), "<BUILD>").replace(str(REPO_ROOT), "<PROJECT>")
     return text if target is None else text.replace(str(target.resolve()), "<TARGET>")
 
@@ -266,14 +267,20 @@ def test_pytorch_render_golden(pytorch_build: tuple[Any, Path], target4: Path, t
     doc = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     options = yaml.safe_load((build / "engine" / render.LLMAPI_OPTIONS_FILE).read_text())
     # 1.2 reads with transformers 4: the model is the convert stage's transformers-4 copy of the target
-    assert doc["backend"] == "pytorch" and Path(doc["model"]) == (build / "checkpoint" / "hf_model").resolve()
-    assert {k: v for k, v in doc.items() if k not in ("model", "backend", "triton_config")} == options
+    assert doc["backend"] == "pytorch" and doc["model"].startswith("../")  # relative to the repository: it moves
+    assert (repo / doc["model"]).resolve() == (build / "checkpoint" / "hf_model").resolve()
+    spec = doc["speculative_config"]
+    head = spec.get("speculative_model_dir") or spec["speculative_model"]
+    assert not Path(head).is_absolute() and (repo / head).resolve() == Path(options["speculative_config"][
+        "speculative_model_dir" if "speculative_model_dir" in spec else "speculative_model"]).resolve()
+    assert {k: v for k, v in doc.items() if k not in ("model", "backend", "triton_config", "speculative_config")} == {
+        k: v for k, v in options.items() if k != "speculative_config"}
     assert doc["triton_config"] == {"max_batch_size": 8, "decoupled": True}
     assert parse(repo, "tensorrt_llm").parameters["llm_kind"].string_value == "pytorch"
     for m in MODELS:
         check_golden(f"pytorch/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build, repo=repo))
-    check_golden("pytorch/model.yaml", normalized((repo / "tensorrt_llm" / "1" / "model.yaml").read_text(), build,
-                                                  target4))  # fmt: skip
+    model_yaml = (repo / "tensorrt_llm" / "1" / "model.yaml").read_text()
+    check_golden("pytorch/model.yaml", normalized(model_yaml, build, target4, repo=repo))
 
 
 # ---- strictness ---------------------------------------------------------------------------------------------------
@@ -308,3 +315,42 @@ def test_pytorch_render_needs_the_engine_stage(pytorch_build: tuple[Any, Path], 
     (fake / "checkpoint" / "tokenizer").symlink_to(build / "checkpoint" / "tokenizer")
     with pytest.raises(render.RenderError, match="llm_api_options.yaml not found: run the engine stage"):
         render.render(cfg, fake, tmp_path / "repo")
+
+
+@pytest.mark.parametrize("layout", ["ensemble", "llmapi"])
+def test_pytorch_repositories_hold_no_absolute_path_and_move_with_their_build(
+        pytorch_build: tuple[Any, Path], target4: Path, tmp_path: Path, layout: str) -> None:
+    """model.yaml's directories (the target and the EAGLE-3 head) are written relative to the repository, starting
+    with ./ or ../ (never a Hugging Face repo id), for both layouts that hand them to the LLM API; after the build
+    is moved they resolve to the moved checkpoint, as our llmapi model resolves them (common.yaml_paths_resolved)
+    and as upstream's resolves them from the server's working directory (the repository: triton_repo/launch.py)."""
+    import shutil
+
+    import yaml
+
+    from triton_repo.models.common import yaml_paths_resolved
+
+    _, fixture_build = pytorch_build  # its head, built in place here: a build records where it was made
+    cfg_file = _yaml(tmp_path, target4, fixture_build.parent / "eagle3", "eagle3", "pytorch", "chain-3", version="1.2")
+    assert build_main([str(cfg_file), "--only", "checkpoint", "--only", "engine"]) == 0
+    cfg, origin = load_config(cfg_file), tmp_path / "build"
+    if layout == "llmapi":
+        render.render_llmapi(cfg, origin, origin / "triton_repo")
+    else:
+        render.render(cfg, origin, origin / "triton_repo")
+    moved = tmp_path / "volume" / "models" / "build"
+    moved.parent.mkdir(parents=True)
+    shutil.move(str(origin), str(moved))
+    repo = moved / "triton_repo"
+    doc = yaml.safe_load((repo / cfg.triton.llm_model / "1" / "model.yaml").read_text())
+    spec = doc["speculative_config"]
+    key = "speculative_model_dir" if "speculative_model_dir" in spec else "speculative_model"
+    for value in (doc["model"], spec[key]):
+        assert value.startswith(("./", "../")), value
+    resolved = yaml_paths_resolved(doc, str(repo))
+    assert Path(resolved["model"]) == (moved / "checkpoint" / "hf_model").resolve()
+    assert Path(resolved["speculative_config"][key]) == (moved / "checkpoint" / "eagle3").resolve()
+    assert (repo / doc["model"]).resolve() == Path(resolved["model"])  # the server's cwd reading agrees
+    for f in repo.rglob("*"):
+        if f.is_file() and f.name != "manifest.json":
+            assert str(origin) not in f.read_text() and str(tmp_path) not in f.read_text(), f

@@ -142,9 +142,10 @@ def _handed_to_trtllm(build: Path) -> dict[str, Path]:
     for f in (build / "triton_repo").glob("*/1/model.yaml"):
         doc = yaml.safe_load(f.read_text())
         spec = doc["speculative_config"]
-        dirs[f"{f.parent.parent.name} model.yaml model"] = Path(doc["model"])
-        dirs[f"{f.parent.parent.name} speculative model"] = Path(spec.get("speculative_model_dir")
-                                                                 or spec["speculative_model"])
+        repo = f.parent.parent.parent  # model.yaml's paths are relative to the repository (the server's cwd)
+        dirs[f"{f.parent.parent.name} model.yaml model"] = (repo / doc["model"]).resolve()
+        dirs[f"{f.parent.parent.name} speculative model"] = (repo / (spec.get("speculative_model_dir")
+                                                                     or spec["speculative_model"])).resolve()
     for f in (build / "triton_repo").glob("*/config.pbtxt"):
         cfg = text_format.Parse(f.read_text(), mc.ModelConfig())
         if "tokenizer_dir" in cfg.parameters:

@@ -233,7 +233,7 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
     return cfg
 
 
-def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
+def llmapi_model_yaml(bc: BuildConfig, build_dir: Path, out: Path) -> str:
     """upstream all_models/llmapi/tensorrt_llm/1/model.yaml: LLM(**args) + triton_config; the LLM args are the
     engine stage's options file (builders/engine/llmapi.py), the one source for them."""
     options_file = build_dir / build_layout.ENGINE / LLMAPI_OPTIONS_FILE
@@ -246,7 +246,7 @@ def llmapi_model_yaml(bc: BuildConfig, build_dir: Path) -> str:
         **options,
         "triton_config": {"max_batch_size": bc.engine.max_batch_size, "decoupled": bc.triton.streaming},
     }
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+    return yaml.safe_dump(RL.yaml_paths_relative(doc, out), sort_keys=False, default_flow_style=None, width=120)
 
 
 # ---- the repository -----------------------------------------------------------------------------------------------
@@ -329,9 +329,10 @@ def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
         raise RenderError(f"LLM API options for the llmapi model: {e}") from e
     d = out / bc.triton.llm_model
     (d / "1").mkdir(parents=True)
+    tokenizer = Path(os.path.relpath(tokenizer_dir(build_dir), out.resolve()))  # clients resolve it (clients/schema.py)
     files = {d / "config.pbtxt": to_text(_repository_relative(RL.model_config(bc, build_dir), out)),
-             d / "1" / RL.L.MODEL_YAML: RL.model_yaml(bc, build_dir, options),
-             out / CLIENT_FILE: json.dumps(RL.client_descriptor(bc, tokenizer_dir(build_dir)), indent=2) + "\n"}
+             d / "1" / RL.L.MODEL_YAML: RL.model_yaml(bc, build_dir, out, options),
+             out / CLIENT_FILE: json.dumps(RL.client_descriptor(bc, tokenizer), indent=2) + "\n"}
     for f, text in files.items():
         f.write_text(text)
     source = {"reference": "llmapi_reference.py", "pytorch": "llmapi_bridge.py"}[bc.engine.backend]
@@ -372,7 +373,7 @@ def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
             written += [d / "1" / "model.py", d / "1" / f"{BOOTSTRAP_MODULE}.py"]
     if bc.engine.backend == "pytorch":
         f = out / t.llm_model / "1" / "model.yaml"
-        f.write_text(llmapi_model_yaml(bc, build_dir))
+        f.write_text(llmapi_model_yaml(bc, build_dir, out))
         written.append(f)
     f = out / CLIENT_FILE
     f.write_text(json.dumps(client_descriptor(bc), indent=2) + "\n")

@@ -18,6 +18,7 @@ config.pbtxt says it too (model_transaction_policy), or streaming requests would
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,25 @@ def llm_options(bc: BuildConfig, build_dir: Path, options_file: Path) -> dict[st
                                   target_architecture(ckpt))
 
 
-def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str:
+def yaml_paths_relative(doc: dict[str, Any], out: Path) -> dict[str, Any]:
+    """model.yaml's directories (`model` and the speculative model), relative to the repository, for a build that
+    moves. Upstream's llmapi model passes them to `LLM(...)` as they are, so a relative path is relative to the
+    server's working directory, which triton_repo/launch.py sets to the repository. Each starts with `./` or `../`,
+    which no Hugging Face repo id can, so a path that does not resolve is an error, never a hub download."""
+    def rel(value: str) -> str:
+        r = os.path.relpath(value, out.resolve())
+        return r if r.startswith("..") else f"./{r}"
+
+    doc = dict(doc, model=rel(doc["model"]))
+    spec = doc.get("speculative_config")
+    if isinstance(spec, dict):
+        key = next((k for k in ("speculative_model_dir", "speculative_model") if spec.get(k)), None)
+        if key is not None:
+            doc["speculative_config"] = dict(spec, **{key: rel(str(spec[key]))})
+    return doc
+
+
+def model_yaml(bc: BuildConfig, build_dir: Path, out: Path, options: dict[str, Any]) -> str:
     from builders.engine.llmapi import plain
 
     doc = {
@@ -74,7 +93,7 @@ def model_yaml(bc: BuildConfig, build_dir: Path, options: dict[str, Any]) -> str
         # batches requests in flight itself, up to the top-level max_batch_size.
         "triton_config": {"max_batch_size": 0, "decoupled": bc.triton.streaming},
     }
-    return yaml.safe_dump(plain(doc), sort_keys=False, default_flow_style=None, width=120)
+    return yaml.safe_dump(yaml_paths_relative(plain(doc), out), sort_keys=False, default_flow_style=None, width=120)
 
 
 def client_descriptor(bc: BuildConfig, tokenizer: Path) -> dict[str, Any]:

@@ -151,3 +151,19 @@ def parse_word_list(arr: np.ndarray) -> list[list[int]]:
 
 def model_config(args: dict[str, Any]) -> dict[str, Any]:
     return json.loads(args["model_config"])
+
+
+def yaml_paths_resolved(options: dict, repository: str | None) -> dict:
+    """model.yaml's relative directories (`./x` or `../x`: builders/triton/render_llmapi.py yaml_paths_relative),
+    resolved against the model repository, so this model does not depend on the server's working directory."""
+    def resolve(value: object) -> object:
+        if isinstance(value, str) and value.startswith(("./", "../")) and repository is not None:
+            return os.path.normpath(os.path.join(repository, value))
+        return value
+
+    out = dict(options, model=resolve(options.get("model")))
+    spec = out.get("speculative_config")
+    if isinstance(spec, dict):
+        out["speculative_config"] = {k: resolve(v) if k in ("speculative_model_dir", "speculative_model") else v
+                                     for k, v in spec.items()}
+    return out

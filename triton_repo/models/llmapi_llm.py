@@ -43,7 +43,7 @@ class TritonPythonModel:
         with open(yaml_path) as f:
             options = yaml.safe_load(f)
         options.pop("triton_config")
-        self.llm = LLM(**options)
+        self.llm = LLM(**common.yaml_paths_resolved(options, p.repository))
         # The LLM API reports accepted and drafted tokens per request, not per position (spec_metrics.llmapi_counts)
         self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], "pytorch", 0, "speculative_config" in options,

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from scripts.gpu_pack import sha256  # noqa: E402
+from scripts.gpu_pack import sha256
 
 RECIPE = REPO / "configs/train/smollm2-eagle-h200.yaml"
 SITE = Path("/tmp/site")

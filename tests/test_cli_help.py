@@ -53,7 +53,6 @@ ENTRY_POINTS = {
     "scripts/gpu_pack.py": ["scripts/gpu_pack.py"],
     "scripts/gpu_run.py": ["scripts/gpu_run.py"],
     "scripts/mutation.py": ["scripts/mutation.py"],
-    "scripts/reliability.py": ["scripts/reliability.py"],
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts import gpu_pack, gpu_run  # noqa: E402
+from scripts import gpu_pack, gpu_run
 
 MIB = 1 << 20
 

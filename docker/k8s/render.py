@@ -79,12 +79,12 @@ def queue_target(cfg: BuildConfig, opts: RenderOptions) -> int:
     """Requests per pod waiting for a slot that the HPA tolerates on average. Requests wait only once the in-flight
     batch (engine.max_batch_size slots) is full; half a batch waiting means a newcomer waits about half a generation
     for a slot, the point where another replica is worth its GPUs. Override with --queue-target."""
-    return opts.queue_target if opts.queue_target is not None else max(1, cfg.engine.max_batch_size // 2)
+    return opts.queue_target if opts.queue_target is not None else max(1, cfg.request_limits().max_batch_size // 2)
 
 
 def in_flight_target(cfg: BuildConfig, opts: RenderOptions) -> int:
     """Average requests in flight per pod the HPA holds: a full batch plus queue_target() waiting."""
-    return cfg.engine.max_batch_size + queue_target(cfg, opts)
+    return cfg.request_limits().max_batch_size + queue_target(cfg, opts)
 
 
 def in_flight_series(cfg: BuildConfig) -> str:

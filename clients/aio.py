@@ -126,7 +126,8 @@ class AsyncLLMClient:
                 yield Chunk(text, now, stats.responses - 1)
             await reader  # raises the reader's GenerationError
         except (TimeoutError, asyncio.CancelledError, GeneratorExit) as e:  # GeneratorExit: aclose() of the caller
-            raise await self._end_after(e, reader, stats) from e
+            ended = await self._end_after(e, reader, stats)
+            raise ended from ended.__cause__  # the cause _end_after set (a failure to end the request), if any
         self._finish(req, stats, last)
 
     async def complete(self, req: Request, stats: GenerationStats) -> str:
@@ -149,7 +150,8 @@ class AsyncLLMClient:
             async with asyncio.timeout(stats.start + self.timeout_s - time.perf_counter()):
                 await asyncio.shield(reader)
         except (TimeoutError, asyncio.CancelledError) as e:
-            raise await self._end_after(e, reader, stats) from e
+            ended = await self._end_after(e, reader, stats)
+            raise ended from ended.__cause__  # the cause _end_after set (a failure to end the request), if any
         self._finish(req, stats, last)
         # cumulative: the longest piece is the whole text (a final response may come without text)
         return decode_text([max(pieces, key=len)] if req.cumulative and pieces else pieces)

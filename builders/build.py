@@ -18,10 +18,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
-from builders import build_dir as owned  # noqa: E402
-from builders.config import BuildConfig, ConfigError, dump_resolved, load_config  # noqa: E402
-from builders.pipeline import Stage, StageError, run_stage  # noqa: E402
-from builders.startup import startup_problems  # noqa: E402
+from builders import build_dir as owned
+from builders.config import BuildConfig, ConfigError, dump_resolved, load_config
+from builders.pipeline import Stage, StageError, run_stage
+from builders.startup import startup_problems
 
 EXIT_CONFIG = 2
 EXIT_STAGE = 1
@@ -43,7 +43,9 @@ def select_stages(cfg: BuildConfig, only: list[str] | None) -> list[Stage]:
 def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
     build_dir = Path(cfg.output_dir)
     lim = cfg.limits()
-    print(f"plan for {cfg.name!r} -> {build_dir}  (config hash {cfg.config_hash()}, trtllm_version {cfg.trtllm_version})")
+    print(
+        f"plan for {cfg.name!r} -> {build_dir}  (config hash {cfg.config_hash()}, trtllm_version {cfg.trtllm_version})"
+    )
     for field, why in cfg.defaults_applied.items():
         section, key = field.split(".", 1)
         print(f"  default {field}={getattr(getattr(cfg, section), key)} ({why})")
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", help="YAML build config (see configs/)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. --set engine.max_batch_size=8 (repeatable)")
-    ap.add_argument("--dry-run", action="store_true", help="print the plan (stages, inputs, outputs, commands); write nothing")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="print the plan (stages, inputs, outputs, commands); write nothing"
+    )
     ap.add_argument("--force", action="store_true",
                     help="rerun stages even when unchanged (never replaces a directory this build did not write)")
     ap.add_argument("--verify", action="store_true",
@@ -98,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print_plan(cfg, stages)
         return 0
-    problems = startup_problems(cfg.engine.backend, cfg.trtllm_version) + [f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)]
+    problems = startup_problems(cfg.engine.backend, cfg.trtllm_version) + [
+        f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)
+    ]
     problems += build_dir_problems(cfg)
     if problems:
         print(f"error: {ConfigError(problems, args.config)}", file=sys.stderr)

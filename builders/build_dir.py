@@ -2,11 +2,11 @@
 write.
 
 The build owns exactly: the stage directories that carry its manifest (`<stage>/manifest.json` naming that stage),
-`logs/<stage>.log` (in a logs/ directory it created: LOGS_MARKER), `config.resolved.yaml`, and its own temporary `.<stage>.tmp-<pid>` / `.<stage>.old-<pid>`
-directories. Anything else with one of those names is someone else's: the build refuses to start and names it
-(`--force` reruns stages, it does not take ownership). `output_dir` must be a directory (or not exist yet), must not
-be the project's sources, inside them or a parent of them, and must be a path the Triton python backend can start
-its stub in (triton_repo/launch.py `SHELL_UNSAFE`).
+`logs/<stage>.log` (in a logs/ directory it created: LOGS_MARKER), `config.resolved.yaml`, and its own temporary
+`.<stage>.tmp-<pid>` / `.<stage>.old-<pid>` directories. Anything else with one of those names is someone else's: the
+build refuses to start and names it (`--force` reruns stages, it does not take ownership). `output_dir` must be a
+directory (or not exist yet), must not be the project's sources, inside them or a parent of them, and must be a path the
+Triton python backend can start its stub in (triton_repo/launch.py `SHELL_UNSAFE`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project's own sources: an output_dir equal to, inside or above any of these is refused (a stage rerun swaps
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.
 SOURCE_DIRS = (".git", ".ci", "builders", "clients", "configs", "core", "docker", "docs", "engines", "heads", "measure",
-               "scripts", "tests", "training", "triton_repo")  # fmt: skip
+               "scripts", "tests", "training", "triton_repo")
 _TEMP = re.compile(r"^\.(?P<stage>[A-Za-z0-9_]+)\.(tmp|old)-(?P<pid>\d+)$")
 
 

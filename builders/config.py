@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from builders.monitoring_config import MonitoringConfig
-from builders.speculation import LoadAwareFields, NonNegativeInt, Schedule  # noqa: F401 (TreeConfig's annotations)
+from builders.speculation import LoadAwareFields
 from builders.trtllm import registry
 from builders.capacity import capacity_rule
 from core.config_input import (
@@ -37,6 +37,7 @@ from core.config_input import (
 )
 from builders.trtllm.rules import trtllm_problems
 from core import trees
+from core.types import Limits
 from triton_repo.exposure import model_name_problem
 
 
@@ -145,7 +146,9 @@ class QuantizationConfig(Strict):
 
 class ParallelConfig(Strict):
     tp: PositiveInt = Field(default=1, le=MAX_RANKS, description="Tensor-parallel size.")
-    pp: PositiveInt = Field(default=1, le=MAX_RANKS, description="Pipeline-parallel size (not supported for EAGLE engines).")
+    pp: PositiveInt = Field(
+        default=1, le=MAX_RANKS, description="Pipeline-parallel size (not supported for EAGLE engines)."
+    )
 
 
 class EngineConfig(Strict):
@@ -191,11 +194,19 @@ class TritonConfig(Strict):
     llm_model: str = Field(default="tensorrt_llm", description="Name of the LLM model.")
     bls_model: str = Field(default="tensorrt_llm_bls", description="Name of the BLS model.")
     streaming: bool = Field(default=True, description="Decoupled (streaming) LLM model.")
-    preprocessing_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the preprocessing model.")
-    postprocessing_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the postprocessing model.")
-    llm_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the LLM model (python backends).")
+    preprocessing_instances: PositiveInt = Field(
+        default=1, le=MAX_INSTANCES, description="Instances of the preprocessing model."
+    )
+    postprocessing_instances: PositiveInt = Field(
+        default=1, le=MAX_INSTANCES, description="Instances of the postprocessing model."
+    )
+    llm_instances: PositiveInt = Field(
+        default=1, le=MAX_INSTANCES, description="Instances of the LLM model (python backends)."
+    )
     bls_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the BLS model.")
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=60_000_000, description="Batcher wait for more requests.")
+    max_queue_delay_microseconds: int = Field(
+        default=0, ge=0, le=60_000_000, description="Batcher wait for more requests."
+    )
     max_queue_size: PositiveInt = Field(default=64, le=1 << 20, description="Requests queued beyond this are refused.")
     kv_cache_free_gpu_mem_fraction: float = Field(
         default=0.9, gt=0, le=1, description="tensorrtllm backend: GPU memory fraction for the KV cache."
@@ -206,12 +217,12 @@ class TritonConfig(Strict):
         "may hold one, before it is ended with UNAVAILABLE. It bounds how long a client that vanished holds a slot "
         "when its cancellation never reaches the model (an ensemble stream on Triton 2.51). Unset: "
         "engine.max_seq_len x deadline_per_token_s.",
-    )  # fmt: skip
+    )
     deadline_per_token_s: float = Field(
         default=0.5, gt=0,
         description="The per-token time bound the default request_deadline_s assumes: a request of max_seq_len "
         "tokens that takes longer than this per token in its slot is ended.",
-    )  # fmt: skip
+    )
 
 
     @field_validator("ensemble_model", "preprocessing_model", "postprocessing_model", "llm_model", "bls_model")
@@ -282,6 +293,15 @@ class BuildConfig(Strict):
     def limits(self) -> DerivedLimits:
         return derive_limits(self)
 
+    def request_limits(self) -> Limits:
+        """engine.max_batch_size / max_input_len / max_seq_len as ints: load_config fills the unset ones with
+        TensorRT-LLM's defaults before validation, so a loaded config has all three."""
+        e = self.engine
+        if e.max_batch_size is None or e.max_input_len is None or e.max_seq_len is None:
+            raise ConfigError(["engine.max_batch_size, max_input_len and max_seq_len are unset: load the config "
+                               "with builders.config.load_config, which fills TensorRT-LLM's defaults"])
+        return Limits(e.max_batch_size, e.max_input_len, e.max_seq_len)
+
     def draft_len_schedule(self) -> dict[int, int] | None:
         """tree.draft_len_schedule sorted by threshold, `auto` read from tree.schedule_file (None: not set)."""
         s = self.tree.draft_len_schedule
@@ -294,7 +314,11 @@ class BuildConfig(Strict):
     def request_deadline_s(self) -> float:
         """triton.request_deadline_s, or its default engine.max_seq_len x triton.deadline_per_token_s."""
         t = self.triton
-        return t.request_deadline_s if t.request_deadline_s is not None else self.engine.max_seq_len * t.deadline_per_token_s
+        return (
+            t.request_deadline_s
+            if t.request_deadline_s is not None
+            else self.request_limits().max_seq_len * t.deadline_per_token_s
+        )
 
     def config_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
@@ -333,8 +357,7 @@ def _rule_tree(cfg: BuildConfig) -> list[str]:
     except trees.TreeError as e:
         return [f"tree.{'dynamic' if t.dynamic is not None else 'choices'}: {e}"]
     p: list[str] = []
-    if t.dynamic is not None:
-        if mdl > trees.MAX_DRAFT_LEN_LIMIT:
+    if t.dynamic is not None and mdl > trees.MAX_DRAFT_LEN_LIMIT:
             p.append(f"tree.dynamic.total_draft_tokens={mdl} exceeds TensorRT-LLM's limit {trees.MAX_DRAFT_LEN_LIMIT}")
     for field, user, derived in (
         ("max_draft_len", t.max_draft_len, mdl),

@@ -53,8 +53,10 @@ def engine_defaults(backend: str, eagle_max_batch_size: int, model_dir: Path | N
     if backend == "reference":
         batch = (REFERENCE_MAX_BATCH_SIZE, "reference engine default (KV cache allocated up front)")
     elif backend == "tensorrt":
-        batch = (min(TRTLLM_MAX_BATCH_SIZE, eagle_max_batch_size),
-                 f"trtllm-build default {TRTLLM_MAX_BATCH_SIZE}, capped at the EAGLE engine limit {eagle_max_batch_size}")
+        batch = (
+            min(TRTLLM_MAX_BATCH_SIZE, eagle_max_batch_size),
+            f"trtllm-build default {TRTLLM_MAX_BATCH_SIZE}, capped at the EAGLE engine limit {eagle_max_batch_size}",
+        )
     else:
         batch = (TRTLLM_MAX_BATCH_SIZE, "TensorRT-LLM LLM API default")
     if model_dir is None:

@@ -94,6 +94,6 @@ def modelled_costs(gpu: Gpu, m: ModelShape, tree: DraftTree, batch_sizes: list[i
                    context: int) -> tuple[dict[int, list[float]], dict[int, float]]:
     """(ms per step at each batch size and draft length 0..depth, target-only ms per step at each batch size); draft
     length 0 is modelled as a target-only step (TensorRT-LLM drafts nothing there)."""
-    step = {b: [step_ms(gpu, m, b, None, context)] + [step_ms(gpu, m, b, truncate(tree, d), context)  # type: ignore[arg-type]
+    step = {b: [step_ms(gpu, m, b, None, context)] + [step_ms(gpu, m, b, truncate(tree, d), context)
                                                     for d in range(1, tree.depth + 1)] for b in batch_sizes}
     return step, {b: step[b][0] for b in batch_sizes}

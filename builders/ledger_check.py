@@ -50,7 +50,8 @@ def checkpoint_names(ckpt: Path) -> Emitted:
         _add(out, "checkpoint.eagle_net_config", set(conf["eagle_net_config"]))
     for f in sorted(ckpt.glob("rank*.safetensors")):
         with safe_open(str(f), "pt") as st:
-            _add(out, "checkpoint.tensor", {ledger.tensor_pattern(k) for k in st.keys()})
+            names = st.keys()  # a safetensors file handle, not a dict: it is not iterable
+            _add(out, "checkpoint.tensor", {ledger.tensor_pattern(k) for k in names})
     return out
 
 
@@ -150,7 +151,9 @@ def build_names(cfg: Any, build: Path) -> Emitted:
     if cfg.engine.backend == "tensorrt":
         _add(out, "trtllm-build.flag", ledger.argv_flags(trtllm_build.trtllm_build_argv(cfg, ckpt, build / "engine")))
     if cfg.engine.backend == "pytorch":
-        _add(out, "llmapi.option", ledger.flat_keys(yaml.safe_load((build / "engine" / llmapi.OPTIONS_FILE).read_text())))
+        _add(
+            out, "llmapi.option", ledger.flat_keys(yaml.safe_load((build / "engine" / llmapi.OPTIONS_FILE).read_text()))
+        )
         serve = json.loads((build / "engine" / stage.SERVE_FILE).read_text())["argv"]
         _add(out, "trtllm-serve.flag", ledger.argv_flags(serve))
     t = cfg.triton

@@ -58,7 +58,9 @@ class StageContext:
             log.flush()
             proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         if proc.returncode != 0:
-            raise StageError(f"command failed with exit code {proc.returncode}: {' '.join(argv)} (log: {self.log_path})")
+            raise StageError(
+                f"command failed with exit code {proc.returncode}: {' '.join(argv)} (log: {self.log_path})"
+            )
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class ScheduleResult:
         depth = sched.get(1, 0)
         return {
             "draft_len_schedule": {str(b): n for b, n in sched.items()},
-            "tree": truncate(self.tree, depth).as_lists() if depth else None,  # type: ignore[union-attr]
+            "tree": truncate(self.tree, depth).as_lists() if depth else None,
             "batch_sizes": self.batch_sizes, "taus": self.taus,
             "step_ms": {str(b): v for b, v in self.step_ms.items()},
             "target_ms": {str(b): v for b, v in self.target_ms.items()},

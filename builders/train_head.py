@@ -30,19 +30,24 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.config import ConfigError  # noqa: E402
-from training.compute import ComputeError  # noqa: E402
-from training.config import TrainHeadConfig, load_train_config  # noqa: E402
-from training.data import DataError  # noqa: E402
-from training.eagle3_vocab import VocabError  # noqa: E402
-from training.features import FeatureError  # noqa: E402
-from training.runner import TrainError  # noqa: E402
+from builders.config import ConfigError
+from training.compute import ComputeError
+from training.config import TrainHeadConfig, load_train_config
+from training.data import DataError
+from training.eagle3_vocab import VocabError
+from training.features import FeatureError
+from training.runner import TrainError
+
+if TYPE_CHECKING:
+    from training.compute import Compute
+    from training.dist import Dist
 
 STEPS = ("data", "features", "train")
 
@@ -63,7 +68,7 @@ def run(cfg: TrainHeadConfig, until: str = "train", stop_at: int | None = None) 
         close_dist(dist)
 
 
-def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist, compute) -> Path | None:
+def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist: Dist, compute: Compute) -> Path | None:
     from training.compute import load_target
     from training.data import build_data, check_data_key
     from training.features import build_features, online_features, spec_for
@@ -99,8 +104,12 @@ def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist, compute)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="train_head.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("config", type=Path, help="training YAML (see configs/train/smollm2-eagle.yaml, smollm2-eagle3.yaml)")
+    ap = argparse.ArgumentParser(
+        prog="train_head.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument(
+        "config", type=Path, help="training YAML (see configs/train/smollm2-eagle.yaml, smollm2-eagle3.yaml)"
+    )
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. --set train.epochs=2")
     ap.add_argument("--until", choices=STEPS, default="train", help="stop after this step (default: all)")
@@ -122,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         if out is not None:
             print(f"head written to {out}")
         elif args.stop_at_step is not None and args.until == "train":
-            print(f"stopped after step {args.stop_at_step} (checkpoint in {cfg.work_dir}/checkpoints); rerun to continue")
+            print(
+                f"stopped after step {args.stop_at_step} (checkpoint in {cfg.work_dir}/checkpoints); rerun to continue"
+            )
     return 0
 
 

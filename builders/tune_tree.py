@@ -37,7 +37,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
-from builders.tree_tuning import (  # noqa: E402
+from builders.tree_tuning import (
     AcceptanceTable,
     SizeCost,
     chain,
@@ -46,8 +46,8 @@ from builders.tree_tuning import (  # noqa: E402
     optimal_tree,
     snippet_yaml,
 )
-from core import trees  # noqa: E402
-from core.trees import DraftTree  # noqa: E402
+from core import trees
+from core.trees import DraftTree
 
 DEFAULT_PRESETS = ("trtllm-default", "eagle-default", "chain-4")
 
@@ -138,11 +138,17 @@ def print_speed(costs: list[SizeCost], target_ms: float, best: SizeCost) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tune_tree.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="tune_tree.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--build", required=True, type=Path, help="finished build dir (with engine/reference.json)")
     ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts (`prompt` or `turns` per line)")
-    ap.add_argument("--budget", required=True, type=int,
-                    help="tree size N (draft tokens = max_draft_len), <= 256; with --objective speed the largest size tried")
+    ap.add_argument(
+        "--budget",
+        required=True,
+        type=int,
+        help="tree size N (draft tokens = max_draft_len), <= 256; with --objective speed the largest size tried",
+    )
     ap.add_argument("--objective", choices=("tau", "speed", "schedule"), default="tau",
                     help="tau: most expected tokens per step (default); speed: fastest on this device; schedule: "
                          "draft length per batch size (draft_len_schedule) from measured step costs")
@@ -158,8 +164,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="schedule: take step costs from the roofline MODEL of a named GPU instead of timing this "
                          "device (builders/gpu_cost_model.py: H100-SXM, H200-SXM, A100-SXM-80GB, L40S); the acceptance "
                          "table is still measured here. Default batch sizes then 1..256")
-    ap.add_argument("--context", type=int, default=1024,
-                    help="schedule with --cost-model: context length (tokens) whose KV cache a step reads (default 1024)")
+    ap.add_argument(
+        "--context",
+        type=int,
+        default=1024,
+        help="schedule with --cost-model: context length (tokens) whose KV cache a step reads (default 1024)",
+    )
     ap.add_argument("--out", type=Path, help="write the config snippet here (default: print it)")
     ap.add_argument("--max-depth", type=int, default=5, help="deepest level measured (default 5)")
     ap.add_argument("--top-k", type=int, default=10, help="ranks measured per level (default 10)")
@@ -288,7 +298,7 @@ def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTab
     from core.speculation import truncate
 
     tree = schedule_tree(args, runner)
-    taus = [1.0] + [table.expected_tau(truncate(tree, d)) for d in range(1, tree.depth + 1)]  # type: ignore[arg-type]
+    taus = [1.0] + [table.expected_tau(truncate(tree, d)) for d in range(1, tree.depth + 1)]
     sizes = batch_sizes(args, runner)
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps} must be >= 1")
@@ -316,7 +326,7 @@ def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTab
     comment = (f"load-aware schedule by builders/tune_tree.py --objective schedule on {args.prompts}, batch sizes "
                f"{','.join(map(str, sizes))}, {how}, on {device} in {dtype}\n"
                f"draft_len_schedule {sched or 'none: EAGLE does not beat target-only decoding here'}")
-    finish(args, runner, table, cut, comment, {"objective": "schedule", "device": device, "dtype": dtype,  # type: ignore[arg-type]
+    finish(args, runner, table, cut, comment, {"objective": "schedule", "device": device, "dtype": dtype,
                                                 "schedule": r.to_json()})
     return 0
 
@@ -341,7 +351,9 @@ def finish(args: argparse.Namespace, runner: Runner, table: AcceptanceTable, tun
     else:
         print(text)
     if args.json:
-        args.json.write_text(json.dumps({"table": table.to_json(), **extra, "tuned": tuned.as_lists()}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"table": table.to_json(), **extra, "tuned": tuned.as_lists()}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

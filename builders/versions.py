@@ -46,7 +46,10 @@ CURRENT_GPU_IMAGE = f"eagle-deploy:trtllm{CURRENT_TRTLLM_VERSION}"
 # is a CUDA 12.8 build), Open MPI (`apt-get install libopenmpi-dev`), then the wheel with torch held by a constraints
 # file. docker/Dockerfile.current follows it; the build checks the result (current_image_problems).
 CURRENT_TORCH_CUDA = "cu130"  # the local version tag of that torch build (torch==X+cu130)
-LLMAPI_MODEL_FILES = ("/app/all_models/llmapi/tensorrt_llm/1/model.py", "/app/all_models/llmapi/tensorrt_llm/1/helpers.py")
+LLMAPI_MODEL_FILES = (
+    "/app/all_models/llmapi/tensorrt_llm/1/model.py",
+    "/app/all_models/llmapi/tensorrt_llm/1/helpers.py",
+)
 
 # ---- the engine flow ----------------------------------------------------------------------------------------------
 # Last TensorRT-LLM (major, minor) series that still ships convert_checkpoint + trtllm-build + the TRT engine runtime.

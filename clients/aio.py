@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -103,7 +103,7 @@ class AsyncLLMClient:
             async for chunk in chunks:
                 yield chunk
 
-    async def run(self, req: Request, stats: GenerationStats) -> AsyncIterator[Chunk]:
+    async def run(self, req: Request, stats: GenerationStats) -> AsyncGenerator[Chunk, None]:
         """Send `req` and yield its responses; fills `stats`. Raises GenerationError on any failure."""
         arrived: asyncio.Queue[tuple[grpcclient.InferResult, float] | None] = asyncio.Queue()
         reader = self._start(req, stats, lambda result, now: arrived.put_nowait((result, now)))
@@ -126,7 +126,8 @@ class AsyncLLMClient:
                 yield Chunk(text, now, stats.responses - 1)
             await reader  # raises the reader's GenerationError
         except (TimeoutError, asyncio.CancelledError, GeneratorExit) as e:  # GeneratorExit: aclose() of the caller
-            raise await self._end_after(e, reader, stats)
+            ended = await self._end_after(e, reader, stats)
+            raise ended from ended.__cause__  # the cause _end_after set (a failure to end the request), if any
         self._finish(req, stats, last)
 
     async def complete(self, req: Request, stats: GenerationStats) -> str:
@@ -149,7 +150,8 @@ class AsyncLLMClient:
             async with asyncio.timeout(stats.start + self.timeout_s - time.perf_counter()):
                 await asyncio.shield(reader)
         except (TimeoutError, asyncio.CancelledError) as e:
-            raise await self._end_after(e, reader, stats)
+            ended = await self._end_after(e, reader, stats)
+            raise ended from ended.__cause__  # the cause _end_after set (a failure to end the request), if any
         self._finish(req, stats, last)
         # cumulative: the longest piece is the whole text (a final response may come without text)
         return decode_text([max(pieces, key=len)] if req.cumulative and pieces else pieces)
@@ -170,7 +172,7 @@ class AsyncLLMClient:
             responses = self._client.stream_infer(
                 self._one_request(req.model, req.inputs, req.outputs, request_id),
                 stream_timeout=self.timeout_s + DRAIN_TIMEOUT_S, headers=self.headers,
-            )  # fmt: skip
+            )
             async for result, error in responses:
                 now = time.perf_counter()
                 if error is not None:

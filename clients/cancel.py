@@ -34,7 +34,7 @@ STOP_INPUT = "stop"
 STOP_REQUEST_TENSORS: tuple[tuple[str, str, bool | int], ...] = (
     ("input_ids", "INT32", 1), ("input_lengths", "INT32", 1), ("request_output_len", "INT32", 1),
     (STOP_INPUT, "BOOL", True),
-)  # fmt: skip
+)
 
 
 def stop_request_inputs() -> list[grpcclient.InferInput]:
@@ -87,7 +87,8 @@ def server_stop_model(url: str, schema: Schema) -> str | None:
             return client.get_model_config(name, as_json=True, client_timeout=STOP_REQUEST_TIMEOUT_S)["config"]
         except InferenceServerException as e:
             err = status_of(e)
-            raise GenerationError(err.status, f"reading the config of {name!r} to cancel a request: {err.message}")
+            msg = f"reading the config of {name!r} to cancel a request: {err.message}"
+            raise GenerationError(err.status, msg) from e
 
     try:
         return resolve_stop_model(schema, get)
@@ -95,7 +96,9 @@ def server_stop_model(url: str, schema: Schema) -> str | None:
         client.close()
 
 
-def cancel_timeout_error(model: str, llm_model: str, request_id: str, stop_error: GenerationError | None) -> GenerationError:
+def cancel_timeout_error(
+    model: str, llm_model: str, request_id: str, stop_error: GenerationError | None
+) -> GenerationError:
     why = "" if stop_error is None else f"; last stop request failed: {stop_error}"
     return GenerationError(
         CANCEL_TIMEOUT,

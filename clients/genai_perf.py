@@ -36,9 +36,9 @@ def genai_perf_argv(schema: sch.Schema, *, grpc_url: str, http_url: str, tokeniz
     if schema.dialect is sch.LLMAPI:
         return [GENAI_PERF, "profile", *common, "--endpoint-type", "generate", "-u", http_url,
                 "--extra-inputs", f"{sch.LLMAPI.max_tokens}:{max_tokens}",
-                "--extra-inputs", f"{sch.LLMAPI.exclude_input}:true"]  # fmt: skip
+                "--extra-inputs", f"{sch.LLMAPI.exclude_input}:true"]
     return [GENAI_PERF, "profile", *common, "--endpoint-type", "kserve", "-u", grpc_url, "--streaming",
-            "--output-tokens-mean", str(max_tokens), "--output-tokens-mean-deterministic"]  # fmt: skip
+            "--output-tokens-mean", str(max_tokens), "--output-tokens-mean-deterministic"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,9 +22,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import from the repository root, not from clients/ itself
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from clients import schema as sch  # noqa: E402
-from clients.client import DEFAULT_TIMEOUT_S, GenerationError, GenerationStats, LLMClient, sampling_of  # noqa: E402
-from clients.tokens import TokenCounter, make_counter  # noqa: E402
+from clients import schema as sch
+from clients.client import DEFAULT_TIMEOUT_S, GenerationError, GenerationStats, LLMClient, sampling_of
+from clients.tokens import TokenCounter, make_counter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +82,7 @@ def stats_lines(text: str, stats: GenerationStats, counter: TokenCounter | None)
     ttft = stats.ttft or 0.0
     lines = [f"responses: {stats.responses}, time to first response: {ttft * 1e3:.1f} ms, total: {e2e * 1e3:.1f} ms"]
     tokens = None if counter is None else counter.count(text)
-    if tokens is None:
+    if tokens is None or counter is None:
         lines.append("output tokens: unknown (pass --tokenizer DIR to count them)")
     else:
         rate = tokens / e2e if e2e > 0 else 0.0
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         counter = make_counter(tok_spec) if tok_spec else None
         prompt = chat_prompt(tok_spec, args.prompt, args.thinking) if args.chat else args.prompt
         sampling = sampling_of({"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                                "seed": args.seed, "stop_words": args.stop})  # fmt: skip
+                                "seed": args.seed, "stop_words": args.stop})
         with LLMClient(args.url, schema=schema, timeout_s=args.timeout) as client:
             pieces = []
             for chunk in client.stream(prompt, args.max_tokens, stream=args.stream, **sampling):
@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nerror: request failed: {e}", file=sys.stderr)
         return 1
     print("---", file=sys.stderr)
+    if stats is None:  # the client records them for every request it completes
+        print("error: the client recorded no statistics for the request", file=sys.stderr)
+        return 1
     for line in stats_lines(text, stats, counter):
         print(line, file=sys.stderr)
     return 0

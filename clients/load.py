@@ -93,7 +93,7 @@ class LevelRunner:
         counter: TokenCounter,
         spec: LevelSpec,
         stop: asyncio.Event,
-        on_done: Callable[[RequestRecord], None] | None = None,
+        on_done: Callable[[RequestRecord], object] | None = None,  # its result is not used
     ) -> None:
         self.client, self.prompts, self.counter, self.spec, self.stop = client, prompts, counter, spec, stop
         self.on_done = on_done

@@ -27,22 +27,22 @@ import json
 import signal
 import sys
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 if __package__ in (None, ""):  # run as a script: import from the repository root, not from clients/ itself
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from clients import schema as sch  # noqa: E402
-from clients.client import DEFAULT_TIMEOUT_S, AsyncLLMClient, sampling_of  # noqa: E402
-from clients.load import LevelResult, LevelRunner, LevelSpec  # noqa: E402
-from clients.plots import COMPARISON_FILE, plot_speculation_comparison, write_plots  # noqa: E402
-from clients.prompts import PromptFileError, load_prompts  # noqa: E402
-from clients.stats import CSV_COLUMNS, LevelReport, aggregate, csv_row  # noqa: E402
-from clients.tokens import TokenCounter, make_counter  # noqa: E402
+from clients import schema as sch
+from clients.client import DEFAULT_TIMEOUT_S, AsyncLLMClient, sampling_of
+from clients.load import LevelResult, LevelRunner, LevelSpec
+from clients.plots import COMPARISON_FILE, plot_speculation_comparison, write_plots
+from clients.prompts import PromptFileError, load_prompts
+from clients.stats import CSV_COLUMNS, LevelReport, Summary, aggregate, csv_row
+from clients.tokens import TokenCounter, make_counter
 
 EXIT_INTERRUPTED = 130
 
@@ -95,14 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def level_specs(args: argparse.Namespace) -> list[LevelSpec]:
-    mode = "concurrency" if args.concurrency else "rate"
+    mode: Literal["concurrency", "rate"] = "concurrency" if args.concurrency else "rate"
     levels = args.concurrency or args.request_rate
     sampling = sampling_of({"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k})
     return [
         LevelSpec(mode=mode, level=lv, max_tokens=args.max_tokens, stream=args.stream, requests=args.requests,
                   duration_s=args.duration, warmup=args.warmup, seed=args.seed, sampling=sampling)
         for lv in levels
-    ]  # fmt: skip
+    ]
 
 
 def write_reports(out: Path, results: list[LevelResult], meta: dict[str, Any]) -> list[LevelReport]:
@@ -129,12 +129,15 @@ def write_reports(out: Path, results: list[LevelResult], meta: dict[str, Any]) -
 
 
 def _summary_line(rep: LevelReport) -> str:
-    p50 = lambda s: "-" if s is None else f"{s.p50 * 1e3:.1f}ms"  # noqa: E731
+
+    def p50(s: Summary | None) -> str:
+        return "-" if s is None else f"{s.p50 * 1e3:.1f}ms"
+
     spec = "" if rep.tau is None else f" tau={rep.tau:.2f} accept={rep.acceptance_rate or 0:.3f}"
     errs = ", ".join(f"{k}={v}" for k, v in rep.errors.items()) or "none"
     return (f"{rep.mode}={rep.level:g}: {rep.requests_ok}/{rep.requests_sent} ok, {rep.request_throughput:.2f} req/s, "
             f"{rep.output_tokens_per_s:.1f} tok/s, TTFT p50 {p50(rep.ttft_s)}, ITL p50 {p50(rep.itl_s)}, "
-            f"e2e p50 {p50(rep.e2e_s)}{spec}; errors: {errs}")  # fmt: skip
+            f"e2e p50 {p50(rep.e2e_s)}{spec}; errors: {errs}")
 
 
 async def run_level(
@@ -150,7 +153,7 @@ async def run_level(
     """One level as the CLI runs it, progress bar included (one update per finished request, not per response);
     scripts/bench_client.py measures exactly this."""
     bar = tqdm(total=spec.requests, desc=f"{spec.mode} {spec.level:g}", unit="req", disable=not progress,
-               file=progress_file)  # fmt: skip
+               file=progress_file)
     with bar:
         return await LevelRunner(client, prompts, counter, spec, stop, on_done=lambda _r: bar.update(1)).run()
 
@@ -184,9 +187,9 @@ async def run(args: argparse.Namespace) -> int:
         "prompts_file": str(args.prompts), "prompts": len(prompts), "tokenizer": counter.name,
         "max_tokens": args.max_tokens, "stream": args.stream, "seed": args.seed, "warmup": args.warmup,
         "requests_per_level": args.requests, "duration_per_level_s": args.duration, "timeout_s": args.timeout,
-        "sampling": specs[0].sampling, "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "sampling": specs[0].sampling, "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "interrupted": False,
-    }  # fmt: skip
+    }
     results: list[LevelResult] = []
     base_results: list[LevelResult] = []
     try:

@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from clients.stats import LevelReport, Summary  # noqa: E402
+from clients.stats import LevelReport, Summary
 
 PLOT_FILES = ("throughput.png", "latency_percentiles.png", "ttft_distribution.png")
 
@@ -77,7 +77,7 @@ def plot_ttft_distribution(levels: Sequence[LevelReport], ttfts: Sequence[Sequen
     for rep, values in zip(levels, ttfts, strict=True):
         if values:
             ax.hist([v * 1e3 for v in values], bins=min(40, max(5, len(values) // 4)), alpha=0.5,
-                    label=_level_label(rep))  # fmt: skip
+                    label=_level_label(rep))
             drawn += 1
     if drawn == 0:
         ax.text(0.5, 0.5, "no successful requests", ha="center", va="center", transform=ax.transAxes)

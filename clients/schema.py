@@ -63,10 +63,10 @@ LLMAPI = Dialect("sampling_param_max_tokens", "streaming", "sampling_param_retur
 # Triton config types -> tritonclient wire datatypes and numpy dtypes.
 _WIRE = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_FP16": "FP16", "TYPE_FP32": "FP32", "TYPE_FP64": "FP64",
          "TYPE_INT8": "INT8", "TYPE_INT16": "INT16", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64",
-         "TYPE_UINT8": "UINT8", "TYPE_UINT16": "UINT16", "TYPE_UINT32": "UINT32", "TYPE_UINT64": "UINT64"}  # fmt: skip
+         "TYPE_UINT8": "UINT8", "TYPE_UINT16": "UINT16", "TYPE_UINT32": "UINT32", "TYPE_UINT64": "UINT64"}
 _NUMPY = {"BYTES": np.object_, "BOOL": np.bool_, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
           "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8,
-          "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64}  # fmt: skip
+          "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64}
 
 
 class SchemaError(ValueError):
@@ -298,7 +298,7 @@ def from_descriptor(path: Path) -> Schema:
             if e["datatype"] not in wire:
                 raise SchemaError(f"{path}: tensor {e['name']} has unknown datatype {e['datatype']!r}")
             out[e["name"]] = TensorSpec(e["name"], e["datatype"], tuple(e["dims"]), e["optional"], e["default"],
-                                        e["description"])  # fmt: skip
+                                        e["description"])
         return out
 
     repo = path.parent

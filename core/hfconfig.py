@@ -116,10 +116,18 @@ def llama_spec(model_dir: Path, *, require_arch: bool = True) -> LlamaSpec:
     arch = (cfg.get("architectures") or [None])[0]
     if require_arch and arch not in LLAMA_ARCHITECTURES:
         raise ModelConfigError(
-            f"{path}: architectures={cfg.get('architectures')!r}; only Llama-family targets ({', '.join(LLAMA_ARCHITECTURES)}) "
+            f"{path}: architectures={cfg.get('architectures')!r}; only Llama-family targets "
+            f"({', '.join(LLAMA_ARCHITECTURES)}) "
             "can be converted (TensorRT-LLM's EagleForCausalLM subclasses LLaMAForCausalLM)"
         )
-    need = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "rms_norm_eps"]
+    need = [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "rms_norm_eps",
+    ]
     missing = [k for k in need if k not in cfg]
     if missing:
         raise ModelConfigError(f"{path}: missing key(s) {', '.join(missing)}")

@@ -15,6 +15,7 @@ rule step by step in engines/schedule.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 from core.trees import DraftTree, DynamicTree
 
@@ -27,6 +28,12 @@ def draft_len_for(schedule: dict[int, int], batch: int) -> int:
     return 0
 
 
+@overload
+def truncate(tree: DraftTree, length: int) -> DraftTree: ...
+@overload
+def truncate(tree: DynamicTree, length: int) -> DynamicTree: ...
+@overload
+def truncate(tree: DraftTree | DynamicTree, length: int) -> DraftTree | DynamicTree: ...
 def truncate(tree: DraftTree | DynamicTree, length: int) -> DraftTree | DynamicTree:
     """The tree's first `length` levels (1 <= length <= depth)."""
     if not 1 <= length <= tree.depth:

@@ -31,7 +31,7 @@ TRTLLM_MC_SIM_7B_63: list[list[int]] = [
     [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2],
     [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1],
     [1, 6], [0, 7, 0],
-]  # fmt: skip
+]
 
 # The EAGLE repository's default tree (eagle/model/choices.py), confusingly ALSO named mc_sim_7b_63:
 # 25 nodes, depth 5.
@@ -39,7 +39,7 @@ EAGLE_MC_SIM_7B_63: list[list[int]] = [
     [0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [0, 0, 0], [0, 0, 1],
     [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2],
     [0, 0, 0, 0, 0], [0, 0, 0, 0, 1],
-]  # fmt: skip
+]
 
 MAX_DRAFT_LEN_LIMIT = 256  # TRT-LLM: max_draft_len <= 256 (tensorrt_llm/models/eagle/config.py)
 

@@ -26,10 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: make the project importable
     sys.path.insert(0, str(REPO))
 
-from builders.config import BuildConfig  # noqa: E402
-from builders.layout import MANIFEST  # noqa: E402
-from builders.startup import startup_problems, trtllm_import_problems  # noqa: E402
-from builders.versions import installed_trtllm  # noqa: E402
+from builders.config import BuildConfig
+from builders.layout import MANIFEST
+from builders.startup import startup_problems, trtllm_import_problems
+from builders.versions import installed_trtllm
 
 RESOLVED = "config.resolved.yaml"
 EXIT_PROBLEM = 2
@@ -154,7 +154,7 @@ def serve_argv(
         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
         "--log", log,
         "--timeout", str(timeout_s),
-    ]  # fmt: skip
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = serve_argv(
         build_dir, cfg, stage, python=sys.executable, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, log=args.log, timeout_s=args.timeout,
-    )  # fmt: skip
+    )
     print(" ".join(cmd), flush=True)
     if args.print_argv:
         return 0

@@ -49,7 +49,8 @@ __all__ = [
 
 
 class ReferenceEngine:
-    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the batch: engines/session.py; the math: engines/decode.py)."""
+    """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the batch: engines/session.py;
+    the math: engines/decode.py)."""
 
     def __init__(self, runtime: Runtime) -> None:
         if not isinstance(runtime, Runtime):
@@ -182,7 +183,7 @@ class ReferenceEngine:
         if capacity is None or max_len is None:
             if limits is None:
                 raise ValueError("capacity and max_len are required for an engine loaded without a build "
-                                 "(from_checkpoint)")  # fmt: skip
+                                 "(from_checkpoint)")
             capacity = limits.max_batch_size if capacity is None else capacity
             max_len = limits.max_seq_len if max_len is None else max_len
         return open_session(self._rt, capacity, max_len, speculative=speculative, on_tokens=on_tokens)

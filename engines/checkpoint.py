@@ -19,7 +19,7 @@ import fnmatch
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -40,6 +40,9 @@ from engines.model import (
     RopeConfig,
 )
 from engines.parallel import TPGroup
+
+if TYPE_CHECKING:
+    from engines.generic import GenericTarget
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -76,7 +79,9 @@ def quant_of(cfg: dict[str, Any], where: Path) -> Quant:
     q = require(cfg, "quantization", where)
     algo, kv = q.get("quant_algo"), q.get("kv_cache_quant_algo")
     if algo not in (None, "FP8"):
-        raise CheckpointError(f"{where}/config.json: quantization.quant_algo={algo!r}; the reference engine runs None or FP8")
+        raise CheckpointError(
+            f"{where}/config.json: quantization.quant_algo={algo!r}; the reference engine runs None or FP8"
+        )
     if kv not in (None, "FP8"):
         raise CheckpointError(
             f"{where}/config.json: quantization.kv_cache_quant_algo={kv!r}; the reference engine runs None or FP8"
@@ -93,8 +98,9 @@ class Tensors:
             raise CheckpointError(f"{path} not found; the checkpoint's mapping needs one file per rank")
         self.path = path
         self.device = device
-        self._file = safe_open(str(path), "pt")
-        self.names = set(self._file.keys())
+        f = safe_open(str(path), "pt")
+        self._file: Any = f  # None once closed
+        self.names = set(f.keys())
         self.used: set[str] = set()
 
     def __contains__(self, name: str) -> bool:
@@ -115,7 +121,7 @@ class Tensors:
             )
 
     def close(self) -> None:
-        self._file = None  # type: ignore[assignment]
+        self._file = None
 
 
 class Loader:
@@ -257,7 +263,9 @@ def load_eagle1(ld: Loader, cfg: dict[str, Any], where: Path, group: TPGroup, de
     gather: TPGroup | None = None
     if fc.weight.shape[0] != d.hidden:
         if fc.weight.shape[0] * group.size != d.hidden:
-            raise CheckpointError(f"{ld.t.path}: {pre}.drafter.fc.weight has {fc.weight.shape[0]} rows for hidden {d.hidden}")
+            raise CheckpointError(
+                f"{ld.t.path}: {pre}.drafter.fc.weight has {fc.weight.shape[0]} rows for hidden {d.hidden}"
+            )
         gather = group  # column-split fc (tensorrt_llm LLaMAModel fc_after_embed: ColumnLinear, gather_output)
     return Eagle1Drafter(
         embed=ld.vec(f"{pre}.drafter.vocab_embedding.weight"),
@@ -271,7 +279,9 @@ def load_eagle1(ld: Loader, cfg: dict[str, Any], where: Path, group: TPGroup, de
     )
 
 
-def load_eagle3(head_dir: Path, target: Llama, n_target_layers: int, dtype: torch.dtype, device: torch.device) -> Eagle3Drafter:
+def load_eagle3(
+    head_dir: Path, target: Llama | GenericTarget, n_target_layers: int, dtype: torch.dtype, device: torch.device
+) -> Eagle3Drafter:
     """A normalized EAGLE-3 head dir (HF names: midlayer.*, fc, norm, lm_head, d2t), replicated on every rank."""
     spec = llama_spec(head_dir, require_arch=False)
     raw = spec.raw
@@ -295,7 +305,8 @@ def load_eagle3(head_dir: Path, target: Llama, n_target_layers: int, dtype: torc
         Linear(torch.cat([q, k, v], 0)), Linear(ld.vec(f"{mid}.self_attn.o_proj.weight")),
         spec.num_attention_heads, spec.num_key_value_heads, hd, one,
     )
-    mlp = MLP(*(Linear(ld.vec(f"{mid}.mlp.{n}_proj.weight")) for n in ("gate", "up", "down")), one)
+    fc, up, down = (Linear(ld.vec(f"{mid}.mlp.{n}_proj.weight")) for n in ("gate", "up", "down"))
+    mlp = MLP(fc, up, down, one)
     d2t = t.get("d2t").long() if "d2t" in t else None
     if "t2d" in t:
         t.get("t2d")  # the inverse map is not needed for drafting

@@ -19,7 +19,7 @@ once per walk level and not per sequence or per forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -32,6 +32,9 @@ from engines.sampling import choose, greedy_node, sampling_node
 from engines.slots import Accepted, Slot
 from engines.tree import TreeBatch
 
+if TYPE_CHECKING:
+    from engines.generic import GenericTarget
+
 # Tree rows (all sequences' nodes) up to which `walk` computes the lm_head at every node in one product: the rows one
 # pass of the AVX2 kernel multiplies for the price of one; on a GPU a product of a few rows also costs what one does.
 EAGER_LM_HEAD_ROWS = skinny.ROWS_PER_PASS
@@ -41,7 +44,7 @@ EAGER_LM_HEAD_ROWS = skinny.ROWS_PER_PASS
 class TargetBatch:
     """The target's side of a batch: its model, its KV cache (one row per slot) and each slot's last chosen token."""
 
-    model: Llama
+    model: Llama | GenericTarget
     cache: KVCache
     root: torch.Tensor  # (capacity,) last chosen token per slot, not yet in the caches
     capture: tuple[int, ...] = ()  # target layers whose outputs the drafter reads (EAGLE-3)
@@ -91,7 +94,7 @@ def _causal(b: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(b, -1, -1)
 
 
-# ---- steps ------------------------------------------------------------------------------------------------------------
+# ---- steps -----------------------------------------------------------------------------------------------------------
 def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot]) -> list[Accepted]:
     """Prefill requests whose prompts have the same length in one forward; choose each one's first token."""
     dev = t.device
@@ -143,11 +146,11 @@ def speculate(t: TargetBatch, d: DraftBatch, slots: list[Slot], laps: Laps) -> S
     compact(t, rows, walked)
     laps.lap("kv compaction")
     accepted = [Accepted(s.index, w.tokens, forwards=1, drafted=tree.size - 1, accepted=len(w.path) - 1)
-                for s, w in zip(slots, walked)]  # fmt: skip
+                for s, w in zip(slots, walked)]
     return Speculated(slots, walked, hidden, captured, accepted)
 
 
-# ---- the parts of a speculative step -----------------------------------------------------------------------------------
+# ---- the parts of a speculative step ---------------------------------------------------------------------------------
 def draft(t: TargetBatch, d: DraftBatch, rows: Rows, laps: Laps) -> TreeBatch:
     if d.state is None:
         raise RuntimeError("a speculative step before any prefill: the drafter has no state yet")
@@ -213,7 +216,7 @@ def compact(t: TargetBatch, rows: Rows, walked: list[Walked]) -> None:
         if w.path != list(range(len(w.path))):  # a path of first children is already in place
             base = rows.host_lens[j]
             t.cache.move(i, torch.tensor([base + p for p in w.path], device=dev),
-                         torch.arange(base, base + len(w.path), device=dev))  # fmt: skip
+                         torch.arange(base, base + len(w.path), device=dev))
 
 
 def commit_drafter(t: TargetBatch, d: DraftBatch, step: Speculated, going: list[bool]) -> None:

@@ -94,7 +94,9 @@ def draft_dynamic(
         inherited = inherited & (f_run_parent >= 0)[:, :, None]
         inherited[:, torch.arange(k), slots] = True
         visible[:, slots] = inherited
-        h = _run(drafter, cache, rows, torch.gather(all_tok, 1, frontier), f_feat, (level - 1) * k, level, visible[:, slots])
+        h = _run(
+            drafter, cache, rows, torch.gather(all_tok, 1, frontier), f_feat, (level - 1) * k, level, visible[:, slots]
+        )
         s2, ids2 = torch.log_softmax(drafter.logits(h), -1).topk(k, dim=-1)  # (B, k, k)
         cum = (f_score[:, :, None] + s2).reshape(b, k * k)
         tok.append(drafter.to_target_ids(ids2).reshape(b, k * k))

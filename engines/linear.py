@@ -90,7 +90,7 @@ def fuse_rows(parts: list[Linear]) -> Linear | None:
         return None
     if len({p.bias is None for p in parts}) != 1 or len({(p.weight.dtype, p.weight.device) for p in parts}) != 1:
         return None
-    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # type: ignore[misc]
+    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts if p.bias is not None])  # all or none
     return Linear(torch.cat([p.weight for p in parts]), bias)
 
 

@@ -42,7 +42,8 @@ class RopeConfig:
 
 
 def inv_freq(cfg: RopeConfig) -> torch.Tensor:
-    """RoPE inverse frequencies, incl. Llama-3.1 scaling (transformers modeling_rope_utils._compute_llama3_parameters)."""
+    """RoPE inverse frequencies, incl. Llama-3.1 scaling (transformers
+    modeling_rope_utils._compute_llama3_parameters)."""
     d = cfg.head_dim
     freqs = 1.0 / (cfg.base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = cfg.scaling
@@ -169,7 +170,9 @@ class Rows:
         return cls(torch.tensor(rows, device=device), torch.tensor(lens, device=device), rows, lens)
 
     def step(self, positions: torch.Tensor, visible: torch.Tensor, start: int = 0) -> Step:
-        return make_step(self.idx, self.lens, positions, visible, start=start, host_rows=self.host, host_lens=self.host_lens)
+        return make_step(
+            self.idx, self.lens, positions, visible, start=start, host_rows=self.host, host_lens=self.host_lens
+        )
 
 
 def contiguous_slice(rows: list[int]) -> slice | None:
@@ -235,7 +238,12 @@ class Attention:
     qk_norm: QKNorm | None = None  # Qwen3: per-head q/k RMSNorm before RoPE
 
     def __call__(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], step: Step, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        step: Step,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         d = self.head_dim
@@ -292,7 +300,9 @@ class DecoderLayer:
     mlp: MLP
     eps: float
 
-    def __call__(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], step: Step, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], step: Step, kc: torch.Tensor, vc: torch.Tensor
+    ) -> torch.Tensor:
         h = x if self.input_norm is None else rms_norm(x, self.input_norm, self.eps)
         x = x + self.attn(h, rope, step, kc, vc)
         return x + self.mlp(rms_norm(x, self.post_norm, self.eps))

@@ -38,7 +38,7 @@ from engines.drafting import Drafting, drafting_for
 from engines.linear import prepare_linears
 from core.families import NATIVE, traits
 from engines.generic import GenericTarget, load_generic
-from engines.model import Drafter, Eagle1Drafter, Llama
+from engines.model import MLP, Drafter, Eagle1Drafter, Llama
 from engines.parallel import TPGroup, current_group
 
 
@@ -95,7 +95,9 @@ class Runtime:
             ignore = tuple(f"eagle_nets.{k}." for k in range(1 if tree is not None else 0, cfg["num_eagle_layers"]))
             if tree is not None:
                 if eagle3_head_dir is not None:
-                    raise CheckpointError(f"{ckpt} is an EagleForCausalLM (EAGLE-1/2) checkpoint; do not pass an EAGLE-3 head")
+                    raise CheckpointError(
+                        f"{ckpt} is an EagleForCausalLM (EAGLE-1/2) checkpoint; do not pass an EAGLE-3 head"
+                    )
                 assert ld is not None  # an EagleForCausalLM checkpoint always has converted weights
                 drafter = load_eagle1(ld, cfg, ckpt, group, dev)
         elif arch not in NATIVE and not isinstance(target, GenericTarget):
@@ -172,9 +174,9 @@ def restrict_draft_vocab(drafter: Drafter | None, ids: list[int]) -> Eagle1Draft
 
 def fuse_and_lay_out(target: Llama | GenericTarget, drafter: Drafter | None) -> None:
     """One product for each MLP's two input branches, then the weight layouts of the device (engines/linear.py)."""
-    if isinstance(target, GenericTarget):  # transformers' modules keep their own layout
-        blocks, roots = [], [drafter]
-    else:
+    roots: list[object] = [drafter]  # what holds Linear layers (engines/linear.py prepare_linears)
+    blocks: list[MLP] = []
+    if not isinstance(target, GenericTarget):  # transformers' modules keep their own layout
         blocks, roots = [layer.mlp for layer in target.layers], [target, drafter]
     if isinstance(drafter, Eagle1Drafter):
         blocks += [layer.mlp for layer in drafter.layers]

@@ -59,13 +59,14 @@ class Session:
         if drafting is not None and rt.drafter is not None:
             d = rt.drafter
             dcache = KVCache.allocate(len(d.layers), capacity, cache_slots + drafting.scratch_slots, d.kv_heads,
-                                      d.head_dim, rt.dtype, dev)  # fmt: skip
+                                      d.head_dim, rt.dtype, dev)
             self.draft = DraftBatch(d, drafting, dcache, capacity)
             capture = d.capture
         # Load-aware speculation (engines/schedule.py): each step's draft length from the live batch size.
         policy = rt.policy
         self.policy_state = (schedule.PolicyState(policy, drafting, dev)
-                             if self.draft is not None and policy is not None and not policy.is_static else None)
+                             if self.draft is not None and drafting is not None and policy is not None
+                             and not policy.is_static else None)
         tcache = KVCache.allocate(len(tgt.layers), capacity, cache_slots, tgt.kv_heads, tgt.head_dim, rt.dtype, dev)
         self.target = TargetBatch(tgt, tcache, torch.zeros(capacity, dtype=torch.long, device=dev), capture)
         self.depth = drafting.tree.depth if drafting is not None else 0
@@ -226,7 +227,7 @@ class Session:
         saved = self._save(slots)
         try:
             run(slots)
-        except Exception as e:  # noqa: BLE001 - any error of one sequence must end that sequence only
+        except Exception as e:  # any error of one sequence must end that sequence only
             self._restore(saved)
             if len(slots) == 1:
                 self.slot(slots[0]).fail(e)
@@ -252,7 +253,7 @@ class Session:
         for i, tokens in box:
             try:
                 go_on = self.on_tokens(i, tokens)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # any error of one sequence must end that sequence only
                 self.slot(i).fail(e)
                 continue
             s = self.slot(i)

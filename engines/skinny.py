@@ -86,8 +86,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         lib = ctypes.CDLL(str(build(cc)))  # after torch: its libgomp.so.1 is the OpenMP runtime the kernel uses
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         return None, f"building {SOURCE.name} failed: {e}"
-    args = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-            ctypes.c_void_p, ctypes.c_int]
+    args = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_int)
     for f in (lib.skinny_bf16, lib.skinny_f32):
         f.argtypes, f.restype = args, None
     return lib, None

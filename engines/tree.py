@@ -69,7 +69,7 @@ class StaticTree:
 
     @classmethod
     def build(cls, tree: DraftTree, device: torch.device) -> StaticTree:
-        paths = [()] + list(tree.paths)
+        paths: list[tuple[int, ...]] = [(), *tree.paths]
         index = {p: i for i, p in enumerate(paths)}
         parent = torch.tensor([0] + [index[p[:-1]] for p in paths[1:]], device=device)
         depth = torch.tensor([len(p) for p in paths], device=device)
@@ -78,7 +78,9 @@ class StaticTree:
         levels, expand = [], []
         for d in range(tree.depth + 1):
             levels.append(torch.tensor([i for i, p in enumerate(paths) if len(p) == d], device=device))
-            expand.append(torch.tensor([i for i, p in enumerate(paths) if len(p) == d and p in has_children], device=device))
+            expand.append(
+                torch.tensor([i for i, p in enumerate(paths) if len(p) == d and p in has_children], device=device)
+            )
         run_slot = torch.full((len(paths),), -1, device=device)
         runs = [i for d in range(1, tree.depth) for i in expand[d].tolist()]
         run_start = [0] + [sum(expand[e].numel() for e in range(1, d)) for d in range(1, tree.depth + 1)]

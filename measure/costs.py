@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -75,7 +75,7 @@ def linears_of(target: Llama) -> tuple[list[Linear], Linear]:
     for layer in target.layers:
         mlp = layer.mlp
         out += [layer.attn.qkv, layer.attn.dense, mlp.proj]
-        out += [mlp.fc_gate] if mlp.fc_gate is not None else [mlp.fc, mlp.gate]  # type: ignore[list-item]
+        out += [mlp.fc_gate] if mlp.fc_gate is not None else [x for x in (mlp.fc, mlp.gate) if x is not None]
     return out, target.lm_head.linear
 
 
@@ -106,13 +106,15 @@ class Bounds:
 
 def bounds(target: Llama, t: int, machine: Machine) -> Bounds:
     wb = weight_bytes(target)
-    return Bounds(wb / machine.copy_bytes_per_s, wb / machine.read_bytes_per_s, forward_flops(target, t) / machine.gemm_flops)
+    return Bounds(
+        wb / machine.copy_bytes_per_s, wb / machine.read_bytes_per_s, forward_flops(target, t) / machine.gemm_flops
+    )
 
 
 # ---- the forward ----------------------------------------------------------------------------------------------------
 
 
-def interleaved_ms(fns: dict[K, Callable[[], object]], repeats: int) -> dict[K, float]:
+def interleaved_ms(fns: Mapping[K, Callable[[], object]], repeats: int) -> dict[K, float]:
     """Median wall ms of each function, called round-robin (one call each per round, after one warm-up round) so
     that a change of load on a shared machine reaches every function alike."""
     times: dict[K, list[float]] = {k: [] for k in fns}
@@ -131,12 +133,16 @@ def forward_fns(target: Llama, dtype: torch.dtype, device: torch.device, ts: lis
     tokens, plus the lm_head at the last position. One sequence; each call overwrites the same cache slots."""
     g = torch.Generator().manual_seed(seed)
     vocab = target.lm_head.vocab_size
-    cache = KVCache.allocate(len(target.layers), 1, context + max(ts) + 1, target.kv_heads, target.head_dim, dtype, device)
+    cache = KVCache.allocate(
+        len(target.layers), 1, context + max(ts) + 1, target.kv_heads, target.head_dim, dtype, device
+    )
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
         prompt = torch.randint(0, vocab, (1, context), generator=g).to(device)
         causal = torch.ones(context, context, dtype=torch.bool, device=device).tril()[None]
-        target.forward(prompt, Rows.of([0], [0], device).step(torch.arange(context, device=device)[None], causal), cache)
+        target.forward(
+            prompt, Rows.of([0], [0], device).step(torch.arange(context, device=device)[None], causal), cache
+        )
     rows = Rows.of([0], [context], device)
 
     def make(t: int) -> Callable[[], None]:

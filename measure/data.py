@@ -75,7 +75,7 @@ def sharegpt_path() -> Path:
     return distribution_file(SHAREGPT_DISTRIBUTION, SHAREGPT_FILE)
 
 
-def iter_sharegpt(path: Path | None = None, chunk_chars: int = 1 << 20) -> Iterator[dict[str, Any]]:
+def iter_sharegpt(path: Path | None = None, chunk_chars: int = 1 << 20) -> Iterator[Any]:
     """Stream the conversations of a ShareGPT JSON array one at a time.
 
     The shipped file is a TRUNCATED JSON array (`[ {...}, {...}, {...` cut mid-object), so `json.load` fails; we

@@ -28,12 +28,12 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from core.spec import ENGINE_DIR, SPEC_FILE, read_spec  # noqa: E402
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams, aggregate_stats, stats_dict  # noqa: E402
-from measure.data import chat_ids, read_prompts  # noqa: E402
-from measure.lossless import first_divergence  # noqa: E402
+from core.spec import ENGINE_DIR, SPEC_FILE, read_spec
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams, aggregate_stats, stats_dict
+from measure.data import chat_ids, read_prompts
+from measure.lossless import first_divergence
 
 
 def hf_target_dir(build: Path) -> Path:
@@ -70,7 +70,9 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
 
 
-def hf_generate(model: Any, ids: list[int], n: int, temperature: float, eos: list[int], pad: int) -> tuple[list[int], float]:
+def hf_generate(
+    model: Any, ids: list[int], n: int, temperature: float, eos: list[int], pad: int
+) -> tuple[list[int], float]:
     kwargs: dict[str, Any] = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     if temperature > 0:
         kwargs = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
@@ -135,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     label = " [RANDOM HEAD: tau ~1 expected]" if engine.random_head else ""
     source = f", HF outputs from {args.reuse_hf}" if reused else ""
-    print(f"verify {build}: {engine.describe_tree()}{label}, temperature {args.temperature}, device {engine.device}{source}")
+    print(
+        f"verify {build}: {engine.describe_tree()}{label}, temperature {args.temperature}, "
+        f"device {engine.device}{source}"
+    )
     reports, results = [], []
     for i, ids in enumerate(prompts):
         if reused is not None:

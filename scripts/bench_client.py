@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 import os
 import shlex
 import statistics
@@ -43,17 +45,17 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import numpy as np  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
-import tritonclient.grpc.aio as aiogrpc  # noqa: E402
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aiogrpc
 
-from clients import schema as sch  # noqa: E402
-from clients.client import AsyncLLMClient  # noqa: E402
-from clients.load import LevelSpec  # noqa: E402
-from clients.loadtest import run_level  # noqa: E402
-from clients.tokens import WhitespaceCounter  # noqa: E402
-from tests.fixtures.echo_repo import render_echo_repo  # noqa: E402
-from triton_repo.launch import TritonServer, free_port  # noqa: E402
+from clients import schema as sch
+from clients.client import AsyncLLMClient
+from clients.load import LevelSpec
+from clients.loadtest import run_level
+from clients.tokens import WhitespaceCounter
+from tests.fixtures.echo_repo import render_echo_repo
+from triton_repo.launch import TritonServer, free_port
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 TARGET = 0.8
@@ -94,7 +96,7 @@ async def bare_loop(url: str, concurrency: int, requests: int, max_tokens: int) 
     errors = [0]
 
     async def one() -> None:
-        async def it():  # type: ignore[no-untyped-def]
+        async def it() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": "ensemble", "inputs": inputs}
 
         async for _result, error in client.stream_infer(it()):
@@ -122,14 +124,14 @@ async def tester_loop(url: str, schema: sch.Schema, concurrency: int, requests: 
     with open(os.devnull, "w") as devnull:
         t0, cpu0 = time.perf_counter(), time.process_time()
         result = await run_level(client, [PROMPT], WhitespaceCounter(), spec, asyncio.Event(), progress=True,
-                                 progress_file=devnull)  # fmt: skip
+                                 progress_file=devnull)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     await client.close()
     bad = [r for r in result.records if not r.ok]
     tokens = sum(r.output_tokens for r in result.records)
     if bad or len(result.records) != requests or tokens != requests * max_tokens:
         raise RuntimeError(f"load tester: {len(result.records)} records, {len(bad)} failed ({bad[:1]}), {tokens} "
-                           f"tokens (expected {requests} x {max_tokens})")  # fmt: skip
+                           f"tokens (expected {requests} x {max_tokens})")
     return Measured(requests, wall, cpu)
 
 
@@ -223,7 +225,7 @@ def command_line(args: argparse.Namespace) -> str:
     exe = Path(sys.executable)
     python = os.path.relpath(exe, Path.cwd()) if exe.is_relative_to(Path.cwd()) else str(exe)
     argv = [python, script, "--concurrency", args.concurrency, "--requests", str(args.requests),
-            "--max-tokens", str(args.max_tokens), "--rounds", str(args.rounds)]  # fmt: skip
+            "--max-tokens", str(args.max_tokens), "--rounds", str(args.rounds)]
     if args.url:
         argv += ["--url", args.url]
     return " ".join(shlex.quote(a) for a in argv)
@@ -242,19 +244,22 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--requests, --rounds, --max-tokens and every concurrency must be >= 1")
     print(f"client overhead: load tester vs bare tritonclient loop, echo model ({ECHO_TOKENS_PER_STEP} tokens per "
           f"step), streamed, {args.max_tokens} tokens per request, {args.requests} requests per side per round, "
-          f"{args.rounds} rounds per level in ABBA order", flush=True)  # fmt: skip
+          f"{args.rounds} rounds per level in ABBA order", flush=True)
     print(f"command: {command_line(args)}", flush=True)
     la = os.getloadavg()
     print(f"machine: {os.cpu_count()} CPUs, load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} (1/5/15 min) at start",
-          flush=True)  # fmt: skip
-    run = lambda url: asyncio.run(bench(url, levels, args.requests, args.max_tokens, args.rounds))  # noqa: E731
+          flush=True)
+
+    def run(url: str) -> list[LevelFigures]:
+        return asyncio.run(bench(url, levels, args.requests, args.max_tokens, args.rounds))
+
     if args.url:
         figures = run(args.url)
     else:
         with tempfile.TemporaryDirectory() as d:
             repo = render_echo_repo(Path(d) / "repo", tokens_per_step=ECHO_TOKENS_PER_STEP)
             srv = TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                               log_path=Path(d) / "server.log")  # fmt: skip
+                               log_path=Path(d) / "server.log")
             srv.start()
             try:
                 figures = run(srv.grpc_url)
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     la = os.getloadavg()
     print(summary(figures))
     print(f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} (1/5/15 min) at the end; a load average near or above "
-          f"the CPU count means other work shared the CPUs: rerun on a quiet machine for publishable figures")  # fmt: skip
+          f"the CPU count means other work shared the CPUs: rerun on a quiet machine for publishable figures")
     return 0
 
 

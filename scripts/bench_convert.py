@@ -8,7 +8,8 @@ Writes a synthetic ~1.1B-parameter fp16 Llama (random weights: 22 layers, hidden
   ours      builders.convert.convert_llama(dtype=float16, tp=1)
   modelopt  transformers AutoModelForCausalLM.from_pretrained + modelopt export_tensorrt_llm_checkpoint(float16)
   baseline  interpreter + `import torch, builders.convert` only (the RSS floor of `ours`)
-and prints wall time (whole process, imports included), work time (imports excluded), peak RSS (the child's own VmHWM) and the ratios.
+and prints wall time (whole process, imports included), work time (imports excluded), peak RSS (the child's own
+VmHWM) and the ratios.
 Needs ~7 GB of free disk in --work-dir and ~3.5 GB of RAM (ModelOpt materializes the whole model).
 
 Inputs:  none: writes its own synthetic model into --work-dir
@@ -77,7 +78,7 @@ def write_synthetic(d: Path) -> None:
 def child(method: str, model: Path, out: Path) -> None:
     """Runs in its own process; prints one JSON line with its work time (imports excluded) and peak RSS."""
     if method in ("ours", "baseline"):
-        import torch  # noqa: F401
+        import torch
 
         from builders.convert import convert_llama
     elif method == "modelopt":
@@ -159,12 +160,18 @@ def main() -> None:
     for method in ("baseline", "copy", "ours", "modelopt"):
         results[method] = run_child(method, model, args.work_dir / f"out-{method}")
         r = results[method]
-        print(f"  {method:9s} wall {r['wall_s']:7.2f} s  (work {r['work_s']:7.2f} s)  peak RSS {r['peak_rss_mb']:8.1f} MB"
-              f"  output {r['output_gb']:.2f} GB", flush=True)
+        print(
+            f"  {method:9s} wall {r['wall_s']:7.2f} s  (work {r['work_s']:7.2f} s)  peak RSS {r['peak_rss_mb']:8.1f} MB"
+            f"  output {r['output_gb']:.2f} GB",
+            flush=True,
+        )
     o, m, c = results["ours"], results["modelopt"], results["copy"]
     print("ratios:")
-    print(f"  ours / modelopt   wall {o['wall_s'] / m['wall_s']:.3f}x   peak RSS {o['peak_rss_mb'] / m['peak_rss_mb']:.3f}x"
-          "   (targets: time <= 0.35x, RSS <= 0.2x)")
+    print(
+        f"  ours / modelopt   wall {o['wall_s'] / m['wall_s']:.3f}x   "
+        f"peak RSS {o['peak_rss_mb'] / m['peak_rss_mb']:.3f}x"
+        "   (targets: time <= 0.35x, RSS <= 0.2x)"
+    )
     print(f"  ours / modelopt   work {o['work_s'] / m['work_s']:.3f}x   (imports excluded)")
     print(f"  ours / copy       wall {o['wall_s'] / c['wall_s']:.2f}x")
     print(f"  modelopt / copy   wall {m['wall_s'] / c['wall_s']:.2f}x")

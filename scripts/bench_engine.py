@@ -25,6 +25,7 @@ Guide:   docs/benchmarks.md
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -40,16 +41,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import torch
+from tqdm import tqdm
 
-from core.laps import Laps  # noqa: E402
-from engines.api import GenerationRequest, ReferenceEngine, RequestStats, SamplingParams, aggregate_stats  # noqa: E402
-from engines.linear import layout_for  # noqa: E402
-from measure.costs import Machine, bounds, forward_fns, interleaved_ms, measure_machine, profile_cycles  # noqa: E402
-from measure.data import chat_ids, mtbench_questions  # noqa: E402
-from measure.lossless import explain, first_divergence  # noqa: E402
-from measure.profile import python_share  # noqa: E402
+from core.laps import Laps
+from engines.api import GenerationRequest, ReferenceEngine, RequestStats, SamplingParams, aggregate_stats
+from engines.linear import layout_for
+from measure.costs import Machine, bounds, forward_fns, interleaved_ms, measure_machine, profile_cycles
+from measure.data import chat_ids, mtbench_questions
+from measure.lossless import explain, first_divergence
+from measure.profile import python_share
 
 TS = [1, 2, 4, 8, 16]
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -76,7 +77,9 @@ def resolve_tree(name: str) -> Any:
     return DraftTree.from_choices(preset(name))
 
 
-def load_engines(hf_dir: Path, work: Path, args: argparse.Namespace, tree: Any) -> dict[tuple[str, str], ReferenceEngine]:
+def load_engines(
+    hf_dir: Path, work: Path, args: argparse.Namespace, tree: Any
+) -> dict[tuple[str, str], ReferenceEngine]:
     """{(head kind, dtype): engine} with the first tree; other trees share these weights (with_tree)."""
     from builders.convert import convert_eagle, convert_eagle3
 
@@ -183,7 +186,9 @@ def hf_forward_fns(model: Any, ts: list[int], context: int = 200) -> dict[int, C
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(torch.randint(0, model.config.vocab_size, (1, context), generator=g).to(model.device), past_key_values=cache)
+        model(
+            torch.randint(0, model.config.vocab_size, (1, context), generator=g).to(model.device), past_key_values=cache
+        )
 
     def make(t: int) -> Callable[[], None]:
         tokens = torch.randint(0, model.config.vocab_size, (1, t), generator=g).to(model.device)
@@ -244,8 +249,11 @@ def forward_costs(engines: dict, hfs: dict, args: argparse.Namespace) -> dict[st
         goals = "".join(f", T={t} {e[t] / e[1]:.2f}x (target <= {g})" for t, g in ((8, 1.25), (16, 1.5)) if t in e)
         print(f"  {SHORT[dt]}: engine one-token step {e[1]:.1f} ms = {e[1] / h[1]:.2f}x HF's {h[1]:.1f} ms "
               f"(target <= 1.0){goals} a one-token step")
-    return {"ms": {k: {str(t): v for t, v in r.items()} for k, r in rows.items()},
-            "machine": {str(k): m.__dict__ for k, m in best.items()}, "layouts": {dt: layout_for(dev, getattr(torch, dt)) for dt in args.dtypes}}
+    return {
+        "ms": {k: {str(t): v for t, v in r.items()} for k, r in rows.items()},
+        "machine": {str(k): m.__dict__ for k, m in best.items()},
+        "layouts": {dt: layout_for(dev, getattr(torch, dt)) for dt in args.dtypes},
+    }
 
 
 def generation_table(methods: list[Method], args: argparse.Namespace) -> None:
@@ -277,7 +285,9 @@ def agreement(methods: list[Method], prompts: list[list[int]], oracle: Reference
     for m in methods:
         if m.kind == "hf":
             continue
-        refs = [by[f"HF generate {SHORT[m.dtype]}"]] + ([by[f"engine target-only {SHORT[m.dtype]}"]] if m.kind == "eagle" else [])
+        refs = [by[f"HF generate {SHORT[m.dtype]}"]] + (
+            [by[f"engine target-only {SHORT[m.dtype]}"]] if m.kind == "eagle" else []
+        )
         for ref in refs:
             divs = [first_divergence(a, b) for a, b in zip(m.outputs, ref.outputs)]
             cells = " ".join("." if d is None else str(d) for d in divs)
@@ -315,7 +325,7 @@ def cycle_table(methods: list[Method], prompts: list[list[int]], eos: list[int])
                 m.cycles.append(prof.laps.steps)
         per = {k: 1e3 * v / sum(m.cycles) for k, v in m.part_totals().items()}
         req = GenerationRequest(prompts[0], 32, SamplingParams(), eos)
-        wall, in_ops = python_share(lambda e=m.engine: e.generate([req]))
+        wall, in_ops = python_share(functools.partial(m.engine.generate, [req]))
         draft = sum(v for k, v in per.items() if k.startswith("draft"))
         cells = "  ".join(f"{k} {v:.1f}" for k, v in per.items())
         print(f"  {m.name:<44} cycle {sum(per.values()):6.1f} = drafting {draft:.1f} + {cells}; outside ops "
@@ -334,7 +344,9 @@ def build_methods(args: argparse.Namespace, hfs: dict, engines: dict, trees: lis
     ms: list[Method] = []
     for dt in args.dtypes:
         ms.append(Method(f"HF generate {SHORT[dt]}", dt, "hf", hf_run(hfs[dt], eos)))
-    ms.append(Method("HF prompt lookup fp32", "float32", "hf", hf_run(hfs["float32"], eos, prompt_lookup_num_tokens=10)))
+    ms.append(
+        Method("HF prompt lookup fp32", "float32", "hf", hf_run(hfs["float32"], eos, prompt_lookup_num_tokens=10))
+    )
     for dt in args.dtypes:
         e = engines[("eagle3", dt)]
         ms.append(Method(f"engine target-only {SHORT[dt]}", dt, "target", engine_run(e, eos, False), e))
@@ -390,7 +402,9 @@ def main() -> int:
                     "ShareGPT answer tokens (0 = none)")
     ap.add_argument("--draft-vocab-dtypes", default="bfloat16", help="dtypes that get those rows")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is the most stable on a shared machine)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1 is the most stable on a shared machine)"
+    )
     ap.add_argument("--json", type=Path, help="write every figure here (and resume from FILE.state.json, saved after "
                     "every prompt, when rerun with the same settings)")
     ap.add_argument("--forward-ts", type=lambda v: [int(x) for x in v.split(",")], default=TS,
@@ -407,7 +421,9 @@ def main() -> int:
 
     from measure.model_source import smollm2_dir
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
     load0, t_start = os.getloadavg(), time.time()
     hf_dir = smollm2_dir()
     trees = [(name, resolve_tree(name)) for name in args.trees.split(",")]

@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from builders.build import main as build_main  # noqa: E402
-from builders.config import load_config  # noqa: E402
+from builders.build import main as build_main
+from builders.config import BuildConfig, load_config
 
 
 def build(config: Path, out: Path, sets: list[str]) -> Path:
@@ -40,7 +40,7 @@ def build(config: Path, out: Path, sets: list[str]) -> Path:
     return out / "checkpoint"
 
 
-def measure(ckpt: Path, cfg, prompts: list[list[int]], max_new: int) -> dict:
+def measure(ckpt: Path, cfg: BuildConfig, prompts: list[list[int]], max_new: int) -> dict:
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
     eng = ReferenceEngine.from_checkpoint(ckpt, tree=cfg.static_tree(), dtype=cfg.target.dtype, device="cpu")
@@ -77,9 +77,14 @@ def main() -> int:
     cfg = load_config(args.config, base + fp8 + [f"output_dir={out / 'fp8_drafter16'}"])
     lim, cal = cfg.limits(), cfg.quantization.calibration
     cal_prompts = data.sharegpt_prompts(cal.num_samples)
-    stats = calibrate_drafter(ck16, cfg.static_tree(), cfg.target.dtype, "cpu",
-                              lambda tok: [t[0].tolist() for t in encode_prompts(tok, cal_prompts[:16], cal.max_length)],
-                              32)
+    stats = calibrate_drafter(
+        ck16,
+        cfg.static_tree(),
+        cfg.target.dtype,
+        "cpu",
+        lambda tok: [t[0].tolist() for t in encode_prompts(tok, cal_prompts[:16], cal.max_length)],
+        32,
+    )
     ck8d = out / "fp8_drafter8" / "checkpoint"
     shutil.rmtree(ck8d.parent, ignore_errors=True)
     shutil.copytree(ck8, ck8d)

@@ -7,11 +7,11 @@
 For each tree it builds the config's checkpoint + engine stages with the head (`builders/build.py --set ...
 --only checkpoint engine`), runs `python -m measure.verify` (greedy; HF generate is the oracle and the baseline)
 and prints one table row: tree, nodes, tau, HF tok/s, engine tok/s, speedup. HF runs once, with the first tree; the
-other trees reuse its outputs and speeds (`measure.verify --reuse-hf`; `--hf-every-tree` reruns it). `--tune-budget N` also runs
-`builders/tune_tree.py` on the first build and measures the tuned N-node tree. `--target-only` also times the
-engine's own target-only decoding (same build, same prompts, one at a time, checked identical to HF) and adds the
-speedup over it. Everything measured in this one run is written to OUT/results.json; the markdown table is printed
-(the model card quotes it).
+other trees reuse its outputs and speeds (`measure.verify --reuse-hf`; `--hf-every-tree` reruns it).
+`--tune-budget N` also runs `builders/tune_tree.py` on the first build and measures the tuned N-node tree.
+`--target-only` also times the engine's own target-only decoding (same build, same prompts, one at a time, checked
+identical to HF) and adds the speedup over it. Everything measured in this one run is written to OUT/results.json; the
+markdown table is printed (the model card quotes it).
 
 Inputs:  --config, --head (an EAGLE head directory), MT-bench questions
 Outputs: OUT/results.json and a markdown table on stdout
@@ -50,13 +50,17 @@ def build_argv(config: Path, head: Path, out: Path, spec: str) -> list[str]:
             "--only", "checkpoint", "--only", "engine"]
 
 
-def verify_argv(build: Path, prompts: Path, max_new_tokens: int, json_path: Path, reuse_hf: Path | None = None) -> list[str]:
+def verify_argv(
+    build: Path, prompts: Path, max_new_tokens: int, json_path: Path, reuse_hf: Path | None = None
+) -> list[str]:
     argv = [sys.executable, "-m", "measure.verify", "--build", str(build), "--prompts", str(prompts),
             "--max-new-tokens", str(max_new_tokens), "--json", str(json_path)]
     return argv + (["--reuse-hf", str(reuse_hf)] if reuse_hf else [])
 
 
-def tune_argv(build: Path, prompts: Path, budget: int, max_new_tokens: int, out: Path, num_prompts: int | None) -> list[str]:
+def tune_argv(
+    build: Path, prompts: Path, budget: int, max_new_tokens: int, out: Path, num_prompts: int | None
+) -> list[str]:
     argv = [sys.executable, str(REPO / "builders/tune_tree.py"), "--build", str(build), "--prompts", str(prompts),
             "--budget", str(budget), "--max-new-tokens", str(max_new_tokens), "--out", str(out), "--presets", ""]
     return argv + (["--num-prompts", str(num_prompts)] if num_prompts else [])
@@ -75,8 +79,15 @@ def row(name: str, verify_json: Path) -> dict:
     eng_tokens = sum(p["engine_tokens"] for p in ps)
     hf_s = sum(p["hf_tokens"] / p["hf_tokens_per_s"] for p in ps)
     eng_s = sum(p["engine_tokens"] / p["engine_tokens_per_s"] for p in ps)
-    return {"tree": name, "prompts": len(ps), "identical": doc["all_identical"], "tau": doc["aggregate"]["tau"],
-            "hf_tok_s": hf_tokens / hf_s, "engine_tok_s": eng_tokens / eng_s, "speedup": (eng_tokens / eng_s) / (hf_tokens / hf_s)}
+    return {
+        "tree": name,
+        "prompts": len(ps),
+        "identical": doc["all_identical"],
+        "tau": doc["aggregate"]["tau"],
+        "hf_tok_s": hf_tokens / hf_s,
+        "engine_tok_s": eng_tokens / eng_s,
+        "speedup": (eng_tokens / eng_s) / (hf_tokens / hf_s),
+    }
 
 
 def measure(args: argparse.Namespace, name: str, spec: str, reuse_hf: Path | None) -> tuple[dict, Path, Path]:
@@ -120,7 +131,9 @@ def write_mtbench(out: Path, every: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_head.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="bench_head.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--config", type=Path, default=REPO / "configs/demo.yaml", help="build config (target, engine)")
     ap.add_argument("--head", type=Path, required=True, help="EAGLE head dir (SafeAILab layout)")
     src = ap.add_mutually_exclusive_group(required=True)
@@ -153,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
         first_build, hf_report = first_build or build, hf_report or vj
         print(json.dumps(r), flush=True)
+    if first_build is None or hf_report is None:
+        sys.exit("error: no tree was measured (pass at least one tree)")
     if args.tune_budget:
         snippet = args.out / f"tuned-{args.tune_budget}.yaml"
         tokens = args.tune_max_new_tokens or args.max_new_tokens
         run(tune_argv(first_build, args.prompts, args.tune_budget, tokens, snippet, args.tune_prompts))
-        r, _, _ = measure(args, f"tuned-{args.tune_budget}", f"file:{snippet}", None if args.hf_every_tree else hf_report)
+        r, _, _ = measure(
+            args, f"tuned-{args.tune_budget}", f"file:{snippet}", None if args.hf_every_tree else hf_report
+        )
         rows.append(r)
     plain = target_only(first_build, args.prompts, args.max_new_tokens, hf_report) if args.target_only else None
     (args.out / "results.json").write_text(json.dumps({"trees": rows, "target_only": plain}, indent=2) + "\n")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engines import skinny  # noqa: E402
+from engines import skinny
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of one SmolLM2-135M layer's products
 
@@ -92,8 +92,11 @@ def main() -> int:
                 times[key].append(time.perf_counter() - t0)
     params = args.layers * sum(n * k for n, k in SHAPES)
     nbytes = {name: params * (2 if "bf16" in name else 4) for name in lay}
-    print(f"{args.layers} layers x {len(SHAPES)} products (SmolLM2-135M layer shapes), cold weights, {args.threads} thread(s), "
-          f"median of {args.repeats}: ms (GB/s of weights streamed)")
+    print(
+        f"{args.layers} layers x {len(SHAPES)} products (SmolLM2-135M layer shapes), cold weights, "
+        f"{args.threads} thread(s), "
+        f"median of {args.repeats}: ms (GB/s of weights streamed)"
+    )
     print(f"{'rows':>5}" + "".join(f"{name:>24}" for name in lay))
     for m in rows:
         cells = []

@@ -30,10 +30,14 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+if TYPE_CHECKING:
+    from triton_repo.launch import TritonServer
 
 PROMPTS = ["the quick brown fox", "hello world how are you", "one two three four", "a story about a cat"]
 
@@ -56,17 +60,19 @@ def build(work: Path) -> Path:
     cfg_h["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
     (head / "config.json").write_text(json.dumps(cfg_h))
     cfg = work / "bench.yaml"
-    cfg.write_text(f"name: bench-metrics\ntrtllm_version: '1.4'\noutput_dir: {work / 'build'}\n"
-                   f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle3, model: {head}}}\n"
-                   "tree: {choices: chain-3}\n"
-                   "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n")
+    cfg.write_text(
+        f"name: bench-metrics\ntrtllm_version: '1.4'\noutput_dir: {work / 'build'}\n"
+        f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle3, model: {head}}}\n"
+        "tree: {choices: chain-3}\n"
+        "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n"
+    )
     if build_main([str(cfg)]) != 0:
         raise SystemExit("build failed")
     return work / "build" / "triton_repo"
 
 
-def run_level(srv: object, seconds: float, concurrency: int, max_tokens: int) -> float:
-    url = f"http://{srv.http_url}/v2/models/tensorrt_llm/generate"  # type: ignore[attr-defined]
+def run_level(srv: TritonServer, seconds: float, concurrency: int, max_tokens: int) -> float:
+    url = f"http://{srv.http_url}/v2/models/tensorrt_llm/generate"
     stop, done, errors = threading.Event(), [0] * concurrency, []
 
     def post(prompt: str) -> None:
@@ -79,7 +85,7 @@ def run_level(srv: object, seconds: float, concurrency: int, max_tokens: int) ->
         while not stop.is_set():
             try:
                 post(PROMPTS[i % len(PROMPTS)])
-            except Exception as e:  # noqa: BLE001  (reported below)
+            except Exception as e:  # reported below
                 errors.append(e)
                 return
             done[k] += 1
@@ -87,7 +93,7 @@ def run_level(srv: object, seconds: float, concurrency: int, max_tokens: int) ->
 
     def scraper() -> None:
         while not stop.wait(1.0):
-            urllib.request.urlopen(srv.metrics_url, timeout=10).read()  # type: ignore[attr-defined]
+            urllib.request.urlopen(srv.metrics_url, timeout=10).read()
 
     for p in PROMPTS:
         post(p)

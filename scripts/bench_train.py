@@ -27,6 +27,8 @@ import itertools
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +36,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
+
+
+T = TypeVar("T")
 
 
 def gflops(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
@@ -46,13 +51,13 @@ def gflops(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
-def timed(fn) -> tuple[object, float]:
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
     t = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t
 
 
-def load(dtype: torch.dtype):
+def load(dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from measure.model_source import smollm2_dir
@@ -61,12 +66,13 @@ def load(dtype: torch.dtype):
     return AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval(), AutoTokenizer.from_pretrained(d)
 
 
-def conversations(tok, n: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+def conversations(tok: Any, n: int) -> tuple[list[torch.Tensor], list[list[int]]]:
     """(ShareGPT first turns with their answers, <= 256 tokens; the prompts alone), the demo recipe's filters."""
     from training.data import dataset_example, prompt_ids, sharegpt_conversations
     from measure.data import sharegpt_path
 
-    seqs, prompts = [], []
+    seqs: list[torch.Tensor] = []
+    prompts: list[list[int]] = []
     for c in itertools.islice(sharegpt_conversations(sharegpt_path(), "first"), 4 * n):
         p = prompt_ids(tok, c.messages[:1])
         if len(p) <= 128 and len(seqs) < n:
@@ -75,7 +81,7 @@ def conversations(tok, n: int) -> tuple[list[torch.Tensor], list[list[int]]]:
     return seqs, prompts
 
 
-def hf_peer(model, seqs: list[torch.Tensor], batches: int, width: int) -> float:
+def hf_peer(model: Any, seqs: list[torch.Tensor], batches: int, width: int) -> float:
     """transformers forward on [8, width] batches of real tokens (conversations concatenated)."""
     flat = torch.cat(seqs).long()
     need = batches * 8 * width
@@ -86,7 +92,7 @@ def hf_peer(model, seqs: list[torch.Tensor], batches: int, width: int) -> float:
     return need / s
 
 
-def features_rate(model, seqs: list[torch.Tensor], batch_tokens: int) -> float:
+def features_rate(model: Any, seqs: list[torch.Tensor], batch_tokens: int) -> float:
     from training.features import FeatureSpec, sequence_features
 
     spec = FeatureSpec(None, torch.bfloat16)
@@ -94,7 +100,7 @@ def features_rate(model, seqs: list[torch.Tensor], batch_tokens: int) -> float:
     return sum(len(x) for x in seqs) / s
 
 
-def answers_hf_then_features(model, tok, prompts: list[list[int]], new: int) -> float:
+def answers_hf_then_features(model: Any, tok: Any, prompts: list[list[int]], new: int) -> float:
     """The previous trainer's self-distillation: HF generate (batched, left-padded), then a separate feature pass."""
     from training.features import FeatureSpec, sequence_features
 
@@ -115,19 +121,19 @@ def answers_hf_then_features(model, tok, prompts: list[list[int]], new: int) -> 
         return sum(len(x) for x in seqs)
 
     tokens, s = timed(run)
-    return tokens / s  # type: ignore[operator]
+    return tokens / s
 
 
-def answers_ours(model, tok, prompts: list[list[int]], new: int) -> float:
+def answers_ours(model: Any, tok: Any, prompts: list[list[int]], new: int) -> float:
     from training.features import FeatureSpec
     from training.generate import regenerate_with_features
 
     got, s = timed(lambda: regenerate_with_features(model, prompts, new, {tok.eos_token_id}, tok.pad_token_id,
                                                     len(prompts), FeatureSpec(None, torch.bfloat16)))
-    return sum(len(p) + len(a) for p, (a, _) in zip(prompts, got)) / s  # type: ignore[arg-type]
+    return sum(len(p) + len(a) for p, (a, _) in zip(prompts, got)) / s
 
 
-def train_rate(model, seqs: list[torch.Tensor], bf16: bool, steps: int) -> float:
+def train_rate(model: Any, seqs: list[torch.Tensor], bf16: bool, steps: int) -> float:
     """Optimizer steps of the demo recipe's EAGLE-1 loss on cached features (batch 8), tokens/s."""
     import json
 
@@ -159,7 +165,11 @@ def train_rate(model, seqs: list[torch.Tensor], bf16: bool, steps: int) -> float
         opt.step()
 
     step(0)
-    _, s = timed(lambda: [step(i) for i in range(1, steps + 1)])
+    def run_steps() -> None:
+        for i in range(1, steps + 1):
+            step(i)
+
+    _, s = timed(run_steps)
     return steps * sum(len(e.input_ids) for e in ex) / s
 
 
@@ -175,7 +185,9 @@ def budgets_arg(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_train.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="bench_train.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--conversations", type=int, default=32, help="ShareGPT conversations for features/answers")
     ap.add_argument("--new-tokens", type=int, default=128, help="answer length for the self-distillation step")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
@@ -184,8 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--batch-tokens", type=budgets_arg, default="1024,8192",
                     help="comma-separated features.batch_tokens budgets to time the features step with")
-    ap.add_argument("--answer-prompts", type=int, default=16,
-                    help="prompts decoded as one batch in the answers step (the recipes' data.generate_batch_size is 64)")
+    ap.add_argument(
+        "--answer-prompts",
+        type=int,
+        default=16,
+        help="prompts decoded as one batch in the answers step (the recipes' data.generate_batch_size is 64)",
+    )
     ap.add_argument("--small-bf16", action="store_true", help="on a CPU without native bf16 (emulated bf16 matmuls, "
                     "tens of times slower): measure bf16 on 8 x 64 tokens, 4 conversations and 1 training step")
     args = ap.parse_args(argv)

@@ -210,7 +210,9 @@ def answer_tokens(head: Path, config: Path, answers: str, size: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_train_curve.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="bench_train_curve.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--config", type=Path, default=REPO / "configs/train/smollm2-eagle-sd4k.yaml", help="base recipe")
     ap.add_argument("--sizes", default="256,1024,4096", help="training conversations per point")
     ap.add_argument("--answers", default="dataset,regenerate", help="answer types (data.responses values)")

@@ -4,9 +4,9 @@ engine called directly, at concurrency 1, 4 and 8.
     python scripts/bench_triton.py [--config configs/demo.yaml] [--max-tokens 32] [--rounds 2]
 
 Both sides run the same greedy requests (same prompts, end_id -1 so each generates exactly max_tokens) and batch
-the same way, in flight: one engine session of engine.max_batch_size slots, a new request joins at the next step, a finished one
-leaves. Each level has `concurrency` closed-loop clients, each sending its next request when the previous one
-finished (Triton: one gRPC stream per client; direct: the same loop driving the session in this process); requests
+the same way, in flight: one engine session of engine.max_batch_size slots, a new request joins at the next step, a
+finished one leaves. Each level has `concurrency` closed-loop clients, each sending its next request when the previous
+one finished (Triton: one gRPC stream per client; direct: the same loop driving the session in this process); requests
 beyond max_batch_size wait for a free slot on both sides. Reported per level: output tokens/s (all generated tokens
 / wall time) and mean TTFT (request sent -> first token, queueing included), and the overhead ratios direct/Triton
 for throughput and Triton/direct for TTFT, all measured in this one run.
@@ -56,7 +56,7 @@ def direct_level(engine: Any, prompts: list[str], max_tokens: int, concurrency: 
         GenerationRequest(prompt_ids=tok.encode(p, add_special_tokens=True), max_new_tokens=max_tokens,
                           sampling=SamplingParams(), stop_token_ids=[IGNORE_EOS])
         for p in prompts
-    ]  # fmt: skip
+    ]
     sent: dict[int, float] = {}
     first: dict[int, float] = {}
     slot_of: dict[int, int] = {}  # session slot -> request index
@@ -112,7 +112,7 @@ def triton_level(url: str, prompts: list[str], max_tokens: int, concurrency: int
             except queue.Empty:
                 break
             q: queue.Queue[Any] = queue.Queue()
-            client.start_stream(callback=lambda result, error: q.put((result, error)))
+            client.start_stream(callback=lambda result, error, q=q: q.put((result, error)))
             ins = []
             for name, arr, dt in (
                 ("text_input", np.array([[prompt]], dtype=object), "BYTES"),
@@ -176,7 +176,7 @@ def main() -> int:
     prompts_for = {c: [PROMPTS[i % len(PROMPTS)] for i in range(c * args.rounds)] for c in levels}
 
     engine = ReferenceEngine.from_build(build)
-    print("load average (1, 5, 15 min) at start: %.2f %.2f %.2f" % os.getloadavg())
+    print("load average (1, 5, 15 min) at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     print(f"demo build {build} (device {engine.device}, random head: {engine.random_head}), "
           f"max_tokens={args.max_tokens}, max_batch_size={cfg.engine.max_batch_size}")
     direct_level(engine, PROMPTS[:1], 4, 1)  # warm-up
@@ -188,7 +188,7 @@ def main() -> int:
 
     log = build / "logs" / "bench_triton_server.log"
     with TritonServer(build / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                      log_path=log) as srv:  # fmt: skip
+                      log_path=log) as srv:
         triton_level(srv.grpc_url, PROMPTS[:1], 4, 1)  # warm-up
         served = {}
         for c in levels:
@@ -204,7 +204,7 @@ def main() -> int:
         print(f"{c:>4} {len(prompts_for[c]):>4} {d['tokens']:>6} | {d['tok_s']:>12.1f} {tok_s:>12.1f} "
               f"{d['tok_s'] / tok_s:>6.2f} | {d['ttft']:>13.3f} {s['ttft']:>13.3f} {s['ttft'] / d['ttft']:>6.2f}")
     print("ratio = serving overhead: direct/Triton tokens/s, Triton/direct TTFT (1.00 = no overhead)")
-    print("load average (1, 5, 15 min) at end: %.2f %.2f %.2f" % os.getloadavg())
+    print("load average (1, 5, 15 min) at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     return 0
 
 

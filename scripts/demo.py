@@ -134,7 +134,7 @@ def extract_target(config: Path) -> Path:
     return resolve_target(cfg.target.model)
 
 
-def summarize(report_path: Path) -> dict[str, float | None]:
+def summarize(report_path: Path) -> dict[str, dict[str, Any]]:
     """tau, acceptance rate and output tokens/s of each load level from loadtest's report.json."""
     doc = json.loads(report_path.read_text())
     return {

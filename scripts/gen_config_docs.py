@@ -18,7 +18,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builders.config_docs import REGEN_COMMAND, stale, write  # noqa: E402
+from builders.config_docs import REGEN_COMMAND, stale, write
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,22 +43,41 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "trees": (["core/trees.py"], ["tests/test_trees.py", "tests/test_tree_tensors.py"], []),
     "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K], []),
     "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py"], []),
-    "decode": (["engines/decode.py"], ["tests/test_engine_oracle.py", "tests/test_sampling_units.py",
-                                       "tests/test_engine_spec.py", "-k", f"({ORACLE_K}) and not cuda"],
-               [f"engines.decode.x_{f}__mutmut_*" for f in ("verify", "walk", "commit", "count", "commit_drafter",
-                                                            "update_drafter")]),
+    "decode": (
+        ["engines/decode.py"],
+        [
+            "tests/test_engine_oracle.py",
+            "tests/test_sampling_units.py",
+            "tests/test_engine_spec.py",
+            "-k",
+            f"({ORACLE_K}) and not cuda",
+        ],
+        [
+            f"engines.decode.x_{f}__mutmut_*"
+            for f in ("verify", "walk", "commit", "count", "commit_drafter", "update_drafter")
+        ],
+    ),
     # the converters' field mapping: the functions that write config keys or read the HF configs they derive from
-    "convert-config": (["builders/convert/eagle.py", "builders/convert/eagle3.py", "builders/convert/llama.py",
-                        "core/hfconfig.py"],
-                       ["tests/test_convert_fields.py"],
-                       ["builders.convert.eagle.x_eagle_net_config__mutmut_*",
-                        "builders.convert.eagle3.x_normalized_config__mutmut_*",
-                        "builders.convert.llama.x_llama_config_json__mutmut_*",
-                        "builders.convert.llama.x_mapping_json__mutmut_*", "core.hfconfig.x_rope_theta_of__mutmut_*",
-                        "core.hfconfig.x__rope__mutmut_*"]),
-    "llmapi-options": (["builders/engine/llmapi.py"], ["tests/test_llmapi.py", "tests/test_llmapi_options.py"],
-                       [f"builders.engine.llmapi.x_{f}__mutmut_*" for f in ("layers_to_capture", "resolve_input_layer_ids",
-                                                                            "speculative_config", "llm_api_options")]),
+    "convert-config": (
+        ["builders/convert/eagle.py", "builders/convert/eagle3.py", "builders/convert/llama.py", "core/hfconfig.py"],
+        ["tests/test_convert_fields.py"],
+        [
+            "builders.convert.eagle.x_eagle_net_config__mutmut_*",
+            "builders.convert.eagle3.x_normalized_config__mutmut_*",
+            "builders.convert.llama.x_llama_config_json__mutmut_*",
+            "builders.convert.llama.x_mapping_json__mutmut_*",
+            "core.hfconfig.x_rope_theta_of__mutmut_*",
+            "core.hfconfig.x__rope__mutmut_*",
+        ],
+    ),
+    "llmapi-options": (
+        ["builders/engine/llmapi.py"],
+        ["tests/test_llmapi.py", "tests/test_llmapi_options.py"],
+        [
+            f"builders.engine.llmapi.x_{f}__mutmut_*"
+            for f in ("layers_to_capture", "resolve_input_layer_ids", "speculative_config", "llm_api_options")
+        ],
+    ),
     "request-validation": (["triton_repo/models/llm_io.py"], ["tests/test_triton_models.py"], []),
 }
 
@@ -156,8 +175,14 @@ def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = F
         work.mkdir(parents=True)
         scratch_copy(work)
         configure(work, modules, tests)
-        run = subprocess.run([str(venv / "bin" / "mutmut"), "run", "--max-children", str(jobs), *names], cwd=work, env=env,
-                             check=False, text=True, capture_output=True)
+        run = subprocess.run(
+            [str(venv / "bin" / "mutmut"), "run", "--max-children", str(jobs), *names],
+            cwd=work,
+            env=env,
+            check=False,
+            text=True,
+            capture_output=True,
+        )
         (out / f"{name}.run.log").write_text(run.stdout + run.stderr)
         returncode = run.returncode
     elif not (work / "mutants").is_dir():
@@ -174,7 +199,11 @@ def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = F
         if status in ("survived", "no tests"):
             show = subprocess.run([str(venv / "bin" / "mutmut"), "show", mutant], cwd=work, env=env, text=True,
                                   capture_output=True, check=True)
-            survivors[mutant] = {"status": status, "diff": show.stdout, "equivalent": equivalent_reason(mutant, show.stdout)}
+            survivors[mutant] = {
+                "status": status,
+                "diff": show.stdout,
+                "equivalent": equivalent_reason(mutant, show.stdout),
+            }
     counts: dict[str, int] = {}
     for s in statuses.values():
         counts[s] = counts.get(s, 0) + 1
@@ -182,9 +211,17 @@ def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = F
     killed = counts.get("killed", 0) + counts.get("timeout", 0)  # a timeout is a detected change (mutmut counts it so)
     scored = len(statuses) - equivalent - counts.get("skipped", 0) - counts.get("not checked", 0)
     return {
-        "group": name, "modules": modules, "tests": tests, "functions": names, "exit_code": returncode,
-        "seconds": None if report_only else round(time.time() - t0), "mutants": len(statuses), "counts": counts, "equivalent": equivalent,
-        "score": None if scored <= 0 else round(killed / scored, 4), "survivors": survivors,
+        "group": name,
+        "modules": modules,
+        "tests": tests,
+        "functions": names,
+        "exit_code": returncode,
+        "seconds": None if report_only else round(time.time() - t0),
+        "mutants": len(statuses),
+        "counts": counts,
+        "equivalent": equivalent,
+        "score": None if scored <= 0 else round(killed / scored, 4),
+        "survivors": survivors,
     }
 
 
@@ -226,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[mutation] {g}: {', '.join(GROUPS[g][0])} ...", flush=True)
         r = run_group(g, args.venv, args.out, args.jobs, args.report_only)
         done.append(r)
-        print(f"[mutation] {g}: {r['mutants']} mutants {r['counts']} score {r['score']} in {r['seconds']} s", flush=True)
+        print(
+            f"[mutation] {g}: {r['mutants']} mutants {r['counts']} score {r['score']} in {r['seconds']} s", flush=True
+        )
         write_report(args.out, done, commit)
     print(f"[mutation] report: {args.out / 'report.md'}")
     return 0

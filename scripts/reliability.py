@@ -44,17 +44,24 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
+import numpy as np
+import psutil
+import tritonclient.grpc as grpcclient
 
-from triton_repo.launch import TritonServer, free_port  # noqa: E402
+from triton_repo.launch import TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["Explain speculative decoding in two sentences.", "Write a haiku about the sea.",
            "List three uses of a paperclip.", "What is the capital of France and why is it famous?",
            "Summarize the plot of Romeo and Juliet.", "Give me a recipe for pancakes.",
-           "How do vaccines work?", "Describe a sunset to someone who cannot see."]  # fmt: skip
+           "How do vaccines work?", "Describe a sunset to someone who cannot see."]
+
+
+def _pid(srv: TritonServer) -> int:
+    pid = srv.pid
+    if pid is None:
+        raise SystemExit("tritonserver is not running")
+    return pid
 
 
 def metric(srv: TritonServer, name: str, model: str | None = None) -> float:
@@ -69,11 +76,11 @@ def rss_mb(pid: int) -> float:
 
 
 def loadtest(srv: TritonServer, out: Path, prompts: Path, args: argparse.Namespace, seconds: float,
-             during: Any = None) -> dict[str, Any]:  # fmt: skip
+             during: Any = None) -> dict[str, Any]:
     """clients/loadtest.py for `seconds`; `during(proc)` runs while it does. Returns its level report + exit code."""
     argv = [sys.executable, str(ROOT / "clients" / "loadtest.py"), "--url", srv.grpc_url, "--repo", str(srv.repo),
             "--prompts", str(prompts), "--out", str(out), "--concurrency", str(args.concurrency), "--duration",
-            str(seconds), "--max-tokens", str(args.max_tokens), "--stream", "--no-progress", "--timeout", "120"]  # fmt: skip
+            str(seconds), "--max-tokens", str(args.max_tokens), "--stream", "--no-progress", "--timeout", "120"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if during is not None:
         during(proc)
@@ -92,19 +99,22 @@ def counts(rep: dict[str, Any]) -> str:
 def soak(srv: TritonServer, out: Path, prompts: Path, args: argparse.Namespace) -> dict[str, Any]:
     # Growth is read from after a warm-up run (first requests load kernels, caches and allocator pools), so it
     # measures what serving keeps, not what starting to serve costs.
-    rss_cold = rss_mb(srv.pid)  # type: ignore[arg-type]
+    rss_cold = rss_mb(_pid(srv))
     loadtest(srv, out / "soak-warmup", prompts, args, WARMUP_S)
-    rss0, ok0 = rss_mb(srv.pid), metric(srv, "nv_inference_request_success", "ensemble")  # type: ignore[arg-type]
+    rss0, ok0 = rss_mb(_pid(srv)), metric(srv, "nv_inference_request_success", "ensemble")
     run = loadtest(srv, out / "soak", prompts, args, args.soak_s)
     rep = run["report"]
     res = {"sent": rep.get("requests_sent"), "ok": rep.get("requests_ok"), "errors": rep.get("errors"),
            "server_successes": metric(srv, "nv_inference_request_success", "ensemble") - ok0,
            "rss_cold_mb": round(rss_cold), "rss_before_mb": round(rss0),
-           "rss_after_mb": round(rss_mb(srv.pid)),  # type: ignore[arg-type]
-           "in_flight_after": metric(srv, "eagle_llm_requests_in_flight"), "tau": rep.get("tau")}  # fmt: skip
-    print(f"soak c={args.concurrency} {args.soak_s:g}s: {counts(rep)}; server counted {res['server_successes']:.0f}; "
-          f"RSS {res['rss_cold_mb']} before the {WARMUP_S:g} s warm-up, {res['rss_before_mb']} -> {res['rss_after_mb']} MB "
-          f"over the soak; in flight after {res['in_flight_after']:.0f}")
+           "rss_after_mb": round(rss_mb(_pid(srv))),
+           "in_flight_after": metric(srv, "eagle_llm_requests_in_flight"), "tau": rep.get("tau")}
+    print(
+        f"soak c={args.concurrency} {args.soak_s:g}s: {counts(rep)}; server counted {res['server_successes']:.0f}; "
+        f"RSS {res['rss_cold_mb']} before the {WARMUP_S:g} s warm-up, "
+        f"{res['rss_before_mb']} -> {res['rss_after_mb']} MB "
+        f"over the soak; in flight after {res['in_flight_after']:.0f}"
+    )
     return res
 
 
@@ -118,22 +128,26 @@ def _when_loaded(srv: TritonServer) -> None:
 def sigstop(srv: TritonServer, out: Path, prompts: Path, args: argparse.Namespace) -> dict[str, Any]:
     def freeze(_proc: Any) -> None:
         _when_loaded(srv)
-        os.kill(srv.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        os.kill(_pid(srv), signal.SIGSTOP)
         time.sleep(5)
-        os.kill(srv.pid, signal.SIGCONT)  # type: ignore[arg-type]
+        os.kill(_pid(srv), signal.SIGCONT)
 
     ok0 = metric(srv, "nv_inference_request_success", "ensemble")
     rep = loadtest(srv, out / "sigstop", prompts, args, 40, freeze)["report"]
     served = metric(srv, "nv_inference_request_success", "ensemble") - ok0
     print(f"SIGSTOP 5 s mid-load: {counts(rep)}; server counted {served:.0f}")
     return {"sent": rep.get("requests_sent"), "ok": rep.get("requests_ok"), "errors": rep.get("errors"),
-            "server_successes": served}  # fmt: skip
+            "server_successes": served}
 
 
 def _ensemble_inputs(text: str, max_tokens: int) -> list[Any]:
     ins = []
-    for name, value, dt in (("text_input", text, "BYTES"), ("max_tokens", max_tokens, "INT32"), ("stream", True, "BOOL"),
-                            ("end_id", -1, "INT32")):  # fmt: skip
+    for name, value, dt in (
+        ("text_input", text, "BYTES"),
+        ("max_tokens", max_tokens, "INT32"),
+        ("stream", True, "BOOL"),
+        ("end_id", -1, "INT32"),
+    ):
         arr = np.array([[value]], dtype={"BYTES": object, "INT32": np.int32, "BOOL": bool}[dt])
         i = grpcclient.InferInput(name, list(arr.shape), dt)
         i.set_data_from_numpy(arr)
@@ -169,7 +183,7 @@ def abandoned(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Name
     expired0 = metric(srv, "eagle_llm_requests_expired_total")
     cancelled0 = metric(srv, "eagle_llm_requests_cancelled_total")
     threads = [threading.Thread(target=_first_token_s, args=(srv.grpc_url, PROMPTS[i % len(PROMPTS)], 512, True))
-               for i in range(args.abandon)]  # fmt: skip
+               for i in range(args.abandon)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -183,7 +197,7 @@ def abandoned(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Name
            "slots_free_after_s": round(time.perf_counter() - t0, 1),
            "expired": metric(srv, "eagle_llm_requests_expired_total") - expired0,
            "cancelled": metric(srv, "eagle_llm_requests_cancelled_total") - cancelled0,
-           "deadline_s": _deadline(srv.repo)}  # fmt: skip
+           "deadline_s": _deadline(srv.repo)}
     print(f"{args.abandon} abandoned ensemble streams (deadline {res['deadline_s']} s): next first token "
           f"{quiet:.2f} s idle -> {loaded:.2f} s; LLM model empty after {res['slots_free_after_s']} s; "
           f"{res['cancelled']:.0f} cancelled, {res['expired']:.0f} ended by the deadline")
@@ -199,13 +213,13 @@ def _deadline(repo: Path) -> str:
 def kill9(srv: TritonServer, out: Path, prompts: Path, args: argparse.Namespace) -> dict[str, Any]:
     def kill(_proc: Any) -> None:
         _when_loaded(srv)
-        os.kill(srv.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        os.kill(_pid(srv), signal.SIGKILL)
 
     run = loadtest(srv, out / "kill9", prompts, args, 40, kill)
     rep = run["report"]
     print(f"kill -9 mid-load: {counts(rep)}; load tester exit {run['exit']}, report written: {bool(rep)}")
     return {"sent": rep.get("requests_sent"), "ok": rep.get("requests_ok"), "errors": rep.get("errors"),
-            "loadtest_exit": run["exit"], "report_written": bool(rep)}  # fmt: skip
+            "loadtest_exit": run["exit"], "report_written": bool(rep)}
 
 
 # ---- hostile clients (docs/deploy.md "Reliability") -----------------------------------------------------------------
@@ -216,7 +230,8 @@ def _stream_text(url: str, model: str, ins: list[Any], request_id: str = "") -> 
     c = grpcclient.InferenceServerClient(url)
     q: queue.Queue[Any] = queue.Queue()
     c.start_stream(callback=lambda result, error: q.put((result, error)))
-    t0, first, text = time.perf_counter(), float("nan"), []
+    t0, first = time.perf_counter(), float("nan")
+    text: list[str] = []
     try:
         c.async_stream_infer(model, ins, enable_empty_final_response=True, request_id=request_id)
         while True:
@@ -265,7 +280,8 @@ class _Repeat(threading.Thread):
 
     def __init__(self, fn: Any) -> None:
         super().__init__(daemon=True)
-        self.fn, self.done, self.calls, self.errors, self.seconds = fn, threading.Event(), 0, {}, 0.0
+        self.fn, self.done, self.calls, self.seconds = fn, threading.Event(), 0, 0.0
+        self.errors: dict[str, int] = {}
 
     def run(self) -> None:
         while not self.done.is_set():
@@ -313,7 +329,7 @@ def hostile(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namesp
            "stop_answers": stopper.errors, "flood_requests": flooder.calls,
            "flood_mean_refusal_s": round(flooder.seconds / max(1, flooder.calls), 3), "flood_answers": flooder.errors,
            "empty_solo_outputs": sum(not v[0] for v in solo.values()),
-           "output_chars": sum(len(v[0]) for v in results.values())}  # fmt: skip
+           "output_chars": sum(len(v[0]) for v in results.values())}
     print(f"hostile: {same}/{len(threads)} concurrent streams identical to their solo runs ({res['output_chars']} "
           f"characters, {res['empty_solo_outputs']} empty solo outputs) while {res['stop_requests']} "
           f"guessed stop requests ({res['stop_rate_per_s']}/s) and {flooder.calls} 200,000-stop-word requests "
@@ -341,7 +357,7 @@ def stop_flood(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Nam
     calls = sum(f.calls for f in flooders)
     res = {"ttft_idle_s": [round(x, 3) for x in idle], "ttft_flood_s": [round(x, 3) for x in loaded],
            "flood_requests": calls, "flood_mean_answer_s": round(sum(f.seconds for f in flooders) / max(1, calls), 3),
-           "flood_answers": answers}  # fmt: skip
+           "flood_answers": answers}
     print(f"stop-word flood (4 clients, 1,000,000 words each): first token {max(idle):.2f} s idle -> "
           f"{max(loaded):.2f} s (worst of 3); {calls} flood requests answered in {res['flood_mean_answer_s']} s each: "
           f"{answers}")
@@ -352,8 +368,13 @@ def llmapi_prompt(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.
     """On an llmapi-layout repository: first-token time of a stream, idle and while another client sends a 5 MB
     prompt; how long the 5 MB prompt took to be refused, and with what."""
     def ins(text: bytes, n: int) -> list[Any]:
-        return _inputs([("text_input", np.array([text], dtype=object), "BYTES"), ("streaming", np.array([True]), "BOOL"),
-                        ("sampling_param_max_tokens", np.array([n], np.int32), "INT32")])
+        return _inputs(
+            [
+                ("text_input", np.array([text], dtype=object), "BYTES"),
+                ("streaming", np.array([True]), "BOOL"),
+                ("sampling_param_max_tokens", np.array([n], np.int32), "INT32"),
+            ]
+        )
 
     idle = _stream_text(srv.grpc_url, "tensorrt_llm", ins(PROMPTS[1].encode(), 8))[1]
     big: dict[str, Any] = {}
@@ -400,10 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     prompts = args.out / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     srv = TritonServer(args.repo.resolve(), grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                       log_path=args.out / "tritonserver.log")  # fmt: skip
+                       log_path=args.out / "tritonserver.log")
     srv.start(timeout_s=600)
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                               "load_average": os.getloadavg(), "cpus": os.cpu_count()}  # fmt: skip
+                               "load_average": os.getloadavg(), "cpus": os.cpu_count()}
     try:
         for name in args.runs.split(","):
             results[name] = RUNS[name](srv, args.out, prompts, args)

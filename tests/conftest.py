@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests import tiny_models as tm  # noqa: E402
+from tests import tiny_models as tm
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +113,9 @@ def convert_eagle_ckpt(target: Path, head: Path, out: Path, *, tp: int = 1, dtyp
     from builders.convert import convert_eagle
 
     if not (out / "config.json").is_file():
-        convert_eagle(target, head, out, dtype=dtype, max_draft_len=25, num_eagle_layers=5, max_non_leaves_per_layer=4, tp=tp)
+        convert_eagle(
+            target, head, out, dtype=dtype, max_draft_len=25, num_eagle_layers=5, max_non_leaves_per_layer=4, tp=tp
+        )
     return out
 
 
@@ -179,7 +181,7 @@ def triton_build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path
 
 
 @pytest.fixture(scope="session")
-def triton_server(triton_build_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def triton_server(triton_build_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from tests import triton_build
 
     log_dir = tmp_path_factory.mktemp("triton_log")

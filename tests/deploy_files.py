@@ -17,12 +17,12 @@ K8S = DOCKER / "k8s"
 
 sys.path.insert(0, str(DOCKER))
 sys.path.insert(0, str(K8S))
-import render  # noqa: E402  (docker/k8s/render.py)
-import serve  # noqa: E402  (docker/serve.py)
+import render  # noqa: F401  (docker/k8s/render.py, for the tests that import it from here)
+import serve  # noqa: F401  (docker/serve.py, likewise)
 
 
 def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # type: ignore[call-overload]
+    return subprocess.run(
         argv, capture_output=True, text=True, cwd=REPO, timeout=300, **kw
     )
 
@@ -59,7 +59,7 @@ def _tensorrt_config(tmp: Path, target: Path, head: Path) -> Path:
         "draft": {"type": "eagle", "model": str(head)},
         "tree": {"choices": "chain-2"},
         "engine": {"backend": "tensorrt", "max_batch_size": 2, "max_input_len": 32, "max_seq_len": 64},
-    }  # fmt: skip
+    }
     path = tmp / "trt.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

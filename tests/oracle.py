@@ -177,7 +177,9 @@ def greedy_table(engine: ReferenceEngine, reqs: list[GenerationRequest], extra: 
     return table
 
 
-def with_oracle(engine: ReferenceEngine, reqs: list[GenerationRequest], schedule: Schedule = always_top) -> ReferenceEngine:
+def with_oracle(
+    engine: ReferenceEngine, reqs: list[GenerationRequest], schedule: Schedule = always_top
+) -> ReferenceEngine:
     """The same engine (weights shared) drafting with an oracle for `reqs` (contexts of other requests get the real
     head's drafts)."""
     rt = engine._rt
@@ -233,7 +235,7 @@ def expected_stats(engine: ReferenceEngine, req: GenerationRequest) -> Expected:
     """Output and statistics of `req` under the oracle, from the greedy table and the tree alone."""
     oracle = oracle_of(engine)
     tree = engine.tree
-    depth = tree.depth  # type: ignore[union-attr]
+    depth = tree.depth
     paths = set(tree.paths) if isinstance(tree, DraftTree) else set()
     out: list[int] = []
     ctx = tuple(req.prompt_ids[1:])
@@ -241,7 +243,7 @@ def expected_stats(engine: ReferenceEngine, req: GenerationRequest) -> Expected:
     ctx += (out[-1],)
     fw, acc, by_depth = 0, 0, [0] * depth
     while len(out) < req.max_new_tokens:
-        a = _accepted_static(paths, oracle, ctx) if paths else _accepted_dynamic(tree, oracle, ctx)  # type: ignore[arg-type]
+        a = _accepted_static(paths, oracle, ctx) if paths else _accepted_dynamic(tree, oracle, ctx)
         new = []
         for _ in range(a + 1):
             new.append(oracle.greedy[ctx])
@@ -255,7 +257,9 @@ def expected_stats(engine: ReferenceEngine, req: GenerationRequest) -> Expected:
     return Expected(out, fw, acc, by_depth)
 
 
-def check_exact(engine: ReferenceEngine, reqs: list[GenerationRequest], results: list[GenerationResult], what: str) -> None:
+def check_exact(
+    engine: ReferenceEngine, reqs: list[GenerationRequest], results: list[GenerationResult], what: str
+) -> None:
     """Lossless (the plain greedy output) and exact tau (forwards and acceptance by depth as `expected_stats`), with
     messages that name the likely cause."""
     plain = engine.generate(reqs, speculative=False)

@@ -44,7 +44,7 @@ class Prometheus:
         self.proc = subprocess.Popen(
             [binary("prometheus"), f"--config.file={self.root / 'prometheus.yml'}",
              f"--storage.tsdb.path={self.root / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:

@@ -240,7 +240,9 @@ def test_users_resolved_config_is_never_replaced(text: str, tiny_target: Path, t
     assert (out / "config.resolved.yaml").read_text() == text and not (out / "checkpoint").exists()
 
 
-def test_resolved_config_of_an_earlier_build_without_the_marker_is_still_ours(tiny_target: Path, tmp_path: Path) -> None:
+def test_resolved_config_of_an_earlier_build_without_the_marker_is_still_ours(
+    tiny_target: Path, tmp_path: Path
+) -> None:
     """Builds from before the marker line wrote config.resolved.yaml with its `derived:` section only; next to a
     stage directory carrying our manifest it is still replaced (and gets the marker)."""
     out = tmp_path / "out"

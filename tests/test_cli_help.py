@@ -52,7 +52,6 @@ ENTRY_POINTS = {
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
     "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
     "scripts/mutation.py": ["scripts/mutation.py"],
-    "scripts/reliability.py": ["scripts/reliability.py"],
 }
 
 

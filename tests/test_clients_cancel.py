@@ -71,7 +71,7 @@ def _counters(srv: TritonServer) -> dict[str, float]:
 
 
 def _settled(srv: TritonServer, before: dict[str, float], *, cancelled: int, ensemble_ok: int, bls_ok: int = 0,
-             timeout_s: float = 30.0) -> dict[str, float]:  # fmt: skip
+             timeout_s: float = 30.0) -> dict[str, float]:
     """The counters' increments once they reach the expected ones (metrics lag the responses a little)."""
     want = {"cancelled": cancelled, "ensemble_ok": ensemble_ok, "bls_ok": bls_ok, "in_flight": 0}
     deadline = time.time() + timeout_s
@@ -144,7 +144,7 @@ def test_async_cancel_and_break_stop_the_ensemble_sequence(llm_repo: Path, llm_s
 
 
 def _level(url: str, repo: Path, spec: LevelSpec, timeout_s: float, stop: asyncio.Event | None = None,
-           on_running: Callable[[], None] | None = None) -> LevelResult:  # fmt: skip
+           on_running: Callable[[], None] | None = None) -> LevelResult:
     async def go() -> LevelResult:
         event = stop or asyncio.Event()
         async with AsyncLLMClient(url, sch.from_descriptor(repo), timeout_s=timeout_s) as c:
@@ -176,7 +176,7 @@ def test_loadtest_interrupt_stops_ensemble_sequences(llm_repo: Path, llm_server:
     spec = LevelSpec(mode="concurrency", level=2, max_tokens=LONG, stream=True, duration_s=120, sampling=NO_EOS)
     before = _counters(llm_server)
     result = _level(llm_server.grpc_url, llm_repo, spec, timeout_s=120,
-                    on_running=lambda: _wait_running(llm_server, 2))  # fmt: skip
+                    on_running=lambda: _wait_running(llm_server, 2))
     assert result.interrupted
     assert [(r.status, r.error) for r in result.records] == [(INTERRUPTED, "run interrupted before the response")] * 2
     got = _settled(llm_server, before, cancelled=2, ensemble_ok=2)  # already done when the level returned

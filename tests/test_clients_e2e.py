@@ -13,13 +13,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.triton_servers import tiny_reference_repo  # noqa: E402
-from clients import loadtest  # noqa: E402
-from clients import schema as sch  # noqa: E402
-from clients.client import LLMClient  # noqa: E402
-from clients.tokens import make_counter  # noqa: E402
-from triton_repo import contract as C  # noqa: E402
-from triton_repo.launch import TritonServer, free_port  # noqa: E402
+from tests.triton_servers import tiny_reference_repo
+from clients import loadtest
+from clients import schema as sch
+from clients.client import LLMClient
+from clients.tokens import make_counter
+from triton_repo import contract as C
+from triton_repo.launch import TritonServer, free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPT = "The quick brown fox"
@@ -85,7 +85,7 @@ def test_loadtest_through_the_ensemble(repo: Path, server: TritonServer, tmp_pat
     tokens_one = make_counter(schema.tokenizer).count(one.text)
     rc = loadtest.main(["--url", server.grpc_url, "--repo", str(repo), "--prompts", str(prompts), "--out", str(out),
                         "--concurrency", "1", "--requests", str(n), "--max-tokens", str(max_tokens), "--stream",
-                        "--top-k", "0", "--top-p", "0", "--no-progress"])  # fmt: skip
+                        "--top-k", "0", "--top-p", "0", "--no-progress"])
     assert rc == 0
     doc = json.loads((out / "report.json").read_text())
     assert doc["meta"]["tokenizer"] == schema.tokenizer and doc["meta"]["schema_source"] == str(repo / "client.json")
@@ -110,7 +110,7 @@ def test_generate_cli_chat_with_the_repository_tokenizer(
     wrapped = generate.chat_prompt(tok_dir, "Hi there")
     assert wrapped != "Hi there" and "Hi there" in wrapped
     rc = generate.main(["--url", server.grpc_url, "--repo", str(repo), "--prompt", "Hi there", "--chat",
-                        "--max-tokens", "4", "--stream", "--top-k", "0", "--top-p", "0"])  # fmt: skip
+                        "--max-tokens", "4", "--stream", "--top-k", "0", "--top-p", "0"])
     err = capsys.readouterr().err
     assert rc == 0, err
     assert f"({tok_dir})" in err and "speculative: accepted" in err

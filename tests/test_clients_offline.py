@@ -72,12 +72,12 @@ def _rec(i: int, tokens: int, acc: int | None, drafted: int | None, status: str 
     return RequestRecord(index=i, prompt_index=0, start=10.0 + i, status=status, end=11.0 + i if ok else 10.5 + i,
                          first_response=10.2 + i if ok else None, responses=3, output_tokens=tokens,
                          streamed=True, accepted_draft_tokens=acc, draft_tokens=drafted,
-                         error=None if ok else "boom")  # fmt: skip
+                         error=None if ok else "boom")
 
 
 def test_aggregate_counts_tokens_and_speculative_stats() -> None:
     recs = [_rec(0, 10, 6, 8), _rec(1, 5, 2, 4), _rec(2, 0, None, None, "UNAVAILABLE"),
-            _rec(3, 0, None, None, "DEADLINE_EXCEEDED")]  # fmt: skip
+            _rec(3, 0, None, None, "DEADLINE_EXCEEDED")]
     rep = aggregate(recs, mode="concurrency", level=4, duration_s=2.0)
     assert (rep.requests_sent, rep.requests_ok) == (4, 2)
     assert rep.errors == {"DEADLINE_EXCEEDED": 1, "UNAVAILABLE": 1}
@@ -192,11 +192,11 @@ def test_schema_from_descriptor_follows_the_rendered_repository(tmp_path: Path) 
     for t in contract.ENSEMBLE_INPUTS:
         spec = s.inputs[t.name]
         assert (spec.datatype, spec.dims, spec.optional, spec.default) == (contract.WIRE_DTYPE[t.dtype], t.dims,
-                                                                           t.optional, t.default)  # fmt: skip
+                                                                           t.optional, t.default)
     assert s.has_perf_metrics
     changed = sch.from_descriptor(
         _write_descriptor(tmp_path / "b", ["triton.ensemble_model=llm_ensemble", "triton.streaming=false",
-                                            "engine.max_batch_size=2"])  # fmt: skip
+                                            "engine.max_batch_size=2"])
     )
     assert (changed.model, changed.max_batch_size, changed.decoupled) == ("llm_ensemble", 2, False)
     req = build_request(changed, "hi", 5, stream=False)
@@ -256,7 +256,7 @@ def test_request_ids_are_unique_across_processes() -> None:
     id of two fresh processes has the same counter part and still differs."""
     code = "from clients.client import new_request_id; print(new_request_id())"
     firsts = [subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-              .stdout.strip() for _ in range(2)]  # fmt: skip
+              .stdout.strip() for _ in range(2)]
     assert all(ID_FORMAT.fullmatch(i) and i.startswith("r0-") for i in firsts), firsts
     assert firsts[0] != firsts[1]
     here = [new_request_id() for _ in range(1000)]

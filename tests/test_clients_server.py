@@ -135,7 +135,7 @@ def test_run_level_progress_bar_counts_requests(echo: TritonServer) -> None:
     async def go() -> LevelResult:
         async with await AsyncLLMClient.connect(echo.grpc_url) as c:
             return await loadtest.run_level(c, ["one two"], WhitespaceCounter(), spec, asyncio.Event(),
-                                            progress=True, progress_file=bar)  # fmt: skip
+                                            progress=True, progress_file=bar)
 
     result = asyncio.run(go())
     assert [r.status for r in result.records] == ["OK"] * n
@@ -149,7 +149,7 @@ def test_loadtest_counts_agree_with_what_was_sent(echo: TritonServer, prompts: P
     n, max_tokens = 15, 8
     rc = loadtest.main(["--url", echo.grpc_url, "--prompts", str(prompts), "--out", str(out), "--concurrency", "1,4",
                         "--requests", str(n), "--max-tokens", str(max_tokens), "--stream", "--tokenizer", "whitespace",
-                        "--warmup", "2", "--no-progress", "--seed", "7"])  # fmt: skip
+                        "--warmup", "2", "--no-progress", "--seed", "7"])
     assert rc == 0
     doc = json.loads((out / "report.json").read_text())
     assert doc["meta"]["prompts"] == 3 and doc["meta"]["tokenizer"] == "whitespace"
@@ -178,7 +178,7 @@ def test_loadtest_poisson_rate(echo: TritonServer, prompts: Path, tmp_path: Path
     out = tmp_path / "out"
     rc = loadtest.main(["--url", echo.grpc_url, "--prompts", str(prompts), "--out", str(out), "--request-rate", "40",
                         "--requests", "12", "--max-tokens", "4", "--tokenizer", "whitespace",
-                        "--no-progress"])  # fmt: skip
+                        "--no-progress"])
     assert rc == 0
     (lv,) = json.loads((out / "report.json").read_text())["levels"]
     assert (lv["mode"], lv["level"], lv["requests_sent"], lv["requests_ok"]) == ("rate", 40, 12, 12)
@@ -192,7 +192,7 @@ def test_refused_connection_is_counted(prompts: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     rc = loadtest.main(["--url", f"127.0.0.1:{free_port()}", "--repo", str(repo), "--prompts", str(prompts),
                         "--out", str(out), "--concurrency", "2", "--requests", "6", "--max-tokens", "4",
-                        "--tokenizer", "whitespace", "--no-progress"])  # fmt: skip
+                        "--tokenizer", "whitespace", "--no-progress"])
     assert rc == 0
     (lv,) = json.loads((out / "report.json").read_text())["levels"]
     assert (lv["requests_sent"], lv["requests_ok"], lv["errors"]) == (6, 0, {"UNAVAILABLE": 6})
@@ -204,7 +204,7 @@ def test_timeouts_are_counted(slow_echo: TritonServer, prompts: Path, tmp_path: 
     out = tmp_path / "out"
     rc = loadtest.main(["--url", slow_echo.grpc_url, "--prompts", str(prompts), "--out", str(out), "--concurrency",
                         "2", "--requests", "4", "--max-tokens", "60", "--stream", "--timeout", "0.1",
-                        "--tokenizer", "whitespace", "--no-progress"])  # fmt: skip
+                        "--tokenizer", "whitespace", "--no-progress"])
     assert rc == 0
     (lv,) = json.loads((out / "report.json").read_text())["levels"]
     assert (lv["requests_sent"], lv["requests_ok"], lv["errors"]) == (4, 0, {"DEADLINE_EXCEEDED": 4})
@@ -231,7 +231,7 @@ def test_server_killed_and_restarted_mid_run(slow_echo: TritonServer, prompts: P
     try:
         rc = loadtest.main(["--url", slow_echo.grpc_url, "--prompts", str(prompts), "--out", str(out), "--concurrency",
                             "3", "--duration", "7", "--max-tokens", "6", "--stream", "--tokenizer", "whitespace",
-                            "--timeout", "5", "--no-progress"])  # fmt: skip
+                            "--timeout", "5", "--no-progress"])
     finally:
         t.join()
     assert rc == 0 and "restarted" in events
@@ -250,7 +250,7 @@ def test_sigint_writes_what_was_measured(slow_echo: TritonServer, prompts: Path,
     out = tmp_path / "out"
     argv = [sys.executable, str(REPO / "clients" / "loadtest.py"), "--url", slow_echo.grpc_url, "--prompts",
             str(prompts), "--out", str(out), "--concurrency", "1,2", "--duration", "2", "--max-tokens", "6",
-            "--stream", "--tokenizer", "whitespace", "--no-progress"]  # fmt: skip
+            "--stream", "--tokenizer", "whitespace", "--no-progress"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -273,7 +273,7 @@ def test_sigint_writes_what_was_measured(slow_echo: TritonServer, prompts: Path,
 
 def test_generate_cli_prints_text_and_stats(echo: TritonServer, capsys: pytest.CaptureFixture[str]) -> None:
     rc = generate.main(["--url", echo.grpc_url, "--prompt", "red green", "--stream", "--max-tokens", "5",
-                        "--tokenizer", "whitespace", "--temperature", "0"])  # fmt: skip
+                        "--tokenizer", "whitespace", "--temperature", "0"])
     cap = capsys.readouterr()
     assert rc == 0
     assert cap.out == "red green red green red \n"
@@ -311,7 +311,7 @@ def test_request_ids_differ_between_clients(echo: TritonServer) -> None:
     """Every request is sent with its own id (new_request_id), whichever client sends it."""
     with LLMClient(echo.grpc_url) as a, LLMClient(echo.grpc_url) as b:
         ids = [a.generate("x y", 2).stats.request_id, b.generate("x y", 2).stats.request_id,
-               a.generate("x y", 2).stats.request_id]  # fmt: skip
+               a.generate("x y", 2).stats.request_id]
 
     async def go() -> list[str | None]:
         async with await AsyncLLMClient.connect(echo.grpc_url) as c:

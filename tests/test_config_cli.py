@@ -62,7 +62,11 @@ def test_shipped_configs_validate() -> None:
     assert demo.output_dir == str((REPO / "build" / "demo").resolve())
     vic = load_config(CONFIGS / "vicuna-7b-eagle.yaml")
     assert (vic.engine.backend, vic.target.dtype, vic.tree.choices) == ("tensorrt", "float16", "trtllm-default")
-    assert (vic.limits().max_draft_len, vic.limits().num_eagle_layers, vic.limits().max_non_leaves_per_layer) == (63, 4, 10)
+    assert (vic.limits().max_draft_len, vic.limits().num_eagle_layers, vic.limits().max_non_leaves_per_layer) == (
+        63,
+        4,
+        10,
+    )
     fp8 = load_config(CONFIGS / "llama31-8b-eagle-fp8.yaml")
     assert (fp8.quantization.weights, fp8.quantization.kv_cache, fp8.engine.backend) == ("fp8", "fp8", "tensorrt")
     e3 = load_config(CONFIGS / "llama31-8b-eagle3.yaml")
@@ -95,7 +99,9 @@ def test_unknown_key_wrong_types_and_tree_all_reported(tiny_target: Path, eagle_
     out = tmp_path / "out"
     cfg = write_cfg(tmp_path / "c.yaml", tiny_target, eagle_head, out, target__flavour="x",
                     engine__max_batch_size="many", tree__max_draft_len=5)
-    _expect_refused(cfg, out, capsys, "target.flavour: unknown key", "engine.max_batch_size: Input should be a valid integer")
+    _expect_refused(
+        cfg, out, capsys, "target.flavour: unknown key", "engine.max_batch_size: Input should be a valid integer"
+    )
     cfg = write_cfg(tmp_path / "c2.yaml", tiny_target, eagle_head, out, tree__max_draft_len=5)
     _expect_refused(cfg, out, capsys, "tree.max_draft_len=5 disagrees with the tree, which gives 3")
 
@@ -147,7 +153,9 @@ def test_tokenizer_auto_map_custom_class_refused_stock_class_stripped(tiny_targe
     custom = derive_target(tiny_target, tmp_path / "custom")
     tc = json.loads((custom / "tokenizer_config.json").read_text())
     auto = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
-    (custom / "tokenizer_config.json").write_text(json.dumps({**tc, "tokenizer_class": "EvilTokenizer", "auto_map": auto}))
+    (custom / "tokenizer_config.json").write_text(
+        json.dumps({**tc, "tokenizer_class": "EvilTokenizer", "auto_map": auto})
+    )
     out = tmp_path / "out"
     _expect_refused(write_cfg(tmp_path / "c.yaml", custom, "random", out), out, capsys,
                     f"{custom / 'tokenizer_config.json'}: auto_map points at custom tokenizer code and tokenizer_class "
@@ -184,9 +192,10 @@ def test_subprocess_exit_code_2_and_dry_run(tiny_target: Path, eagle_head: Path,
 
 
 def _minimal(path: Path, target: Path, head: Path, out: Path, backend: str, extra: str = "") -> Path:
-    path.write_text(f"name: minimal\ntrtllm_version: '1.1'\noutput_dir: {out}\ntarget: {{model: {target}, dtype: float16}}\n"
-                    f"draft: {{type: eagle, model: {head}}}\ntree: {{choices: chain-2}}\nengine: {{backend: {backend}}}\n"
-                    + extra)
+    path.write_text(
+        f"name: minimal\ntrtllm_version: '1.1'\noutput_dir: {out}\ntarget: {{model: {target}, dtype: float16}}\n"
+        f"draft: {{type: eagle, model: {head}}}\ntree: {{choices: chain-2}}\nengine: {{backend: {backend}}}\n" + extra
+    )
     return path
 
 
@@ -240,7 +249,7 @@ def test_defaults_need_a_readable_target(eagle_head: Path, tmp_path: Path, capsy
     assert "set engine.max_seq_len" in err and not out.exists()
 
 
-# ---- running: labels, --set, skip, --force, crash ---------------------------------------------------------------------
+# ---- running: labels, --set, skip, --force, crash --------------------------------------------------------------------
 
 
 def test_run_random_head_set_skip_force(tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

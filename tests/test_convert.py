@@ -33,7 +33,10 @@ def _check_tp_roundtrip(target: Path, out: Path, tp: int, dtype: torch.dtype = t
         for name, value in got.items():
             assert torch.equal(value, hf[f"model.layers.{i}.{name}"].to(dtype)), (tp, i, name)
         for r in ranks:
-            assert torch.equal(r[f"transformer.layers.{i}.input_layernorm.weight"], hf[f"model.layers.{i}.input_layernorm.weight"].to(dtype))
+            assert torch.equal(
+                r[f"transformer.layers.{i}.input_layernorm.weight"],
+                hf[f"model.layers.{i}.input_layernorm.weight"].to(dtype),
+            )
     vocab = cfg["vocab_size"]
     lm = torch.cat([r["lm_head.weight"] for r in ranks])
     assert lm.shape == (pad_vocab(vocab, tp), H)
@@ -139,7 +142,9 @@ def test_pp2_split_renumbers_layers(tiny_dir: Path, tmp_path: Path) -> None:
     first, last = ranks[0], ranks[2]  # rank = pp_rank * tp + tp_rank
     assert "transformer.vocab_embedding.weight" in first and "lm_head.weight" not in first
     assert "transformer.ln_f.weight" not in first and "transformer.layers.2.mlp.fc.weight" not in first
-    assert "transformer.vocab_embedding.weight" not in last and {"lm_head.weight", "transformer.ln_f.weight"} <= set(last)
+    assert "transformer.vocab_embedding.weight" not in last and {"lm_head.weight", "transformer.ln_f.weight"} <= set(
+        last
+    )
     assert not any(k.startswith("transformer.layers.1.") for k in last)
     got = reassemble_layer([ranks[2], ranks[3]], "transformer.layers.0", tm.HEADS, tm.KV_HEADS, HD)
     assert torch.equal(got["mlp.down_proj.weight"], hf["model.layers.2.mlp.down_proj.weight"])
@@ -205,7 +210,7 @@ def _raw_safetensors(path: Path, header: object, data: bytes = b"\0" * 16) -> Pa
     ({"w": {"dtype": "F32", "data_offsets": [0, 16]}}, "tensor 'w' has missing or malformed data_offsets/shape"),
     ({"w": {"dtype": "F32", "shape": [4], "data_offsets": "0-16"}}, "missing or malformed data_offsets/shape"),
     ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]}}, "tensor 'w' has invalid data_offsets [-16, 0]"),
-])  # fmt: skip
+])
 def test_malformed_safetensors_headers_name_the_file(tmp_path: Path, header: object, message: str) -> None:
     f = _raw_safetensors(tmp_path / "model.safetensors", header)
     with pytest.raises(WeightFileError) as err:
@@ -230,7 +235,9 @@ def test_not_a_llama_target(tiny_target: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_kernel_copy_path_equals_computed_path(tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_copy_path_equals_computed_path(
+    tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Same-dtype row ranges are copied as byte ranges (copy_file_range); forcing the computed path (read, cat,
     pad, write) must give identical files, including the zero-padded lm_head at tp=2 with vocab 319."""
     odd = derive_target(tiny_target, tmp_path / "odd", vocab=319)

@@ -130,7 +130,11 @@ def test_eagle3_layers_naming_and_generated_t2d(tiny_target: Path, eagle3_head: 
     h = tmp_path / "h"
     h.mkdir()
     src = hf_tensors(eagle3_head)
-    t = {(k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k): v for k, v in src.items() if k != "t2d"}
+    t = {
+        (k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k): v
+        for k, v in src.items()
+        if k != "t2d"
+    }
     save_file(t, str(h / "model.safetensors"))
     shutil.copy(eagle3_head / "config.json", h / "config.json")
     convert_eagle3(tiny_target, h, tmp_path / "out", dtype="float32", layers_to_capture=[1, 1, 0])
@@ -140,14 +144,19 @@ def test_eagle3_layers_naming_and_generated_t2d(tiny_target: Path, eagle3_head: 
 
 
 def test_eagle3_layer_ids_conflict_and_missing(tiny_target: Path, eagle3_head: Path, tmp_path: Path) -> None:
-    with pytest.raises(ModelConfigError, match=r"layers_to_capture=\[0, 1, 1\] disagrees with eagle_aux_hidden_state_layer_ids=\[1, 1, 0\]"):
+    with pytest.raises(
+        ModelConfigError,
+        match=r"layers_to_capture=\[0, 1, 1\] disagrees with eagle_aux_hidden_state_layer_ids=\[1, 1, 0\]",
+    ):
         convert_eagle3(tiny_target, eagle3_head, tmp_path / "o1", dtype="float32", layers_to_capture=[0, 1, 1])
     no_ids = tmp_path / "no_ids"
     shutil.copytree(eagle3_head, no_ids)
     cfg = json.loads((no_ids / "config.json").read_text())
     del cfg["eagle_aux_hidden_state_layer_ids"]
     (no_ids / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelConfigError, match=r"no eagle_aux_hidden_state_layer_ids; set draft\.eagle3\.layers_to_capture"):
+    with pytest.raises(
+        ModelConfigError, match=r"no eagle_aux_hidden_state_layer_ids; set draft\.eagle3\.layers_to_capture"
+    ):
         convert_eagle3(tiny_target, no_ids, tmp_path / "o2", dtype="float32", layers_to_capture=None)
     with pytest.raises(ModelConfigError, match=r"captured layer ids \[5\] are outside 0\.\.1"):
         convert_eagle3(tiny_target, no_ids, tmp_path / "o3", dtype="float32", layers_to_capture=[1, 0, 5])

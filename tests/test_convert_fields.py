@@ -120,7 +120,7 @@ def expected_llama_fields(cfg: dict[str, Any], *, dtype: str, tp: int, architect
 
 
 def check_fields(written: dict[str, Any], want: dict[str, Any], scaling: dict[str, Any] | None, where: str,
-                 extra: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+                 extra: set[str] = frozenset()) -> None:
     """Every written key is expected (no unchecked field), every expected value is written."""
     unchecked = set(written) - set(want) - {"rotary_scaling"} - set(extra)
     assert not unchecked, f"{where}: fields {sorted(unchecked)} are written but no test derives them from a config"
@@ -158,7 +158,9 @@ def head_config_without_rope(head: Path) -> None:
 
 @pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("head_rope", ["copied", "absent"])
-def test_eagle1_fields_and_the_engines_reading(targets: dict[str, Path], tmp_path: Path, target: str, head_rope: str) -> None:
+def test_eagle1_fields_and_the_engines_reading(
+    targets: dict[str, Path], tmp_path: Path, target: str, head_rope: str
+) -> None:
     tdir = targets[target]
     # (tiny_models writes a head from a config with every key; "defaults" lacks some, so its head comes from "plain")
     head = tm.make_eagle_head(tmp_path / "head", targets["plain"] if target == "defaults" else tdir)
@@ -186,15 +188,15 @@ def test_eagle1_fields_and_the_engines_reading(targets: dict[str, Path], tmp_pat
     inv = hf_inv_freq(tcfg)
     torch.testing.assert_close(rt.target.rope.inv, inv, msg=f"{target}: the target's RoPE is not the HF config's")
     torch.testing.assert_close(
-        rt.drafter.rope.inv, inv,  # type: ignore[union-attr]
+        rt.drafter.rope.inv, inv,
         msg=lambda m: f"{target}, head rope {head_rope}: the EAGLE-1 drafter's RoPE differs from the target's "
         f"(eagle_net_config.rotary_scaling / rotary_base must come from the TARGET config, builders/convert/eagle.py "
         f"eagle_net_config): {m}",
     )
     d = rt.drafter
-    assert (d.head_dim, d.kv_heads, d.lm_head.vocab_size) == (  # type: ignore[union-attr]
+    assert (d.head_dim, d.kv_heads, d.lm_head.vocab_size) == (
         want["head_size"], hcfg.get("num_key_value_heads") or hcfg["num_attention_heads"], tcfg["vocab_size"])
-    assert d.layers[0].eps == hcfg["rms_norm_eps"] and rt.target.eps == tcfg["rms_norm_eps"]  # type: ignore[union-attr]
+    assert d.layers[0].eps == hcfg["rms_norm_eps"] and rt.target.eps == tcfg["rms_norm_eps"]
 
 
 @pytest.mark.parametrize("target", ["plain", "llama3.1", "llama3.1-transformers5"])
@@ -209,7 +211,9 @@ def test_target_only_fields(targets: dict[str, Path], tmp_path: Path, target: st
 
 @pytest.mark.parametrize("target", ["plain", "llama3.1", "llama3.1-transformers5"])
 @pytest.mark.parametrize("head_layout", ["transformers4", "transformers5", "specforge"])
-def test_eagle3_fields_and_the_engines_reading(targets: dict[str, Path], tmp_path: Path, target: str, head_layout: str) -> None:
+def test_eagle3_fields_and_the_engines_reading(
+    targets: dict[str, Path], tmp_path: Path, target: str, head_layout: str
+) -> None:
     """The EAGLE-3 head keeps its own config (TensorRT-LLM reads it as the speculative model's); for a Llama-3.1
     target its llama3 rope_scaling is written at the top level with rope_theta (transformers-4 readers) and the
     engine drafts with those frequencies. A SpecForge-style config (layer ids in an `eagle_config` block, no
@@ -252,10 +256,10 @@ def test_eagle3_fields_and_the_engines_reading(targets: dict[str, Path], tmp_pat
     engine = ReferenceEngine.from_checkpoint(out, tree=DraftTree.from_choices([[0]]), dtype="float32", device="cpu",
                                              eagle3_head_dir=out / "eagle3")
     d = engine._rt.drafter
-    torch.testing.assert_close(d.rope.inv, hf_inv_freq(hcfg), msg=lambda m: f"EAGLE-3 drafter RoPE: {m}")  # type: ignore[union-attr]
+    torch.testing.assert_close(d.rope.inv, hf_inv_freq(hcfg), msg=lambda m: f"EAGLE-3 drafter RoPE: {m}")
     torch.testing.assert_close(engine._rt.target.rope.inv, hf_inv_freq(tcfg))
-    assert d.capture == tuple(ids) and d.eps == hcfg["rms_norm_eps"]  # type: ignore[union-attr]
-    assert d.lm_head.weight.shape[0] == draft_vocab  # type: ignore[union-attr]
+    assert d.capture == tuple(ids) and d.eps == hcfg["rms_norm_eps"]
+    assert d.lm_head.weight.shape[0] == draft_vocab
 
 
 def test_rope_base_given_twice_must_agree(targets: dict[str, Path], tmp_path: Path) -> None:

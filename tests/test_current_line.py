@@ -35,7 +35,7 @@ def test_dynamic_tree_writes_exactly_eagle3_fields() -> None:
             "decoding_type": "Eagle3", "max_draft_len": 5, "speculative_model": str(HEAD),
             "eagle3_layers_to_capture": CAPTURE, "max_total_draft_tokens": 16, "use_dynamic_tree": True,
             "dynamic_tree_max_topK": 4,
-        }  # fmt: skip
+        }
 
 
 def test_chain_writes_only_the_draft_length() -> None:
@@ -76,7 +76,10 @@ def test_static_tree_is_refused_with_the_alternatives(backend: str) -> None:
     msg = str(e.value)
     assert ("tree.choices (a static tree, 6 nodes, depth 2) cannot run on TensorRT-LLM 1.4.0rc4 (trtllm_version "
             "'1.4'): static trees (eagle_choices) were removed (TensorRT-LLM PR #18210") in msg
-    assert "Use a dynamic tree (tree.dynamic: {top_k, depth, total_draft_tokens}) or a chain (tree.choices: chain-2)" in msg
+    assert (
+        "Use a dynamic tree (tree.dynamic: {top_k, depth, total_draft_tokens}) or a chain (tree.choices: chain-2)"
+        in msg
+    )
     assert msg.count("eagle_choices") == 1  # one message, not one per rule
 
 

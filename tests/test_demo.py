@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-import demo  # noqa: E402
+import demo
 
 
 def test_commands_are_the_documented_client_invocations(tmp_path: Path) -> None:
@@ -83,7 +83,11 @@ def test_demo_serves_the_tree_tuned_for_the_device(tmp_path: Path) -> None:
     assert argv[argv.index("--set") + 1] == "tree.dynamic=null"
     assert argv[-1] == "tree.choices=" + json.dumps(tree)
     assert demo.build_argv(tmp_path / "c.yaml")[2:] == [str(tmp_path / "c.yaml")]  # no tree: the config's
-    for key in (("smollm2-eagle", "cuda", "float32"), ("smollm2-eagle", "cpu", "bfloat16"), ("other", "cpu", "float32")):
+    for key in (
+        ("smollm2-eagle", "cuda", "float32"),
+        ("smollm2-eagle", "cpu", "bfloat16"),
+        ("other", "cpu", "float32"),
+    ):
         assert demo.device_tree(*key) is None  # nothing tuned there: the config's tree is served
     cfg = load_config(REPO / "configs/demo.yaml", ["engine.device=cpu"])
     chosen, why = demo.choose_tree(cfg, use_device_tree=True)

@@ -41,7 +41,9 @@ def test_every_pod_and_container_is_locked_down() -> None:
 
 
 def test_servers_take_the_admin_key_from_an_optional_secret() -> None:
-    servers = [c for d in _manifests() for s in _pod_specs(d) for c in s["containers"] if c.get("args", [None])[0] == "serve"]
+    servers = [
+        c for d in _manifests() for s in _pod_specs(d) for c in s["containers"] if c.get("args", [None])[0] == "serve"
+    ]
     assert len(servers) == 2  # Deployment + LWS leader
     for c in servers:
         [env] = [e for e in c["env"] if e["name"] == launch.ADMIN_KEY_ENV]

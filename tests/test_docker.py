@@ -26,7 +26,18 @@ import yaml
 from builders import versions
 from builders.config import load_config
 from builders.trtllm import registry
-from tests.deploy_files import DOCKER, REPO, _cfg, _compose, _containers, _manifests, _run, _tensorrt_config, render, serve
+from tests.deploy_files import (
+    DOCKER,
+    REPO,
+    _cfg,
+    _compose,
+    _containers,
+    _manifests,
+    _run,
+    _tensorrt_config,
+    render,
+    serve,
+)
 
 VENV_BIN = Path(sys.executable).parent
 DOCKERFILES = sorted(p for p in DOCKER.glob("Dockerfile*") if p.suffix != ".dockerignore")
@@ -82,7 +93,7 @@ def test_entrypoint_port_defaults_match_serve() -> None:
 
 def test_pin_matches_dockerfile_compose_manifests_docs() -> None:
     assert re.fullmatch(r"\d\d\.\d\d", versions.TRITON_RELEASE)
-    assert versions.TRITON_IMAGE == f"nvcr.io/nvidia/tritonserver:{versions.TRITON_RELEASE}-trtllm-python-py3"
+    assert f"nvcr.io/nvidia/tritonserver:{versions.TRITON_RELEASE}-trtllm-python-py3" == versions.TRITON_IMAGE
     froms = [ln.split()[1] for ln in (DOCKER / "Dockerfile").read_text().splitlines() if ln.startswith("FROM ")]
     assert froms == [versions.TRITON_IMAGE]
     compose = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())["services"]
@@ -112,7 +123,7 @@ def test_no_other_triton_tag_anywhere() -> None:
     "version,has_it",
     [("0.15.0", True), ("1.0.3.2510", True), ("1.1.0", True), ("1.2.1", True), ("1.3.0rc1", False),
      ("1.3.0", False), ("2.0.0", False)],
-)  # fmt: skip
+)
 def test_has_engine_flow(version: str, has_it: bool) -> None:
     assert versions.has_engine_flow(version) is has_it
 
@@ -141,10 +152,16 @@ def _dist_info(site: Path, version: str) -> None:
     (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {version}\n")
 
 
-@pytest.mark.parametrize(("installed", "msgs"), [("1.3.0", ["installed TensorRT-LLM is 1.3.0", versions.TRITON_IMAGE]),
-                                                  ("1.2.1", ["for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM is 1.2.1"])])
-def test_build_refuses_an_installed_trtllm_the_config_is_not_for(tmp_path: Path, tiny_target: Path, eagle_head: Path,
-                                                                 installed: str, msgs: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("installed", "msgs"),
+    [
+        ("1.3.0", ["installed TensorRT-LLM is 1.3.0", versions.TRITON_IMAGE]),
+        ("1.2.1", ["for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM is 1.2.1"]),
+    ],
+)
+def test_build_refuses_an_installed_trtllm_the_config_is_not_for(
+    tmp_path: Path, tiny_target: Path, eagle_head: Path, installed: str, msgs: list[str]
+) -> None:
     """builders/build.py runs the start-up check before any stage: exit 2, the fix named, nothing written."""
     config = _tensorrt_config(tmp_path, tiny_target, eagle_head)
     site = tmp_path / "site"
@@ -159,12 +176,12 @@ def test_build_refuses_an_installed_trtllm_the_config_is_not_for(tmp_path: Path,
 
 
 @pytest.mark.parametrize("backend,tp,world", [("tensorrt", 2, 2), ("tensorrt", 1, 1), ("pytorch", 2, 1),
-                                              ("reference", 2, 1)])  # fmt: skip
+                                              ("reference", 2, 1)])
 def test_serve_world_size(tmp_path: Path, tiny_target: Path, eagle_head: Path, backend: str, tp: int,
-                          world: int) -> None:  # fmt: skip
+                          world: int) -> None:
     cfg = _cfg(tmp_path, tiny_target, eagle_head, backend, tp)
     argv = serve.serve_argv(Path(cfg.output_dir), cfg, "triton_repo", python="py", host="0.0.0.0", http_port=1,
-                            grpc_port=2, metrics_port=3, log="/dev/stdout", timeout_s=5.0)  # fmt: skip
+                            grpc_port=2, metrics_port=3, log="/dev/stdout", timeout_s=5.0)
     assert argv[:2] == ["py", str(REPO / "triton_repo" / "launch.py")]
     assert argv[argv.index("--world-size") + 1] == str(world)
     assert argv[argv.index("--repo") + 1] == str(Path(cfg.output_dir) / "triton_repo")
@@ -193,7 +210,7 @@ def test_compose_services_and_profiles() -> None:
         "build-gpu": ["gpu"], "triton-gpu": ["gpu"], "loadtest-gpu": ["gpu"],
         "build-current": ["current"], "triton-current": ["current"], "loadtest-current": ["current"],
         "build-cpu": ["cpu"], "triton-cpu": ["cpu"], "loadtest-cpu": ["cpu"],
-    }  # fmt: skip
+    }
     for p in ("gpu", "cpu"):  # build -> serve -> loadtest, each waiting on the previous one
         assert services[f"triton-{p}"]["depends_on"] == {f"build-{p}": {"condition": "service_completed_successfully"}}
         assert services[f"loadtest-{p}"]["depends_on"] == {f"triton-{p}": {"condition": "service_healthy"}}
@@ -214,7 +231,9 @@ def test_compose_current_line_profile() -> None:
     services = _compose()["services"]
     assert {services[s]["image"] for s in ("build-current", "triton-current")} == {versions.CURRENT_GPU_IMAGE}
     assert services["build-current"]["build"]["dockerfile"] == "docker/Dockerfile.current"
-    assert services["triton-current"]["depends_on"] == {"build-current": {"condition": "service_completed_successfully"}}
+    assert services["triton-current"]["depends_on"] == {
+        "build-current": {"condition": "service_completed_successfully"}
+    }
     assert services["loadtest-current"]["depends_on"] == {"triton-current": {"condition": "service_healthy"}}
     build_cmd = [_expand(a) for a in services["build-current"]["command"]]
     assert build_cmd[:2] == ["build", "configs/llama31-8b-eagle3-current.yaml"]
@@ -224,7 +243,10 @@ def test_compose_current_line_profile() -> None:
     assert services["loadtest-current"]["entrypoint"][2:] == ["triton-current:8001", "--model", "tensorrt_llm"]
     text = (DOCKER / "Dockerfile.current").read_text()
     assert f"ARG TRITON_BASE={versions.CURRENT_TRITON_BASE}" in text
-    assert f"ARG TRTLLM_VERSION={versions.CURRENT_TRTLLM_VERSION}" in text and f"ARG TRTLLM_TAG={versions.CURRENT_TRTLLM_TAG}" in text
+    assert (
+        f"ARG TRTLLM_VERSION={versions.CURRENT_TRTLLM_VERSION}" in text
+        and f"ARG TRTLLM_TAG={versions.CURRENT_TRTLLM_TAG}" in text
+    )
     assert "current_image_problems" in text and f"-t {versions.CURRENT_GPU_IMAGE} ." in text
     assert registry.get("1.4").release == versions.CURRENT_TRTLLM_VERSION
     assert versions.CURRENT_GPU_IMAGE in (REPO / "docs" / "deploy.md").read_text()
@@ -235,11 +257,13 @@ def test_compose_server_ports_healthcheck_shm_mounts() -> None:
     for name in ("triton-gpu", "triton-cpu"):
         s = services[name]
         # Host loopback unless PUBLISH_ADDR says otherwise.
-        assert sorted(_expand(p) for p in s["ports"]) == sorted(f"127.0.0.1:{p}:{p}" for p in serve.TRITON_PORTS.values())
+        assert sorted(_expand(p) for p in s["ports"]) == sorted(
+            f"127.0.0.1:{p}:{p}" for p in serve.TRITON_PORTS.values()
+        )
         assert s["environment"] == {"TRITON_ADMIN_KEY": "${TRITON_ADMIN_KEY:-}"}
         test = s["healthcheck"]["test"]
         assert test[0] == "CMD" and f"127.0.0.1:{serve.TRITON_PORTS['http']}/v2/health/ready" in test[-1]
-        assert s["healthcheck"]["start_period"] == "30m" and 30 * 60 == render.READY_TIMEOUT_S
+        assert s["healthcheck"]["start_period"] == "30m" and render.READY_TIMEOUT_S == 30 * 60
         assert s["shm_size"] == "2gb" and render.RenderOptions("x").shm_size == "2Gi"
         assert [_expand(v) for v in s["volumes"]] == ["../build:/build"]
     # The healthcheck command itself works: run it against nothing listening -> it must fail.
@@ -298,7 +322,7 @@ def test_entrypoint_build_serve_loadtest(tmp_path: Path, tiny_target: Path, eagl
         "tree": {"choices": "chain-2"},
         "engine": {"backend": "reference", "device": "cpu", "max_batch_size": 2, "max_input_len": 64,
                    "max_seq_len": 128},
-    }  # fmt: skip
+    }
     config = tmp_path / "e2e.yaml"
     config.write_text(yaml.safe_dump(cfg))
     built = _entry("build", str(config), env={"HF_HUB_OFFLINE": "1"})
@@ -310,12 +334,12 @@ def test_entrypoint_build_serve_loadtest(tmp_path: Path, tiny_target: Path, eagl
     log = tmp_path / "triton.log"
     env = {**os.environ, "EAGLE_DEPLOY_PYTHON": sys.executable, "TRITON_HOST": "127.0.0.1",
            "TRITON_HTTP_PORT": str(http), "TRITON_GRPC_PORT": str(grpc), "TRITON_METRICS_PORT": str(metrics),
-           "TRITON_LOG": str(log), "TRITON_READY_TIMEOUT": "240"}  # fmt: skip
+           "TRITON_LOG": str(log), "TRITON_READY_TIMEOUT": "240"}
     # bash execs serve.py, which execs launch.py: one PID all along, so SIGTERM below reaches the launcher.
     server = subprocess.Popen(
         ["bash", str(DOCKER / "entrypoint.sh"), "serve", str(build_dir)], cwd=REPO, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 240
         while not _http_ready(http):
@@ -325,7 +349,7 @@ def test_entrypoint_build_serve_loadtest(tmp_path: Path, tiny_target: Path, eagl
         out = tmp_path / "loadtest"
         lt = _entry("loadtest", f"127.0.0.1:{grpc}", "--repo", str(build_dir / "triton_repo"),
                     "--prompts", str(DOCKER / "prompts.jsonl"), "--out", str(out),
-                    "--concurrency", "2", "--requests", "4", "--max-tokens", "8", "--no-progress")  # fmt: skip
+                    "--concurrency", "2", "--requests", "4", "--max-tokens", "8", "--no-progress")
         assert lt.returncode == 0, lt.stdout + lt.stderr
         report = json.loads((out / "report.json").read_text())
         levels = [(lv["level"], lv["requests_sent"], lv["requests_ok"], lv["errors"]) for lv in report["levels"]]
@@ -350,7 +374,7 @@ def test_cpu_image_python_has_a_pytriton_stub() -> None:
     from importlib import metadata
 
     (base,) = [ln.split()[1] for ln in (DOCKER / "Dockerfile.cpu").read_text().splitlines() if ln.startswith("FROM ")]
-    version = re.fullmatch(r"python:(\d+\.\d+)-slim-\w+", base).group(1)  # type: ignore[union-attr]
+    version = re.fullmatch(r"python:(\d+\.\d+)-slim-\w+", base).group(1)
     dist = metadata.distribution("nvidia-pytriton")
     stubs = Path(str(dist.locate_file("pytriton/tritonserver/python_backend_stubs")))
     assert (stubs / version / "triton_python_backend_stub").is_file(), sorted(p.name for p in stubs.iterdir())
@@ -385,7 +409,12 @@ def test_current_image_follows_upstreams_install_recipe() -> None:
 def _dist(site: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
     d = site / f"{name}-{version}.dist-info"
     d.mkdir(parents=True)
-    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires),
+    ]
     (d / "METADATA").write_text("\n".join(lines) + "\n")
 
 
@@ -409,8 +438,10 @@ def _image_site(root: Path, trtllm: str = versions.CURRENT_TRTLLM_VERSION, torch
     ({"torch": "2.11.0+cu130"}, ["requires torch<=2.12.0,>=2.12.0a0 but torch 2.11.0+cu130 is installed"]),
     ({"mpi4py": False}, ["requires mpi4py but mpi4py is not installed", "mpi4py is not installed (TensorRT-LLM's"]),
     ({"trtllm": "1.4.0rc3"}, ["the image holds TensorRT-LLM 1.4.0rc3, builders/versions.py records 1.4.0rc4"]),
-])  # fmt: skip
-def test_current_image_build_check_reads_the_installed_metadata(tmp_path: Path, site_kw: dict, expect: list[str]) -> None:
+])
+def test_current_image_build_check_reads_the_installed_metadata(
+    tmp_path: Path, site_kw: dict, expect: list[str]
+) -> None:
     """What docker/Dockerfile.current's RUN check says about an installed set of wheels (their metadata: the build has
     no GPU, so nothing is imported). The model-file and MPI-library lines depend on the machine, not the wheels."""
     site = _image_site(tmp_path, **site_kw)

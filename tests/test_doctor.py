@@ -216,7 +216,9 @@ def test_missing_embedding_with_target_hidden_size(tmp_path: Path, mimic3: tuple
     for engine in ("reference", "trtllm-1.4", "vllm"):
         assert run(tmp_path, tiny_target, eagle3_head, "--engine", engine)[0] == 0
     # A head of another width needs its own embedding everywhere.
-    code, rep = run(tmp_path, tiny_target, copy_head(eagle3_head, tmp_path / "wide", cfg={"hidden_size": tm.HIDDEN * 2}))
+    code, rep = run(
+        tmp_path, tiny_target, copy_head(eagle3_head, tmp_path / "wide", cfg={"hidden_size": tm.HIDDEN * 2})
+    )
     assert code == 1 and "embedding" in problems(rep)
     # Renamed layers.0.* tensors load nowhere silently in SGLang (skipped names).
     t = load_file(str(eagle3_head / "model.safetensors"))
@@ -238,7 +240,7 @@ def test_target_without_chat_template(tmp_path: Path, mimic3: tuple[Path, Path])
     assert code == 1 and "chat_template" in problems(rep)
 
 
-def test_unusable_inputs_exit_2(tmp_path: Path, tiny_target: Path, eagle3_head: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_unusable_inputs_exit_2(tmp_path: Path, tiny_target: Path, eagle3_head: Path, capsys) -> None:
     assert run(tmp_path, tiny_target, tmp_path / "nothing")[0] == 2
     (tmp_path / "empty").mkdir()
     assert run(tmp_path, tiny_target, tmp_path / "empty")[0] == 2

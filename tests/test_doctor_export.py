@@ -1,7 +1,7 @@
 """`python -m builders.doctor export`: each layout is read back by the doctor, loads in the real `speculators`
-package (its own venv, .venv-speculators, created by scripts/setup_env_speculators.sh, which `make setup` runs), and round-trips to
-identical tensors. For the EAGLE authors' loader (not installable here) the test asserts the fields it reads:
-SafeAILab/EAGLE@cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b eagle/model/ea_model.py `EaModel.__init__` /
+package (its own venv, .venv-speculators, created by scripts/setup_env_speculators.sh, which `make setup` runs), and
+round-trips to identical tensors. For the EAGLE authors' loader (not installable here) the test asserts the fields it
+reads: SafeAILab/EAGLE@cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b eagle/model/ea_model.py `EaModel.__init__` /
 `from_pretrained` (model.safetensors, `bias`, load_state_dict(strict=False)), eagle/model/cnets.py `Model.__init__`
 (`target_hidden_size` -> embedding from the head file, `draft_vocab_size`, `midlayer.*`, d2t/t2d buffers) and
 `LlamaAttention._init_rope` (top-level `rope_theta`, `rope_scaling["type"]`).

@@ -17,9 +17,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from core.trees import DraftTree, preset  # noqa: E402
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
-from measure.lossless import Divergence, explain, first_divergence, next_logits  # noqa: E402
+from core.trees import DraftTree, preset
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from measure.lossless import Divergence, explain, first_divergence, next_logits
 
 IDS = [(i * 37) % 300 + 3 for i in range(60)]
 
@@ -57,7 +57,7 @@ def check_against_hf(hf_dir: Path, ckpt: Path, dtype: str, ids: list[int], devic
     ours = all_logits(engine, ids)
     h16, h32 = hf_logits(hf_dir, ids, dt, device), hf_logits(hf_dir, ids, torch.float32, device)
     ours_err, hf_rounding = (ours - h16).abs().max().item(), (h16 - h32).abs().max().item()
-    assert 0 < hf_rounding  # the 16-bit run really rounded
+    assert hf_rounding > 0  # the 16-bit run really rounded
     assert ours_err <= hf_rounding, f"engine {dtype} vs HF {dtype}: {ours_err} > HF {dtype} vs float32: {hf_rounding}"
     return ours_err, hf_rounding
 
@@ -139,7 +139,9 @@ def test_smollm2_bfloat16_logits_match_hf_bfloat16(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the engine runs on CPU otherwise)")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_cuda_16bit_logits_match_hf_and_eagle_runs(tiny_target: Path, target_ckpt: Path, mimic_ckpt: Path, dtype: str) -> None:
+def test_cuda_16bit_logits_match_hf_and_eagle_runs(
+    tiny_target: Path, target_ckpt: Path, mimic_ckpt: Path, dtype: str
+) -> None:
     check_against_hf(tiny_target, target_ckpt, dtype, IDS, device="cuda")
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset("eagle-default")),
                                              dtype=dtype, device="cuda")

@@ -55,22 +55,22 @@ def _drafted_tokens(engine: ReferenceEngine, requests: list[GenerationRequest]) 
     seen: set[int] = set()
     verify = decode.verify
 
-    def recording(s, rows, tree):  # type: ignore[no-untyped-def]
+    def recording(s, rows, tree):
         seen.update(tree.tokens[:, 1:].flatten().tolist())
         return verify(s, rows, tree)
 
-    decode.verify = recording  # type: ignore[assignment]
+    decode.verify = recording
     try:
         return engine.generate(requests), seen
     finally:
-        decode.verify = verify  # type: ignore[assignment]
+        decode.verify = verify
 
 
 @pytest.mark.parametrize(
     "tree", [DraftTree.from_choices(preset("chain-3")), DraftTree.from_choices(preset("eagle-default")),
              DynamicTree(4, 4, 16)], ids=["chain-3", "eagle-25", "dynamic"],
 )
-def test_restricted_head_drafts_only_listed_tokens_and_outputs_stay_identical(mimic_ckpt: Path, tree) -> None:  # type: ignore[no-untyped-def]
+def test_restricted_head_drafts_only_listed_tokens_and_outputs_stay_identical(mimic_ckpt: Path, tree) -> None:
     full = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=tree, dtype="float32", device="cpu")
     plain = [r.output_ids for r in full.generate(reqs(), speculative=False)]
     full_spec = full.generate(reqs())
@@ -126,7 +126,7 @@ def test_with_tree_and_with_draft_vocab_share_the_weights(mimic_ckpt: Path) -> N
     ids = list(range(0, 320, 2))
     small = engine.with_draft_vocab(ids)
     d, d0 = small._rt.drafter, engine._rt.drafter
-    assert d.layers is d0.layers and d.lm_head.vocab_size == 160 and d0.lm_head.vocab_size == 320  # type: ignore[union-attr]
+    assert d.layers is d0.layers and d.lm_head.vocab_size == 160 and d0.lm_head.vocab_size == 320
     loaded = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=chain, dtype="float32", device="cpu", draft_vocab=ids)
     assert [r.output_ids for r in small.generate(reqs())] == [r.output_ids for r in loaded.generate(reqs())]
     assert small.aggregate(small.generate(reqs())).tau == loaded.aggregate(loaded.generate(reqs())).tau
@@ -144,7 +144,10 @@ def test_config_field_reaches_reference_json(tmp_path: Path) -> None:
 
     write_draft_vocab(tmp_path / "dv.json", [7, 3, 5], torch.tensor([0, 0, 0, 2, 0, 3, 0, 4]), "test")
     base = {
-        "name": "dv", "trtllm_version": "1.1", "output_dir": "out", "target": {"model": "/models/target", "dtype": "bfloat16"},
+        "name": "dv",
+        "trtllm_version": "1.1",
+        "output_dir": "out",
+        "target": {"model": "/models/target", "dtype": "bfloat16"},
         "draft": {"type": "eagle", "model": "/models/head", "draft_vocab": "dv.json"},
         "tree": {"choices": "chain-3"},
         "engine": {"backend": "reference", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128},

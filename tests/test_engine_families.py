@@ -16,12 +16,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.convert import convert_eagle3  # noqa: E402
-from engines import skinny  # noqa: E402
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
-from engines.parallel import spawn  # noqa: E402
-from core.trees import DraftTree, DynamicTree  # noqa: E402
-from tests.tiny_families import YARN, make_family_target, make_mimic_eagle3_head  # noqa: E402
+from builders.convert import convert_eagle3
+from engines import skinny
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from engines.parallel import spawn
+from core.trees import DraftTree, DynamicTree
+from tests.tiny_families import YARN, make_family_target, make_mimic_eagle3_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

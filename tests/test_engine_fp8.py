@@ -20,10 +20,10 @@ from safetensors.torch import load_file, save_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from core.trees import DraftTree, preset  # noqa: E402
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
-from engines.checkpoint import CheckpointError  # noqa: E402
-from engines.model import fake_quant_fp8  # noqa: E402
+from core.trees import DraftTree, preset
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from engines.checkpoint import CheckpointError
+from engines.model import fake_quant_fp8
 
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 ACT_SCALE = 6.0 / 448  # covers |x| <= 6: RMS-normed inputs of the tiny model
@@ -57,7 +57,11 @@ def quantize_checkpoint(src: Path, dst: Path, *, kv: bool, exclude: list[str]) -
             t[f"{a}.attention.kv_cache_scaling_factor"] = torch.tensor([KV_SCALE])
     save_file(t, str(dst / "rank0.safetensors"))
     cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization"] = {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8" if kv else None, "exclude_modules": exclude}
+    cfg["quantization"] = {
+        "quant_algo": "FP8",
+        "kv_cache_quant_algo": "FP8" if kv else None,
+        "exclude_modules": exclude,
+    }
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
     return deq
 
@@ -130,8 +134,13 @@ def test_fp8_target_with_16bit_head_is_lossless(tmp_path: Path, eagle_ckpt: Path
     engine = ReferenceEngine.from_checkpoint(
         tmp_path / "fp8e", tree=DraftTree.from_choices(preset("eagle-default")), dtype="float32", device="cpu"
     )
-    reqs = [GenerationRequest([5, 17, 33, 101, 7], 20, SamplingParams(), []), GenerationRequest([9, 8], 15, SamplingParams(), [])]
-    assert [r.output_ids for r in engine.generate(reqs)] == [r.output_ids for r in engine.generate(reqs, speculative=False)]
+    reqs = [
+        GenerationRequest([5, 17, 33, 101, 7], 20, SamplingParams(), []),
+        GenerationRequest([9, 8], 15, SamplingParams(), []),
+    ]
+    assert [r.output_ids for r in engine.generate(reqs)] == [
+        r.output_ids for r in engine.generate(reqs, speculative=False)
+    ]
 
 
 def test_fp8_missing_scale_is_named(tmp_path: Path, target_ckpt: Path) -> None:
@@ -145,5 +154,7 @@ def test_fp8_missing_scale_is_named(tmp_path: Path, target_ckpt: Path) -> None:
 
 def test_fp8_unquantized_module_must_be_excluded(tmp_path: Path, target_ckpt: Path) -> None:
     quantize_checkpoint(target_ckpt, tmp_path / "noexcl", kv=False, exclude=[])
-    with pytest.raises(CheckpointError, match=r"quant_algo is FP8 but lm_head\.weight is torch\.float32; add 'lm_head'"):
+    with pytest.raises(
+        CheckpointError, match=r"quant_algo is FP8 but lm_head\.weight is torch\.float32; add 'lm_head'"
+    ):
         ReferenceEngine.from_checkpoint(tmp_path / "noexcl", tree=None, dtype="float32", device="cpu")

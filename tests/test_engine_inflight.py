@@ -12,8 +12,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
-from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset
+from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams
 
 LONG = GenerationRequest([5, 17, 33, 101, 7], 40, SamplingParams(), [])
 MID = GenerationRequest([9, 8, 7], 25, SamplingParams(), [])
@@ -141,12 +141,14 @@ def test_session_errors_name_the_problem(mimic_ckpt: Path) -> None:
 # ---- isolation: a bad request is refused before it joins, a failing sequence ends alone ----------------------------
 
 
-def test_requests_with_ids_outside_the_vocabulary_or_nan_sampling_are_refused_before_they_join(mimic_ckpt: Path) -> None:
+def test_requests_with_ids_outside_the_vocabulary_or_nan_sampling_are_refused_before_they_join(
+    mimic_ckpt: Path,
+) -> None:
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=TREES[0], dtype="float32", device="cpu")
     session = engine.session(2, 64)
     for ids, bad, pos in (([5, 100_000_000], 100_000_000, 1), ([-7, 5], -7, 0), ([5, 320], 320, 1)):
         with pytest.raises(ValueError, match=rf"prompt token id {bad} at position {pos} is out of range; token ids "
-                                             r"must be in \[0, 320\)"):  # fmt: skip
+                                             r"must be in \[0, 320\)"):
             session.add(GenerationRequest(ids, 4, SamplingParams(), []))
     for temperature in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match=rf"temperature={temperature} must be a finite number >= 0"):
@@ -171,7 +173,7 @@ def test_a_sequence_that_fails_while_stepping_ends_alone_and_the_others_are_unch
     poisoned = GenerationRequest([9, 8, 7], 25, SamplingParams(temperature=0.8, top_k=5, seed=1), [])
     streamed: dict[int, list[int]] = {}
     session = engine.session(3, 64, speculative=speculative,
-                             on_tokens=lambda slot, new: streamed.setdefault(slot, []).extend(new) is None)  # fmt: skip
+                             on_tokens=lambda slot, new: streamed.setdefault(slot, []).extend(new) is None)
     a, b, c = session.add(LONG), session.add(poisoned), session.add(seeded)
     session.step()  # the prefills
     poisoned.sampling.temperature = float("nan")  # the checks at add() passed: this is a fault while stepping
@@ -179,7 +181,9 @@ def test_a_sequence_that_fails_while_stepping_ends_alone_and_the_others_are_unch
         session.step()
     bad = session.pop(b)
     assert bad.finish_reason == "error" and bad.error is not None
-    assert bad.error.startswith("RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"), bad.error
+    assert bad.error.startswith("RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"), (
+        bad.error
+    )
     assert streamed[b] == bad.output_ids and len(bad.output_ids) == 1  # its prefill token only, nothing twice
     for slot, req in ((a, LONG), (c, seeded)):
         res = session.pop(slot)

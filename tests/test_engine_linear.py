@@ -51,10 +51,12 @@ def test_cpu_float32_weights_get_both_layouts_and_the_same_products(target_ckpt:
     linears = _target_linears(engine)
     assert all(lin.weight_t is not None for lin in linears)
     if kernel:
-        assert all(lin.panels is not None and lin.panels.dtype == torch.float32 and lin.packed is None for lin in linears)
+        assert all(
+            lin.panels is not None and lin.panels.dtype == torch.float32 and lin.packed is None for lin in linears
+        )
     else:
         assert all(lin.packed is not None and lin.panels is None for lin in linears)
-    assert all(lin.weight.data_ptr() == lin.weight_t.data_ptr() for lin in linears)  # type: ignore[union-attr]
+    assert all(lin.weight.data_ptr() == lin.weight_t.data_ptr() for lin in linears)
 
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
@@ -97,7 +99,11 @@ def test_cpu_16bit_products_are_16bit_gemms_with_float32_accumulation(dtype: tor
 def test_fused_mlp_branches_equal_the_separate_products() -> None:
     g = torch.Generator().manual_seed(2)
     one = TPGroup(0, 1)
-    w_fc, w_gate, w_proj = torch.randn(48, 32, generator=g), torch.randn(48, 32, generator=g), torch.randn(32, 48, generator=g)
+    w_fc, w_gate, w_proj = (
+        torch.randn(48, 32, generator=g),
+        torch.randn(48, 32, generator=g),
+        torch.randn(32, 48, generator=g),
+    )
     separate = MLP(Linear(w_fc.clone()), Linear(w_gate.clone()), Linear(w_proj), one)
     fused = MLP(Linear(w_fc.clone()), Linear(w_gate.clone()), Linear(w_proj), one)
     assert fused.fuse() and fused.fc is None and fused.gate is None

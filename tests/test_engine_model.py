@@ -16,10 +16,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
-from engines.checkpoint import CheckpointError  # noqa: E402
-from engines.model import make_step  # noqa: E402
-from engines.session import Session  # noqa: E402
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from engines.checkpoint import CheckpointError
+from engines.model import make_step
+from engines.session import Session
 
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 3, 64, 128, 200, 11]
 
@@ -75,7 +75,9 @@ def test_target_only_greedy_matches_hf_generate_and_batching(tiny_target: Path, 
     prompts = [PROMPT, [9, 8, 7], PROMPT[:5] * 3]
     with torch.inference_mode():
         expected = [
-            hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p) :].tolist()
+            hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)[
+                0, len(p) :
+            ].tolist()
             for p in prompts
         ]
     reqs = [GenerationRequest(p, 24, SamplingParams(), []) for p in prompts]
@@ -102,7 +104,9 @@ def test_smollm2_logits_match_hf(tmp_path: Path) -> None:
         expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, pad_token_id=0)[0, len(ids) :]
     assert (ours - ref).abs().max().item() <= 2e-3
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
-    [res] = engine.generate([GenerationRequest(ids, 16, SamplingParams(), [engine.tokenizer.eos_token_id])], speculative=False)
+    [res] = engine.generate(
+        [GenerationRequest(ids, 16, SamplingParams(), [engine.tokenizer.eos_token_id])], speculative=False
+    )
     assert res.output_ids == expected.tolist()[: len(res.output_ids)]
 
 

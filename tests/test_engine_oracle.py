@@ -15,10 +15,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams  # noqa: E402
-from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
-from tests import oracle  # noqa: E402
-from tests import tiny_models as tm  # noqa: E402
+from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams
+from core.trees import DraftTree, DynamicTree, preset
+from tests import oracle
+from tests import tiny_models as tm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -138,7 +138,10 @@ def test_oracle_in_flight_joins_are_exact(family_ckpts, tiny_dir) -> None:
 
 def _tp_worker(rank: int, *, eagle: str, eagle3: str) -> dict[str, list[tuple]]:
     out = {}
-    for name, path, kind, tree in (("eagle", eagle, "eagle", TREES["trtllm-63"]), ("eagle3", eagle3, "eagle3", TREES["dynamic-k3-d4-n12"])):
+    for name, path, kind, tree in (
+        ("eagle", eagle, "eagle", TREES["trtllm-63"]),
+        ("eagle3", eagle3, "eagle3", TREES["dynamic-k3-d4-n12"]),
+    ):
         engine = load(Path(path), kind, tree)
         reqs = oracle.requests(PROMPTS, NEW)
         engine = oracle.with_oracle(engine, reqs)

@@ -42,7 +42,7 @@ def test_laps_charge_each_interval_to_one_part() -> None:
      (DynamicTree(4, 3, 12), ["draft 1", "draft 2", "draft select"])],
     ids=["static-25", "dynamic"],
 )
-def test_cycle_parts_add_up_to_the_cycle(mimic_ckpt: Path, tree, levels: list[str]) -> None:  # type: ignore[no-untyped-def]
+def test_cycle_parts_add_up_to_the_cycle(mimic_ckpt: Path, tree, levels: list[str]) -> None:
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=tree, dtype="float32", device="cpu")
     reqs = [GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []) for i in range(2)]
     expected = engine.generate(reqs)
@@ -71,7 +71,9 @@ def test_forward_cost_and_bounds_count_weights_and_flops(target_ckpt: Path) -> N
     engine = ReferenceEngine.from_checkpoint(target_ckpt, tree=None, dtype="float32", device="cpu")
     t = engine._rt.target
     layer_params = sum(
-        lin.weight.numel() for layer in t.layers for lin in (layer.attn.qkv, layer.attn.dense, layer.mlp.fc_gate, layer.mlp.proj)
+        lin.weight.numel()
+        for layer in t.layers
+        for lin in (layer.attn.qkv, layer.attn.dense, layer.mlp.fc_gate, layer.mlp.proj)
     )
     head = t.lm_head.linear.weight.numel()
     assert weight_bytes(t) == 4 * (layer_params + head)  # float32 layout
@@ -125,19 +127,19 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
     saved = {n: getattr(torch.Tensor, n) for n in names}
     walk = decode.walk
 
-    def counting(name: str):  # type: ignore[no-untyped-def]
-        def read(self, *a, **k):  # type: ignore[no-untyped-def]
+    def counting(name: str):
+        def read(self, *a, **k):
             reads.append(name)
             return saved[name](self, *a, **k)
 
         return read
 
-    def walk_levels(s, active, tree, hidden):  # type: ignore[no-untyped-def]
+    def walk_levels(s, active, tree, hidden):
         walked = walk(s, active, tree, hidden)
         levels.append(max(len(path) for path, _ in walked))  # root .. deepest accepted node: one level per node
         return walked
 
-    decode.walk = walk_levels  # type: ignore[assignment]
+    decode.walk = walk_levels
     try:
         while not session.done:
             for n in names:
@@ -150,7 +152,7 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
                     setattr(torch.Tensor, n, saved[n])
             assert len(reads) - before == 2 + levels[-1], reads[before:]
     finally:
-        decode.walk = walk  # type: ignore[assignment]
+        decode.walk = walk
     assert len(levels) > 5 and max(levels) > 1  # several steps, some accepting drafts
 
 

@@ -19,9 +19,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
-from engines.sampling import target_probs  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from engines.sampling import target_probs
 
 PROMPT = [1, 2, 3, 4]
 N = 3000
@@ -62,7 +62,9 @@ def chi_square_p(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, ...]
         stat += (pool_obs - pool_exp) ** 2 / pool_exp
         df += 1
     # Survival function of chi2(df): regularized upper incomplete gamma Q(df/2, stat/2).
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 @pytest.mark.parametrize(

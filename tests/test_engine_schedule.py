@@ -32,7 +32,9 @@ STARTS = [0, 2, 4, 6]  # request k joins before decoding step STARTS[k]: the bat
     ({1: 2}, {1: 2, 2: 0}),
     ({2: 5, 3: 0, 6: 1}, {1: 5, 2: 5, 3: 0, 4: 1, 6: 1, 7: 0}),
 ])
-def test_draft_len_is_the_smallest_threshold_at_or_above_the_batch(schedule: dict[int, int], expect: dict[int, int]) -> None:
+def test_draft_len_is_the_smallest_threshold_at_or_above_the_batch(
+    schedule: dict[int, int], expect: dict[int, int]
+) -> None:
     for batch, length in expect.items():
         assert draft_len_for(schedule, batch) == length, batch
 
@@ -63,7 +65,9 @@ def test_truncate_keeps_the_first_levels() -> None:
         truncate(DynamicTree(4, 4, 16), 5)
 
 
-def run_staggered(engine: ReferenceEngine, speculative: bool = True) -> tuple[dict[int, list[int]], dict[int, int], object]:
+def run_staggered(
+    engine: ReferenceEngine, speculative: bool = True
+) -> tuple[dict[int, list[int]], dict[int, int], object]:
     """Requests join at STARTS; returns ({request: output ids}, {batch size: decoding steps at it}, session)."""
     session = engine.session(len(REQS), 64, speculative=speculative)
     slot_of: dict[int, int] = {}

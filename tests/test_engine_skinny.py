@@ -16,7 +16,9 @@ from engines.linear import Linear, layout_for, native_16bit, prepare_linears
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-needs_kernel = pytest.mark.skipif(skinny.unavailable() is not None, reason=f"kernel unavailable: {skinny.unavailable()}")
+needs_kernel = pytest.mark.skipif(
+    skinny.unavailable() is not None, reason=f"kernel unavailable: {skinny.unavailable()}"
+)
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 NEW = [30, 17, 24]  # different lengths: sequences finish at different steps
@@ -45,7 +45,7 @@ def assert_lossless(engine: ReferenceEngine, reqs: list[GenerationRequest]) -> l
         gained = s.stats.accepted_draft_tokens + s.stats.target_forwards
         assert len(s.output_ids) - 1 <= gained <= len(s.output_ids)
         assert sum(s.stats.acceptance_by_depth) == s.stats.accepted_draft_tokens
-        depth = engine.tree.depth  # type: ignore[union-attr]
+        depth = engine.tree.depth
         assert len(s.stats.acceptance_by_depth) == depth
         # Reaching depth d requires reaching every shallower depth first.
         assert all(a >= b for a, b in zip(s.stats.acceptance_by_depth, s.stats.acceptance_by_depth[1:]))
@@ -65,7 +65,9 @@ def test_greedy_lossless_random_head(eagle_ckpt: Path, tree: DraftTree | Dynamic
 
 
 def test_greedy_lossless_head_without_fc_bias(eagle_ckpt_nobias: Path) -> None:
-    engine = ReferenceEngine.from_checkpoint(eagle_ckpt_nobias, tree=static("eagle-default"), dtype="float32", device="cpu")
+    engine = ReferenceEngine.from_checkpoint(
+        eagle_ckpt_nobias, tree=static("eagle-default"), dtype="float32", device="cpu"
+    )
     assert_lossless(engine, requests())
 
 
@@ -106,7 +108,7 @@ def test_verification_computes_target_logits_only_along_the_walked_path(mimic_ck
         return head(h)
 
     reqs = [GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []) for i in range(3)]
-    target.lm_head = counting  # type: ignore[assignment]
+    target.lm_head = counting
     try:
         spec = engine.generate(reqs)
     finally:
@@ -126,7 +128,10 @@ def test_streaming_callback_receives_exactly_the_output(mimic_ckpt: Path) -> Non
         got[i].append(toks)
         return True
 
-    reqs = [GenerationRequest([5, 17, 33], 30, SamplingParams(), []), GenerationRequest([6, 17, 33], 20, SamplingParams(), [])]
+    reqs = [
+        GenerationRequest([5, 17, 33], 30, SamplingParams(), []),
+        GenerationRequest([6, 17, 33], 20, SamplingParams(), []),
+    ]
     res = engine.generate(reqs, on_tokens=on_tokens)
     for i, r in enumerate(res):
         assert [t for chunk in got[i] for t in chunk] == r.output_ids
@@ -135,7 +140,10 @@ def test_streaming_callback_receives_exactly_the_output(mimic_ckpt: Path) -> Non
 
 def test_cancel_from_callback_stops_only_that_sequence(mimic_ckpt: Path) -> None:
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
-    reqs = [GenerationRequest([5, 17, 33], 30, SamplingParams(), []), GenerationRequest([6, 17, 33], 30, SamplingParams(), [])]
+    reqs = [
+        GenerationRequest([5, 17, 33], 30, SamplingParams(), []),
+        GenerationRequest([6, 17, 33], 30, SamplingParams(), []),
+    ]
     full = engine.generate(reqs)
     res = engine.generate(reqs, on_tokens=lambda i, toks: i != 0)
     assert res[0].finish_reason == "cancelled"

@@ -155,15 +155,34 @@ def test_crosscheck_accepts_trtllm_builds_raised_max_seq_len() -> None:
         "build_config.max_seq_len: engine has 2048, config expects 2115"]
 
 
-@pytest.mark.parametrize(("path", "value", "msg"), [
-    (("pretrained_config", "num_eagle_layers"), 5, "pretrained_config.num_eagle_layers: engine has 5, config expects 4"),
-    (("build_config", "max_draft_len"), 25, "build_config.max_draft_len: engine has 25, config expects 63"),
-    (("build_config", "speculative_decoding_mode"), 4, "speculative_decoding_mode: engine has 4, config expects 32"),
-    (("pretrained_config", "dtype"), "bfloat16", "pretrained_config.dtype: engine has 'bfloat16', config expects 'float16'"),
-    (("pretrained_config", "mapping", "tp_size"), 2, "mapping.tp_size: engine has 2, config expects 1"),
-    (("pretrained_config", "quantization", "quant_algo"), "FP8", "quant_algo: engine has 'FP8', config expects None"),
-    (("build_config", "max_batch_size"), 8, "build_config.max_batch_size: engine has 8, config expects 4"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "msg"),
+    [
+        (
+            ("pretrained_config", "num_eagle_layers"),
+            5,
+            "pretrained_config.num_eagle_layers: engine has 5, config expects 4",
+        ),
+        (("build_config", "max_draft_len"), 25, "build_config.max_draft_len: engine has 25, config expects 63"),
+        (
+            ("build_config", "speculative_decoding_mode"),
+            4,
+            "speculative_decoding_mode: engine has 4, config expects 32",
+        ),
+        (
+            ("pretrained_config", "dtype"),
+            "bfloat16",
+            "pretrained_config.dtype: engine has 'bfloat16', config expects 'float16'",
+        ),
+        (("pretrained_config", "mapping", "tp_size"), 2, "mapping.tp_size: engine has 2, config expects 1"),
+        (
+            ("pretrained_config", "quantization", "quant_algo"),
+            "FP8",
+            "quant_algo: engine has 'FP8', config expects None",
+        ),
+        (("build_config", "max_batch_size"), 8, "build_config.max_batch_size: engine has 8, config expects 4"),
+    ],
+)
 def test_crosscheck_catches_mismatches(path: tuple[str, ...], value: object, msg: str) -> None:
     cfg = make_cfg()
     data = _engine_config(cfg)
@@ -247,7 +266,7 @@ def test_tensorrt_stage_runs_trtllm_build_and_crosschecks(tmp_path: Path, monkey
     script = bin_dir / "trtllm-build"
     script.write_text(
         "#!/bin/sh\nout=''\nwhile [ $# -gt 0 ]; do [ \"$1\" = --output_dir ] && out=$2; shift; done\n"
-        f"echo \"$@\" > /dev/null; cp {tmp_path}/engine_config.json \"$out/config.json\"; echo x > \"$out/rank0.engine\"\n"
+        f'echo "$@" > /dev/null; cp {tmp_path}/engine_config.json "$out/config.json"; echo x > "$out/rank0.engine"\n'
     )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
@@ -296,7 +315,7 @@ def test_reference_spec_eagle3_dynamic() -> None:
      ({"kind": "dynamic", "top_k": 2, "depth": 2, "total_draft_tokens": 99}, "total_draft_tokens=99 exceeds the 6"),
      ({"kind": "chain", "paths": [[0]]}, "does not match any of the expected tags: 'static', 'dynamic'"),
      ({"paths": [[0]]}, "Unable to extract tag using discriminator 'kind'")],
-)  # fmt: skip
+)
 def test_a_spec_tree_is_validated_when_read(tree: dict, error: str) -> None:
     cfg = make_cfg("engine.backend=reference")
     doc = json.loads(reference.reference_spec(cfg, random_head=False).model_dump_json())
@@ -311,7 +330,9 @@ def test_a_spec_written_with_the_two_tree_fields_still_reads() -> None:
     static = ReferenceSpec.model_validate({**doc, "tree_choices": [[0, 0], [0]], "dynamic_tree": None})
     assert static.tree == DraftTree.from_choices([[0], [0, 0]])
     dynamic = {"top_k": 4, "depth": 3, "total_draft_tokens": 16}
-    assert ReferenceSpec.model_validate({**doc, "tree_choices": None, "dynamic_tree": dynamic}).tree == DynamicTree(4, 3, 16)
+    assert ReferenceSpec.model_validate({**doc, "tree_choices": None, "dynamic_tree": dynamic}).tree == DynamicTree(
+        4, 3, 16
+    )
     with pytest.raises(ValueError, match="set exactly one of tree_choices or dynamic_tree"):
         ReferenceSpec.model_validate({**doc, "tree_choices": None, "dynamic_tree": None})
 

@@ -12,9 +12,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams  # noqa: E402
-from engines.parallel import spawn  # noqa: E402
+from core.trees import DraftTree, DynamicTree, preset
+from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from engines.parallel import spawn
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7, 6, 5, 4, 3, 2]]
 
@@ -63,10 +63,14 @@ def test_tp2_equals_tp1(tiny_dir: Path, tiny_target: Path, eagle_head: Path, eag
     for tp, root in roots.items():
         convert_eagle_ckpt(tiny_target, eagle_head, root / "eagle", tp=tp)
         convert_eagle3(tiny_target, eagle3_head, root / "eagle3", dtype="float32", tp=tp, layers_to_capture=None)
-    assert (roots[2] / "eagle" / "rank1.safetensors").is_file() and (roots[2] / "eagle3" / "rank1.safetensors").is_file()
+    assert (roots[2] / "eagle" / "rank1.safetensors").is_file() and (
+        roots[2] / "eagle3" / "rank1.safetensors"
+    ).is_file()
     expected = _all_cases(str(roots[1]))
     ranks = spawn(functools.partial(_worker, root=str(roots[2])), world=2)
     assert ranks[0] == ranks[1]  # unseeded sampling too: rank 0's random seeds are broadcast
     for name, case in expected.items():
-        assert {k: v for k, v in ranks[0][name].items() if k != "unseeded"} == {k: v for k, v in case.items() if k != "unseeded"}
+        assert {k: v for k, v in ranks[0][name].items() if k != "unseeded"} == {
+            k: v for k, v in case.items() if k != "unseeded"
+        }
         assert case["spec"] == case["plain"]  # and greedy EAGLE is lossless under tp=2 as well

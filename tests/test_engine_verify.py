@@ -31,7 +31,13 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle
         "target": {"model": str(tiny_target), "dtype": "float32"},
         "draft": {"type": "eagle", "model": str(eagle_head)},
         "tree": {"choices": "eagle-default"},
-        "engine": {"backend": "reference", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128, "device": "cpu"},
+        "engine": {
+            "backend": "reference",
+            "max_batch_size": 2,
+            "max_input_len": 64,
+            "max_seq_len": 128,
+            "device": "cpu",
+        },
     }
     (root / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
@@ -45,13 +51,28 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    f.write_text('{"prompt": "Hello world!"}\n{"turns": ["What is the capital of France?", "And Italy?"]}\n{"prompt": "x"}\n')
+    f.write_text(
+        '{"prompt": "Hello world!"}\n{"turns": ["What is the capital of France?", "And Italy?"]}\n{"prompt": "x"}\n'
+    )
     return f
 
 
 def test_verify_identical(build_dir: Path, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "v.json"
-    rc = main(["--build", str(build_dir), "--prompts", str(prompts), "--max-new-tokens", "12", "--limit", "2", "--json", str(report)])
+    rc = main(
+        [
+            "--build",
+            str(build_dir),
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "12",
+            "--limit",
+            "2",
+            "--json",
+            str(report),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "2/2 identical" in out

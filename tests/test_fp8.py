@@ -27,7 +27,8 @@ PROMPTS = ["What is the capital of France?", "The quick brown fox", "Hello world
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
     with safe_open(str(path), "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
+        names = f.keys()  # a safetensors file handle, not a dict: it is not iterable
+        return {k: f.get_tensor(k) for k in names}
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +170,12 @@ def test_merge_refuses_layout_mismatch() -> None:
 
 
 def test_problems() -> None:
-    assert fp8.fp8_problems(make_cfg("quantization.weights=fp8", "target.dtype=float32", "engine.backend=reference")) == [
+    assert fp8.fp8_problems(
+        make_cfg("quantization.weights=fp8", "target.dtype=float32", "engine.backend=reference")
+    ) == [
         "quantization with target.dtype=float32: FP8 checkpoints keep 16-bit activations and non-quantized "
-        "tensors; set target.dtype to float16 or bfloat16"]
+        "tensors; set target.dtype to float16 or bfloat16"
+    ]
     assert fp8.fp8_problems(make_cfg()) == []
 
 
@@ -241,14 +245,20 @@ def test_fp8_drafter_variant_decodes_loads_and_stays_lossless(fp8_build: dict, t
     write_fp8_drafter(ck, stats, n)
     conf = json.loads((ck / "config.json").read_text())
     want_ex = ["lm_head"] + [f"eagle_nets.{i}.lm_head" for i in range(n)]
-    assert conf["quantization"]["exclude_modules"] == want_ex == conf["eagle_net_config"]["quantization"]["exclude_modules"]
+    assert (
+        conf["quantization"]["exclude_modules"]
+        == want_ex
+        == conf["eagle_net_config"]["quantization"]["exclude_modules"]
+    )
     new, old = _tensors(ck / "rank0.safetensors"), _tensors(fp8_build["ckpt16"] / "rank0.safetensors")
     layers = conf["eagle_net_config"]["num_hidden_layers"]
     for k in range(n):
         for lin in ["fc"] + [f"layers.{j}.{x}" for j in range(layers) for x in LINEARS]:
             pre = f"eagle_nets.{k}.drafter.{lin}"
             s = new[f"{pre}.weights_scaling_factor"].float()
-            assert new[f"{pre}.weight"].dtype == torch.float8_e4m3fn and float(new[f"{pre}.activation_scaling_factor"]) > 0
+            assert (
+                new[f"{pre}.weight"].dtype == torch.float8_e4m3fn and float(new[f"{pre}.activation_scaling_factor"]) > 0
+            )
             w = old[f"{pre}.weight"].float()
             err = (new[f"{pre}.weight"].float() * s - w).abs()
             assert bool((err <= w.abs() * 2**-4 + float(s) * 2**-9 + 1e-6).all()), pre

@@ -42,7 +42,7 @@ def test_manifests_validate_offline() -> None:
     docs = _manifests()
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap", "Job",
-            "PersistentVolumeClaim", "ServiceMonitor", "LeaderWorkerSet", "PrometheusRule"} <= kinds  # fmt: skip
+            "PersistentVolumeClaim", "ServiceMonitor", "LeaderWorkerSet", "PrometheusRule"} <= kinds
     for d in docs:
         if d["kind"] in CRD_CHECKS:
             with pytest.raises(kubernetes_validate.SchemaNotFoundError):
@@ -53,7 +53,7 @@ def test_manifests_validate_offline() -> None:
     for role in ("leaderTemplate", "workerTemplate"):
         tmpl = lws["spec"]["leaderWorkerTemplate"][role]
         kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()},
-                                      "template": tmpl}, K8S_VERSION, strict=True)  # fmt: skip
+                                      "template": tmpl}, K8S_VERSION, strict=True)
 
 
 def test_validator_rejects_unknown_field() -> None:
@@ -90,7 +90,7 @@ def test_render_check_detects_drift(tmp_path: Path) -> None:
     out = tmp_path / "k8s"
     assert _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--out", str(out)]).returncode == 0
     proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, "--set", "parallel.tp=4", "--gpus-per-node", "1",
-                 "--out", str(out), "--check"])  # fmt: skip
+                 "--out", str(out), "--check"])
     assert proc.returncode == 1 and "deployment.yaml differs" in proc.stderr
 
 
@@ -134,7 +134,10 @@ def test_monitoring_wiring() -> None:
     (rule,) = rules
     assert rule["name"]["as"] == docs["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert rule["seriesQuery"].startswith("nv_trt_llm_request_metrics{")  # tensorrt backend: the batch manager's
-    assert 'request_type=~"active|waiting"' in rule["seriesQuery"] and f'model="{cfg.triton.llm_model}"' in rule["seriesQuery"]
+    assert (
+        'request_type=~"active|waiting"' in rule["seriesQuery"]
+        and f'model="{cfg.triton.llm_model}"' in rule["seriesQuery"]
+    )
     assert "<<.Series>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
 
 
@@ -163,7 +166,9 @@ def test_prometheus_rule(sub: str, tmp_path: Path) -> None:
     assert rule["spec"]["groups"] == rule_groups(load_config(REPO / config).monitoring)
     f = tmp_path / "rules.yml"
     f.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    r = subprocess.run([binary("promtool"), "check", "rules", str(f)], capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [binary("promtool"), "check", "rules", str(f)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -174,7 +179,7 @@ def test_leaderworkerset() -> None:
     assert set(t) == {"size", "restartPolicy", "leaderTemplate", "workerTemplate"}
     assert t["restartPolicy"] == "RecreateGroupOnPodRestart"
     per_pod = [int(c["resources"]["limits"]["nvidia.com/gpu"])
-               for role in ("leaderTemplate", "workerTemplate") for c in t[role]["spec"]["containers"]]  # fmt: skip
+               for role in ("leaderTemplate", "workerTemplate") for c in t[role]["spec"]["containers"]]
     assert per_pod == [1, 1] and t["size"] == 2  # tp=2 on 1-GPU nodes: a group of two pods holds both ranks
     vols = {v["name"]: v for v in t["workerTemplate"]["spec"]["volumes"]}
     assert vols["builds"]["persistentVolumeClaim"]["claimName"].endswith("-builds")  # every rank reads its engine

@@ -51,7 +51,11 @@ def test_the_tree_keeps_every_contract() -> None:
         ("training/model.py", "import builders.config", "builders on top; the trainer; measure, serve-time"),
         ("measure/data.py", "import training.config", "builders on top; the trainer; measure, serve-time"),
         ("builders/layout.py", "import engines.session", "the reference engine is imported through engines.api only"),
-        ("triton_repo/models/llm_io.py", "import engines.model", "the reference engine is imported through engines.api"),
+        (
+            "triton_repo/models/llm_io.py",
+            "import engines.model",
+            "the reference engine is imported through engines.api",
+        ),
         ("engines/tree.py", "import engines.api", "no import cycle between the modules"),
         ("core/trees.py", "import core.spec", "no import cycle between the modules"),
         ("measure/data.py", "import measure.verify", "no import cycle between the modules"),

@@ -123,7 +123,9 @@ def reference_build(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path,
 
 def _check(cfg: Any, build: Path) -> tuple[dict[str, set[str]], list[str]]:
     emitted = ledger_check.build_names(cfg, build)
-    return emitted, ledger_check.check_emitted(emitted, cfg.trtllm_version, ledger_check.build_flags(cfg, build / "checkpoint"))
+    return emitted, ledger_check.check_emitted(
+        emitted, cfg.trtllm_version, ledger_check.build_flags(cfg, build / "checkpoint")
+    )
 
 
 def test_engine_flow_build_is_fully_cited(tensorrt_build: tuple[Any, Path]) -> None:
@@ -179,7 +181,9 @@ def test_check_refuses_uncited_names_and_missing_required_ones() -> None:
     pattern = "eagle_nets.{k}.drafter.layers.{j}.attention.kv_cache_scaling_factor"
     base = {r.name for r in ledger.rows_for("checkpoint.tensor", "1.1") if r.required and not r.when}
     assert not [x for x in ledger.check("checkpoint.tensor", "1.1", base, ledger.flags_of(eagle=False)) if pattern in x]
-    assert any(pattern in x for x in ledger.check("checkpoint.tensor", "1.1", base, ledger.flags_of(eagle=True, kv_fp8=True)))
+    assert any(
+        pattern in x for x in ledger.check("checkpoint.tensor", "1.1", base, ledger.flags_of(eagle=True, kv_fp8=True))
+    )
 
 
 def test_version_specific_rows() -> None:
@@ -222,7 +226,9 @@ def test_every_row_is_well_formed() -> None:
     cited = {f"{r.source.repo}:{r.source.path}" for r in rows if r.source.repo == "NVIDIA/TensorRT-LLM"}
     read = " ".join(f for f, _, _, _ in ledger_docs.SOURCES)
     unread = {c for c in cited if c.split(":", 1)[1] not in read}
-    assert unread == {"NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_speculative.py"}  # listed as not verified
+    assert unread == {
+        "NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_speculative.py"
+    }  # listed as not verified
     assert any("modeling_speculative.py" in u for u in ledger_docs.UNVERIFIED)
 
 
@@ -244,8 +250,10 @@ def test_installed_trtllm_must_match_the_configs_version() -> None:
     assert registry.installed_mismatch("1.1", None) == []
     assert registry.installed_mismatch("1.1", "1.1.0") == [] and registry.installed_mismatch("1.2", "1.2.1") == []
     (msg,) = registry.installed_mismatch("1.1", "1.2.1")
-    assert msg == ("trtllm_version '1.1': the outputs are written for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM "
-                   "is 1.2.1; set trtllm_version: '1.2' and rebuild, or install TensorRT-LLM 1.1.0")
+    assert msg == (
+        "trtllm_version '1.1': the outputs are written for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM "
+        "is 1.2.1; set trtllm_version: '1.2' and rebuild, or install TensorRT-LLM 1.1.0"
+    )
     (new,) = registry.installed_mismatch("1.2", "1.3.0rc1")
     assert "installed TensorRT-LLM is 1.3.0rc1; run in the pinned image" in new and "Checking a new" in new
 

@@ -64,7 +64,11 @@ def test_1_1_refuses_capture_layers_it_cannot_express() -> None:
     with pytest.raises(llmapi.LlmApiError, match=r"TensorRT-LLM 1\.1\.0 \(trtllm_version '1\.1'\); set trtllm_version: "
                        r"'1\.2'.*or use a head trained on the default layers"):
         _opts("1.1_eagle3_chain", capture=[0, 15, 28])
-    assert _opts("1.2_eagle3_chain", capture=[0, 15, 28])["speculative_config"]["eagle3_layers_to_capture"] == [0, 15, 28]
+    assert _opts("1.2_eagle3_chain", capture=[0, 15, 28])["speculative_config"]["eagle3_layers_to_capture"] == [
+        0,
+        15,
+        28,
+    ]
 
 
 @pytest.mark.parametrize(("ov", "msg"), [

@@ -78,7 +78,16 @@ def test_nothing_is_written_when_unset() -> None:
 ])
 def test_bad_values_are_refused_with_the_fix(overrides: list[str], expected: str) -> None:
     with pytest.raises(ConfigError) as e:
-        load_config(CURRENT, ["engine.backend=pytorch", "target.dtype=bfloat16", "tree.dynamic=null", "tree.choices=chain-3", *overrides])
+        load_config(
+            CURRENT,
+            [
+                "engine.backend=pytorch",
+                "target.dtype=bfloat16",
+                "tree.dynamic=null",
+                "tree.choices=chain-3",
+                *overrides,
+            ],
+        )
     assert expected in str(e.value)
 
 
@@ -94,7 +103,9 @@ def test_versions_without_the_fields_refuse_them(version: str, backend: str, fie
         assert f"{name} with engine.backend=pytorch is not supported by TensorRT-LLM" in str(e.value)
         assert "set trtllm_version: '1.4'" in str(e.value)
     else:
-        assert f"{name} with engine.backend=tensorrt: the engine flow (trtllm-build + the C++ runtime) has no" in str(e.value)
+        assert f"{name} with engine.backend=tensorrt: the engine flow (trtllm-build + the C++ runtime) has no" in str(
+            e.value
+        )
 
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])

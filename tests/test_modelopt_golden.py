@@ -43,7 +43,9 @@ def _modelopt_export(hf_dir: Path, out: Path, tp: int) -> None:
         from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-        export_tensorrt_llm_checkpoint(model, "llama", dtype=torch.float16, export_dir=out, inference_tensor_parallel=tp)
+        export_tensorrt_llm_checkpoint(
+            model, "llama", dtype=torch.float16, export_dir=out, inference_tensor_parallel=tp
+        )
 
 
 @pytest.mark.parametrize("fixture", ["tiny_target", "tiny_target_tied"])

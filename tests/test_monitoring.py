@@ -29,10 +29,12 @@ def test_committed_rules_are_the_generators_defaults() -> None:
 
 def test_promtool_checks_and_unit_tests_the_rules() -> None:
     promtool = binary("promtool")
-    r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0 and "SUCCESS: 7 rules found" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([promtool, "test", "rules", "eagle-rules.test.yml"], cwd=ROOT / "tests" / "prometheus",
-                       capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+                       capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
 
@@ -41,7 +43,9 @@ def test_rules_carry_the_configured_thresholds(tmp_path: Path, drop: float, wind
     m = MonitoringConfig(tau_drop_fraction=drop, window=window, alert_for=alert_for)
     f = tmp_path / "r.yml"
     f.write_text(rules.rules_yaml(m))
-    r = subprocess.run([binary("promtool"), "check", "rules", str(f)], capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [binary("promtool"), "check", "rules", str(f)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     text = f.read_text()
     assert f"[{window}]" in text and f"for: {alert_for}" in text
@@ -128,8 +132,14 @@ def test_serve_installs_upstreams_llmapi_model_unmodified_under_the_bridge(tmp_p
     TensorRT-LLM's model.py byte for byte as upstream_model.py (what the bridge imports) and its helpers.py."""
     from tests.deploy_files import serve
 
-    cfg = make_cfg("trtllm_version=1.4", "draft.type=eagle3", "draft.model=/models/eagle3", "engine.max_num_tokens=null",
-                   "engine.backend=pytorch", "tree.choices=chain-3")
+    cfg = make_cfg(
+        "trtllm_version=1.4",
+        "draft.type=eagle3",
+        "draft.model=/models/eagle3",
+        "engine.max_num_tokens=null",
+        "engine.backend=pytorch",
+        "tree.choices=chain-3",
+    )
     upstream = tmp_path / "upstream"
     upstream.mkdir()
     (upstream / "model.py").write_bytes(b"class TritonPythonModel:\n    pass  # upstream\n")

@@ -171,7 +171,7 @@ class Traffic:
         while not self.stop.is_set():
             try:
                 _one(server, PROMPTS[i % len(PROMPTS)])
-            except Exception as e:  # noqa: BLE001  (reported by close())
+            except Exception as e:  # reported by close()
                 self.errors.append(e)
                 return
             i += 2
@@ -240,10 +240,12 @@ def llmapi_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Tr
     cfg_h["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
     (head / "config.json").write_text(json.dumps(cfg_h))
     cfg = root / "llmapi.yaml"
-    cfg.write_text(f"name: llmapi-metrics\ntrtllm_version: '1.4'\noutput_dir: {root / 'build'}\n"
-                   f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle3, model: {head}}}\n"
-                   "tree: {choices: chain-3}\n"
-                   "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n")
+    cfg.write_text(
+        f"name: llmapi-metrics\ntrtllm_version: '1.4'\noutput_dir: {root / 'build'}\n"
+        f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle3, model: {head}}}\n"
+        "tree: {choices: chain-3}\n"
+        "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n"
+    )
     assert build_main([str(cfg)]) == 0
     srv = server_on(root / "build" / "triton_repo", root / "tritonserver.log").start(timeout_s=240)
     try:

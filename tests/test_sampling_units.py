@@ -112,7 +112,10 @@ def test_sibling_rejection_follows_its_exact_law(logits: list[float], kids: list
         return abs(count - n * prob) <= 5 * math.sqrt(n * prob * (1 - prob)) + 1
 
     assert all(close(c, a) for c, a in zip(child_count, accept)), (child_count, [round(n * a) for a in accept])
-    assert all(close(c, r) for c, r in zip(residual_count, residual)), (residual_count, [round(n * r) for r in residual])
+    assert all(close(c, r) for c, r in zip(residual_count, residual)), (
+        residual_count,
+        [round(n * r) for r in residual],
+    )
     assert all(close(c, q) for c, q in zip(token_count, p)), ("the emitted token must follow p", token_count, p)
     assert all(residual_count[x] == 0 for x in kids), "a rejected child's token is never drawn afterwards"
 

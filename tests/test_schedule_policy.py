@@ -86,8 +86,13 @@ def test_cli_schedule_objective_writes_what_auto_reads(tiny_build: Path, tmp_pat
     doc = json.loads(js.read_text())["schedule"]
     assert doc["batch_sizes"] == [1, 2] and set(doc["step_ms"]) == {"1", "2"}
     assert all(len(v) == 3 and min(v) > 0 for v in doc["step_ms"].values())  # d = 0..2, measured
-    r = ScheduleResult([1, 2], doc["taus"], {int(b): v for b, v in doc["step_ms"].items()},
-                       {int(b): v for b, v in doc["target_ms"].items()}, DraftTree.from_choices([[0], [1], [0, 0], [1, 0]]))
+    r = ScheduleResult(
+        [1, 2],
+        doc["taus"],
+        {int(b): v for b, v in doc["step_ms"].items()},
+        {int(b): v for b, v in doc["target_ms"].items()},
+        DraftTree.from_choices([[0], [1], [0, 0], [1, 0]]),
+    )
     assert {str(b): n for b, n in r.schedule().items()} == doc["draft_len_schedule"]
     assert png.is_file() and png.stat().st_size > 0
     sched = read_schedule(js)
@@ -107,7 +112,7 @@ def test_cli_schedule_errors(tiny_build: Path, tmp_path: Path, capsys: pytest.Ca
     assert "give sizes from 1 up to the build's engine.max_batch_size" in capsys.readouterr().err
 
 
-# ---- the GPU roofline model (--cost-model) -----------------------------------------------------------------------------
+# ---- the GPU roofline model (--cost-model) ---------------------------------------------------------------------------
 def test_gpu_model_regimes() -> None:
     """Small batches are bound by reading the weights (a wider verification is almost free: speedup ~ tau), large
     ones by arithmetic (speedup ~ tau / tokens verified): the model must show both and the crossing between."""

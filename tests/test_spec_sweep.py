@@ -13,12 +13,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from clients.loadtest import write_comparison
-from clients.stats import RequestRecord, aggregate
+from clients.stats import LevelReport, RequestRecord, aggregate
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-import spec_sweep  # noqa: E402
+import spec_sweep
 
 
 def _cfg(path: Path) -> mc.ModelConfig:
@@ -44,7 +44,7 @@ def test_spec_off_copy_refuses_a_repository_without_the_parameter(tmp_path: Path
         spec_sweep.spec_off_copy(tmp_path / "r", tmp_path / "off")
 
 
-def _level(level: int, tokens_per_request: int, seconds: float):  # noqa: ANN202
+def _level(level: int, tokens_per_request: int, seconds: float) -> LevelReport:
     recs = [RequestRecord(index=i, prompt_index=0, start=0.0, status="OK", end=seconds, first_response=0.1,
                           responses=2, output_tokens=tokens_per_request, streamed=True) for i in range(level)]
     return aggregate(recs, mode="concurrency", level=level, duration_s=seconds)

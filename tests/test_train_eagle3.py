@@ -19,22 +19,24 @@ import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.config import ConfigError  # noqa: E402
-from training import data as tdata  # noqa: E402
-from training.config import TrainHeadConfig, load_train_config  # noqa: E402
-from training.eagle3_loop import Example3, collate3, eagle3_loss, plan3  # noqa: E402
-from training.eagle3_train import examples3_of, setup3, train3  # noqa: E402
-from training.eagle3_vocab import VocabError, answer_token_counts, build_draft_vocab  # noqa: E402
-from training.features import FeatureSpec, build_features, sequence_features  # noqa: E402
-from training.runner import TrainError, cached_features, make_samples  # noqa: E402
-from tests import tiny_models as tm  # noqa: E402
+from builders.config import ConfigError
+from training import data as tdata
+from training.config import TrainHeadConfig, load_train_config
+from training.eagle3_loop import Example3, collate3, eagle3_loss, plan3
+from training.eagle3_train import examples3_of, setup3, train3
+from training.eagle3_vocab import VocabError, answer_token_counts, build_draft_vocab
+from training.features import FeatureSpec, build_features, sequence_features
+from training.runner import TrainError, cached_features, make_samples
+from tests import tiny_models as tm
 
 REPO = Path(__file__).resolve().parent.parent
 LAYER_IDS = [1, 2, 3]  # the 4-layer target: inputs of layers 1..3 (SafeAILab's [2, L//2, L-3] needs L >= 5)
 SPEC3 = FeatureSpec(tuple(LAYER_IDS), torch.float16)
 
 
-def tiny_cfg3(tmp: Path, target: Path, *, e3: dict | None = None, data: dict | None = None, **train_over) -> TrainHeadConfig:
+def tiny_cfg3(
+    tmp: Path, target: Path, *, e3: dict | None = None, data: dict | None = None, **train_over
+) -> TrainHeadConfig:
     raw = yaml.safe_load((REPO / "configs/train/smollm2-eagle3.yaml").read_text())
     raw.update(target=str(target), work_dir=str(tmp / "work"), output_dir=str(tmp / "head"))
     raw["data"].update(dict(num_conversations=10, num_eval=2, max_prompt_tokens=48, max_seq_len=64, shard_size=4,
@@ -49,7 +51,9 @@ def tiny_cfg3(tmp: Path, target: Path, *, e3: dict | None = None, data: dict | N
 def _load(target: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(target)
+    return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(
+        target
+    )
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +118,12 @@ def test_config_head_kinds_and_cross_checks(tmp_path: Path) -> None:
 
 
 def test_draft_vocab_top_tokens_ties_and_maps() -> None:
-    ex = [{"input_ids": torch.tensor([5, 9, 9, 3, 3, 7, 1, 1]), "loss_mask": torch.tensor([0, 1, 1, 1, 1, 1, 1, 1]).bool()}]
+    ex = [
+        {
+            "input_ids": torch.tensor([5, 9, 9, 3, 3, 7, 1, 1]),
+            "loss_mask": torch.tensor([0, 1, 1, 1, 1, 1, 1, 1]).bool(),
+        }
+    ]
     counts = answer_token_counts(ex, 12)
     assert counts.tolist() == [0, 2, 0, 2, 0, 0, 0, 1, 0, 2, 0, 0]  # token 5 is outside the answer
     dv = build_draft_vocab(counts, 3)  # 1, 3, 9 (count 2) beat 7 (count 1); ties keep all three
@@ -155,7 +164,9 @@ def test_features_are_layer_inputs_last_hidden_and_greedy(run3) -> None:
     want = torch.cat([out.hidden_states[j][0] for j in LAYER_IDS], -1)  # HF: hidden_states[j] = input of layer j
     f = sequence_features(model, [e.input_ids], SPEC3, 4096)[0]
     torch.testing.assert_close(f["aux"], want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(f["hidden"] @ model.get_output_embeddings().weight.T, out.logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        f["hidden"] @ model.get_output_embeddings().weight.T, out.logits[0], rtol=1e-4, atol=1e-4
+    )
     assert torch.equal(f["greedy"], out.logits[0].argmax(-1))
     torch.testing.assert_close(e.aux.float(), want, rtol=2e-3, atol=2e-3)  # cached as float16
     assert e.aux.dtype == torch.float16 and e.greedy.dtype == torch.int32
@@ -287,7 +298,12 @@ def test_cli_output_converts_via_build_and_is_lossless(target4: Path, tmp_path: 
                                                           "train_log.jsonl"]
     hcfg = json.loads((head_dir / "config.json").read_text())
     assert hcfg["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert (hcfg["num_hidden_layers"], hcfg["draft_vocab_size"], hcfg["target_hidden_size"], hcfg["bias"]) == (1, 32, 64, False)
+    assert (hcfg["num_hidden_layers"], hcfg["draft_vocab_size"], hcfg["target_hidden_size"], hcfg["bias"]) == (
+        1,
+        32,
+        64,
+        False,
+    )
     assert hcfg["eagle_aux_hidden_state_layer_ids"] == LAYER_IDS and hcfg["torch_dtype"] == "float16"
     with safe_open(str(head_dir / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
@@ -295,13 +311,18 @@ def test_cli_output_converts_via_build_and_is_lossless(target4: Path, tmp_path: 
         assert f.get_tensor("lm_head.weight").shape == (32, 64)
         assert (f.get_tensor("d2t").dtype, f.get_tensor("t2d").dtype) == (torch.int64, torch.bool)
     mid = {f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")}
-    mid |= {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"} | {f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    mid |= {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"} | {
+        f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")
+    }
     assert keys == mid | {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"}
     first = json.loads((head_dir / "train_log.jsonl").read_text().splitlines()[0])
     assert first["draft_vocab_size"] == 32 and 0 < first["coverage"] < 1
 
     _, tok = _load(target4)
-    prompts = [tdata.prompt_ids(tok, [{"role": "user", "content": t}]) for t in ("Hello world!", "What is the capital of France?")]
+    prompts = [
+        tdata.prompt_ids(tok, [{"role": "user", "content": t}])
+        for t in ("Hello world!", "What is the capital of France?")
+    ]
     spec, plain = build_and_generate(head_dir, target4, tmp_path, prompts, 16)
     assert [r.output_ids for r in spec] == [r.output_ids for r in plain]  # lossless with the trained head
     assert all(r.stats.tau >= 1.0 for r in spec)

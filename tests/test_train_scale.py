@@ -16,11 +16,11 @@ import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from training import data as tdata  # noqa: E402
-from training.compute import ComputeError, resolve_compute  # noqa: E402
-from training.config import TrainHeadConfig  # noqa: E402
-from training.features import FeatureSpec, bucket_batches, sequence_features  # noqa: E402
-from training.generate import regenerate_with_features  # noqa: E402
+from training import data as tdata
+from training.compute import ComputeError, resolve_compute
+from training.config import TrainHeadConfig
+from training.features import FeatureSpec, bucket_batches, sequence_features
+from training.generate import regenerate_with_features
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = FeatureSpec(None, torch.float32)
@@ -29,7 +29,9 @@ SPEC = FeatureSpec(None, torch.float32)
 def _load(target: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(target)
+    return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(
+        target
+    )
 
 
 def _prompts(tok, n: int) -> list[list[int]]:
@@ -191,7 +193,10 @@ def test_two_gloo_ranks_train_the_same_head_as_one_process(one_process, tiny_tar
     out = train_cli(two, 2)
     assert "2 rank(s)" in out.stdout
     total = 2 * 3  # 7 training conversations / batch 3 -> 3 steps per epoch, 2 epochs
-    before, last = max_diff(head_at(one, total - 1), head_at(two, total - 1)), max_diff(head_at(one, total), head_at(two, total))
+    before, last = (
+        max_diff(head_at(one, total - 1), head_at(two, total - 1)),
+        max_diff(head_at(one, total), head_at(two, total)),
+    )
     assert before < DDP_ATOL and last < DDP_ATOL, (before, last)
     assert grad_mean_diff(one, two, total) < GRAD_RTOL
     moved = max_diff(head_at(one, total), initial_head(tiny_target))
@@ -384,7 +389,7 @@ def test_two_gloo_ranks_train_the_same_eagle3_head(tmp_path: Path) -> None:
     assert grad_mean_diff(cfgs["one3"], cfgs["two3"], 6) < GRAD_RTOL
 
 
-# ---- recipes ----------------------------------------------------------------------------------------------------------
+# ---- recipes ---------------------------------------------------------------------------------------------------------
 
 
 def test_recipes_validate_and_the_held_out_set_does_not_depend_on_the_slice_size() -> None:

@@ -38,7 +38,9 @@ def random_tree(rng: random.Random) -> list[list[int]]:
     return [list(p) for p in paths]
 
 
-TREES = {name: preset(name) for name in ("trtllm-default", "eagle-default", "chain-1", "chain-7", "topk-3-3", "topk-1-1")}
+TREES = {
+    name: preset(name) for name in ("trtllm-default", "eagle-default", "chain-1", "chain-7", "topk-3-3", "topk-1-1")
+}
 TREES.update({f"random-{s}": random_tree(random.Random(s)) for s in range(12)})
 
 
@@ -145,7 +147,9 @@ def test_ancestor_mask_of_a_deep_chain_sees_the_root_from_the_deepest_node() -> 
     for n in (2, 3, 8, 65):
         parent = torch.tensor([[0] + list(range(n - 1))])
         anc = ancestor_mask(parent, n - 1)[0]
-        assert anc.tolist() == [[j <= i for j in range(n)] for i in range(n)], f"a chain of {n} nodes is lower-triangular"
+        assert anc.tolist() == [[j <= i for j in range(n)] for i in range(n)], (
+            f"a chain of {n} nodes is lower-triangular"
+        )
 
 
 def test_tree_batch_children_are_in_rank_order() -> None:
@@ -155,7 +159,9 @@ def test_tree_batch_children_are_in_rank_order() -> None:
                    t.anc.expand(2, -1, -1))
     paths = want["paths"]
     for i, kids in enumerate(tb.children(1)):
-        assert [paths[k] for k in kids] == sorted(p for p in paths if len(p) == len(paths[i]) + 1 and p[:-1] == paths[i])
+        assert [paths[k] for k in kids] == sorted(
+            p for p in paths if len(p) == len(paths[i]) + 1 and p[:-1] == paths[i]
+        )
 
 
 @pytest.mark.parametrize("seed", range(4))

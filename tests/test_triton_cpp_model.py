@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from google.protobuf import text_format  # noqa: E402
-from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.utils import InferenceServerException
 
-from builders.build import main as build_main  # noqa: E402
-from builders.config import load_config  # noqa: E402
-from tests.engine_cases import write_build_yaml  # noqa: E402
-from builders.triton import render  # noqa: E402
-from triton_repo.launch import TritonServer, free_port  # noqa: E402
+from builders.build import main as build_main
+from builders.config import load_config
+from tests.engine_cases import write_build_yaml
+from builders.triton import render
+from triton_repo.launch import TritonServer, free_port
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,11 @@ def _inputs(**sampling: float) -> list[Any]:
         return t
 
     ins = [tensor("QUERY", "The quick brown fox", object, "BYTES"), tensor("REQUEST_OUTPUT_LEN", 8, np.int32, "INT32")]
-    spec = {"TEMPERATURE": (np.float32, "FP32"), "RUNTIME_TOP_K": (np.int32, "INT32"), "RUNTIME_TOP_P": (np.float32, "FP32")}
+    spec = {
+        "TEMPERATURE": (np.float32, "FP32"),
+        "RUNTIME_TOP_K": (np.int32, "INT32"),
+        "RUNTIME_TOP_P": (np.float32, "FP32"),
+    }
     return ins + [tensor(k, v, *spec[k]) for k, v in sampling.items()]
 
 
@@ -99,7 +103,9 @@ def test_greedy_requests_pass(client: Any) -> None:
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("sampling", [{"RUNTIME_TOP_K": 40}, {"RUNTIME_TOP_P": 0.9}, {"TEMPERATURE": 0.7, "RUNTIME_TOP_K": 5}])
+@pytest.mark.parametrize(
+    "sampling", [{"RUNTIME_TOP_K": 40}, {"RUNTIME_TOP_P": 0.9}, {"TEMPERATURE": 0.7, "RUNTIME_TOP_K": 5}]
+)
 def test_sampling_requests_are_refused_with_the_reason(client: Any, sampling: dict[str, float]) -> None:
     with pytest.raises(InferenceServerException) as e:
         client.infer("preprocessing", _inputs(**sampling))

@@ -19,12 +19,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from tests.triton_build import MAX_INPUT, MAX_SEQ  # noqa: E402
-from tests.triton_requests import infer_input, stream_call  # noqa: E402
-from tests.triton_servers import metric  # noqa: E402
-from triton_repo.launch import TritonServer  # noqa: E402
+from tests.triton_build import MAX_INPUT, MAX_SEQ
+from tests.triton_requests import infer_input, stream_call
+from tests.triton_servers import metric
+from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server
 
@@ -78,18 +78,35 @@ def bad_llm_requests(engine: Any) -> list[tuple[str, list[Any], str]]:
     long = (ok * (MAX_INPUT // len(ok) + 2))[: MAX_INPUT + 1]
     return [
         ("max_input_len", llm_inputs(long, 4), f"input_ids holds {MAX_INPUT + 1} ids > max_input_len={MAX_INPUT}"),
-        ("max_seq_len", llm_inputs(ok, MAX_SEQ), 
-         f"prompt {len(ok)} + request_output_len (max_tokens) {MAX_SEQ} exceeds engine.max_seq_len={MAX_SEQ}"),
+        (
+            "max_seq_len",
+            llm_inputs(ok, MAX_SEQ),
+            f"prompt {len(ok)} + request_output_len (max_tokens) {MAX_SEQ} exceeds engine.max_seq_len={MAX_SEQ}",
+        ),
         ("request_output_len", llm_inputs(ok, 0), "request_output_len (max_tokens)=0 must be >= 1"),
         ("input_lengths=0", llm_inputs(ok, 4, lengths=0), f"input_lengths=0 must be in 1..{len(ok)}"),
-        ("input_lengths>given", llm_inputs(ok, 4, lengths=len(ok) + 1), f"input_lengths={len(ok) + 1} must be in 1..{len(ok)}"),
+        (
+            "input_lengths>given",
+            llm_inputs(ok, 4, lengths=len(ok) + 1),
+            f"input_lengths={len(ok) + 1} must be in 1..{len(ok)}",
+        ),
         ("token id >= vocab", llm_inputs([*ok[:2], vocab, *ok[2:]], 4), f"input_ids[2]={vocab} is out of range"),
         ("negative token id", llm_inputs([-5, *ok], 4), "input_ids[0]=-5 is out of range"),
-        ("batch of prompts", [ids_input("input_ids", np.array([ok, ok])), ids_input("input_lengths", [[len(ok)]] * 2),
-                              ids_input("request_output_len", [[4], [4]])], f"input_ids shape [2, {len(ok)}]"),
+        (
+            "batch of prompts",
+            [
+                ids_input("input_ids", np.array([ok, ok])),
+                ids_input("input_lengths", [[len(ok)]] * 2),
+                ids_input("request_output_len", [[4], [4]]),
+            ],
+            f"input_ids shape [2, {len(ok)}]",
+        ),
         ("beam_width", llm_inputs(ok, 4, beam_width=(2, "INT32")), "beam_width=2: only 1 is supported"),
-        ("temperature", llm_inputs(ok, 4)[:3] + [infer_input("temperature", -1.0, "FP32")],
-         "temperature=-1.0 must be a finite number >= 0"),
+        (
+            "temperature",
+            llm_inputs(ok, 4)[:3] + [infer_input("temperature", -1.0, "FP32")],
+            "temperature=-1.0 must be a finite number >= 0",
+        ),
         ("top_k", llm_inputs(ok, 4, runtime_top_k=(-2, "INT32")), "top_k=-2 must be >= 0"),
         ("top_p", llm_inputs(ok, 4, runtime_top_p=(1.5, "FP32")), "top_p=1.5 must be in (0, 1]"),
     ]
@@ -100,7 +117,7 @@ def _run_in_background(url: str, model: str, jobs: list[list[Any]], results: dic
         client = tritonclient_grpc.InferenceServerClient(url)
         try:
             results[k] = stream_call(client, model, ins)
-        except Exception as e:  # noqa: BLE001 (any failure of a running request is reported by the test)
+        except Exception as e:  # any failure of a running request is reported by the test
             results[k] = e
         finally:
             client.close()
@@ -143,7 +160,7 @@ def test_tensorrt_llm_refuses_each_limit_and_the_running_batch_is_unaffected(
         client.close()
     assert busy > 0, "the running requests finished before the bad ones arrived; the test needs them in flight"
     want = [engine_greedy(engine, p, RUNNING_NEW, no_eos=True) for p in prompts]
-    for k, p in enumerate(prompts):
+    for k in range(len(prompts)):
         assert not isinstance(results[k], Exception), f"running request {k} failed next to refused ones: {results[k]}"
         assert llm_output(results[k]) == want[k], f"running request {k} changed when bad requests arrived"
     assert len(refused) == len(bad_llm_requests(engine))
@@ -198,7 +215,7 @@ def test_preprocessing_refuses_each_limit_and_concurrent_requests_are_unaffected
                 r = c.infer("preprocessing", _pre_inputs(texts[k], 5))
                 outs.append((r.as_numpy("INPUT_ID").reshape(-1).tolist(), r.as_numpy("REQUEST_INPUT_LEN").item()))
             results[k] = outs
-        except Exception as e:  # noqa: BLE001 (reported by the test)
+        except Exception as e:  # reported by the test
             results[k] = e
         finally:
             c.close()

@@ -15,13 +15,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from clients.client import GenerationError  # noqa: E402
-from tests import triton_build  # noqa: E402
-from tests.triton_build import MAX_SEQ  # noqa: E402
-from tests.triton_requests import BAD_REQUESTS, PROMPT, inputs, stream_call  # noqa: E402
-from triton_repo.launch import TritonServer  # noqa: E402
+from clients.client import GenerationError
+from tests import triton_build
+from tests.triton_build import MAX_SEQ
+from tests.triton_requests import BAD_REQUESTS, PROMPT, inputs, stream_call
+from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server
 

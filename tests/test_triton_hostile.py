@@ -16,15 +16,15 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from tests.test_triton_isolation import _call, llm_inputs, solo_ids  # noqa: E402
-from tests.test_triton_server import _stop_inputs, _wait_idle  # noqa: E402
-from tests.triton_build import MAX_INPUT  # noqa: E402
-from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of  # noqa: E402
-from tests.triton_servers import metric  # noqa: E402
-from triton_repo.launch import TritonServer  # noqa: E402
-from triton_repo.models import bounds  # noqa: E402
+from tests.test_triton_isolation import _call, llm_inputs, solo_ids
+from tests.test_triton_server import _stop_inputs, _wait_idle
+from tests.triton_build import MAX_INPUT
+from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of
+from tests.triton_servers import metric
+from triton_repo.launch import TritonServer
+from triton_repo.models import bounds
 
 pytestmark = pytest.mark.server
 N = 40
@@ -56,27 +56,52 @@ def text_requests(vocab: int) -> dict[str, tuple[list[Any], str]]:
     return {
         # Shapes the config declares [1] are refused by Triton itself (before any model runs).
         "two prompts": ([two, *ok], TRITON_SHAPE.format("text_input")),
-        "two max_tokens": ([infer_input("text_input", PROMPT, "BYTES"),
-                            arr_input("max_tokens", np.array([[4, 5]], np.int32), "INT32")], TRITON_SHAPE.format("max_tokens")),
-        "stop-word flood": ([infer_input("text_input", PROMPT, "BYTES"), *ok,
-                             arr_input("stop_words", words([b"w%d" % i for i in range(200_000)]), "BYTES")],
-                            f"stop_words has 200000 entries > {bounds.MAX_STOP_WORDS}"),
-        "long stop word": ([infer_input("text_input", PROMPT, "BYTES"), *ok,
-                            arr_input("stop_words", words([b"x" * 5000]), "BYTES")],
-                           f"stop_words[0] has 5000 bytes > {bounds.MAX_STOP_WORD_BYTES}"),
-        "stop bytes in all": ([infer_input("text_input", PROMPT, "BYTES"), *ok,
-                               arr_input("stop_words", words([b"y" * 1000] * 60), "BYTES")],
-                              f"stop_words holds 60000 bytes > {bounds.MAX_STOP_TOTAL_BYTES} in all"),
-        "stop word not UTF-8": ([infer_input("text_input", PROMPT, "BYTES"), *ok,
-                                 arr_input("stop_words", words([b"ok", b"\xc3\x28"]), "BYTES")],
-                                "stop_words[1] is not valid UTF-8"),
-        "end_id past vocab": (inputs(PROMPT, 4, end_id=(vocab, "INT32")),
-                              f"end_id={vocab} is out of range: token ids must be in [0, "),
+        "two max_tokens": (
+            [
+                infer_input("text_input", PROMPT, "BYTES"),
+                arr_input("max_tokens", np.array([[4, 5]], np.int32), "INT32"),
+            ],
+            TRITON_SHAPE.format("max_tokens"),
+        ),
+        "stop-word flood": (
+            [
+                infer_input("text_input", PROMPT, "BYTES"),
+                *ok,
+                arr_input("stop_words", words([b"w%d" % i for i in range(200_000)]), "BYTES"),
+            ],
+            f"stop_words has 200000 entries > {bounds.MAX_STOP_WORDS}",
+        ),
+        "long stop word": (
+            [infer_input("text_input", PROMPT, "BYTES"), *ok, arr_input("stop_words", words([b"x" * 5000]), "BYTES")],
+            f"stop_words[0] has 5000 bytes > {bounds.MAX_STOP_WORD_BYTES}",
+        ),
+        "stop bytes in all": (
+            [
+                infer_input("text_input", PROMPT, "BYTES"),
+                *ok,
+                arr_input("stop_words", words([b"y" * 1000] * 60), "BYTES"),
+            ],
+            f"stop_words holds 60000 bytes > {bounds.MAX_STOP_TOTAL_BYTES} in all",
+        ),
+        "stop word not UTF-8": (
+            [
+                infer_input("text_input", PROMPT, "BYTES"),
+                *ok,
+                arr_input("stop_words", words([b"ok", b"\xc3\x28"]), "BYTES"),
+            ],
+            "stop_words[1] is not valid UTF-8",
+        ),
+        "end_id past vocab": (
+            inputs(PROMPT, 4, end_id=(vocab, "INT32")),
+            f"end_id={vocab} is out of range: token ids must be in [0, ",
+        ),
         "end_id negative": (inputs(PROMPT, 4, end_id=(-5, "INT32")), "end_id=-5 is out of range"),
         "pad_id huge": (inputs(PROMPT, 4, pad_id=(10**9, "INT32")), "pad_id=1000000000 is out of range"),
         "pad_id -1": (inputs(PROMPT, 4, pad_id=(-1, "INT32")), "pad_id=-1 is out of range"),
-        "two temperatures": (inputs(PROMPT, 4) + [arr_input("temperature", np.array([[0.0, 1.0]], np.float32), "FP32")],
-                             TRITON_SHAPE.format("temperature")),
+        "two temperatures": (
+            inputs(PROMPT, 4) + [arr_input("temperature", np.array([[0.0, 1.0]], np.float32), "FP32")],
+            TRITON_SHAPE.format("temperature"),
+        ),
         "prompt bytes": (inputs("x" * 10**6, 4), "text_input has 1000000 bytes >"),
     }
 
@@ -139,7 +164,7 @@ def test_hostile_requests_are_refused_by_name_while_good_streams_get_their_solo_
         bad[f"llm: {k}"], expected[f"llm: {k}"] = ("tensorrt_llm", ins), msg
     results: dict[str, Any] = {}
     threads = {k: threading.Thread(target=_call, args=(triton_server.grpc_url, m, ins, results, k))
-               for k, (m, ins) in {**good, **bad}.items()}  # fmt: skip
+               for k, (m, ins) in {**good, **bad}.items()}
     for k in good:
         threads[k].start()
     deadline = time.time() + 60

@@ -1,7 +1,7 @@
-"""One bad request never hurts another, on the real tritonserver (the shared tiny reference build, tests/triton_build.py):
-bad parameters and token ids are refused before they join a batch, required inputs are required through every
-entry model, a server-side deadline ends what a vanished client leaves behind, and the LLM model's custom metrics
-(in flight, queued, accepted / drafted tokens) have the right values."""
+"""One bad request never hurts another, on the real tritonserver (the shared tiny reference build,
+tests/triton_build.py): bad parameters and token ids are refused before they join a batch, required inputs are required
+through every entry model, a server-side deadline ends what a vanished client leaves behind, and the LLM model's custom
+metrics (in flight, queued, accepted / drafted tokens) have the right values."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from tests import triton_build  # noqa: E402
-from tests.test_triton_server import _stop_inputs, _wait_idle  # noqa: E402
-from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of  # noqa: E402
-from tests.triton_servers import metric  # noqa: E402
-from triton_repo.launch import TritonServer  # noqa: E402
+from tests import triton_build
+from tests.test_triton_server import _stop_inputs, _wait_idle
+from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of
+from tests.triton_servers import metric
+from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server
 N = 40  # tokens of the good requests (end_id -1: none ends early)
@@ -54,7 +54,7 @@ def _ids_input(name: str, ids: list[int]) -> Any:
 def llm_inputs(ids: list[int], n: int, **extra: tuple[Any, str]) -> list[Any]:
     """A request to the tensorrt_llm model itself (token ids in and out)."""
     ins = [_ids_input("input_ids", ids), infer_input("input_lengths", len(ids), "INT32"),
-           infer_input("request_output_len", n, "INT32"), infer_input("streaming", True, "BOOL")]  # fmt: skip
+           infer_input("request_output_len", n, "INT32"), infer_input("streaming", True, "BOOL")]
     return ins + [infer_input(k, v, dt) for k, (v, dt) in extra.items()]
 
 
@@ -100,10 +100,10 @@ def test_poisoned_requests_beside_good_streams_fail_alone_and_the_good_outputs_e
         "ensemble_tiny_t": ("ensemble", inputs(PROMPT, N, temperature=(TINY_T, "FP32"), top_k=(5, "INT32"))),
         "llm_huge_id": ("tensorrt_llm", llm_inputs(prompt_ids[:2] + [100_000_000], N)),
         "llm_negative_id": ("tensorrt_llm", llm_inputs([-7] + prompt_ids[1:], N)),
-    }  # fmt: skip
+    }
     results: dict[str, Any] = {}
     threads = {k: threading.Thread(target=_call, args=(triton_server.grpc_url, m, ins, results, k))
-               for k, (m, ins) in {**good, **bad}.items()}  # fmt: skip
+               for k, (m, ins) in {**good, **bad}.items()}
     for k in good:
         threads[k].start()
     deadline = time.time() + 60  # the bad requests arrive while the good ones are in the batch
@@ -141,7 +141,7 @@ def test_a_sequence_that_fails_in_the_engine_ends_alone_with_internal(triton_bui
     session = engine.session(3, 200)
     batcher = Batcher(session, lambda job: job.payload, finished.append, max_queue_size=4)
     reqs = [GenerationRequest([5, 6, 7], 30, SamplingParams(temperature=t, top_k=5, seed=1), [-1])
-            for t in (0.7, TINY_T, 0.7)]  # fmt: skip
+            for t in (0.7, TINY_T, 0.7)]
     jobs = [Job(payload=r, is_cancelled=lambda: False, streaming=False) for r in reqs]
     try:
         for j in jobs:
@@ -160,13 +160,18 @@ def test_a_sequence_that_fails_in_the_engine_ends_alone_with_internal(triton_bui
 
 MISSING = [
     ([("text_input", PROMPT, "BYTES"), ("stream", True, "BOOL")], "input max_tokens is required"),
-    ([("text_input", PROMPT, "BYTES"), ("stream", False, "BOOL"), ("end_id", 2, "INT32")], "input max_tokens is required"),
+    (
+        [("text_input", PROMPT, "BYTES"), ("stream", False, "BOOL"), ("end_id", 2, "INT32")],
+        "input max_tokens is required",
+    ),
     ([("max_tokens", 4, "INT32"), ("stream", True, "BOOL")], "input text_input is required"),
 ]
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-def test_a_request_without_text_input_or_max_tokens_is_refused_naming_it(triton_server: TritonServer, model: str) -> None:
+def test_a_request_without_text_input_or_max_tokens_is_refused_naming_it(
+    triton_server: TritonServer, model: str
+) -> None:
     """Triton 2.51 counts inputs only: with another optional input sent, the ensemble used to skip its steps and
     answer an empty success."""
     c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
@@ -184,7 +189,7 @@ def test_preprocessing_refuses_a_missing_required_input_with_invalid_argument(tr
     for ins, message in (([infer_input("QUERY", PROMPT, "BYTES")], "input max_tokens is required (send the number of "
                           "tokens to generate, shape [1, 1] INT32)"),
                          ([infer_input("REQUEST_OUTPUT_LEN", 4, "INT32"), infer_input("END_ID", 2, "INT32")],
-                          "input text_input is required (send the prompt text")):  # fmt: skip
+                          "input text_input is required (send the prompt text")):
         with pytest.raises(InferenceServerException) as err:
             c.infer("preprocessing", ins)
         assert message in err.value.message() and err.value.status() == "StatusCode.INVALID_ARGUMENT"
@@ -194,7 +199,7 @@ def test_preprocessing_refuses_a_missing_required_input_with_invalid_argument(tr
 # ---- metrics -------------------------------------------------------------------------------------------------------
 
 COUNTERS = ("eagle_llm_target_forwards_total", "eagle_llm_accepted_draft_tokens_total", "eagle_llm_draft_tokens_total",
-            "eagle_llm_generated_tokens_total")  # fmt: skip
+            "eagle_llm_generated_tokens_total")
 
 
 def test_token_counters_match_the_request_perf_outputs_so_tau_can_be_graphed(
@@ -229,7 +234,7 @@ def test_in_flight_and_queued_gauges_count_running_and_waiting_requests(triton_s
         c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
         try:
             results[i] = stream_call(c, "tensorrt_llm", llm_inputs([5, 6, 7 + i], 300, end_id=(-1, "INT32")),
-                                     request_id=ids[i])  # fmt: skip
+                                     request_id=ids[i])
         finally:
             c.close()
 
@@ -240,7 +245,7 @@ def test_in_flight_and_queued_gauges_count_running_and_waiting_requests(triton_s
         deadline, seen = time.time() + 120, (0.0, 0.0)
         while time.time() < deadline and seen != (n, 2):
             seen = (metric(triton_server, "eagle_llm_requests_in_flight"),
-                    metric(triton_server, "eagle_llm_requests_queued"))  # fmt: skip
+                    metric(triton_server, "eagle_llm_requests_queued"))
             time.sleep(0.05)
         assert seen == (n, 2)
     finally:
@@ -295,12 +300,12 @@ def test_abandoned_ensemble_streams_are_cancelled_and_free_their_slots(triton_se
     the deadline, and a request sent afterwards is served at once."""
     srv = triton_server
     names = ("eagle_llm_requests_cancelled_total", "eagle_llm_requests_expired_total",
-             "eagle_llm_generated_tokens_total")  # fmt: skip
+             "eagle_llm_generated_tokens_total")
     _wait_idle(srv)
     before = {m: metric(srv, m) for m in names}
     n, got = 3 * triton_build.MAX_BATCH, []
     threads = [threading.Thread(target=_abandon, args=(srv.grpc_url, inputs(f"abandon {i}", FULL, **SLOW), got))
-               for i in range(n)]  # fmt: skip
+               for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:

@@ -25,7 +25,7 @@ def _binary(tmp_path: Path) -> launch.ServerBinary:
 
 def test_single_server_argv_binds_loopback(tmp_path: Path) -> None:
     argv = launch.launch_argv(_binary(tmp_path), Path("/r"), grpc_port=1, http_port=2, metrics_port=3,
-                              host="127.0.0.1", shm_tag="t", admin_key="k3y")  # fmt: skip
+                              host="127.0.0.1", shm_tag="t", admin_key="k3y")
     assert argv[0] == "/opt/tritonserver/bin/tritonserver" and "--model-repository=/r" in argv
     assert {"--grpc-address=127.0.0.1", "--http-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(argv)
     assert {"--grpc-port=1", "--http-port=2", "--metrics-port=3", "--disable-auto-complete-config"} <= set(argv)
@@ -39,8 +39,8 @@ def test_world_size_gives_the_mpirun_form(tmp_path: Path) -> None:
     """tensorrtllm_backend scripts/launch_triton_server.py: `mpirun --allow-run-as-root -n 1 <rank0> : -n 1 ...`,
     ranks > 0 load only the LLM model, each rank its own python shm prefix; --allow-run-as-root only as root."""
     kw = dict(grpc_port=1, http_port=2, metrics_port=3, host="127.0.0.1", world_size=2, shm_tag="t", admin_key="k")
-    assert launch.launch_argv(_binary(tmp_path), Path("/r"), **kw)[:3] == ["mpirun", "-n", "1"]  # type: ignore[arg-type]
-    argv = launch.launch_argv(_binary(tmp_path), Path("/r"), as_root=True, **kw)  # type: ignore[arg-type]
+    assert launch.launch_argv(_binary(tmp_path), Path("/r"), **kw)[:3] == ["mpirun", "-n", "1"]
+    argv = launch.launch_argv(_binary(tmp_path), Path("/r"), as_root=True, **kw)
     assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
     sep = argv.index(":")
     rank0, rank1 = argv[4:sep], argv[sep + 3 :]
@@ -57,7 +57,7 @@ def test_launch_cli_prints_the_command(tmp_path: Path) -> None:
         [sys.executable, str(REPO_ROOT / "triton_repo" / "launch.py"), "--repo", str(tmp_path / "repo"),
          "--world-size", "2", "--grpc-port", "9001", "--print-argv"],
         capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+    ).stdout.split()
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     assert out[: 1 + len(root)] == ["mpirun", *root] and "--grpc-port=9001" in out and out.count(":") == 1
     assert "eagle-admin-key=***" in " ".join(out), "the admin key is never printed"
@@ -96,7 +96,7 @@ def test_launch_cli_serves_prints_endpoints_and_stops_on_sigterm(tmp_path: Path)
         [sys.executable, str(REPO_ROOT / "triton_repo" / "launch.py"), "--repo", str(repo), "--grpc-port",
          str(ports[0]), "--http-port", str(ports[1]), "--metrics-port", str(ports[2]), "--log", str(tmp_path / "log")],
         stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     try:
         lines = [proc.stdout.readline() for _ in range(4)]
         assert lines[0].startswith("tritonserver ready"), lines

@@ -17,14 +17,14 @@ import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from builders.build import main as build_main  # noqa: E402
-from builders.config import load_config  # noqa: E402
-from clients import genai_perf, loadtest  # noqa: E402
-from clients import schema as sch  # noqa: E402
-from clients.client import LLMClient  # noqa: E402
-from triton_repo.launch import TritonServer, free_port  # noqa: E402
+from builders.build import main as build_main
+from builders.config import load_config
+from clients import genai_perf, loadtest
+from clients import schema as sch
+from clients.client import LLMClient
+from triton_repo.launch import TritonServer, free_port
 
 pytestmark = pytest.mark.server
 REPO = Path(__file__).resolve().parent.parent
@@ -67,8 +67,14 @@ def greedy_text(build: tuple[Any, Path]) -> str:
 def test_repository_is_the_llmapi_layout(build: tuple[Any, Path]) -> None:
     repo = build[1] / "triton_repo"
     assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()) == [
-        "client.json", "manifest.json", "prometheus-rules.yml", "tensorrt_llm/1/eagle_bootstrap.py", "tensorrt_llm/1/model.py",
-        "tensorrt_llm/1/model.yaml", "tensorrt_llm/config.pbtxt"]
+        "client.json",
+        "manifest.json",
+        "prometheus-rules.yml",
+        "tensorrt_llm/1/eagle_bootstrap.py",
+        "tensorrt_llm/1/model.py",
+        "tensorrt_llm/1/model.yaml",
+        "tensorrt_llm/config.pbtxt",
+    ]
     doc = yaml.safe_load((repo / "tensorrt_llm/1/model.yaml").read_text())
     assert doc["speculative_config"] == {
         "decoding_type": "Eagle3", "max_draft_len": 3,
@@ -191,7 +197,7 @@ def test_genai_perf_command(build: tuple[Any, Path]) -> None:
         "genai-perf", "profile", "-m", "tensorrt_llm", "--tokenizer", schema.tokenizer, "--concurrency", "1",
         "--request-count", "4", "--synthetic-input-tokens-mean", "128", "--endpoint-type", "generate",
         "-u", "127.0.0.1:8000", "--extra-inputs", "sampling_param_max_tokens:16",
-        "--extra-inputs", "sampling_param_exclude_input_from_output:true"]  # fmt: skip
+        "--extra-inputs", "sampling_param_exclude_input_from_output:true"]
 
 
 # ---- hostile requests: bounded before the prompt is tokenized, INVALID_ARGUMENT by name, no traceback ----------------

@@ -15,10 +15,10 @@ import pytest
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
-from builders.build import main as build_main  # noqa: E402
-from tests.engine_cases import write_build_yaml  # noqa: E402
-from tests.triton_requests import inputs, stream_call  # noqa: E402
-from tests.triton_servers import server_on  # noqa: E402
+from builders.build import main as build_main
+from tests.engine_cases import write_build_yaml
+from tests.triton_requests import inputs, stream_call
+from tests.triton_servers import server_on
 
 pytestmark = pytest.mark.server
 STANDIN = Path(__file__).parent / "fixtures" / "llmapi_standin"
@@ -37,7 +37,7 @@ def llmapi_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     head_cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # TensorRT-LLM needs three distinct layers
     (head / "config.json").write_text(json.dumps(head_cfg))
     cfg = write_build_yaml(root / "pt.yaml", output_dir=root / "build", target=target, head=head, draft="eagle3",
-                           backend="pytorch", tree="chain-3", name="llmapi-model", version="1.2")  # fmt: skip
+                           backend="pytorch", tree="chain-3", name="llmapi-model", version="1.2")
     assert build_main([str(cfg)]) == 0
     return root / "build" / "triton_repo"
 

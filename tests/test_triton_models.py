@@ -27,7 +27,7 @@ def test_stop_word_list_round_trip_in_trtllm_format() -> None:
     ("t", "k", "p", "greedy", "top_p"),
     [(1.0, 0, 0.0, True, 1.0), (0.0, 5, 0.9, True, 0.9), (0.7, 1, 0.0, True, 1.0), (0.7, 40, 0.0, False, 1.0),
      (0.7, 0, 0.9, False, 0.9)],
-)  # fmt: skip
+)
 def test_sampling_follows_trtllm_greedy_rule(t: float, k: int, p: float, greedy: bool, top_p: float) -> None:
     s = llm_io.sampling_from(t, k, p, 3)
     assert (s.greedy, s.top_p, s.seed) == (greedy, top_p, 3)
@@ -39,7 +39,9 @@ def test_sampling_rejects_bad_values() -> None:
             llm_io.sampling_from(t, 5, 0.0, 0)
     with pytest.raises(common.RequestError, match=r"top_p=nan must be in \(0, 1\]"):
         llm_io.sampling_from(1.0, 0, float("nan"), 0)
-    with pytest.raises(common.RequestError, match=r"input_ids\[1\]=320 is out of range: token ids must be in \[0, 320\)"):
+    with pytest.raises(
+        common.RequestError, match=r"input_ids\[1\]=320 is out of range: token ids must be in \[0, 320\)"
+    ):
         llm_io.check_token_ids([5, 320], 320)
     llm_io.check_token_ids([0, 319], 320)
     with pytest.raises(common.RequestError, match=r"top_p=1.5 must be in \(0, 1\]"):
@@ -190,7 +192,7 @@ def test_batcher_deadline_ends_running_and_queued_jobs_and_reports_the_counts() 
     session = CountingSession(1, delay=0.001)
     counts: list[tuple[int, int]] = []
     b = batcher.Batcher(session, lambda j: j.payload, lambda j: None, max_queue_size=2, deadline_s=0.3,
-                        on_count=lambda n, q: counts.append((n, q)))  # fmt: skip
+                        on_count=lambda n, q: counts.append((n, q)))
     running, queued = (batcher.Job(payload=10**6, is_cancelled=lambda: False, streaming=True) for _ in range(2))
     assert b.admit(running) is None and b.admit(queued) is None
     assert running.done.wait(10) and queued.done.wait(10)
@@ -249,7 +251,7 @@ def test_cancel_channel_carries_a_sequence_token_to_its_listener_and_nothing_els
         assert listener.handle()[1] != token  # a new token per sequence
         assert cancel_channel.send_cancel(handle)
         for bad in ("", "eagle-cancel-x/y", f"{listener.address}/{token.upper()}", f"/tmp/sock/{token}",
-                    f"{handle}\n", f"{listener.address}/{token}/{token}"):  # fmt: skip
+                    f"{handle}\n", f"{listener.address}/{token}/{token}"):
             assert not cancel_channel.send_cancel(bad), bad  # malformed: never sent
         absent = f"eagle-cancel-{'0' * 32}/{token}"
         assert not cancel_channel.send_cancel(absent)  # no such listener

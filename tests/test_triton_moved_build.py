@@ -14,9 +14,9 @@ import pytest
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
-from tests.triton_requests import PROMPT, inputs, stream_call, text_of  # noqa: E402
-from tests.triton_servers import STOP_TIMEOUT_S, server_on, tiny_reference_repo  # noqa: E402
-from triton_repo.models import bootstrap  # noqa: E402
+from tests.triton_requests import PROMPT, inputs, stream_call, text_of
+from tests.triton_servers import STOP_TIMEOUT_S, server_on, tiny_reference_repo
+from triton_repo.models import bootstrap
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,9 @@ def test_the_models_import_the_project_named_by_eagle_deploy_home(monkeypatch: p
     monkeypatch.delenv(bootstrap.HOME_ENV)
     bootstrap.project_on_path({"model_name": "m"})  # importable here: nothing to do
     monkeypatch.setattr(bootstrap.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ImportError, match="set EAGLE_DEPLOY_HOME to the project root for tritonserver, or `pip install"):
+    with pytest.raises(
+        ImportError, match="set EAGLE_DEPLOY_HOME to the project root for tritonserver, or `pip install"
+    ):
         bootstrap.project_on_path({"model_name": "m"})
 
 

@@ -36,11 +36,11 @@ UPSTREAM_ENSEMBLE_INPUTS = {
     "top_p": ("TYPE_FP32", [1], True), "temperature": ("TYPE_FP32", [1], True), "seed": ("TYPE_UINT64", [1], True),
     "beam_width": ("TYPE_INT32", [1], True), "return_perf_metrics": ("TYPE_BOOL", [1], True),
     "stream": ("TYPE_BOOL", [1], True),
-}  # fmt: skip
+}
 UPSTREAM_ENSEMBLE_OUTPUTS = {
     "text_output": ("TYPE_STRING", [-1]), "acceptance_rate": ("TYPE_FP32", [1]),
     "total_accepted_draft_tokens": ("TYPE_INT32", [1]), "total_draft_tokens": ("TYPE_INT32", [1]),
-}  # fmt: skip
+}
 
 
 def _yaml(root: Path, target: Path, head: Path, draft_type: str, backend: str, tree: str,
@@ -128,7 +128,12 @@ def test_every_config_parses_and_no_placeholder_survives(reference_repo: Path) -
     for f in reference_repo.rglob("*"):
         if f.is_file() and f.suffix in (".pbtxt", ".json", ".yaml"):
             assert "${" not in f.read_text(), f
-    assert {p.name for p in reference_repo.iterdir()} == {*MODELS, "client.json", "manifest.json", "prometheus-rules.yml"}
+    assert {p.name for p in reference_repo.iterdir()} == {
+        *MODELS,
+        "client.json",
+        "manifest.json",
+        "prometheus-rules.yml",
+    }
 
 
 def test_ensemble_io_matches_tensorrtllm_backend(reference_repo: Path) -> None:
@@ -175,7 +180,9 @@ def test_triton_stage_refuses_limits_that_disagree_with_the_engine_spec(referenc
     build = reference_repo.parent
     cfg = load_config(build.parent / "reference.yaml")
     assert limits_problems(cfg, build) == []
-    stale = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"max_batch_size": cfg.engine.max_batch_size + 1})})
+    stale = cfg.model_copy(
+        update={"engine": cfg.engine.model_copy(update={"max_batch_size": cfg.engine.max_batch_size + 1})}
+    )
     (msg,) = limits_problems(stale, build)
     assert f"engine.max_batch_size={cfg.engine.max_batch_size + 1} but the engine stage's reference.json has " \
         f"{cfg.engine.max_batch_size}: rebuild the engine stage" in msg
@@ -185,7 +192,7 @@ def test_client_json_is_generated_from_the_ensemble_config(reference_repo: Path)
     desc = json.loads((reference_repo / "client.json").read_text())
     ens = parse(reference_repo, "ensemble")
     wire = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32",
-            "TYPE_BOOL": "BOOL"}  # fmt: skip
+            "TYPE_BOOL": "BOOL"}
     assert desc["model"] == ens.name and desc["streaming"] is True and desc["backend"] == "reference"
     assert [(i["name"], i["datatype"], i["dims"], i["optional"]) for i in desc["inputs"]] == [
         (i.name, wire[mc.DataType.Name(i.data_type)], list(i.dims), i.optional and i.name not in C.REQUIRED_HELP)
@@ -222,7 +229,9 @@ def test_tensorrt_render_golden(tensorrt_build: tuple[Any, Path], tmp_path: Path
     assert params["gpt_model_path"] == os.path.relpath(build / "engine", repo)
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()  # the C++ backend needs no model.py
     for m in MODELS:
-        check_golden(f"tensorrt/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build, repo=repo))
+        check_golden(
+            f"tensorrt/{m}/config.pbtxt", normalized((repo / m / "config.pbtxt").read_text(), build, repo=repo)
+        )
     desc = json.loads((repo / "client.json").read_text())
     assert desc.pop("config_hash") == cfg.config_hash()  # depends on the tmp paths: not golden
     check_golden("tensorrt/client.json", json.dumps(desc, indent=2) + "\n")

@@ -19,11 +19,14 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from triton_repo.launch import ADMIN_GRPC_HEADER, LaunchError, TritonServer, free_port  # noqa: E402
-from tests.test_triton_server import build_dir, start_server  # noqa: E402,F401
-from tests.triton_requests import PROMPT, infer_input, inputs, stream_call  # noqa: E402
+from triton_repo.launch import ADMIN_GRPC_HEADER, LaunchError, TritonServer, free_port
+from tests import test_triton_server
+from tests.test_triton_server import start_server
+
+build_dir = test_triton_server.build_dir  # the module fixture its tests request by name
+from tests.triton_requests import PROMPT, infer_input, inputs, stream_call
 
 pytestmark = pytest.mark.server
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -58,10 +61,13 @@ def http(server: TritonServer, method: str, path: str, body: dict | None = None,
 
 def test_admin_grpc_apis_need_the_key(server: TritonServer, client: Any) -> None:
     for call in (client.get_model_repository_index, client.get_log_settings, client.get_trace_settings,
-                 client.get_system_shared_memory_status):  # fmt: skip
+                 client.get_system_shared_memory_status):
         with pytest.raises(InferenceServerException) as err:
             call()
-        assert "This protocol is restricted, expecting header 'triton-grpc-protocol-eagle-admin-key'" in err.value.message(), call
+        assert (
+            "This protocol is restricted, expecting header 'triton-grpc-protocol-eagle-admin-key'"
+            in err.value.message()
+        ), call
         with pytest.raises(InferenceServerException):
             call(headers={ADMIN_GRPC_HEADER: "wrong"})
         call(headers=server.admin_headers)  # answers with the key
@@ -75,7 +81,7 @@ def test_admin_grpc_apis_need_the_key(server: TritonServer, client: Any) -> None
 
 def test_admin_http_apis_need_the_key(server: TritonServer) -> None:
     calls = [("POST", "/v2/repository/index", {}), ("GET", "/v2/logging", None), ("GET", "/v2/trace/setting", None),
-             ("GET", "/v2/systemsharedmemory/status", None)]  # fmt: skip
+             ("GET", "/v2/systemsharedmemory/status", None)]
     for method, path, body in calls:
         code, text = http(server, method, path, body)
         assert code == 403 and "This API is restricted, expecting header 'eagle-admin-key'" in text, (path, code, text)
@@ -149,7 +155,7 @@ def test_launch_cli_stops_promptly_on_sigterm_while_models_load(build_dir: Path,
          "--grpc-port", str(grpc_port), "--http-port", str(free_port()), "--metrics-port", str(free_port()),
          "--log", str(log), "--timeout", "600"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 60
         while not (log.exists() and "$ " in log.read_text()) and time.monotonic() < deadline:

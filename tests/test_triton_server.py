@@ -16,13 +16,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from tests import triton_build  # noqa: E402
-from tests.triton_build import MAX_BATCH, MAX_QUEUE  # noqa: E402
-from tests.triton_requests import BAD_REQUESTS, PROMPT, infer_input, inputs, stream_call, text_of  # noqa: E402
-from tests.triton_servers import metric  # noqa: E402
-from triton_repo.launch import TritonServer, free_port  # noqa: E402
+from tests import triton_build
+from tests.triton_build import MAX_BATCH, MAX_QUEUE
+from tests.triton_requests import BAD_REQUESTS, PROMPT, infer_input, inputs, stream_call, text_of
+from tests.triton_servers import metric
+from triton_repo.launch import TritonServer, free_port
 
 pytestmark = pytest.mark.server
 LONG = 300  # tokens of the requests that must still be running when the test acts on them (end_id -1)
@@ -65,7 +65,11 @@ def engine_greedy(engine: Any, text: str, n: int) -> tuple[list[int], Any]:
     tok = engine.tokenizer
     ids = tok.encode(text, add_special_tokens=True)
     [res] = engine.generate(
-        [GenerationRequest(prompt_ids=ids, max_new_tokens=n, sampling=SamplingParams(), stop_token_ids=[tok.eos_token_id])]
+        [
+            GenerationRequest(
+                prompt_ids=ids, max_new_tokens=n, sampling=SamplingParams(), stop_token_ids=[tok.eos_token_id]
+            )
+        ]
     )
     return res.output_ids, res.stats
 
@@ -76,7 +80,7 @@ def engine_greedy(engine: Any, text: str, n: int) -> tuple[list[int], Any]:
 def test_server_ready_with_every_model_and_client_json_ignored(server: TritonServer, client: Any) -> None:
     models = {m.name: m.state for m in client.get_model_repository_index(headers=server.admin_headers).models}
     assert models == {n: "READY" for n in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm",
-                                            "tensorrt_llm_bls")}  # fmt: skip
+                                            "tensorrt_llm_bls")}
     assert (server.repo / "client.json").is_file() and (server.repo / "manifest.json").is_file()
 
 
@@ -84,7 +88,7 @@ def test_server_ready_with_every_model_and_client_json_ignored(server: TritonSer
 def test_unary_greedy_equals_reference_engine_and_perf_metrics_match(client: Any, engine: Any, model: str) -> None:
     n = 12
     [resp] = stream_call(client, model, inputs(PROMPT, n, exclude_input_in_output=(True, "BOOL"),
-                                               return_perf_metrics=(True, "BOOL")))  # fmt: skip
+                                               return_perf_metrics=(True, "BOOL")))
     ids, stats = engine_greedy(engine, PROMPT, n)
     assert resp["text_output"].reshape(-1)[0].decode() == engine.tokenizer.decode(ids, skip_special_tokens=True)
     assert int(resp["total_draft_tokens"].reshape(-1)[0]) == stats.draft_tokens > 0
@@ -97,7 +101,9 @@ def test_unary_default_includes_prompt_and_omits_perf_outputs(client: Any, engin
     [resp] = stream_call(client, "ensemble", inputs(PROMPT, 6))
     ids, _ = engine_greedy(engine, PROMPT, 6)
     prompt_ids = engine.tokenizer.encode(PROMPT, add_special_tokens=True)
-    assert resp["text_output"].reshape(-1)[0].decode() == engine.tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)
+    assert resp["text_output"].reshape(-1)[0].decode() == engine.tokenizer.decode(
+        prompt_ids + ids, skip_special_tokens=True
+    )
     assert set(resp) == {"text_output"}
 
 
@@ -109,7 +115,9 @@ def test_greedy_matches_hugging_face(client: Any, tiny_target: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_target, torch_dtype=torch.float32)
     ids = tok(PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+        out = model.generate(
+            ids, max_new_tokens=10, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id
+        )
     expected = tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
     [resp] = stream_call(client, "ensemble", inputs(PROMPT, 10, exclude_input_in_output=(True, "BOOL")))
     assert resp["text_output"].reshape(-1)[0].decode() == expected
@@ -131,7 +139,9 @@ def test_streaming_bls_text_equals_unary_and_ensemble_streams_engine_chunks(clie
     n = 16
     ids, stats = engine_greedy(engine, PROMPT, n)
     unary = engine.tokenizer.decode(ids, skip_special_tokens=True)
-    bls = stream_call(client, "tensorrt_llm_bls", inputs(PROMPT, n, stream=(True, "BOOL"), return_perf_metrics=(True, "BOOL")))
+    bls = stream_call(
+        client, "tensorrt_llm_bls", inputs(PROMPT, n, stream=(True, "BOOL"), return_perf_metrics=(True, "BOOL"))
+    )
     assert text_of(bls) == unary  # incremental detokenization: no chunk splits a character
     assert int(bls[-1]["total_draft_tokens"].reshape(-1)[0]) == stats.draft_tokens
     ens = stream_call(client, "ensemble", inputs(PROMPT, n, stream=(True, "BOOL")))
@@ -305,7 +315,7 @@ def _stop_inputs() -> list[Any]:
     """tensorrtllm_backend's stop request to the tensorrt_llm model (input stop=true; the other required inputs are
     placeholders the model never reads)."""
     return [infer_input("input_ids", 1, "INT32"), infer_input("input_lengths", 1, "INT32"),
-            infer_input("request_output_len", 1, "INT32"), infer_input("stop", True, "BOOL")]  # fmt: skip
+            infer_input("request_output_len", 1, "INT32"), infer_input("stop", True, "BOOL")]
 
 
 def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServer, client: Any) -> None:
@@ -327,7 +337,7 @@ def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServe
     chunks = 0
     try:
         client.async_stream_infer("ensemble", inputs("stop me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32")),
-                                  enable_empty_final_response=True, request_id=rid)  # fmt: skip
+                                  enable_empty_final_response=True, request_id=rid)
         while True:
             result, error = q.get(timeout=120)
             assert error is None, error
@@ -363,12 +373,12 @@ def test_ensemble_stream_cancel_reaches_the_llm_model_and_the_ensemble_completes
     cleanly."""
     log = tmp_path / "tritonserver.log"
     srv = TritonServer(build_dir / "triton_repo", grpc_port=free_port(), http_port=free_port(),
-                       metrics_port=free_port(), log_path=log)  # fmt: skip
+                       metrics_port=free_port(), log_path=log)
     srv.start(timeout_s=240)
     try:
         c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
         got = stream_call(c, "ensemble", inputs("cancel me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32")),
-                          cancel_after=1)  # fmt: skip
+                          cancel_after=1)
         assert len(got) == 1
         _wait_idle(srv)
         assert metric(srv, "eagle_llm_requests_cancelled_total") == 1  # the model was told

@@ -27,7 +27,7 @@ def _server(repo: Path, tmp_path: Path) -> TritonServer:
                         log_path=tmp_path / f"server-{time.monotonic_ns()}.log")
 
 
-def _wait(pred, timeout: float = 120) -> bool:  # type: ignore[no-untyped-def]
+def _wait(pred, timeout: float = 120) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if pred():
@@ -90,7 +90,7 @@ def test_the_next_start_removes_regions_of_killed_launchers_but_not_of_running_s
             stdout=subprocess.PIPE, text=True, start_new_session=True), ports[0]))
     tags = [f"{p.pid}_{port}" for p, port in procs]
     for p, _ in procs:
-        assert "tritonserver ready" in p.stdout.readline() + p.stdout.readline()  # type: ignore[union-attr]
+        assert "tritonserver ready" in p.stdout.readline() + p.stdout.readline()
     regions = [shm.own_regions(t) for t in tags]
     assert all(regions)
     server_pids = [int(subprocess.check_output(["pgrep", "-P", str(p.pid), "-f", "tritonserver"]).split()[0])

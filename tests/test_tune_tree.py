@@ -147,9 +147,13 @@ def test_speed_model_picks_the_fastest_size() -> None:
 
 def test_read_table_rejects_what_is_not_a_table(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
-    for text, msg in [("not json", "not a tune_tree.py --json file"), ('{"table": {}}', "not a tune_tree.py --json file"),
-                      ('{"table": {"reach": [[10, 5], [10]]}}', "equal-length lists"),
-                      ('{"table": {"reach": [[10, -1]]}}', "counts >= 0"), ('{"table": {"reach": []}}', "one per rank")]:
+    for text, msg in [
+        ("not json", "not a tune_tree.py --json file"),
+        ('{"table": {}}', "not a tune_tree.py --json file"),
+        ('{"table": {"reach": [[10, 5], [10]]}}', "equal-length lists"),
+        ('{"table": {"reach": [[10, -1]]}}', "counts >= 0"),
+        ('{"table": {"reach": []}}', "one per rank"),
+    ]:
         bad.write_text(text)
         with pytest.raises(ValueError, match=msg):
             tune_tree.read_table(bad)

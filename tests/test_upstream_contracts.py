@@ -203,5 +203,7 @@ def test_transformers4_problems_names_each_transformers5_spelling(tmp_path: Path
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "TokenizersBackend",
                                                                 "extra_special_tokens": ["<x>"]}))
     p = transformers4_problems(tmp_path)
-    assert len(p) == 5 and "reads the top-level key only (default 10000)" in p[0] and "'yarn' without rope_scaling" in p[1]
+    assert (
+        len(p) == 5 and "reads the top-level key only (default 10000)" in p[0] and "'yarn' without rope_scaling" in p[1]
+    )
     assert "reads torch_dtype" in p[2] and "TokenizersBackend" in p[3] and "extra_special_tokens" in p[4]

@@ -161,7 +161,9 @@ def make_target(
     return out
 
 
-def make_eagle_head(out: Path, target_dir: Path, *, bias: bool = True, seed: int = 1, declare_bias: bool | None = None) -> Path:
+def make_eagle_head(
+    out: Path, target_dir: Path, *, bias: bool = True, seed: int = 1, declare_bias: bool | None = None
+) -> Path:
     """EAGLE-1/2 head (SafeAILab layout). `declare_bias` writes config "bias" (None = omit the key)."""
     out.mkdir(parents=True, exist_ok=True)
     tcfg = json.loads((target_dir / "config.json").read_text())

@@ -64,7 +64,12 @@ BAD_REQUESTS = [
     (PROMPT, 0, {}, "max_tokens=0 must be >= 1"),
     (PROMPT, -3, {}, "max_tokens=-3 must be >= 1"),
     (PROMPT, MAX_SEQ, {}, f"exceeds engine.max_seq_len={MAX_SEQ}; lower max_tokens to at most"),
-    ("fox " * 100, 4, {}, f"exceeds engine.max_input_len={MAX_INPUT}; shorten it"),  # under the byte bound, over the token bound
+    (
+        "fox " * 100,
+        4,
+        {},
+        f"exceeds engine.max_input_len={MAX_INPUT}; shorten it",
+    ),  # under the byte bound, over the token bound
     (PROMPT, 4, {"beam_width": (2, "INT32")}, "beam_width=2: only 1 is supported"),
     (PROMPT, 4, {"top_p": (1.5, "FP32")}, "top_p=1.5 must be in (0, 1]"),
     (PROMPT, 4, {"lora_task_id": (1, "UINT64")}, "unexpected inference input 'lora_task_id'"),

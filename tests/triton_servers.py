@@ -53,7 +53,8 @@ def tiny_reference_repo(root: Path, name: str, target: Path, head: Path, *, max_
         f"target: {{model: {target}, dtype: float32}}\n"
         f"draft: {{type: eagle, model: {head}}}\n"
         "tree: {choices: topk-2-2}\n"
-        f"engine: {{backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: {max_seq_len}}}\n"
+        "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, "
+        f"max_seq_len: {max_seq_len}}}\n"
         + triton
     )
     assert build_main([str(cfg)]) == 0

@@ -13,13 +13,26 @@ i.e. tau of a depth-`depth` chain tree. Trees accept more than a chain; measure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import torch
 
 from training.model import EagleHead
 
 
+class ChainExample(Protocol):
+    """What the chain evaluation reads of one example (training/loop.py Example)."""
+
+    features: torch.Tensor  # [T, H]
+    input_ids: torch.Tensor  # [T]
+    loss_mask: torch.Tensor  # [T]
+
+
 @torch.no_grad()
-def chain_accept(head: EagleHead, lm_head: torch.Tensor, examples: list, depth: int) -> dict[str, float]:
+def chain_accept(
+    head: EagleHead, lm_head: torch.Tensor, examples: Sequence[ChainExample], depth: int
+) -> dict[str, float]:
     accepted = torch.zeros(0, dtype=torch.long)
     for e in examples:
         accepted = torch.cat([accepted, _accepted_per_root(head, lm_head, e, depth)])
@@ -32,7 +45,7 @@ def chain_accept(head: EagleHead, lm_head: torch.Tensor, examples: list, depth: 
     return out
 
 
-def _accepted_per_root(head: EagleHead, lm_head: torch.Tensor, e, depth: int) -> torch.Tensor:
+def _accepted_per_root(head: EagleHead, lm_head: torch.Tensor, e: ChainExample, depth: int) -> torch.Tensor:
     L = len(e.input_ids) - 1
     dev = lm_head.device
     feats = e.features[:-1].float()[None].to(dev)
@@ -41,7 +54,7 @@ def _accepted_per_root(head: EagleHead, lm_head: torch.Tensor, e, depth: int) ->
     roots = e.loss_mask[1:].nonzero().flatten().to(dev)
     if roots.numel() == 0:
         return torch.zeros(0, dtype=torch.long)
-    layer = head.layers[0]
+    layer = head.layer
     attn = layer.self_attn
     pos = torch.arange(L, device=dev)[None]
     causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()

@@ -12,10 +12,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from training.config import ComputeConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 class ComputeError(RuntimeError):
@@ -93,7 +97,7 @@ def apply_compute(c: Compute, tf32: bool) -> None:
         torch.backends.cudnn.allow_tf32 = tf32
 
 
-def load_target(target: str, c: Compute):
+def load_target(target: str, c: Compute) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Path]:
     """(model, tokenizer, target_dir): the HF target in c.target_dtype on c.device (or device_map="auto"), eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,7 +115,7 @@ def load_target(target: str, c: Compute):
     return model.eval().requires_grad_(False), tok, target_dir
 
 
-def input_device(model) -> torch.device:
+def input_device(model: PreTrainedModel) -> torch.device:
     """Where the target's input ids go (its embedding's device; the first GPU under device_map="auto")."""
     return model.get_input_embeddings().weight.device
 

@@ -244,7 +244,7 @@ def load_train_config(path: Path, overrides: list[str] | None = None) -> TrainHe
     data = read_config(path, overrides)  # bounded: size, alias expansion, overrides
     base = path.resolve().parent
     for key in ("target", "work_dir", "output_dir"):
-        if isinstance(data.get(key), str):  # noqa: the key's absence is reported by pydantic below
+        if isinstance(data.get(key), str):  # the key's absence is reported by pydantic below
             data[key] = _resolve(base, data[key])
     if isinstance(data.get("data"), dict) and isinstance(data["data"].get("path"), str):
         data["data"]["path"] = _resolve(base, data["data"]["path"])

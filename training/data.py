@@ -29,6 +29,7 @@ from training.shards import atomic_save, shard_path
 from measure.data import chat_ids, iter_sharegpt, sharegpt_path
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from training.features import FeatureSpec
 
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
@@ -74,14 +75,16 @@ def _turn(turn: object) -> tuple[str | None, object]:
     return (role if role in ROLES.values() else None), turn.get("content", "")
 
 
-def prompt_ids(tok, messages: list[dict[str, str]]) -> list[int]:
+def prompt_ids(tok: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
     """Chat-templated prompt ending with the assistant header (what the target sees before answering)."""
     if len(messages) == 1 and messages[0]["role"] == "user":
         return chat_ids(tok, messages[0]["content"])  # exactly what measure.verify feeds the engine
     return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
-def dataset_example(tok, conv: Conversation, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def dataset_example(
+    tok: PreTrainedTokenizerBase, conv: Conversation, max_seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ShareGPT's own answers: template the conversation, mask = assistant turns (found by templating prefixes)."""
     ids: list[int] = []
     mask: list[bool] = []
@@ -95,7 +98,9 @@ def dataset_example(tok, conv: Conversation, max_seq_len: int) -> tuple[torch.Te
     return torch.tensor(ids[:max_seq_len], dtype=torch.int32), torch.tensor(mask[:max_seq_len], dtype=torch.bool)
 
 
-def regenerate(model, tok, prompts: list[list[int]], cfg: DataConfig) -> list[list[int]]:
+def regenerate(
+    model: PreTrainedModel, tok: PreTrainedTokenizerBase, prompts: list[list[int]], cfg: DataConfig
+) -> list[list[int]]:
     """Greedy answers of the target for tokenized prompts, decoded in batches of prompts of similar length (see
     generate.py); each answer ends at the first eos (kept) or after max_new_tokens."""
     from training.generate import regenerate_with_features
@@ -106,7 +111,7 @@ def regenerate(model, tok, prompts: list[list[int]], cfg: DataConfig) -> list[li
     return [a for a, _ in got]
 
 
-def _eos_ids(model, tok) -> set[int]:
+def _eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> set[int]:
     ids = model.generation_config.eos_token_id
     ids = set(ids if isinstance(ids, list) else [ids]) if ids is not None else set()
     if tok.eos_token_id is not None:
@@ -126,7 +131,7 @@ def conversations_file(cfg: DataConfig) -> Path:
     return sharegpt_path()
 
 
-def select_conversations(tok, cfg: DataConfig, path: Path | None = None) -> list[Conversation]:
+def select_conversations(tok: PreTrainedTokenizerBase, cfg: DataConfig, path: Path | None = None) -> list[Conversation]:
     """The data slice: usable conversations [offset, offset + num_conversations) in file order (`path`: another
     ShareGPT-format file instead of the configured one)."""
     picked: list[Conversation] = []
@@ -176,7 +181,13 @@ def check_data_key(work_dir: Path, cfg: DataConfig, target: str, target_dtype: s
 
 
 def build_data(
-    model, tok, cfg: DataConfig, work_dir: Path, spec: FeatureSpec | None = None, rank: int = 0, world: int = 1
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    cfg: DataConfig,
+    work_dir: Path,
+    spec: FeatureSpec | None = None,
+    rank: int = 0,
+    world: int = 1,
 ) -> list[Path]:
     """Write (or reuse) this rank's share of the data shards (round robin); returns every shard's path. Shard i
     holds conversations [i*shard_size, (i+1)*shard_size) of the slice; finished shards are never recomputed.
@@ -199,7 +210,13 @@ def build_data(
     return shards
 
 
-def _make_shard(model, tok, convs: list[Conversation], cfg: DataConfig, spec: FeatureSpec | None) -> tuple[dict, dict | None]:
+def _make_shard(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    convs: list[Conversation],
+    cfg: DataConfig,
+    spec: FeatureSpec | None,
+) -> tuple[dict, dict | None]:
     ids_list, masks = [], []
     feats = None
     if cfg.responses == "regenerate":

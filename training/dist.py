@@ -16,6 +16,7 @@ number of ranks.
 from __future__ import annotations
 
 import os
+from typing import Any
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -70,7 +71,7 @@ def init_dist(d: Dist, device: torch.device) -> None:
     if d.world == 1 or tdist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     tdist.init_process_group(backend, rank=d.rank, world_size=d.world, timeout=BARRIER_TIMEOUT, **kwargs)
 
 

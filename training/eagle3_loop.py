@@ -127,7 +127,7 @@ def chain_accept3(head: Eagle3Head, examples: list[Example3], depth: int) -> dic
     for e in examples:
         batch = collate3([e], depth, dev)
 
-        def tokens(k: int, prev: torch.Tensor | None) -> torch.Tensor:
+        def tokens(k: int, prev: torch.Tensor | None, batch: Batch3 = batch) -> torch.Tensor:
             if prev is None:
                 return batch.at("tokens", 0)
             return head.draft_to_target(head.logits(prev).argmax(-1))
@@ -143,7 +143,7 @@ def chain_accept3(head: Eagle3Head, examples: list[Example3], depth: int) -> dic
     acc = torch.cat(accepted_all) if accepted_all else torch.zeros(0, dtype=torch.long)
     if acc.numel() == 0:
         return {"chain_tau": float("nan")}
-    out = {"chain_tau": 1.0 + acc.float().mean().item()}
+    figures = {"chain_tau": 1.0 + acc.float().mean().item()}
     for m in range(1, depth + 1):  # P(step m accepted | steps < m accepted)
-        out[f"chain_p{m}"] = (acc >= m).sum().item() / max((acc >= m - 1).sum().item(), 1)
-    return out
+        figures[f"chain_p{m}"] = (acc >= m).sum().item() / max((acc >= m - 1).sum().item(), 1)
+    return figures

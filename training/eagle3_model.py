@@ -82,6 +82,9 @@ class Midlayer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
+    d2t: torch.Tensor  # buffers (register_buffer below): draft id -> target id offset
+    t2d: torch.Tensor  # target id -> in the draft vocabulary
+
     def __init__(self, cfg: LlamaConfig, n_aux: int, draft_ids: torch.Tensor) -> None:
         super().__init__()
         self.config = cfg

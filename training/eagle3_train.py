@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -30,6 +31,9 @@ from training.model import MODEL_CARD, export_dtype_keys
 from training.plan import Positions
 from training import runner
 from training.runner import Context, FeatureFn, Sample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 COVERAGE_SIZES = [1024, 2048, 4096, 8192, 16384, 32000]
 
@@ -81,17 +85,19 @@ def train3(
         cfg, head, trajectory_key3(cfg), len(train_set), loss_fn,
         lambda: evaluate3(head, lm_sub, eval_examples, cfg, compute), ckpt_dir, desc="train eagle3",
         progress=("acc0", "acc_0"), dist=dist, compute=compute, stop_at=stop_at, first_log=first_log,
-    )  # fmt: skip
+    )
 
 
 @torch.no_grad()
-def evaluate3(head: Eagle3Head, lm_sub: torch.Tensor, examples: list[Example3], cfg: TrainHeadConfig, compute: Compute) -> dict:
+def evaluate3(
+    head: Eagle3Head, lm_sub: torch.Tensor, examples: list[Example3], cfg: TrainHeadConfig, compute: Compute
+) -> dict:
     """Held-out teacher-forced TTT losses/accuracies (all positions) and the greedy chain acceptance estimate."""
     e3 = cfg.eagle3
     assert e3 is not None
     head.eval()
     sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
+    counts: dict[str, float] = {}
     with compute.autocast():
         for i in range(0, len(examples), cfg.train.batch_size):
             part = examples[i : i + cfg.train.batch_size]
@@ -109,7 +115,9 @@ def evaluate3(head: Eagle3Head, lm_sub: torch.Tensor, examples: list[Example3], 
     return out
 
 
-def export_eagle3(head: Eagle3Head, config: dict, out_dir: Path, extra_files: dict[str, str], *, embedding: bool) -> Path:
+def export_eagle3(
+    head: Eagle3Head, config: dict, out_dir: Path, extra_files: dict[str, str], *, embedding: bool
+) -> Path:
     """config.json + fp16 model.safetensors (+ extra files) written to a temporary dir, then renamed into place;
     a hand-written MODEL_CARD.md already there survives."""
     from safetensors.torch import save_file
@@ -123,7 +131,9 @@ def export_eagle3(head: Eagle3Head, config: dict, out_dir: Path, extra_files: di
     return out_dir
 
 
-def setup3(cfg: TrainHeadConfig, model, target_cfg: dict, train_set: list[Sample]) -> tuple[Eagle3Head, torch.Tensor, dict]:
+def setup3(
+    cfg: TrainHeadConfig, model: PreTrainedModel, target_cfg: dict[str, Any], train_set: list[Sample]
+) -> tuple[Eagle3Head, torch.Tensor, dict]:
     """(fresh head, target lm_head rows of the draft ids, vocabulary log record) on the CPU; prints the coverage."""
     e3 = cfg.eagle3
     assert e3 is not None

@@ -17,14 +17,22 @@ another dtype is refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from training.shards import atomic_save, shard_path
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+    from transformers import PreTrainedModel
+
+    from training.config import TrainHeadConfig
 
 KIND = "features"
 FORMAT = 2
@@ -47,13 +55,19 @@ class FeatureSpec:
         return {"kind": self.kind, "layer_ids": list(self.layer_ids or []), "dtype": str(self.dtype)}
 
 
-def spec_for(cfg) -> FeatureSpec:
+class HasInputIds(Protocol):
+    """A training sample as the online feature function reads it (training/runner.py Sample)."""
+
+    input_ids: torch.Tensor
+
+
+def spec_for(cfg: TrainHeadConfig) -> FeatureSpec:
     """The FeatureSpec of a TrainHeadConfig."""
-    layer_ids = tuple(cfg.eagle3.layer_ids) if cfg.head == "eagle3" else None
+    layer_ids = tuple(cfg.eagle3.layer_ids) if cfg.head == "eagle3" and cfg.eagle3 is not None else None
     return FeatureSpec(layer_ids, getattr(torch, cfg.features.dtype))
 
 
-def check_layers(model, spec: FeatureSpec) -> None:
+def check_layers(model: PreTrainedModel, spec: FeatureSpec) -> None:
     n = len(model.model.layers)
     bad = [j for j in spec.layer_ids or () if not 0 <= j < n]
     if bad:
@@ -63,8 +77,10 @@ def check_layers(model, spec: FeatureSpec) -> None:
 class LayerInputs:
     """Forward pre-hooks keeping the input of each decoder layer in `layer_ids` during the forwards inside `with`."""
 
-    def __init__(self, model, layer_ids: tuple[int, ...] | None) -> None:
-        self.model, self.layer_ids, self.got, self.handles = model, layer_ids or (), {}, []
+    def __init__(self, model: PreTrainedModel, layer_ids: tuple[int, ...] | None) -> None:
+        self.model, self.layer_ids = model, layer_ids or ()
+        self.got: dict[int, torch.Tensor] = {}
+        self.handles: list[RemovableHandle] = []
 
     def __enter__(self) -> LayerInputs:
         layers = self.model.model.layers
@@ -72,13 +88,13 @@ class LayerInputs:
             self.handles.append(layers[j].register_forward_pre_hook(self._grab(j), with_kwargs=True))
         return self
 
-    def _grab(self, j: int):
-        def hook(_mod, args, kwargs):
+    def _grab(self, j: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+        def hook(_mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self.got[j] = args[0] if args else kwargs["hidden_states"]
 
         return hook
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for h in self.handles:
             h.remove()
 
@@ -88,7 +104,7 @@ class LayerInputs:
         return torch.cat([self.got[j].to(dev) for j in self.layer_ids], dim=-1)
 
 
-def greedy_tokens(model, hidden: torch.Tensor, rows: int = 2048) -> torch.Tensor:
+def greedy_tokens(model: PreTrainedModel, hidden: torch.Tensor, rows: int = 2048) -> torch.Tensor:
     """argmax of the target's full logits for hidden [N, H], `rows` at a time (a [N, V] logit matrix of a 128k
     vocabulary does not fit)."""
     lm = model.get_output_embeddings().weight
@@ -97,7 +113,9 @@ def greedy_tokens(model, hidden: torch.Tensor, rows: int = 2048) -> torch.Tensor
 
 
 @torch.no_grad()
-def forward_features(model, ids: torch.Tensor, attention_mask: torch.Tensor, spec: FeatureSpec) -> dict[str, torch.Tensor]:
+def forward_features(
+    model: PreTrainedModel, ids: torch.Tensor, attention_mask: torch.Tensor, spec: FeatureSpec
+) -> dict[str, torch.Tensor]:
     """One right-padded batch [B, L] -> {"hidden" [B, L, H], "aux" [B, L, n*H]} on the target's output devices."""
     with LayerInputs(model, spec.layer_ids) as cap:
         hidden = model.model(input_ids=ids, attention_mask=attention_mask).last_hidden_state
@@ -117,7 +135,9 @@ def bucket_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
-def sequence_features(model, seqs: list[torch.Tensor], spec: FeatureSpec, batch_tokens: int) -> list[dict[str, torch.Tensor]]:
+def sequence_features(
+    model: PreTrainedModel, seqs: list[torch.Tensor], spec: FeatureSpec, batch_tokens: int
+) -> list[dict[str, torch.Tensor]]:
     """Features of each [T] token sequence (CPU; float32 hidden/aux, int64 greedy), length-bucketed batches."""
     dev = model.get_input_embeddings().weight.device
     out: list[dict[str, torch.Tensor]] = [{} for _ in seqs]
@@ -164,7 +184,13 @@ def my_shards(n: int, rank: int, world: int) -> list[int]:
 
 
 def build_features(
-    model, data_shards: list[Path], work_dir: Path, spec: FeatureSpec, batch_tokens: int, rank: int = 0, world: int = 1
+    model: PreTrainedModel,
+    data_shards: list[Path],
+    work_dir: Path,
+    spec: FeatureSpec,
+    batch_tokens: int,
+    rank: int = 0,
+    world: int = 1,
 ) -> list[Path]:
     """Write (or reuse) one feature shard per data shard, this rank's share of them; returns every shard's path
     (the caller waits for the other ranks before reading theirs)."""
@@ -202,10 +228,12 @@ def load_features(paths: list[Path], spec: FeatureSpec) -> Iterator[dict[str, to
             yield {k: d[k][a:b] for k in names}
 
 
-def online_features(model, spec: FeatureSpec, batch_tokens: int):
+def online_features(
+    model: PreTrainedModel, spec: FeatureSpec, batch_tokens: int
+) -> Callable[[Sequence[HasInputIds]], list[dict[str, torch.Tensor]]]:
     """A FeatureFn computing the features of a training step's samples with the target (features.storage: online)."""
 
-    def fn(samples: list) -> list[dict[str, torch.Tensor]]:
+    def fn(samples: Sequence[HasInputIds]) -> list[dict[str, torch.Tensor]]:
         return sequence_features(model, [s.input_ids for s in samples], spec, batch_tokens)
 
     return fn

@@ -14,10 +14,14 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from training.features import FeatureSpec, LayerInputs, greedy_tokens
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -30,19 +34,26 @@ class Row:
     def keep(self, name: str, x: torch.Tensor) -> None:
         self.chunks.setdefault(name, []).append(x.float().cpu())
 
-    def features(self, model, spec: FeatureSpec) -> dict[str, torch.Tensor]:
+    def features(self, model: PreTrainedModel, spec: FeatureSpec) -> dict[str, torch.Tensor]:
         out = {k: torch.cat(v)[: len(self.prompt) + len(self.answer)] for k, v in self.chunks.items()}
         if spec.layer_ids:
             out["greedy"] = greedy_tokens(model, out["hidden"])
         return out
 
 
-def _cache_arg(model) -> str:
+def _cache_arg(model: PreTrainedModel) -> str:
     """The KV-cache keyword of the target's forward: `cache` (transformers >= 5.2x) or `past_key_values`."""
     return "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
 
 
-def _step(model, ids, att, pos, cache, spec: FeatureSpec | None):
+def _step(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    att: torch.Tensor,
+    pos: torch.Tensor,
+    cache: Any,
+    spec: FeatureSpec | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
     """One target forward with the KV cache; returns (last_hidden_state, aux or None, cache)."""
     name = _cache_arg(model)
     with LayerInputs(model, spec.layer_ids if spec else None) as cap:
@@ -51,19 +62,19 @@ def _step(model, ids, att, pos, cache, spec: FeatureSpec | None):
     return out.last_hidden_state, aux, getattr(out, name)
 
 
-def _next_tokens(model, hidden_last: torch.Tensor) -> list[int]:
+def _next_tokens(model: PreTrainedModel, hidden_last: torch.Tensor) -> list[int]:
     lm = model.get_output_embeddings()
     return lm(hidden_last.to(lm.weight.device)).argmax(-1).tolist()
 
 
-def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _layer_kv(cache: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     if hasattr(cache, "layers"):  # transformers 5
         return cache.layers[layer].keys, cache.layers[layer].values
     return cache.key_cache[layer], cache.value_cache[layer]  # transformers 4
 
 
 @functools.cache
-def _reserved_layer_class():
+def _reserved_layer_class() -> type:
     """A transformers `DynamicLayer` whose keys and values are views of buffers reserved for the whole answer.
 
     `DynamicLayer.update` concatenates: every decode step allocates a new cache-sized tensor per layer and copies the
@@ -83,7 +94,9 @@ def _reserved_layer_class():
         def _grow(self, n: int) -> None:
             self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
 
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             n, m = self.keys.shape[-2], key_states.shape[-2]
             if n + m > self._k.shape[-2]:
                 raise RuntimeError(f"reserved KV cache of {self._k.shape[-2]} positions is full (needs {n + m})")
@@ -95,7 +108,9 @@ def _reserved_layer_class():
     return ReservedLayer
 
 
-def prefill(model, prompts: list[list[int]], spec: FeatureSpec | None, rows: list[Row], capacity: int):
+def prefill(
+    model: PreTrainedModel, prompts: list[list[int]], spec: FeatureSpec | None, rows: list[Row], capacity: int
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each prompt alone (no padding: a batch of prompts of different lengths would spend up to half of its
     compute on pads), its KV written left-padded into one batch cache of `capacity` positions per row. Returns
     (cache, attention mask, positions, last hidden state of each row [B, H])."""
@@ -129,7 +144,9 @@ def prefill(model, prompts: list[list[int]], spec: FeatureSpec | None, rows: lis
 
 
 @torch.no_grad()
-def greedy_batch(model, prompts: list[list[int]], max_new: int, eos: set[int], pad: int, spec: FeatureSpec | None) -> list[Row]:
+def greedy_batch(
+    model: PreTrainedModel, prompts: list[list[int]], max_new: int, eos: set[int], pad: int, spec: FeatureSpec | None
+) -> list[Row]:
     """Decode one batch of prompts (see the module docstring); rows keep their features when `spec` is given."""
     dev = model.get_input_embeddings().weight.device
     rows = [Row(list(p)) for p in prompts]
@@ -162,7 +179,8 @@ def _extend(rows: list[Row], tokens: list[int], max_new: int, eos: set[int]) -> 
 
 
 def regenerate_with_features(
-    model, prompts: list[list[int]], max_new: int, eos: set[int], pad: int, batch_size: int, spec: FeatureSpec | None
+    model: PreTrainedModel, prompts: list[list[int]], max_new: int, eos: set[int], pad: int, batch_size: int,
+    spec: FeatureSpec | None,
 ) -> list[tuple[list[int], dict[str, torch.Tensor] | None]]:
     """(answer ids, features of prompt + answer or None) per prompt, in the given order; batches of
     `batch_size` prompts of similar length."""

@@ -80,8 +80,8 @@ def collate(examples: list[Example], device: torch.device | str = "cpu") -> Batc
         tgts[i, :n] = e.features[1:].float()
         ids[i, :n] = e.input_ids[1:].long()
         mask[i, :n] = e.loss_mask[1:]
-    to = dict(device=device, non_blocking=True)
-    return Batch(feats.to(**to), ids.to(**to), tgts.to(**to), mask.to(**to), [len(e.input_ids) for e in examples])
+    feats, ids, tgts, mask = (t.to(device, non_blocking=True) for t in (feats, ids, tgts, mask))
+    return Batch(feats, ids, tgts, mask, [len(e.input_ids) for e in examples])
 
 
 def add_noise(batch: Batch, std: float, gens: list[torch.Generator]) -> torch.Tensor:
@@ -153,18 +153,20 @@ def train(
         cfg, head, trajectory_key(cfg), len(train_set), loss_fn,
         lambda: evaluate(head, lm_head, eval_examples, tc, compute), ckpt_dir, desc="train", progress=("acc", "acc"),
         dist=dist, compute=compute, stop_at=stop_at,
-    )  # fmt: skip
+    )
 
 
 @torch.no_grad()
-def evaluate(head: EagleHead, lm_head: torch.Tensor, examples: list[Example], tc: TrainConfig, compute: Compute) -> dict[str, float]:
+def evaluate(
+    head: EagleHead, lm_head: torch.Tensor, examples: list[Example], tc: TrainConfig, compute: Compute
+) -> dict[str, float]:
     """Held-out teacher-forced losses/accuracy over every loss position (no noise) and the chain acceptance
     estimate (see chain_eval.py)."""
     from training.chain_eval import chain_accept
 
     head.eval()
     sums = {"vloss": 0.0, "ploss": 0.0, "acc": 0.0}
-    n = 0
+    n = 0.0
     with compute.autocast():
         for i in range(0, len(examples), tc.batch_size):
             part = examples[i : i + tc.batch_size]

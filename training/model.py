@@ -13,6 +13,8 @@ Attention takes an explicit boolean mask so the trainer can also evaluate multi-
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -99,6 +101,11 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg)])
         self.rotary = LlamaRotaryEmbedding(cfg)
 
+    @property
+    def layer(self) -> DecoderLayer:
+        """The head's one decoder layer."""
+        return cast(DecoderLayer, self.layers[0])
+
     def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for integer positions [B,T] (the target's rope, scaling included)."""
         return self.rotary(like, positions)
@@ -115,7 +122,7 @@ class EagleHead(nn.Module):
         h = self.fuse(features, next_ids)
         pos = torch.arange(t, device=h.device).expand(b, t)
         cos, sin = self.rope(pos, h)
-        layer = self.layers[0]
+        layer = self.layer
         q, k, v = layer.self_attn.qkv(h, cos, sin)
         return layer.finish(h, layer.self_attn.attend(q, k, v, None))
 

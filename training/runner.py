@@ -45,7 +45,12 @@ FeatureFn = Callable[[list[Sample]], list[dict[str, torch.Tensor]]]
 
 
 def cached_features(samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
-    return [s.features for s in samples]  # type: ignore[misc]  # cached: never None
+    out = []
+    for s in samples:
+        if s.features is None:  # cached features are loaded with every sample
+            raise TrainError("a sample without its cached features reached the step")
+        out.append(s.features)
+    return out
 
 
 @dataclass
@@ -157,7 +162,9 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, head: torch.nn.Module, opt: torch.optim.Optimizer, key: dict, log: list) -> None:
+def save_checkpoint(
+    ckpt_dir: Path, step: int, head: torch.nn.Module, opt: torch.optim.Optimizer, key: dict, log: list
+) -> None:
     state = {"step": step, "head": head.state_dict(), "optim": opt.state_dict(), "key": key, "log": log}
     atomic_save(state, ckpt_dir / f"step-{step:07d}.pt")
     for old in sorted(ckpt_dir.glob("step-*.pt"))[:-2]:  # keep the last two
@@ -187,7 +194,8 @@ def write_live_log(path: Path, log: list[dict]) -> None:
 
 # loss_fn(head, step, global batch indices, this rank's indices) -> (this rank's share L_r of the global loss,
 # this rank's shares of the logged metrics: they sum over ranks to the global values).
-LossFn = Callable[[torch.nn.Module, int, list[int], list[int]], tuple[torch.Tensor, dict[str, float]]]
+# (head, step, batch, mine) -> (loss, figures); the head is the trainer's own nn.Module subclass (EagleHead, Eagle3Head)
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 
 class LossModule(torch.nn.Module):
@@ -264,7 +272,7 @@ def run_training(
         opt.step()
         m = dist.all_sum(shares, compute.device)
         log.append({"step": step + 1, "lr": opt.param_groups[0]["lr"], **m})
-        bar.set_postfix(loss=f"{m['loss']:.3f}", **{progress[0]: f"{m[progress[1]]:.2f}"})
+        bar.set_postfix({"loss": f"{m['loss']:.3f}", progress[0]: f"{m[progress[1]]:.2f}"})
         done = step + 1
         if done % tc.eval_every == 0 or done == total:
             log.append({"step": done, **{f"eval_{k}": v for k, v in _main_eval(evaluate_fn, dist).items()}})

@@ -32,7 +32,7 @@ NUMPY_DTYPE: dict[str, str] = {
 WIRE_DTYPE: dict[str, str] = {
     "TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32",
     "TYPE_BOOL": "BOOL",
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -53,23 +53,52 @@ class Tensor:
 
 ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "TYPE_STRING", (1,), description="Prompt text (UTF-8; no chat template is applied)."),
-    Tensor("max_tokens", "TYPE_INT32", (1,), description="Tokens to generate; 1 <= max_tokens and "
-           "prompt tokens + max_tokens <= max_seq_len."),
-    Tensor("stop_words", "TYPE_STRING", (-1,), True, None, "Strings that end generation (the output ends with the tokens that completed one)."),
-    Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True, False,
-           "Non-streaming only: drop the prompt from text_output (streaming never repeats it)."),
+    Tensor(
+        "max_tokens",
+        "TYPE_INT32",
+        (1,),
+        description="Tokens to generate; 1 <= max_tokens and prompt tokens + max_tokens <= max_seq_len.",
+    ),
+    Tensor(
+        "stop_words",
+        "TYPE_STRING",
+        (-1,),
+        True,
+        None,
+        "Strings that end generation (the output ends with the tokens that completed one).",
+    ),
+    Tensor(
+        "exclude_input_in_output",
+        "TYPE_BOOL",
+        (1,),
+        True,
+        False,
+        "Non-streaming only: drop the prompt from text_output (streaming never repeats it).",
+    ),
     Tensor("end_id", "TYPE_INT32", (1,), True, None, "End-of-sequence token id; default: the tokenizer's eos."),
     Tensor("pad_id", "TYPE_INT32", (1,), True, None, "Padding token id; default: the tokenizer's pad (or eos)."),
-    Tensor("top_k", "TYPE_INT32", (1,), True, 0, "Top-k sampling; 0 = off. top_k=0 and top_p=0 = greedy "
-           "(TensorRT-LLM's rule)."),
+    Tensor(
+        "top_k",
+        "TYPE_INT32",
+        (1,),
+        True,
+        0,
+        "Top-k sampling; 0 = off. top_k=0 and top_p=0 = greedy (TensorRT-LLM's rule).",
+    ),
     Tensor("top_p", "TYPE_FP32", (1,), True, 0.0, "Top-p (nucleus) sampling; 0 = off."),
     Tensor("temperature", "TYPE_FP32", (1,), True, 1.0, "Sampling temperature; 0 = greedy."),
     Tensor("seed", "TYPE_UINT64", (1,), True, 0, "Sampling seed."),
     Tensor("beam_width", "TYPE_INT32", (1,), True, 1, "Only 1 (speculative decoding has no beam search)."),
-    Tensor("return_perf_metrics", "TYPE_BOOL", (1,), True, False,
-           "Also return acceptance_rate, total_accepted_draft_tokens, total_draft_tokens."),
+    Tensor(
+        "return_perf_metrics",
+        "TYPE_BOOL",
+        (1,),
+        True,
+        False,
+        "Also return acceptance_rate, total_accepted_draft_tokens, total_draft_tokens.",
+    ),
     Tensor("stream", "TYPE_BOOL", (1,), True, False, "Stream partial text (needs a decoupled repository)."),
-)  # fmt: skip
+)
 
 # The client-facing inputs every request must carry, with what to send. The ensemble and preprocessing configs
 # declare them optional and preprocessing refuses a request without one (builders/triton/render.py
@@ -188,22 +217,22 @@ PREPROCESSING_INPUT_MAP = {
     "QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "STOP_WORDS_DICT": "stop_words",
     "END_ID": "end_id", "PAD_ID": "pad_id", "TEMPERATURE": "temperature", "RUNTIME_TOP_K": "top_k",
     "RUNTIME_TOP_P": "top_p",
-}  # fmt: skip
+}
 PREPROCESSING_OUTPUT_MAP = {
     "INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
     "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
-}  # fmt: skip
+}
 LLM_INPUT_MAP = {
     "input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN", "request_output_len": "_REQUEST_OUTPUT_LEN",
     "end_id": "_PREPROCESSOR_END_ID", "pad_id": "_PREPROCESSOR_PAD_ID", "stop_words_list": "_STOP_WORDS_IDS",
     "beam_width": "beam_width", "temperature": "temperature", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
     "seed": "seed", "return_perf_metrics": "return_perf_metrics",
     "exclude_input_in_output": "exclude_input_in_output", "streaming": "stream",
-}  # fmt: skip
+}
 LLM_OUTPUT_MAP = {
     "output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH",
     **{t.name: t.name for t in PERF_OUTPUTS},
-}  # fmt: skip
+}
 POSTPROCESSING_INPUT_MAP = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
 # Added to the two maps above for the python LLM models only (builders/triton/render.py ensemble_config).
 PY_LLM_CANCEL_OUTPUT_MAP = {"cancel_handle": "_CANCEL_HANDLE"}
@@ -233,12 +262,23 @@ def check_wiring() -> list[str]:
     ens_in, ens_out = by_name(ENSEMBLE_INPUTS), by_name(ENSEMBLE_OUTPUTS)
     internal = set(PREPROCESSING_OUTPUT_MAP.values()) | {"_TOKENS_BATCH", "_SEQUENCE_LENGTH", "_CANCEL_HANDLE"}
     for step, ins, outs, imap, omap in (
-        ("preprocessing", PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, PREPROCESSING_INPUT_MAP, PREPROCESSING_OUTPUT_MAP),
+        (
+            "preprocessing",
+            PREPROCESSING_INPUTS,
+            PREPROCESSING_OUTPUTS,
+            PREPROCESSING_INPUT_MAP,
+            PREPROCESSING_OUTPUT_MAP,
+        ),
         ("llm", LLM_INPUTS, LLM_OUTPUTS, LLM_INPUT_MAP, LLM_OUTPUT_MAP),
         ("python llm", LLM_INPUTS, PY_LLM_OUTPUTS, LLM_INPUT_MAP, {**LLM_OUTPUT_MAP, **PY_LLM_CANCEL_OUTPUT_MAP}),
-        ("postprocessing", POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
-         {**POSTPROCESSING_INPUT_MAP, **POSTPROCESSING_CANCEL_INPUT_MAP}, POSTPROCESSING_OUTPUT_MAP),
-    ):  # fmt: skip
+        (
+            "postprocessing",
+            POSTPROCESSING_INPUTS,
+            POSTPROCESSING_OUTPUTS,
+            {**POSTPROCESSING_INPUT_MAP, **POSTPROCESSING_CANCEL_INPUT_MAP},
+            POSTPROCESSING_OUTPUT_MAP,
+        ),
+    ):
         for k, v in imap.items():
             if k not in by_name(ins):
                 problems.append(f"{step}: input map key {k} is not an input of the step")

@@ -18,7 +18,8 @@ import re
 from pathlib import Path
 
 ADMIN_HEADER = "eagle-admin-key"  # the HTTP header; gRPC metadata keys must be lower case
-# gRPC: Triton prefixes the key (server src/grpc/grpc_server.h kRestrictedProtocolHeaderTemplate; the 2.51 server asks for it by name).
+# gRPC: Triton prefixes the key (server src/grpc/grpc_server.h kRestrictedProtocolHeaderTemplate; the 2.51 server asks
+# for it by name).
 ADMIN_GRPC_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 RESTRICTED_APIS = ("logging", "model-repository", "trace", "shared-memory")

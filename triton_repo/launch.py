@@ -28,6 +28,7 @@ Python API (used by the clients and the load tester):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
@@ -45,17 +46,17 @@ from types import TracebackType
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from triton_repo import shm  # noqa: E402
-from triton_repo.server_binary import (  # noqa: E402, F401  (re-exported: where launch.py's users look)
+from triton_repo import shm
+from triton_repo.server_binary import (  # `name as name`: re-exported, where launch.py's users look
     LaunchError,
     ServerBinary,
-    _libpython_dir,
-    bundled_binary,
+    _libpython_dir as _libpython_dir,
+    bundled_binary as bundled_binary,
     find_binary,
-    prepare_bundled_backends,
-    system_binary,
+    prepare_bundled_backends as prepare_bundled_backends,
+    system_binary as system_binary,
 )
-from triton_repo.exposure import (  # noqa: E402  (re-exported: the launcher's public names)
+from triton_repo.exposure import (  # re-exported: the launcher's public names
     ADMIN_GRPC_HEADER,
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
@@ -67,7 +68,7 @@ from triton_repo.exposure import (  # noqa: E402  (re-exported: the launcher's p
     unsafe_chars,
     unsafe_path_problem,
 )
-from triton_repo.models.bootstrap import HOME_ENV  # noqa: E402
+from triton_repo.models.bootstrap import HOME_ENV
 
 PROJECT_HOME = Path(__file__).resolve().parent.parent  # the checkout (or installation) the served models import
 
@@ -123,7 +124,7 @@ def server_argv(
         "--strict-readiness=true",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         *restricted_api_argv(admin_key),
-    ]  # fmt: skip
+    ]
     if load_only is not None:
         argv += ["--model-control-mode=explicit", f"--load-model={load_only}"]
     return argv
@@ -166,7 +167,7 @@ def launch_argv(
             load_only=None if r == 0 else llm_model,
         )
         for r in range(world_size)
-    ]  # fmt: skip
+    ]
     return ranks[0] if world_size == 1 else mpirun_argv(world_size, ranks, as_root=as_root)
 
 
@@ -239,7 +240,7 @@ class TritonServer:
             binary, self.repo, grpc_port=self.grpc_port, http_port=self.http_port, metrics_port=self.metrics_port,
             host=self.host, world_size=self.world_size, shm_tag=self.shm_tag,
             llm_model=self.llm_model, admin_key=self.admin_key, as_root=os.geteuid() == 0,
-        )  # fmt: skip
+        )
 
     def shown_argv(self) -> str:
         """The command for logs and --print-argv, the admin key masked."""
@@ -327,20 +328,16 @@ class TritonServer:
         if proc is None:
             return None
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         # Stubs normally exit with the server; make sure none of this group outlives it, then free its shm regions.
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         shm.remove(shm.own_regions(self.shm_tag))
         return proc.returncode
 
@@ -395,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     srv = TritonServer(
         args.repo, grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
         host=args.host, world_size=args.world_size, log_path=args.log, llm_model=args.llm_model, admin_key=admin_key,
-    )  # fmt: skip
+    )
     if args.print_argv:
         print(srv.shown_argv())
         return 0

@@ -38,7 +38,7 @@ INPUTS: tuple[Tensor, ...] = (
     Tensor("return_stop_reason", "TYPE_BOOL", (1,), True, False, "Also return stop_reason."),
     Tensor("return_cumulative_logprob", "TYPE_BOOL", (1,), True, False, "Also return cumulative_logprob."),
     Tensor("stop", "TYPE_BOOL", (1,), True, False, "Cancel the requests with this request's id."),
-)  # fmt: skip
+)
 
 # Upstream's config.pbtxt also declares LoRA adapter selection (lora_id, lora_name, lora_path: all three together;
 # lora_ckpt_source optional, default "hf"; helpers.py get_lora_request_from_request). The reference engine cannot

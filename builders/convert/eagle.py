@@ -10,7 +10,8 @@ Per TP rank r, for k in 0..num_eagle_layers-1:
   eagle_nets.k.drafter.vocab_embedding.weight   head embed_tokens (SafeAILab heads carry the target's), replicated
   eagle_nets.k.drafter.fc.weight / .fc.bias     head fc (2H -> H), rows split; zero bias when the head has none
   eagle_nets.k.drafter.layers.j.*               head decoder layer j, same transforms as the target's layers;
-                                                input_layernorm only for j > 0 (use_input_layernorm_in_first_layer=False)
+                                                input_layernorm only for j > 0
+                                                (use_input_layernorm_in_first_layer=False)
   eagle_nets.k.lm_head.weight                   the target's lm_head (padded to a multiple of tp, rows split)
 
 LLaMA3 heads are trained with `"bias": false` and have no fc.bias; upstream then fails with KeyError 'fc.bias'
@@ -105,7 +106,11 @@ def drafter_plan(
     k: int, dt: torch.dtype, tp: int, r: int, bias: bool,
 ) -> list[OutTensor]:
     pre = f"eagle_nets.{k}"
-    emb = ("embed_tokens.weight", head_src) if "embed_tokens.weight" in head_src else ("model.embed_tokens.weight", tgt_src)
+    emb = (
+        ("embed_tokens.weight", head_src)
+        if "embed_tokens.weight" in head_src
+        else ("model.embed_tokens.weight", tgt_src)
+    )
     fa, fb = even_range(head.hidden_size, tp, r, "head hidden_size")
     plan = [
         copy_tensor(emb[1], emb[0], f"{pre}.drafter.vocab_embedding.weight", dt),
@@ -115,7 +120,9 @@ def drafter_plan(
         else zeros_tensor(f"{pre}.drafter.fc.bias", (fb - fa,), dt),
     ]
     for j in range(head.num_hidden_layers):
-        plan += decoder_layer_plan(head_src, f"layers.{j}", f"{pre}.drafter.layers.{j}", head, dt, tp, r, input_norm=j > 0)
+        plan += decoder_layer_plan(
+            head_src, f"layers.{j}", f"{pre}.drafter.layers.{j}", head, dt, tp, r, input_norm=j > 0
+        )
     plan.append(lm_head_tensor(tgt_src, target, f"{pre}.lm_head.weight", dt, tp, r))
     return plan
 

@@ -19,6 +19,7 @@ d2t holds offsets: target_id = draft_id + d2t[draft_id]; t2d[target_id] is true 
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,10 @@ def check_eagle3(head_dir: Path, target: LlamaSpec, layer_ids: list[int], src: W
         return p
     if draft_vocab != target.vocab_size:
         if "d2t" not in src or src.info("d2t").shape != (draft_vocab,):
-            p.append(f"{d}: draft_vocab_size={draft_vocab} < vocab {target.vocab_size} needs a d2t tensor of shape ({draft_vocab},)")
+            p.append(
+                f"{d}: draft_vocab_size={draft_vocab} < vocab {target.vocab_size} needs a d2t tensor of shape "
+                f"({draft_vocab},)"
+            )
         else:
             d2t = src.read("d2t").to(torch.int64)
             tgt = torch.arange(draft_vocab) + d2t
@@ -131,7 +135,8 @@ def _t2d_from_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
 def normalized_config(head_cfg: dict[str, Any], head: LlamaSpec, target: LlamaSpec, *, dtype: str,
                       layer_ids: list[int], draft_vocab: int, bias: bool, prov: Provenance) -> dict[str, Any]:
     # transformers-4 readers (TensorRT-LLM 1.1/1.2's PyTorch backend) take the RoPE base from the top-level
-    # rope_theta only; a head saved by transformers 5 carries it in rope_parameters alone (builders/convert/hf_compat.py).
+    # rope_theta only; a head saved by transformers 5 carries it in rope_parameters alone
+    # (builders/convert/hf_compat.py).
     cfg = transformers4_config(head_cfg, rope_theta=head.rope_theta, rope_scaling=head.rope_scaling, dtype=dtype)
     cfg.update(
         architectures=["LlamaForCausalLMEagle3"],
@@ -163,12 +168,14 @@ def write_eagle3_head(head_dir: Path, target: LlamaSpec, out: Path, *, dtype: st
             new = "midlayer." + name[len(prefix) + 1:] if name.startswith(prefix + ".") else name
             if name in INT_TENSORS:
                 want = torch.int64 if name == "d2t" else torch.bool
-                plan.append(OutTensor(new, info.shape, want, lambda n=name, w=want: src.read(n).to(w)))
+                plan.append(OutTensor(new, info.shape, want, partial(src.read_as, name, want)))
             elif info.dtype.is_floating_point:
-                plan.append(OutTensor(new, info.shape, dt, lambda n=name: src.read(n).to(dt)))
+                plan.append(OutTensor(new, info.shape, dt, partial(src.read_as, name, dt)))
             else:
                 raise ModelConfigError(f"draft.model {head_dir}: unexpected non-float tensor {name!r} ({info.dtype})")
-        draft_vocab = src.info("lm_head.weight").shape[0] if "lm_head.weight" in src else int(head_cfg["draft_vocab_size"])
+        draft_vocab = (
+            src.info("lm_head.weight").shape[0] if "lm_head.weight" in src else int(head_cfg["draft_vocab_size"])
+        )
         if draft_vocab != target.vocab_size and "t2d" not in src:
             d2t_values = src.read("d2t")
             plan.append(OutTensor("t2d", (target.vocab_size,), torch.bool,

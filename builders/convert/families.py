@@ -16,6 +16,7 @@ only and its PyTorch backend reads the Hugging Face target directory itself.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def extra_layer_plan(src: WeightSource, hf: str, out: str, spec: LlamaSpec, dt: 
         for hf_name, trt in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
             name = f"{hf}.self_attn.{hf_name}.weight"
             plan.append(OutTensor(f"{out}.attention.{trt}.weight", (spec.head_dim,), dt,
-                                  lambda name=name: src.read(name).to(dt)))
+                                  partial(src.read_as, name, dt)))
     return plan
 
 

@@ -12,8 +12,9 @@ Flow (called by the convert stage after it wrote the 16-bit checkpoint):
 3. merge: every target linear of our checkpoint is replaced by the exported FP8 weight + scales (same TRT-LLM
    names and shapes, or we stop); embeddings, norms and lm_head stay as our converter wrote them (its layout, e.g.
    replicated embedding under tp, is the one our config.json describes). With an FP8 KV cache the EAGLE-1 drafter's
-   attentions get their own `kv_cache_scaling_factor`, measured on the 16-bit checkpoint by builders/convert/fp8_drafter.py
-   (TensorRT-LLM requires one on every Attention), and `eagle_net_config.quantization` repeats the block.
+   attentions get their own `kv_cache_scaling_factor`, measured on the 16-bit checkpoint by
+   builders/convert/fp8_drafter.py (TensorRT-LLM requires one on every Attention), and `eagle_net_config.quantization`
+   repeats the block.
    config.json gets quantization {quant_algo FP8, kv_cache_quant_algo, exclude_modules [lm_head, eagle_nets.*]}:
    the drafter's linears stay 16-bit (upstream's EAGLE FP8 recipe quantizes them and excludes only
    `eagle_nets.{i}.lm_head`; docs/fp8.md has the tau measured both ways and the reason for the choice).
@@ -283,7 +284,9 @@ def _drafter_kv_needed(cfg: BuildConfig) -> bool:
     return cfg.draft.type == "eagle" and cfg.quantization.kv_cache == "fp8"
 
 
-def drafter_kv_scales(cfg: BuildConfig, hf_dir: Path, ckpt16: Path, tmp: Path, prompts: list[str]) -> dict[str, torch.Tensor]:
+def drafter_kv_scales(
+    cfg: BuildConfig, hf_dir: Path, ckpt16: Path, tmp: Path, prompts: list[str]
+) -> dict[str, torch.Tensor]:
     """The drafter's `kv_cache_scaling_factor` tensors, measured on the 16-bit checkpoint `ckpt16` (a tp=1 copy is
     converted when the build is tensor-parallel: the reference engine runs tp>1 only inside torch.distributed)."""
     from builders.convert.eagle import convert_eagle
@@ -293,8 +296,16 @@ def drafter_kv_scales(cfg: BuildConfig, hf_dir: Path, ckpt16: Path, tmp: Path, p
     if cfg.parallel.tp > 1:
         head = ckpt16 / "random_head" if cfg.draft.model == "random" else Path(cfg.draft.model)
         one = tmp / "ckpt16_tp1"
-        convert_eagle(hf_dir, head, one, dtype=cfg.target.dtype, max_draft_len=lim.max_draft_len,
-                      num_eagle_layers=lim.num_eagle_layers, max_non_leaves_per_layer=lim.max_non_leaves_per_layer, tp=1)
+        convert_eagle(
+            hf_dir,
+            head,
+            one,
+            dtype=cfg.target.dtype,
+            max_draft_len=lim.max_draft_len,
+            num_eagle_layers=lim.num_eagle_layers,
+            max_non_leaves_per_layer=lim.max_non_leaves_per_layer,
+            tp=1,
+        )
         ckpt16 = one
     n = min(DRAFTER_CALIB_PROMPTS, len(prompts))
     max_len = cfg.quantization.calibration.max_length

@@ -3,7 +3,8 @@
 Layout follows upstream TensorRT-LLM (tensorrt_llm/models/llama/convert.py, tensorrt_llm/models/eagle/weight.py
 `convert_hf_llama`, tensorrt_llm/models/llama/config.py `LLaMAConfig.from_hugging_face`):
 
-  model.embed_tokens            -> transformer.vocab_embedding   replicated (use_parallel_embedding=false), first PP rank
+  model.embed_tokens            -> transformer.vocab_embedding   replicated (use_parallel_embedding=false),
+                                                                 first PP rank
   layers.i.input_layernorm      -> transformer.layers.l.input_layernorm   replicated
   layers.i.self_attn.{q,k,v}    -> transformer.layers.l.attention.qkv     [q_r; k_r; v_r], each split on dim 0
   layers.i.self_attn.o_proj     -> transformer.layers.l.attention.dense   split on dim 1
@@ -91,10 +92,14 @@ def check_parallel(spec: LlamaSpec, tp: int, pp: int) -> list[str]:
     p = []
     where = f"{spec.path.parent.name}"
     if spec.num_attention_heads % tp:
-        p.append(f"parallel.tp={tp} must divide num_attention_heads={spec.num_attention_heads} of {where}; pick a divisor")
+        p.append(
+            f"parallel.tp={tp} must divide num_attention_heads={spec.num_attention_heads} of {where}; pick a divisor"
+        )
     kv = spec.num_key_value_heads
     if kv % tp and tp % kv:
-        p.append(f"parallel.tp={tp} and num_key_value_heads={kv} of {where}: one must divide the other; pick another tp")
+        p.append(
+            f"parallel.tp={tp} and num_key_value_heads={kv} of {where}: one must divide the other; pick another tp"
+        )
     if spec.intermediate_size % tp:
         p.append(f"parallel.tp={tp} must divide intermediate_size={spec.intermediate_size} of {where}")
     if pp > spec.num_hidden_layers:

@@ -52,7 +52,13 @@ def write_random_head(hf_dir: Path, out_dir: Path, seed: int) -> None:
                               lambda: src.read("model.embed_tokens.weight").to(torch.float32)))
         write_safetensors(out_dir / "model.safetensors", plan, desc="random head",
                           metadata={"format": "pt", "eagle_deploy": RANDOM_LABEL})
-    cfg = dict(spec.raw, num_hidden_layers=1, bias=True, architectures=["LlamaForCausalLM"],
-               eagle_deploy_random_head=True, eagle_deploy_label=f"{RANDOM_LABEL} EAGLE-1 head (seed {seed}); acceptance ~0")
+    cfg = dict(
+        spec.raw,
+        num_hidden_layers=1,
+        bias=True,
+        architectures=["LlamaForCausalLM"],
+        eagle_deploy_random_head=True,
+        eagle_deploy_label=f"{RANDOM_LABEL} EAGLE-1 head (seed {seed}); acceptance ~0",
+    )
     cfg.pop("eagle_deploy_source", None)
     write_json(out_dir / "config.json", cfg)

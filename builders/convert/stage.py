@@ -6,7 +6,8 @@
 - draft.model random -> a random SafeAILab head is written to checkpoint/random_head/ first and converted; RANDOM
   appears in the checkpoint config (`eagle_deploy.random_head`), the manifest notes and the stage log.
 The checkpoint is 16-bit (target.dtype) unless quantization.weights or quantization.kv_cache is fp8: then the FP8
-branch below (builders/convert/fp8.py: ModelOpt calibration + export) replaces the target's linears with FP8 weights and scales.
+branch below (builders/convert/fp8.py: ModelOpt calibration + export) replaces the target's linears with FP8 weights
+and scales.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ Format: u64 little-endian header length N, N bytes of JSON (space padded to 8 by
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -72,7 +73,9 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     with path.open("rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         if n > _MAX_HEADER or 8 + n > size:
-            raise WeightFileError(f"{path}: truncated or corrupt safetensors file (header of {n} bytes, file {size}); {fix}")
+            raise WeightFileError(
+                f"{path}: truncated or corrupt safetensors file (header of {n} bytes, file {size}); {fix}"
+            )
         raw = f.read(n)
     try:
         header = json.loads(raw)
@@ -87,7 +90,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        dt = ST_DTYPES.get(meta.get("dtype")) if isinstance(meta, dict) else None
+        dt = ST_DTYPES.get(str(meta.get("dtype"))) if isinstance(meta, dict) else None
         if dt is None:
             raise WeightFileError(f"{path}: tensor {name!r} has unsupported or missing dtype in the header; {fix}")
         begin, end, shape = _offsets_and_shape(path, name, meta, fix)
@@ -112,10 +115,14 @@ def _offsets_and_shape(path: Path, name: str, meta: dict[str, Any], fix: str) ->
         begin, end = (int(x) for x in meta["data_offsets"])
         shape = tuple(int(x) for x in meta["shape"])
     except (KeyError, TypeError, ValueError):
-        raise WeightFileError(f"{path}: tensor {name!r} has missing or malformed data_offsets/shape in the header "
-                              f"(got data_offsets={meta.get('data_offsets')!r}, shape={meta.get('shape')!r}); {fix}") from None
+        raise WeightFileError(
+            f"{path}: tensor {name!r} has missing or malformed data_offsets/shape in the header "
+            f"(got data_offsets={meta.get('data_offsets')!r}, shape={meta.get('shape')!r}); {fix}"
+        ) from None
     if not 0 <= begin <= end or any(d < 0 for d in shape):
-        raise WeightFileError(f"{path}: tensor {name!r} has invalid data_offsets {[begin, end]} or shape {shape}; {fix}")
+        raise WeightFileError(
+            f"{path}: tensor {name!r} has invalid data_offsets {[begin, end]} or shape {shape}; {fix}"
+        )
     return begin, end, shape
 
 
@@ -135,7 +142,7 @@ class WeightSource:
         self.dir = Path(model_dir)
         self.files = self._discover()
         self._stack = ExitStack()
-        self._handles: dict[Path, BinaryIO] = {}
+        self._handles: dict[Path, io.FileIO] = {}  # unbuffered: readinto() straight into the tensor
         self._bin_state: dict[Path, dict[str, torch.Tensor]] = {}
         self.tensors: dict[str, TensorInfo] = {}
         for f in self.files:
@@ -157,7 +164,9 @@ class WeightSource:
                 files = sorted({d / v for v in weight_map.values()})
                 missing = [str(f) for f in files if not f.is_file()]
                 if missing:
-                    raise WeightFileError(f"{index} lists shard(s) that are missing: {', '.join(missing)}; download them")
+                    raise WeightFileError(
+                        f"{index} lists shard(s) that are missing: {', '.join(missing)}; download them"
+                    )
                 return files
         for single in ("model.safetensors", "pytorch_model.bin"):
             if (d / single).is_file():
@@ -194,7 +203,13 @@ class WeightSource:
         try:
             return self.tensors[name]
         except KeyError:
-            raise WeightFileError(f"{self.dir}: tensor {name!r} not found in {', '.join(f.name for f in self.files)}") from None
+            raise WeightFileError(
+                f"{self.dir}: tensor {name!r} not found in {', '.join(f.name for f in self.files)}"
+            ) from None
+
+    def read_as(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """The whole tensor `name` cast to `dtype` (an OutTensor's make())."""
+        return self.read(name).to(dtype)
 
     def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """One tensor, or the rows (dim 0) / columns (dim 1) [start, stop) of it, read without the rest."""
@@ -247,7 +262,7 @@ class WeightSource:
             row *= d
         shape = (stop - start, *info.shape[1:]) if info.shape else ()
         buf = torch.empty((stop - start) * row, dtype=torch.uint8)  # not zero-filled: read straight into it
-        view = memoryview(buf.numpy())
+        view = buf.numpy().data  # a memoryview of the tensor's bytes
         f.seek(info.offset + start * row)
         got = 0
         while got < len(view):  # readinto may return short counts
@@ -376,7 +391,11 @@ def write_safetensors(path: Path, plan: Iterable[OutTensor], desc: str, metadata
     for t in items:
         if t.name in header:
             raise ValueError(f"duplicate output tensor {t.name!r}")
-        header[t.name] = {"dtype": TORCH_TO_ST[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        header[t.name] = {
+            "dtype": TORCH_TO_ST[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
         offset += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # data must start 8-byte aligned

@@ -31,8 +31,12 @@ EXPORTS = ("eagle-repo", "specforge", "speculators", "trtllm")
 
 
 def _check_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m builders.doctor", description=__doc__.split("\n\n")[1],
-                                 epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m builders.doctor",
+        description=__doc__.split("\n\n")[1],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--target", type=Path, required=True, help="the target's HF directory (config, weights, "
                     "tokenizer), a .gguf file or pip:<distribution> (as the build's target.model)")
     ap.add_argument("--head", type=Path, required=True, help="the draft head's directory")

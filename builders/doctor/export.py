@@ -64,7 +64,9 @@ def canonical(head: Head) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
 def _write(out: Path, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
@@ -82,7 +84,9 @@ def to_eagle_repo(head: Head, out: Path, target_dir: Path | None) -> list[str]:
     if head.switches:
         raise UnusableInput(f"the head uses {', '.join(head.switches)}; the EAGLE authors' network has no such switch")
     if "fc.bias" in t:
-        raise UnusableInput("the head has fc.bias; the EAGLE authors' EAGLE-3 fc has none (bias=False): it cannot run there")
+        raise UnusableInput(
+            "the head has fc.bias; the EAGLE authors' EAGLE-3 fc has none (bias=False): it cannot run there"
+        )
     if "embed_tokens.weight" not in t:
         t["embed_tokens.weight"] = _target_embedding(target_dir, head).to(t["fc.weight"].dtype)
         notes.append("embed_tokens.weight copied from the target")
@@ -93,8 +97,10 @@ def to_eagle_repo(head: Head, out: Path, target_dir: Path | None) -> list[str]:
     if target_dir is not None and cfg.get("eagle_aux_hidden_state_layer_ids") is not None:
         L = llama_spec(target_dir, require_arch=False).num_hidden_layers
         if cfg["eagle_aux_hidden_state_layer_ids"] != [2, L // 2, L - 3]:
-            notes.append(f"WARNING: the loader captures layers {[2, L // 2, L - 3]} (modeling_llama_kv.py, hard-coded); "
-                         f"this head was trained on {cfg['eagle_aux_hidden_state_layer_ids']}")
+            notes.append(
+                f"WARNING: the loader captures layers {[2, L // 2, L - 3]} (modeling_llama_kv.py, hard-coded); "
+                f"this head was trained on {cfg['eagle_aux_hidden_state_layer_ids']}"
+            )
     _write(out, cfg, t)
     return notes
 
@@ -114,7 +120,9 @@ def to_speculators(head: Head, out: Path, target_dir: Path | None) -> list[str]:
     if int(cfg.get("target_hidden_size") or hidden) != hidden:
         raise UnusableInput(f"target_hidden_size {cfg['target_hidden_size']} != hidden_size {hidden}: speculators' "
                             "Eagle3DraftModel sizes fc from hidden_size and cannot load this head")
-    layer = {k: cfg[k] for k in LLAMA_LAYER_KEYS if k in cfg and k not in ("rope_theta", "rope_scaling", "rope_parameters")}
+    layer = {
+        k: cfg[k] for k in LLAMA_LAYER_KEYS if k in cfg and k not in ("rope_theta", "rope_scaling", "rope_parameters")
+    }
     layer["rope_parameters"] = dict(cfg.get("rope_scaling") or {"rope_type": "default"}, rope_theta=cfg["rope_theta"])
     layer.update(model_type="llama", tie_word_embeddings=False)
     verifier = {"name_or_path": str(target_dir) if target_dir else None, "architectures": ["LlamaForCausalLM"]}
@@ -127,7 +135,9 @@ def to_speculators(head: Head, out: Path, target_dir: Path | None) -> list[str]:
         "eagle_aux_hidden_state_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
         **{k: bool(cfg.get(k, False)) for k in ARCH_FLAGS},
     }
-    _write(out, spec, {("layers.0." + n[len("midlayer."):] if n.startswith("midlayer.") else n): v for n, v in t.items()})
+    _write(
+        out, spec, {("layers.0." + n[len("midlayer.") :] if n.startswith("midlayer.") else n): v for n, v in t.items()}
+    )
     return []
 
 
@@ -139,7 +149,8 @@ def to_trtllm(head: Head, out: Path, target_dir: Path | None) -> list[str]:
         raise UnusableInput("--to trtllm validates the head against its target: give --target")
     target = llama_spec(target_dir)
     ids = head.layer_ids or [2, target.num_hidden_layers // 2, target.num_hidden_layers - 3]
-    dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(head.dtypes.get("fc.weight"), "float32")
+    names: dict[torch.dtype | None, str] = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+    dtype = names.get(head.dtypes.get("fc.weight"), "float32")
     prov = Provenance(random_head=False, target_source=str(target_dir), head_source=str(head.dir))
     write_eagle3_head(head.dir, target, out, dtype=dtype, layer_ids=ids, prov=prov)
     return []

@@ -63,7 +63,10 @@ class Report:
         tmp.replace(path)
 
     def text(self) -> str:
-        out = [f"head {self.head}: {self.draft_type} head, layout {self.layout}; target {self.target}; engine {self.engine}"]
+        out = [
+            f"head {self.head}: {self.draft_type} head, layout {self.layout}; target {self.target}; "
+            f"engine {self.engine}"
+        ]
         out.append("where it loads as it is:")
         out += [f"  {eng:<12} {what}" for eng, what in self.compatibility.items()]
         out.append("findings:" if self.findings else "findings: none")

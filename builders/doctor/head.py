@@ -28,7 +28,12 @@ from core.hfconfig import ModelConfigError, aux_layer_ids, read_config, rope_the
 ARCH_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 EAGLE_CONFIG_FLAGS = {"use_aux_hidden_state": True, "norm_before_fc": False, "eh_proj_before_attn": False,
                       "return_hidden_post_norm": False}  # value = the plain EAGLE-3 network's
-MODELOPT_KEYS = ("use_aux_hidden_state", "use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm")
+MODELOPT_KEYS = (
+    "use_aux_hidden_state",
+    "use_input_layernorm_in_first_layer",
+    "use_last_layernorm",
+    "use_mtp_layernorm",
+)
 
 
 @dataclass
@@ -66,8 +71,12 @@ class Head:
     def switches(self) -> list[str]:
         """Architecture switches that make this head differ from the plain EAGLE-3 network."""
         on = [k for k in ARCH_FLAGS if self.cfg.get(k)]
-        block = self.raw.get("eagle_config") if isinstance(self.raw.get("eagle_config"), dict) else {}
-        on += [f"eagle_config.{k}={block[k]}" for k, plain in EAGLE_CONFIG_FLAGS.items() if k in block and block[k] != plain]
+        block = b if isinstance(b := self.raw.get("eagle_config"), dict) else {}
+        on += [
+            f"eagle_config.{k}={block[k]}"
+            for k, plain in EAGLE_CONFIG_FLAGS.items()
+            if k in block and block[k] != plain
+        ]
         return on
 
     @property

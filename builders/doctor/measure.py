@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ def run_variant(st: Setup, *, head3: Path | None = None, ckpt: Path | None = Non
 
 
 # ---- variants: a copy of the normalized head / checkpoint with one thing changed ------------------------------------
-def _head_copy(src: Path, dst: Path, cfg: dict[str, Any] | None = None, tensors: dict[str, torch.Tensor] | None = None) -> Path:
+def _head_copy(
+    src: Path, dst: Path, cfg: dict[str, Any] | None = None, tensors: dict[str, torch.Tensor] | None = None
+) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     c = json.loads((src / "config.json").read_text())
     c.update(cfg or {})
@@ -135,10 +138,14 @@ def eagle3_experiments(st: Setup, head: Head, target: LlamaSpec) -> list[Experim
         if new in tried or not all(0 <= i < L for i in new):
             continue
         tried.append(new)
-        d = _head_copy(st.head3, st.work / "variants" / name.replace(" ", "_"), cfg={"eagle_aux_hidden_state_layer_ids": new})
+        d = _head_copy(
+            st.head3, st.work / "variants" / name.replace(" ", "_"), cfg={"eagle_aux_hidden_state_layer_ids": new}
+        )
         fix = (f"set eagle_aux_hidden_state_layer_ids to {new} in the head's config.json (TensorRT-LLM "
                f"eagle3_layers_to_capture {[i - 1 for i in new]})")
-        out.append(Experiment(name, f"captured layers {new} instead of {ids}", lambda d=d: run_variant(st, head3=d), fix))
+        out.append(
+            Experiment(name, f"captured layers {new} instead of {ids}", partial(run_variant, st, head3=d), fix)
+        )
     t = load_file(str(st.head3 / "model.safetensors"))
     if "d2t" in t:
         tg = torch.arange(t["d2t"].numel()) + t["d2t"].long()
@@ -149,14 +156,16 @@ def eagle3_experiments(st: Setup, head: Head, target: LlamaSpec) -> list[Experim
         if "t2d" in t and int(t["t2d"].sum()) == tg.numel():
             cands["d2t from t2d"] = t["t2d"].nonzero().flatten()
         seen = [tg]
-        for name, new in cands.items():
-            if any(torch.equal(new.clamp(0, V - 1), s) for s in seen):
+        for name, remap in cands.items():
+            if any(torch.equal(remap.clamp(0, V - 1), s) for s in seen):
                 continue
-            seen.append(new.clamp(0, V - 1))
-            d = _d2t_variant(st, name.replace(" ", "_"), new, V)
-            fix = (f"rewrite d2t as the `{name}` remap (target id of draft j = {new[:4].tolist()}...), or re-export "
+            seen.append(remap.clamp(0, V - 1))
+            d = _d2t_variant(st, name.replace(" ", "_"), remap, V)
+            fix = (f"rewrite d2t as the `{name}` remap (target id of draft j = {remap[:4].tolist()}...), or re-export "
                    "the head's d2t from its training run")
-            out.append(Experiment(name, f"draft -> target map remapped ({name})", lambda d=d: run_variant(st, head3=d), fix))
+            out.append(
+                Experiment(name, f"draft -> target map remapped ({name})", partial(run_variant, st, head3=d), fix)
+            )
     theta = float(base.get("rope_theta", head.rope_theta))
     if theta != target.rope_theta:
         d = _head_copy(st.head3, st.work / "variants" / "rope", cfg={"rope_theta": target.rope_theta,
@@ -171,7 +180,9 @@ def eagle1_experiments(st: Setup, head: Head, target: LlamaSpec) -> list[Experim
     out: list[Experiment] = []
     if head.rope_theta != target.rope_theta:
         d = _ckpt_copy(st.ckpt, st.work / "variants" / "rope_head", {"rotary_base": head.rope_theta})
-        what = f"the drafter with the head's RoPE base {head.rope_theta:g} instead of the target's {target.rope_theta:g}"
+        what = (
+            f"the drafter with the head's RoPE base {head.rope_theta:g} instead of the target's {target.rope_theta:g}"
+        )
         fix = (f"the head was trained with RoPE base {head.rope_theta:g}: serve it where the drafter's base comes "
                "from the head's config, or retrain it with the target's")
         out.append(Experiment("rope head base", what, lambda: run_variant(st, ckpt=d), fix))
@@ -183,7 +194,9 @@ def chat_experiment(st: Setup) -> list[Experiment]:
         return []
     fix = ("serve prompts the way the head was trained: without the chat template (or retrain the head on "
            "chat-formatted data)")
-    return [Experiment("chat template off", "prompts without the chat template", lambda: run_variant(st, raw=True), fix)]
+    return [
+        Experiment("chat template off", "prompts without the chat template", lambda: run_variant(st, raw=True), fix)
+    ]
 
 
 # ---- setup ----------------------------------------------------------------------------------------------------------

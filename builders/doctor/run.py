@@ -40,7 +40,9 @@ def _diagnose(target_dir: Path, head_dir: Path, *, engine: str, draft_type: str 
 
         checked = read_head(import_speculators(head.dir, work / "imported_head"))
         checked.layout = "speculators"
-    rep.add([Finding("format", "info", f"{head.draft_type} head in the {head.layout} layout", {"markers": head.markers})])
+    rep.add(
+        [Finding("format", "info", f"{head.draft_type} head in the {head.layout} layout", {"markers": head.markers})]
+    )
     rep.add(static.random_head_check(checked))
     rep.add(static.shape_checks(checked, target, checked.dir))
     rep.add(static.layer_shape_checks(checked))

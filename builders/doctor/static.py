@@ -67,7 +67,7 @@ def d2t_checks(head: Head, target: LlamaSpec) -> list[Finding]:
             {"descending_steps": falls, "first_target_ids": tgt[:8].tolist()},
             "re-export the head's d2t from its training run; the measured experiment `d2t sorted` tests the sorted map",
         ))
-    if 0 <= tgt.min() and tgt.max() < target.vocab_size:
+    if tgt.min() >= 0 and tgt.max() < target.vocab_size:
         out.append(Finding("d2t", "info", f"{tgt.numel()} draft ids map into target ids {int(tgt.min())}.."
                            f"{int(tgt.max())}", {"draft_vocab": tgt.numel()}))
     return out
@@ -86,9 +86,16 @@ def layer_checks(head: Head, target: LlamaSpec) -> list[Finding]:
     out: list[Finding] = []
     bad = [i for i in ids if not 0 <= i <= L]
     if bad:
-        return [Finding("captured_layers", "error", f"captured layer ids {bad} are outside 0..{L} (id j = input of "
-                        f"target layer j, {L} = the last layer's output)", ev,
-                        f"set eagle_aux_hidden_state_layer_ids to the layers the head was trained on (default {default})")]
+        return [
+            Finding(
+                "captured_layers",
+                "error",
+                f"captured layer ids {bad} are outside 0..{L} (id j = input of "
+                f"target layer j, {L} = the last layer's output)",
+                ev,
+                f"set eagle_aux_hidden_state_layer_ids to the layers the head was trained on (default {default})",
+            )
+        ]
     if sorted(set(ids)) != ids:
         out.append(Finding("captured_layers", "info", f"captured layer ids {ids} are not strictly ascending (trainers "
                            "usually capture in layer order; the measured run tells whether these are the trained ones)",
@@ -181,9 +188,16 @@ def tokenizer_checks(head: Head, target_dir: Path, target: LlamaSpec) -> list[Fi
     else:
         diff = [k for k in ("vocab", "merges", "added", "specials") if mine[k] != tgt[k]]
         if diff:
-            out.append(Finding("tokenizer", "error", f"the head's tokenizer differs from the target's in {', '.join(diff)}:"
-                               " the head was trained on other token ids", {"differs_in": diff},
-                               "use a head trained with this target's tokenizer"))
+            out.append(
+                Finding(
+                    "tokenizer",
+                    "error",
+                    f"the head's tokenizer differs from the target's in {', '.join(diff)}:"
+                    " the head was trained on other token ids",
+                    {"differs_in": diff},
+                    "use a head trained with this target's tokenizer",
+                )
+            )
         else:
             out.append(Finding("tokenizer", "info", "the head's tokenizer is the target's (vocabulary, merges, "
                                "special tokens)"))
@@ -199,7 +213,9 @@ def tokenizer_checks(head: Head, target_dir: Path, target: LlamaSpec) -> list[Fi
                            "sent raw, and a head trained on chat-formatted answers drafts worse",
                            fix="add the chat template the head was trained with (tokenizer_config.json chat_template)"))
     else:
-        out.append(Finding("chat_template", "info", f"the target's tokenizer has a chat template ({len(template)} chars)"))
+        out.append(
+            Finding("chat_template", "info", f"the target's tokenizer has a chat template ({len(template)} chars)")
+        )
     return out
 
 
@@ -260,8 +276,12 @@ def layer_shape_checks(head: Head) -> list[Finding]:
     h, i, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
     if head.draft_type == "eagle3":
         prefixes, qkv_in = [head.mid], 2 * h  # attention over concat[embedding, feature]
-        extra = {f"{head.mid}.hidden_norm.weight": (h,), f"{head.mid}.input_layernorm.weight": (h,), "norm.weight": (h,),
-                 "lm_head.weight": (int(head.cfg.get("draft_vocab_size") or spec.vocab_size), h)}
+        extra = {
+            f"{head.mid}.hidden_norm.weight": (h,),
+            f"{head.mid}.input_layernorm.weight": (h,),
+            "norm.weight": (h,),
+            "lm_head.weight": (int(head.cfg.get("draft_vocab_size") or spec.vocab_size), h),
+        }
     else:
         prefixes, qkv_in, extra = [f"layers.{j}" for j in range(spec.num_hidden_layers)], h, {}
     want: dict[str, tuple[int, ...]] = dict(extra)
@@ -297,9 +317,15 @@ def bias_checks(head: Head) -> list[Finding]:
             return [Finding("bias", "error", str(e), fix="make config.json \"bias\" match the weights")]
         return []
     if "fc.bias" in head.shapes and head.cfg.get("bias") is not True:
-        return [Finding("bias", "warning", "the head has fc.bias but its config does not say \"bias\": true: SafeAILab, "
-                        "vLLM and TensorRT-LLM build the EAGLE-3 fc without a bias and drop or reject it",
-                        fix="set \"bias\": true (TensorRT-LLM, this engine) or retrain without the bias")]
+        return [
+            Finding(
+                "bias",
+                "warning",
+                'the head has fc.bias but its config does not say "bias": true: SafeAILab, '
+                "vLLM and TensorRT-LLM build the EAGLE-3 fc without a bias and drop or reject it",
+                fix='set "bias": true (TensorRT-LLM, this engine) or retrain without the bias',
+            )
+        ]
     return []
 
 
@@ -307,7 +333,11 @@ def value_checks(head: Head) -> list[Finding]:
     """Non-finite weights, and index tensors of the wrong type."""
     out = []
     with WeightSource(head.dir) as src:
-        bad = [n for n in src.tensors if src.info(n).dtype.is_floating_point and not bool(torch.isfinite(src.read(n)).all())]
+        bad = [
+            n
+            for n in src.tensors
+            if src.info(n).dtype.is_floating_point and not bool(torch.isfinite(src.read(n)).all())
+        ]
     if bad:
         out.append(Finding("values", "error", f"non-finite values (NaN/inf) in {', '.join(bad[:4])}", {"tensors": bad},
                            "the head diverged in training or was saved in a dtype too narrow for it; re-export it"))

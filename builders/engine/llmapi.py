@@ -11,8 +11,9 @@ contract ledger (builders/trtllm/ledger_llmapi.py, cited to tensorrt_llm/llmapi/
 - a static tree (versions with `pytorch_static_tree`): `eagle_choices` and, where the field exists,
   `max_total_draft_tokens` (= the number of tree nodes), with `eagle3_one_model: false`: only the two-model path
   builds a tree (1.2's one-model worker drafts chains);
-- a dynamic tree (versions with `pytorch_dynamic_tree`, i.e. the current line): `use_dynamic_tree`, `dynamic_tree_max_topK`,
-  `max_total_draft_tokens`, with max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len;
+- a dynamic tree (versions with `pytorch_dynamic_tree`, i.e. the current line): `use_dynamic_tree`,
+  `dynamic_tree_max_topK`, `max_total_draft_tokens`, with max_draft_len <= max_total_draft_tokens <=
+  dynamic_tree_max_topK * max_draft_len;
 - `eagle3_layers_to_capture`: target layers whose OUTPUT is captured (upstream default {1, L//2 - 1, L - 4}); our
   config and EAGLE's code index the layer whose INPUT is fused (2, L//2, L-3), so the value is ours minus one. Written
   where the field exists; elsewhere only the default is possible and it is left out (rules.capture_problems);
@@ -108,7 +109,7 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         spec["eagle3_layers_to_capture"] = capture
     elif sorted(capture) != default_capture(num_target_layers):
         raise LlmApiError("; ".join(capture_problems(v.key, capture, num_target_layers)))
-    if static_tree:
+    if static_tree and isinstance(tree, DraftTree):
         if not v.static_trees:  # the config validation refuses it; a BuildConfig made by hand may still hold one
             raise LlmApiError(f"{v.name} has no static trees (eagle_choices); use tree.dynamic or a chain")
         if v.max_total_draft_tokens:
@@ -125,7 +126,7 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
 def load_aware_fields(cfg: BuildConfig) -> dict[str, Any]:
     """draft_len_schedule (`auto`: the measured one), max_concurrency, acceptance_rate_window_size/_threshold, where
     set; only versions with `load_aware_speculation` get here (builders/trtllm/rules.py refuses the others)."""
-    t, out = cfg.tree, {}
+    t, out = cfg.tree, dict[str, Any]()
     schedule = cfg.draft_len_schedule()
     if schedule is not None or t.max_concurrency is not None or t.acceptance_rate_window_size:
         v = registry.get(cfg.trtllm_version)
@@ -196,4 +197,4 @@ def trtllm_serve_argv(target_dir: Path, options_file: Path, host: str = "0.0.0.0
         "--host", host,
         "--port", str(port),
         "--extra_llm_api_options", str(options_file),
-    ]  # fmt: skip
+    ]

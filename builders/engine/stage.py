@@ -122,7 +122,11 @@ def _run_pytorch(ctx: StageContext) -> None:
     version = registry.get(cfg.trtllm_version)
     argv = llmapi.trtllm_serve_argv(_target_dir(ctx, for_trtllm=True), ctx.final / llmapi.OPTIONS_FILE,
                                     backend_flag=version.engine_flow)
-    serve = {"argv": argv, "trtllm_version": version.key, "llm_api": f"{version.name} (tensorrt_llm/llmapi/llm_args.py)"}
+    serve = {
+        "argv": argv,
+        "trtllm_version": version.key,
+        "llm_api": f"{version.name} (tensorrt_llm/llmapi/llm_args.py)",
+    }
     (ctx.out / SERVE_FILE).write_text(json.dumps(serve, indent=2) + "\n")
     ctx.notes["serve"] = " ".join(argv)
 

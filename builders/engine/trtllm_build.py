@@ -30,7 +30,7 @@ def gemm_plugin(cfg: BuildConfig) -> str:
     """Value of `--gemm_plugin`: the model dtype for 16/32-bit weights; for FP8 weights the FP8 plugin at small
     batch and no plugin otherwise (TRT's native FP8 GEMMs are faster there, per the tuning guide)."""
     if cfg.quantization.weights == "fp8":
-        return "fp8" if cfg.engine.max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH else "disable"
+        return "fp8" if cfg.request_limits().max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH else "disable"
     return cfg.target.dtype
 
 
@@ -56,7 +56,7 @@ def trtllm_build_argv(cfg: BuildConfig, checkpoint_dir: Path, output_dir: Path) 
         "--remove_input_padding", "enable",
         "--kv_cache_type", "paged",
         "--use_paged_context_fmha", "enable",
-    ]  # fmt: skip
+    ]
     if uses_fp8_context_fmha(cfg):
         argv += ["--use_fp8_context_fmha", "enable"]
     argv += ["--workers", str(e.workers)]

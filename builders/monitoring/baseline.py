@@ -43,7 +43,7 @@ def summary(target_forwards: int, accepted: int, drafted: int, by_depth: list[in
         "position_acceptance": [a / n if n else 0.0 for a, n in zip(acc, attempts)],
         "target_forwards": target_forwards, "accepted_draft_tokens": accepted, "draft_tokens": drafted,
         "position_attempts": attempts, "position_accepted": acc,
-    }  # fmt: skip
+    }
 
 
 def measure(cfg: BuildConfig, build_dir: Path) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def measure(cfg: BuildConfig, build_dir: Path) -> dict[str, Any]:
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     budget = min(m.calibration_max_new_tokens, limits.max_seq_len - limits.max_input_len)
     reqs = [GenerationRequest(tok.encode(p, add_special_tokens=True)[: limits.max_input_len], budget, SamplingParams(),
-                              eos) for p in prompts]  # fmt: skip
+                              eos) for p in prompts]
     b = limits.max_batch_size  # greedy tokens do not depend on the batch (engines.session)
     results = [r for i in range(0, len(reqs), b) for r in engine.generate(reqs[i:i + b], speculative=True)]
     agg = ReferenceEngine.aggregate(results)

@@ -22,32 +22,76 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 
 # title, unit, [(PromQL, legend)]
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
-    ("Tau (tokens per target forward): live vs baseline", "none", [
-        ("eagle:llm_tau:window", "live {{model}} {{instance}}"),
-        ("max by (instance, model) (eagle_llm_baseline_tau)", "baseline {{model}} {{instance}}")]),
-    ("Acceptance by draft position: live vs baseline", "percentunit", [
-        ("eagle:llm_position_acceptance:window", "live pos {{position}} {{instance}}"),
-        ("max by (instance, model, position) (eagle_llm_baseline_position_acceptance_ratio)",
-         "baseline pos {{position}} {{instance}}")]),
-    ("Draft tokens accepted / proposed", "percentunit", [
-        ("eagle:llm_acceptance_ratio:window", "{{model}} {{instance}}")]),
-    ("Speculation on (1) / off (0)", "none", [
-        ("max by (instance, model) (eagle_llm_speculation_enabled)", "{{model}} {{instance}}")]),
-    ("Requests in flight and queued", "none", [
-        ("sum by (instance, model) (eagle_llm_requests_in_flight)", "in flight {{model}} {{instance}}"),
-        ("sum by (instance, model) (eagle_llm_requests_queued)", "queued {{model}} {{instance}}")]),
-    ("Tokens per second", "none", [
-        (f"sum by (instance, model) (rate(eagle_llm_generated_tokens_total[{RATE}]))", "{{model}} {{instance}}")]),
-    ("Time to first token (p50 / p95)", "ms", [
-        (f"histogram_quantile(0.5, sum by (le, model) (rate(nv_inference_first_response_histogram_ms_bucket[{RATE}])))",
-         "p50 {{model}}"),
-        (f"histogram_quantile(0.95, sum by (le, model) (rate(nv_inference_first_response_histogram_ms_bucket[{RATE}])))",
-         "p95 {{model}}")]),
-    ("Mean time per output token (request duration / tokens)", "µs", [
-        (f"sum by (instance) (rate(nv_inference_request_duration_us{{model=~\"$llm_model\"}}[{RATE}])) / "
-         f"sum by (instance) (rate(eagle_llm_generated_tokens_total{{model=~\"$llm_model\"}}[{RATE}]))",
-         "{{instance}}")]),
-]  # fmt: skip
+    (
+        "Tau (tokens per target forward): live vs baseline",
+        "none",
+        [
+            ("eagle:llm_tau:window", "live {{model}} {{instance}}"),
+            ("max by (instance, model) (eagle_llm_baseline_tau)", "baseline {{model}} {{instance}}"),
+        ],
+    ),
+    (
+        "Acceptance by draft position: live vs baseline",
+        "percentunit",
+        [
+            ("eagle:llm_position_acceptance:window", "live pos {{position}} {{instance}}"),
+            (
+                "max by (instance, model, position) (eagle_llm_baseline_position_acceptance_ratio)",
+                "baseline pos {{position}} {{instance}}",
+            ),
+        ],
+    ),
+    (
+        "Draft tokens accepted / proposed",
+        "percentunit",
+        [("eagle:llm_acceptance_ratio:window", "{{model}} {{instance}}")],
+    ),
+    (
+        "Speculation on (1) / off (0)",
+        "none",
+        [("max by (instance, model) (eagle_llm_speculation_enabled)", "{{model}} {{instance}}")],
+    ),
+    (
+        "Requests in flight and queued",
+        "none",
+        [
+            ("sum by (instance, model) (eagle_llm_requests_in_flight)", "in flight {{model}} {{instance}}"),
+            ("sum by (instance, model) (eagle_llm_requests_queued)", "queued {{model}} {{instance}}"),
+        ],
+    ),
+    (
+        "Tokens per second",
+        "none",
+        [(f"sum by (instance, model) (rate(eagle_llm_generated_tokens_total[{RATE}]))", "{{model}} {{instance}}")],
+    ),
+    (
+        "Time to first token (p50 / p95)",
+        "ms",
+        [
+            (
+                "histogram_quantile(0.5, sum by (le, model) "
+                f"(rate(nv_inference_first_response_histogram_ms_bucket[{RATE}])))",
+                "p50 {{model}}",
+            ),
+            (
+                "histogram_quantile(0.95, sum by (le, model) "
+                f"(rate(nv_inference_first_response_histogram_ms_bucket[{RATE}])))",
+                "p95 {{model}}",
+            ),
+        ],
+    ),
+    (
+        "Mean time per output token (request duration / tokens)",
+        "µs",
+        [
+            (
+                f'sum by (instance) (rate(nv_inference_request_duration_us{{model=~"$llm_model"}}[{RATE}])) / '
+                f'sum by (instance) (rate(eagle_llm_generated_tokens_total{{model=~"$llm_model"}}[{RATE}]))',
+                "{{instance}}",
+            )
+        ],
+    ),
+]
 
 
 def _panel(i: int, title: str, unit: str, targets: list[tuple[str, str]]) -> dict[str, Any]:
@@ -57,7 +101,7 @@ def _panel(i: int, title: str, unit: str, targets: list[tuple[str, str]]) -> dic
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "targets": [{"refId": chr(65 + j), "datasource": DS, "expr": e, "legendFormat": lg}
                     for j, (e, lg) in enumerate(targets)],
-    }  # fmt: skip
+    }
 
 
 def dashboard() -> dict[str, Any]:
@@ -71,7 +115,7 @@ def dashboard() -> dict[str, Any]:
              "value": "tensorrt_llm"}, "label": "LLM model (triton.llm_model)"},
         ]},
         "panels": [_panel(i, *p) for i, p in enumerate(PANELS)],
-    }  # fmt: skip
+    }
 
 
 def queries() -> list[str]:

@@ -46,7 +46,7 @@ def recording_rules(m: MonitoringConfig) -> list[dict[str, Any]]:
         {"record": "eagle:llm_position_acceptance:window",
          "expr": f"{_sum_rate('eagle_llm_position_accepted_total', w, pos)} / "
                  f"{_sum_rate('eagle_llm_position_attempts_total', w, pos)}"},
-    ]  # fmt: skip
+    ]
 
 
 def _alert(name: str, expr: str, m: MonitoringConfig, summary: str, action: str, anchor: str) -> dict[str, Any]:
@@ -88,7 +88,7 @@ def alerting_rules(m: MonitoringConfig) -> list[dict[str, Any]]:
                "Every sequence slot is busy and arrivals outpace completions: add replicas (the autoscaler scales "
                "on eagle_llm_requests_in_flight) or raise engine.max_batch_size.",
                "queue-growing"),
-    ]  # fmt: skip
+    ]
 
 
 def rule_groups(m: MonitoringConfig) -> list[dict[str, Any]]:
@@ -103,10 +103,12 @@ def rules_yaml(m: MonitoringConfig) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m builders.monitoring.rules", description=__doc__.split("\n\n")[0],
+        prog="python -m builders.monitoring.rules",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Inputs:  a build config (its `monitoring` section), or none for the defaults\n"
-               "Outputs: Prometheus recording and alerting rules (stdout or --out)\nGuide:   docs/production-metrics.md")
+        "Outputs: Prometheus recording and alerting rules (stdout or --out)\nGuide:   docs/production-metrics.md",
+    )
     ap.add_argument("config", nargs="?", help="build config whose `monitoring` thresholds to use (default: defaults)")
     ap.add_argument("--out", type=Path, help="write here instead of stdout")
     args = ap.parse_args(argv)

@@ -42,7 +42,9 @@ def _add_outputs(cfg: mc.ModelConfig, tensors: tuple[C.Tensor, ...]) -> None:
         _io(cfg.output.add(), t)
 
 
-def _params(cfg: mc.ModelConfig, params: dict[str, str | int | float | bool], empty_ok: tuple[str, ...] = ()) -> None:
+def _params(
+    cfg: mc.ModelConfig, params: dict[str, str | int | float | bool | None], empty_ok: tuple[str, ...] = ()
+) -> None:
     """`empty_ok`: parameters whose empty value is meaningful (the backend reads them and treats "" as off)."""
     for k, v in params.items():
         if v is None or (isinstance(v, str) and ((v == "" and k not in empty_ok) or "${" in v)):

@@ -29,7 +29,7 @@ from core.atomic import TEMP_MARKER
 from builders.config import BuildConfig
 from builders.engine.llmapi import OPTIONS_FILE as LLMAPI_OPTIONS_FILE
 from builders.triton import render_llmapi as RL
-from builders.triton.pbtxt import (  # noqa: F401  (RenderError and to_text are part of this module's API)
+from builders.triton.pbtxt import (
     RenderError,
     _add_inputs,
     _add_outputs,
@@ -92,25 +92,25 @@ def tokenizer_dir(build_dir: Path) -> Path:
 
 def preprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     t = bc.triton
-    cfg = _base(t.preprocessing_model, bc.engine.max_batch_size, backend="python")
+    cfg = _base(t.preprocessing_model, bc.request_limits().max_batch_size, backend="python")
     required = tuple(k for k, v in C.PREPROCESSING_INPUT_MAP.items() if v in C.REQUIRED_HELP)
     _add_inputs(cfg, C.PREPROCESSING_INPUTS, checked_by_model=required)
     _add_outputs(cfg, C.PREPROCESSING_OUTPUTS)
     _params(cfg, {
         **_python_common(build_dir),
         "add_special_tokens": C.ADD_SPECIAL_TOKENS,
-        "max_input_len": bc.engine.max_input_len,
-        "max_seq_len": bc.engine.max_seq_len,
+        "max_input_len": bc.request_limits().max_input_len,
+        "max_seq_len": bc.request_limits().max_seq_len,
         # engine-flow EAGLE accepts drafts greedily (token equality): refuse sampling requests there
         "greedy_only": bc.engine.backend == "tensorrt",
-    })  # fmt: skip
+    })
     _instances(cfg, t.preprocessing_instances)
     return cfg
 
 
 def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     t = bc.triton
-    cfg = _base(t.postprocessing_model, bc.engine.max_batch_size, backend="python")
+    cfg = _base(t.postprocessing_model, bc.request_limits().max_batch_size, backend="python")
     _add_inputs(cfg, C.POSTPROCESSING_INPUTS)
     _add_outputs(cfg, C.POSTPROCESSING_OUTPUTS)
     _params(cfg, {
@@ -119,7 +119,7 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         # where a cancelled ensemble stream's stop request goes when its responses carry no cancel handle
         "llm_model": t.llm_model,
         "decoupled": t.streaming,
-    })  # fmt: skip
+    })
     # No dynamic_batching: its queue drops the cancelled requests of an abandoned ensemble stream unseen
     # (core scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy); without it they reach the model, which
     # passes the cancellation on to the python LLM model (models/cancel_channel.py).
@@ -129,7 +129,7 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
 
 def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
     t = bc.triton
-    cfg = _base(t.ensemble_model, bc.engine.max_batch_size, platform="ensemble")
+    cfg = _base(t.ensemble_model, bc.request_limits().max_batch_size, platform="ensemble")
     # text_input and max_tokens are required but declared optional (upstream's template declares them required):
     # Triton 2.51 (core r24.10 InferenceRequest::Normalize) checks only the NUMBER of inputs, so a request that
     # omits max_tokens but sends another optional input passes, the ensemble never schedules the preprocessing step
@@ -155,7 +155,7 @@ def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
 
 def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     t = bc.triton
-    cfg = _base(t.bls_model, bc.engine.max_batch_size, backend="python")
+    cfg = _base(t.bls_model, bc.request_limits().max_batch_size, backend="python")
     _add_inputs(cfg, C.ENSEMBLE_INPUTS)
     _add_outputs(cfg, C.ENSEMBLE_OUTPUTS)
     _params(cfg, {
@@ -163,7 +163,7 @@ def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "preprocessing_model": t.preprocessing_model,
         "llm_model": t.llm_model,
         "decoupled": t.streaming,
-    })  # fmt: skip
+    })
     _decoupled(cfg, t.streaming)
     _instances(cfg, t.bls_instances)
     return cfg
@@ -177,14 +177,16 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     (builders/trtllm/ledger_triton.py), cited to triton_backend/inflight_batcher_llm/src of the version."""
     tree = bc.static_tree()
     if tree is None:
-        raise RenderError("engine.backend=tensorrt needs tree.choices: the tensorrtllm backend takes eagle_choices only")
+        raise RenderError(
+            "engine.backend=tensorrt needs tree.choices: the tensorrtllm backend takes eagle_choices only"
+        )
     t = bc.triton
-    cfg = _base(t.llm_model, bc.engine.max_batch_size, backend="tensorrtllm")
+    cfg = _base(t.llm_model, bc.request_limits().max_batch_size, backend="tensorrtllm")
     _add_inputs(cfg, C.LLM_INPUTS, cpp=True)
     _add_outputs(cfg, C.LLM_OUTPUTS + C.CPP_EXTRA_PERF_OUTPUTS)
     _decoupled(cfg, t.streaming)
     _batching(cfg, bc, queue=True)
-    cfg.dynamic_batching.preferred_batch_size.append(bc.engine.max_batch_size)
+    cfg.dynamic_batching.preferred_batch_size.append(bc.request_limits().max_batch_size)
     _instances(cfg, 1)  # the backend schedules in-flight batching itself; one instance owns the engine
     _params(cfg, {
         "gpt_model_type": "inflight_fused_batching",
@@ -202,20 +204,20 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "tokenizer_dir": str(tokenizer_dir(build_dir)),
         "guided_decoding_backend": "",
         "xgrammar_tokenizer_info_path": "",
-    }, empty_ok=("guided_decoding_backend", "xgrammar_tokenizer_info_path"))  # fmt: skip
+    }, empty_ok=("guided_decoding_backend", "xgrammar_tokenizer_info_path"))
     return cfg
 
 
 def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelConfig:
     """The reference / LLM-API python model with the tensorrt_llm model's I/O."""
     t = bc.triton
-    cfg = _base(t.llm_model, bc.engine.max_batch_size, backend="python")
+    cfg = _base(t.llm_model, bc.request_limits().max_batch_size, backend="python")
     _add_inputs(cfg, C.LLM_INPUTS)
     _add_outputs(cfg, C.PY_LLM_OUTPUTS)
     _decoupled(cfg, t.streaming)
     _batching(cfg, bc, queue=True)
     _instances(cfg, t.llm_instances)
-    params: dict[str, str | int | float | bool] = {
+    params: dict[str, str | int | float | bool | None] = {
         **_python_common(build_dir),
         "llm_kind": kind,
         "build_dir": str(build_dir.resolve()),
@@ -227,8 +229,8 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
         # false serves the same build without speculation (the baseline of clients/loadtest.py --baseline-url)
         params["speculative"] = True
     else:  # the reference model reads its limits from the engine's reference.json instead
-        params.update(max_batch_size=bc.engine.max_batch_size, max_input_len=bc.engine.max_input_len,
-                      max_seq_len=bc.engine.max_seq_len)
+        lim = bc.request_limits()
+        params.update(max_batch_size=lim.max_batch_size, max_input_len=lim.max_input_len, max_seq_len=lim.max_seq_len)
     _params(cfg, params)
     return cfg
 
@@ -244,7 +246,7 @@ def llmapi_model_yaml(bc: BuildConfig, build_dir: Path, out: Path) -> str:
         "model": str(build_layout.trtllm_model_dir(build_dir)),  # readable by its transformers (hf_compat)
         "backend": "pytorch",
         **options,
-        "triton_config": {"max_batch_size": bc.engine.max_batch_size, "decoupled": bc.triton.streaming},
+        "triton_config": {"max_batch_size": bc.request_limits().max_batch_size, "decoupled": bc.triton.streaming},
     }
     return yaml.safe_dump(RL.yaml_paths_relative(doc, out), sort_keys=False, default_flow_style=None, width=120)
 
@@ -259,7 +261,7 @@ def client_descriptor(bc: BuildConfig) -> dict[str, Any]:
         return {
             "name": t.name, "datatype": C.WIRE_DTYPE[t.dtype], "dims": list(t.dims), "optional": t.optional,
             "default": t.default, "description": t.description,
-        }  # fmt: skip
+        }
 
     t = bc.triton
     return {
@@ -268,9 +270,9 @@ def client_descriptor(bc: BuildConfig) -> dict[str, Any]:
         "llm_model": t.llm_model,
         "backend": bc.engine.backend,
         "streaming": t.streaming,
-        "max_batch_size": bc.engine.max_batch_size,
-        "max_input_len": bc.engine.max_input_len,
-        "max_seq_len": bc.engine.max_seq_len,
+        "max_batch_size": bc.request_limits().max_batch_size,
+        "max_input_len": bc.request_limits().max_input_len,
+        "max_seq_len": bc.request_limits().max_seq_len,
         "inputs": [tensor(x) for x in C.ENSEMBLE_INPUTS],
         "outputs": [tensor(x) for x in C.ENSEMBLE_OUTPUTS],
         "perf_outputs": [x.name for x in C.PERF_OUTPUTS],
@@ -286,7 +288,7 @@ def model_configs(bc: BuildConfig, build_dir: Path) -> list[mc.ModelConfig]:
     return [
         preprocessing_config(bc, build_dir), llm, postprocessing_config(bc, build_dir), ensemble_config(bc),
         bls_config(bc, build_dir),
-    ]  # fmt: skip
+    ]
 
 
 LLM_SOURCE = {"reference": "reference_llm.py", "pytorch": "llmapi_llm.py"}
@@ -300,7 +302,7 @@ def config_problems(bc: BuildConfig) -> list[str]:
         "triton.ensemble_model": t.ensemble_model, "triton.preprocessing_model": t.preprocessing_model,
         "triton.postprocessing_model": t.postprocessing_model, "triton.llm_model": t.llm_model,
         "triton.bls_model": t.bls_model,
-    }  # fmt: skip
+    }
     p = []
     seen: dict[str, str] = {}
     for field, name in names.items():

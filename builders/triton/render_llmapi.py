@@ -109,4 +109,4 @@ def client_descriptor(bc: BuildConfig, tokenizer: Path) -> dict[str, Any]:
         "max_seq_len": bc.engine.max_seq_len, "tokenizer": str(tokenizer),
         "inputs": [tensor(x) for x in L.INPUTS], "outputs": [tensor(x) for x in L.OUTPUTS],
         "perf_outputs": list(L.SPEC_OUTPUTS), "config_name": bc.name, "config_hash": bc.config_hash(),
-    }  # fmt: skip
+    }

@@ -50,7 +50,9 @@ def run(ctx: StageContext) -> None:
     (ctx.out / rules.RULES_FILE).write_text(rules.rules_yaml(ctx.cfg.monitoring))  # Triton ignores plain files here
     if ctx.cfg.monitoring.calibration_prompts is not None:
         ctx.notes["acceptance_baseline"] = baseline.write(ctx.cfg, ctx.build_dir, ctx.out).name
-    ctx.notes["models"] = sorted({p.relative_to(ctx.out).parts[0] for p in written if len(p.relative_to(ctx.out).parts) > 1})
+    ctx.notes["models"] = sorted(
+        {p.relative_to(ctx.out).parts[0] for p in written if len(p.relative_to(ctx.out).parts) > 1}
+    )
     ctx.notes["serve"] = f"python triton_repo/launch.py --repo {ctx.final}"
 
 

@@ -38,7 +38,8 @@ _INDEX_PATTERNS = (
 
 
 def tensor_pattern(name: str) -> str:
-    """`eagle_nets.2.drafter.layers.0.attention.qkv.weight` -> `eagle_nets.{k}.drafter.layers.{j}.attention.qkv.weight`."""
+    """`eagle_nets.2.drafter.layers.0.attention.qkv.weight` ->
+    `eagle_nets.{k}.drafter.layers.{j}.attention.qkv.weight`."""
     for rx, repl in _INDEX_PATTERNS:
         name = rx.sub(repl, name)
     return name
@@ -52,7 +53,7 @@ def flat_keys(d: dict[str, object], prefix: str = "") -> set[str]:
         path = f"{prefix}{k}"
         out.add(path)
         if isinstance(v, dict) and all(isinstance(key, str) for key in v):
-            out |= flat_keys(v, path + ".")  # type: ignore[arg-type]
+            out |= flat_keys(v, path + ".")
     return out
 
 

@@ -16,7 +16,9 @@ LOAD = Source(TRT, "tensorrt_llm/models/modeling_utils.py",
               "PretrainedModel.load ('Required but not provided tensors'; 'Exemption for embedding sharing')")
 EAGLE_NET = Source(TRT, "tensorrt_llm/models/eagle/model.py", "EagleNet (drafter = LLaMAModel, lm_head)")
 KV_QUANT = Source(TRT, "tensorrt_llm/quantization/quantize.py", "kv_cache_quantize (every Attention of the model)")
-FP8_QUANT = Source(TRT, "tensorrt_llm/quantization/quantize.py", "quantize -> fp8_quantize (exclude_modules via fnmatch)")
+FP8_QUANT = Source(
+    TRT, "tensorrt_llm/quantization/quantize.py", "quantize -> fp8_quantize (exclude_modules via fnmatch)"
+)
 EAGLE_CONVERT = Source(TRT, "examples/eagle/convert_checkpoint.py", "main: eagle_net_config['quantization'].update")
 BUILDER = Source(TRT, "tensorrt_llm/builder.py", "build() / EngineConfig.to_dict (engine config.json)")
 EAGLE3_HEAD = Source(TRT, "tensorrt_llm/_torch/models/modeling_speculative.py", "Eagle3DraftModel / Eagle3ForCausalLM")
@@ -82,15 +84,18 @@ _TARGET_TENSORS = (
     "transformer.layers.{i}.attention.qkv.weight", "transformer.layers.{i}.attention.dense.weight",
     "transformer.layers.{i}.mlp.fc.weight", "transformer.layers.{i}.mlp.gate.weight",
     "transformer.layers.{i}.mlp.proj.weight",
-)  # fmt: skip
+)
 _DRAFTER_TENSORS = (
-    "eagle_nets.{k}.drafter.vocab_embedding.weight", "eagle_nets.{k}.drafter.fc.weight",
+    "eagle_nets.{k}.drafter.vocab_embedding.weight",
+    "eagle_nets.{k}.drafter.fc.weight",
     "eagle_nets.{k}.drafter.fc.bias",
     "eagle_nets.{k}.drafter.layers.{j}.post_layernorm.weight",
-    "eagle_nets.{k}.drafter.layers.{j}.attention.qkv.weight", "eagle_nets.{k}.drafter.layers.{j}.attention.dense.weight",
-    "eagle_nets.{k}.drafter.layers.{j}.mlp.fc.weight", "eagle_nets.{k}.drafter.layers.{j}.mlp.gate.weight",
+    "eagle_nets.{k}.drafter.layers.{j}.attention.qkv.weight",
+    "eagle_nets.{k}.drafter.layers.{j}.attention.dense.weight",
+    "eagle_nets.{k}.drafter.layers.{j}.mlp.fc.weight",
+    "eagle_nets.{k}.drafter.layers.{j}.mlp.gate.weight",
     "eagle_nets.{k}.drafter.layers.{j}.mlp.proj.weight",
-)  # fmt: skip
+)
 _SHARED_EMBEDDING = ("PretrainedModel.load exempts every parameter named *lm_head.weight while any provided tensor "
                      "ends in vocab_embedding.weight ('Exemption for embedding sharing'); we always write it")
 _LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
@@ -144,9 +149,13 @@ _TOKENIZER = (
             "checks the name)")
 )
 _HF_MODEL = rows_of(
-    "hf_model.config", ("rope_theta", "rope_scaling", "torch_dtype", "dtype"), HF_LLAMA, versions=TRANSFORMERS4,
+    "hf_model.config",
+    ("rope_theta", "rope_scaling", "torch_dtype", "dtype"),
+    HF_LLAMA,
+    versions=TRANSFORMERS4,
     type="transformers-4 LlamaConfig keys (dtype: the 5.x name, kept)",
-    note="checkpoint/hf_model/config.json, what trtllm-serve and model.yaml `model` load on engine.backend pytorch: the "
+    note="checkpoint/hf_model/config.json, what trtllm-serve and model.yaml `model` load on engine.backend pytorch: "
+    "the "
     "target's config with the keys transformers 4 reads added where transformers 5 wrote rope_parameters / dtype only "
     "(builders/convert/hf_compat.py); its tokenizer_config.json is the tokenizer.config row's",
 )
@@ -164,4 +173,6 @@ _ENGINE_CONFIG = rows_of(
 
 # The TRT-LLM checkpoint and engine are read by TensorRT-LLM only in the engine flow; on later versions the checkpoint
 # is the reference engine's own input. The EAGLE-3 head and the tokenizer are read by the LLM API of every version.
-ROWS: list[Row] = only(_CONFIG + _QUANT_KEYS + _TENSORS + _ENGINE_CONFIG, ENGINE_FLOW) + _EAGLE3 + _TOKENIZER + _HF_MODEL
+ROWS: list[Row] = (
+    only(_CONFIG + _QUANT_KEYS + _TENSORS + _ENGINE_CONFIG, ENGINE_FLOW) + _EAGLE3 + _TOKENIZER + _HF_MODEL
+)

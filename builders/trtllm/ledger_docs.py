@@ -154,8 +154,9 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "Eagle3SpecMetadata sets is_spec_dec_tree from eagle_choices and builds the tree (spec_tree_manager)"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (1.2 line)", "a 1.2-line version, commit not recorded",
      "2026-12-03",
-     "EagleDecodingConfig: eagle3_one_model default True, spec_dec_mode EAGLE3_ONE_MODEL / EAGLE3; validate_eagle_choices "
-     "warns 'The Draft token tree is still under development'; eagle_choices sets max_total_draft_tokens"),
+     "EagleDecodingConfig: eagle3_one_model default True, spec_dec_mode EAGLE3_ONE_MODEL / EAGLE3; "
+     "validate_eagle_choices warns 'The Draft token tree is still under development'; eagle_choices sets "
+     "max_total_draft_tokens"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py", "a version read, commit not recorded", "2026-12-03",
      "PretrainedModel.load: 'Exemption for embedding sharing': a parameter named *lm_head.weight is not required "
      "while any provided tensor ends in vocab_embedding.weight (likewise lm_head.per_channel_scale)"),
@@ -260,7 +261,8 @@ def render() -> str:
                 req += f", unless a name ending in `{r.exempt_if_emitted_suffix}` is written"
             out.append(f"| `{_cell(r.name)}` | {', '.join(r.versions)} | {req} | {_cell(r.type)} | "
                        f"{_cell(_consumer(r))} | {_cell(r.note)} |")
-    out += ["", "## Upstream inputs we do not declare (llmapi model)", "", "| input | upstream | why |", "|---|---|---|"]
+    out += ["", "## Upstream inputs we do not declare (llmapi model)", "",
+            "| input | upstream | why |", "|---|---|---|"]
     out += [f"| `{_cell(n)}` | {_cell(f'{s.repo} `{s.path}` {s.symbol}')} | {_cell(why)} |"
             for n, s, why in ledger_llmapi.NOT_DECLARED]
     out += ["", "## Sources", "", "| file | version read | read on | established |", "|---|---|---|---|"]

@@ -24,7 +24,9 @@ AUTO_COMPLETE = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel.auto_
 CONVERT = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._convert_request (text_input, 1-D, one prompt)")
 SAMPLING = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
                   "get_sampling_params_from_request / get_streaming_from_request / get_output_config_from_request")
-STOP = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._execute_single_request ('stop' -> handle_stop_request)")
+STOP = Source(
+    TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._execute_single_request ('stop' -> handle_stop_request)"
+)
 RESPONSE = Source(TRT, f"{LLMAPI_DIR}/1/model.py", "TritonPythonModel._create_response")
 PBTXT = Source(TRT, f"{LLMAPI_DIR}/config.pbtxt", "input / output")
 DECODING_BASE = Source(TRT, "tensorrt_llm/llmapi/llm_args.py",
@@ -135,7 +137,7 @@ UPSTREAM_INPUTS = (
     "sampling_param_presence_penalty", "sampling_param_max_tokens", "sampling_param_stop", "sampling_param_seed",
     "sampling_param_exclude_input_from_output", "sampling_param_return_perf_metrics", "return_finish_reason",
     "return_stop_reason", "return_cumulative_logprob", "stop", "lora_id", "lora_name", "lora_path", "lora_ckpt_source",
-)  # fmt: skip
+)
 NOT_DECLARED: tuple[tuple[str, Source, str], ...] = (
     ("image_url", TUTORIAL_VL,
      "not declared on any backend: our targets are text-only Llama-family models; upstream reads it only with "

@@ -56,7 +56,9 @@ def _tree_values(cfg: BuildConfig) -> tuple[int, int, int] | None:
     return lim.max_draft_len, lim.num_eagle_layers, lim.max_num_tokens
 
 
-_OLDER_LINES = "set trtllm_version: '1.2' (or '1.1', the pinned NGC image) with engine.backend tensorrt (the engine flow)"
+_OLDER_LINES = (
+    "set trtllm_version: '1.2' (or '1.1', the pinned NGC image) with engine.backend tensorrt (the engine flow)"
+)
 
 
 def _eagle3_only(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
@@ -88,13 +90,19 @@ def _backend_and_draft(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     backend, kind = cfg.engine.backend, cfg.draft.type
     p: list[str] = _eagle3_only(cfg, v)
     if backend == "tensorrt" and not v.engine_flow:
-        p.append(_needs(v, "engine_flow", "engine.backend=tensorrt (trtllm-build engines)", "set engine.backend=pytorch"))
+        p.append(
+            _needs(v, "engine_flow", "engine.backend=tensorrt (trtllm-build engines)", "set engine.backend=pytorch")
+        )
     if backend == "tensorrt" and kind == "eagle3":
-        p.append("draft.type=eagle3 with engine.backend=tensorrt: TensorRT-LLM runs EAGLE-3 only on its PyTorch backend "
-                 "(LLM API); set engine.backend pytorch or reference")
+        p.append(
+            "draft.type=eagle3 with engine.backend=tensorrt: TensorRT-LLM runs EAGLE-3 only on its PyTorch backend "
+            "(LLM API); set engine.backend pytorch or reference"
+        )
     if backend == "pytorch" and kind == "eagle" and v.eagle12_heads:
-        p.append("draft.type=eagle with engine.backend=pytorch: TensorRT-LLM's PyTorch backend runs EAGLE-3 heads only "
-                 "(EAGLE-1/2 checkpoints are incompatible); use draft.type=eagle3, or engine.backend tensorrt/reference")
+        p.append(
+            "draft.type=eagle with engine.backend=pytorch: TensorRT-LLM's PyTorch backend runs EAGLE-3 heads only "
+            "(EAGLE-1/2 checkpoints are incompatible); use draft.type=eagle3, or engine.backend tensorrt/reference"
+        )
     if backend == "pytorch" and kind == "eagle3" and not v.pytorch_eagle3:
         p.append(_needs(v, "pytorch_eagle3", "EAGLE-3 on engine.backend=pytorch", "use engine.backend reference"))
     return p
@@ -118,8 +126,10 @@ def _engine_flow(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     if q.kv_cache == "fp8" and q.weights != "fp8":
         # Paged context FMHA with 16-bit Q over an FP8 paged KV cache has no kernel (NVIDIA/TensorRT-LLM PR #8862);
         # builder.py then turns paged context FMHA off, which EAGLE engines need.
-        p.append("quantization.kv_cache=fp8 with quantization.weights=none: EAGLE engines need paged context FMHA, which "
-                 "has no kernel for 16-bit queries over an FP8 KV cache; set quantization.weights=fp8 as well")
+        p.append(
+            "quantization.kv_cache=fp8 with quantization.weights=none: EAGLE engines need paged context FMHA, which "
+            "has no kernel for 16-bit queries over an FP8 KV cache; set quantization.weights=fp8 as well"
+        )
     if cfg.target.dtype == "float32":
         p.append("target.dtype=float32: TensorRT-LLM's paged context FMHA, which EAGLE engines need, has no float32 "
                  "kernels; set target.dtype to float16 or bfloat16 (or use engine.backend=reference)")
@@ -180,15 +190,23 @@ def _pytorch(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
         except trees.TreeError:
             return p  # the tree rule reports it
         if tree is not None and not tree.is_chain() and not v.pytorch_static_tree and v.static_trees:
-            p.append(_needs(v, "pytorch_static_tree", f"a draft tree ({tree.size} nodes, depth {tree.depth}) with "
-                            "engine.backend=pytorch", f"use tree.choices: chain-{tree.depth}, or engine.backend tensorrt"))
+            p.append(
+                _needs(
+                    v,
+                    "pytorch_static_tree",
+                    f"a draft tree ({tree.size} nodes, depth {tree.depth}) with engine.backend=pytorch",
+                    f"use tree.choices: chain-{tree.depth}, or engine.backend tensorrt",
+                )
+            )
     if dyn is not None:
         if not v.pytorch_dynamic_tree:
             p.append(_needs(v, "pytorch_dynamic_tree", "tree.dynamic with engine.backend=pytorch",
                             "use tree.choices (a static tree, or chain-N), or engine.backend reference"))
         if dyn.total_draft_tokens > dyn.top_k * dyn.depth:
-            p.append(f"tree.dynamic.total_draft_tokens={dyn.total_draft_tokens} > top_k * depth = {dyn.top_k * dyn.depth}: "
-                     "TensorRT-LLM's dynamic tree keeps at most dynamic_tree_max_topK * max_draft_len tokens; lower it")
+            p.append(
+                f"tree.dynamic.total_draft_tokens={dyn.total_draft_tokens} > top_k * depth = {dyn.top_k * dyn.depth}: "
+                "TensorRT-LLM's dynamic tree keeps at most dynamic_tree_max_topK * max_draft_len tokens; lower it"
+            )
         if dyn.total_draft_tokens < dyn.depth:
             p.append(f"tree.dynamic.total_draft_tokens={dyn.total_draft_tokens} < depth={dyn.depth}; raise it")
     return p

@@ -32,9 +32,9 @@ for p in (REPO, REPO / "docker"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from builders.config import BuildConfig, ConfigError, load_config  # noqa: E402
-from builders.versions import CURRENT_GPU_IMAGE, GPU_IMAGE  # noqa: E402
-from serve import TRITON_PORTS  # noqa: E402  (docker/serve.py)
+from builders.config import BuildConfig, ConfigError, load_config
+from builders.versions import CURRENT_GPU_IMAGE, GPU_IMAGE
+from serve import TRITON_PORTS  # docker/serve.py
 
 Manifest = dict[str, Any]
 IMAGE_HOME = "/opt/eagle-deploy"  # WORKDIR of docker/Dockerfile: configs/ live under it
@@ -79,12 +79,12 @@ def queue_target(cfg: BuildConfig, opts: RenderOptions) -> int:
     """Requests per pod waiting for a slot that the HPA tolerates on average. Requests wait only once the in-flight
     batch (engine.max_batch_size slots) is full; half a batch waiting means a newcomer waits about half a generation
     for a slot, the point where another replica is worth its GPUs. Override with --queue-target."""
-    return opts.queue_target if opts.queue_target is not None else max(1, cfg.engine.max_batch_size // 2)
+    return opts.queue_target if opts.queue_target is not None else max(1, cfg.request_limits().max_batch_size // 2)
 
 
 def in_flight_target(cfg: BuildConfig, opts: RenderOptions) -> int:
     """Average requests in flight per pod the HPA holds: a full batch plus queue_target() waiting."""
-    return cfg.engine.max_batch_size + queue_target(cfg, opts)
+    return cfg.request_limits().max_batch_size + queue_target(cfg, opts)
 
 
 def in_flight_series(cfg: BuildConfig) -> str:
@@ -104,7 +104,7 @@ def in_flight_series(cfg: BuildConfig) -> str:
 
 def _labels(name: str, component: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "eagle-deploy", "app.kubernetes.io/instance": name,
-            "app.kubernetes.io/component": component}  # fmt: skip
+            "app.kubernetes.io/component": component}
 
 
 def _meta(obj: str, instance: str, component: str) -> dict[str, Any]:
@@ -134,19 +134,19 @@ def _volumes(name: str, opts: RenderOptions, *, models: bool) -> list[dict[str, 
 
 def _writable_mounts() -> list[dict[str, Any]]:
     return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "cache", "mountPath": CACHE_DIR}]  # fmt: skip
+            {"name": "cache", "mountPath": CACHE_DIR}]
 
 
 def _container_security() -> dict[str, Any]:
     """No root, no new privileges, no capabilities, nothing written outside the mounted volumes."""
     return {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+            "capabilities": {"drop": ["ALL"]}}
 
 
 def _pod_security() -> dict[str, Any]:
     # fsGroup: the volumes (build PVC included) are writable by the image's user.
     return {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID,
-            "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def _server_container(cfg: BuildConfig, opts: RenderOptions, args: list[str]) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def _server_container(cfg: BuildConfig, opts: RenderOptions, args: list[str]) ->
 
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures,
-                "timeoutSeconds": 5}  # fmt: skip
+                "timeoutSeconds": 5}
 
     return {
         "name": "triton",
@@ -207,7 +207,7 @@ def build_job(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest
         ],
     }
     pod = {"restartPolicy": "Never", "securityContext": _pod_security(), "containers": [container],
-           "volumes": _volumes(name, opts, models=True)}  # fmt: skip
+           "volumes": _volumes(name, opts, models=True)}
     job = {"backoffLimit": 0, "template": {"metadata": {"labels": _labels(name, "build")}, "spec": pod}}
     return [_obj("batch/v1", "Job", f"{name}-build", name, "build", spec=job)]
 
@@ -247,7 +247,7 @@ def hpa(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest]:
         # A new replica costs an engine load (minutes): scale down slowly so bursts don't thrash.
         "scaleDown": {"stabilizationWindowSeconds": 600,
                       "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
-    }  # fmt: skip
+    }
     spec = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
         "minReplicas": opts.min_replicas,
@@ -330,7 +330,7 @@ def leader_worker_set(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[
             "workerTemplate": {"metadata": {"labels": _labels(name, "worker")},
                                "spec": {"securityContext": _pod_security(), "containers": [worker], "volumes": vols}},
         },
-    }  # fmt: skip
+    }
     return [_obj("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", f"{name}-multinode", name, "server", spec=spec)]
 
 
@@ -386,8 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, as for builders/build.py")
     ap.add_argument("--out", type=Path, default=REPO / "docker" / "k8s", help="output directory")
-    ap.add_argument("--image", default=None, help=f"server image (default {GPU_IMAGE}; {CURRENT_GPU_IMAGE} for a config "
-                    "of the current TensorRT-LLM line)")
+    ap.add_argument(
+        "--image",
+        default=None,
+        help=f"server image (default {GPU_IMAGE}; {CURRENT_GPU_IMAGE} for a config of the current TensorRT-LLM line)",
+    )
     ap.add_argument("--queue-target", type=int, default=None,
                     help="waiting requests per pod the HPA tolerates: it holds engine.max_batch_size + this in flight "
                     "(default max(1, engine.max_batch_size // 2))")
@@ -405,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     image = args.image or default_image(cfg)
     opts = RenderOptions(config_path=rel.as_posix(), image=image, queue_target=args.queue_target,
-                         gpus_per_node=args.gpus_per_node)  # fmt: skip
+                         gpus_per_node=args.gpus_per_node)
     # Record every option that shaped the files (not --out/--check), so the header regenerates them exactly.
     shaping = [x for o in args.overrides for x in ("--set", o)]
     if image != default_image(cfg):

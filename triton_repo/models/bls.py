@@ -5,8 +5,12 @@ multi-byte character), so the concatenated stream equals the unary text exactly.
 LLM request.
 """
 
+from __future__ import annotations
+
 import secrets
 import threading
+
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -15,8 +19,15 @@ from eagle_bootstrap import project_on_path  # rendered next to this file (model
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
+def _output(resp: pb_utils.InferenceResponse, name: str) -> np.ndarray[Any, Any]:
+    t = pb_utils.get_output_tensor_by_name(resp, name)
+    if t is None:  # the preprocessing model declares every output and always sends it
+        raise pb_utils.TritonModelException(f"the preprocessing model sent no {name}")
+    return t.as_numpy()
+
+
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from triton_repo import contract
         from triton_repo.models import bounds, common, llm_io
@@ -32,7 +43,7 @@ class TritonPythonModel:
         ens = contract.by_name(contract.ENSEMBLE_INPUTS)
         self.stream_spec = ens["stream"]
 
-    def execute(self, requests):
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse | None] | None:
         """Requests are served one after the other, as upstream's BLS: run triton.bls_instances instances for
         concurrency. (Serving them on threads of one instance stalled the python backend 24.10 stub under load.)"""
         if self.decoupled:
@@ -41,7 +52,7 @@ class TritonPythonModel:
             return None
         return [self._answer(self._read(r), None) for r in requests]
 
-    def _read(self, request):
+    def _read(self, request: pb_utils.InferenceRequest) -> dict[str, np.ndarray[Any, Any]]:
         out = {}
         for t in self.C.ENSEMBLE_INPUTS:
             x = pb_utils.get_input_tensor_by_name(request, t.name)
@@ -49,7 +60,9 @@ class TritonPythonModel:
                 out[t.name] = np.array(x.as_numpy(), copy=True)
         return out
 
-    def _answer(self, request, sender):
+    def _answer(
+        self, request: dict[str, np.ndarray[Any, Any]], sender: pb_utils.InferenceResponseSender | None
+    ) -> pb_utils.InferenceResponse | None:
         try:
             return self._one(request, sender)
         except self.common.RequestError as e:
@@ -57,7 +70,7 @@ class TritonPythonModel:
         except pb_utils.TritonModelException as e:
             return self.common.error_response(pb_utils, str(e), self.C.INVALID_ARGUMENT)
 
-    def _serve(self, request, sender):
+    def _serve(self, request: dict[str, np.ndarray[Any, Any]], sender: pb_utils.InferenceResponseSender) -> None:
         try:
             resp = self._answer(request, sender)
         except Exception as e:  # never leave a client without a final response
@@ -74,7 +87,7 @@ class TritonPythonModel:
             pass  # the client is gone
 
     # ---- steps --------------------------------------------------------------------------------------------------
-    def _inputs(self, request, names_map):
+    def _inputs(self, request: dict[str, np.ndarray[Any, Any]], names_map: dict[str, str]) -> list[pb_utils.Tensor]:
         """pb_utils.Tensors for a step: {step input: source}; a source is the name of an ensemble input present in
         `request` (a dict of arrays) or an already computed internal array."""
         tensors = []
@@ -85,15 +98,17 @@ class TritonPythonModel:
                 tensors.append(pb_utils.Tensor(key, request[src]))
         return tensors
 
-    def _raise_if_error(self, resp):
+    def _raise_if_error(self, resp: pb_utils.InferenceResponse) -> None:
         """A step's error, passed on with its code (an engine fault stays INTERNAL, a deadline UNAVAILABLE)."""
         if resp.has_error():
             err = resp.error()
             code = next((n for n in ("INTERNAL", self.C.UNAVAILABLE) if err.code() == getattr(pb_utils.TritonError, n)),
-                        self.C.INVALID_ARGUMENT)  # fmt: skip
+                        self.C.INVALID_ARGUMENT)
             raise self.common.RequestError(err.message(), code)
 
-    def _one(self, request, sender):
+    def _one(
+        self, request: dict[str, np.ndarray[Any, Any]], sender: pb_utils.InferenceResponseSender | None
+    ) -> pb_utils.InferenceResponse | None:
         C = self.C
         if "stop_words" in request:  # bounded here too: never forward a million strings to preprocessing
             self.bounds.stop_strings(request["stop_words"], "stop_words")
@@ -103,8 +118,10 @@ class TritonPythonModel:
             requested_output_names=list(C.PREPROCESSING_OUTPUT_MAP),
         ).exec()
         self._raise_if_error(pre)
-        internal = {v: pb_utils.get_output_tensor_by_name(pre, k).as_numpy() for k, v in C.PREPROCESSING_OUTPUT_MAP.items()}
-        llm_map = {k: internal[v] if v in internal else v for k, v in C.LLM_INPUT_MAP.items()}
+        internal = {
+            v: _output(pre, k) for k, v in C.PREPROCESSING_OUTPUT_MAP.items()
+        }
+        llm_map = {k: internal.get(v, v) for k, v in C.LLM_INPUT_MAP.items()}
         streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
         with self._lock:
             self._count += 1
@@ -113,21 +130,26 @@ class TritonPythonModel:
         llm_req = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self._inputs(request, llm_map),
             requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,
-        )  # fmt: skip
+        )
         if not self.decoupled:
             resp = llm_req.exec()
             self._raise_if_error(resp)
             return self._text_response(self._ids(resp), resp)
         return self._stream(request, sender, llm_req, streaming, request_id)
 
-    def _ids(self, resp):
+    def _ids(self, resp: pb_utils.InferenceResponse) -> list[int]:
         t = pb_utils.get_output_tensor_by_name(resp, "output_ids")
         n = pb_utils.get_output_tensor_by_name(resp, "sequence_length")
         if t is None:
             return []
-        return t.as_numpy()[0, 0, : int(n.as_numpy().reshape(-1)[0])].tolist()
+        if n is None:  # the LLM model sends both (triton_repo/contract.py LLM_OUTPUTS)
+            raise pb_utils.TritonModelException("the LLM model sent output_ids without sequence_length")
+        length = int(n.as_numpy().reshape(-1)[0])
+        return [int(i) for i in t.as_numpy()[0, 0][:length]]
 
-    def _text_response(self, ids_or_text, resp):
+    def _text_response(
+        self, ids_or_text: list[int] | str, resp: pb_utils.InferenceResponse | None
+    ) -> pb_utils.InferenceResponse:
         text = ids_or_text if isinstance(ids_or_text, str) else self.tokenizer.decode(
             ids_or_text, skip_special_tokens=self.skip_special)
         tensors = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object))]
@@ -137,21 +159,28 @@ class TritonPythonModel:
                 tensors.append(pb_utils.Tensor(p.name, t.as_numpy()))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def _cancel_llm(self, request_id):
+    def _cancel_llm(self, request_id: str) -> None:
         """Tell the LLM model to stop our request (upstream BLS: a `stop` request with the same request id)."""
         stop = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self.io.stop_request_tensors(pb_utils),
             requested_output_names=[], request_id=request_id,
-        )  # fmt: skip
+        )
         for _ in stop.exec(decoupled=True):
             pass
 
-    def _stream(self, request, sender, llm_req, streaming, request_id):
+    def _stream(
+        self,
+        request: dict[str, np.ndarray[Any, Any]],
+        sender: pb_utils.InferenceResponseSender | None,
+        llm_req: pb_utils.InferenceRequest,
+        streaming: bool,
+        request_id: str,
+    ) -> pb_utils.InferenceResponse | None:
         """Decoupled LLM: forward chunks (streaming) or collect them (unary over a decoupled model)."""
         responses = llm_req.exec(decoupled=True)
         ids, emitted, last, cancelled = [], "", None, False
         for resp in responses:
-            if not cancelled and sender.is_cancelled():
+            if not cancelled and sender is not None and sender.is_cancelled():
                 self._cancel_llm(request_id)
                 cancelled = True  # keep draining until the LLM's final response
             if cancelled or resp is None:
@@ -165,7 +194,7 @@ class TritonPythonModel:
                 text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
                 if text.endswith("\ufffd"):
                     continue  # the last token ends inside a multi-byte character: wait for the rest
-                if len(text) > len(emitted):
+                if len(text) > len(emitted) and sender is not None:
                     sender.send(self._text_response(text[len(emitted):], None))
                     emitted = text
         if cancelled:
@@ -177,5 +206,5 @@ class TritonPythonModel:
         has_perf = last is not None and pb_utils.get_output_tensor_by_name(last, "acceptance_rate") is not None
         return self._text_response(tail, last) if (tail or has_perf) else None
 
-    def finalize(self):
+    def finalize(self) -> None:
         pass

@@ -19,6 +19,7 @@ whoever holds one of a sequence's responses can cancel it.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import socket
@@ -38,7 +39,7 @@ class Listener:
     """The LLM model's end: `handle()` gives a new sequence its handle and token; a token received calls
     `on_cancel(token)` on the listener's thread."""
 
-    def __init__(self, on_cancel: Callable[[str], None]) -> None:
+    def __init__(self, on_cancel: Callable[[str], object]) -> None:
         self.address = f"eagle-cancel-{secrets.token_hex(16)}"
         self._on_cancel = on_cancel
         self._sock = _socket()
@@ -64,10 +65,8 @@ class Listener:
 
     def close(self) -> None:
         self._closed = True
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked recv
-        except OSError:
-            pass
         self._sock.close()
         self._thread.join(timeout=5)
 

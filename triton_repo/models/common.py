@@ -1,4 +1,5 @@
-"""Helpers shared by the python-backend models (imported inside the stub once the project is importable, models/bootstrap.py).
+"""Helpers shared by the python-backend models (imported inside the stub once the project is importable,
+models/bootstrap.py).
 
 `pb_utils` (triton_python_backend_utils) exists only inside the python-backend stub; it is passed in, never
 imported here, so this module also imports in tests.
@@ -6,13 +7,17 @@ imported here, so this module also imports in tests.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from triton_repo import contract as C
+
+if TYPE_CHECKING:
+    from engines.api import ReferenceEngine
 
 
 class RequestError(ValueError):
@@ -55,14 +60,20 @@ class Params:
                            "repository with builders/triton/render.py")
         return self._p[key]
 
-    def int(self, key: str) -> int:
+    def int(self, key: builtins.str) -> builtins.int:
         return int(self.str(key))
 
-    def bool(self, key: str) -> bool:
+    def bool(self, key: builtins.str) -> builtins.bool:
         v = self.str(key).lower()
         if v not in ("true", "false"):
             raise ValueError(f"model {self.model}: parameter {key}={v!r} must be true or false")
         return v == "true"
+
+
+def draft_depth(engine: ReferenceEngine) -> int:
+    """The depth of the engine's draft tree; 0 without a drafter (the per-position metric families)."""
+    tree = engine.tree
+    return tree.depth if engine.has_draft and tree is not None else 0
 
 
 def load_tokenizer(path: str) -> Any:
@@ -122,7 +133,9 @@ def unexpected(e: Exception) -> str:
 
 
 def error_response(pb_utils: Any, message: str, code: str = C.INVALID_ARGUMENT) -> Any:
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
+    return pb_utils.InferenceResponse(
+        output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+    )
 
 
 def word_list(words_ids: list[list[int]]) -> np.ndarray:

@@ -81,15 +81,17 @@ def parse_request(pb_utils: Any, request: Any, limits: Limits, vocab_size: int |
     words = [] if stop is None else bounds.word_ids(stop, "stop_words_list", vocab)
     stop_strings = [tokenizer.decode(w) for w in words]
     sampling = sampling_from(
-        float(scalar(pb_utils, request, LLM_IN["temperature"])), int(scalar(pb_utils, request, LLM_IN["runtime_top_k"])),
-        float(scalar(pb_utils, request, LLM_IN["runtime_top_p"])), int(scalar(pb_utils, request, LLM_IN["seed"])),
-    )  # fmt: skip
+        float(scalar(pb_utils, request, LLM_IN["temperature"])),
+        int(scalar(pb_utils, request, LLM_IN["runtime_top_k"])),
+        float(scalar(pb_utils, request, LLM_IN["runtime_top_p"])),
+        int(scalar(pb_utils, request, LLM_IN["seed"])),
+    )
     parsed = Parsed(
         prompt_ids=prompt, max_new_tokens=n_out, end_id=int(end_id), stop_strings=[s for s in stop_strings if s],
         sampling=sampling, streaming=streaming,
         exclude_input=bool(scalar(pb_utils, request, LLM_IN["exclude_input_in_output"])),
         perf=bool(scalar(pb_utils, request, LLM_IN["return_perf_metrics"])),
-    )  # fmt: skip
+    )
     parsed.request = reference_request(parsed)
     return parsed
 
@@ -115,7 +117,7 @@ def stop_request_tensors(pb_utils: Any) -> list[Any]:
     return [
         pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
         pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), bool)),
-    ]  # fmt: skip
+    ]
 
 
 def reference_request(p: Parsed) -> Any:
@@ -124,7 +126,7 @@ def reference_request(p: Parsed) -> Any:
     return GenerationRequest(
         prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens, sampling=p.sampling, stop_token_ids=[p.end_id],
         stop_strings=p.stop_strings,
-    )  # fmt: skip
+    )
 
 
 def ids_tensors(pb_utils: Any, ids: list[int], cancel_handle: str = "") -> list[Any]:

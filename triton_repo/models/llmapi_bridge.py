@@ -21,7 +21,11 @@ families are absent; speculation is reported off for an iteration with requests 
 Non-leader MPI ranks (multi-node) run no LLM and export nothing.
 """
 
+from __future__ import annotations
+
 import threading
+
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
@@ -31,7 +35,7 @@ POLL_S = 1.0  # how often the iteration statistics are drained (they queue up be
 
 
 class TritonPythonModel(UpstreamModel):
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         super().initialize(args)
         self._eagle_stop = threading.Event()
         if getattr(self, "_llm_engine", None) is None:
@@ -45,7 +49,7 @@ class TritonPythonModel(UpstreamModel):
         self._eagle_thread = threading.Thread(target=self._eagle_poll, daemon=True)
         self._eagle_thread.start()
 
-    def _eagle_poll(self):
+    def _eagle_poll(self) -> None:
         queued = 0
         while not self._eagle_stop.wait(POLL_S):
             llm = self._llm_engine
@@ -53,7 +57,7 @@ class TritonPythonModel(UpstreamModel):
                 continue
             try:
                 stats = llm.get_stats(timeout=POLL_S)
-            except Exception as e:  # noqa: BLE001  (a failed poll loses no count: the stats stay queued upstream)
+            except Exception as e:  # a failed poll loses no count: the stats stay queued upstream
                 pb_utils.Logger.log_warn(f"[eagle] iteration statistics unavailable: {e}")
                 stats = []
             for stat in stats:
@@ -63,6 +67,6 @@ class TritonPythonModel(UpstreamModel):
                     self._eagle.enabled.set(1 if drafted > 0 else 0)
             self._eagle.counts(max(0, int(getattr(self, "_ongoing_request_count", 0))), queued)
 
-    def finalize(self):
+    def finalize(self) -> None:
         self._eagle_stop.set()
         super().finalize()

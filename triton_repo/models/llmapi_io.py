@@ -111,8 +111,13 @@ def parse(pb_utils: Any, request: Any, tokenizer: Any, limits: Limits, default_m
         raise RequestError(problem)
     req = GenerationRequest(prompt_ids=ids, max_new_tokens=n_out, sampling=_sampling(pb_utils, request),
                             stop_token_ids=stop_token_ids(tokenizer), stop_strings=[s for s in stops if s])
-    return Parsed(req, flag(pb_utils, request, "streaming"), flag(pb_utils, request, "sampling_param_return_perf_metrics"),
-                  flag(pb_utils, request, "return_finish_reason"), flag(pb_utils, request, "return_stop_reason"))
+    return Parsed(
+        req,
+        flag(pb_utils, request, "streaming"),
+        flag(pb_utils, request, "sampling_param_return_perf_metrics"),
+        flag(pb_utils, request, "return_finish_reason"),
+        flag(pb_utils, request, "return_stop_reason"),
+    )
 
 
 def error(pb_utils: Any, message: str, code: str = C.INVALID_ARGUMENT) -> Any:
@@ -135,9 +140,13 @@ def text_response(pb_utils: Any, tokenizer: Any, ids: list[int], extra: list[Any
 def final_response(pb_utils: Any, tokenizer: Any, p: Parsed, result: Any) -> Any:
     extra = []
     if p.finish_reason:
-        extra.append(_strings(pb_utils, "finish_reason", [{"eos": "stop"}.get(result.finish_reason, result.finish_reason)]))
+        extra.append(
+            _strings(pb_utils, "finish_reason", [{"eos": "stop"}.get(result.finish_reason, result.finish_reason)])
+        )
     if p.stop_reason:
-        extra.append(_strings(pb_utils, "stop_reason", [result.stop_reason if hasattr(result, "stop_reason") else None]))
+        extra.append(
+            _strings(pb_utils, "stop_reason", [result.stop_reason if hasattr(result, "stop_reason") else None])
+        )
     if p.perf:
         st = result.stats
         rate = st.accepted_draft_tokens / st.draft_tokens if st.draft_tokens else 0.0

@@ -12,9 +12,14 @@ the request is aborted at its next output (models/cancel_channel.py). Needs a GP
 TensorRT-LLM container).
 """
 
+from __future__ import annotations
+
 import asyncio
+import concurrent.futures
 import os
 import threading
+
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
@@ -23,7 +28,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         import yaml
         from tensorrt_llm import LLM
@@ -51,14 +56,16 @@ class TritonPythonModel:
         self.llmapi_counts = spec_metrics.llmapi_counts
         self._in_flight = 0
         self._lock = threading.Lock()
-        self._live, self._cancelled = set(), set()  # cancel tokens of the running requests / of those to abort
+        self._live: set[str] = set()
+        self._cancelled: set[str] = set()  # cancel tokens of the running requests / of those to abort
         self.cancels = cancel_channel.Listener(self._on_cancel)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
 
-    def execute(self, requests):
-        futures, out = [], []
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse | None] | None:
+        futures: list[tuple[int, concurrent.futures.Future[pb_utils.InferenceResponse | None]]] = []
+        out: list[pb_utils.InferenceResponse | None] = []
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
             try:
@@ -86,17 +93,24 @@ class TritonPythonModel:
             out[i] = fut.result()
         return out
 
-    def _reply(self, sender, resp, out):
-        if self.decoupled:
+    def _reply(
+        self,
+        sender: pb_utils.InferenceResponseSender | None,
+        resp: pb_utils.InferenceResponse,
+        out: list[pb_utils.InferenceResponse | None],
+    ) -> None:
+        if sender is not None:  # decoupled
             sender.send(resp, flags=FINAL)
         else:
             out.append(resp)
 
-    def _on_cancel(self, token):
+    def _on_cancel(self, token: str) -> None:
         if token in self._live:  # a late token of a finished request is dropped, not kept
             self._cancelled.add(token)
 
-    async def _run(self, request, parsed, sender):
+    async def _run(
+        self, request: pb_utils.InferenceRequest, parsed: Any, sender: pb_utils.InferenceResponseSender | None
+    ) -> pb_utils.InferenceResponse | None:
         from tensorrt_llm import SamplingParams
 
         handle, token = self.cancels.handle()
@@ -107,7 +121,7 @@ class TritonPythonModel:
             max_tokens=parsed.max_new_tokens, end_id=parsed.end_id, stop=parsed.stop_strings or None,
             temperature=0.0 if s.greedy else s.temperature, top_k=1 if s.greedy else (s.top_k or None),
             top_p=None if s.greedy else s.top_p, seed=s.seed, return_perf_metrics=True,
-        )  # fmt: skip
+        )
         try:
             stream = self.llm.generate_async(parsed.prompt_ids, params, streaming=parsed.streaming)
             sent, final = 0, None
@@ -116,17 +130,19 @@ class TritonPythonModel:
                     stream.abort()
                     return self._done(sender, self.common.error_response(pb_utils, "request cancelled", "CANCELLED"))
                 ids = list(output.outputs[0].token_ids)
-                if parsed.streaming and len(ids) > sent:
+                if parsed.streaming and len(ids) > sent and sender is not None:
                     chunk = self.io.ids_tensors(pb_utils, ids[sent:], handle)
                     sender.send(pb_utils.InferenceResponse(output_tensors=chunk))
                     sent = len(ids)
                 final = output
+            if final is None:
+                raise RuntimeError("the LLM API finished the request without an output")
             spec = final.outputs[0].request_perf_metrics.speculative_decoding
             self.metrics.add(*self.llmapi_counts(len(final.outputs[0].token_ids), spec), [])
             resp = self.io.final_response(
                 pb_utils, parsed, list(final.outputs[0].token_ids), int(spec.total_accepted_draft_tokens),
                 int(spec.total_draft_tokens), handle,
-            )  # fmt: skip
+            )
             return self._done(sender, resp)
         except Exception as e:  # the engine failed for this request: report it, keep serving
             return self._done(sender, self.common.error_response(pb_utils, f"LLM API error: {e}", "INTERNAL"))
@@ -137,12 +153,14 @@ class TritonPythonModel:
                 self._in_flight -= 1
                 self._count()
 
-    def _count(self):
+    def _count(self) -> None:
         """The LLM API runs up to max_batch_size requests; the rest of those in flight wait in its queue."""
         self.metrics.counts(self._in_flight, max(0, self._in_flight - self.limits.max_batch_size))
 
-    def _done(self, sender, resp):
-        if not self.decoupled:
+    def _done(
+        self, sender: pb_utils.InferenceResponseSender | None, resp: pb_utils.InferenceResponse | None
+    ) -> pb_utils.InferenceResponse | None:
+        if sender is None:  # not decoupled
             return resp
         if resp is None:
             sender.send(flags=FINAL)
@@ -150,7 +168,7 @@ class TritonPythonModel:
             sender.send(resp, flags=FINAL)
         return None
 
-    def finalize(self):
+    def finalize(self) -> None:
         self.cancels.close()
         self.llm.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)

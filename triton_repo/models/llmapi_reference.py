@@ -19,17 +19,25 @@ The engine and its draft tree come from `<build_dir>/engine/reference.json`; mod
 describe the same tree (checked at load). Requests are batched in flight by triton_repo/models/batcher.py.
 """
 
+from __future__ import annotations
+
+import contextlib
 import os
+
+from typing import Any, TYPE_CHECKING
 
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
+
+if TYPE_CHECKING:
+    from triton_repo.models.batcher import Job
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 DEFAULT_MAX_TOKENS = 32
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from pathlib import Path
 
@@ -37,6 +45,7 @@ class TritonPythonModel:
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
+        from triton_repo.models.common import draft_depth
         from triton_repo.models import batcher, bounds, common, llmapi_io, llmapi_refusals, spec_metrics
 
         self.C, self.io, self.batcher_mod, self.bounds, self.common = contract, llmapi_io, batcher, bounds, common
@@ -54,14 +63,14 @@ class TritonPythonModel:
         # time that model.yaml's copies (what TensorRT-LLM's LLM reads) agree with it.
         self.limits = limits = self.engine.limits
         session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=True,
-                                      on_tokens=self._on_tokens)  # fmt: skip
+                                      on_tokens=self._on_tokens)
         self.metrics = spec_metrics.SpecMetrics(
-            pb_utils, args["model_name"], "reference", self.engine.tree.depth if self.engine.has_draft else 0,
+            pb_utils, args["model_name"], "reference", draft_depth(self.engine),
             self.engine.has_draft, spec_metrics.baseline_for(args))
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
                                        max_queue_size=p.int("max_queue_size"), on_count=self.metrics.counts)
 
-    def execute(self, requests):
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         for r in requests:
             sender = r.get_response_sender()
             try:
@@ -89,7 +98,7 @@ class TritonPythonModel:
                 sender.send(self.io.error(pb_utils, refusal, self.C.UNAVAILABLE), flags=FINAL)
         return None
 
-    def _stop(self, request_id, sender):
+    def _stop(self, request_id: str, sender: pb_utils.InferenceResponseSender) -> None:
         if not request_id:
             sender.send(self.io.error(pb_utils, "A request id must be provided for request cancellation"), flags=FINAL)
             return
@@ -101,7 +110,7 @@ class TritonPythonModel:
                 job.cancelled = True
         sender.send(self.io.error(pb_utils, "Request cancelled by client", "CANCELLED"), flags=FINAL)
 
-    def _on_tokens(self, slot, new_ids):
+    def _on_tokens(self, slot: int, new_ids: list[int]) -> bool:
         """Stream the text so far after every step; False stops the sequence (the client is gone)."""
         job = self.batcher.job_in(slot)
         parsed = job.payload
@@ -117,7 +126,7 @@ class TritonPythonModel:
                 return False
         return True
 
-    def _finish(self, job):
+    def _finish(self, job: Job) -> None:
         parsed = job.payload
         self.metrics.finished(job)
         if job.error is not None:
@@ -127,10 +136,8 @@ class TritonPythonModel:
             resp = self.io.error(pb_utils, "Request cancelled by client", "CANCELLED")
         else:
             resp = self.io.final_response(pb_utils, self.tokenizer, parsed, job.result)
-        try:
+        with contextlib.suppress(Exception):  # the client is gone; nothing left to free
             parsed.sender.send(resp, flags=FINAL)
-        except Exception:
-            pass  # the client is gone; nothing left to free
 
-    def finalize(self):
+    def finalize(self) -> None:
         self.batcher.close()

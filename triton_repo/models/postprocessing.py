@@ -13,7 +13,10 @@ models/cancel_channel.py for why only postprocessing sees it). A request that ar
 Each sequence is relayed once (the recent handles and ids are remembered).
 """
 
+from __future__ import annotations
+
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -22,8 +25,15 @@ from eagle_bootstrap import project_on_path  # rendered next to this file (model
 RECENT = 1024  # relayed handles / ids remembered, so the later cancelled steps of a sequence send nothing
 
 
+def _required(r: pb_utils.InferenceRequest, name: str) -> np.ndarray[Any, Any]:
+    t = pb_utils.get_input_tensor_by_name(r, name)
+    if t is None:  # config.pbtxt declares it required: Triton refuses a request without it before execute()
+        raise pb_utils.TritonModelException(f"input {name} is missing")
+    return t.as_numpy()
+
+
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from triton_repo.models import cancel_channel, common, llm_io
 
@@ -32,14 +42,14 @@ class TritonPythonModel:
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.skip_special_tokens = p.bool("skip_special_tokens")
         self.llm_model, self.llm_decoupled = p.str("llm_model"), p.bool("decoupled")
-        self.relayed = OrderedDict()
+        self.relayed: OrderedDict[str, None] = OrderedDict()
 
-    def execute(self, requests):
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
         out = []
         for r in requests:
             self._relay_cancellation(r)
-            tokens = pb_utils.get_input_tensor_by_name(r, "TOKENS_BATCH").as_numpy()  # [B, beam, T]
-            lengths = pb_utils.get_input_tensor_by_name(r, "SEQUENCE_LENGTH").as_numpy()  # [B, beam]
+            tokens = _required(r, "TOKENS_BATCH")  # [B, beam, T]
+            lengths = _required(r, "SEQUENCE_LENGTH")  # [B, beam]
             texts = np.empty(lengths.shape, dtype=object)
             for b in range(tokens.shape[0]):
                 for k in range(tokens.shape[1]):
@@ -49,7 +59,7 @@ class TritonPythonModel:
             out.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", texts)]))
         return out
 
-    def _relay_cancellation(self, r):
+    def _relay_cancellation(self, r: pb_utils.InferenceRequest) -> None:
         handle = pb_utils.get_input_tensor_by_name(r, "CANCEL_HANDLE")
         key = handle.as_numpy().reshape(-1)[0].decode("ascii", "replace") if handle is not None else None
         if key is None and self.llm_decoupled and r.request_id():
@@ -64,12 +74,12 @@ class TritonPythonModel:
                 pb_utils.Logger.log_warn(f"postprocessing: cancel handle {key!r} could not be delivered")
             return
         stop = pb_utils.InferenceRequest(model_name=self.llm_model, inputs=self.io.stop_request_tensors(pb_utils),
-                                         requested_output_names=[], request_id=r.request_id())  # fmt: skip
+                                         requested_output_names=[], request_id=r.request_id())
         try:
             for _ in stop.exec(decoupled=True):
                 pass
         except Exception as e:  # the LLM model refused it: nothing more this model can do for that sequence
             pb_utils.Logger.log_warn(f"postprocessing: stop request for {r.request_id()!r} failed: {e}")
 
-    def finalize(self):
+    def finalize(self) -> None:
         pass

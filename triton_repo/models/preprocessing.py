@@ -8,13 +8,22 @@ asking for sampling) get INVALID_ARGUMENT with a message; the other requests of 
 """
 
 
+from __future__ import annotations
+
+from typing import Any
+
+import numpy.typing as npt
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
 
+Array = npt.NDArray[Any]
+
+
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from triton_repo import contract
         from core.types import Limits
@@ -33,7 +42,7 @@ class TritonPythonModel:
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
         self.vocab = len(self.tokenizer)  # ids the tokenizer knows: end_id / pad_id must be one of them
 
-    def execute(self, requests):
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
         out = []
         for r in requests:
             try:
@@ -44,7 +53,7 @@ class TritonPythonModel:
                 out.append(self.common.error_response(pb_utils, self.common.unexpected(e)))
         return out
 
-    def _checked(self, request):
+    def _checked(self, request: pb_utils.InferenceRequest) -> tuple[list[Any], Array, list[Any], Array, Array]:
         """Every input bounded and checked for every row before any row is tokenized (models/bounds.py)."""
         common, bounds = self.common, self.bounds
         query = self._required(request, "QUERY")
@@ -68,7 +77,7 @@ class TritonPythonModel:
             ids[name] = np.array([[bounds.token_id(v, given, self.vocab, none_ok)] for v in values], np.int32)
         return texts, out_len, stops, ids["END_ID"], ids["PAD_ID"]
 
-    def _one(self, request):
+    def _one(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         common = self.common
         texts, out_len, stops, end, pad = self._checked(request)
         if self.greedy_only:
@@ -103,7 +112,7 @@ class TritonPythonModel:
         }
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
 
-    def _required(self, request, name):
+    def _required(self, request: pb_utils.InferenceRequest, name: str) -> np.ndarray[Any, Any]:
         """QUERY and REQUEST_OUTPUT_LEN are declared optional in config.pbtxt (render.py says why) and required
         here: a request without one is refused naming the client-facing input."""
         arr = self.common.tensor(pb_utils, request, name)
@@ -112,7 +121,7 @@ class TritonPythonModel:
             raise self.common.RequestError(f"input {given} is required ({self.C.REQUIRED_HELP[given]})")
         return arr
 
-    def _refuse_sampling(self, request, batch):
+    def _refuse_sampling(self, request: pb_utils.InferenceRequest, batch: int) -> None:
         """Engine-flow EAGLE verifies drafts by token equality with the target's argmax (TensorRT-LLM's
         eagle_sample_and_accept_draft plugin, greedy_sampling; the Triton C++ backend sets no per-request
         EagleConfig), so sampling parameters would be ignored: say so instead."""
@@ -131,5 +140,5 @@ class TritonPythonModel:
                     "parameters would be ignored. Send temperature 0 (or top_k 1, or top_k 0 with top_p 0), or serve "
                     "with engine.backend pytorch or reference")
 
-    def finalize(self):
+    def finalize(self) -> None:
         pass

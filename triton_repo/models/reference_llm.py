@@ -13,19 +13,29 @@ reach this model through an ensemble).
 """
 
 
+from __future__ import annotations
+
+from typing import Any, TYPE_CHECKING
+
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
+
+if TYPE_CHECKING:
+    from triton_repo.models.batcher import Job
+
+    Sender = pb_utils.InferenceResponseSender
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from pathlib import Path
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
+        from triton_repo.models.common import draft_depth
         from triton_repo.models import batcher, bounds, cancel_channel, common, llm_io, spec_metrics
 
         self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
@@ -37,13 +47,13 @@ class TritonPythonModel:
         self.limits, self.vocab_size = self.engine.limits, self.engine.vocab_size
         self.tokenizer = self.engine.tokenizer
         self.metrics = spec_metrics.SpecMetrics(
-            pb_utils, args["model_name"], p.str("llm_kind"), self.engine.tree.depth if self.engine.has_draft else 0,
+            pb_utils, args["model_name"], p.str("llm_kind"), draft_depth(self.engine),
             self.engine.has_draft, spec_metrics.baseline_for(args))
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
         session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,
                                       speculative=p.bool("speculative"),
-                                      on_tokens=self._on_tokens)  # fmt: skip
+                                      on_tokens=self._on_tokens)
         self.batcher = batcher.Batcher(
             session, lambda job: job.payload[0].request, self._finish, max_queue_size=p.int("max_queue_size"),
             deadline_s=float(p.str("request_deadline_s")), on_count=self.metrics.counts,
@@ -51,15 +61,19 @@ class TritonPythonModel:
         self.cancels = cancel_channel.Listener(self.batcher.cancel)
 
     # ---- requests in ------------------------------------------------------------------------------------------
-    def execute(self, requests):
-        jobs, replies = [], []
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse | None] | None:
+        jobs: list[Job] = []
+        # (sender when decoupled, the error response or None, the admitted job or None)
+        replies: list[tuple[Sender | None, pb_utils.InferenceResponse | None, Job | None]] = []
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
             try:
                 if self.io.is_stop_request(pb_utils, r):
                     replies.append((sender, self._stop_job(r.request_id()), None))
                     continue
-                parsed = self.io.parse_request(pb_utils, r, self.limits, self.vocab_size, self.tokenizer, self.decoupled)
+                parsed = self.io.parse_request(
+                    pb_utils, r, self.limits, self.vocab_size, self.tokenizer, self.decoupled
+                )
             except self.common.RequestError as e:
                 replies.append((sender, self.common.error_response(pb_utils, str(e), e.code), None))
                 continue
@@ -67,10 +81,10 @@ class TritonPythonModel:
                 replies.append((sender, self.common.error_response(pb_utils, self.common.unexpected(e)), None))
                 continue
             # Decoupled: the request object is done once execute() returns; its sender keeps the cancel flag.
-            cancelled = sender.is_cancelled if self.decoupled else r.is_cancelled
+            cancelled = sender.is_cancelled if sender is not None else r.is_cancelled
             handle, token = self.cancels.handle()
             job = self.batcher_mod.Job(payload=(parsed, sender, handle), is_cancelled=cancelled,
-                                       streaming=parsed.streaming, cancel_token=token)  # fmt: skip
+                                       streaming=parsed.streaming, cancel_token=token)
             if r.request_id():
                 job.request_id = r.request_id()
             refusal = self.batcher.admit(job)
@@ -82,19 +96,19 @@ class TritonPythonModel:
                 jobs.append(job)
         if self.decoupled:
             for sender, err, _job in replies:
-                if err is not None:
+                if err is not None and sender is not None:
                     sender.send(err, flags=FINAL)
             return None
-        out = []
-        for _sender, err, job in replies:
-            if err is not None:
+        out: list[pb_utils.InferenceResponse | None] = []
+        for _sender, err, admitted in replies:
+            if admitted is None:  # refused: its error response
                 out.append(err)
                 continue
-            job.done.wait()
-            out.append(job.result)
+            admitted.done.wait()
+            out.append(admitted.result)
         return out
 
-    def _stop_job(self, request_id):
+    def _stop_job(self, request_id: str) -> pb_utils.InferenceResponse:
         """tensorrtllm_backend's stop request, for request ids only their sender knows (models/bounds.py
         STOPPABLE_ID: the BLS model's, our clients'); the same empty answer whether a request had that id or not."""
         if not self.bounds.stoppable(request_id):
@@ -105,7 +119,7 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[])
 
     # ---- worker thread ----------------------------------------------------------------------------------------
-    def _on_tokens(self, slot, new_ids):
+    def _on_tokens(self, slot: int, new_ids: list[int]) -> bool:
         """Stream one step's accepted tokens; False stops the sequence (the client cancelled or is gone)."""
         job = self.batcher.job_in(slot)
         parsed, sender, handle = job.payload
@@ -120,7 +134,7 @@ class TritonPythonModel:
                 return False
         return True
 
-    def _finish(self, job):
+    def _finish(self, job: Job) -> None:
         parsed, sender, handle = job.payload
         self.metrics.finished(job)
         if job.error is not None:
@@ -152,6 +166,6 @@ class TritonPythonModel:
         except Exception:
             pass  # the client is gone; nothing left to free
 
-    def finalize(self):
+    def finalize(self) -> None:
         self.cancels.close()
         self.batcher.close()

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from triton_python_backend_utils import Metric
 
 BASELINE_FILE = "acceptance_baseline.json"  # written at the repository root by the build (builders/baseline.py)
 
@@ -41,7 +44,7 @@ REQUEST_SPECS = (
      "(triton.request_deadline_s)", "COUNTER"),
     ("failed", "eagle_llm_requests_failed_total", "Requests ended by an engine error (INTERNAL)", "COUNTER"),
     ("tokens", "eagle_llm_generated_tokens_total", "Tokens generated (cancelled requests included)", "COUNTER"),
-)  # fmt: skip
+)
 
 SPEC_SPECS = (
     ("forwards", "eagle_llm_target_forwards_total", "Target forward passes after the prefill (decoding steps)",
@@ -53,7 +56,7 @@ SPEC_SPECS = (
     ("enabled", "eagle_llm_speculation_enabled", "1 while the model drafts, 0 while it decodes with the target only",
      "GAUGE"),
     ("baseline_tau", "eagle_llm_baseline_tau", "tau the build measured on its calibration prompts", "GAUGE"),
-)  # fmt: skip
+)
 
 POSITION_SPECS = (
     ("pos_attempts", "eagle_llm_position_attempts_total", "Steps in which the draft at this position could be "
@@ -62,7 +65,7 @@ POSITION_SPECS = (
      "COUNTER"),
     ("baseline_pos", "eagle_llm_baseline_position_acceptance_ratio", "Acceptance of this position (accepted / "
      "attempts) the build measured on its calibration prompts", "GAUGE"),
-)  # fmt: skip
+)
 
 
 def position_counts(target_forwards: int, acceptance_by_depth: list[int]) -> tuple[list[int], list[int]]:
@@ -94,12 +97,11 @@ def iteration_counts(stat: dict[str, Any] | str) -> tuple[int, int, int, int, in
     (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/types.h). Every request with drafts is verified by one
     target forward in the iteration, so forwards = numRequestsWithDraftTokens and 1 + accepted / forwards is
     upstream's acceptanceLength. An iteration without speculative stats counts nothing."""
-    if isinstance(stat, str):
-        stat = json.loads(stat)
-    spec = stat.get("specDecodingStats") or {}
+    d: dict[str, Any] = json.loads(stat) if isinstance(stat, str) else stat
+    spec = d.get("specDecodingStats") or {}
     return (int(spec.get("numRequestsWithDraftTokens", 0)), int(spec.get("numAcceptedTokens", 0)),
-            int(spec.get("numDraftTokens", 0)), int(stat.get("numQueuedRequests", 0)),
-            int(stat.get("numActiveRequests", 0)))
+            int(spec.get("numDraftTokens", 0)), int(d.get("numQueuedRequests", 0)),
+            int(d.get("numActiveRequests", 0)))
 
 
 def baseline_for(args: dict[str, Any]) -> dict[str, Any] | None:
@@ -111,6 +113,21 @@ def baseline_for(args: dict[str, Any]) -> dict[str, Any] | None:
 class SpecMetrics:
     """The request and speculative families of one model. The families are kept alive here: a Metric whose family
     was garbage-collected can no longer be set."""
+
+    # One Metric per attribute of REQUEST_SPECS and SPEC_SPECS, set in __init__ (baseline_tau only with a baseline).
+    in_flight: Metric
+    queued: Metric
+    refused: Metric
+    cancelled: Metric
+    expired: Metric
+    failed: Metric
+    tokens: Metric
+    forwards: Metric
+    accepted: Metric
+    drafted: Metric
+    tau: Metric
+    enabled: Metric
+    baseline_tau: Metric
 
     def __init__(self, pb_utils: Any, model: str, backend: str, depth: int, speculative: bool,
                  baseline: dict[str, Any] | None) -> None:

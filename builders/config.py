@@ -195,6 +195,13 @@ class TritonConfig(Strict):
     postprocessing_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the postprocessing model.")
     llm_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the LLM model (python backends).")
     bls_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the BLS model.")
+    expose_internal_models: bool = Field(
+        default=False,
+        description="Let clients call the internal models (the python LLM model behind the ensemble and the BLS "
+        "model) directly. false: they answer only the server's own models, proven by a secret triton_repo/launch.py "
+        "makes at each start; a direct call is refused with INVALID_ARGUMENT naming the entry models. The C++ "
+        "tensorrtllm backend (engine.backend tensorrt) cannot check it: expose only the entry models there.",
+    )
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=60_000_000, description="Batcher wait for more requests.")
     max_queue_size: PositiveInt = Field(default=64, le=1 << 20, description="Requests queued beyond this are refused.")
     kv_cache_free_gpu_mem_fraction: float = Field(

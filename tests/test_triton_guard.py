@@ -1,6 +1,6 @@
 """Internal models on the real tritonserver (CPU, nvidia-pytriton 2.51), default build (triton.expose_internal_models
-false): a client's direct call to the python LLM model is refused, whatever it sends (a generate request, a `stop`
-request, a forged token, a token preprocessing gave for other inputs), while ensemble and BLS streams keep working
+false): a client's direct call to the python LLM model is refused, whatever it sends (a generate request without
+a token, a forged token, a token preprocessing gave for other inputs), while ensemble and BLS streams keep working
 and stay identical to solo runs; the per-start secret appears in no response, log line or repository file.
 The exposed build (tests/triton_build.py, the shared server) is called directly by tests/test_triton_direct.py."""
 
@@ -17,12 +17,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from tests import triton_build  # noqa: E402
-from tests.triton_requests import infer_input, inputs, stream_call, text_of  # noqa: E402
-from tests.triton_servers import tiny_reference_repo  # noqa: E402
-from triton_repo.launch import INTERNAL_KEY_ENV, TritonServer  # noqa: E402
+from tests import triton_build
+from tests.triton_requests import infer_input, inputs, stream_call, text_of
+from tests.triton_servers import tiny_reference_repo
+from triton_repo.launch import INTERNAL_KEY_ENV, TritonServer
 
 pytestmark = pytest.mark.server
 REFUSED = ("model 'tensorrt_llm' is internal to this server and answers only its entry models; send the request to "
@@ -79,17 +79,14 @@ def refusal_of(client: Any, ins: list[Any], request_id: str = "") -> InferenceSe
 
 
 def test_direct_calls_to_the_llm_model_are_refused(server: TritonServer, client: Any) -> None:
+    # (`stop` requests keep their own rule, an unguessable id: tests/test_triton_isolation.py)
     pre = preprocess(client, PROMPTS[0], 4)
     other = preprocess(client, PROMPTS[1], 4)
     real_token = pre["INTERNAL_TOKEN"].reshape(-1)[0]
     assert isinstance(real_token, bytes) and len(real_token) == 64
-    one = np.ones((1, 1))
-    stop = [ids_input("input_ids", one), ids_input("input_lengths", one), ids_input("request_output_len", one),
-            infer_input("stop", True, "BOOL")]  # fmt: skip
     longer = dict(pre, REQUEST_OUTPUT_LEN=pre["REQUEST_OUTPUT_LEN"] + 50)
     cases = {
         "no token": llm_inputs(pre),
-        "stop request": stop,
         "forged token": llm_inputs(pre, t=token_input(secrets.token_hex(32).encode())),
         "empty token": llm_inputs(pre, t=token_input(b"")),
         "token of another prompt": llm_inputs(pre, t=token_input(other["INTERNAL_TOKEN"].reshape(-1)[0])),
@@ -114,7 +111,9 @@ def test_entry_models_stay_identical_to_solo_runs_under_a_direct_call_flood(serv
                                                                                client: Any) -> None:
     alone = solo(client)
     assert all(text.startswith(p) and len(text) > len(p) for (_, p), text in alone.items())
-    stop, refused, other = threading.Event(), [], []
+    stop = threading.Event()
+    refused: list[str] = []
+    other: list[str] = []
     pre = preprocess(client, PROMPTS[0], 4)
 
     def flood() -> None:

@@ -12,8 +12,10 @@ inherit its environment). The secret itself never leaves the server's processes:
   preprocessing directly gets a token for the LLM request the ensemble would have run for that same text, nothing
   more: it cannot forge a token for other ids, for a `stop` request, or learn the secret (HMAC is one-way). The
   ensemble does not declare the token as one of its outputs, so its clients never see it.
-- The python LLM model (`tensorrt_llm`, engine.backend reference) refuses every request, `stop` ones included, that
-  carries neither, comparing in constant time (hmac.compare_digest).
+- The python LLM models (`tensorrt_llm`, engine.backend reference and pytorch) refuse every request that carries
+  neither, comparing in constant time (hmac.compare_digest). The reference model's `stop` requests keep their own
+  rule instead: they reach only a request whose unguessable id the sender holds (models/bounds.py STOPPABLE_ID),
+  and our clients send them to cancel a non-streaming ensemble request, which no ensemble step could relay.
 
 Preprocessing stays callable: it is cheap, every input is bounded before any work (models/bounds.py), and what it
 returns is the token above. The C++ tensorrtllm backend cannot check anything: with engine.backend tensorrt, only

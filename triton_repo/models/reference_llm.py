@@ -58,11 +58,13 @@ class TritonPythonModel:
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
             try:
-                if self.key is not None and not self.guard.allowed(pb_utils, r, self.key):
-                    raise self.common.RequestError(self.refusal)
+                # A stop reaches only the request whose unguessable id its sender holds (_stop_job): our clients
+                # send it themselves to cancel a non-streaming ensemble request, so it needs no secret.
                 if self.io.is_stop_request(pb_utils, r):
                     replies.append((sender, self._stop_job(r.request_id()), None))
                     continue
+                if self.key is not None and not self.guard.allowed(pb_utils, r, self.key):
+                    raise self.common.RequestError(self.refusal)
                 parsed = self.io.parse_request(pb_utils, r, self.limits, self.vocab_size, self.tokenizer, self.decoupled)
             except self.common.RequestError as e:
                 replies.append((sender, self.common.error_response(pb_utils, str(e), e.code), None))

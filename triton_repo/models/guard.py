@@ -10,7 +10,7 @@ inherit its environment). The secret itself never leaves the server's processes:
 - The ensemble cannot add parameters to its steps, so its first step, preprocessing, emits `TOKEN` = HMAC-SHA256 of
   the LLM-bound tensors it produced under the secret: a token valid for exactly those tensors. A client calling
   preprocessing directly gets a token for the LLM request the ensemble would have run for that same text, nothing
-  more: it cannot forge a token for other ids, for a `stop` request, or learn the secret (HMAC is one-way). The
+  more: it cannot forge a token for other ids or limits, or learn the secret (HMAC is one-way). The
   ensemble does not declare the token as one of its outputs, so its clients never see it.
 - The python LLM models (`tensorrt_llm`, engine.backend reference and pytorch) refuse every request that carries
   neither, comparing in constant time (hmac.compare_digest). The reference model's `stop` requests keep their own

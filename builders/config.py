@@ -204,6 +204,13 @@ class TritonConfig(Strict):
         default=1, le=MAX_INSTANCES, description="Instances of the LLM model (python backends)."
     )
     bls_instances: PositiveInt = Field(default=1, le=MAX_INSTANCES, description="Instances of the BLS model.")
+    expose_internal_models: bool = Field(
+        default=False,
+        description="Let clients call the python LLM model (llm_model, which the ensemble and the BLS model call) "
+        "directly. false: it answers only the server's own models, proven by a secret triton_repo/launch.py makes at "
+        "each start; a direct call is refused with INVALID_ARGUMENT naming the entry models. The C++ tensorrtllm "
+        "backend (engine.backend tensorrt) cannot check it: let your gateway expose only the entry models there.",
+    )
     max_queue_delay_microseconds: int = Field(
         default=0, ge=0, le=60_000_000, description="Batcher wait for more requests."
     )

@@ -12,8 +12,10 @@ r"""Reliability runs on a served build: a soak and three faults, every figure me
    then the first-token time of a fresh request (nan: it got an error), how long until the LLM model holds no
    request, and how many were counted cancelled and how many ended by triton.request_deadline_s.
 4. hostile: every prompt solo, then all concurrently through the ensemble (short request ids) and BLS while one
-   client floods the tensorrt_llm model with stop requests for every id it can guess and another sends requests
-   with 200,000 stop words: concurrent outputs identical to their solo runs, the rates and the answers.
+   client floods the tensorrt_llm model with stop requests for every id it can guess, another sends requests
+   with 200,000 stop words and a third calls the tensorrt_llm model directly with a prompt's ids (the internal
+   models answer only the server's own models unless triton.expose_internal_models): concurrent outputs identical
+   to their solo runs, the rates and the answers.
 5. stop_flood: a fresh request's first-token time, idle and while 4 clients send 1,000,000-stop-word requests.
 6. llmapi_prompt (an llmapi-layout repository only): a 5 MB prompt's time to refusal, and a concurrent stream's
    first-token time beside it.
@@ -275,6 +277,27 @@ def _llm_stop() -> list[Any]:
                     ("stop", np.ones((1, 1), bool), "BOOL")])
 
 
+def _llm_direct(url: str) -> str | None:
+    """A client's direct generate request to the tensorrt_llm model (8 ids, 8 tokens): its error, None if served."""
+    ids = np.arange(100, 108, dtype=np.int32).reshape(1, -1)
+    ins = _inputs([("input_ids", ids, "INT32"), ("input_lengths", np.array([[8]], np.int32), "INT32"),
+                   ("request_output_len", np.array([[8]], np.int32), "INT32")])
+    c = grpcclient.InferenceServerClient(url)
+    q: queue.Queue[Any] = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        c.async_stream_infer("tensorrt_llm", ins, enable_empty_final_response=True)
+        while True:
+            result, error = q.get(timeout=600)
+            if error is not None:
+                return str(error.message())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return None
+    finally:
+        c.stop_stream()
+        c.close()
+
+
 class _Repeat(threading.Thread):
     """Calls `fn()` until stopped; counts calls and the errors' first words."""
 
@@ -303,6 +326,7 @@ def hostile(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namesp
     guesses = [str(i) for i in range(1, 9)] + [f"bls-{i}" for i in range(1, 9)]
     stopper = _Repeat(lambda: [_stream_text(srv.grpc_url, "tensorrt_llm", _llm_stop(), rid)[2] for rid in guesses])
     flooder = _Repeat(lambda: [_stream_text(srv.grpc_url, "ensemble", _stop_flood_inputs(200_000))[2]])
+    direct = _Repeat(lambda: [_llm_direct(srv.grpc_url)])
     results: dict[str, tuple[str, float, str | None]] = {}
 
     def one(i: int, p: str, model: str) -> None:
@@ -312,28 +336,32 @@ def hostile(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namesp
                for i, p in enumerate(PROMPTS)]
     stopper.start()
     flooder.start()
+    direct.start()
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join(1200)
     wall = time.perf_counter() - t0
-    stopper.done.set()
-    flooder.done.set()
-    stopper.join(60)
-    flooder.join(60)
+    for r in (stopper, flooder, direct):
+        r.done.set()
+    for r in (stopper, flooder, direct):
+        r.join(60)
     same = sum(results[f"{m} {i}"][0] == solo[p][0] for m in ("ensemble", "tensorrt_llm_bls")
                for i, p in enumerate(PROMPTS))
     res = {"streams": len(threads), "identical_to_solo": same, "seconds": round(wall, 1),
            "stop_requests": stopper.calls, "stop_rate_per_s": round(stopper.calls / wall, 1),
            "stop_answers": stopper.errors, "flood_requests": flooder.calls,
            "flood_mean_refusal_s": round(flooder.seconds / max(1, flooder.calls), 3), "flood_answers": flooder.errors,
+           "direct_calls": direct.calls, "direct_rate_per_s": round(direct.calls / wall, 1),
+           "direct_answers": direct.errors,
            "empty_solo_outputs": sum(not v[0] for v in solo.values()),
            "output_chars": sum(len(v[0]) for v in results.values())}
     print(f"hostile: {same}/{len(threads)} concurrent streams identical to their solo runs ({res['output_chars']} "
           f"characters, {res['empty_solo_outputs']} empty solo outputs) while {res['stop_requests']} "
           f"guessed stop requests ({res['stop_rate_per_s']}/s) and {flooder.calls} 200,000-stop-word requests "
-          f"(refused in {res['flood_mean_refusal_s']} s each) were sent; answers {stopper.errors} / {flooder.errors}")
+          f"(refused in {res['flood_mean_refusal_s']} s each) and {direct.calls} direct tensorrt_llm requests "
+          f"({res['direct_rate_per_s']}/s) were sent; answers {stopper.errors} / {flooder.errors} / {direct.errors}")
     return res
 
 

@@ -363,3 +363,43 @@ def test_pytorch_repositories_hold_no_absolute_path_and_move_with_their_build(
     for f in repo.rglob("*"):
         if f.is_file() and f.name != "manifest.json":
             assert str(origin) not in f.read_text() and str(tmp_path) not in f.read_text(), f
+
+
+def _guard_wiring(repo: Path) -> dict[str, Any]:
+    """Where INTERNAL_TOKEN appears and each python model's internal_guard parameter."""
+    cfgs = {m: parse(repo, m) for m in MODELS}
+    steps = {s.model_name: s for s in cfgs["ensemble"].ensemble_scheduling.step}
+    return {
+        "guard": {m: c.parameters["internal_guard"].string_value for m, c in cfgs.items()
+                  if "internal_guard" in c.parameters},
+        "pre_out": "INTERNAL_TOKEN" in {o.name for o in cfgs["preprocessing"].output},
+        "llm_in": "INTERNAL_TOKEN" in {i.name for i in cfgs["tensorrt_llm"].input},
+        "wired": ("INTERNAL_TOKEN" in steps["preprocessing"].output_map,
+                  "INTERNAL_TOKEN" in steps["tensorrt_llm"].input_map),
+        "ensemble_out": {o.name for o in cfgs["ensemble"].output},
+    }
+
+
+@pytest.mark.parametrize("expose", [False, True])
+def test_internal_guard_wiring_follows_expose_internal_models(
+    pytorch_build: tuple[Any, Path], tmp_path: Path, expose: bool
+) -> None:
+    """Guarded (default): preprocessing emits the token, the ensemble carries it to the LLM model only (never an
+    ensemble output); exposed: no token anywhere and every python model is told so."""
+    cfg, build = pytorch_build
+    cfg = cfg.model_copy(update={"triton": cfg.triton.model_copy(update={"expose_internal_models": expose})})
+    render.render(cfg, build, tmp_path / "repo")
+    got = _guard_wiring(tmp_path / "repo")
+    flag = "false" if expose else "true"
+    assert got["guard"] == {"preprocessing": flag, "tensorrt_llm": flag, "tensorrt_llm_bls": flag}
+    assert (got["pre_out"], got["llm_in"], got["wired"]) == ((not expose), (not expose), (not expose, not expose))
+    assert "INTERNAL_TOKEN" not in got["ensemble_out"] and "_INTERNAL_TOKEN" not in got["ensemble_out"]
+
+
+def test_cpp_backend_is_never_guarded(tensorrt_build: tuple[Any, Path], tmp_path: Path) -> None:
+    """The C++ tensorrtllm backend cannot check a token: nothing is wired, the python models do not guard."""
+    cfg, build = tensorrt_build
+    render.render(cfg, build, tmp_path / "repo")
+    got = _guard_wiring(tmp_path / "repo")
+    assert got["guard"] == {"preprocessing": "false", "tensorrt_llm_bls": "false"}
+    assert (got["pre_out"], got["llm_in"], got["wired"]) == (False, False, (False, False))

@@ -14,8 +14,9 @@ MAX_BATCH, MAX_QUEUE, MAX_INPUT, MAX_SEQ = 4, 48, 48, 400  # batch and input len
 
 def build(root: Path, tiny_target: Path, eagle_head: Path) -> Path:
     """The build directory (its triton_repo/ inside)."""
+    # Internal models exposed: the server tests call them directly (tests/test_triton_guard.py: guarded default)
     repo = tiny_reference_repo(root, "tiny-triton", tiny_target, eagle_head, max_seq_len=MAX_SEQ,
-                               max_queue_size=MAX_QUEUE)
+                               max_queue_size=MAX_QUEUE, expose_internal=True)
     return repo.parent
 
 

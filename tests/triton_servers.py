@@ -44,10 +44,12 @@ def metric(server: TritonServer, name: str, **labels: str) -> float:
 
 
 def tiny_reference_repo(root: Path, name: str, target: Path, head: Path, *, max_seq_len: int,
-                        max_queue_size: int | None = None) -> Path:
+                        max_queue_size: int | None = None, expose_internal: bool = False) -> Path:
     """Build a tiny EAGLE target + head with engine.backend=reference (CLI, all stages); its Triton repository."""
     cfg = root / "tiny.yaml"
-    triton = f"triton: {{max_queue_size: {max_queue_size}}}\n" if max_queue_size is not None else ""
+    fields = ([f"max_queue_size: {max_queue_size}"] if max_queue_size is not None else []) + (
+        ["expose_internal_models: true"] if expose_internal else [])
+    triton = f"triton: {{{', '.join(fields)}}}\n" if fields else ""
     cfg.write_text(
         f"name: {name}\ntrtllm_version: '1.1'\noutput_dir: {root / 'build'}\n"
         f"target: {{model: {target}, dtype: float32}}\n"

@@ -23,6 +23,9 @@ ADMIN_HEADER = "eagle-admin-key"  # the HTTP header; gRPC metadata keys must be 
 ADMIN_GRPC_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 RESTRICTED_APIS = ("logging", "model-repository", "trace", "shared-memory")
+# The per-start secret that lets the internal models tell the server's own models from clients (models/guard.py):
+# the launcher sets it in tritonserver's environment, which the python-backend stubs inherit.
+INTERNAL_KEY_ENV = "EAGLE_INTERNAL_KEY"
 # The python backend starts each model's stub with `bash -c " exec <stub> <model_path> <shm name> <sizes> ..."`,
 # paths unquoted (triton-inference-server/python_backend src/stub_launcher.cc, StubLauncher::Launch; r24.10 as in
 # tritonserver 2.51). bash splits that string into words: a space moves the shm byte size into the argument the

@@ -60,6 +60,7 @@ from triton_repo.exposure import (  # re-exported: the launcher's public names
     ADMIN_GRPC_HEADER,
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
+    INTERNAL_KEY_ENV,
     RESTRICTED_APIS,
     SHELL_UNSAFE,
     model_name_problem,
@@ -284,6 +285,9 @@ class TritonServer:
         # The rendered python models import the project named here (triton_repo/models/bootstrap.py): this checkout,
         # unless the caller names another one.
         env.setdefault(HOME_ENV, str(PROJECT_HOME))
+        # A fresh secret at every start, never written anywhere: the internal models answer only requests proven by
+        # it (models/guard.py), so a client cannot call them directly unless the build exposes them.
+        env[INTERNAL_KEY_ENV] = secrets.token_hex(32)
         with self.log_path.open("ab") as log:
             log.write(f"$ {self.shown_argv()}\n".encode())
             log.flush()

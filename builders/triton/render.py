@@ -42,6 +42,7 @@ from builders.triton.pbtxt import (
 )
 from core.trees import DraftTree
 from triton_repo import contract as C
+from triton_repo.models import guard as G
 from triton_repo.models.bootstrap import BOOTSTRAP_MODULE
 
 SERVE_PACKAGE = Path(C.__file__).resolve().parent  # triton_repo/: what the rendered models run
@@ -60,6 +61,17 @@ def triton_eagle_choices(tree: DraftTree) -> str:
 
 def _python_common(build_dir: Path) -> dict[str, str]:
     return {"tokenizer_dir": str(tokenizer_dir(build_dir))}
+
+
+# preprocessing emits it, the ensemble carries it to the python LLM model, which checks it (models/guard.py)
+TOKEN_OUT = C.Tensor(G.TOKEN, "TYPE_STRING", (1,))
+TOKEN_IN = C.Tensor(G.TOKEN, "TYPE_STRING", (1,), True)
+
+
+def internal_guard(bc: BuildConfig) -> bool:
+    """Whether the python models guard the internal ones (models/guard.py). Never with engine.backend tensorrt:
+    the C++ tensorrtllm backend cannot check a secret, so there the gateway must expose only the entry models."""
+    return not bc.triton.expose_internal_models and bc.engine.backend != "tensorrt"
 
 
 # Path parameters, written relative to the repository's directory so a build whose repository sits inside it can be
@@ -95,9 +107,10 @@ def preprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     cfg = _base(t.preprocessing_model, bc.request_limits().max_batch_size, backend="python")
     required = tuple(k for k, v in C.PREPROCESSING_INPUT_MAP.items() if v in C.REQUIRED_HELP)
     _add_inputs(cfg, C.PREPROCESSING_INPUTS, checked_by_model=required)
-    _add_outputs(cfg, C.PREPROCESSING_OUTPUTS)
+    _add_outputs(cfg, C.PREPROCESSING_OUTPUTS + ((TOKEN_OUT,) if internal_guard(bc) else ()))
     _params(cfg, {
         **_python_common(build_dir),
+        "internal_guard": internal_guard(bc),
         "add_special_tokens": C.ADD_SPECIAL_TOKENS,
         "max_input_len": bc.request_limits().max_input_len,
         "max_seq_len": bc.request_limits().max_seq_len,
@@ -140,9 +153,10 @@ def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
     python_llm = bc.engine.backend != "tensorrt"  # its responses carry the cancel handle (contract.py)
     llm_out = {**C.LLM_OUTPUT_MAP, **(C.PY_LLM_CANCEL_OUTPUT_MAP if python_llm else {})}
     post_in = {**C.POSTPROCESSING_INPUT_MAP, **(C.POSTPROCESSING_CANCEL_INPUT_MAP if python_llm else {})}
+    token = {G.TOKEN: G.TOKEN_TENSOR} if internal_guard(bc) else {}  # never an ensemble output: clients never see it
     for model, imap, omap in (
-        (t.preprocessing_model, C.PREPROCESSING_INPUT_MAP, C.PREPROCESSING_OUTPUT_MAP),
-        (t.llm_model, C.LLM_INPUT_MAP, llm_out),
+        (t.preprocessing_model, C.PREPROCESSING_INPUT_MAP, {**C.PREPROCESSING_OUTPUT_MAP, **token}),
+        (t.llm_model, {**C.LLM_INPUT_MAP, **token}, llm_out),
         (t.postprocessing_model, post_in, C.POSTPROCESSING_OUTPUT_MAP),
     ):
         step = cfg.ensemble_scheduling.step.add()
@@ -163,6 +177,7 @@ def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "preprocessing_model": t.preprocessing_model,
         "llm_model": t.llm_model,
         "decoupled": t.streaming,
+        "internal_guard": internal_guard(bc),
     })
     _decoupled(cfg, t.streaming)
     _instances(cfg, t.bls_instances)
@@ -212,7 +227,7 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
     """The reference / LLM-API python model with the tensorrt_llm model's I/O."""
     t = bc.triton
     cfg = _base(t.llm_model, bc.request_limits().max_batch_size, backend="python")
-    _add_inputs(cfg, C.LLM_INPUTS)
+    _add_inputs(cfg, C.LLM_INPUTS + ((TOKEN_IN,) if internal_guard(bc) else ()))
     _add_outputs(cfg, C.PY_LLM_OUTPUTS)
     _decoupled(cfg, t.streaming)
     _batching(cfg, bc, queue=True)
@@ -223,6 +238,8 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
         "build_dir": str(build_dir.resolve()),
         "max_queue_size": t.max_queue_size,
         "decoupled": t.streaming,
+        "internal_guard": internal_guard(bc),
+        "entry_models": f"{t.ensemble_model} or {t.bls_model}",
     }
     if kind == "reference":  # the reference model's batcher ends requests past it (triton_repo/models/batcher.py)
         params["request_deadline_s"] = bc.request_deadline_s()

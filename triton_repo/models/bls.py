@@ -30,7 +30,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from triton_repo import contract
-        from triton_repo.models import bounds, common, llm_io
+        from triton_repo.models import bounds, common, guard, llm_io
 
         self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         self._count = 0
@@ -42,6 +42,9 @@ class TritonPythonModel:
         self.skip_special = contract.SKIP_SPECIAL_TOKENS
         ens = contract.by_name(contract.ENSEMBLE_INPUTS)
         self.stream_spec = ens["stream"]
+        # The LLM model answers only requests carrying the server's secret (models/guard.py)
+        key = guard.load_key(p.bool("internal_guard"), args["model_name"])
+        self.llm_params = {} if key is None else {guard.PARAMETER: key.decode()}
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse | None] | None:
         """Requests are served one after the other, as upstream's BLS: run triton.bls_instances instances for
@@ -129,7 +132,7 @@ class TritonPythonModel:
             request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{self._count}-{secrets.token_hex(16)}"
         llm_req = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self._inputs(request, llm_map),
-            requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,
+            requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id, parameters=self.llm_params,
         )
         if not self.decoupled:
             resp = llm_req.exec()
@@ -163,7 +166,7 @@ class TritonPythonModel:
         """Tell the LLM model to stop our request (upstream BLS: a `stop` request with the same request id)."""
         stop = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self.io.stop_request_tensors(pb_utils),
-            requested_output_names=[], request_id=request_id,
+            requested_output_names=[], request_id=request_id, parameters=self.llm_params,
         )
         for _ in stop.exec(decoupled=True):
             pass

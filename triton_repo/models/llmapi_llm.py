@@ -34,11 +34,13 @@ class TritonPythonModel:
         from tensorrt_llm import LLM
 
         from triton_repo import contract
-        from triton_repo.models import cancel_channel, common, llm_io, spec_metrics
+        from triton_repo.models import cancel_channel, common, guard, llm_io, spec_metrics
 
         self.C, self.common, self.io = contract, common, llm_io
         p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
+        self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
+        self.refusal = guard.refusal(args["model_name"], p.str("entry_models"))
         from core.types import Limits
 
         self.limits = Limits(p.int("max_batch_size"), p.int("max_input_len"), p.int("max_seq_len"))
@@ -69,6 +71,8 @@ class TritonPythonModel:
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
             try:
+                if self.key is not None and not self.guard.allowed(pb_utils, r, self.key):
+                    raise self.common.RequestError(self.refusal)
                 parsed = self.io.parse_request(pb_utils, r, self.limits, None, self.tokenizer, self.decoupled)
             except self.common.RequestError as e:
                 err = self.common.error_response(pb_utils, str(e), e.code)

@@ -27,7 +27,7 @@ class TritonPythonModel:
         project_on_path(args)
         from triton_repo import contract
         from core.types import Limits
-        from triton_repo.models import bounds, common, llm_io
+        from triton_repo.models import bounds, common, guard, llm_io
 
         self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         cfg = common.model_config(args)
@@ -41,6 +41,8 @@ class TritonPythonModel:
         self.greedy_only = p.bool("greedy_only")
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
         self.vocab = len(self.tokenizer)  # ids the tokenizer knows: end_id / pad_id must be one of them
+        # The token that lets the LLM model take these outputs (models/guard.py); never the secret itself.
+        self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
         out = []
@@ -110,7 +112,10 @@ class TritonPythonModel:
             "OUT_END_ID": end,
             "OUT_PAD_ID": pad,
         }
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+        out = [pb_utils.Tensor(k, v) for k, v in tensors.items()]
+        if self.key is not None:
+            out.append(self.guard.token_tensor(pb_utils, self.key, tensors))
+        return pb_utils.InferenceResponse(output_tensors=out)
 
     def _required(self, request: pb_utils.InferenceRequest, name: str) -> np.ndarray[Any, Any]:
         """QUERY and REQUEST_OUTPUT_LEN are declared optional in config.pbtxt (render.py says why) and required

@@ -36,11 +36,13 @@ class TritonPythonModel:
         from engines.api import ReferenceEngine
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
-        from triton_repo.models import batcher, bounds, cancel_channel, common, llm_io, spec_metrics
+        from triton_repo.models import batcher, bounds, cancel_channel, common, guard, llm_io, spec_metrics
 
         self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
         p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
+        self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
+        self.refusal = guard.refusal(args["model_name"], p.str("entry_models"))
         self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
         # The build's limits come from the engine's own spec (reference.json), the one source; the Triton stage
         # checked at build time that config.pbtxt's max_batch_size agrees with it.
@@ -68,9 +70,13 @@ class TritonPythonModel:
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
             try:
+                # A stop reaches only the request whose unguessable id its sender holds (_stop_job): our clients
+                # send it themselves to cancel a non-streaming ensemble request, so it needs no secret.
                 if self.io.is_stop_request(pb_utils, r):
                     replies.append((sender, self._stop_job(r.request_id()), None))
                     continue
+                if self.key is not None and not self.guard.allowed(pb_utils, r, self.key):
+                    raise self.common.RequestError(self.refusal)
                 parsed = self.io.parse_request(
                     pb_utils, r, self.limits, self.vocab_size, self.tokenizer, self.decoupled
                 )

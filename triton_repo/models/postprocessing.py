@@ -25,7 +25,7 @@ RECENT = 1024  # relayed handles / ids remembered, so the later cancelled steps 
 class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
-        from triton_repo.models import cancel_channel, common, llm_io
+        from triton_repo.models import cancel_channel, common, llm_io, perf_bridge
 
         self.send_cancel, self.io = cancel_channel.send_cancel, llm_io
         p = common.Params.of(args)
@@ -33,11 +33,14 @@ class TritonPythonModel:
         self.skip_special_tokens = p.bool("skip_special_tokens")
         self.llm_model, self.llm_decoupled = p.str("llm_model"), p.bool("decoupled")
         self.relayed = OrderedDict()
+        self.bridge = perf_bridge.from_params(pb_utils, args, p)  # the C++ backend's speculative metrics
 
     def execute(self, requests):
         out = []
         for r in requests:
             self._relay_cancellation(r)
+            if self.bridge is not None:
+                self.bridge.observe(pb_utils, r)
             tokens = pb_utils.get_input_tensor_by_name(r, "TOKENS_BATCH").as_numpy()  # [B, beam, T]
             lengths = pb_utils.get_input_tensor_by_name(r, "SEQUENCE_LENGTH").as_numpy()  # [B, beam]
             texts = np.empty(lengths.shape, dtype=object)

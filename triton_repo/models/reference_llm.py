@@ -13,6 +13,8 @@ reach this model through an ensemble).
 """
 
 
+import time
+
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
 
@@ -31,6 +33,9 @@ class TritonPythonModel:
         self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
         p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
+        # perf outputs (running totals + arrival_time_ns) on every response, as the C++ backend writes them: the
+        # repository is wired like the engine flow, postprocessing counts them (models/perf_bridge.py)
+        self.perf_every_response = p.bool("perf_every_response")
         self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
         # The build's limits come from the engine's own spec (reference.json), the one source; the Triton stage
         # checked at build time that config.pbtxt's max_batch_size agrees with it.
@@ -41,7 +46,7 @@ class TritonPythonModel:
             self.engine.has_draft, spec_metrics.baseline_for(args))
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
-        session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,
+        self.session = session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,
                                       speculative=p.bool("speculative"),
                                       on_tokens=self._on_tokens)  # fmt: skip
         self.batcher = batcher.Batcher(
@@ -66,6 +71,8 @@ class TritonPythonModel:
             except Exception as e:  # an input no check anticipated: refused without a traceback
                 replies.append((sender, self.common.error_response(pb_utils, self.common.unexpected(e)), None))
                 continue
+            if self.perf_every_response:
+                parsed.arrival_ns = time.monotonic_ns()  # upstream's arrivalTime is a steady-clock time too
             # Decoupled: the request object is done once execute() returns; its sender keeps the cancel flag.
             cancelled = sender.is_cancelled if self.decoupled else r.is_cancelled
             handle, token = self.cancels.handle()
@@ -113,8 +120,12 @@ class TritonPythonModel:
         if job.gone():
             return False
         if parsed.streaming and new_ids:
+            tensors = self.io.ids_tensors(pb_utils, new_ids, handle)
+            if parsed.arrival_ns is not None and parsed.perf:
+                st = self.session.slot(slot).stats  # this step already counted (engines/session.py)
+                tensors += self.io.perf_tensors(pb_utils, st.accepted_draft_tokens, st.draft_tokens, parsed.arrival_ns)
             try:
-                sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, new_ids, handle)))
+                sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
             except Exception:  # the client went away: stop this sequence
                 job.cancelled = True
                 return False

@@ -271,7 +271,7 @@ def check_wiring() -> list[str]:
         for k, v in imap.items():
             if k not in by_name(ins):
                 problems.append(f"{step}: input map key {k} is not an input of the step")
-            if v not in ens_in and v not in internal:
+            if v not in ens_in and v not in internal and v not in ens_out:  # an output an earlier step produced
                 problems.append(f"{step}: input map value {v} is neither an ensemble input nor internal")
         for k, v in omap.items():
             if k not in by_name(outs):

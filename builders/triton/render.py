@@ -100,13 +100,14 @@ def perf_bridged(bc: BuildConfig, perf_bridge: bool | None) -> bool:
 
 def draft_tokens_per_step(bc: BuildConfig) -> int:
     """What one generation step adds to the perf output total_draft_tokens, so forwards = drafted / it. The C++
-    runtime adds min(draft tokens, max draft path length) (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/batch_manager/
-    llmRequest.h `updateNumTokensPerIteration`); the reference engine adds the tree's nodes."""
+    runtime adds min(draft tokens, getMaxDraftPathLen()) (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/batch_manager/
+    llmRequest.h `LlmRequest::updateNumTokensPerIteration`); the reference engine adds the tree's nodes."""
     tree = bc.static_tree()
     if tree is None:
         raise RenderError("the perf bridge needs tree.choices (a static tree): forwards are derived from the drafted "
                           "tokens per step")
-    return min(tree.size, tree.depth) if bc.engine.backend == "tensorrt" else tree.size
+    # the engine's max draft path length is num_eagle_layers (the tree's depth unless the config overrides it)
+    return min(tree.size, bc.limits().num_eagle_layers) if bc.engine.backend == "tensorrt" else tree.size
 
 
 def preprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.ModelConfig:

@@ -58,13 +58,13 @@ def server(built: tuple[Any, Path, Path], tmp_path_factory: pytest.TempPathFacto
         srv.stop(timeout_s=STOP_TIMEOUT_S)
 
 
-def _call(srv: TritonServer, prompt: str, stream: bool, perf: bool) -> list[dict[str, Any]]:
+def _call(srv: TritonServer, prompt: str, stream: bool, perf: bool, model: str = "ensemble") -> list[dict[str, Any]]:
     c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
     try:
         extra: dict[str, tuple[Any, str]] = {"stream": (stream, "BOOL")}
         if perf:
             extra["return_perf_metrics"] = (True, "BOOL")
-        return stream_call(c, "ensemble", inputs(prompt, MAX_TOKENS, **extra))
+        return stream_call(c, model, inputs(prompt, MAX_TOKENS, **extra))
     finally:
         c.close()
 
@@ -107,6 +107,30 @@ def test_bridged_families_equal_the_perf_outputs_summed(server: TritonServer, bu
     assert not [k for k in after if 'backend="tensorrtllm"' in k and "position" in k]
     bc = built[0]
     assert delta("eagle_llm_draft_tokens_total", "tensorrtllm") % draft_tokens_per_step(bc) == 0
+
+
+def test_bls_counts_into_the_same_families(server: TritonServer) -> None:
+    """The BLS model asks the LLM model for the perf outputs on every request too and counts each request's final
+    totals (the ones it returns to its client) into the same counters."""
+    before = scrape(server)
+    finals = []
+    for i, prompt in enumerate(PROMPTS[:2]):
+        for stream in (True, False):
+            resps = _call(server, prompt, stream, perf=i == 0, model="tensorrt_llm_bls")
+            assert text_of(resps)
+            last = resps[-1]
+            finals.append((int(last["total_accepted_draft_tokens"].reshape(-1)[0]),
+                           int(last["total_draft_tokens"].reshape(-1)[0])))
+    after = scrape(server)
+
+    def delta(name: str, backend: str) -> float:
+        return after[_key(name, backend)] - before.get(_key(name, backend), 0.0)
+
+    assert delta("eagle_llm_accepted_draft_tokens_total", "tensorrtllm") == sum(a for a, _ in finals) > 0
+    assert delta("eagle_llm_draft_tokens_total", "tensorrtllm") == sum(d for _, d in finals)
+    for name in ("eagle_llm_accepted_draft_tokens_total", "eagle_llm_draft_tokens_total",
+                 "eagle_llm_target_forwards_total"):
+        assert delta(name, "tensorrtllm") == delta(name, "reference"), name
 
 
 def test_bridged_repository_is_cited_in_the_ledger(built: tuple[Any, Path, Path]) -> None:

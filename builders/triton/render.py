@@ -184,7 +184,7 @@ def ensemble_config(bc: BuildConfig, bridged: bool = False) -> mc.ModelConfig:
     return cfg
 
 
-def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
+def bls_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.bls_model, bc.engine.max_batch_size, backend="python")
     _add_inputs(cfg, C.ENSEMBLE_INPUTS)
@@ -194,6 +194,7 @@ def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "preprocessing_model": t.preprocessing_model,
         "llm_model": t.llm_model,
         "decoupled": t.streaming,
+        "draft_tokens_per_step": draft_tokens_per_step(bc) if bridged else 0,  # 0: no perf bridge
     })  # fmt: skip
     _decoupled(cfg, t.streaming)
     _instances(cfg, t.bls_instances)
@@ -319,7 +320,7 @@ def model_configs(bc: BuildConfig, build_dir: Path, perf_bridge: bool | None = N
     llm = tensorrt_llm_config(bc, build_dir) if backend == "tensorrt" else python_llm_config(bc, build_dir, backend, br)
     return [
         preprocessing_config(bc, build_dir, br), llm, postprocessing_config(bc, build_dir, br),
-        ensemble_config(bc, br), bls_config(bc, build_dir),
+        ensemble_config(bc, br), bls_config(bc, build_dir, br),
     ]  # fmt: skip
 
 

@@ -107,7 +107,8 @@ _PYTHON = (
     + rows_of("triton.postprocessing.parameter", ("tokenizer_dir", "skip_special_tokens", "llm_model",
                                                   "decoupled", "draft_tokens_per_step"),
               _ours("postprocessing"), type="str", required=True)
-    + rows_of("triton.bls.parameter", ("tokenizer_dir", "preprocessing_model", "llm_model", "decoupled"),
+    + rows_of("triton.bls.parameter", ("tokenizer_dir", "preprocessing_model", "llm_model", "decoupled",
+                                       "draft_tokens_per_step"),
               _ours("bls"), type="str", required=True)
     + rows_of("triton.python_llm.parameter", ("tokenizer_dir", "llm_kind", "build_dir",
                                               "max_queue_size", "decoupled"), _ours("reference_llm"), type="str",

@@ -19,7 +19,7 @@ class TritonPythonModel:
     def initialize(self, args):
         project_on_path(args)
         from triton_repo import contract
-        from triton_repo.models import bounds, common, llm_io
+        from triton_repo.models import bounds, common, llm_io, perf_bridge
 
         self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         self._count = 0
@@ -27,6 +27,7 @@ class TritonPythonModel:
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.pre_model, self.llm_model = p.str("preprocessing_model"), p.str("llm_model")
         self.decoupled = p.bool("decoupled")
+        self.bridge, self.bridge_mod = perf_bridge.from_params(pb_utils, args, p, gauges=False), perf_bridge
         self._lock = threading.Lock()
         self.skip_special = contract.SKIP_SPECIAL_TOKENS
         ens = contract.by_name(contract.ENSEMBLE_INPUTS)
@@ -105,6 +106,8 @@ class TritonPythonModel:
         self._raise_if_error(pre)
         internal = {v: pb_utils.get_output_tensor_by_name(pre, k).as_numpy() for k, v in C.PREPROCESSING_OUTPUT_MAP.items()}
         llm_map = {k: internal[v] if v in internal else v for k, v in C.LLM_INPUT_MAP.items()}
+        if self.bridge is not None:  # the C++ backend's perf outputs, on every request (models/perf_bridge.py)
+            llm_map["return_perf_metrics"] = np.ones((internal["_INPUT_ID"].shape[0], 1), np.bool_)
         streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
         with self._lock:
             self._count += 1
@@ -117,6 +120,7 @@ class TritonPythonModel:
         if not self.decoupled:
             resp = llm_req.exec()
             self._raise_if_error(resp)
+            self._count_perf(resp, request_id)
             return self._text_response(self._ids(resp), resp)
         return self._stream(request, sender, llm_req, streaming, request_id)
 
@@ -168,6 +172,7 @@ class TritonPythonModel:
                 if len(text) > len(emitted):
                     sender.send(self._text_response(text[len(emitted):], None))
                     emitted = text
+        self._count_perf(last, request_id)
         if cancelled:
             return None  # the client is gone: close the stream with the bare FINAL flag
         if not streaming:
@@ -176,6 +181,10 @@ class TritonPythonModel:
         tail = text[len(emitted):]
         has_perf = last is not None and pb_utils.get_output_tensor_by_name(last, "acceptance_rate") is not None
         return self._text_response(tail, last) if (tail or has_perf) else None
+
+    def _count_perf(self, last, request_id):
+        if self.bridge is not None and last is not None:
+            self.bridge_mod.count_response(self.bridge, pb_utils, last, request_id)
 
     def finalize(self):
         pass

@@ -38,21 +38,23 @@ class PerfBridge:
     """drafted / accepted / forwards / tau / speculation on, labelled {model, backend="tensorrtllm"}, from the
     running totals of the responses the postprocessing model sees."""
 
-    def __init__(self, pb_utils: Any, model: str, draft_tokens_per_step: int, baseline_tau: float | None) -> None:
+    def __init__(self, pb_utils: Any, model: str, draft_tokens_per_step: int, baseline_tau: float | None,
+                 gauges: bool = True) -> None:
         if draft_tokens_per_step < 1:
             raise ValueError(f"draft_tokens_per_step={draft_tokens_per_step} must be >= 1")
         fam = pb_utils.MetricFamily
         labels = {"model": model, "backend": BACKEND_LABEL}
         self.families: list[Any] = []  # kept alive: a Metric whose family was collected can no longer be set
         for attr, name, desc, kind in SPEC_SPECS:
-            if attr == "baseline_tau" and baseline_tau is None:
+            if (attr == "baseline_tau" and baseline_tau is None) or (kind == "GAUGE" and not gauges):
                 continue
             self.families.append(fam(name, desc, getattr(fam, kind)))
             setattr(self, attr, self.families[-1].Metric(labels))
-        self.per_step = draft_tokens_per_step
-        self.enabled.set(1)  # the engine flow is rendered with decoding_mode eagle: every step drafts
-        if baseline_tau is not None:
-            self.baseline_tau.set(baseline_tau)
+        self.per_step, self.gauges = draft_tokens_per_step, gauges
+        if gauges:
+            self.enabled.set(1)  # the engine flow is rendered with decoding_mode eagle: every step drafts
+            if baseline_tau is not None:
+                self.baseline_tau.set(baseline_tau)
         self.seen: OrderedDict[tuple[str, int], tuple[int, int]] = OrderedDict()
         self.totals = [0, 0]  # accepted, drafted since load
 
@@ -74,7 +76,7 @@ class PerfBridge:
         forwards_before = (self.totals[1] - d_dr) // self.per_step
         forwards = self.totals[1] // self.per_step
         self.forwards.increment(forwards - forwards_before)
-        if forwards:
+        if forwards and self.gauges:
             self.tau.set(1.0 + self.totals[0] / forwards)
         return d_acc, d_dr
 
@@ -92,10 +94,23 @@ class PerfBridge:
             self.add((request.request_id(), int(arrival)), int(accepted), int(drafted))
 
 
-def from_params(pb_utils: Any, args: dict[str, Any], params: Any) -> PerfBridge | None:
-    """The postprocessing model's bridge: `draft_tokens_per_step` 0 = none (the LLM model counts itself)."""
+def from_params(pb_utils: Any, args: dict[str, Any], params: Any, gauges: bool = True) -> PerfBridge | None:
+    """The postprocessing (or BLS) model's bridge: `draft_tokens_per_step` 0 = none (the LLM model counts itself).
+    The BLS model counts into the same counters (Triton shares a family's metric between models that register the
+    same name and labels) and leaves the gauges to postprocessing, whose tau covers the ensemble's traffic."""
     per_step = params.int("draft_tokens_per_step")
     if per_step == 0:
         return None
     baseline = baseline_for(args)
-    return PerfBridge(pb_utils, params.str("llm_model"), per_step, None if baseline is None else float(baseline["tau"]))
+    tau = None if baseline is None else float(baseline["tau"])
+    return PerfBridge(pb_utils, params.str("llm_model"), per_step, tau, gauges)
+
+
+def count_response(bridge: PerfBridge, pb_utils: Any, response: Any, request_id: str) -> None:
+    """The BLS model: count the running totals of the last response its LLM request got (the sequence's totals)."""
+    got = [pb_utils.get_output_tensor_by_name(response, n) for n in ("total_accepted_draft_tokens",
+                                                                     "total_draft_tokens")]
+    if any(t is None for t in got):
+        return
+    accepted, drafted = (int(t.as_numpy().reshape(-1)[0]) for t in got)
+    bridge.add((request_id, 0), accepted, drafted)

@@ -51,7 +51,8 @@ def build(work: Path) -> tuple[Path, Path]:
     cfg.write_text(f"name: bench-bridge\ntrtllm_version: '1.1'\noutput_dir: {work / 'build'}\n"
                    f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle, model: {head}}}\n"
                    "tree: {choices: topk-2-3}\n"
-                   "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n")
+                   "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, "
+                   "max_seq_len: 128}\n")
     if build_main([str(cfg)]) != 0:
         raise SystemExit("build failed")
     bridged = work / "repo_bridged"

@@ -81,8 +81,8 @@ def test_bridged_families_equal_the_perf_outputs_summed(server: TritonServer, bu
         for stream in (True, False):
             resps = _call(server, prompt, stream, perf=i % 2 == 0)
             assert text_of(resps)
-            totals = [(int(r["total_accepted_draft_tokens"].reshape(-1)[0]), int(r["total_draft_tokens"].reshape(-1)[0]))
-                      for r in resps]
+            totals = [(int(r["total_accepted_draft_tokens"].reshape(-1)[0]),
+                       int(r["total_draft_tokens"].reshape(-1)[0])) for r in resps]
             assert totals == sorted(totals)  # running totals: never decrease along a stream
             finals.append(totals[-1])
             streamed_chunks += len(resps) if stream else 0

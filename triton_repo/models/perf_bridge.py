@@ -45,16 +45,17 @@ class PerfBridge:
         fam = pb_utils.MetricFamily
         labels = {"model": model, "backend": BACKEND_LABEL}
         self.families: list[Any] = []  # kept alive: a Metric whose family was collected can no longer be set
+        self.m: dict[str, Any] = {}  # SPEC_SPECS attribute -> its Metric
         for attr, name, desc, kind in SPEC_SPECS:
             if (attr == "baseline_tau" and baseline_tau is None) or (kind == "GAUGE" and not gauges):
                 continue
             self.families.append(fam(name, desc, getattr(fam, kind)))
-            setattr(self, attr, self.families[-1].Metric(labels))
+            self.m[attr] = self.families[-1].Metric(labels)
         self.per_step, self.gauges = draft_tokens_per_step, gauges
         if gauges:
-            self.enabled.set(1)  # the engine flow is rendered with decoding_mode eagle: every step drafts
+            self.m["enabled"].set(1)  # the engine flow is rendered with decoding_mode eagle: every step drafts
             if baseline_tau is not None:
-                self.baseline_tau.set(baseline_tau)
+                self.m["baseline_tau"].set(baseline_tau)
         self.seen: OrderedDict[tuple[str, int], tuple[int, int]] = OrderedDict()
         self.totals = [0, 0]  # accepted, drafted since load
 
@@ -68,16 +69,16 @@ class PerfBridge:
         if len(self.seen) > RECENT:
             self.seen.popitem(last=False)
         d_acc, d_dr = accepted - prev_acc, drafted - prev_dr
-        self.accepted.increment(d_acc)
-        self.drafted.increment(d_dr)
+        self.m["accepted"].increment(d_acc)
+        self.m["drafted"].increment(d_dr)
         self.totals[0] += d_acc
         self.totals[1] += d_dr
         # forwards as a running quotient of the totals, so per-response rounding never accumulates
         forwards_before = (self.totals[1] - d_dr) // self.per_step
         forwards = self.totals[1] // self.per_step
-        self.forwards.increment(forwards - forwards_before)
+        self.m["forwards"].increment(forwards - forwards_before)
         if forwards and self.gauges:
-            self.tau.set(1.0 + self.totals[0] / forwards)
+            self.m["tau"].set(1.0 + self.totals[0] / forwards)
         return d_acc, d_dr
 
     def observe(self, pb_utils: Any, request: Any) -> None:

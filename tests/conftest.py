@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -159,7 +161,7 @@ def small_vocab_ckpt(tiny_dir: Path, small_vocab_pair: tuple[Path, Path]) -> Pat
 
 
 @pytest.fixture(scope="module")
-def one_thread():
+def one_thread() -> Iterator[None]:
     """One torch thread for a module: 2 shared cores, and OpenMP threads spinning against other processes make
     tiny matmuls 100x slower. Modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
     import torch
@@ -181,7 +183,7 @@ def triton_build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path
 
 
 @pytest.fixture(scope="session")
-def triton_server(triton_build_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def triton_server(triton_build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests import triton_build
 
     log_dir = tmp_path_factory.mktemp("triton_log")

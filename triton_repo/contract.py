@@ -239,6 +239,27 @@ PY_LLM_CANCEL_OUTPUT_MAP = {"cancel_handle": "_CANCEL_HANDLE"}
 POSTPROCESSING_CANCEL_INPUT_MAP = {"CANCEL_HANDLE": "_CANCEL_HANDLE"}
 POSTPROCESSING_OUTPUT_MAP = {"OUTPUT": "text_output"}
 
+# The perf bridge (engine.backend tensorrt, models/perf_bridge.py): the C++ backend exports no speculative metric,
+# so preprocessing asks the LLM model for its perf outputs on every request and the ensemble hands the running
+# totals to postprocessing, which counts them. The reference model, rendered wired the same way, writes them on
+# every response as the C++ backend does (its `perf_every_response` parameter).
+ARRIVAL_TIME_OUTPUT = Tensor("arrival_time_ns", "TYPE_INT64", (1,))
+PREPROCESSING_PERF_OUTPUT = Tensor("OUT_RETURN_PERF_METRICS", "TYPE_BOOL", (1,))
+PREPROCESSING_PERF_OUTPUT_MAP = {"OUT_RETURN_PERF_METRICS": "_RETURN_PERF_METRICS"}
+# The client's flag still goes somewhere: Triton refuses an ensemble input no step takes ("ensemble input ... is not
+# used", core r24.10 ensemble_utils.cc). Preprocessing takes it and answers true regardless.
+PREPROCESSING_PERF_INPUT = Tensor("RETURN_PERF_METRICS", "TYPE_BOOL", (1,), True, False)
+PREPROCESSING_PERF_INPUT_MAP = {"RETURN_PERF_METRICS": "return_perf_metrics"}
+LLM_PERF_INPUT_MAP = {"return_perf_metrics": "_RETURN_PERF_METRICS"}  # replaces the client's flag
+LLM_PERF_OUTPUT_MAP = {"arrival_time_ns": "_ARRIVAL_TIME_NS"}
+POSTPROCESSING_PERF_INPUTS: tuple[Tensor, ...] = (
+    Tensor("TOTAL_ACCEPTED_DRAFT_TOKENS", "TYPE_INT32", (1,), True),
+    Tensor("TOTAL_DRAFT_TOKENS", "TYPE_INT32", (1,), True),
+    Tensor("ARRIVAL_TIME_NS", "TYPE_INT64", (1,), True),
+)
+POSTPROCESSING_PERF_INPUT_MAP = {"TOTAL_ACCEPTED_DRAFT_TOKENS": "total_accepted_draft_tokens",
+                                 "TOTAL_DRAFT_TOKENS": "total_draft_tokens", "ARRIVAL_TIME_NS": "_ARRIVAL_TIME_NS"}
+
 # Tokenizer behaviour shared by preprocessing, the BLS model and the tests (upstream preprocessing default).
 ADD_SPECIAL_TOKENS = True
 SKIP_SPECIAL_TOKENS = True
@@ -260,7 +281,8 @@ def check_wiring() -> list[str]:
     """Every map key/value names a declared tensor (the contract is self-consistent); returns problems."""
     problems: list[str] = []
     ens_in, ens_out = by_name(ENSEMBLE_INPUTS), by_name(ENSEMBLE_OUTPUTS)
-    internal = set(PREPROCESSING_OUTPUT_MAP.values()) | {"_TOKENS_BATCH", "_SEQUENCE_LENGTH", "_CANCEL_HANDLE"}
+    internal = set(PREPROCESSING_OUTPUT_MAP.values()) | {"_TOKENS_BATCH", "_SEQUENCE_LENGTH", "_CANCEL_HANDLE",
+                                                        "_RETURN_PERF_METRICS", "_ARRIVAL_TIME_NS"}
     for step, ins, outs, imap, omap in (
         (
             "preprocessing",
@@ -271,18 +293,20 @@ def check_wiring() -> list[str]:
         ),
         ("llm", LLM_INPUTS, LLM_OUTPUTS, LLM_INPUT_MAP, LLM_OUTPUT_MAP),
         ("python llm", LLM_INPUTS, PY_LLM_OUTPUTS, LLM_INPUT_MAP, {**LLM_OUTPUT_MAP, **PY_LLM_CANCEL_OUTPUT_MAP}),
-        (
-            "postprocessing",
-            POSTPROCESSING_INPUTS,
-            POSTPROCESSING_OUTPUTS,
-            {**POSTPROCESSING_INPUT_MAP, **POSTPROCESSING_CANCEL_INPUT_MAP},
-            POSTPROCESSING_OUTPUT_MAP,
-        ),
+        ("postprocessing", POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
+         {**POSTPROCESSING_INPUT_MAP, **POSTPROCESSING_CANCEL_INPUT_MAP}, POSTPROCESSING_OUTPUT_MAP),
+        # the perf bridge's additions (builders/triton/render.py ensemble_config, bridged)
+        ("bridged preprocessing", PREPROCESSING_INPUTS + (PREPROCESSING_PERF_INPUT,),
+         PREPROCESSING_OUTPUTS + (PREPROCESSING_PERF_OUTPUT,), PREPROCESSING_PERF_INPUT_MAP,
+         PREPROCESSING_PERF_OUTPUT_MAP),
+        ("bridged llm", LLM_INPUTS, LLM_OUTPUTS + CPP_EXTRA_PERF_OUTPUTS, LLM_PERF_INPUT_MAP, LLM_PERF_OUTPUT_MAP),
+        ("bridged postprocessing", POSTPROCESSING_INPUTS + POSTPROCESSING_PERF_INPUTS, POSTPROCESSING_OUTPUTS,
+         POSTPROCESSING_PERF_INPUT_MAP, {}),
     ):
         for k, v in imap.items():
             if k not in by_name(ins):
                 problems.append(f"{step}: input map key {k} is not an input of the step")
-            if v not in ens_in and v not in internal:
+            if v not in ens_in and v not in internal and v not in ens_out:  # an output an earlier step produced
                 problems.append(f"{step}: input map value {v} is neither an ensemble input nor internal")
         for k, v in omap.items():
             if k not in by_name(outs):

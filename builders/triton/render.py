@@ -102,12 +102,38 @@ def tokenizer_dir(build_dir: Path) -> Path:
     return tok
 
 
-def preprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
+def perf_bridged(bc: BuildConfig, perf_bridge: bool | None) -> bool:
+    """Whether the ensemble bridges the LLM model's perf outputs to the speculative metrics (models/perf_bridge.py):
+    always for the C++ backend (it exports none itself); on request for the reference backend, which then writes its
+    perf outputs as the C++ backend does (a CPU twin of the engine flow's wiring)."""
+    if bc.engine.backend == "tensorrt":
+        return True
+    if perf_bridge and bc.engine.backend != "reference":
+        raise RenderError(f"perf_bridge: engine.backend={bc.engine.backend!r} exports its own metrics; the bridge "
+                          "serves engine.backend tensorrt (and the reference twin of its wiring)")
+    return bool(perf_bridge)
+
+
+def draft_tokens_per_step(bc: BuildConfig) -> int:
+    """What one generation step adds to the perf output total_draft_tokens, so forwards = drafted / it. The C++
+    runtime adds min(draft tokens, getMaxDraftPathLen()) (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/batch_manager/
+    llmRequest.h `LlmRequest::updateNumTokensPerIteration`); the reference engine adds the tree's nodes."""
+    tree = bc.static_tree()
+    if tree is None:
+        raise RenderError("the perf bridge needs tree.choices (a static tree): forwards are derived from the drafted "
+                          "tokens per step")
+    # the engine's max draft path length is num_eagle_layers (the tree's depth unless the config overrides it)
+    return min(tree.size, bc.limits().num_eagle_layers) if bc.engine.backend == "tensorrt" else tree.size
+
+
+def preprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.preprocessing_model, bc.request_limits().max_batch_size, backend="python")
     required = tuple(k for k, v in C.PREPROCESSING_INPUT_MAP.items() if v in C.REQUIRED_HELP)
-    _add_inputs(cfg, C.PREPROCESSING_INPUTS, checked_by_model=required)
-    _add_outputs(cfg, C.PREPROCESSING_OUTPUTS + ((TOKEN_OUT,) if internal_guard(bc) else ()))
+    _add_inputs(cfg, C.PREPROCESSING_INPUTS + ((C.PREPROCESSING_PERF_INPUT,) if bridged else ()),
+                checked_by_model=required)
+    _add_outputs(cfg, C.PREPROCESSING_OUTPUTS + ((C.PREPROCESSING_PERF_OUTPUT,) if bridged else ())
+                 + ((TOKEN_OUT,) if internal_guard(bc) else ()))
     _params(cfg, {
         **_python_common(build_dir),
         "internal_guard": internal_guard(bc),
@@ -116,15 +142,16 @@ def preprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "max_seq_len": bc.request_limits().max_seq_len,
         # engine-flow EAGLE accepts drafts greedily (token equality): refuse sampling requests there
         "greedy_only": bc.engine.backend == "tensorrt",
+        "perf_bridge": bridged,
     })
     _instances(cfg, t.preprocessing_instances)
     return cfg
 
 
-def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
+def postprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.postprocessing_model, bc.request_limits().max_batch_size, backend="python")
-    _add_inputs(cfg, C.POSTPROCESSING_INPUTS)
+    _add_inputs(cfg, C.POSTPROCESSING_INPUTS + (C.POSTPROCESSING_PERF_INPUTS if bridged else ()))
     _add_outputs(cfg, C.POSTPROCESSING_OUTPUTS)
     _params(cfg, {
         **_python_common(build_dir),
@@ -132,6 +159,8 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         # where a cancelled ensemble stream's stop request goes when its responses carry no cancel handle
         "llm_model": t.llm_model,
         "decoupled": t.streaming,
+        # 0: no perf bridge (the python LLM models count their own metrics)
+        "draft_tokens_per_step": draft_tokens_per_step(bc) if bridged else 0,
     })
     # No dynamic_batching: its queue drops the cancelled requests of an abandoned ensemble stream unseen
     # (core scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy); without it they reach the model, which
@@ -140,7 +169,7 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     return cfg
 
 
-def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
+def ensemble_config(bc: BuildConfig, bridged: bool = False) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.ensemble_model, bc.request_limits().max_batch_size, platform="ensemble")
     # text_input and max_tokens are required but declared optional (upstream's template declares them required):
@@ -154,9 +183,20 @@ def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
     llm_out = {**C.LLM_OUTPUT_MAP, **(C.PY_LLM_CANCEL_OUTPUT_MAP if python_llm else {})}
     post_in = {**C.POSTPROCESSING_INPUT_MAP, **(C.POSTPROCESSING_CANCEL_INPUT_MAP if python_llm else {})}
     token = {G.TOKEN: G.TOKEN_TENSOR} if internal_guard(bc) else {}  # never an ensemble output: clients never see it
+    pre_in, pre_out, llm_in = (
+        C.PREPROCESSING_INPUT_MAP,
+        {**C.PREPROCESSING_OUTPUT_MAP, **token},
+        {**C.LLM_INPUT_MAP, **token},
+    )
+    if bridged:  # every request asks for the perf outputs; postprocessing counts them (models/perf_bridge.py)
+        pre_in = {**pre_in, **C.PREPROCESSING_PERF_INPUT_MAP}
+        pre_out = {**pre_out, **C.PREPROCESSING_PERF_OUTPUT_MAP}
+        llm_in = {**llm_in, **C.LLM_PERF_INPUT_MAP}
+        llm_out = {**llm_out, **C.LLM_PERF_OUTPUT_MAP}
+        post_in = {**post_in, **C.POSTPROCESSING_PERF_INPUT_MAP}
     for model, imap, omap in (
-        (t.preprocessing_model, C.PREPROCESSING_INPUT_MAP, {**C.PREPROCESSING_OUTPUT_MAP, **token}),
-        (t.llm_model, {**C.LLM_INPUT_MAP, **token}, llm_out),
+        (t.preprocessing_model, pre_in, pre_out),
+        (t.llm_model, llm_in, llm_out),
         (t.postprocessing_model, post_in, C.POSTPROCESSING_OUTPUT_MAP),
     ):
         step = cfg.ensemble_scheduling.step.add()
@@ -167,7 +207,7 @@ def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
     return cfg
 
 
-def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
+def bls_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.bls_model, bc.request_limits().max_batch_size, backend="python")
     _add_inputs(cfg, C.ENSEMBLE_INPUTS)
@@ -178,6 +218,7 @@ def bls_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
         "llm_model": t.llm_model,
         "decoupled": t.streaming,
         "internal_guard": internal_guard(bc),
+        "draft_tokens_per_step": draft_tokens_per_step(bc) if bridged else 0,  # 0: no perf bridge
     })
     _decoupled(cfg, t.streaming)
     _instances(cfg, t.bls_instances)
@@ -223,12 +264,12 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     return cfg
 
 
-def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelConfig:
+def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str, bridged: bool = False) -> mc.ModelConfig:
     """The reference / LLM-API python model with the tensorrt_llm model's I/O."""
     t = bc.triton
     cfg = _base(t.llm_model, bc.request_limits().max_batch_size, backend="python")
     _add_inputs(cfg, C.LLM_INPUTS + ((TOKEN_IN,) if internal_guard(bc) else ()))
-    _add_outputs(cfg, C.PY_LLM_OUTPUTS)
+    _add_outputs(cfg, C.PY_LLM_OUTPUTS + ((C.ARRIVAL_TIME_OUTPUT,) if bridged else ()))
     _decoupled(cfg, t.streaming)
     _batching(cfg, bc, queue=True)
     _instances(cfg, t.llm_instances)
@@ -245,6 +286,8 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
         params["request_deadline_s"] = bc.request_deadline_s()
         # false serves the same build without speculation (the baseline of clients/loadtest.py --baseline-url)
         params["speculative"] = True
+        # true: perf outputs on every response with arrival_time_ns, as the C++ backend (the perf bridge's twin)
+        params["perf_every_response"] = bridged
     else:  # the reference model reads its limits from the engine's reference.json instead
         lim = bc.request_limits()
         params.update(max_batch_size=lim.max_batch_size, max_input_len=lim.max_input_len, max_seq_len=lim.max_seq_len)
@@ -299,12 +342,13 @@ def client_descriptor(bc: BuildConfig) -> dict[str, Any]:
     }
 
 
-def model_configs(bc: BuildConfig, build_dir: Path) -> list[mc.ModelConfig]:
+def model_configs(bc: BuildConfig, build_dir: Path, perf_bridge: bool | None = None) -> list[mc.ModelConfig]:
     backend = bc.engine.backend
-    llm = tensorrt_llm_config(bc, build_dir) if backend == "tensorrt" else python_llm_config(bc, build_dir, backend)
+    br = perf_bridged(bc, perf_bridge)
+    llm = tensorrt_llm_config(bc, build_dir) if backend == "tensorrt" else python_llm_config(bc, build_dir, backend, br)
     return [
-        preprocessing_config(bc, build_dir), llm, postprocessing_config(bc, build_dir), ensemble_config(bc),
-        bls_config(bc, build_dir),
+        preprocessing_config(bc, build_dir, br), llm, postprocessing_config(bc, build_dir, br),
+        ensemble_config(bc, br), bls_config(bc, build_dir, br),
     ]
 
 
@@ -362,8 +406,9 @@ def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
     return list(files)
 
 
-def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
-    """Write the repository into `out` (must be empty or absent). Returns the files written."""
+def render(bc: BuildConfig, build_dir: Path, out: Path, perf_bridge: bool | None = None) -> list[Path]:
+    """Write the repository into `out` (must be empty or absent). Returns the files written. `perf_bridge`: wire a
+    reference repository like the engine flow's perf bridge (`perf_bridged`)."""
     problems = config_problems(bc)
     if problems:
         raise RenderError("; ".join(problems))
@@ -381,7 +426,7 @@ def render(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
     if bc.engine.backend != "tensorrt":
         sources[t.llm_model] = LLM_SOURCE[bc.engine.backend]
     written: list[Path] = []
-    for cfg in model_configs(bc, build_dir):
+    for cfg in model_configs(bc, build_dir, perf_bridge):
         d = out / cfg.name
         (d / "1").mkdir(parents=True)
         (d / "config.pbtxt").write_text(to_text(_repository_relative(cfg, out)))

@@ -102,12 +102,13 @@ _CPP_OUTPUTS = (
 
 _PYTHON = (
     rows_of("triton.preprocessing.parameter", ("tokenizer_dir", "add_special_tokens", "max_input_len",
-                                               "max_seq_len", "greedy_only"), _ours("preprocessing"), type="str",
-            required=True)
+                                               "max_seq_len", "greedy_only", "perf_bridge"), _ours("preprocessing"),
+            type="str", required=True)
     + rows_of("triton.postprocessing.parameter", ("tokenizer_dir", "skip_special_tokens", "llm_model",
-                                                  "decoupled"),
+                                                  "decoupled", "draft_tokens_per_step"),
               _ours("postprocessing"), type="str", required=True)
-    + rows_of("triton.bls.parameter", ("tokenizer_dir", "preprocessing_model", "llm_model", "decoupled"),
+    + rows_of("triton.bls.parameter", ("tokenizer_dir", "preprocessing_model", "llm_model", "decoupled",
+                                       "draft_tokens_per_step"),
               _ours("bls"), type="str", required=True)
     + rows_of("triton.python_llm.parameter", ("tokenizer_dir", "llm_kind", "build_dir",
                                               "max_queue_size", "decoupled"), _ours("reference_llm"), type="str",
@@ -119,6 +120,10 @@ _PYTHON = (
               required=True, when=("reference",),
               note="engine.backend reference only (triton.request_deadline_s, or max_seq_len x "
               "triton.deadline_per_token_s)")
+    + rows_of("triton.python_llm.parameter", ("perf_every_response",), _ours("reference_llm"),
+              type="str (true / false)", required=True, when=("reference",),
+              note="engine.backend reference only: true = perf outputs with arrival_time_ns on every response, as the "
+              "C++ backend writes them (the perf bridge's CPU twin, triton_repo/models/perf_bridge.py)")
     + rows_of("triton.python_llm.parameter", ("speculative",), _ours("reference_llm"), type="str (true / false)",
               required=True, when=("reference",),
               note="engine.backend reference only: false = the same build decoded without speculation (a baseline)")
@@ -145,5 +150,17 @@ _TENSORS = rows_of(
     "ensemble); TEMPERATURE / RUNTIME_TOP_K / RUNTIME_TOP_P are this project's (greedy-only refusal)",
 )
 
+# The perf bridge (triton_repo/models/perf_bridge.py): postprocessing counts the C++ backend's perf outputs.
+_BRIDGE = Source(OURS, "triton_repo/models/perf_bridge.py", "PerfBridge.observe / INPUTS")
+_BRIDGE_TENSORS = (
+    rows_of("triton.python.tensor", ("RETURN_PERF_METRICS", "OUT_RETURN_PERF_METRICS", "TOTAL_ACCEPTED_DRAFT_TOKENS",
+                                     "TOTAL_DRAFT_TOKENS", "ARRIVAL_TIME_NS"), _BRIDGE,
+            type="BOOL / BOOL / INT32 / INT32 / INT64 [1]",
+            note="this project's names (preprocessing output, postprocessing inputs) in the engine-flow ensemble")
+    + rows_of("triton.python.tensor", ("arrival_time_ns",), OUT_NAMES, type="INT64 [1]",
+              note="the reference model's twin of the C++ backend's perf output (perf_every_response true); "
+              "fillTritonResponse writes it with every perf output")
+)
+
 ROWS: list[Row] = (_MODEL_CONFIG + only(_CPP_PARAMS + _CPP_INPUTS + _CPP_OUTPUTS, ENGINE_FLOW)
-                   + only(_PYTHON + _TENSORS, ENSEMBLE))
+                   + only(_PYTHON + _TENSORS + _BRIDGE_TENSORS, ENSEMBLE))

@@ -30,7 +30,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from triton_repo import contract
-        from triton_repo.models import bounds, common, guard, llm_io
+        from triton_repo.models import bounds, common, guard, llm_io, perf_bridge
 
         self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         self._count = 0
@@ -38,6 +38,7 @@ class TritonPythonModel:
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.pre_model, self.llm_model = p.str("preprocessing_model"), p.str("llm_model")
         self.decoupled = p.bool("decoupled")
+        self.bridge, self.bridge_mod = perf_bridge.from_params(pb_utils, args, p, gauges=False), perf_bridge
         self._lock = threading.Lock()
         self.skip_special = contract.SKIP_SPECIAL_TOKENS
         ens = contract.by_name(contract.ENSEMBLE_INPUTS)
@@ -121,10 +122,10 @@ class TritonPythonModel:
             requested_output_names=list(C.PREPROCESSING_OUTPUT_MAP),
         ).exec()
         self._raise_if_error(pre)
-        internal = {
-            v: _output(pre, k) for k, v in C.PREPROCESSING_OUTPUT_MAP.items()
-        }
+        internal = {v: _output(pre, k) for k, v in C.PREPROCESSING_OUTPUT_MAP.items()}
         llm_map = {k: internal.get(v, v) for k, v in C.LLM_INPUT_MAP.items()}
+        if self.bridge is not None:  # the C++ backend's perf outputs, on every request (models/perf_bridge.py)
+            llm_map["return_perf_metrics"] = np.ones((internal["_INPUT_ID"].shape[0], 1), np.bool_)
         streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
         with self._lock:
             self._count += 1
@@ -137,6 +138,7 @@ class TritonPythonModel:
         if not self.decoupled:
             resp = llm_req.exec()
             self._raise_if_error(resp)
+            self._count_perf(resp, request_id)
             return self._text_response(self._ids(resp), resp)
         return self._stream(request, sender, llm_req, streaming, request_id)
 
@@ -200,6 +202,7 @@ class TritonPythonModel:
                 if len(text) > len(emitted) and sender is not None:
                     sender.send(self._text_response(text[len(emitted):], None))
                     emitted = text
+        self._count_perf(last, request_id)
         if cancelled:
             return None  # the client is gone: close the stream with the bare FINAL flag
         if not streaming:
@@ -208,6 +211,10 @@ class TritonPythonModel:
         tail = text[len(emitted):]
         has_perf = last is not None and pb_utils.get_output_tensor_by_name(last, "acceptance_rate") is not None
         return self._text_response(tail, last) if (tail or has_perf) else None
+
+    def _count_perf(self, last: Any, request_id: str) -> None:
+        if self.bridge is not None and last is not None:
+            self.bridge_mod.count_response(self.bridge, pb_utils, last, request_id)
 
     def finalize(self) -> None:
         pass

@@ -30,6 +30,7 @@ class Parsed:
     exclude_input: bool
     perf: bool
     request: Any = None  # the engine's request object (engines.api.GenerationRequest for the reference engine)
+    arrival_ns: int | None = None  # set at admission when the perf outputs carry arrival_time_ns (perf_bridge.py)
 
 
 def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> SamplingParams:
@@ -139,13 +140,18 @@ def ids_tensors(pb_utils: Any, ids: list[int], cancel_handle: str = "") -> list[
     return out
 
 
-def perf_tensors(pb_utils: Any, accepted: int, drafted: int) -> list[Any]:
+def perf_tensors(pb_utils: Any, accepted: int, drafted: int, arrival_ns: int | None = None) -> list[Any]:
+    """The perf outputs, upstream's names and dtypes ([1, 1] each, as model_instance_state.cc fillTritonResponse
+    writes them); `arrival_time_ns` too when given."""
     rate = accepted / drafted if drafted else 0.0
-    return [
+    out = [
         pb_utils.Tensor("acceptance_rate", np.array([[rate]], np.float32)),
         pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
         pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
     ]
+    if arrival_ns is not None:
+        out.append(pb_utils.Tensor("arrival_time_ns", np.array([[arrival_ns]], np.int64)))
+    return out
 
 
 def final_response(
@@ -153,7 +159,7 @@ def final_response(
 ) -> Any:
     """Streaming: the chunks went out already, so the final response carries no tokens (only the metrics when
     asked; None = send the FINAL flag alone). Not streaming: all ids (prompt first unless exclude_input)."""
-    perf = perf_tensors(pb_utils, accepted, drafted) if p.perf else []
+    perf = perf_tensors(pb_utils, accepted, drafted, p.arrival_ns) if p.perf else []
     if p.streaming:
         if not perf:
             return None

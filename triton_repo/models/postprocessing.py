@@ -35,7 +35,7 @@ def _required(r: pb_utils.InferenceRequest, name: str) -> np.ndarray[Any, Any]:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
-        from triton_repo.models import cancel_channel, common, llm_io
+        from triton_repo.models import cancel_channel, common, llm_io, perf_bridge
 
         self.send_cancel, self.io = cancel_channel.send_cancel, llm_io
         p = common.Params.of(args)
@@ -43,11 +43,14 @@ class TritonPythonModel:
         self.skip_special_tokens = p.bool("skip_special_tokens")
         self.llm_model, self.llm_decoupled = p.str("llm_model"), p.bool("decoupled")
         self.relayed: OrderedDict[str, None] = OrderedDict()
+        self.bridge = perf_bridge.from_params(pb_utils, args, p)  # the C++ backend's speculative metrics
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
         out = []
         for r in requests:
             self._relay_cancellation(r)
+            if self.bridge is not None:
+                self.bridge.observe(pb_utils, r)
             tokens = _required(r, "TOKENS_BATCH")  # [B, beam, T]
             lengths = _required(r, "SEQUENCE_LENGTH")  # [B, beam]
             texts = np.empty(lengths.shape, dtype=object)

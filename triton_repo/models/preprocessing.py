@@ -39,6 +39,7 @@ class TritonPythonModel:
         self.max_seq_len = p.int("max_seq_len")
         self.limits = Limits(int(cfg["max_batch_size"]), self.max_input_len, self.max_seq_len)
         self.greedy_only = p.bool("greedy_only")
+        self.perf_bridge = p.bool("perf_bridge")  # ask the LLM model for its perf outputs (models/perf_bridge.py)
         self.end_id, self.pad_id = common.end_pad_ids(self.tokenizer)
         self.vocab = len(self.tokenizer)  # ids the tokenizer knows: end_id / pad_id must be one of them
         # The token that lets the LLM model take these outputs (models/guard.py); never the secret itself.
@@ -112,6 +113,8 @@ class TritonPythonModel:
             "OUT_END_ID": end,
             "OUT_PAD_ID": pad,
         }
+        if self.perf_bridge:
+            tensors["OUT_RETURN_PERF_METRICS"] = np.ones((batch, 1), np.bool_)
         out = [pb_utils.Tensor(k, v) for k, v in tensors.items()]
         if self.key is not None:
             out.append(self.guard.token_tensor(pb_utils, self.key, tensors))

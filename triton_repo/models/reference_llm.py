@@ -15,6 +15,7 @@ reach this model through an ensemble).
 
 from __future__ import annotations
 
+import time
 from typing import Any, TYPE_CHECKING
 
 import triton_python_backend_utils as pb_utils
@@ -43,6 +44,9 @@ class TritonPythonModel:
         self.decoupled = p.bool("decoupled")
         self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
         self.refusal = guard.refusal(args["model_name"], p.str("entry_models"))
+        # perf outputs (running totals + arrival_time_ns) on every response, as the C++ backend writes them: the
+        # repository is wired like the engine flow, postprocessing counts them (models/perf_bridge.py)
+        self.perf_every_response = p.bool("perf_every_response")
         self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
         # The build's limits come from the engine's own spec (reference.json), the one source; the Triton stage
         # checked at build time that config.pbtxt's max_batch_size agrees with it.
@@ -53,7 +57,7 @@ class TritonPythonModel:
             self.engine.has_draft, spec_metrics.baseline_for(args))
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
-        session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,
+        self.session = session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,
                                       speculative=p.bool("speculative"),
                                       on_tokens=self._on_tokens)
         self.batcher = batcher.Batcher(
@@ -86,6 +90,8 @@ class TritonPythonModel:
             except Exception as e:  # an input no check anticipated: refused without a traceback
                 replies.append((sender, self.common.error_response(pb_utils, self.common.unexpected(e)), None))
                 continue
+            if self.perf_every_response:
+                parsed.arrival_ns = time.monotonic_ns()  # upstream's arrivalTime is a steady-clock time too
             # Decoupled: the request object is done once execute() returns; its sender keeps the cancel flag.
             cancelled = sender.is_cancelled if sender is not None else r.is_cancelled
             handle, token = self.cancels.handle()
@@ -133,8 +139,12 @@ class TritonPythonModel:
         if job.gone():
             return False
         if parsed.streaming and new_ids:
+            tensors = self.io.ids_tensors(pb_utils, new_ids, handle)
+            if parsed.arrival_ns is not None and parsed.perf:
+                st = self.session.slot(slot).stats  # this step already counted (engines/session.py)
+                tensors += self.io.perf_tensors(pb_utils, st.accepted_draft_tokens, st.draft_tokens, parsed.arrival_ns)
             try:
-                sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, new_ids, handle)))
+                sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
             except Exception:  # the client went away: stop this sequence
                 job.cancelled = True
                 return False

@@ -162,5 +162,20 @@ _BRIDGE_TENSORS = (
               "fillTritonResponse writes it with every perf output")
 )
 
+_GUARD = Source(OURS, "triton_repo/models/guard.py", "load_key / token_tensor / allowed")
+_GUARD_ROWS = (
+    rows_of("triton.preprocessing.parameter", ("internal_guard",), _ours("preprocessing"), type="str (true / false)",
+            required=True, note="true: emit INTERNAL_TOKEN for the LLM model (triton.expose_internal_models false)")
+    + rows_of("triton.bls.parameter", ("internal_guard",), _ours("bls"), type="str (true / false)", required=True,
+              note="true: send the per-start secret as a request parameter to the LLM model")
+    + rows_of("triton.python_llm.parameter", ("internal_guard", "entry_models"), _ours("reference_llm"),
+              type="str", required=True,
+              note="true: refuse requests without the secret or the preprocessing token, naming the entry models "
+              "(the same parameters for llmapi_llm.py)")
+    + rows_of("triton.python.tensor", ("INTERNAL_TOKEN",), _GUARD, type="BYTES [1]",
+              note="preprocessing output wired to the python LLM model only, never an ensemble output; present when "
+              "the internal models are guarded")
+)
+
 ROWS: list[Row] = (_MODEL_CONFIG + only(_CPP_PARAMS + _CPP_INPUTS + _CPP_OUTPUTS, ENGINE_FLOW)
-                   + only(_PYTHON + _TENSORS + _BRIDGE_TENSORS, ENSEMBLE))
+                   + only(_PYTHON + _TENSORS + _BRIDGE_TENSORS + _GUARD_ROWS, ENSEMBLE))

@@ -112,13 +112,10 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     _params(cfg, {
         **_python_common(build_dir),
         "skip_special_tokens": C.SKIP_SPECIAL_TOKENS,
-        # where a cancelled ensemble stream's stop request goes when its responses carry no cancel handle
-        "llm_model": t.llm_model,
-        "decoupled": t.streaming,
     })  # fmt: skip
-    # No dynamic_batching: its queue drops the cancelled requests of an abandoned ensemble stream unseen
-    # (core scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy); without it they reach the model, which
-    # passes the cancellation on to the python LLM model (models/cancel_channel.py).
+    # No dynamic_batching: its queue refuses the cancelled requests of an abandoned ensemble stream unseen (core
+    # scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy), and on Triton 2.51 a refused step left the
+    # ensemble request in flight for good (docs/triton.md, "Cancellation"); answered, the ensemble request completes.
     _instances(cfg, t.postprocessing_instances)
     return cfg
 
@@ -133,13 +130,10 @@ def ensemble_config(bc: BuildConfig) -> mc.ModelConfig:
     # preprocessing, which refuses it with INVALID_ARGUMENT naming the input (models/preprocessing.py `_required`).
     _add_inputs(cfg, C.ENSEMBLE_INPUTS, checked_by_model=tuple(C.REQUIRED_HELP))
     _add_outputs(cfg, C.ENSEMBLE_OUTPUTS)
-    python_llm = bc.engine.backend != "tensorrt"  # its responses carry the cancel handle (contract.py)
-    llm_out = {**C.LLM_OUTPUT_MAP, **(C.PY_LLM_CANCEL_OUTPUT_MAP if python_llm else {})}
-    post_in = {**C.POSTPROCESSING_INPUT_MAP, **(C.POSTPROCESSING_CANCEL_INPUT_MAP if python_llm else {})}
     for model, imap, omap in (
         (t.preprocessing_model, C.PREPROCESSING_INPUT_MAP, C.PREPROCESSING_OUTPUT_MAP),
-        (t.llm_model, C.LLM_INPUT_MAP, llm_out),
-        (t.postprocessing_model, post_in, C.POSTPROCESSING_OUTPUT_MAP),
+        (t.llm_model, C.LLM_INPUT_MAP, C.LLM_OUTPUT_MAP),
+        (t.postprocessing_model, C.POSTPROCESSING_INPUT_MAP, C.POSTPROCESSING_OUTPUT_MAP),
     ):
         step = cfg.ensemble_scheduling.step.add()
         step.model_name = model
@@ -207,7 +201,7 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str) -> mc.ModelCo
     t = bc.triton
     cfg = _base(t.llm_model, bc.engine.max_batch_size, backend="python")
     _add_inputs(cfg, C.LLM_INPUTS)
-    _add_outputs(cfg, C.PY_LLM_OUTPUTS)
+    _add_outputs(cfg, C.LLM_OUTPUTS)
     _decoupled(cfg, t.streaming)
     _batching(cfg, bc, queue=True)
     _instances(cfg, t.llm_instances)

@@ -6,10 +6,9 @@ response carrying the perf metrics when asked. Not decoupled: one response per r
 ids (unless exclude_input_in_output), as the tensorrtllm backend does. Requests are batched in flight by
 triton_repo/models/batcher.py over one engine session (engines.runtime.Session): a new request joins the running
 batch at the next step, a finished or cancelled one leaves it. `output_ids` end with the end_id token when
-generation stopped on it (the postprocessing model drops special tokens). Every response carries the sequence's
-`cancel_handle`: the postprocessing model sends it back when the client of an ensemble stream cancelled, and the
-sequence leaves the batch at the next step (models/cancel_channel.py says why Triton's own cancellation does not
-reach this model through an ensemble).
+generation stopped on it (the postprocessing model drops special tokens). A sequence leaves the batch at the next
+step when its client cancels (called directly or through the BLS model) or when tensorrtllm_backend's `stop` request
+names its request id (how clients cancel an ensemble request: docs/triton.md, "Cancellation").
 """
 
 
@@ -26,7 +25,7 @@ class TritonPythonModel:
 
         from engines.api import ReferenceEngine
         from triton_repo import contract
-        from triton_repo.models import batcher, bounds, cancel_channel, common, llm_io, spec_metrics
+        from triton_repo.models import batcher, bounds, common, llm_io, spec_metrics
 
         self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
         p = common.Params.of(args)
@@ -48,7 +47,6 @@ class TritonPythonModel:
             session, lambda job: job.payload[0].request, self._finish, max_queue_size=p.int("max_queue_size"),
             deadline_s=float(p.str("request_deadline_s")), on_count=self.metrics.counts,
         )
-        self.cancels = cancel_channel.Listener(self.batcher.cancel)
 
     # ---- requests in ------------------------------------------------------------------------------------------
     def execute(self, requests):
@@ -68,9 +66,7 @@ class TritonPythonModel:
                 continue
             # Decoupled: the request object is done once execute() returns; its sender keeps the cancel flag.
             cancelled = sender.is_cancelled if self.decoupled else r.is_cancelled
-            handle, token = self.cancels.handle()
-            job = self.batcher_mod.Job(payload=(parsed, sender, handle), is_cancelled=cancelled,
-                                       streaming=parsed.streaming, cancel_token=token)  # fmt: skip
+            job = self.batcher_mod.Job(payload=(parsed, sender), is_cancelled=cancelled, streaming=parsed.streaming)
             if r.request_id():
                 job.request_id = r.request_id()
             refusal = self.batcher.admit(job)
@@ -108,20 +104,20 @@ class TritonPythonModel:
     def _on_tokens(self, slot, new_ids):
         """Stream one step's accepted tokens; False stops the sequence (the client cancelled or is gone)."""
         job = self.batcher.job_in(slot)
-        parsed, sender, handle = job.payload
+        parsed, sender = job.payload
         self.metrics.tokens.increment(len(new_ids))
         if job.gone():
             return False
         if parsed.streaming and new_ids:
             try:
-                sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, new_ids, handle)))
+                sender.send(pb_utils.InferenceResponse(output_tensors=self.io.ids_tensors(pb_utils, new_ids)))
             except Exception:  # the client went away: stop this sequence
                 job.cancelled = True
                 return False
         return True
 
     def _finish(self, job):
-        parsed, sender, handle = job.payload
+        parsed, sender = job.payload
         self.metrics.finished(job)
         if job.error is not None:
             resp = self.common.error_response(pb_utils, job.error, job.error_code)
@@ -133,7 +129,7 @@ class TritonPythonModel:
         else:
             st = job.result.stats
             resp = self.io.final_response(pb_utils, parsed, job.result.output_ids, st.accepted_draft_tokens,
-                                          st.draft_tokens, handle)
+                                          st.draft_tokens)
         if not self.decoupled:
             job.result = resp  # execute() returns it
             return
@@ -153,5 +149,4 @@ class TritonPythonModel:
             pass  # the client is gone; nothing left to free
 
     def finalize(self):
-        self.cancels.close()
         self.batcher.close()

@@ -9,9 +9,8 @@ SERVER_ERROR) so callers (the load tester) can count them.
 
 Cancellation (closing a stream's iterator early, a cancelled asyncio task, Ctrl-C in the sync client, the client
 deadline) frees the request's sequence on the server. A plain gRPC cancel does that for a single model (the BLS
-model, the echo model), but Triton <= r26.02 does not forward it into an ensemble and leaks the ensemble request
-(docs/triton.md, "Cancellation"; our postprocessing relays it only for the python LLM backends and streamed
-responses). So a request to an ensemble is never cancelled: the client sends
+model, the `llmapi` model, the echo model), but Triton <= r26.02 does not forward it into an ensemble and leaks the
+ensemble request (docs/triton.md, "Cancellation"). So a request to an ensemble is never cancelled: the client sends
 tensorrtllm_backend's `stop` request with the request's unique id to the ensemble's LLM model and reads the stream
 to its final response (`AsyncLLMClient._end_early`): this protocol is written once, here.
 """

@@ -3,8 +3,9 @@
     python scripts/bench_postprocessing.py --repo build/demo/triton_repo [--concurrency 16] [--seconds 20] [--rounds 2]
 
 Every streamed chunk of an ensemble request is one postprocessing request. The rendered postprocessing model has no
-dynamic batcher, so that requests of cancelled ensemble streams reach it (triton_repo/models/cancel_channel.py);
-upstream's template has one. This measures what that costs: --concurrency gRPC clients send one-token
+dynamic batcher, so that the steps of cancelled ensemble streams are answered rather than refused in its queue
+(on Triton 2.51 a refused step leaves the ensemble request in flight: docs/triton.md, "Cancellation"); upstream's
+template has one. This measures what that costs: --concurrency gRPC clients send one-token
 postprocessing requests for --seconds on a copy of the repository as rendered, then on a copy with `dynamic_batching
 {}` added, alternating --rounds times; it prints requests/s, requests per execution, and the ratio. Compare
 requests/s with (concurrent streams x decoding steps per second) to size `triton.postprocessing_instances`.

@@ -7,8 +7,8 @@ r"""Reliability runs on a served build: a soak and three faults, every figure me
    errors, the server's own count of successful ensemble requests (nothing lost or counted twice), and the server's
    memory (tritonserver + python-backend stubs, RSS) before and after.
 2. SIGSTOP: the server is frozen for 5 s while requests are in flight (40 s load); requests lost.
-3. abandoned ensemble streams: --abandon clients start ensemble streams and vanish after their first chunk (Triton
-   2.51 does not pass the cancellation on to the LLM model; postprocessing does, triton_repo/models/cancel_channel.py);
+3. abandoned ensemble streams: --abandon clients start ensemble streams and vanish after their first chunk (no
+   model hears of it: Triton 2.51 does not pass the cancellation on, docs/triton.md "Cancellation");
    then the first-token time of a fresh request (nan: it got an error), how long until the LLM model holds no
    request, and how many were counted cancelled and how many ended by triton.request_deadline_s.
 4. hostile: every prompt solo, then all concurrently through the ensemble (short request ids) and BLS while one

@@ -344,3 +344,40 @@ def test_each_limit_is_refused_by_name_and_a_running_stream_is_unaffected(
         running.stop_stream()
         running.close()
     assert texts[-1] == greedy_text
+
+
+# ---- cancellation: a plain gRPC cancel, the llmapi entry model's one path (docs/triton.md, "Cancellation") ----------
+
+
+def test_a_plain_grpc_cancel_frees_the_llmapi_request_and_the_next_request_is_served(server: Any) -> None:
+    """A stream cancelled after its first response (tritonclient's cancel, no stop request): the model sees the
+    cancellation and ends the request, counted cancelled, long before its 200 tokens; nothing stays in flight and
+    the next request is served."""
+    import queue
+    import time
+
+    from tests.triton_servers import metric
+
+    def wait_in_flight(n: int) -> None:
+        deadline = time.time() + 120
+        while metric(server, "eagle_llm_requests_in_flight", model="tensorrt_llm") != n:
+            assert time.time() < deadline, f"never {n} in flight"
+            time.sleep(0.05)
+
+    wait_in_flight(0)
+    names = ("eagle_llm_requests_cancelled_total", "eagle_llm_generated_tokens_total")
+    before = {n: metric(server, n, model="tensorrt_llm") for n in names}
+    ins = _llmapi_inputs([PROMPT.encode()])
+    ins[2].set_data_from_numpy(np.array([200], np.int32))  # sampling_param_max_tokens
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue[Any] = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    c.async_stream_infer("tensorrt_llm", ins, enable_empty_final_response=True)
+    result, error = got.get(timeout=300)
+    assert error is None and result.get_response().outputs
+    c.stop_stream(cancel_requests=True)
+    c.close()
+    wait_in_flight(0)
+    assert metric(server, names[0], model="tensorrt_llm") == before[names[0]] + 1
+    assert metric(server, names[1], model="tensorrt_llm") - before[names[1]] < 200
+    assert isinstance(_stream(server.grpc_url, _llmapi_inputs([PROMPT.encode()])), str)  # served

@@ -1,17 +1,25 @@
 """The LLM-API python model (engine.backend pytorch, triton_repo/models/llmapi_llm.py) on the real tritonserver,
 with a stand-in for the TensorRT-LLM LLM API (tests/fixtures/llmapi_standin: no GPU here), so its request,
-streaming and cancellation paths run through the real ensemble: a stream delivers the model's tokens as text, and a
-client that cancels an ensemble stream aborts its LLM request through postprocessing (models/cancel_channel.py)."""
+streaming and cancellation paths run through the real ensemble: a stream delivers the model's tokens as text, and our
+client cancelling an ensemble request (tensorrtllm_backend's `stop` with the request's id, then a drain) aborts its LLM
+request, streaming or not; a plain gRPC cancel of an ensemble stream reaches no model (docs/triton.md,
+"Cancellation")."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from tritonclient.utils import InferenceServerException
+
+from clients.aio import AsyncLLMClient
+from clients.client import LLMClient
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
@@ -82,19 +90,75 @@ def test_llmapi_model_streams_its_tokens_through_the_ensemble(llmapi_server: Any
     assert _lines(log)[-1] == "finished 6"
 
 
-def test_cancelled_ensemble_stream_aborts_its_llm_api_request(llmapi_server: Any) -> None:
-    srv, log = llmapi_server
-    before = len(_lines(log))
-    c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
-    got = stream_call(c, "ensemble", inputs(PROMPT, 400, stream=(True, "BOOL")), cancel_after=1)
-    c.close()
-    assert len(got) == 1
+def _one_new_line(log: Path, before: int) -> tuple[str, int]:
     deadline = time.time() + 30
     while time.time() < deadline and len(_lines(log)) == before:
         time.sleep(0.05)
+    time.sleep(0.2)  # nothing else may follow
     [line] = _lines(log)[before:]
     kind, made = line.split()
-    assert kind == "aborted" and int(made) < 50  # 400 tokens would take 4 s; it stopped a few tokens in
+    return kind, int(made)
+
+
+def test_client_stop_aborts_the_llm_api_request_of_an_ensemble_stream(llmapi_server: Any) -> None:
+    """Closing our client's stream after one chunk: the stop request reaches the LLM-API model, which aborts the
+    request a few tokens in (400 tokens would take 4 s); the ensemble request completes (the server stops clean)."""
+    srv, log = llmapi_server
+    before = len(_lines(log))
+    with LLMClient(srv.grpc_url) as c:
+        it = c.stream(PROMPT, 400)
+        assert next(it).text is not None
+        it.close()  # returns once the ensemble request has ended
+        kind, made = _one_new_line(log, before)
+        assert kind == "aborted" and made < 50
+        assert c.generate(PROMPT, 2).text is not None  # the server serves on
+
+
+def test_client_stop_aborts_a_non_streaming_llm_api_request_at_once(llmapi_server: Any) -> None:
+    """A non-streaming request sends nothing before its end; the stop aborts it anyway, not at its last output."""
+    srv, log = llmapi_server
+    before = len(_lines(log))
+
+    async def go() -> None:
+        async with await AsyncLLMClient.connect(srv.grpc_url, "ensemble") as c:
+            task = asyncio.ensure_future(c.generate(PROMPT, 400))
+            await asyncio.to_thread(_wait_in_flight, srv, 1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(go())
+    kind, made = _one_new_line(log, before)
+    assert kind == "aborted" and made < 300
+
+
+def _wait_in_flight(srv: Any, n: int) -> None:
+    from tests.triton_servers import metric
+
+    deadline = time.time() + 30
+    while metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm") != n:
+        assert time.time() < deadline
+        time.sleep(0.02)
+
+
+def test_plain_grpc_cancel_of_an_ensemble_stream_is_not_relayed(llmapi_server: Any) -> None:
+    """The removed postprocessing relay: a plain gRPC cancel of an ensemble stream reaches no model, the LLM-API
+    request runs to its end; and a stop request for an id others could guess is refused."""
+    srv, log = llmapi_server
+    before = len(_lines(log))
+    c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
+    try:
+        assert len(stream_call(c, "ensemble", inputs(PROMPT, 60, stream=(True, "BOOL")), cancel_after=1)) == 1
+        assert _one_new_line(log, before) == ("finished", 60)
+        stop = [tritonclient_grpc.InferInput(n, [1, 1], dt) for n, dt in
+                (("input_ids", "INT32"), ("input_lengths", "INT32"), ("request_output_len", "INT32"), ("stop", "BOOL"))]
+        for t in stop:
+            t.set_data_from_numpy(np.ones((1, 1), bool if t.datatype() == "BOOL" else np.int32))
+        with pytest.raises(InferenceServerException) as refused:
+            stream_call(c, "tensorrt_llm", stop, request_id="1")
+        assert "has no 32 hex digits (128 random bits)" in refused.value.message()
+    finally:
+        c.close()
 
 
 def test_llm_api_models_speculative_counters_equal_its_perf_outputs(llmapi_server: Any) -> None:

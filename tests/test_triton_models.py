@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from triton_repo.models import batcher, cancel_channel, common, llm_io
+from triton_repo.models import batcher, common, llm_io
 
 
 # ---- request helpers -----------------------------------------------------------------------------------------
@@ -238,48 +238,23 @@ def test_batcher_request_queued_behind_vanished_clients_is_served_not_expired() 
     b.close()
 
 
-# ---- cancellation carried by postprocessing (models/cancel_channel.py) -----------------------------------------
+# ---- cancellation: a `stop` request marks its job (models/reference_llm.py _stop_job) --------------------------
 
 
-def test_cancel_channel_carries_a_sequence_token_to_its_listener_and_nothing_else() -> None:
-    got: list[str] = []
-    listener = cancel_channel.Listener(got.append)
-    other = cancel_channel.Listener(got.append)
-    try:
-        handle, token = listener.handle()
-        assert cancel_channel.HANDLE_RE.fullmatch(handle) and handle == f"{listener.address}/{token}"
-        assert listener.handle()[1] != token  # a new token per sequence
-        assert cancel_channel.send_cancel(handle)
-        for bad in ("", "eagle-cancel-x/y", f"{listener.address}/{token.upper()}", f"/tmp/sock/{token}",
-                    f"{handle}\n", f"{listener.address}/{token}/{token}"):
-            assert not cancel_channel.send_cancel(bad), bad  # malformed: never sent
-        absent = f"eagle-cancel-{'0' * 32}/{token}"
-        assert not cancel_channel.send_cancel(absent)  # no such listener
-        deadline = time.time() + 5
-        while not got and time.time() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.1)
-        assert got == [token]  # once, to its own listener only
-    finally:
-        listener.close()
-        other.close()
-    assert not cancel_channel.send_cancel(handle)  # the model instance is gone
-
-
-def test_batcher_cancel_token_stops_its_job_at_the_next_step_and_frees_the_slot() -> None:
-    """What the LLM model's cancel listener calls: the job holding the token leaves the batch at the next step (a
-    vanished ensemble client no longer holds its slot until the deadline); unknown tokens change nothing."""
+def test_a_job_marked_cancelled_leaves_at_the_next_step_and_frees_the_slot() -> None:
+    """What the LLM model's stop handler does (Job.cancelled = True, for the job with the stopped request id): the
+    running job leaves the batch at the next step and the queued one gets its slot and runs to its end."""
     session = CountingSession(1, delay=0.001)
     b = batcher.Batcher(session, lambda j: j.payload, lambda j: None, max_queue_size=2, deadline_s=60)
-    running = batcher.Job(payload=10**5, is_cancelled=lambda: False, streaming=True, cancel_token="a" * 32)
-    waiting = batcher.Job(payload=2, is_cancelled=lambda: False, streaming=True, cancel_token="b" * 32)
+    running = batcher.Job(payload=10**5, is_cancelled=lambda: False, streaming=True)
+    waiting = batcher.Job(payload=2, is_cancelled=lambda: False, streaming=True)
     assert b.admit(running) is None and b.admit(waiting) is None
     while len(session.log) < 3:
         time.sleep(0.001)
-    assert not b.cancel("c" * 32) and not running.cancelled
-    assert b.cancel("a" * 32)
+    assert not waiting.done.is_set()  # one slot: it waits behind the running job
+    running.cancelled = True
     assert running.done.wait(10) and waiting.done.wait(10)
     assert running.cancelled and not running.expired and running.result[0] == "cancelled"
     assert waiting.result == ("length", 2)
-    assert not b.cancel("a" * 32)  # finished: its token is no longer held
+    assert b.in_flight == 0
     b.close()

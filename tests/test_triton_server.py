@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from tests import triton_build
 from tests.triton_build import MAX_BATCH, MAX_QUEUE
 from tests.triton_requests import BAD_REQUESTS, PROMPT, infer_input, inputs, stream_call, text_of
 from tests.triton_servers import metric
-from triton_repo.launch import TritonServer, free_port
+from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server
 LONG = 300  # tokens of the requests that must still be running when the test acts on them (end_id -1)
@@ -357,89 +356,6 @@ def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServe
     made = metric(server, "eagle_llm_generated_tokens_total") - before["eagle_llm_generated_tokens_total"]
     assert chunks <= made < LONG  # stopped early
     assert metric(server, "nv_inference_request_success", model="ensemble") == ens_before + 1  # completed, not stuck
-
-
-def test_ensemble_stream_cancel_reaches_the_llm_model_and_the_ensemble_completes(
-    build_dir: Path, tmp_path: Path
-) -> None:
-    """A client cancels an ensemble stream after one chunk, on a server of its own (a leaked request would keep it
-    from stopping). Triton 2.51 does not forward the cancellation to the running tensorrt_llm request (core r24.10
-    src/ensemble_scheduler/ensemble_scheduler.cc EnsembleContext::ScheduleSteps cancels only the steps scheduled
-    after it), but the postprocessing steps of the model's next responses arrive cancelled, and postprocessing
-    passes it on with the sequence's cancel handle (triton_repo/models/cancel_channel.py): the model counts one
-    cancellation and stops within a few tokens of LONG. Postprocessing answers those steps (behind a dynamic
-    batcher they were refused as CANCELLED, after which core r24.10 PrepareSteps skipped UpdateEnsembleState and
-    the ensemble request stayed in flight for good), so the ensemble request completes and the server stops
-    cleanly."""
-    log = tmp_path / "tritonserver.log"
-    srv = TritonServer(build_dir / "triton_repo", grpc_port=free_port(), http_port=free_port(),
-                       metrics_port=free_port(), log_path=log)
-    srv.start(timeout_s=240)
-    try:
-        c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
-        got = stream_call(c, "ensemble", inputs("cancel me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32")),
-                          cancel_after=1)
-        assert len(got) == 1
-        _wait_idle(srv)
-        assert metric(srv, "eagle_llm_requests_cancelled_total") == 1  # the model was told
-        assert metric(srv, "eagle_llm_generated_tokens_total") < LONG / 4  # ... and stopped
-        deadline = time.time() + 30
-        while time.time() < deadline and metric(srv, "nv_inference_request_success", model="ensemble") < 1:
-            time.sleep(0.05)
-        assert metric(srv, "nv_inference_request_success", model="ensemble") == 1  # completed, not stuck
-        c.close()
-    finally:
-        code = srv.stop(timeout_s=20)
-    assert code == 0
-    assert "Model 'ensemble' (version 1) has 1 in-flight inferences" not in log.read_text()
-
-
-def _without_cancel_handle(repo: Path, out: Path) -> Path:
-    """A copy of the repository whose ensemble does not pass the cancel handle on: the C++ backend's wiring (its
-    outputs are upstream's), on the reference build."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    shutil.copytree(repo, out)
-    # The rendered paths are relative to the repository (builds can move): the copy sees the build's stages beside it.
-    for stage in ("checkpoint", "engine"):
-        (out.parent / stage).symlink_to(repo.parent / stage)
-    f = out / "ensemble" / "config.pbtxt"
-    cfg = text_format.Parse(f.read_text(), mc.ModelConfig())
-    for step in cfg.ensemble_scheduling.step:
-        step.output_map.pop("cancel_handle", None)
-        step.input_map.pop("CANCEL_HANDLE", None)
-    f.write_text(text_format.MessageToString(cfg))
-    return out
-
-
-def test_ensemble_stream_cancel_without_a_handle_is_relayed_as_a_stop_request(build_dir: Path, tmp_path: Path) -> None:
-    """Without a cancel handle (the C++ backend), postprocessing relays an ensemble client's cancellation as
-    tensorrtllm_backend's `stop` request with the request's id, which the reference model honours as the C++ backend
-    does: the sequence stops a few tokens in and the ensemble request completes. A request without an id cannot be
-    stopped that way and runs to its end (clients give ids; the deadline bounds the rest)."""
-    repo = _without_cancel_handle(build_dir / "triton_repo", tmp_path / "repo")
-    assert "CANCEL_HANDLE" not in (repo / "ensemble" / "config.pbtxt").read_text()
-    srv = triton_build.start_server(repo, tmp_path)
-    try:
-        c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
-        ins = inputs("cancel me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32"))
-        assert len(stream_call(c, "ensemble", ins, cancel_after=1, request_id=f"relay-{'1' * 32}")) == 1
-        _wait_idle(srv)
-        assert metric(srv, "eagle_llm_requests_cancelled_total") == 1
-        assert metric(srv, "eagle_llm_generated_tokens_total") < LONG / 4
-        assert len(stream_call(c, "ensemble", ins, cancel_after=1)) == 1  # no request id
-        _wait_idle(srv)
-        assert metric(srv, "eagle_llm_requests_cancelled_total") == 1
-        assert metric(srv, "eagle_llm_generated_tokens_total") > LONG  # the second one ran to its end
-        deadline = time.time() + 30
-        while time.time() < deadline and metric(srv, "nv_inference_request_success", model="ensemble") < 2:
-            time.sleep(0.05)
-        assert metric(srv, "nv_inference_request_success", model="ensemble") == 2
-        c.close()
-    finally:
-        code = srv.stop(timeout_s=20)
-    assert code == 0
 
 
 # ---- gRPC status codes on the stream (triton_grpc_error) -----------------------------------------------------------

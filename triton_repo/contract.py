@@ -196,17 +196,9 @@ CPP_EXTRA_PERF_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
 )
 
-# Cancelling ensemble streams (models/cancel_channel.py): every response of a python LLM model (engine.backend
-# reference / pytorch) carries its sequence's cancel handle, and the ensemble passes it to postprocessing, which
-# sends it back to the LLM model when its own request arrives cancelled. Not an output of the C++ backend (its
-# outputs are upstream's): there the input stays unmapped and postprocessing sends a `stop` request by request id.
-CANCEL_HANDLE_OUTPUT = Tensor("cancel_handle", "TYPE_STRING", (1,))
-PY_LLM_OUTPUTS: tuple[Tensor, ...] = (*LLM_OUTPUTS, CANCEL_HANDLE_OUTPUT)
-
 POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
     Tensor("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
-    Tensor("CANCEL_HANDLE", "TYPE_STRING", (1,), True),
 )
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (Tensor("OUTPUT", "TYPE_STRING", (-1,)),)
 
@@ -234,9 +226,6 @@ LLM_OUTPUT_MAP = {
     **{t.name: t.name for t in PERF_OUTPUTS},
 }
 POSTPROCESSING_INPUT_MAP = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
-# Added to the two maps above for the python LLM models only (builders/triton/render.py ensemble_config).
-PY_LLM_CANCEL_OUTPUT_MAP = {"cancel_handle": "_CANCEL_HANDLE"}
-POSTPROCESSING_CANCEL_INPUT_MAP = {"CANCEL_HANDLE": "_CANCEL_HANDLE"}
 POSTPROCESSING_OUTPUT_MAP = {"OUTPUT": "text_output"}
 
 # The perf bridge (engine.backend tensorrt, models/perf_bridge.py): the C++ backend exports no speculative metric,
@@ -281,7 +270,7 @@ def check_wiring() -> list[str]:
     """Every map key/value names a declared tensor (the contract is self-consistent); returns problems."""
     problems: list[str] = []
     ens_in, ens_out = by_name(ENSEMBLE_INPUTS), by_name(ENSEMBLE_OUTPUTS)
-    internal = set(PREPROCESSING_OUTPUT_MAP.values()) | {"_TOKENS_BATCH", "_SEQUENCE_LENGTH", "_CANCEL_HANDLE",
+    internal = set(PREPROCESSING_OUTPUT_MAP.values()) | {"_TOKENS_BATCH", "_SEQUENCE_LENGTH",
                                                         "_RETURN_PERF_METRICS", "_ARRIVAL_TIME_NS"}
     for step, ins, outs, imap, omap in (
         (
@@ -292,9 +281,8 @@ def check_wiring() -> list[str]:
             PREPROCESSING_OUTPUT_MAP,
         ),
         ("llm", LLM_INPUTS, LLM_OUTPUTS, LLM_INPUT_MAP, LLM_OUTPUT_MAP),
-        ("python llm", LLM_INPUTS, PY_LLM_OUTPUTS, LLM_INPUT_MAP, {**LLM_OUTPUT_MAP, **PY_LLM_CANCEL_OUTPUT_MAP}),
-        ("postprocessing", POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
-         {**POSTPROCESSING_INPUT_MAP, **POSTPROCESSING_CANCEL_INPUT_MAP}, POSTPROCESSING_OUTPUT_MAP),
+        ("postprocessing", POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS, POSTPROCESSING_INPUT_MAP,
+         POSTPROCESSING_OUTPUT_MAP),
         # the perf bridge's additions (builders/triton/render.py ensemble_config, bridged)
         ("bridged preprocessing", PREPROCESSING_INPUTS + (PREPROCESSING_PERF_INPUT,),
          PREPROCESSING_OUTPUTS + (PREPROCESSING_PERF_OUTPUT,), PREPROCESSING_PERF_INPUT_MAP,

@@ -156,15 +156,12 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = Fals
     _params(cfg, {
         **_python_common(build_dir),
         "skip_special_tokens": C.SKIP_SPECIAL_TOKENS,
-        # where a cancelled ensemble stream's stop request goes when its responses carry no cancel handle
-        "llm_model": t.llm_model,
-        "decoupled": t.streaming,
         # 0: no perf bridge (the python LLM models count their own metrics)
         "draft_tokens_per_step": draft_tokens_per_step(bc) if bridged else 0,
     })
-    # No dynamic_batching: its queue drops the cancelled requests of an abandoned ensemble stream unseen
-    # (core scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy); without it they reach the model, which
-    # passes the cancellation on to the python LLM model (models/cancel_channel.py).
+    # No dynamic_batching: its queue refuses the cancelled requests of an abandoned ensemble stream unseen (core
+    # scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy), and on Triton 2.51 a refused step left the
+    # ensemble request in flight for good (docs/triton.md, "Cancellation"); answered, the ensemble request completes.
     _instances(cfg, t.postprocessing_instances)
     return cfg
 
@@ -179,9 +176,7 @@ def ensemble_config(bc: BuildConfig, bridged: bool = False) -> mc.ModelConfig:
     # preprocessing, which refuses it with INVALID_ARGUMENT naming the input (models/preprocessing.py `_required`).
     _add_inputs(cfg, C.ENSEMBLE_INPUTS, checked_by_model=tuple(C.REQUIRED_HELP))
     _add_outputs(cfg, C.ENSEMBLE_OUTPUTS)
-    python_llm = bc.engine.backend != "tensorrt"  # its responses carry the cancel handle (contract.py)
-    llm_out = {**C.LLM_OUTPUT_MAP, **(C.PY_LLM_CANCEL_OUTPUT_MAP if python_llm else {})}
-    post_in = {**C.POSTPROCESSING_INPUT_MAP, **(C.POSTPROCESSING_CANCEL_INPUT_MAP if python_llm else {})}
+    llm_out, post_in = C.LLM_OUTPUT_MAP, C.POSTPROCESSING_INPUT_MAP
     token = {G.TOKEN: G.TOKEN_TENSOR} if internal_guard(bc) else {}  # never an ensemble output: clients never see it
     pre_in, pre_out, llm_in = (
         C.PREPROCESSING_INPUT_MAP,
@@ -269,7 +264,7 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str, bridged: bool
     t = bc.triton
     cfg = _base(t.llm_model, bc.request_limits().max_batch_size, backend="python")
     _add_inputs(cfg, C.LLM_INPUTS + ((TOKEN_IN,) if internal_guard(bc) else ()))
-    _add_outputs(cfg, C.PY_LLM_OUTPUTS + ((C.ARRIVAL_TIME_OUTPUT,) if bridged else ()))
+    _add_outputs(cfg, C.LLM_OUTPUTS + ((C.ARRIVAL_TIME_OUTPUT,) if bridged else ()))
     _decoupled(cfg, t.streaming)
     _batching(cfg, bc, queue=True)
     _instances(cfg, t.llm_instances)

@@ -104,8 +104,8 @@ _PYTHON = (
     rows_of("triton.preprocessing.parameter", ("tokenizer_dir", "add_special_tokens", "max_input_len",
                                                "max_seq_len", "greedy_only", "perf_bridge"), _ours("preprocessing"),
             type="str", required=True)
-    + rows_of("triton.postprocessing.parameter", ("tokenizer_dir", "skip_special_tokens", "llm_model",
-                                                  "decoupled", "draft_tokens_per_step"),
+    + rows_of("triton.postprocessing.parameter", ("tokenizer_dir", "skip_special_tokens",
+                                                  "draft_tokens_per_step"),
               _ours("postprocessing"), type="str", required=True)
     + rows_of("triton.bls.parameter", ("tokenizer_dir", "preprocessing_model", "llm_model", "decoupled",
                                        "draft_tokens_per_step"),
@@ -142,8 +142,6 @@ _TENSORS = rows_of(
         # the python LLM models (reference / LLM API) take the tensorrt_llm model's I/O
         "input_ids", "input_lengths", "request_output_len", "stop_words_list", "runtime_top_k", "runtime_top_p",
         "streaming", "stop", "output_ids", "sequence_length",
-        # this project's: a python LLM model's cancel handle, passed to postprocessing (models/cancel_channel.py)
-        "cancel_handle", "CANCEL_HANDLE",
     ),
     _CONTRACT, type="see triton_repo/contract.py",
     note="names as upstream's all_models/inflight_batcher_llm templates (tensorrt_llm, preprocessing, postprocessing, "

@@ -9,17 +9,18 @@ for the step in progress and its own prefill, not for the whole batch.
 
 Admission is bounded: more than `capacity + max_queue_size` jobs in flight are refused with UNAVAILABLE and a
 message saying so, never dropped. A job whose client cancelled or disconnected leaves the batch at the next step
-(or at its next `on_tokens` callback, which returns False), which frees its sequence slot; so does one whose
-cancel token arrives (`cancel`: an ensemble stream's client cancelled, models/cancel_channel.py).
+(or at its next `on_tokens` callback, which returns False), which frees its sequence slot; so does one named by a
+`stop` request (the model sets `Job.cancelled`).
 
 A job is ended with UNAVAILABLE `deadline_s` after it arrived, or, if every slot was taken when it arrived,
 `deadline_s` after it got one (its clock restarts then): the bound on how long a client that vanished without a
-cancellation reaching us (a non-streaming ensemble request: no chunk goes through postprocessing before the end)
-holds a queue place or a slot, without cutting short a request that merely waited behind such clients. A job that
-found a slot free keeps its arrival clock even though its prefill may start later (behind the prefills of the jobs
-admitted with it), so it expires before any job that arrived after it and queued behind it. Behind more than
-`max_batch_size` such vanished clients a live request can still reach its own queue bound: the vanished ones that
-queued get the freed slots and restart their clocks (docs/deploy.md, "Reliability"). A sequence whose step failed
+cancellation reaching us (any ensemble client that neither finishes nor sends a `stop`: Triton does not tell the LLM
+model, docs/triton.md "Cancellation") holds a queue place or a slot, without cutting short a request that merely
+waited behind such clients. It is a bound, not a way to cancel. A job that found a slot free keeps its arrival clock
+even though its prefill may start later (behind the prefills of the jobs admitted with it), so it expires before any
+job that arrived after it and queued behind it. Behind more than `max_batch_size` such vanished clients a live
+request can still reach its own queue bound: the vanished ones that queued get the freed slots and restart their
+clocks (docs/deploy.md, "Reliability"). A sequence whose step failed
 ends alone with INTERNAL (engines.session.Session isolates it); a failure of the session itself (outside any
 sequence) still ends every running job with INTERNAL.
 """
@@ -52,7 +53,6 @@ class Job:
     deadline: float = float("inf")  # time.monotonic() after which the job ends (set at admission, maybe at its slot)
     expired: bool = False
     waits_for_slot: bool = False  # every slot was taken when it arrived: its clock restarts when it gets one
-    cancel_token: str = ""  # what the postprocessing model sends back when its client cancelled (cancel_channel.py)
 
     def gone(self) -> bool:
         """True once the client cancelled (flag set by a `stop` request or a failed send, or Triton's own)."""
@@ -142,15 +142,6 @@ class Batcher:
         """The jobs admitted and not finished (queued or running)."""
         with self._lock:
             return list(self._live.values())
-
-    def cancel(self, token: str) -> bool:
-        """Mark the job holding `token` cancelled (it leaves the batch at the next step); False if none does (it
-        finished, or the token is not ours). Called from the cancel listener's thread."""
-        for job in self.jobs():
-            if job.cancel_token == token:
-                job.cancelled = True
-                return True
-        return False
 
     def job_in(self, slot: int) -> Job:
         return self._slots[slot]

@@ -130,14 +130,10 @@ def reference_request(p: Parsed) -> Any:
     )
 
 
-def ids_tensors(pb_utils: Any, ids: list[int], cancel_handle: str = "") -> list[Any]:
-    """`output_ids` and `sequence_length`, plus the sequence's `cancel_handle` when given (models/cancel_channel.py:
-    the ensemble passes it to postprocessing with every response)."""
+def ids_tensors(pb_utils: Any, ids: list[int]) -> list[Any]:
+    """`output_ids` and `sequence_length`."""
     arr = np.asarray(ids, dtype=np.int32).reshape(1, 1, -1)
-    out = [pb_utils.Tensor("output_ids", arr), pb_utils.Tensor("sequence_length", np.array([[len(ids)]], np.int32))]
-    if cancel_handle:
-        out.append(pb_utils.Tensor("cancel_handle", np.array([[cancel_handle.encode("ascii")]], dtype=object)))
-    return out
+    return [pb_utils.Tensor("output_ids", arr), pb_utils.Tensor("sequence_length", np.array([[len(ids)]], np.int32))]
 
 
 def perf_tensors(pb_utils: Any, accepted: int, drafted: int, arrival_ns: int | None = None) -> list[Any]:
@@ -154,15 +150,13 @@ def perf_tensors(pb_utils: Any, accepted: int, drafted: int, arrival_ns: int | N
     return out
 
 
-def final_response(
-    pb_utils: Any, p: Parsed, output_ids: list[int], accepted: int, drafted: int, cancel_handle: str = ""
-) -> Any:
+def final_response(pb_utils: Any, p: Parsed, output_ids: list[int], accepted: int, drafted: int) -> Any:
     """Streaming: the chunks went out already, so the final response carries no tokens (only the metrics when
     asked; None = send the FINAL flag alone). Not streaming: all ids (prompt first unless exclude_input)."""
     perf = perf_tensors(pb_utils, accepted, drafted, p.arrival_ns) if p.perf else []
     if p.streaming:
         if not perf:
             return None
-        return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, [], cancel_handle) + perf)
+        return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, []) + perf)
     ids = list(output_ids) if p.exclude_input else p.prompt_ids + list(output_ids)
-    return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, ids, cancel_handle) + perf)
+    return pb_utils.InferenceResponse(output_tensors=ids_tensors(pb_utils, ids) + perf)

@@ -6,10 +6,11 @@ Like upstream's triton_backend/all_models/llmapi/tensorrt_llm/1/model.py it buil
 triton_config)` and runs requests with `generate_async` on an asyncio loop in a thread; unlike it, it takes token ids
 (preprocessing tokenizes) and reports the speculative-decoding perf metrics (RequestOutput.outputs[0]
 .request_perf_metrics.speculative_decoding, filled when SamplingParams(return_perf_metrics=True)). The LLM API
-batches in flight itself; admission is bounded by max_batch_size + max_queue_size. Every response carries the
-request's `cancel_handle`; the postprocessing model sends it back when an ensemble stream's client cancelled, and
-the request is aborted at its next output (models/cancel_channel.py). Needs a GPU and tensorrt_llm (the NGC
-TensorRT-LLM container).
+batches in flight itself; admission is bounded by max_batch_size + max_queue_size. A request is aborted at its next
+output when its client cancels (called directly or through the BLS model) or when tensorrtllm_backend's `stop`
+request names its request id, as the C++ backend and the reference model do (how clients cancel an ensemble request:
+docs/triton.md, "Cancellation"); a stop is honoured only for ids only their sender knows (models/bounds.py). Needs a
+GPU and tensorrt_llm (the NGC TensorRT-LLM container).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class TritonPythonModel:
         from tensorrt_llm import LLM
 
         from triton_repo import contract
-        from triton_repo.models import cancel_channel, common, guard, llm_io, spec_metrics
+        from triton_repo.models import bounds, common, guard, llm_io, spec_metrics
 
-        self.C, self.common, self.io = contract, common, llm_io
+        self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
         self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
@@ -58,9 +59,10 @@ class TritonPythonModel:
         self.llmapi_counts = spec_metrics.llmapi_counts
         self._in_flight = 0
         self._lock = threading.Lock()
-        self._live: set[str] = set()
-        self._cancelled: set[str] = set()  # cancel tokens of the running requests / of those to abort
-        self.cancels = cancel_channel.Listener(self._on_cancel)
+        # request id -> how many running requests have it / their LLM API streams; the ids a `stop` named
+        self._live: dict[str, int] = {}
+        self._streams: dict[str, list[Any]] = {}
+        self._stopped: set[str] = set()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -70,6 +72,9 @@ class TritonPythonModel:
         out: list[pb_utils.InferenceResponse | None] = []
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
+            if self.io.is_stop_request(pb_utils, r):
+                self._reply(sender, self._stop(r.request_id()), out)
+                continue
             try:
                 if self.key is not None and not self.guard.allowed(pb_utils, r, self.key):
                     raise self.common.RequestError(self.refusal)
@@ -88,6 +93,7 @@ class TritonPythonModel:
                 msg = f"server busy: {self.limit} requests in flight (max_batch_size + max_queue_size); retry later"
                 self._reply(sender, self.common.error_response(pb_utils, msg, self.C.UNAVAILABLE), out)
                 continue
+            self._track(r.request_id())
             fut = asyncio.run_coroutine_threadsafe(self._run(r, parsed, sender), self.loop)
             futures.append((len(out), fut))
             out.append(None)
@@ -108,17 +114,44 @@ class TritonPythonModel:
         else:
             out.append(resp)
 
-    def _on_cancel(self, token: str) -> None:
-        if token in self._live:  # a late token of a finished request is dropped, not kept
-            self._cancelled.add(token)
+    def _stop(self, request_id: str) -> Any:
+        """tensorrtllm_backend's stop request: abort the running requests with this id, for ids only their sender
+        knows (models/bounds.py STOPPABLE_ID); the same empty answer whether a request had that id or not."""
+        if not self.bounds.stoppable(request_id):
+            return self.common.error_response(pb_utils, self.bounds.not_stoppable_message(request_id))
+        with self._lock:
+            if request_id in self._live:  # a stop for a finished request is not kept
+                self._stopped.add(request_id)
+                for stream in self._streams.get(request_id, []):  # now, not at its next output (unary: the last)
+                    self.loop.call_soon_threadsafe(stream.abort)
+        return pb_utils.InferenceResponse(output_tensors=[])
+
+    def _track(self, request_id: str) -> None:
+        with self._lock:
+            self._live[request_id] = self._live.get(request_id, 0) + 1
+
+    def _untrack(self, request_id: str, stream: Any) -> None:
+        with self._lock:
+            streams = self._streams.get(request_id, [])
+            if stream in streams:
+                streams.remove(stream)
+            self._live[request_id] -= 1
+            if not self._live[request_id]:
+                del self._live[request_id]
+                self._streams.pop(request_id, None)
+                self._stopped.discard(request_id)
+
+    def _cancelled(self) -> Any:
+        """Decoupled: a bare FINAL flag, as the reference model sends (an error response with code CANCELLED left
+        the caller's stub unable to unload in python backend 24.10, models/reference_llm.py `_finish`)."""
+        return None if self.decoupled else self.common.error_response(pb_utils, "request cancelled", "CANCELLED")
 
     async def _run(
         self, request: pb_utils.InferenceRequest, parsed: Any, sender: pb_utils.InferenceResponseSender | None
     ) -> pb_utils.InferenceResponse | None:
         from tensorrt_llm import SamplingParams
 
-        handle, token = self.cancels.handle()
-        self._live.add(token)
+        request_id, stream = request.request_id(), None  # tracked since execute(): a stop may come before this runs
 
         s = parsed.sampling
         params = SamplingParams(
@@ -128,31 +161,38 @@ class TritonPythonModel:
         )
         try:
             stream = self.llm.generate_async(parsed.prompt_ids, params, streaming=parsed.streaming)
+            with self._lock:
+                self._streams.setdefault(request_id, []).append(stream)
+                if request_id in self._stopped:  # the stop came first
+                    stream.abort()
             sent, final = 0, None
             async for output in stream:
-                if request.is_cancelled() or token in self._cancelled:
+                if request_id in self._stopped:  # aborted by the stop request
+                    break
+                if request.is_cancelled():
                     stream.abort()
-                    return self._done(sender, self.common.error_response(pb_utils, "request cancelled", "CANCELLED"))
+                    return self._done(sender, self._cancelled())
                 ids = list(output.outputs[0].token_ids)
                 if parsed.streaming and len(ids) > sent and sender is not None:
-                    chunk = self.io.ids_tensors(pb_utils, ids[sent:], handle)
+                    chunk = self.io.ids_tensors(pb_utils, ids[sent:])
                     sender.send(pb_utils.InferenceResponse(output_tensors=chunk))
                     sent = len(ids)
                 final = output
+            if request_id in self._stopped:
+                return self._done(sender, self._cancelled())
             if final is None:
                 raise RuntimeError("the LLM API finished the request without an output")
             spec = final.outputs[0].request_perf_metrics.speculative_decoding
             self.metrics.add(*self.llmapi_counts(len(final.outputs[0].token_ids), spec), [])
             resp = self.io.final_response(
                 pb_utils, parsed, list(final.outputs[0].token_ids), int(spec.total_accepted_draft_tokens),
-                int(spec.total_draft_tokens), handle,
+                int(spec.total_draft_tokens),
             )
             return self._done(sender, resp)
         except Exception as e:  # the engine failed for this request: report it, keep serving
             return self._done(sender, self.common.error_response(pb_utils, f"LLM API error: {e}", "INTERNAL"))
         finally:
-            self._live.discard(token)
-            self._cancelled.discard(token)
+            self._untrack(request_id, stream)
             with self._lock:
                 self._in_flight -= 1
                 self._count()
@@ -173,6 +213,5 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
-        self.cancels.close()
         self.llm.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)

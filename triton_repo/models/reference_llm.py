@@ -6,10 +6,9 @@ response carrying the perf metrics when asked. Not decoupled: one response per r
 ids (unless exclude_input_in_output), as the tensorrtllm backend does. Requests are batched in flight by
 triton_repo/models/batcher.py over one engine session (engines.runtime.Session): a new request joins the running
 batch at the next step, a finished or cancelled one leaves it. `output_ids` end with the end_id token when
-generation stopped on it (the postprocessing model drops special tokens). Every response carries the sequence's
-`cancel_handle`: the postprocessing model sends it back when the client of an ensemble stream cancelled, and the
-sequence leaves the batch at the next step (models/cancel_channel.py says why Triton's own cancellation does not
-reach this model through an ensemble).
+generation stopped on it (the postprocessing model drops special tokens). A sequence leaves the batch at the next
+step when its client cancels (called directly or through the BLS model) or when tensorrtllm_backend's `stop` request
+names its request id (how clients cancel an ensemble request: docs/triton.md, "Cancellation").
 """
 
 
@@ -37,7 +36,7 @@ class TritonPythonModel:
         from engines.api import ReferenceEngine
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
-        from triton_repo.models import batcher, bounds, cancel_channel, common, guard, llm_io, spec_metrics
+        from triton_repo.models import batcher, bounds, common, guard, llm_io, spec_metrics
 
         self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
         p = common.Params.of(args)
@@ -64,7 +63,6 @@ class TritonPythonModel:
             session, lambda job: job.payload[0].request, self._finish, max_queue_size=p.int("max_queue_size"),
             deadline_s=float(p.str("request_deadline_s")), on_count=self.metrics.counts,
         )
-        self.cancels = cancel_channel.Listener(self.batcher.cancel)
 
     # ---- requests in ------------------------------------------------------------------------------------------
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse | None] | None:
@@ -94,9 +92,7 @@ class TritonPythonModel:
                 parsed.arrival_ns = time.monotonic_ns()  # upstream's arrivalTime is a steady-clock time too
             # Decoupled: the request object is done once execute() returns; its sender keeps the cancel flag.
             cancelled = sender.is_cancelled if sender is not None else r.is_cancelled
-            handle, token = self.cancels.handle()
-            job = self.batcher_mod.Job(payload=(parsed, sender, handle), is_cancelled=cancelled,
-                                       streaming=parsed.streaming, cancel_token=token)
+            job = self.batcher_mod.Job(payload=(parsed, sender), is_cancelled=cancelled, streaming=parsed.streaming)
             if r.request_id():
                 job.request_id = r.request_id()
             refusal = self.batcher.admit(job)
@@ -134,12 +130,12 @@ class TritonPythonModel:
     def _on_tokens(self, slot: int, new_ids: list[int]) -> bool:
         """Stream one step's accepted tokens; False stops the sequence (the client cancelled or is gone)."""
         job = self.batcher.job_in(slot)
-        parsed, sender, handle = job.payload
+        parsed, sender = job.payload
         self.metrics.tokens.increment(len(new_ids))
         if job.gone():
             return False
         if parsed.streaming and new_ids:
-            tensors = self.io.ids_tensors(pb_utils, new_ids, handle)
+            tensors = self.io.ids_tensors(pb_utils, new_ids)
             if parsed.arrival_ns is not None and parsed.perf:
                 st = self.session.slot(slot).stats  # this step already counted (engines/session.py)
                 tensors += self.io.perf_tensors(pb_utils, st.accepted_draft_tokens, st.draft_tokens, parsed.arrival_ns)
@@ -151,7 +147,7 @@ class TritonPythonModel:
         return True
 
     def _finish(self, job: Job) -> None:
-        parsed, sender, handle = job.payload
+        parsed, sender = job.payload
         self.metrics.finished(job)
         if job.error is not None:
             resp = self.common.error_response(pb_utils, job.error, job.error_code)
@@ -163,7 +159,7 @@ class TritonPythonModel:
         else:
             st = job.result.stats
             resp = self.io.final_response(pb_utils, parsed, job.result.output_ids, st.accepted_draft_tokens,
-                                          st.draft_tokens, handle)
+                                          st.draft_tokens)
         if not self.decoupled:
             job.result = resp  # execute() returns it
             return
@@ -183,5 +179,4 @@ class TritonPythonModel:
             pass  # the client is gone; nothing left to free
 
     def finalize(self) -> None:
-        self.cancels.close()
         self.batcher.close()

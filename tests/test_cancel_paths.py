@@ -1,0 +1,202 @@
+"""One cancellation path per entry model (docs/triton.md, "Cancellation"), on the real CPU tritonserver serving a tiny
+reference build. Every sequence slot held, the next request waits in the queue; the entry model's one mechanism
+frees the cancelled request's slot and the next request gets it while the other holders still run. The paths removed
+from the ensemble are gone: no cancel handle travels (configs, and Triton refuses the input), and a plain gRPC cancel
+of an ensemble stream reaches no model (the sequence runs to its end; the ensemble request still completes). The
+`llmapi` entry model: tests/test_triton_llmapi.py; the `pytorch` LLM model's stop request:
+tests/test_triton_llmapi_model.py."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tritonclient_grpc
+from tritonclient.utils import InferenceServerException
+
+from clients.aio import AsyncLLMClient
+from tests.triton_requests import inputs, stream_call
+from tests.triton_servers import STOP_TIMEOUT_S, metric, tiny_reference_repo
+from tests.triton_servers import server_on as _server
+from triton_repo.launch import TritonServer
+
+pytestmark = pytest.mark.server
+SLOTS = 4  # engine.max_batch_size of tiny_reference_repo
+LONG = 1000  # tokens of the requests that hold a slot (end_id -1: no early EOS); they are cancelled long before
+NO_EOS = {"end_id": -1}
+RAW_NO_EOS = {"stream": (True, "BOOL"), "end_id": (-1, "INT32")}
+
+
+@pytest.fixture(scope="module")
+def full_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path
+) -> Iterator[TritonServer]:
+    root = tmp_path_factory.mktemp("cancel_paths")
+    repo = tiny_reference_repo(root, "tiny-cancel-paths", tiny_target, eagle_head, max_seq_len=1100, max_queue_size=1)
+    srv = _server(repo, root / "server.log").start(timeout_s=300)
+    try:
+        _wait_metric(srv, "eagle_llm_requests_in_flight", 0)  # ready is answered before the metrics service runs
+        yield srv
+    finally:
+        srv.stop(timeout_s=STOP_TIMEOUT_S)
+    log = (root / "server.log").read_text()
+    leaked = re.findall(r"Model '[^']+' \(version \d+\) has \d+ in-flight inferences", log)
+    assert not leaked, f"requests leaked: {sorted(set(leaked))}"
+
+
+def _wait_metric(srv: TritonServer, name: str, value: float, timeout_s: float = 60.0, **labels: str) -> None:
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            if metric(srv, name, **labels) == value:
+                return
+        except OSError:
+            pass
+        assert time.time() < deadline, f"{name} never reached {value}: {metric(srv, name, **labels)}"
+        time.sleep(0.05)
+
+
+class _RawStream:
+    """One request on a gRPC stream of its own from tritonclient (no stop request, no drain): what any client does."""
+
+    def __init__(self, url: str, model: str, ins: list[Any]) -> None:
+        self.client = tritonclient_grpc.InferenceServerClient(url)
+        self.q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.q.put((result, error)))
+        self.client.async_stream_infer(model, ins, enable_empty_final_response=True)
+
+    def first_chunk(self) -> None:
+        result, error = self.q.get(timeout=120)
+        assert error is None, error
+        assert result.get_response().outputs
+
+    def cancel(self) -> None:
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()
+
+
+async def _slot_freed_by(srv: TritonServer, c: AsyncLLMClient, victim: Any) -> str:
+    """Every slot held (SLOTS - 1 ensemble holders and `victim`, whose first chunk arrived), the next request queues;
+    `victim.cancel()` (the entry model's mechanism) must give it a slot while the holders still run. Returns its
+    text; the holders are then cancelled through the client (stop + drain)."""
+    holders = []
+    for i in range(SLOTS - 1):  # one at a time: Triton's own queue before the model holds one request
+        holders.append(asyncio.ensure_future(c.generate(f"hold {i}", LONG, stream=True, **NO_EOS)))
+        await asyncio.to_thread(_wait_metric, srv, "eagle_llm_requests_in_flight", i + 1)
+    cancelled = metric(srv, "eagle_llm_requests_cancelled_total")
+    try:
+        await victim.open()
+        await asyncio.to_thread(_wait_metric, srv, "eagle_llm_requests_in_flight", SLOTS)
+        after = asyncio.ensure_future(c.generate("next", 3, **NO_EOS))
+        await asyncio.to_thread(_wait_metric, srv, "eagle_llm_requests_queued", 1)  # it waits for a slot
+        await victim.cancel()
+        text = (await after).text
+        assert not any(h.done() for h in holders)  # it got the victim's slot, not one a holder left
+        assert metric(srv, "eagle_llm_requests_cancelled_total") == cancelled + 1
+        return text
+    finally:
+        for h in holders:
+            h.cancel()  # each stops its own sequence (the ensemble's mechanism)
+        await asyncio.gather(*holders, return_exceptions=True)
+
+
+class _ClientVictim:
+    """An ensemble stream of our client; cancelled by closing it: `stop` to the LLM model, then drain."""
+
+    def __init__(self, c: AsyncLLMClient) -> None:
+        self.stream = c.stream("victim", LONG, **NO_EOS)
+
+    async def open(self) -> None:
+        await self.stream.__anext__()
+
+    async def cancel(self) -> None:
+        await self.stream.aclose()  # returns once the ensemble request has ended
+
+
+class _RawVictim:
+    """A stream of plain tritonclient to `model`; cancelled by cancelling the gRPC stream, nothing else."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self.url, self.model = url, model
+
+    async def open(self) -> None:
+        self.raw = await asyncio.to_thread(_RawStream, self.url, self.model, inputs("victim", LONG, **RAW_NO_EOS))
+        await asyncio.to_thread(self.raw.first_chunk)
+
+    async def cancel(self) -> None:
+        await asyncio.to_thread(self.raw.cancel)
+
+
+def _run(srv: TritonServer, victim_of: Any) -> str:
+    async def go() -> str:
+        async with await AsyncLLMClient.connect(srv.grpc_url, "ensemble") as c:
+            return await _slot_freed_by(srv, c, victim_of(c))
+
+    cancelled = metric(srv, "eagle_llm_requests_cancelled_total")
+    text = asyncio.run(go())
+    _wait_metric(srv, "eagle_llm_requests_in_flight", 0)
+    assert metric(srv, "eagle_llm_requests_cancelled_total") == cancelled + SLOTS  # victim + holders, all stopped
+    return text
+
+
+def test_ensemble_client_stop_frees_the_slot_and_the_next_request_gets_it(full_server: TritonServer) -> None:
+    """Ensemble: the client sends tensorrtllm_backend's `stop` with its request's id to the LLM model and drains the
+    stream (clients/aio.py)."""
+    assert _run(full_server, _ClientVictim)
+
+
+def test_bls_plain_grpc_cancel_frees_the_slot_and_the_next_request_gets_it(full_server: TritonServer) -> None:
+    """tensorrt_llm_bls: any client's plain gRPC cancel (here tritonclient's, no stop request) reaches the BLS model,
+    which stops its LLM request by the id it minted."""
+    assert _run(full_server, lambda c: _RawVictim(full_server.grpc_url, "tensorrt_llm_bls"))
+
+
+def test_the_removed_ensemble_paths_are_gone(full_server: TritonServer) -> None:
+    """No cancel handle in the served configs, Triton refuses one sent to postprocessing, postprocessing no longer
+    relays anything: a plain gRPC cancel of an ensemble stream reaches no model, so the sequence runs to its end
+    (counted finished, not cancelled) and the ensemble request still completes."""
+    srv = full_server
+    c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
+    try:
+        llm = c.get_model_config("tensorrt_llm", as_json=True)["config"]
+        post = c.get_model_config("postprocessing", as_json=True)["config"]
+        ens = c.get_model_config("ensemble", as_json=True)["config"]
+        assert "cancel_handle" not in {o["name"] for o in llm["output"]}
+        assert "CANCEL_HANDLE" not in {i["name"] for i in post["input"]}
+        assert not {"llm_model", "decoupled"} & set(post.get("parameters", {}))
+        assert "CANCEL_HANDLE" not in str(ens["ensemble_scheduling"])
+        tensors = []
+        for name, arr in (
+            ("TOKENS_BATCH", np.array([[[1, 2]]], np.int32)),
+            ("SEQUENCE_LENGTH", np.array([[2]], np.int32)),
+            ("CANCEL_HANDLE", np.array([[b"eagle-cancel-" + b"0" * 32 + b"/" + b"0" * 32]], object)),
+        ):
+            t = tritonclient_grpc.InferInput(name, list(arr.shape), "BYTES" if arr.dtype == object else "INT32")
+            t.set_data_from_numpy(arr)
+            tensors.append(t)
+        with pytest.raises(InferenceServerException) as refused:  # Triton 2.51 counts the inputs first
+            c.infer("postprocessing", tensors)
+        assert "expected 2 inputs but got 3 inputs for model 'postprocessing'" in refused.value.message()
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+        names = ("eagle_llm_requests_cancelled_total", "eagle_llm_generated_tokens_total")
+        before = {n: metric(srv, n) for n in names}
+        ens_ok = metric(srv, "nv_inference_request_success", model="ensemble")
+        n = 40
+        assert len(stream_call(c, "ensemble", inputs("cancel me", n, **RAW_NO_EOS), cancel_after=1)) == 1
+        deadline = time.time() + 60
+        while time.time() < deadline and metric(srv, "nv_inference_request_success", model="ensemble") <= ens_ok:
+            time.sleep(0.05)
+        assert metric(srv, "nv_inference_request_success", model="ensemble") == ens_ok + 1  # completed, not stuck
+        _wait_metric(srv, "eagle_llm_requests_in_flight", 0)
+        assert metric(srv, names[0]) == before[names[0]]  # nothing told the LLM model
+        assert metric(srv, names[1]) - before[names[1]] == n  # it generated every requested token
+    finally:
+        c.close()

@@ -18,10 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams  # noqa: E402
 from core.trees import DraftTree, DynamicTree, preset  # noqa: E402
-from engines.draft import DraftState, Lap, draft_static  # noqa: E402
-from engines.drafting import DynamicDrafting  # noqa: E402
-from engines.model import Drafter, KVCache, Rows  # noqa: E402
-from engines.tree import StaticTree, TreeBatch  # noqa: E402
+from engines.draft import DraftState, Lap, draft_static
+from engines.drafting import DynamicDrafting
+from engines.model import Drafter, KVCache, Rows
+from engines.tree import StaticTree, TreeBatch
 from tests import oracle  # noqa: E402
 from tests import tiny_models as tm  # noqa: E402
 

@@ -12,7 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
+from core.types import Limits, SamplingParams
+from engines.api import GenerationRequest
+from tests import tiny_models as tm
 from triton_repo.models import batcher, cancel_channel, common, llm_io
 
 # ---- request helpers -----------------------------------------------------------------------------------------
@@ -294,9 +298,9 @@ def test_batcher_cancel_token_stops_its_job_at_the_next_step_and_frees_the_slot(
 def _pb_utils() -> Any:
     import importlib.util
 
-    import pytriton
-
-    path = Path(pytriton.__file__).parent / "tritonserver/backends/python/triton_python_backend_utils.py"
+    found = importlib.util.find_spec("pytriton")  # the wheel's files, without importing the package
+    assert found is not None and found.submodule_search_locations, "the nvidia-pytriton wheel is not installed"
+    path = Path(found.submodule_search_locations[0]) / "tritonserver/backends/python/triton_python_backend_utils.py"
     spec = importlib.util.spec_from_file_location("triton_python_backend_utils", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -325,10 +329,6 @@ class WireRequest:
 
 @pytest.fixture(scope="module")
 def wire(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
-    from transformers import AutoTokenizer
-
-    from tests import tiny_models as tm
-
     d = tmp_path_factory.mktemp("tok")
     tm.make_tokenizer(d)
     return _pb_utils(), AutoTokenizer.from_pretrained(d)
@@ -346,16 +346,12 @@ def _req(ids: list[int] | None = None, n_in: int | None = None, n_out: int = 3, 
 
 
 def _parse(wire: tuple[Any, Any], request: Any, vocab: int | None = 320, decoupled: bool = True) -> llm_io.Parsed:
-    from core.types import Limits
-
     pb_utils, tok = wire
     return llm_io.parse_request(pb_utils, request, Limits(max_batch_size=4, max_input_len=8, max_seq_len=12), vocab,
                                 tok, decoupled)
 
 
 def test_parse_request_defaults(wire: tuple[Any, Any]) -> None:
-    from core.types import SamplingParams
-
     p = _parse(wire, _req([5, 6, 7, 8], n_in=3, n_out=4))
     eos = wire[1].eos_token_id
     assert (p.prompt_ids, p.max_new_tokens, p.end_id, p.stop_strings) == ([5, 6, 7], 4, eos, [])
@@ -363,13 +359,12 @@ def test_parse_request_defaults(wire: tuple[Any, Any]) -> None:
     assert p.sampling == SamplingParams(temperature=0.0, top_k=0, top_p=1.0, seed=0)
     assert (p.streaming, p.exclude_input, p.perf) == (False, False, False)
     r = p.request
+    assert isinstance(r, GenerationRequest)
     assert (r.prompt_ids, r.max_new_tokens, r.sampling, r.stop_token_ids, r.stop_strings) == (
         [5, 6, 7], 4, p.sampling, [eos], [])
 
 
 def test_parse_request_reads_every_input(wire: tuple[Any, Any]) -> None:
-    from core.types import SamplingParams
-
     tok = wire[1]
     word = tok.encode("ab")
     words = common.word_list([word, [9]])[None]

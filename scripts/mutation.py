@@ -94,6 +94,18 @@ EQUIVALENT: dict[str, str] = {
     "engines.decode.x_commit__mutmut_1": "dev = None: the index tensors land on the default device, the CPU the tests "
     "run on (see DEVICE_ONLY)",
     "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_commit__mutmut_1",
+    "engines.draft.x_draft_dynamic__mutmut_7": "torch.topk's default dim is -1",
+    "engines.draft.x_draft_dynamic__mutmut_12": "log_softmax(+1) of the 2-D (batch, vocab) logits is log_softmax(-1)",
+    "engines.draft.x_draft_dynamic__mutmut_14": "topk(dim=+1) of the 2-D (batch, vocab) log-probs is topk(dim=-1)",
+    "engines.draft.x_draft_dynamic__mutmut_27": "the depth-1 candidates' parent -2 instead of -1: _select maps every "
+    "negative parent to the root (`par_cand >= 0`), nothing else reads it",
+    "engines.draft.x_draft_dynamic__mutmut_60": "the depth-1 frontier's run parent -2 instead of -1: clamped to 0 for "
+    "the gather and masked out by `f_run_parent >= 0`, as -1 is",
+    "engines.draft.x_draft_dynamic__mutmut_77": "the visibility table gets max(runs, 2) rows: with runs >= 2 the same "
+    "table; with runs 1 the extra row is never gathered (run parents are slots < runs), with 0 it is never read",
+    "engines.draft.x_draft_dynamic__mutmut_158": "torch.topk's default dim is -1",
+    "triton_repo.models.llm_io.x_sampling_from__mutmut_29": "temperature=0.0 dropped from the greedy "
+    "SamplingParams: 0.0 is its default",
     "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",

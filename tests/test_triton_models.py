@@ -36,7 +36,7 @@ def test_stop_word_list_round_trip_in_trtllm_format() -> None:
 )  # fmt: skip
 def test_sampling_follows_trtllm_greedy_rule(t: float, k: int, p: float, greedy: bool, top_p: float) -> None:
     s = llm_io.sampling_from(t, k, p, 3)
-    assert (s.greedy, s.top_p, s.seed) == (greedy, top_p, 3)
+    assert (s.greedy, s.top_k, s.top_p, s.seed) == (greedy, k, top_p, 3)  # greedy keeps top_k for a backend
 
 
 def test_sampling_rejects_bad_values() -> None:

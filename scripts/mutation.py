@@ -35,10 +35,11 @@ REPO = Path(__file__).resolve().parent.parent
 # The oracle tests on one family, EAGLE-1, without the tp=2 processes: every mutant rebuilds the session's tiny
 # models in its forked worker, so each fixture left out saves seconds per mutant.
 ORACLE_K = "not tp2 and not llama3-rope and not eagle3"
-# The drafter's tests: every tree kind accepted to a controlled rank mix (a wrong child, rank, parent or mask changes
-# the exact acceptance), and the dynamic tree to full depth; the fastest oracle tests that reach every line of it.
+# The drafter's tests: every tree kind accepted to a controlled rank mix (a wrong child or rank changes the exact
+# acceptance), and the dynamic drafter against the static one on the same shape (its masks, positions, features).
 ORACLE_DRAFT = ["tests/test_engine_oracle.py::test_oracle_mix_gives_exact_acceptance",
-                "tests/test_engine_oracle.py::test_oracle_really_drafts_the_greedy_path"]
+                "tests/test_engine_oracle.py::test_oracle_really_drafts_the_greedy_path",
+                "tests/test_engine_oracle.py::test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape"]
 
 # group -> (modules to mutate, pytest arguments selecting the tests that exercise them, mutant name globs: the
 # functions whose mutants are run, all of the modules' when empty)
@@ -106,6 +107,8 @@ EQUIVALENT: dict[str, str] = {
     "engines.draft.x_draft_dynamic__mutmut_158": "torch.topk's default dim is -1",
     "triton_repo.models.llm_io.x_sampling_from__mutmut_29": "temperature=0.0 dropped from the greedy "
     "SamplingParams: 0.0 is its default",
+    "engines.draft.x_draft_dynamic__mutmut_82": "the visibility table gets max(runs, 2) columns: with runs >= 2 the "
+    "same table; with runs 1 the extra column (a scratch slot the step does not have) is never set True",
     "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",

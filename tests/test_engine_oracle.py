@@ -69,13 +69,13 @@ def load(path: Path, kind: str, tree: DraftTree | DynamicTree) -> ReferenceEngin
     return ReferenceEngine.from_checkpoint(path, tree=tree, dtype="float32", device="cpu", eagle3_head_dir=head)
 
 
-TREES = {
+TREES: dict[str, DraftTree | DynamicTree] = {
     "chain-4": static("chain-4"),
     "trtllm-63": static("trtllm-default"),
     "eagle-25": static("eagle-default"),
     "dynamic-k3-d4-n12": DynamicTree(3, 4, 12),
 }
-MIX_TREES = {**TREES, "dynamic-k1-d2-n2": DynamicTree(1, 2, 2)}
+MIX_TREES: dict[str, DraftTree | DynamicTree] = {**TREES, "dynamic-k1-d2-n2": DynamicTree(1, 2, 2)}
 
 
 # EAGLE-1/2 heads run on Llama targets only (the engine flow's EagleForCausalLM subclasses LLaMAForCausalLM:
@@ -239,7 +239,9 @@ def static_paths(static: StaticTree) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("tree", [DynamicTree(3, 4, 12), DynamicTree(2, 3, 10), DynamicTree(4, 3, 9)])
-def test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape(family_ckpts, tiny_dir, tree) -> None:
+def test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape(
+    family_ckpts: dict[str, dict[str, Path]], tiny_dir: Path, tree: DynamicTree
+) -> None:
     engine = load(ckpt(family_ckpts, tiny_dir, "llama", "eagle"), "eagle", tree)
     rt = engine._rt
     assert isinstance(rt.drafting, DynamicDrafting)

@@ -76,6 +76,9 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
                                "reference_request")]),
 }
 
+SELECT_GUARD = ("the internal guard (raise when a kept node lost its parent) cannot fire: the stable sort by score "
+                "keeps every kept node's parent (see x__select__mutmut_30)")
+
 # Survivors triaged as equivalent: mutant name -> why no test can tell it from the original.
 EQUIVALENT: dict[str, str] = {
     "builders.convert.eagle.x_eagle_net_config__mutmut_12": "pp=2 for the head's llama_config_json: pp only feeds "
@@ -109,6 +112,31 @@ EQUIVALENT: dict[str, str] = {
     "SamplingParams: 0.0 is its default",
     "engines.draft.x_draft_dynamic__mutmut_82": "the visibility table gets max(runs, 2) columns: with runs >= 2 the "
     "same table; with runs 1 the extra column (a scratch slot the step does not have) is never set True",
+    "engines.draft.x_draft_dynamic__mutmut_198": "torch.full with an int fill value and no dtype makes int64 "
+    "(torch.long) already",
+    "engines.draft.x_draft_dynamic__mutmut_202": "as mutmut_198: dtype dropped, the int fill gives torch.long",
+    "engines.draft.x_draft_dynamic__mutmut_217": "torch.topk's default dim is -1",
+    "engines.draft.x_draft_dynamic__mutmut_218": "topk(dim=+1) of the 2-D (batch, k*k) cumulative scores is dim -1",
+    "engines.draft.x__select__mutmut_9": "torch.sort's default dim is -1, dim 1 of the 2-D (batch, candidates) scores",
+    "engines.draft.x__select__mutmut_19": "torch.sort's default dim is -1, dim 1 of the 2-D (batch, n) order",
+    "engines.draft.x__select__mutmut_24": "torch.full with an int fill value and no dtype makes torch.long already",
+    "engines.draft.x__select__mutmut_28": "as mutmut_24",
+    "engines.draft.x__select__mutmut_30": "node_of's fill +1 instead of -1: only unselected candidates keep the fill, "
+    "and a kept node's parent is always kept (stable sort, a child never scores above its parent), so it is read "
+    "only by the internal guard that raises on a broken selection",
+    "engines.draft.x__select__mutmut_31": "node_of's fill -2 instead of -1: as mutmut_30, and still < 0 for the guard",
+    "engines.draft.x__topk_ids__mutmut_7": "torch.topk's default dim is -1",
+    "engines.draft.x__select__mutmut_79": SELECT_GUARD,
+    "engines.draft.x__select__mutmut_82": SELECT_GUARD,
+    "engines.draft.x__select__mutmut_83": SELECT_GUARD,
+    "engines.draft.x__select__mutmut_84": SELECT_GUARD,
+    "engines.draft.x__select__mutmut_85": SELECT_GUARD,
+    "engines.draft.x_draft_static__mutmut_41": "state.h is 2-D (batch, hidden): shape[+1] is shape[-1]",
+    "engines.draft.x_draft_static__mutmut_55": "`or` instead of `and`: expand[d] is empty exactly at d = max_depth (a "
+    "level above the deepest has a node with children), so both conditions agree",
+    "engines.draft.x_draft_static__mutmut_56": "d <= max_depth: expand[max_depth] is empty, so the extra level is "
+    "skipped by the size test",
+    "engines.draft.x_draft_static__mutmut_57": "numel() >= 0: below max_depth expand[d] is never empty (see mutmut_55)",
     "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",

@@ -35,14 +35,22 @@ REPO = Path(__file__).resolve().parent.parent
 # The oracle tests on one family, EAGLE-1, without the tp=2 processes: every mutant rebuilds the session's tiny
 # models in its forked worker, so each fixture left out saves seconds per mutant.
 ORACLE_K = "not tp2 and not llama3-rope and not eagle3"
+# The drafter's tests: every tree kind accepted to a controlled rank mix (a wrong child or rank changes the exact
+# acceptance), and the dynamic drafter against the static one on the same shape (its masks, positions, features).
+ORACLE_DRAFT = ["tests/test_engine_oracle.py::test_oracle_mix_gives_exact_acceptance",
+                "tests/test_engine_oracle.py::test_oracle_really_drafts_the_greedy_path",
+                "tests/test_engine_oracle.py::test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape"]
 
 # group -> (modules to mutate, pytest arguments selecting the tests that exercise them, mutant name globs: the
 # functions whose mutants are run, all of the modules' when empty)
 GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "tree": (["engines/tree.py"], ["tests/test_tree_tensors.py"], []),
     "trees": (["core/trees.py"], ["tests/test_trees.py", "tests/test_tree_tensors.py"], []),
-    "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", "tests/test_engine_oracle.py", "-k", ORACLE_K], []),
+    # the drafter's tree growth: the oracle head accepts to full depth, so a wrong token, parent or mask shows
+    "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", *ORACLE_DRAFT], []),
     "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py"], []),
+    # the decode loop in full (prefill, target-only and speculative steps, verify, walk, compact, drafter commit)
+    # and the per-sequence commit it hands the accepted tokens to (engines/slots.py Slot.count/take)
     "decode": (
         ["engines/decode.py"],
         [
@@ -52,10 +60,12 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
             "-k",
             f"({ORACLE_K}) and not cuda",
         ],
-        [
-            f"engines.decode.x_{f}__mutmut_*"
-            for f in ("verify", "walk", "commit", "count", "commit_drafter", "update_drafter")
-        ],
+        [],
+    ),
+    "slots": (
+        ["engines/slots.py"],
+        ["tests/test_engine_spec.py", "tests/test_engine_oracle.py", "-k", f"({ORACLE_K}) and not cuda"],
+        [],
     ),
     # the converters' field mapping: the functions that write config keys or read the HF configs they derive from
     "convert-config": (
@@ -78,8 +88,20 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
             for f in ("layers_to_capture", "resolve_input_layer_ids", "speculative_config", "llm_api_options")
         ],
     ),
-    "request-validation": (["triton_repo/models/llm_io.py"], ["tests/test_triton_models.py"], []),
+    # the tensorrt_llm model's request validation; the response builders (ids/perf tensors) need the python backend
+    # stub's C++ Tensor type, so the served tests (tests/test_triton_direct.py) are what checks them
+    "request-validation": (
+        ["triton_repo/models/llm_io.py"],
+        ["tests/test_triton_models.py", "-k", "parse_request or stop_request or sampling"],
+        [
+            f"triton_repo.models.llm_io.x_{f}__mutmut_*"
+            for f in ("parse_request", "sampling_from", "check_token_ids", "is_stop_request", "reference_request")
+        ],
+    ),
 }
+
+SELECT_GUARD = ("the internal guard (raise when a kept node lost its parent) cannot fire: the stable sort by score "
+                "keeps every kept node's parent (see x__select__mutmut_30)")
 
 # Survivors triaged as equivalent: mutant name -> why no test can tell it from the original.
 EQUIVALENT: dict[str, str] = {
@@ -100,6 +122,45 @@ EQUIVALENT: dict[str, str] = {
     "engines.decode.x_commit__mutmut_1": "dev = None: the index tensors land on the default device, the CPU the tests "
     "run on (see DEVICE_ONLY)",
     "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_commit__mutmut_1",
+    "engines.draft.x_draft_dynamic__mutmut_7": "torch.topk's default dim is -1",
+    "engines.draft.x_draft_dynamic__mutmut_12": "log_softmax(+1) of the 2-D (batch, vocab) logits is log_softmax(-1)",
+    "engines.draft.x_draft_dynamic__mutmut_14": "topk(dim=+1) of the 2-D (batch, vocab) log-probs is topk(dim=-1)",
+    "engines.draft.x_draft_dynamic__mutmut_27": "the depth-1 candidates' parent -2 instead of -1: _select maps every "
+    "negative parent to the root (`par_cand >= 0`), nothing else reads it",
+    "engines.draft.x_draft_dynamic__mutmut_60": "the depth-1 frontier's run parent -2 instead of -1: clamped to 0 for "
+    "the gather and masked out by `f_run_parent >= 0`, as -1 is",
+    "engines.draft.x_draft_dynamic__mutmut_77": "the visibility table gets max(runs, 2) rows: with runs >= 2 the same "
+    "table; with runs 1 the extra row is never gathered (run parents are slots < runs), with 0 it is never read",
+    "engines.draft.x_draft_dynamic__mutmut_158": "torch.topk's default dim is -1",
+    "triton_repo.models.llm_io.x_sampling_from__mutmut_29": "temperature=0.0 dropped from the greedy "
+    "SamplingParams: 0.0 is its default",
+    "engines.draft.x_draft_dynamic__mutmut_82": "the visibility table gets max(runs, 2) columns: with runs >= 2 the "
+    "same table; with runs 1 the extra column (a scratch slot the step does not have) is never set True",
+    "engines.draft.x_draft_dynamic__mutmut_198": "torch.full with an int fill value and no dtype makes int64 "
+    "(torch.long) already",
+    "engines.draft.x_draft_dynamic__mutmut_202": "as mutmut_198: dtype dropped, the int fill gives torch.long",
+    "engines.draft.x_draft_dynamic__mutmut_217": "torch.topk's default dim is -1",
+    "engines.draft.x_draft_dynamic__mutmut_218": "topk(dim=+1) of the 2-D (batch, k*k) cumulative scores is dim -1",
+    "engines.draft.x__select__mutmut_9": "torch.sort's default dim is -1, dim 1 of the 2-D (batch, candidates) scores",
+    "engines.draft.x__select__mutmut_19": "torch.sort's default dim is -1, dim 1 of the 2-D (batch, n) order",
+    "engines.draft.x__select__mutmut_24": "torch.full with an int fill value and no dtype makes torch.long already",
+    "engines.draft.x__select__mutmut_28": "as mutmut_24",
+    "engines.draft.x__select__mutmut_30": "node_of's fill +1 instead of -1: only unselected candidates keep the fill, "
+    "and a kept node's parent is always kept (stable sort, a child never scores above its parent), so it is read "
+    "only by the internal guard that raises on a broken selection",
+    "engines.draft.x__select__mutmut_31": "node_of's fill -2 instead of -1: as mutmut_30, and still < 0 for the guard",
+    "engines.draft.x__topk_ids__mutmut_7": "torch.topk's default dim is -1",
+    "engines.draft.x__select__mutmut_79": SELECT_GUARD,
+    "engines.draft.x__select__mutmut_82": SELECT_GUARD,
+    "engines.draft.x__select__mutmut_83": SELECT_GUARD,
+    "engines.draft.x__select__mutmut_84": SELECT_GUARD,
+    "engines.draft.x__select__mutmut_85": SELECT_GUARD,
+    "engines.draft.x_draft_static__mutmut_41": "state.h is 2-D (batch, hidden): shape[+1] is shape[-1]",
+    "engines.draft.x_draft_static__mutmut_55": "`or` instead of `and`: expand[d] is empty exactly at d = max_depth (a "
+    "level above the deepest has a node with children), so both conditions agree",
+    "engines.draft.x_draft_static__mutmut_56": "d <= max_depth: expand[max_depth] is empty, so the extra level is "
+    "skipped by the size test",
+    "engines.draft.x_draft_static__mutmut_57": "numel() >= 0: below max_depth expand[d] is never empty (see mutmut_55)",
     "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",
@@ -153,7 +214,7 @@ def configure(dst: Path, modules: list[str], tests: list[str]) -> None:
     text = (dst / "pyproject.toml").read_text()
     text += (
         "\n[tool.mutmut]\n"
-        'source_paths = ["engines/", "builders/", "triton_repo/", "clients/"]\n'
+        'source_paths = ["core/", "engines/", "measure/", "training/", "builders/", "triton_repo/", "clients/"]\n'
         f"only_mutate = {json.dumps(modules)}\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
         'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]\n'
@@ -246,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("groups", nargs="*", help=f"groups to run (default: all): {', '.join(GROUPS)}")
     ap.add_argument("--venv", type=Path, default=Path("/work/venvs/mut"), help="venv with mutmut installed")
-    ap.add_argument("--jobs", type=int, default=2, help="mutants tested at once")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants tested at once")
     ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation", help="report directory")
     ap.add_argument("--report-only", action="store_true", help="re-read the results of an earlier run in --out")
     args = ap.parse_args(argv)

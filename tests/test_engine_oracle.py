@@ -6,6 +6,7 @@ in-flight joins, tp=2, EAGLE-1 and EAGLE-3, every family in `oracle.FAMILIES`.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -17,6 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams
 from core.trees import DraftTree, DynamicTree, preset
+from engines.draft import DraftState, Lap, draft_static
+from engines.drafting import DynamicDrafting
+from engines.model import Drafter, KVCache, Rows
+from engines.tree import StaticTree, TreeBatch
 from tests import oracle
 from tests import tiny_models as tm
 
@@ -64,12 +69,13 @@ def load(path: Path, kind: str, tree: DraftTree | DynamicTree) -> ReferenceEngin
     return ReferenceEngine.from_checkpoint(path, tree=tree, dtype="float32", device="cpu", eagle3_head_dir=head)
 
 
-TREES = {
+TREES: dict[str, DraftTree | DynamicTree] = {
     "chain-4": static("chain-4"),
     "trtllm-63": static("trtllm-default"),
     "eagle-25": static("eagle-default"),
     "dynamic-k3-d4-n12": DynamicTree(3, 4, 12),
 }
+MIX_TREES: dict[str, DraftTree | DynamicTree] = {**TREES, "dynamic-k1-d2-n2": DynamicTree(1, 2, 2)}
 
 
 # EAGLE-1/2 heads run on Llama targets only (the engine flow's EagleForCausalLM subclasses LLaMAForCausalLM:
@@ -100,16 +106,17 @@ def test_oracle_reaches_full_depth_lossless_with_exact_tau(family_ckpts, tiny_di
         ("eagle-25", [0, 1, 0, 2, 0, None]),
         ("chain-4", [0, 0, 1, None]),  # a chain accepts only rank 0
         ("dynamic-k3-d4-n12", [0, 0, 0, None]),  # EAGLE-2: a miss ends the chain, the scores keep it otherwise
+        ("dynamic-k1-d2-n2", [0, None]),  # the smallest EAGLE-2 tree: one drafter run, a 1x1 visibility table
     ],
 )
 def test_oracle_mix_gives_exact_acceptance(family_ckpts, tiny_dir, tree, ranks) -> None:
-    engine = load(ckpt(family_ckpts, tiny_dir, "llama", "eagle"), "eagle", TREES[tree])
+    engine = load(ckpt(family_ckpts, tiny_dir, "llama", "eagle"), "eagle", MIX_TREES[tree])
     reqs = oracle.requests(PROMPTS, NEW)
     engine = oracle.with_oracle(engine, reqs, oracle.mixed(ranks))
     res = engine.generate(reqs)
     oracle.check_exact(engine, reqs, res, f"mix {ranks} on {tree}")
     agg = engine.aggregate(res)
-    assert 0 < agg.accepted_draft_tokens < agg.target_forwards * TREES[tree].depth  # a mix: neither none nor all
+    assert 0 < agg.accepted_draft_tokens < agg.target_forwards * MIX_TREES[tree].depth  # a mix: neither none nor all
 
 
 def test_oracle_in_flight_joins_are_exact(family_ckpts, tiny_dir) -> None:
@@ -186,3 +193,63 @@ def test_oracle_really_drafts_the_greedy_path(family_ckpts, tiny_dir) -> None:
     assert real.accepted_draft_tokens < 8
     miss = oracle.with_oracle(engine, reqs, lambda ctx: None)
     assert miss.generate(reqs)[0].stats.accepted_draft_tokens == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticCheckedDynamic:
+    """EAGLE-2 drafting that re-drafts every step's tree as a STATIC tree of the same shape (each node = its
+    parent and its rank among its siblings) from the same drafter state and requires the same tokens. A drafter bug
+    costs only acceptance, never output, so lossless and oracle tests cannot see one in the dynamic drafter's scratch
+    visibility, positions or parent features; the static drafter's (whose tensors tests/test_tree_tensors.py checks
+    against an independent definition) is the reference here. Batch 1: a static tree is shared by the batch."""
+
+    inner: DynamicDrafting
+    steps: list[int]
+
+    @property
+    def tree(self) -> DynamicTree:
+        return self.inner.tree
+
+    @property
+    def scratch_slots(self) -> int:
+        return self.inner.scratch_slots
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def draft(self, drafter: Drafter, cache: KVCache, rows: Rows, root: torch.Tensor, state: DraftState,
+              lap: Lap) -> TreeBatch:
+        got = self.inner.draft(drafter, cache, rows, root, state, lap)
+        assert got.tokens.shape[0] == 1
+        paths: list[tuple[int, ...]] = [()]
+        for i, p in enumerate(got.parent[0].tolist()[1:], start=1):
+            assert p < i, f"node {i}'s parent {p} comes after it"
+            paths.append((*paths[p], got.children(0)[p].index(i)))
+        assert got.depth[0].tolist() == [len(p) for p in paths]
+        static = StaticTree.build(DraftTree.from_choices([list(p) for p in paths[1:]]), root.device)
+        ref = draft_static(drafter, cache, static, rows, root, state, lambda _: None)
+        ref_token = dict(zip([(), *static_paths(static)], ref.tokens[0].tolist()))
+        assert {p: ref_token[p] for p in paths} == dict(zip(paths, got.tokens[0].tolist()))
+        self.steps.append(len(paths))
+        return got
+
+
+def static_paths(static: StaticTree) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for i in range(1, static.parent.shape[0]):
+        out.append((*out[int(static.parent[i])], int(static.rank[i])))
+    return out[1:]
+
+
+@pytest.mark.parametrize("tree", [DynamicTree(3, 4, 12), DynamicTree(2, 3, 10), DynamicTree(4, 3, 9)])
+def test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape(
+    family_ckpts: dict[str, dict[str, Path]], tiny_dir: Path, tree: DynamicTree
+) -> None:
+    engine = load(ckpt(family_ckpts, tiny_dir, "llama", "eagle"), "eagle", tree)
+    rt = engine._rt
+    assert isinstance(rt.drafting, DynamicDrafting)
+    steps: list[int] = []
+    checked = ReferenceEngine(dataclasses.replace(rt, drafting=StaticCheckedDynamic(rt.drafting, steps)))
+    req = GenerationRequest([5, 17, 33, 101, 7], 12, SamplingParams(), [])
+    assert checked.generate([req])[0].output_ids == engine.generate([req])[0].output_ids
+    assert len(steps) >= 3 and set(steps) == {tree.total_draft_tokens + 1}

@@ -1,17 +1,23 @@
-"""The serve-time Triton models' logic without a server: stop-word lists in TensorRT-LLM's format, the sampling rules
-and token-id checks of the request parser (triton_repo/models/llm_io.py, common.py), and the in-flight batcher
+"""The serve-time Triton models' logic without a server: stop-word lists in TensorRT-LLM's format, the request parser
+of the tensorrt_llm model (triton_repo/models/llm_io.py `parse_request`: every input, default and refusal; its
+sampling rules and token-id checks; common.py), and the in-flight batcher
 (triton_repo/models/batcher.py) over a counting stand-in for the engine session."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
+from core.types import Limits, SamplingParams
+from engines.api import GenerationRequest
+from tests import tiny_models as tm
 from triton_repo.models import batcher, common, llm_io
-
 
 # ---- request helpers -----------------------------------------------------------------------------------------
 
@@ -30,7 +36,7 @@ def test_stop_word_list_round_trip_in_trtllm_format() -> None:
 )
 def test_sampling_follows_trtllm_greedy_rule(t: float, k: int, p: float, greedy: bool, top_p: float) -> None:
     s = llm_io.sampling_from(t, k, p, 3)
-    assert (s.greedy, s.top_p, s.seed) == (greedy, top_p, 3)
+    assert (s.greedy, s.top_k, s.top_p, s.seed) == (greedy, k, top_p, 3)  # greedy keeps top_k for a backend
 
 
 def test_sampling_rejects_bad_values() -> None:
@@ -258,3 +264,170 @@ def test_a_job_marked_cancelled_leaves_at_the_next_step_and_frees_the_slot() -> 
     assert waiting.result == ("length", 2)
     assert b.in_flight == 0
     b.close()
+
+
+# ---- parse_request: the tensorrt_llm model's request validation, without a server ----------------------------
+# `pb_utils` is Triton's own triton_python_backend_utils (the file the python backend stub imports; its
+# get_input_tensor_by_name is pure Python over request.inputs()). The request carries the inputs as the stub's
+# InferenceRequest does: objects with name() and as_numpy(). tests/test_triton_direct.py sends the same requests
+# to a real server; these run the parser's every branch in milliseconds.
+
+def _pb_utils() -> Any:
+    import importlib.util
+
+    found = importlib.util.find_spec("pytriton")  # the wheel's files, without importing the package
+    assert found is not None and found.submodule_search_locations, "the nvidia-pytriton wheel is not installed"
+    path = Path(found.submodule_search_locations[0]) / "tritonserver/backends/python/triton_python_backend_utils.py"
+    spec = importlib.util.spec_from_file_location("triton_python_backend_utils", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class WireTensor:
+    def __init__(self, name: str, value: np.ndarray) -> None:
+        self._name, self._value = name, value
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._value
+
+
+class WireRequest:
+    def __init__(self, **inputs: Any) -> None:
+        self._inputs = [WireTensor(k, v) for k, v in inputs.items() if v is not None]
+
+    def inputs(self) -> list[WireTensor]:
+        return self._inputs
+
+
+@pytest.fixture(scope="module")
+def wire(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    d = tmp_path_factory.mktemp("tok")
+    tm.make_tokenizer(d)
+    return _pb_utils(), AutoTokenizer.from_pretrained(d)
+
+
+def _i32(*v: int) -> np.ndarray:
+    return np.array([list(v)], np.int32)
+
+
+def _req(ids: list[int] | None = None, n_in: int | None = None, n_out: int = 3, **extra: Any) -> WireRequest:
+    ids = [5, 6, 7] if ids is None else ids
+    inputs = {"input_ids": np.array([ids], np.int32), "input_lengths": _i32(len(ids) if n_in is None else n_in),
+              "request_output_len": _i32(n_out)}
+    return WireRequest(**{**inputs, **extra})
+
+
+def _parse(wire: tuple[Any, Any], request: Any, vocab: int | None = 320, decoupled: bool = True) -> llm_io.Parsed:
+    pb_utils, tok = wire
+    return llm_io.parse_request(pb_utils, request, Limits(max_batch_size=4, max_input_len=8, max_seq_len=12), vocab,
+                                tok, decoupled)
+
+
+def test_parse_request_defaults(wire: tuple[Any, Any]) -> None:
+    p = _parse(wire, _req([5, 6, 7, 8], n_in=3, n_out=4))
+    eos = wire[1].eos_token_id
+    assert (p.prompt_ids, p.max_new_tokens, p.end_id, p.stop_strings) == ([5, 6, 7], 4, eos, [])
+    # temperature 1.0 with top_k 0 and top_p 0 (the contract's defaults) is TensorRT-LLM's greedy
+    assert p.sampling == SamplingParams(temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    assert (p.streaming, p.exclude_input, p.perf) == (False, False, False)
+    r = p.request
+    assert isinstance(r, GenerationRequest)
+    assert (r.prompt_ids, r.max_new_tokens, r.sampling, r.stop_token_ids, r.stop_strings) == (
+        [5, 6, 7], 4, p.sampling, [eos], [])
+
+
+def test_parse_request_reads_every_input(wire: tuple[Any, Any]) -> None:
+    tok = wire[1]
+    word = tok.encode("ab")
+    words = common.word_list([word, [9]])[None]
+    p = _parse(wire, _req([1, 2, 3, 4, 5, 6, 7, 8], n_out=4, end_id=_i32(11), pad_id=_i32(0), stop_words_list=words,
+                          temperature=np.array([[0.5]], np.float32), runtime_top_k=_i32(7),
+                          runtime_top_p=np.array([[0.75]], np.float32), seed=np.array([[42]], np.uint64),
+                          streaming=np.array([[True]]), exclude_input_in_output=np.array([[True]]),
+                          return_perf_metrics=np.array([[True]])))
+    assert (p.prompt_ids, p.max_new_tokens, p.end_id) == ([1, 2, 3, 4, 5, 6, 7, 8], 4, 11)
+    assert p.stop_strings == [tok.decode(word), tok.decode([9])] and p.stop_strings[0] == "ab"
+    assert p.sampling == SamplingParams(temperature=0.5, top_k=7, top_p=0.75, seed=42)
+    assert (p.streaming, p.exclude_input, p.perf) == (True, True, True)
+    assert (p.request.stop_token_ids, p.request.stop_strings, p.request.sampling) == ([11], p.stop_strings, p.sampling)
+    # end_id -1: no token ends generation (TensorRT-LLM's convention), kept as -1
+    assert _parse(wire, _req(end_id=_i32(-1))).end_id == -1
+    # without vocab_size the engine checks prompt ids itself; end_id is still bounded by the tokenizer's size
+    assert _parse(wire, _req([5, 10_000]), vocab=None).prompt_ids == [5, 10_000]
+    assert _parse(wire, _req(end_id=_i32(len(tok) - 1)), vocab=None).end_id == len(tok) - 1
+    with pytest.raises(common.RequestError, match=rf"^end_id={len(tok)} is out of range: token ids must be in "
+                       rf"\[0, {len(tok)}\) or -1"):
+        _parse(wire, _req(end_id=_i32(len(tok))), vocab=None)
+
+
+SHAPE_FIX = "send one prompt per request, shape [1, n] (concurrent requests are batched by the server)"
+VOCAB = "token ids must be in [0, 320)"
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (WireRequest(input_lengths=_i32(1), request_output_len=_i32(1)), f"input_ids shape None: {SHAPE_FIX}"),
+        (WireRequest(input_ids=np.array([5, 6], np.int32), input_lengths=_i32(2), request_output_len=_i32(1)),
+         f"input_ids shape [2]: {SHAPE_FIX}"),
+        (WireRequest(input_ids=np.array([[5], [6]], np.int32), input_lengths=_i32(1), request_output_len=_i32(1)),
+         f"input_ids shape [2, 1]: {SHAPE_FIX}"),
+        (_req(list(range(9)), n_out=1), "input_ids holds 9 ids > max_input_len=8; shorten it"),
+        (_req([5, 6], n_in=0), "input_lengths=0 must be in 1..2 (the input_ids given)"),
+        (_req([5, 6], n_in=3), "input_lengths=3 must be in 1..2 (the input_ids given)"),
+        (_req([5, 320, 6], n_in=2), f"input_ids[1]=320 is out of range: {VOCAB} (the model's vocabulary)"),
+        (_req([-1]), f"input_ids[0]=-1 is out of range: {VOCAB} (the model's vocabulary)"),
+        (_req(n_out=0), "request_output_len (max_tokens)=0 must be >= 1"),
+        (_req([1, 2, 3, 4, 5], n_out=8), ("prompt 5 + request_output_len (max_tokens) 8 exceeds engine.max_seq_len="
+                                          "12; lower request_output_len (max_tokens) to at most 7")),
+        (_req(beam_width=_i32(2)), "beam_width=2: only 1 is supported (speculative decoding has no beam search)"),
+        (_req(end_id=_i32(320)), f"end_id=320 is out of range: {VOCAB} or -1 (no end token) (the model's vocabulary)"),
+        (_req(end_id=_i32(-2)), f"end_id=-2 is out of range: {VOCAB} or -1 (no end token) (the model's vocabulary)"),
+        (_req(pad_id=_i32(320)), f"pad_id=320 is out of range: {VOCAB} (the model's vocabulary)"),
+        (_req(pad_id=_i32(-1)), f"pad_id=-1 is out of range: {VOCAB} (the model's vocabulary)"),
+        (_req(stop_words_list=np.array([[5, 6]], np.int32)),
+         "stop_words_list has shape [1, 2]; send [1, 2, L]: ids, then -1-padded end offsets"),
+        (_req(stop_words_list=common.word_list([[5, 320]])[None]),
+         f"stop_words_list[0][1]=320 is out of range: {VOCAB}"),
+        (_req(temperature=np.array([[-1.0]], np.float32)),
+         "temperature=-1.0 must be a finite number >= 0 (0 = greedy)"),
+        (_req(request_output_len=np.array([[1, 1]], np.int32)),
+         "input request_output_len has 2 values; send one, shape [1, 1]"),
+    ],
+)
+def test_parse_request_refuses_each_input_with_its_message(
+    wire: tuple[Any, Any], request_: WireRequest, message: str
+) -> None:
+    with pytest.raises(common.RequestError) as e:
+        _parse(wire, request_)
+    assert str(e.value) == message
+
+
+def test_parse_request_limits_are_inclusive_and_stream_needs_a_decoupled_model(wire: tuple[Any, Any]) -> None:
+    assert _parse(wire, _req(list(range(8)), n_out=4)).prompt_ids == list(range(8))  # max_input_len, max_seq_len
+    assert _parse(wire, _req([5, 6], n_in=1)).prompt_ids == [5]
+    assert _parse(wire, _req([0, 319])).prompt_ids == [0, 319]
+    assert _parse(wire, _req(end_id=_i32(319), pad_id=_i32(319), beam_width=_i32(1))).end_id == 319
+    assert _parse(wire, _req(pad_id=_i32(0))).end_id == wire[1].eos_token_id
+    # the model's vocabulary (vocab_size, e.g. padded past the tokenizer's) bounds every id, not the tokenizer's size
+    wide = _parse(wire, _req([330], end_id=_i32(383), pad_id=_i32(383),
+                             stop_words_list=common.word_list([[383]])[None]), vocab=384)
+    assert (wide.prompt_ids, wide.end_id) == ([330], 383) and len(wide.stop_strings) <= 1
+    stream = _req(streaming=np.array([[True]]))
+    with pytest.raises(common.RequestError, match=r"^stream=true but this repository is not decoupled \(rendered with "
+                       r"triton\.streaming=false\); send stream=false or re-render with triton\.streaming=true$"):
+        _parse(wire, stream, decoupled=False)
+    assert _parse(wire, _req(streaming=np.array([[False]])), decoupled=False).streaming is False
+    assert _parse(wire, stream).streaming is True
+
+
+def test_stop_request_is_read_from_its_input(wire: tuple[Any, Any]) -> None:
+    pb_utils, _ = wire
+    assert llm_io.is_stop_request(pb_utils, WireRequest(stop=np.array([[True]])))
+    assert not llm_io.is_stop_request(pb_utils, WireRequest(stop=np.array([[False]])))
+    assert not llm_io.is_stop_request(pb_utils, WireRequest())

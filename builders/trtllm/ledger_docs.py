@@ -3,8 +3,8 @@
 
 `SOURCES` records what was read to establish the rows: the upstream file, the version read (by commit: no copy
 at the tag commits was available, so the versions read are dated by their content), the day it was read, and what
-it showed; "commit not recorded" marks a reading whose commit was not kept. `UNVERIFIED` lists what could not be
-established.
+it showed; "not found at commit X" marks a statement the version opened at X does not bear out (what X shows
+instead follows). `UNVERIFIED` lists what could not be established.
 `python -m builders.ledger_check --upstream-report` lists every row's citation with its last reading, oldest first.
 
 Inputs:  the ledger in builders/trtllm/ledger_*.py, the architecture table (builders/trtllm/architectures.py)
@@ -36,18 +36,20 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit 04100fd0", "2026-12-01",
      "LLaMAConfig keys; from_hugging_face reads rope_theta with default 10000 (transformers-4 attribute)"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py",
-     "a version read, commit not recorded", "2026-12-01",
+     "commit b35ac1b64368513d215c57d2ed01d62d910df8da", "2026-12-03",
      "PretrainedConfig.__init__ (keyword-only required keys, unknown keys set as attributes), QuantConfig fields "
      "and fnmatch exclude_modules, PretrainedModel.load strict on missing tensors, kv_cache_rcp_scaling_factor "
      "derived"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/quantization/quantize.py",
-     "commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0 and one more version (commit not recorded)", "2026-12-01",
+     "commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0", "2026-12-03",
      "kv_cache_quantize gives every Attention of model.named_modules() a kv_cache_scaling_factor"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/eagle/model.py",
      "commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0", "2026-12-01",
      "EagleNet = LLaMAModel drafter + lm_head; forward asserts the paged KV cache; accept plugin inputs"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/builder.py",
-     "a version read, commit not recorded", "2026-12-01",
+     "not found at commit 14e801da3632eb71367b847e335c4f2b09098651, the only version opened by commit: an early "
+     "file whose BuildConfig has max_input_len 256, max_output_len 256, max_batch_size 8 and no max_seq_len",
+     "2026-12-03",
      "BuildConfig defaults (2048 / 1024 / None / 8192), _init_max_seq_len, build(): max_seq_len += max_draft_len "
      "(+ num_eagle_layers for EAGLE), EAGLE asserts max_batch_size <= 512 and max_draft_len <= 256"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/commands/build.py",
@@ -60,12 +62,16 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit 00209af1", "2026-12-01",
      "trtllm-serve options; the YAML overwrites trtllm-serve's values"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py",
-     "three versions (mid-2025 before the 1.1 branch, after it, the 1.2 line), commits not recorded",
-     "2026-12-01",
-     "BaseLlmArgs / KvCacheConfig fields in all three; EagleDecodingConfig: eagle3_layers_to_capture and "
-     "max_total_draft_tokens absent in the first, present in the others; from_dict pops decoding_type"),
+     "commits fcd3f31682808ae56118ae43c1d7864a3a945e6f (early 2025) and "
+     "0004396720054fd8e205cbf616f21f0b57c6b412 (2026); no 1.1- or 1.2-line version was opened by commit, and the "
+     "BaseLlmArgs / KvCacheConfig fields were not re-read at these two",
+     "2026-12-03",
+     "EagleDecodingConfig: eagle3_layers_to_capture and max_total_draft_tokens absent in the early-2025 version, "
+     "present in the 2026 one; the early DecodingBaseConfig.from_dict dispatches on data.get('decoding_type')"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/attention_backend/trtllm.py",
-     "a 1.1-line version, commit not recorded", "2026-12-01",
+     "not found at commit 9144c0e6a535f6f3108d870bc1eef158853cb2ea, the only version opened by commit: "
+     "generate_spec_decoding_position_offsets has no such assert there and update_spec_dec_param accepts static and "
+     "dynamic trees (refused only on SM >= 100)", "2026-12-03",
      "'only chained/linear tree is supported now' (PyTorch backend trees, 1.1 line)"),
     ("NVIDIA/TensorRT-LLM:docs/source/release-notes.md",
      "commit 001eaece", "2026-12-01",
@@ -87,8 +93,12 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "reshape / allow_ragged_batch per input; the guided-decoding parameters present"),
     ("NVIDIA/TensorRT-LLM:cpp/include/tensorrt_llm/batch_manager/llmRequest.h + llmRequest.cpp + "
      "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp",
-     "llmRequest.cpp at commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0; the other two: commits not recorded",
-     "2026-12-01",
+     "llmRequest.cpp at commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0; trtGptModelInflightBatching.cpp at commit "
+     "b35ac1b64368513d215c57d2ed01d62d910df8da (updateRequests calls updateNumTokensPerIteration with the tokens added "
+     "in the step); "
+     "llmRequest.h: not found at commit d879430b040ea30c65220c9171a8a70607398748, the only version opened by commit "
+     "(an early header without updateNumTokensPerIteration or perf metrics)",
+     "2026-12-03",
      "engine-flow EAGLE fills acceptance_rate / total_*_draft_tokens (see docs/deploy.md)"),
     ("triton-inference-server/tensorrtllm_backend:docs/model_config.md",
      "b9cc224 (v1.1.0 release #830; its tensorrt_llm submodule is NVIDIA/TensorRT-LLM 48b7b5d8)", "2026-12-01",
@@ -106,15 +116,23 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "speculative_model_dir); eagle_choices listed in 1.3.0rc27, gone in 1.4.0rc1; eagle3_one_model absent from "
      "1.3.0rc27 on; the SpeculativeConfig union discriminated by decoding_type; BaseLlmArgs extra='forbid'"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig (load-aware speculation)",
-     "the published Eagle3DecodingConfig pages of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4; a main version after 1.4.0rc4 and a "
-     "1.2-line version (commits not recorded)", "2026-12-03", "max_concurrency (int > 0), draft_len_schedule "
+     "the published Eagle3DecodingConfig pages of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4; commit "
+     "0004396720054fd8e205cbf616f21f0b57c6b412 "
+     "(2026 main: the fields, the validator, the exclusivity and the max_concurrency translation as stated); the "
+     "1.2 copy and the later rename: not found at commits 0004396720054fd8e205cbf616f21f0b57c6b412 or "
+     "fcd3f31682808ae56118ae43c1d7864a3a945e6f (early 2025: DecodingBaseConfig has only "
+     "max_draft_len and speculative_model)", "2026-12-03", "max_concurrency (int > 0), draft_len_schedule "
      "(dict[int, int]), acceptance_rate_window_size (int >= 0) / acceptance_rate_threshold ([0, 1]) on "
      "1.3.0rc27..1.4.0rc4; the validator: thresholds >= 1, lengths >= 0 and <= max_draft_len, smallest threshold = "
      "max_draft_len (the 1.2 copy: key 1 required); max_concurrency and draft_len_schedule exclusive, "
      "max_concurrency -> {N: max_draft_len}; above the largest threshold no speculation. The 1.2 copy names the "
      "switch acceptance_window / acceptance_length_threshold and was not read at v1.2.0, so 1.2 is refused; later "
      "main renamed it again"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/interface.py", "two 2026 versions, commits not recorded",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/interface.py",
+     "not found at commits b35ac1b64368513d215c57d2ed01d62d910df8da, f933a608045a46426792263617475b359d568043 or "
+     "be5be52fb2a6119508aa72eb6041a1320659a789: SpeculativeDecodingMode there has no support_dynamic_draft_len; "
+     "llm_args.py at commit 0004396720054fd8e205cbf616f21f0b57c6b412 calls spec_dec_mode.support_dynamic_draft_len() "
+     "to translate max_concurrency",
      "2026-12-03", "SpeculativeDecodingMode.support_dynamic_draft_len includes EAGLE-3 one-model"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt",
      "commits c8c6df08, 0a710573", "2026-12-01",
@@ -147,17 +165,22 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "LlamaConfig with its rope_theta, layer ids and torch_dtype"),
     # ---- round 2 --------------------------------------------------------------------------------------------------
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/eagle3.py",
-     "three versions: the 1.2 line (SpecWorkerBase, eagle_choices in Eagle3SpecMetadata), 2025, 2026; "
-     "commits not recorded", "2026-12-03",
+     "commit f933a608045a46426792263617475b359d568043 (a 2025 version: eagle_choices in Eagle3SpecMetadata, no "
+     "SpecWorkerBase); no 1.2-line or 2026 version was opened by commit", "2026-12-03",
      "Eagle3OneModelSpecMetadata.__post_init__ sets is_spec_dec_tree = False ('currently Eagle3 only supports linear "
-     "tree') in all three, and the one-model worker drafts max_draft_len tokens one per step; the two-model "
+     "tree'), and the one-model worker drafts max_draft_len tokens one per step; the two-model "
      "Eagle3SpecMetadata sets is_spec_dec_tree from eagle_choices and builds the tree (spec_tree_manager)"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (1.2 line)", "a 1.2-line version, commit not recorded",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (1.2 line)",
+     "not found as stated at commit 0004396720054fd8e205cbf616f21f0b57c6b412 (2026 main): eagle3_one_model defaults "
+     "True and eagle_choices sets "
+     "max_total_draft_tokens there, but validate_eagle_choices warns that the static tree is deprecated and will be "
+     "removed in release 1.4, and eagle3_one_model False falls back to True",
      "2026-12-03",
      "EagleDecodingConfig: eagle3_one_model default True, spec_dec_mode EAGLE3_ONE_MODEL / EAGLE3; "
      "validate_eagle_choices warns 'The Draft token tree is still under development'; eagle_choices sets "
      "max_total_draft_tokens"),
-    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py", "a version read, commit not recorded", "2026-12-03",
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py", "commit b35ac1b64368513d215c57d2ed01d62d910df8da",
+     "2026-12-03",
      "PretrainedModel.load: 'Exemption for embedding sharing': a parameter named *lm_head.weight is not required "
      "while any provided tensor ends in vocab_embedding.weight (likewise lm_head.per_channel_scale)"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt", "commit 0a710573",
@@ -168,7 +191,8 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit b35ac1b64368513d215c57d2ed01d62d910df8da",
      "2026-12-03", "_convert_request reads text_input, sampling, output config and streaming: no lora_*, no image_url"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py",
-     "a 2026 version, commit not recorded",
+     "not found at commit fab2f90bc62bcf0ca72d7dffbf31c3ddee6f948e, the only version opened by commit: it has the "
+     "sampling_param_*, output-config and streaming helpers but no get_lora_request_from_request",
      "2026-12-03",
      "get_lora_request_from_request: a LoRARequest from lora_id / lora_name / lora_path (all three or none), "
      "lora_ckpt_source 'hf' (or 'nemo')"),
@@ -176,7 +200,9 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "2026-12-03",
      "image_url and triton_config.multimodal come from NVIDIA/TensorRT-LLM PR #18381, 'not merged and not present "
      "in any released TensorRT-LLM'; without multimodal the images are silently ignored"),
-    ("NVIDIA/TensorRT-LLM:docs/source/installation/installation-guide.md", "a 2026 version, commit not recorded",
+    ("NVIDIA/TensorRT-LLM:docs/source/installation/installation-guide.md",
+     "not found as stated at commit 141006be24098c8b00b916d422bd24b5dbbd4909, the only version opened by commit: the "
+     "same recipe (CUDA 13.0 PyTorch first, libopenmpi-dev, a torch constraints file) but torch==2.10.0",
      "2026-12-03",
      "pip recipe: PyTorch CUDA 13.0 build first (torch==2.12.0, pip's default is CUDA 12.8), apt-get install "
      "libopenmpi-dev, then tensorrt_llm; a torch constraints file keeps pip from replacing torch"),

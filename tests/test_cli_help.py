@@ -43,6 +43,7 @@ ENTRY_POINTS = {
     "scripts/bench_kernel.py": ["scripts/bench_kernel.py"],
     "scripts/bench_metrics.py": ["scripts/bench_metrics.py"],
     "scripts/bench_postprocessing.py": ["scripts/bench_postprocessing.py"],
+    "scripts/bench_perf_bridge.py": ["scripts/bench_perf_bridge.py"],
     "scripts/bench_train.py": ["scripts/bench_train.py"],
     "scripts/bench_triton.py": ["scripts/bench_triton.py"],
     "scripts/bench_fp8_drafter.py": ["scripts/bench_fp8_drafter.py"],

@@ -51,7 +51,8 @@ def test_tensorrt_llm_model_matches_the_cpp_backend(rendered: tuple[Path, Path])
     llm = _parse(repo, "tensorrt_llm")
     params = {k: v.string_value for k, v in llm.parameters.items()}
     assert (params["guided_decoding_backend"], params["xgrammar_tokenizer_info_path"]) == ("", "")
-    assert params["tokenizer_dir"] == str((build / "checkpoint" / "tokenizer").resolve())
+    # relative to the repository, so the build can move (builders/triton/render.py REPOSITORY_RELATIVE)
+    assert (repo / params["tokenizer_dir"]).resolve() == (build / "checkpoint" / "tokenizer").resolve()
     assert "FORCE_CPU_ONLY_INPUT_TENSORS" not in params  # a python-backend parameter; the C++ backend never reads it
     for i in llm.input:
         assert i.HasField("reshape") == (list(i.dims) == [1]), i.name

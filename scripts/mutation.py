@@ -64,7 +64,8 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "slots": (
         ["engines/slots.py"],
-        ["tests/test_engine_slots.py", "tests/test_engine_spec.py", "tests/test_engine_oracle.py", "-k", f"({ORACLE_K}) and not cuda"],
+        ["tests/test_engine_slots.py", "tests/test_engine_spec.py", "tests/test_engine_oracle.py", "-k",
+         f"({ORACLE_K}) and not cuda"],
         [],
     ),
     # the converters' field mapping: the functions that write config keys or read the HF configs they derive from

@@ -123,6 +123,8 @@ EQUIVALENT: dict[str, str] = {
     "engines.decode.x_commit__mutmut_1": "dev = None: the index tensors land on the default device, the CPU the tests "
     "run on (see DEVICE_ONLY)",
     "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_commit__mutmut_1",
+    "engines.slots.x__hit_stop_string__mutmut_6": "a tail of L+9 tokens instead of L+8: the check runs after every "
+    "appended token, so a stop string the wider tail finds was already found when its last token arrived",
     "engines.draft.x_draft_dynamic__mutmut_7": "torch.topk's default dim is -1",
     "engines.draft.x_draft_dynamic__mutmut_12": "log_softmax(+1) of the 2-D (batch, vocab) logits is log_softmax(-1)",
     "engines.draft.x_draft_dynamic__mutmut_14": "topk(dim=+1) of the 2-D (batch, vocab) log-probs is topk(dim=-1)",

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--without-rev", default=None, help="git revision whose llmapi_reference.py has no metrics")
     args = ap.parse_args(argv)
-    from tests.triton_servers import STOP_TIMEOUT_S, server_on
+    from tests.triton_servers import with_without_rounds
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_metrics_"))
     rev = args.without_rev or default_rev()
@@ -134,18 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     old = subprocess.run(["git", "show", f"{rev}:triton_repo/models/llmapi_reference.py"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     (bare / "tensorrt_llm" / "1" / "model.py").write_text(old)
-    results: dict[str, list[float]] = {"without": [], "with": []}
-    for r in range(args.rounds):
-        order = (("without", bare), ("with", repo))
-        for name, path in order if r % 2 == 0 else order[::-1]:  # ABBA: neither variant always runs first
-            srv = server_on(path, work / f"triton_{name}_{r}.log").start(timeout_s=240)
-            try:
-                rps = run_level(srv, args.seconds, args.concurrency, args.max_tokens)
-            finally:
-                srv.stop(timeout_s=STOP_TIMEOUT_S)
-            results[name].append(rps)
-            print(f"round {r + 1} {name:>7}: {rps:.2f} requests/s", flush=True)
-    w, wo = statistics.mean(results["with"]), statistics.mean(results["without"])
+    w, wo = with_without_rounds(bare, repo, work, args.rounds,
+                                lambda srv: run_level(srv, args.seconds, args.concurrency, args.max_tokens))
     print(f"mean: with {w:.2f} / without {wo:.2f} requests/s = {w / wo:.3f}x "
           f"(concurrency {args.concurrency}, {args.max_tokens} tokens, {args.seconds:.0f} s per run, without = {rev})")
     return 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -121,22 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16)
     args = ap.parse_args(argv)
-    from tests.triton_servers import STOP_TIMEOUT_S, server_on
+    from tests.triton_servers import with_without_rounds
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_bridge_"))
     plain, bridged = build(work)
-    results: dict[str, list[float]] = {"without": [], "with": []}
-    for r in range(args.rounds):
-        order = (("without", plain), ("with", bridged))
-        for name, path in order if r % 2 == 0 else order[::-1]:  # ABBA: neither variant always runs first
-            srv = server_on(path, work / f"triton_{name}_{r}.log").start(timeout_s=240)
-            try:
-                rps = run_level(srv, args.seconds, args.concurrency, args.max_tokens)
-            finally:
-                srv.stop(timeout_s=STOP_TIMEOUT_S)
-            results[name].append(rps)
-            print(f"round {r + 1} {name:>7}: {rps:.2f} requests/s", flush=True)
-    w, wo = statistics.mean(results["with"]), statistics.mean(results["without"])
+    w, wo = with_without_rounds(plain, bridged, work, args.rounds,
+                                lambda srv: run_level(srv, args.seconds, args.concurrency, args.max_tokens))
     print(f"mean: with {w:.2f} / without {wo:.2f} requests/s = {w / wo:.3f}x "
           f"(concurrency {args.concurrency}, {args.max_tokens} tokens, {args.seconds:.0f} s per run, streaming)")
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from builders.build import main as build_main
@@ -41,6 +41,26 @@ def metric(server: TritonServer, name: str, **labels: str) -> float:
         if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
             total += float(m.group(2))
     return total
+
+
+def with_without_rounds(without: Path, with_: Path, work: Path, rounds: int,
+                        measure: Callable[[TritonServer], float]) -> tuple[float, float]:
+    """Requests/s of two repositories, a fresh server per run, in ABBA order (load drifts and going first hit both);
+    prints each run and returns the means (with, without)."""
+    import statistics
+
+    results: dict[str, list[float]] = {"without": [], "with": []}
+    for r in range(rounds):
+        order = (("without", without), ("with", with_))
+        for name, path in order if r % 2 == 0 else order[::-1]:
+            srv = server_on(path, work / f"triton_{name}_{r}.log").start(timeout_s=240)
+            try:
+                rps = measure(srv)
+            finally:
+                srv.stop(timeout_s=STOP_TIMEOUT_S)
+            results[name].append(rps)
+            print(f"round {r + 1} {name:>7}: {rps:.2f} requests/s", flush=True)
+    return statistics.mean(results["with"]), statistics.mean(results["without"])
 
 
 def tiny_reference_repo(root: Path, name: str, target: Path, head: Path, *, max_seq_len: int,

@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,6 +25,7 @@ from pydantic import (
 
 from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields
+from builders.defaults import fill_version_defaults
 from builders.trtllm import registry
 from builders.capacity import capacity_rule
 from core.config_input import (
@@ -476,7 +476,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
     path = Path(path)
     data = read_config(path, overrides)
     problems = resolve_paths(data, path.resolve().parent)
-    default_problems, applied = _fill_defaults(data)
+    default_problems, applied = fill_version_defaults(data)
     problems.extend(default_problems)
     try:
         cfg = BuildConfig.model_validate(data)
@@ -490,25 +490,3 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         raise ConfigError(problems, str(path))
     cfg._defaults.update(applied)
     return cfg
-
-
-
-def _fill_defaults(data: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-    """Unset engine limits -> TensorRT-LLM's defaults for the config's version (builders/defaults.py)."""
-    from builders.defaults import fill_engine_defaults
-
-    key = data.get("trtllm_version", registry.DEFAULT_VERSION)
-    try:
-        version = registry.get(str(key))
-    except registry.UnknownVersion:
-        version = registry.get(registry.DEFAULT_VERSION)  # the field validator reports the bad value
-    return fill_engine_defaults(data, version.eagle_max_batch_size)
-
-
-def dump_resolved(cfg: BuildConfig) -> str:
-    """The resolved config as YAML, with the derived limits written out for the record."""
-    data = cfg.model_dump(mode="json")
-    data["derived"] = cfg.limits().model_dump()
-    if cfg.defaults_applied:
-        data["defaults"] = cfg.defaults_applied  # fields the config left out: the value used and why
-    return yaml.safe_dump(data, sort_keys=False)

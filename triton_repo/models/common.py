@@ -170,9 +170,12 @@ def yaml_paths_resolved(options: dict, repository: str | None) -> dict:
     """model.yaml's relative directories (`./x` or `../x`: builders/triton/render_llmapi.py yaml_paths_relative),
     resolved against the model repository, so this model does not depend on the server's working directory."""
     def resolve(value: object) -> object:
-        if isinstance(value, str) and value.startswith(("./", "../")) and repository is not None:
-            return os.path.normpath(os.path.join(repository, value))
-        return value
+        if not (isinstance(value, str) and value.startswith(("./", "../"))):
+            return value
+        if repository is None:
+            raise ValueError(f"model.yaml path {value!r} is relative but the model repository is unknown; build the "
+                             "parameters with Params.of(args)")
+        return os.path.normpath(os.path.join(repository, value))
 
     out = dict(options, model=resolve(options.get("model")))
     spec = out.get("speculative_config")

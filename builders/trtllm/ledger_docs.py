@@ -96,19 +96,24 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit 0c8de69a", "2026-12-01",
      "reshape / allow_ragged_batch per input; the guided-decoding parameters present"),
     ("NVIDIA/TensorRT-LLM:cpp/include/tensorrt_llm/batch_manager/llmRequest.h + llmRequest.cpp + "
-     "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp",
+     "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp + cpp/tensorrt_llm/runtime/gptJsonConfig.cpp + "
+     "cpp/include/tensorrt_llm/runtime/eagleModule.h",
      "llmRequest.cpp at commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0; trtGptModelInflightBatching.cpp at commit "
      "b35ac1b64368513d215c57d2ed01d62d910df8da (updateRequests calls updateNumTokensPerIteration with the tokens added "
      "in the step); "
      "llmRequest.h: fork Ataraksia/TensorRT-LLM commit a451bf93888ef588251268516ac6cd4be0a124c5 (the upstream side "
      "of its merge of NVIDIA/TensorRT-LLM main, 1.1.0rc6 by its tensorrt_llm/version.py); NVIDIA/TensorRT-LLM's own "
      "stored header, commit d879430b040ea30c65220c9171a8a70607398748, is an early one without "
-     "updateNumTokensPerIteration",
+     "updateNumTokensPerIteration; gptJsonConfig.cpp at fork pantherrui/TensorRT-LLM commit "
+     "a21b58d07f289752bed91b0e61641b0beabd596a (2025); eagleModule.h at commit "
+     "2931b93fa41bf8b6d23a6e266ffc17810a5966ef",
      "2026-12-03",
      "engine-flow EAGLE fills acceptance_rate / total_*_draft_tokens (see docs/deploy.md): with a speculative "
      "decoding module, perf metrics requested and draft tokens on the request, "
      "LlmRequest::updateNumTokensPerIteration adds tokens-per-iteration - 1 to totalAcceptedDraftTokens and "
-     "min(getNumDraftTokens(), getMaxDraftPathLen()) to totalDraftTokens"),
+     "min(getNumDraftTokens(), getMaxDraftPathLen()) to totalDraftTokens; parseJson builds the EAGLE module as "
+     "EagleModule(num_eagle_layers, max_draft_len, ...), whose first argument is maxDraftPathLen, so the drafted "
+     "count per step is min(draft tokens, num_eagle_layers) (builders/triton/render.py draft_tokens_per_step)"),
     ("triton-inference-server/tensorrtllm_backend:docs/model_config.md",
      "b9cc224 (v1.1.0 release #830; its tensorrt_llm submodule is NVIDIA/TensorRT-LLM 48b7b5d8)", "2026-12-01",
      "parameter documentation of the pinned release"),

@@ -1,8 +1,9 @@
 """Render the contract ledger into docs/contracts.md: `python -m builders.trtllm.ledger_docs` (writes it) or
 `--check` (exit 1 when the committed file is stale; tests/test_ledger.py runs the check).
 
-`SOURCES` records what was read to establish the rows: the upstream file, the version read (by commit: no copy
-at the tag commits was available, so the versions read are dated by their content), the day it was read, and what
+`SOURCES` records what was read to establish the rows: the upstream file, the version read (by commit, in
+NVIDIA/TensorRT-LLM or in a named fork of it: no copy at the tag commits was available, so the versions read are
+dated by their content or by the fork's version.py at the same commit), the day it was read, and what
 it showed; "not found at commit X" marks a statement the version opened at X does not bear out (what X shows
 instead follows). `UNVERIFIED` lists what could not be established.
 `python -m builders.ledger_check --upstream-report` lists every row's citation with its last reading, oldest first.
@@ -47,8 +48,9 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0", "2026-12-01",
      "EagleNet = LLaMAModel drafter + lm_head; forward asserts the paged KV cache; accept plugin inputs"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/builder.py",
-     "not found at commit 14e801da3632eb71367b847e335c4f2b09098651, the only version opened by commit: an early "
-     "file whose BuildConfig has max_input_len 256, max_output_len 256, max_batch_size 8 and no max_seq_len",
+     "fork 2ez4bz/TensorRT-LLM commit 6e9246abe52a01da01f8a37343b219ae03b8de20 (a 2025 main: BuildConfig with "
+     "auto_parallel_config, NVFP4; docker/Makefile at the same commit builds on CUDA 12.9.1); NVIDIA/TensorRT-LLM's "
+     "own stored version, commit 14e801da3632eb71367b847e335c4f2b09098651, is an early file without max_seq_len",
      "2026-12-03",
      "BuildConfig defaults (2048 / 1024 / None / 8192), _init_max_seq_len, build(): max_seq_len += max_draft_len "
      "(+ num_eagle_layers for EAGLE), EAGLE asserts max_batch_size <= 512 and max_draft_len <= 256"),
@@ -69,10 +71,12 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "EagleDecodingConfig: eagle3_layers_to_capture and max_total_draft_tokens absent in the early-2025 version, "
      "present in the 2026 one; the early DecodingBaseConfig.from_dict dispatches on data.get('decoding_type')"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/attention_backend/trtllm.py",
-     "not found at commit 9144c0e6a535f6f3108d870bc1eef158853cb2ea, the only version opened by commit: "
-     "generate_spec_decoding_position_offsets has no such assert there and update_spec_dec_param accepts static and "
-     "dynamic trees (refused only on SM >= 100)", "2026-12-03",
-     "'only chained/linear tree is supported now' (PyTorch backend trees, 1.1 line)"),
+     "fork Ataraksia/TensorRT-LLM commit a451bf93888ef588251268516ac6cd4be0a124c5, an unresolved merge of "
+     "NVIDIA/TensorRT-LLM main whose upstream side the statement is read from (tensorrt_llm/version.py at the same "
+     "commit reads 1.1.0rc6 on that side)", "2026-12-03",
+     "TrtllmAttentionMetadata.generate_spec_decoding_position_offsets / generate_spec_decoding_packed_mask assert "
+     "'only chained/linear tree is supported now' and update_spec_dec_param 'currently dynamic tree is not "
+     "supported' (PyTorch backend trees, 1.1 line)"),
     ("NVIDIA/TensorRT-LLM:docs/source/release-notes.md",
      "commit 001eaece", "2026-12-01",
      "transformers 4.56.0 in 1.1, 4.57.3 in 1.2; Triton backend base images"),
@@ -92,14 +96,24 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit 0c8de69a", "2026-12-01",
      "reshape / allow_ragged_batch per input; the guided-decoding parameters present"),
     ("NVIDIA/TensorRT-LLM:cpp/include/tensorrt_llm/batch_manager/llmRequest.h + llmRequest.cpp + "
-     "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp",
+     "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp + cpp/tensorrt_llm/runtime/gptJsonConfig.cpp + "
+     "cpp/include/tensorrt_llm/runtime/eagleModule.h",
      "llmRequest.cpp at commit 89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0; trtGptModelInflightBatching.cpp at commit "
      "b35ac1b64368513d215c57d2ed01d62d910df8da (updateRequests calls updateNumTokensPerIteration with the tokens added "
      "in the step); "
-     "llmRequest.h: not found at commit d879430b040ea30c65220c9171a8a70607398748, the only version opened by commit "
-     "(an early header without updateNumTokensPerIteration or perf metrics)",
+     "llmRequest.h: fork Ataraksia/TensorRT-LLM commit a451bf93888ef588251268516ac6cd4be0a124c5 (the upstream side "
+     "of its merge of NVIDIA/TensorRT-LLM main, 1.1.0rc6 by its tensorrt_llm/version.py); NVIDIA/TensorRT-LLM's own "
+     "stored header, commit d879430b040ea30c65220c9171a8a70607398748, is an early one without "
+     "updateNumTokensPerIteration; gptJsonConfig.cpp at fork pantherrui/TensorRT-LLM commit "
+     "a21b58d07f289752bed91b0e61641b0beabd596a (2025); eagleModule.h at commit "
+     "2931b93fa41bf8b6d23a6e266ffc17810a5966ef",
      "2026-12-03",
-     "engine-flow EAGLE fills acceptance_rate / total_*_draft_tokens (see docs/deploy.md)"),
+     "engine-flow EAGLE fills acceptance_rate / total_*_draft_tokens (see docs/deploy.md): with a speculative "
+     "decoding module, perf metrics requested and draft tokens on the request, "
+     "LlmRequest::updateNumTokensPerIteration adds tokens-per-iteration - 1 to totalAcceptedDraftTokens and "
+     "min(getNumDraftTokens(), getMaxDraftPathLen()) to totalDraftTokens; parseJson builds the EAGLE module as "
+     "EagleModule(num_eagle_layers, max_draft_len, ...), whose first argument is maxDraftPathLen, so the drafted "
+     "count per step is min(draft tokens, num_eagle_layers) (builders/triton/render.py draft_tokens_per_step)"),
     ("triton-inference-server/tensorrtllm_backend:docs/model_config.md",
      "b9cc224 (v1.1.0 release #830; its tensorrt_llm submodule is NVIDIA/TensorRT-LLM 48b7b5d8)", "2026-12-01",
      "parameter documentation of the pinned release"),
@@ -119,9 +133,13 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "the published Eagle3DecodingConfig pages of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4; commit "
      "0004396720054fd8e205cbf616f21f0b57c6b412 "
      "(2026 main: the fields, the validator, the exclusivity and the max_concurrency translation as stated); the "
-     "1.2 copy and the later rename: not found at commits 0004396720054fd8e205cbf616f21f0b57c6b412 or "
-     "fcd3f31682808ae56118ae43c1d7864a3a945e6f (early 2025: DecodingBaseConfig has only "
-     "max_draft_len and speculative_model)", "2026-12-03", "max_concurrency (int > 0), draft_len_schedule "
+     "1.2 copy (acceptance_window / acceptance_length_threshold; draft_len_schedule must hold key 1 = "
+     "max_draft_len; DecodingBaseConfig does not translate max_concurrency): fork mikeiovine/TensorRT-LLM commit "
+     "1b1598c0c25ff230a26e1fde71ad5494b68be14a, dated by content and tied to no tag (see the llm_args.py 1.2-line "
+     "row); the later rename: not found at commits "
+     "0004396720054fd8e205cbf616f21f0b57c6b412 or fcd3f31682808ae56118ae43c1d7864a3a945e6f (early 2025: "
+     "DecodingBaseConfig has only max_draft_len and speculative_model)", "2026-12-03",
+     "max_concurrency (int > 0), draft_len_schedule "
      "(dict[int, int]), acceptance_rate_window_size (int >= 0) / acceptance_rate_threshold ([0, 1]) on "
      "1.3.0rc27..1.4.0rc4; the validator: thresholds >= 1, lengths >= 0 and <= max_draft_len, smallest threshold = "
      "max_draft_len (the 1.2 copy: key 1 required); max_concurrency and draft_len_schedule exclusive, "
@@ -129,11 +147,13 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "switch acceptance_window / acceptance_length_threshold and was not read at v1.2.0, so 1.2 is refused; later "
      "main renamed it again"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/interface.py",
-     "not found at commits b35ac1b64368513d215c57d2ed01d62d910df8da, f933a608045a46426792263617475b359d568043 or "
-     "be5be52fb2a6119508aa72eb6041a1320659a789: SpeculativeDecodingMode there has no support_dynamic_draft_len; "
-     "llm_args.py at commit 0004396720054fd8e205cbf616f21f0b57c6b412 calls spec_dec_mode.support_dynamic_draft_len() "
-     "to translate max_concurrency",
-     "2026-12-03", "SpeculativeDecodingMode.support_dynamic_draft_len includes EAGLE-3 one-model"),
+     "commit 00b6d5a25c30b4382d24fbdf52956d601b3ffd24 (a 2026 main: SpeculativeDecodingMode has DFLASH and DSPARK); "
+     "the earlier versions at commits b35ac1b64368513d215c57d2ed01d62d910df8da, "
+     "f933a608045a46426792263617475b359d568043 and be5be52fb2a6119508aa72eb6041a1320659a789 have no "
+     "support_dynamic_draft_len; llm_args.py at commit 0004396720054fd8e205cbf616f21f0b57c6b412 calls it to translate "
+     "max_concurrency",
+     "2026-12-03", "SpeculativeDecodingMode.support_dynamic_draft_len is true for EAGLE-3 one-model (and MTP / "
+     "MTP-Eagle one-model, PARD, DFlash, draft-target one-model, SA), false for two-model EAGLE-3"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt",
      "commits c8c6df08, 0a710573", "2026-12-01",
      "the llmapi model's inputs/outputs (names, types, dims, optional); no max_batch_size, no "
@@ -171,14 +191,14 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "tree'), and the one-model worker drafts max_draft_len tokens one per step; the two-model "
      "Eagle3SpecMetadata sets is_spec_dec_tree from eagle_choices and builds the tree (spec_tree_manager)"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py (1.2 line)",
-     "not found as stated at commit 0004396720054fd8e205cbf616f21f0b57c6b412 (2026 main): eagle3_one_model defaults "
-     "True and eagle_choices sets "
-     "max_total_draft_tokens there, but validate_eagle_choices warns that the static tree is deprecated and will be "
-     "removed in release 1.4, and eagle3_one_model False falls back to True",
+     "fork mikeiovine/TensorRT-LLM commit 1b1598c0c25ff230a26e1fde71ad5494b68be14a, dated by content (no tag: "
+     "eagle_choices still a supported static tree, eagle3_model_arch llama3 / mistral_large3, Eagle3DecodingConfig a "
+     "plain subclass); the later NVIDIA/TensorRT-LLM commit 0004396720054fd8e205cbf616f21f0b57c6b412 (2026 main) "
+     "instead warns that the static tree is deprecated and will be removed in release 1.4",
      "2026-12-03",
      "EagleDecodingConfig: eagle3_one_model default True, spec_dec_mode EAGLE3_ONE_MODEL / EAGLE3; "
      "validate_eagle_choices warns 'The Draft token tree is still under development'; eagle_choices sets "
-     "max_total_draft_tokens"),
+     "max_total_draft_tokens (to the number of choices)"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/models/modeling_utils.py", "commit b35ac1b64368513d215c57d2ed01d62d910df8da",
      "2026-12-03",
      "PretrainedModel.load: 'Exemption for embedding sharing': a parameter named *lm_head.weight is not required "
@@ -191,18 +211,19 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit b35ac1b64368513d215c57d2ed01d62d910df8da",
      "2026-12-03", "_convert_request reads text_input, sampling, output config and streaming: no lora_*, no image_url"),
     ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py",
-     "not found at commit fab2f90bc62bcf0ca72d7dffbf31c3ddee6f948e, the only version opened by commit: it has the "
-     "sampling_param_*, output-config and streaming helpers but no get_lora_request_from_request",
+     "commit 0df60f9ad779c4dc4f55da07e08b969fc4684e56 (the 2026 version read in round 1; it also has "
+     "load_logits_post_processors); the earlier commit fab2f90bc62bcf0ca72d7dffbf31c3ddee6f948e has no LoRA helper",
      "2026-12-03",
      "get_lora_request_from_request: a LoRARequest from lora_id / lora_name / lora_path (all three or none), "
-     "lora_ckpt_source 'hf' (or 'nemo')"),
+     "lora_ckpt_source 'hf' (or 'nemo'); a lora_path missing on the server's filesystem is refused"),
     ("triton-inference-server/tutorials:Popular_Models_Guide/Qwen2.5-VL/qwen2_5_vl_trtllm_guide.md", "commit 9511717",
      "2026-12-03",
      "image_url and triton_config.multimodal come from NVIDIA/TensorRT-LLM PR #18381, 'not merged and not present "
      "in any released TensorRT-LLM'; without multimodal the images are silently ignored"),
     ("NVIDIA/TensorRT-LLM:docs/source/installation/installation-guide.md",
-     "not found as stated at commit 141006be24098c8b00b916d422bd24b5dbbd4909, the only version opened by commit: the "
-     "same recipe (CUDA 13.0 PyTorch first, libopenmpi-dev, a torch constraints file) but torch==2.10.0",
+     "commit 0360df4cd204813c7e007f389d95915b8aa89bfa (CUDA Toolkit 13.2, nightly wheel index): torch==2.12.0; the "
+     "earlier commit 141006be24098c8b00b916d422bd24b5dbbd4909 (its example installs 1.3.0rc16) has the same recipe "
+     "with torch==2.10.0",
      "2026-12-03",
      "pip recipe: PyTorch CUDA 13.0 build first (torch==2.12.0, pip's default is CUDA 12.8), apt-get install "
      "libopenmpi-dev, then tensorrt_llm; a torch constraints file keeps pip from replacing torch"),
@@ -236,8 +257,9 @@ UNVERIFIED: tuple[str, ...] = (
     "on the stored 2026 versions of llm_args.py and of the llmapi model files (commit dates unknown). Not established: "
     "SamplingParams' default max_tokens (the CPU mirror uses 32), whether exclude_input_from_output changes "
     "text_output, the exact transformers pin of the 1.4 wheels (5.x since PR #12829; v5.3.0 is cited) and the torch "
-    "version 1.4.0rc4 requires (docker/Dockerfile.current's TORCH_VERSION follows the newest install guide; the image "
-    "build fails when the wheel's requirements disagree), nor whether its llmapi model.py reads lora_* / image_url.",
+    "version 1.4.0rc4 requires (docker/Dockerfile.current's TORCH_VERSION follows the install guide at commit "
+    "0360df4c; the image build fails when the wheel's requirements disagree), nor whether its llmapi model.py reads "
+    "lora_* / image_url.",
     "float32 on the PyTorch backend is refused on the strength of issues #5260 and #10458, not of a 1.4 source line "
     "that rejects it.",
     "1.2's two-model static tree (eagle3_one_model false) is read from eagle3.py, not run on a GPU.",

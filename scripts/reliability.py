@@ -1,16 +1,17 @@
 r"""Reliability runs on a served build: a soak and three faults, every figure measured in this run.
 
     .venv/bin/python scripts/reliability.py --repo build/demo/triton_repo --out results/reliability \
-        [--soak-s 180] [--concurrency 4] [--max-tokens 64] [--abandon 20]
+        [--soak-s 180] [--concurrency 4] [--max-tokens 64] [--abandon 20] [--abandon-ids random|none]
 
 1. soak: clients/loadtest.py at --concurrency for --soak-s seconds through the ensemble; requests sent / ok /
    errors, the server's own count of successful ensemble requests (nothing lost or counted twice), and the server's
    memory (tritonserver + python-backend stubs, RSS) before and after.
 2. SIGSTOP: the server is frozen for 5 s while requests are in flight (40 s load); requests lost.
-3. abandoned ensemble streams: --abandon clients start ensemble streams and vanish after their first chunk (no
-   model hears of it: Triton 2.51 does not pass the cancellation on, docs/triton.md "Cancellation");
-   then the first-token time of a fresh request (nan: it got an error), how long until the LLM model holds no
-   request, and how many were counted cancelled and how many ended by triton.request_deadline_s.
+3. abandoned ensemble streams: --abandon clients start ensemble streams and vanish after their first chunk,
+   without the stop request (Triton 2.51 does not pass the cancellation on to the LLM model; postprocessing sends
+   the stop for them when they carry a 128-bit id, --abandon-ids random; none: no id, docs/triton.md
+   "Cancellation"); then the first-token time of a fresh request (nan: it got an error), how long until the LLM
+   model holds no request, and how many were counted cancelled and how many ended by triton.request_deadline_s.
 4. hostile: every prompt solo, then all concurrently through the ensemble (short request ids) and BLS while one
    client floods the tensorrt_llm model with stop requests for every id it can guess, another sends requests
    with 200,000 stop words and a third calls the tensorrt_llm model directly with a prompt's ids (the internal
@@ -38,6 +39,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 import time
 import urllib.request
 from pathlib import Path
@@ -157,13 +159,14 @@ def _ensemble_inputs(text: str, max_tokens: int) -> list[Any]:
     return ins
 
 
-def _first_token_s(url: str, text: str, max_tokens: int, abandon: bool) -> float:
+def _first_token_s(url: str, text: str, max_tokens: int, abandon: bool, request_id: str = "") -> float:
     """Seconds to the first chunk of one ensemble stream; abandon=True closes the client right after it."""
     c = grpcclient.InferenceServerClient(url)
     q: queue.Queue[Any] = queue.Queue()
     c.start_stream(callback=lambda result, error: q.put((result, error)))
     t0 = time.perf_counter()
-    c.async_stream_infer("ensemble", _ensemble_inputs(text, max_tokens), enable_empty_final_response=True)
+    c.async_stream_infer("ensemble", _ensemble_inputs(text, max_tokens), request_id=request_id,
+                         enable_empty_final_response=True)
     result, error = q.get(timeout=1200)
     first = time.perf_counter() - t0
     if error is not None:  # e.g. an abandoned request that reached its deadline before its first token
@@ -184,7 +187,9 @@ def abandoned(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Name
     quiet = _first_token_s(srv.grpc_url, PROMPTS[0], 8, abandon=False)
     expired0 = metric(srv, "eagle_llm_requests_expired_total")
     cancelled0 = metric(srv, "eagle_llm_requests_cancelled_total")
-    threads = [threading.Thread(target=_first_token_s, args=(srv.grpc_url, PROMPTS[i % len(PROMPTS)], 512, True))
+    ids = [uuid.uuid4().hex if args.abandon_ids == "random" else "" for _ in range(args.abandon)]
+    threads = [threading.Thread(target=_first_token_s, args=(srv.grpc_url, PROMPTS[i % len(PROMPTS)], 512, True,
+                                                             ids[i]))
                for i in range(args.abandon)]
     t0 = time.perf_counter()
     for t in threads:
@@ -195,14 +200,22 @@ def abandoned(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Name
         t.join(1200)
     while metric(srv, "eagle_llm_requests_in_flight") > 0 and time.perf_counter() - t0 < 1200:
         time.sleep(0.5)
-    res = {"abandoned": args.abandon, "ttft_idle_s": round(quiet, 3), "ttft_after_abandon_s": round(loaded, 3),
-           "slots_free_after_s": round(time.perf_counter() - t0, 1),
-           "expired": metric(srv, "eagle_llm_requests_expired_total") - expired0,
-           "cancelled": metric(srv, "eagle_llm_requests_cancelled_total") - cancelled0,
-           "deadline_s": _deadline(srv.repo)}
-    print(f"{args.abandon} abandoned ensemble streams (deadline {res['deadline_s']} s): next first token "
-          f"{quiet:.2f} s idle -> {loaded:.2f} s; LLM model empty after {res['slots_free_after_s']} s; "
-          f"{res['cancelled']:.0f} cancelled, {res['expired']:.0f} ended by the deadline")
+    res = {
+        "abandoned": args.abandon,
+        "request_ids": args.abandon_ids,
+        "ttft_idle_s": round(quiet, 3),
+        "ttft_after_abandon_s": round(loaded, 3),
+        "slots_free_after_s": round(time.perf_counter() - t0, 1),
+        "expired": metric(srv, "eagle_llm_requests_expired_total") - expired0,
+        "cancelled": metric(srv, "eagle_llm_requests_cancelled_total") - cancelled0,
+        "deadline_s": _deadline(srv.repo),
+    }
+    print(
+        f"{args.abandon} abandoned ensemble streams (request ids: {args.abandon_ids}; "
+        f"deadline {res['deadline_s']} s): next first token "
+        f"{quiet:.2f} s idle -> {loaded:.2f} s; LLM model empty after {res['slots_free_after_s']} s; "
+        f"{res['cancelled']:.0f} cancelled, {res['expired']:.0f} ended by the deadline"
+    )
     return res
 
 
@@ -439,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
     ap.add_argument("--abandon", type=int, default=20, help="abandoned ensemble streams (default 20)")
+    ap.add_argument("--abandon-ids", choices=("random", "none"), default="random",
+                    help="the abandoned streams' request ids: random 128-bit ones (postprocessing stops them), or "
+                         "none (nothing can name them; the deadline bounds them) (default random)")
     default = ",".join(r for r in RUNS if r != "llmapi_prompt")
     ap.add_argument("--runs", default=default, help=f"which runs, in this order (default {default}; llmapi_prompt "
                     "needs an llmapi-layout repository)")

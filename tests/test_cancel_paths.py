@@ -1,8 +1,10 @@
 """One cancellation path per entry model (docs/triton.md, "Cancellation"), on the real CPU tritonserver serving a tiny
 reference build. Every sequence slot held, the next request waits in the queue; the entry model's one mechanism
-frees the cancelled request's slot and the next request gets it while the other holders still run. The paths removed
-from the ensemble are gone: no cancel handle travels (configs, and Triton refuses the input), and a plain gRPC cancel
-of an ensemble stream reaches no model (the sequence runs to its end; the ensemble request still completes). The
+frees the cancelled request's slot and the next request gets it while the other holders still run. The ensemble's one
+mechanism is the `stop` request by id, sent by our client, or by postprocessing when a streaming client went away
+with a 128-bit id (models/stop_relay.py). The side channel removed from the ensemble is gone: no cancel handle travels
+(configs, and Triton refuses the input), and a plain gRPC cancel of an ensemble stream without such an id reaches no
+model (the sequence runs to its end; the ensemble request still completes). The
 `llmapi` entry model: tests/test_triton_llmapi.py; the `pytorch` LLM model's stop request:
 tests/test_triton_llmapi_model.py."""
 
@@ -12,6 +14,7 @@ import asyncio
 import queue
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,11 +69,11 @@ def _wait_metric(srv: TritonServer, name: str, value: float, timeout_s: float = 
 class _RawStream:
     """One request on a gRPC stream of its own from tritonclient (no stop request, no drain): what any client does."""
 
-    def __init__(self, url: str, model: str, ins: list[Any]) -> None:
+    def __init__(self, url: str, model: str, ins: list[Any], request_id: str = "") -> None:
         self.client = tritonclient_grpc.InferenceServerClient(url)
         self.q: queue.Queue[tuple[Any, Any]] = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.q.put((result, error)))
-        self.client.async_stream_infer(model, ins, enable_empty_final_response=True)
+        self.client.async_stream_infer(model, ins, request_id=request_id, enable_empty_final_response=True)
 
     def first_chunk(self) -> None:
         result, error = self.q.get(timeout=120)
@@ -123,11 +126,12 @@ class _ClientVictim:
 class _RawVictim:
     """A stream of plain tritonclient to `model`; cancelled by cancelling the gRPC stream, nothing else."""
 
-    def __init__(self, url: str, model: str) -> None:
-        self.url, self.model = url, model
+    def __init__(self, url: str, model: str, request_id: str = "") -> None:
+        self.url, self.model, self.request_id = url, model, request_id
 
     async def open(self) -> None:
-        self.raw = await asyncio.to_thread(_RawStream, self.url, self.model, inputs("victim", LONG, **RAW_NO_EOS))
+        self.raw = await asyncio.to_thread(
+            _RawStream, self.url, self.model, inputs("victim", LONG, **RAW_NO_EOS), self.request_id)
         await asyncio.to_thread(self.raw.first_chunk)
 
     async def cancel(self) -> None:
@@ -152,6 +156,13 @@ def test_ensemble_client_stop_frees_the_slot_and_the_next_request_gets_it(full_s
     assert _run(full_server, _ClientVictim)
 
 
+def test_ensemble_stream_that_goes_away_with_an_id_is_stopped_by_postprocessing(full_server: TritonServer) -> None:
+    """Ensemble: a plain tritonclient stream with a 128-bit request id, cancelled without any stop request (a client
+    that goes away). Its next postprocessing steps arrive cancelled and postprocessing sends the LLM model the `stop`
+    the client did not (models/stop_relay.py): the slot is freed and the queued request gets it."""
+    assert _run(full_server, lambda c: _RawVictim(full_server.grpc_url, "ensemble", uuid.uuid4().hex))
+
+
 def test_bls_plain_grpc_cancel_frees_the_slot_and_the_next_request_gets_it(full_server: TritonServer) -> None:
     """tensorrt_llm_bls: any client's plain gRPC cancel (here tritonclient's, no stop request) reaches the BLS model,
     which stops its LLM request by the id it minted."""
@@ -159,9 +170,10 @@ def test_bls_plain_grpc_cancel_frees_the_slot_and_the_next_request_gets_it(full_
 
 
 def test_the_removed_ensemble_paths_are_gone(full_server: TritonServer) -> None:
-    """No cancel handle in the served configs, Triton refuses one sent to postprocessing, postprocessing no longer
-    relays anything: a plain gRPC cancel of an ensemble stream reaches no model, so the sequence runs to its end
-    (counted finished, not cancelled) and the ensemble request still completes."""
+    """No cancel handle in the served configs and Triton refuses one sent to postprocessing. Postprocessing relays only
+    the `stop` by id: a plain gRPC cancel of an ensemble stream whose id a stop may not name (none here, or a guessable
+    one) reaches no model, so the sequence runs to its end (counted finished, not cancelled) and the ensemble request
+    still completes."""
     srv = full_server
     c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
     try:
@@ -170,8 +182,7 @@ def test_the_removed_ensemble_paths_are_gone(full_server: TritonServer) -> None:
         ens = c.get_model_config("ensemble", as_json=True)["config"]
         assert "cancel_handle" not in {o["name"] for o in llm["output"]}
         assert "CANCEL_HANDLE" not in {i["name"] for i in post["input"]}
-        # the relay's `decoupled` is gone; `llm_model` stays only as the perf bridge's metric label
-        assert "decoupled" not in post.get("parameters", {})
+        assert post["parameters"]["decoupled"]["string_value"] == "true"  # it relays stop requests (stop_relay.py)
         assert "CANCEL_HANDLE" not in str(ens["ensemble_scheduling"])
         tensors = []
         for name, arr in (
@@ -188,16 +199,19 @@ def test_the_removed_ensemble_paths_are_gone(full_server: TritonServer) -> None:
         assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
 
         names = ("eagle_llm_requests_cancelled_total", "eagle_llm_generated_tokens_total")
-        before = {n: metric(srv, n) for n in names}
-        ens_ok = metric(srv, "nv_inference_request_success", model="ensemble")
         n = 40
-        assert len(stream_call(c, "ensemble", inputs("cancel me", n, **RAW_NO_EOS), cancel_after=1)) == 1
-        deadline = time.time() + 60
-        while time.time() < deadline and metric(srv, "nv_inference_request_success", model="ensemble") <= ens_ok:
-            time.sleep(0.05)
-        assert metric(srv, "nv_inference_request_success", model="ensemble") == ens_ok + 1  # completed, not stuck
-        _wait_metric(srv, "eagle_llm_requests_in_flight", 0)
-        assert metric(srv, names[0]) == before[names[0]]  # nothing told the LLM model
-        assert metric(srv, names[1]) - before[names[1]] == n  # it generated every requested token
+        for request_id in ("", "req-7", "a" * 31):  # no id; ids a stop may not name (models/bounds.py)
+            before = {name: metric(srv, name) for name in names}
+            ens_ok = metric(srv, "nv_inference_request_success", model="ensemble")
+            ins = inputs("cancel me", n, **RAW_NO_EOS)
+            got = stream_call(c, "ensemble", ins, cancel_after=1, request_id=request_id)
+            assert len(got) == 1
+            deadline = time.time() + 60
+            while time.time() < deadline and metric(srv, "nv_inference_request_success", model="ensemble") <= ens_ok:
+                time.sleep(0.05)
+            assert metric(srv, "nv_inference_request_success", model="ensemble") == ens_ok + 1  # completed
+            _wait_metric(srv, "eagle_llm_requests_in_flight", 0)
+            assert metric(srv, names[0]) == before[names[0]]  # nothing told the LLM model
+            assert metric(srv, names[1]) - before[names[1]] == n  # it generated every requested token
     finally:
         c.close()

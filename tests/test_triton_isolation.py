@@ -329,8 +329,9 @@ def test_abandoned_ensemble_streams_are_ended_by_the_deadline_and_free_their_slo
     deadline_server: TritonServer,
 ) -> None:
     """As many ensemble streams as slots, each abandoned by its client after its first chunk (a plain gRPC cancel,
-    no stop request). Nothing tells the LLM model (Triton 2.51 does not pass an ensemble client's cancellation on,
-    and postprocessing relays nothing: docs/triton.md, "Cancellation"); the deadline bounds them: every one is
+    no stop request, no request id). Nothing tells the LLM model (Triton 2.51 does not pass an ensemble client's
+    cancellation on, and postprocessing can relay a stop only for a 128-bit id: docs/triton.md, "Cancellation"); the
+    deadline bounds them: every one is
     counted expired, none cancelled, none runs to its end, and a request sent afterwards is served."""
     srv = deadline_server
     names = (

@@ -2,8 +2,8 @@
 with a stand-in for the TensorRT-LLM LLM API (tests/fixtures/llmapi_standin: no GPU here), so its request,
 streaming and cancellation paths run through the real ensemble: a stream delivers the model's tokens as text, and our
 client cancelling an ensemble request (tensorrtllm_backend's `stop` with the request's id, then a drain) aborts its LLM
-request, streaming or not; a plain gRPC cancel of an ensemble stream reaches no model (docs/triton.md,
-"Cancellation")."""
+request, streaming or not; a plain gRPC cancel of an ensemble stream is relayed as that stop by postprocessing when
+the request has a 128-bit id (docs/triton.md, "Cancellation")."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import asyncio
 import json
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -141,13 +142,20 @@ def _wait_in_flight(srv: Any, n: int) -> None:
         time.sleep(0.02)
 
 
-def test_plain_grpc_cancel_of_an_ensemble_stream_is_not_relayed(llmapi_server: Any) -> None:
-    """The removed postprocessing relay: a plain gRPC cancel of an ensemble stream reaches no model, the LLM-API
-    request runs to its end; and a stop request for an id others could guess is refused."""
+def test_plain_grpc_cancel_of_an_ensemble_stream_is_relayed_only_for_128_bit_ids(llmapi_server: Any) -> None:
+    """A plain gRPC cancel of an ensemble stream (no stop request from the client): with a 128-bit request id,
+    postprocessing sends the stop on its behalf (models/stop_relay.py) and the LLM-API request is aborted a few tokens
+    in; without an id nothing can name it and it runs to its end. A stop request for an id others could guess is
+    refused."""
     srv, log = llmapi_server
-    before = len(_lines(log))
     c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
     try:
+        before = len(_lines(log))
+        ins = inputs(PROMPT, 400, stream=(True, "BOOL"))
+        assert len(stream_call(c, "ensemble", ins, cancel_after=1, request_id=uuid.uuid4().hex)) == 1
+        kind, made = _one_new_line(log, before)
+        assert kind == "aborted" and made < 50
+        before = len(_lines(log))
         assert len(stream_call(c, "ensemble", inputs(PROMPT, 60, stream=(True, "BOOL")), cancel_after=1)) == 1
         assert _one_new_line(log, before) == ("finished", 60)
         stop = [tritonclient_grpc.InferInput(n, [1, 1], dt) for n, dt in

@@ -158,11 +158,13 @@ def postprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = Fals
         "skip_special_tokens": C.SKIP_SPECIAL_TOKENS,
         # 0: no perf bridge (the python LLM models count their own metrics)
         "draft_tokens_per_step": draft_tokens_per_step(bc) if bridged else 0,
-        "llm_model": t.llm_model,  # the `model` label of the perf bridge's metrics (models/perf_bridge.py)
+        # where a cancelled step's stop request goes (models/stop_relay.py); also the perf bridge's `model` label
+        "llm_model": t.llm_model,
+        "decoupled": t.streaming,  # the LLM model takes stop requests (models/stop_relay.py)
     })
     # No dynamic_batching: its queue refuses the cancelled requests of an abandoned ensemble stream unseen (core
-    # scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy), and on Triton 2.51 a refused step left the
-    # ensemble request in flight for good (docs/triton.md, "Cancellation"); answered, the ensemble request completes.
+    # scheduler_utils.cc PriorityQueue::PolicyQueue::ApplyPolicy), so the model could not relay their stop, and on
+    # Triton 2.51 a refused step left the ensemble request in flight for good (docs/triton.md, "Cancellation").
     _instances(cfg, t.postprocessing_instances)
     return cfg
 

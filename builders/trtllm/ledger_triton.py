@@ -105,7 +105,7 @@ _PYTHON = (
                                                "max_seq_len", "greedy_only", "perf_bridge"), _ours("preprocessing"),
             type="str", required=True)
     + rows_of("triton.postprocessing.parameter", ("tokenizer_dir", "skip_special_tokens",
-                                                  "draft_tokens_per_step", "llm_model"),
+                                                  "draft_tokens_per_step", "llm_model", "decoupled"),
               _ours("postprocessing"), type="str", required=True)
     + rows_of("triton.bls.parameter", ("tokenizer_dir", "preprocessing_model", "llm_model", "decoupled",
                                        "draft_tokens_per_step"),

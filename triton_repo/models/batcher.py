@@ -14,8 +14,9 @@ message saying so, never dropped. A job whose client cancelled or disconnected l
 
 A job is ended with UNAVAILABLE `deadline_s` after it arrived, or, if every slot was taken when it arrived,
 `deadline_s` after it got one (its clock restarts then): the bound on how long a client that vanished without a
-cancellation reaching us (any ensemble client that neither finishes nor sends a `stop`: Triton does not tell the LLM
-model, docs/triton.md "Cancellation") holds a queue place or a slot, without cutting short a request that merely
+cancellation reaching us (an ensemble client that neither finishes nor sends a `stop`, and whose request id is not
+one postprocessing may name in a `stop` for it: Triton does not tell the LLM model, docs/triton.md "Cancellation")
+holds a queue place or a slot, without cutting short a request that merely
 waited behind such clients. It is a bound, not a way to cancel. A job that found a slot free keeps its arrival clock
 even though its prefill may start later (behind the prefills of the jobs admitted with it), so it expires before any
 job that arrived after it and queued behind it. Behind more than `max_batch_size` such vanished clients a live

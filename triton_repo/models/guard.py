@@ -15,7 +15,8 @@ inherit its environment). The secret itself never leaves the server's processes:
 - The python LLM models (`tensorrt_llm`, engine.backend reference and pytorch) refuse every request that carries
   neither, comparing in constant time (hmac.compare_digest). The reference model's `stop` requests keep their own
   rule instead: they reach only a request whose unguessable id the sender holds (models/bounds.py STOPPABLE_ID),
-  and our clients send them to cancel a non-streaming ensemble request, which no ensemble step could relay.
+  and our clients (and postprocessing, for a streaming client that went away: models/stop_relay.py) send them to
+  end an ensemble request.
 
 Preprocessing stays callable: it is cheap, every input is bounded before any work (models/bounds.py), and what it
 returns is the token above. The C++ tensorrtllm backend cannot check anything: with engine.backend tensorrt, only

@@ -1,6 +1,9 @@
 """Triton python model `postprocessing`: token ids -> text (upstream all_models/inflight_batcher_llm/
 postprocessing). Each response is decoded on its own: a streamed chunk that splits a multi-byte character shows
 U+FFFD, as upstream; the BLS model (tensorrt_llm_bls) streams with incremental detokenization instead.
+
+A cancelled step (its ensemble client went away) is still answered, so the ensemble request completes, after
+postprocessing has sent the LLM model tensorrtllm_backend's `stop` for that request (models/stop_relay.py).
 """
 
 from __future__ import annotations
@@ -22,16 +25,21 @@ def _required(r: pb_utils.InferenceRequest, name: str) -> np.ndarray[Any, Any]:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
-        from triton_repo.models import common, perf_bridge
+        from triton_repo.models import common, perf_bridge, stop_relay
 
         p = common.Params.of(args)
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.skip_special_tokens = p.bool("skip_special_tokens")
         self.bridge = perf_bridge.from_params(pb_utils, args, p)  # the C++ backend's speculative metrics
+        # A stop request is answered on a stream: only a decoupled LLM model takes one (and only a decoupled one
+        # streams, so only then do later responses reveal that the client went away).
+        self.relay = stop_relay.StopRelay(pb_utils, p.str("llm_model")) if p.bool("decoupled") else None
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
         out = []
         for r in requests:
+            if self.relay is not None:
+                self.relay.observe(r)
             if self.bridge is not None:
                 self.bridge.observe(pb_utils, r)
             tokens = _required(r, "TOKENS_BATCH")  # [B, beam, T]

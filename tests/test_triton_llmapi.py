@@ -133,7 +133,8 @@ def test_raw_wire_is_upstreams(server: Any) -> None:
 def test_upstreams_lora_inputs_are_refused_by_name_and_image_url_by_triton(server: Any) -> None:
     """Upstream's config.pbtxt declares lora_* and image_url: the reference engine serves neither. lora_* are declared
     here to be refused naming them (INVALID_ARGUMENT, models/llmapi_refusals.py); image_url is not declared
-    (builders/trtllm/ledger_llmapi.py NOT_DECLARED), so Triton refuses it. Either way no text comes back."""
+    (builders/trtllm/ledger_llmapi.py NOT_DECLARED), so Triton refuses it, as the named logits post-processor input
+    of newer upstream helpers. Either way no text comes back."""
     import queue
 
     c = grpcclient.InferenceServerClient(server.grpc_url)
@@ -162,6 +163,9 @@ def test_upstreams_lora_inputs_are_refused_by_name_and_image_url_by_triton(serve
         assert f"{', '.join(sent)}: LoRA adapters are not served by this deployment" in msg
     msg = error_of([inp("image_url", np.array([b"https://example.com/a.jpg"], dtype=object), "BYTES")], "img")
     assert "unexpected inference input 'image_url'" in msg
+    name = np.array([b"biaser"], dtype=object)  # upstream's named logits post-processors: none configured here
+    msg = error_of([inp("sampling_param_logits_post_processor_name", name, "BYTES")], "logits")
+    assert "unexpected inference input 'sampling_param_logits_post_processor_name'" in msg
     c.stop_stream()
 
 

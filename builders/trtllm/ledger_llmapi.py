@@ -37,6 +37,8 @@ DYNAMIC_DRAFT_LEN = Source(TRT, "tensorrt_llm/_torch/speculative/interface.py",
 MIRROR = Source("eagle-deploy", "triton_repo/models/llmapi_reference.py", "TritonPythonModel.initialize")
 LORA = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
               "get_lora_request_from_request (lora_id + lora_name + lora_path together; lora_ckpt_source 'hf')")
+LOGITS = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
+                "get_logits_post_processor_from_request (names from model.yaml logits_post_processors; PR #18507)")
 TUTORIAL_VL = Source("triton-inference-server/tutorials", "Popular_Models_Guide/Qwen2.5-VL/qwen2_5_vl_trtllm_guide.md",
                      "image_url / triton_config.multimodal (NVIDIA/TensorRT-LLM PR #18381)")
 
@@ -147,4 +149,8 @@ NOT_DECLARED: tuple[tuple[str, Source, str], ...] = (
     ("lora_id / lora_name / lora_path / lora_ckpt_source (engine.backend pytorch)", LORA,
      "not declared: model.yaml writes no lora_config, so TensorRT-LLM's LLM has no LoRA; the model.py read "
      "(b35ac1b6) does not read them, so a declared input could be dropped silently. Triton refuses them"),
+    ("sampling_param_logits_post_processor_name (engine.backend pytorch)", LOGITS,
+     "not declared: model.yaml writes no logits_post_processors, and upstream's helper (0df60f9a) refuses every "
+     "name not configured there; the model.py read (b35ac1b6) does not read it, so a declared input could be "
+     "dropped silently. Triton refuses it"),
 )

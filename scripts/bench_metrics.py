@@ -3,13 +3,23 @@
     python scripts/bench_metrics.py [--work DIR] [--seconds 20] [--concurrency 4] [--rounds 2] [--max-tokens 16]
 
 Builds a tiny target + EAGLE-3 head (tests/tiny_models.py) into the `llmapi` layout on the reference engine
-(trtllm_version 1.4, engine.backend reference, chain-3), whose model exported no metric before
-triton_repo/models/spec_metrics.py existed. "without" serves the same repository with that model's model.py taken
-from git at --without-rev (default: the commit before spec_metrics.py was added); "with" serves it as rendered.
+(trtllm_version 1.4, engine.backend reference, chain-3). "with" serves the Triton repository as rendered. The
+product has no switch that turns the metrics off, so "without" serves a copy this script makes of that repository
+(build/triton_repo_without, next to the original: the repository's paths are relative to it): the same current
+code, with the LLM model's `SpecMetrics` (triton_repo/models/spec_metrics.py) replaced by a no-op when the model
+loads. In the copy, the rendered `tensorrt_llm/1/model.py` is renamed `rendered_model.py`, and a new `model.py`
+subclasses its TritonPythonModel, swaps `spec_metrics.SpecMetrics` for the no-op, then runs the rendered
+`initialize`. Nothing in the product changes.
+What the baseline removes: registering the eagle_llm_* metric families with Triton, every increment and set on them
+(per streamed step, per admission and completion, per finished request's counters and draft positions), and their
+lines in /metrics. What it keeps: everything else, including the calls into the metrics object (they reach no-op
+methods) and Triton's own nv_* metrics. Each run checks that its server's /metrics has the eagle_llm_* families
+("with") or none of them ("without"), so a baseline that no longer removes them fails instead of measuring.
 Each round starts a fresh tritonserver per variant (ABBA order: load drifts and going first hit both), sends
 4 warm-up requests, then runs `concurrency` closed-loop HTTP clients (POST /v2/models/tensorrt_llm/generate, greedy,
 max_tokens) for `seconds` while a scraper reads /metrics every second, as Prometheus would. Reported: completed
-requests/s per variant and round, and the ratio with/without of the per-variant means.
+requests/s per variant and round, each variant's spread (max - min over its rounds), and the ratio with/without of
+the per-variant means.
 
 Inputs:  none (tiny random models)
 Outputs: the figures on stdout
@@ -22,7 +32,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,12 +50,72 @@ if TYPE_CHECKING:
 PROMPTS = ["the quick brown fox", "hello world how are you", "one two three four", "a story about a cat"]
 
 
-def default_rev() -> str:
-    first = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h", "--", "triton_repo/models/spec_metrics.py"],
-                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    if not first:
-        raise SystemExit("spec_metrics.py has no commit yet: pass --without-rev")
-    return f"{first[-1]}^"
+# The "without" variant's model.py (see the module docstring). The rendered model imports `spec_metrics` inside
+# initialize() and calls `spec_metrics.SpecMetrics(...)` there, so replacing the module's attribute first is enough;
+# each python model runs in its own stub process, so nothing else sees the swap.
+METRICS_OFF_MODEL = '''"""scripts/bench_metrics.py's baseline: the rendered model with SpecMetrics a no-op."""
+
+from typing import Any
+
+import rendered_model
+from eagle_bootstrap import project_on_path
+
+
+class _Off:
+    def increment(self, value: float) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+
+class NoMetrics:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from triton_repo.models.spec_metrics import REQUEST_SPECS, SPEC_SPECS
+
+        for attr, *_ in REQUEST_SPECS + SPEC_SPECS:
+            setattr(self, attr, _Off())
+
+    def counts(self, in_flight: int, queued: int) -> None:
+        pass
+
+    def add(self, *args: Any) -> None:
+        pass
+
+    def finished(self, job: Any) -> None:
+        pass
+
+
+class TritonPythonModel(rendered_model.TritonPythonModel):
+    def initialize(self, args: dict[str, Any]) -> None:
+        project_on_path(args)
+        from triton_repo.models import spec_metrics
+
+        spec_metrics.SpecMetrics = NoMetrics
+        super().initialize(args)
+'''
+METRIC_PREFIX = "eagle_llm_"
+
+
+def metrics_off_copy(repo: Path, dest: Path) -> Path:
+    """A copy of the rendered repository whose LLM model loads with the metrics replaced by a no-op. Its paths are
+    relative to the repository (build_dir ".."), so the copy goes next to the original, inside the build."""
+    shutil.copytree(repo, dest)
+    version = dest / "tensorrt_llm" / "1"
+    (version / "model.py").rename(version / "rendered_model.py")
+    (version / "model.py").write_text(METRICS_OFF_MODEL)
+    return dest
+
+
+def check_metrics(srv: TritonServer, expected: bool) -> None:
+    """Refuse to report a run whose server exports the speculative metrics when it should not, or the reverse."""
+    text = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()
+    found = sorted({line.split("{")[0] for line in text.splitlines() if line.startswith(METRIC_PREFIX)})
+    if expected and f"{METRIC_PREFIX}generated_tokens_total" not in found:
+        raise SystemExit(f"the 'with' server on {srv.repo} exports no {METRIC_PREFIX}generated_tokens_total")
+    if not expected and found:
+        raise SystemExit(f"the 'without' server on {srv.repo} still exports {', '.join(found)}: the baseline no "
+                         "longer removes the metrics (see METRICS_OFF_MODEL)")
 
 
 def build(work: Path) -> Path:
@@ -121,22 +190,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--without-rev", default=None, help="git revision whose llmapi_reference.py has no metrics")
     args = ap.parse_args(argv)
     from tests.triton_servers import with_without_rounds
 
+    import statistics
+
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_metrics_"))
-    rev = args.without_rev or default_rev()
     repo = build(work)
-    bare = work / "repo_without"
-    shutil.copytree(repo, bare)
-    old = subprocess.run(["git", "show", f"{rev}:triton_repo/models/llmapi_reference.py"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    (bare / "tensorrt_llm" / "1" / "model.py").write_text(old)
-    w, wo = with_without_rounds(bare, repo, work, args.rounds,
-                                lambda srv: run_level(srv, args.seconds, args.concurrency, args.max_tokens))
+    bare = metrics_off_copy(repo, repo.parent / "triton_repo_without")
+    runs: dict[Path, list[float]] = {repo.resolve(): [], bare.resolve(): []}
+
+    def measure(srv: TritonServer) -> float:
+        rps = run_level(srv, args.seconds, args.concurrency, args.max_tokens)
+        check_metrics(srv, expected=srv.repo == repo.resolve())
+        runs[srv.repo].append(rps)
+        return rps
+
+    w, wo = with_without_rounds(bare, repo, work, args.rounds, measure)
+    for name, path in (("without", bare), ("with", repo)):
+        r = runs[path.resolve()]
+        print(f"{name:>7}: mean {statistics.mean(r):.2f}, min {min(r):.2f}, max {max(r):.2f}, "
+              f"spread {max(r) - min(r):.2f} requests/s over {len(r)} runs")
     print(f"mean: with {w:.2f} / without {wo:.2f} requests/s = {w / wo:.3f}x "
-          f"(concurrency {args.concurrency}, {args.max_tokens} tokens, {args.seconds:.0f} s per run, without = {rev})")
+          f"(concurrency {args.concurrency}, {args.max_tokens} tokens, {args.seconds:.0f} s per run)")
     return 0
 
 

@@ -328,6 +328,9 @@ def test_llmapi_layout_in_flight_gauge_moves_where_tritons_pending_count_does_no
         t.join(timeout=120)
     assert seen == n
     assert any(p == 0 and f == n for p, f in pending), pending
+    deadline = time.monotonic() + 30  # the gauge drops after the response is sent: poll, as a scraper would
+    while metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm") != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm") == 0
 
 

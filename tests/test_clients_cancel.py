@@ -28,14 +28,14 @@ pytestmark = pytest.mark.server
 
 # ---- cancellation through the real ensemble (docs/triton.md, "Cancellation") ---------------------------------------
 
-LONG = 300  # tokens of requests that must still be running when they are cancelled (end_id -1: no early EOS)
+LONG = 1000  # tokens of requests still running when cancelled, on a loaded machine too (end_id -1)
 NO_EOS = {"end_id": -1}
 
 
 @pytest.fixture(scope="module")
 def llm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
     return tiny_reference_repo(tmp_path_factory.mktemp("cancel_build"), "tiny-cancel", tiny_target, eagle_head,
-                               max_seq_len=400)
+                               max_seq_len=1100)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_loadtest_deadline_stops_ensemble_sequences(llm_repo: Path, llm_server: 
     """Requests past the client deadline are stopped on the server before DEADLINE_EXCEEDED is counted."""
     spec = LevelSpec(mode="concurrency", level=2, max_tokens=LONG, stream=True, requests=2, sampling=NO_EOS)
     before = _counters(llm_server)
-    result = _level(llm_server.grpc_url, llm_repo, spec, timeout_s=0.3)  # a whole request takes ~1-2 s here
+    result = _level(llm_server.grpc_url, llm_repo, spec, timeout_s=0.3)  # a whole request takes seconds
     assert [r.status for r in result.records] == ["DEADLINE_EXCEEDED"] * 2, [r.error for r in result.records]
     got = _settled(llm_server, before, cancelled=2, ensemble_ok=2)
     assert (got["cancelled"], got["ensemble_ok"], got["in_flight"]) == (2, 2, 0), got

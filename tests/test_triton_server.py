@@ -199,9 +199,12 @@ def _concurrent(
     if end_id is not None:
         extra["end_id"] = (end_id, "INT32")
 
+    ready = threading.Barrier(n)  # every client connected first: then all send at once, however slowly threads start
+
     def one(i: int) -> None:
         c = tritonclient_grpc.InferenceServerClient(server.grpc_url)
         try:
+            ready.wait(timeout=120)
             results[i] = stream_call(c, model, inputs(f"{PROMPT} {i}", max_tokens, **extra), **kw)
         except InferenceServerException as e:
             results[i] = e

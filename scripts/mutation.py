@@ -49,16 +49,18 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     # the drafter's tree growth: the oracle head accepts to full depth, so a wrong token, parent or mask shows
     "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", *ORACLE_DRAFT], []),
     "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py"], []),
-    # the decode loop in full (prefill, target-only and speculative steps, verify, walk, compact, drafter commit)
-    # and the per-sequence commit it hands the accepted tokens to (engines/slots.py Slot.count/take)
+    # the decode loop in full (prefill, target-only and speculative steps, verify, walk, compact, drafter commit);
+    # the EAGLE-3 oracle on one family (the captured target layers go through verify and commit_drafter only there)
+    # and the profiler's test (the laps' names, the walk's two lm_head paths)
     "decode": (
         ["engines/decode.py"],
         [
             "tests/test_engine_oracle.py",
             "tests/test_sampling_units.py",
             "tests/test_engine_spec.py",
+            "tests/test_engine_profile.py",
             "-k",
-            f"({ORACLE_K}) and not cuda",
+            f"(({ORACLE_K}) or llama-eagle3) and not tp2 and not cuda and not python_share",
         ],
         [],
     ),

@@ -41,13 +41,21 @@ ORACLE_DRAFT = ["tests/test_engine_oracle.py::test_oracle_mix_gives_exact_accept
                 "tests/test_engine_oracle.py::test_oracle_really_drafts_the_greedy_path",
                 "tests/test_engine_oracle.py::test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape"]
 
+# The profiler's cycle test: the laps' names (drafting levels, verify, walk, kv compaction) in the loop's order.
+PROFILE_CYCLE = "tests/test_engine_profile.py::test_cycle_parts_add_up_to_the_cycle"
+
 # group -> (modules to mutate, pytest arguments selecting the tests that exercise them, mutant name globs: the
 # functions whose mutants are run, all of the modules' when empty)
 GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "tree": (["engines/tree.py"], ["tests/test_tree_tensors.py"], []),
     "trees": (["core/trees.py"], ["tests/test_trees.py", "tests/test_tree_tensors.py"], []),
-    # the drafter's tree growth: the oracle head accepts to full depth, so a wrong token, parent or mask shows
-    "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", *ORACLE_DRAFT], []),
+    # the drafter's tree growth: the oracle head accepts to full depth, so a wrong token, parent or mask shows; the
+    # profiler's cycle test reads the drafting laps' names
+    "draft": (
+        ["engines/draft.py"],
+        ["tests/test_tree_tensors.py", *ORACLE_DRAFT, PROFILE_CYCLE],
+        [],
+    ),
     "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py"], []),
     # the decode loop in full (prefill, target-only and speculative steps, verify, walk, compact, drafter commit);
     # the EAGLE-3 oracle on one family (the captured target layers go through verify and commit_drafter only there)

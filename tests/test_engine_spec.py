@@ -138,6 +138,52 @@ def test_streaming_callback_receives_exactly_the_output(mimic_ckpt: Path) -> Non
         assert any(len(chunk) > 1 for chunk in got[i])  # several tokens accepted in one step arrive together
 
 
+@pytest.mark.parametrize(
+    "tree", [None, static("chain-3"), static("eagle-default"), DynamicTree(3, 3, 8)],
+    ids=["target-only", "chain-3", "eagle-25", "dynamic"],
+)
+def test_a_batch_step_is_one_target_forward(
+    mimic_ckpt: Path, tree: DraftTree | DynamicTree | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch decodes together: each prefill group (one per prompt length) and each decoding step of the whole
+    batch is ONE target forward. A step that raises is re-run one sequence at a time (engines/session.py
+    `_isolated`), which gives the same tokens, so a bug only the batched path has shows in the forward count, not in
+    the output: target-only and speculative steps, greedy and sampled requests, prompts of two lengths."""
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=tree or static("chain-3"), dtype="float32", device="cpu")
+    reqs = [
+        GenerationRequest([5, 17, 33, 101, 7], 14, SamplingParams(), []),
+        GenerationRequest([9, 8, 7], 9, SamplingParams(temperature=0.8, seed=3), []),
+        GenerationRequest([6, 17, 33, 101, 7], 11, SamplingParams(), []),
+    ]
+    spec = tree is not None
+    expected = engine.generate(reqs, speculative=spec)
+    target = engine._rt.target
+    forward = target.forward
+    calls: list[int] = []
+
+    def counting(tokens: torch.Tensor, *a: object, **k: object) -> object:
+        calls.append(tokens.shape[0])  # sequences in this forward
+        return forward(tokens, *a, **k)
+
+    monkeypatch.setattr(target, "forward", counting)
+    session = engine.session(capacity=3, max_len=64, speculative=spec)
+    for r in reqs:
+        session.add(r)
+    per_step: list[list[int]] = []
+    while not session.done:
+        before = len(calls)
+        session.step()
+        per_step.append(calls[before:])
+    assert sorted(per_step[0]) == [1, 2], "the prefill: one forward per prompt length, of all its prompts"
+    assert all(len(f) == 1 for f in per_step[1:]), f"a decoding step ran more than one target forward: {per_step}"
+    if not spec:  # one token per step: the batch shrinks as the sequences reach their lengths
+        longest = max(len(r.output_ids) for r in expected)
+        assert [f[0] for f in per_step[1:]] == [sum(len(r.output_ids) > n for r in expected) for n in range(1, longest)]
+    results = [session.pop(i) for i in range(3)]
+    assert [r.output_ids for r in results] == [r.output_ids for r in expected]
+    assert [r.finish_reason for r in results] == ["length"] * 3
+
+
 def test_cancel_from_callback_stops_only_that_sequence(mimic_ckpt: Path) -> None:
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
     reqs = [

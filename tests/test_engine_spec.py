@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from core.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from engines.sampling import draw, target_probs
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 NEW = [30, 17, 24]  # different lengths: sequences finish at different steps
@@ -182,6 +183,34 @@ def test_a_batch_step_is_one_target_forward(
     results = [session.pop(i) for i in range(3)]
     assert [r.output_ids for r in results] == [r.output_ids for r in expected]
     assert [r.finish_reason for r in results] == ["length"] * 3
+
+
+def test_target_only_sampling_draws_each_token_from_the_targets_law_with_the_request_seed(mimic_ckpt: Path) -> None:
+    """Target-only decoding of sampled and greedy requests in one batch (the prefill's first token and every step
+    after it): token t is one draw with the request's seeded generator from target_probs (temperature, top-k, top-p)
+    of the target's logits after the tokens so far, or their argmax when greedy. The logits here come from one
+    prefill forward of the whole sequence (measure/lossless.py `next_logits`, not the decode loop; the forward is
+    checked against Hugging Face in tests/test_engine_model.py), the draw law in tests/test_sampling_units.py."""
+    from measure.lossless import next_logits
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
+    sps = [SamplingParams(temperature=0.9, seed=11), SamplingParams(),
+           SamplingParams(temperature=1.3, top_k=20, top_p=0.9, seed=4)]
+    reqs = [GenerationRequest(p, 10, sp, []) for p, sp in zip(PROMPTS, sps)]
+    results = engine.generate(reqs, speculative=False)
+
+    def continuation(req: GenerationRequest, sp: SamplingParams) -> list[int]:
+        gen = torch.Generator().manual_seed(sp.seed or 0)
+        seq = list(req.prompt_ids)
+        for _ in range(req.max_new_tokens):
+            logits = next_logits(engine, seq)
+            seq.append(int(logits.argmax()) if sp.greedy else draw(target_probs(logits, sp), gen))
+        return seq[len(req.prompt_ids) :]
+
+    for req, res in zip(reqs, results):
+        assert res.output_ids == continuation(req, req.sampling), f"{req.sampling}"
+        if not req.sampling.greedy:  # the draws matter: the same prompt decoded greedily goes elsewhere
+            assert res.output_ids != continuation(req, SamplingParams()), f"{req.sampling}"
 
 
 def test_cancel_from_callback_stops_only_that_sequence(mimic_ckpt: Path) -> None:

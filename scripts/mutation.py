@@ -1,6 +1,7 @@
 """Mutation score of the core modules (mutmut 3), one group of modules at a time with a fast, targeted test selection.
 
     python scripts/mutation.py [GROUP ...] [--venv /work/venvs/mut] [--jobs 2] [--out build/mutation]
+                               [--mutants GLOB ...] [--report-only]
 
 Not part of `make test`. Each group is run in a scratch copy of the tracked files (mutmut writes `mutants/` there),
 with `[tool.mutmut]` set to the group's modules and tests, then `mutmut results` is read back. The report
@@ -236,8 +237,10 @@ def configure(dst: Path, modules: list[str], tests: list[str]) -> None:
     (dst / "pyproject.toml").write_text(text)
 
 
-def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = False) -> dict:
+def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = False,
+              only: list[str] | None = None) -> dict:
     modules, tests, names = GROUPS[name]
+    names = only or names  # a part of the group (mutant names or globs), e.g. the mutants a first run did not reach
     work = out / "work" / name
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("PYTHONPATH", None)  # the mutated copy (mutants/) must be what the tests import
@@ -323,10 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants tested at once")
     ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation", help="report directory")
     ap.add_argument("--report-only", action="store_true", help="re-read the results of an earlier run in --out")
+    ap.add_argument("--mutants", nargs="+", metavar="GLOB",
+                    help="run (or report) only these mutants of the group, e.g. 'engines.draft.x__run__mutmut_*'")
     args = ap.parse_args(argv)
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
         ap.error(f"unknown group(s) {unknown}; choose from {', '.join(GROUPS)}")
+    if args.mutants and len(args.groups) != 1:
+        ap.error(f"--mutants names mutants of one group; got groups {args.groups or 'all'}: name exactly one group")
     if not (args.venv / "bin" / "mutmut").is_file():
         ap.error(f"{args.venv}/bin/mutmut not found: python -m venv {args.venv} && {args.venv}/bin/pip install mutmut")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -335,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     done = []
     for g in args.groups or list(GROUPS):
         print(f"[mutation] {g}: {', '.join(GROUPS[g][0])} ...", flush=True)
-        r = run_group(g, args.venv, args.out, args.jobs, args.report_only)
+        r = run_group(g, args.venv, args.out, args.jobs, args.report_only, args.mutants)
         done.append(r)
         print(
             f"[mutation] {g}: {r['mutants']} mutants {r['counts']} score {r['score']} in {r['seconds']} s", flush=True

@@ -213,6 +213,20 @@ def test_target_only_sampling_draws_each_token_from_the_targets_law_with_the_req
             assert res.output_ids != continuation(req, SamplingParams()), f"{req.sampling}"
 
 
+def test_a_speculative_step_before_any_prefill_is_refused(mimic_ckpt: Path) -> None:
+    """engines/decode.py `draft`: the drafter has no state until a prefill has run; drafting before one says so."""
+    from core.laps import NO_LAPS
+    from engines import decode
+    from engines.model import Rows
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
+    session = engine.session(capacity=1, max_len=16)
+    assert session.draft is not None and session.draft.state is None
+    with pytest.raises(RuntimeError) as e:
+        decode.draft(session.target, session.draft, Rows.of([0], [0], torch.device("cpu")), NO_LAPS)
+    assert str(e.value) == "a speculative step before any prefill: the drafter has no state yet"
+
+
 def test_cancel_from_callback_stops_only_that_sequence(mimic_ckpt: Path) -> None:
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
     reqs = [

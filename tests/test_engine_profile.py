@@ -156,6 +156,40 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
     assert len(levels) > 5 and max(levels) > 1  # several steps, some accepting drafts
 
 
+def test_a_target_only_step_reads_the_device_back_once(mimic_ckpt: Path) -> None:
+    """engines/decode.py `target_step`: the next tokens of every greedy sequence of the batch come back to the host
+    in ONE read-back (the argmax of all of them), however many sequences."""
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=None, dtype="float32", device="cpu")
+    session = engine.session(capacity=3, max_len=48, speculative=False)
+    for i in range(3):
+        session.add(GenerationRequest([5 + i, 17, 33, 101, 7], 12 + 4 * i, SamplingParams(), []))
+    session.step()  # prefill
+    reads: list[str] = []
+    names = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def counting(name: str):
+        def read(self, *a, **k):
+            reads.append(name)
+            return saved[name](self, *a, **k)
+
+        return read
+
+    steps = 0
+    while not session.done:
+        for n in names:
+            setattr(torch.Tensor, n, counting(n))
+        before = len(reads)
+        try:
+            session.step()
+        finally:
+            for n in names:
+                setattr(torch.Tensor, n, saved[n])
+        assert reads[before:] == ["tolist"], reads[before:]
+        steps += 1
+    assert steps == 12 + 4 * 2 - 1  # the longest request's tokens after the prefill's
+
+
 @pytest.mark.parametrize("tree", ["chain-3", "topk-2-3"])
 def test_the_walk_gives_the_same_tokens_and_counts_with_the_lm_head_at_every_node_or_level_by_level(
         mimic_ckpt: Path, tree: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -125,15 +125,31 @@ EQUIVALENT: dict[str, str] = {
     "wrote mapping_json(tp, 1)",
     "builders.engine.llmapi.x_speculative_config__mutmut_22": '"XX; XX".join of capture_problems: that list has at '
     "most one problem (builders/trtllm/rules.py), so the separator never appears",
-    "engines.decode.x_walk__mutmut_19": "the eager lm_head product over every node is skipped: the walk computes the "
-    "same logits level by level (only the number of products differs, engines/decode.py `walk`)",
-    "engines.decode.x_walk__mutmut_20": "as mutmut_19: the per-level path computes the same logits",
-    "engines.decode.x_walk__mutmut_24": "the eager/per-level threshold moves by one row: the same logits either way",
-    "engines.decode.x_walk__mutmut_40": "as mutmut_19: the per-level lm_head computes the same logits",
-    "engines.decode.x_walk__mutmut_46": "argmax(+1) on the 2-D (walking, vocab) logits is argmax(-1)",
-    "engines.decode.x_commit__mutmut_1": "dev = None: the index tensors land on the default device, the CPU the tests "
-    "run on (see DEVICE_ONLY)",
-    "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_commit__mutmut_1",
+    # engines/decode.py as rewritten (decode loop without a god object); the names are those of its current text
+    "engines.decode.x_rows_of__mutmut_3": "Rows.of(..., None): the CPU default device (see DEVICE_ONLY)",
+    "engines.decode.x_prefill__mutmut_1": "dev = None: every tensor of the prefill on the default device, the CPU the "
+    "tests run on (see DEVICE_ONLY)",
+    "engines.decode.x_prefill__mutmut_11": "Rows.of(..., None): as x_rows_of__mutmut_3",
+    "engines.decode.x_prefill__mutmut_41": "_causal(b, p, None): the mask on the default device (see DEVICE_ONLY)",
+    "engines.decode.x_target_step__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.decode.x_target_step__mutmut_4": "rows_of(slots, None): as x_rows_of__mutmut_3",
+    "engines.decode.x_target_step__mutmut_18": "a (B, 2, 1) visibility table: make_step gathers it with a (B, 1, S) "
+    "index for the step's one new token, so only its first row (all True, as in (B, 1, 1)) is read",
+    "engines.decode.x_target_step__mutmut_36": "argmax(+1) of the 2-D (batch, vocab) logits is argmax(-1)",
+    "engines.decode.x_speculate__mutmut_3": "rows_of(slots, None): as x_rows_of__mutmut_3",
+    "engines.decode.x_speculate__mutmut_54": "forwards=1 dropped: Accepted.forwards defaults to 1 (engines/slots.py)",
+    "engines.decode.x_walk__mutmut_47": "argmax(+1) of the 2-D (walking, vocab) logits is argmax(-1)",
+    "engines.decode.x_compact__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.decode.x_commit_drafter__mutmut_36": "pad token 1 instead of 0 for the shorter sequences: the pads come "
+    "after a sequence's last real pair (causal: no real pair sees them), past its new committed length, and a later "
+    "step reads a slot there only after writing it (its own scratch); the state kept is the last real pair's",
+    "engines.decode.x_commit_drafter__mutmut_49": "shape[+1] of a sequence's 2-D (path, hidden) features is shape[-1]",
+    "engines.decode.x_commit_drafter__mutmut_65": "rows_of(slots, None): as x_rows_of__mutmut_3",
+    "engines.decode.x_update_drafter__mutmut_2": "dev = None: as x_prefill__mutmut_1",
+    "engines.decode.x_update_drafter__mutmut_24": "_causal(b, length, None): as x_prefill__mutmut_41",
+    "engines.decode.x_update_drafter__mutmut_51": "shape[+1] of the 2-D (batch, hidden) drafter output is shape[-1]",
+    "engines.decode.x_update_drafter__mutmut_57": "shape[+1] of the 2-D (batch, draft vocab) logits is shape[-1]",
     "engines.slots.x__hit_stop_string__mutmut_6": "a tail of L+9 tokens instead of L+8: the check runs after every "
     "appended token, so a stop string the wider tail finds was already found when its last token arrived",
     "engines.draft.x_draft_dynamic__mutmut_7": "torch.topk's default dim is -1",

@@ -37,10 +37,12 @@ REPO = Path(__file__).resolve().parent.parent
 # models in its forked worker, so each fixture left out saves seconds per mutant.
 ORACLE_K = "not tp2 and not llama3-rope and not eagle3"
 # The drafter's tests: every tree kind accepted to a controlled rank mix (a wrong child or rank changes the exact
-# acceptance), and the dynamic drafter against the static one on the same shape (its masks, positions, features).
+# acceptance), the dynamic drafter against the static one on the same shape (its masks, positions, features), and
+# the static drafter against the definition of drafting fed one node at a time (each node's position and cache slot).
 ORACLE_DRAFT = ["tests/test_engine_oracle.py::test_oracle_mix_gives_exact_acceptance",
                 "tests/test_engine_oracle.py::test_oracle_really_drafts_the_greedy_path",
-                "tests/test_engine_oracle.py::test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape"]
+                "tests/test_engine_oracle.py::test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape",
+                "tests/test_engine_oracle.py::test_static_drafting_feeds_each_node_at_its_position_after_the_committed_tokens"]
 
 # The profiler's cycle test: the laps' names (drafting levels, verify, walk, kv compaction) in the loop's order.
 PROFILE_CYCLE = "tests/test_engine_profile.py::test_cycle_parts_add_up_to_the_cycle"

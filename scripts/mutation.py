@@ -152,6 +152,10 @@ EQUIVALENT: dict[str, str] = {
     "engines.decode.x_update_drafter__mutmut_24": "_causal(b, length, None): as x_prefill__mutmut_41",
     "engines.decode.x_update_drafter__mutmut_51": "shape[+1] of the 2-D (batch, hidden) drafter output is shape[-1]",
     "engines.decode.x_update_drafter__mutmut_57": "shape[+1] of the 2-D (batch, draft vocab) logits is shape[-1]",
+    "core.trees.x_preset__mutmut_40": "the topk preset's size guard (k >= 1 and depth >= 1) made always true: with "
+    "k = 0 every term 0**d (d >= 1) is 0 and with depth 0 the sum is empty, so the size is 0 either way",
+    "core.trees.x_preset__mutmut_50": "`or` in that guard: as mutmut_40, the sum it guards is 0 whenever the guard is "
+    "false",
     "engines.slots.x__hit_stop_string__mutmut_6": "a tail of L+9 tokens instead of L+8: the check runs after every "
     "appended token, so a stop string the wider tail finds was already found when its last token arrived",
     "engines.draft.x_draft_dynamic__mutmut_7": "torch.topk's default dim is -1",

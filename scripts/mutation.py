@@ -1,6 +1,7 @@
 """Mutation score of the core modules (mutmut 3), one group of modules at a time with a fast, targeted test selection.
 
     python scripts/mutation.py [GROUP ...] [--venv /work/venvs/mut] [--jobs 2] [--out build/mutation]
+                               [--mutants GLOB ...] [--report-only]
 
 Not part of `make test`. Each group is run in a scratch copy of the tracked files (mutmut writes `mutants/` there),
 with `[tool.mutmut]` set to the group's modules and tests, then `mutmut results` is read back. The report
@@ -36,29 +37,41 @@ REPO = Path(__file__).resolve().parent.parent
 # models in its forked worker, so each fixture left out saves seconds per mutant.
 ORACLE_K = "not tp2 and not llama3-rope and not eagle3"
 # The drafter's tests: every tree kind accepted to a controlled rank mix (a wrong child or rank changes the exact
-# acceptance), and the dynamic drafter against the static one on the same shape (its masks, positions, features).
+# acceptance), the dynamic drafter against the static one on the same shape (its masks, positions, features), and
+# the static drafter against the definition of drafting fed one node at a time (each node's position and cache slot).
 ORACLE_DRAFT = ["tests/test_engine_oracle.py::test_oracle_mix_gives_exact_acceptance",
                 "tests/test_engine_oracle.py::test_oracle_really_drafts_the_greedy_path",
-                "tests/test_engine_oracle.py::test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape"]
+                "tests/test_engine_oracle.py::test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape",
+                "tests/test_engine_oracle.py::test_static_drafting_feeds_each_node_at_its_position_after_the_committed_tokens"]
+
+# The profiler's cycle test: the laps' names (drafting levels, verify, walk, kv compaction) in the loop's order.
+PROFILE_CYCLE = "tests/test_engine_profile.py::test_cycle_parts_add_up_to_the_cycle"
 
 # group -> (modules to mutate, pytest arguments selecting the tests that exercise them, mutant name globs: the
 # functions whose mutants are run, all of the modules' when empty)
 GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "tree": (["engines/tree.py"], ["tests/test_tree_tensors.py"], []),
     "trees": (["core/trees.py"], ["tests/test_trees.py", "tests/test_tree_tensors.py"], []),
-    # the drafter's tree growth: the oracle head accepts to full depth, so a wrong token, parent or mask shows
-    "draft": (["engines/draft.py"], ["tests/test_tree_tensors.py", *ORACLE_DRAFT], []),
+    # the drafter's tree growth: the oracle head accepts to full depth, so a wrong token, parent or mask shows; the
+    # profiler's cycle test reads the drafting laps' names
+    "draft": (
+        ["engines/draft.py"],
+        ["tests/test_tree_tensors.py", *ORACLE_DRAFT, PROFILE_CYCLE],
+        [],
+    ),
     "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py"], []),
-    # the decode loop in full (prefill, target-only and speculative steps, verify, walk, compact, drafter commit)
-    # and the per-sequence commit it hands the accepted tokens to (engines/slots.py Slot.count/take)
+    # the decode loop in full (prefill, target-only and speculative steps, verify, walk, compact, drafter commit);
+    # the EAGLE-3 oracle on one family (the captured target layers go through verify and commit_drafter only there)
+    # and the profiler's test (the laps' names, the walk's two lm_head paths)
     "decode": (
         ["engines/decode.py"],
         [
             "tests/test_engine_oracle.py",
             "tests/test_sampling_units.py",
             "tests/test_engine_spec.py",
+            "tests/test_engine_profile.py",
             "-k",
-            f"({ORACLE_K}) and not cuda",
+            f"(({ORACLE_K}) or llama-eagle3) and not tp2 and not cuda and not python_share",
         ],
         [],
     ),
@@ -114,15 +127,35 @@ EQUIVALENT: dict[str, str] = {
     "wrote mapping_json(tp, 1)",
     "builders.engine.llmapi.x_speculative_config__mutmut_22": '"XX; XX".join of capture_problems: that list has at '
     "most one problem (builders/trtllm/rules.py), so the separator never appears",
-    "engines.decode.x_walk__mutmut_19": "the eager lm_head product over every node is skipped: the walk computes the "
-    "same logits level by level (only the number of products differs, engines/decode.py `walk`)",
-    "engines.decode.x_walk__mutmut_20": "as mutmut_19: the per-level path computes the same logits",
-    "engines.decode.x_walk__mutmut_24": "the eager/per-level threshold moves by one row: the same logits either way",
-    "engines.decode.x_walk__mutmut_40": "as mutmut_19: the per-level lm_head computes the same logits",
-    "engines.decode.x_walk__mutmut_46": "argmax(+1) on the 2-D (walking, vocab) logits is argmax(-1)",
-    "engines.decode.x_commit__mutmut_1": "dev = None: the index tensors land on the default device, the CPU the tests "
-    "run on (see DEVICE_ONLY)",
-    "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_commit__mutmut_1",
+    # engines/decode.py as rewritten (decode loop without a god object); the names are those of its current text
+    "engines.decode.x_rows_of__mutmut_3": "Rows.of(..., None): the CPU default device (see DEVICE_ONLY)",
+    "engines.decode.x_prefill__mutmut_1": "dev = None: every tensor of the prefill on the default device, the CPU the "
+    "tests run on (see DEVICE_ONLY)",
+    "engines.decode.x_prefill__mutmut_11": "Rows.of(..., None): as x_rows_of__mutmut_3",
+    "engines.decode.x_prefill__mutmut_41": "_causal(b, p, None): the mask on the default device (see DEVICE_ONLY)",
+    "engines.decode.x_target_step__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.decode.x_target_step__mutmut_4": "rows_of(slots, None): as x_rows_of__mutmut_3",
+    "engines.decode.x_target_step__mutmut_18": "a (B, 2, 1) visibility table: make_step gathers it with a (B, 1, S) "
+    "index for the step's one new token, so only its first row (all True, as in (B, 1, 1)) is read",
+    "engines.decode.x_target_step__mutmut_36": "argmax(+1) of the 2-D (batch, vocab) logits is argmax(-1)",
+    "engines.decode.x_speculate__mutmut_3": "rows_of(slots, None): as x_rows_of__mutmut_3",
+    "engines.decode.x_speculate__mutmut_54": "forwards=1 dropped: Accepted.forwards defaults to 1 (engines/slots.py)",
+    "engines.decode.x_walk__mutmut_47": "argmax(+1) of the 2-D (walking, vocab) logits is argmax(-1)",
+    "engines.decode.x_compact__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.decode.x_commit_drafter__mutmut_36": "pad token 1 instead of 0 for the shorter sequences: the pads come "
+    "after a sequence's last real pair (causal: no real pair sees them), past its new committed length, and a later "
+    "step reads a slot there only after writing it (its own scratch); the state kept is the last real pair's",
+    "engines.decode.x_commit_drafter__mutmut_49": "shape[+1] of a sequence's 2-D (path, hidden) features is shape[-1]",
+    "engines.decode.x_commit_drafter__mutmut_65": "rows_of(slots, None): as x_rows_of__mutmut_3",
+    "engines.decode.x_update_drafter__mutmut_2": "dev = None: as x_prefill__mutmut_1",
+    "engines.decode.x_update_drafter__mutmut_24": "_causal(b, length, None): as x_prefill__mutmut_41",
+    "engines.decode.x_update_drafter__mutmut_51": "shape[+1] of the 2-D (batch, hidden) drafter output is shape[-1]",
+    "engines.decode.x_update_drafter__mutmut_57": "shape[+1] of the 2-D (batch, draft vocab) logits is shape[-1]",
+    "core.trees.x_preset__mutmut_40": "the topk preset's size guard (k >= 1 and depth >= 1) made always true: with "
+    "k = 0 every term 0**d (d >= 1) is 0 and with depth 0 the sum is empty, so the size is 0 either way",
+    "core.trees.x_preset__mutmut_50": "`or` in that guard: as mutmut_40, the sum it guards is 0 whenever the guard is "
+    "false",
     "engines.slots.x__hit_stop_string__mutmut_6": "a tail of L+9 tokens instead of L+8: the check runs after every "
     "appended token, so a stop string the wider tail finds was already found when its last token arrived",
     "engines.draft.x_draft_dynamic__mutmut_7": "torch.topk's default dim is -1",
@@ -226,8 +259,10 @@ def configure(dst: Path, modules: list[str], tests: list[str]) -> None:
     (dst / "pyproject.toml").write_text(text)
 
 
-def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = False) -> dict:
+def run_group(name: str, venv: Path, out: Path, jobs: int, report_only: bool = False,
+              only: list[str] | None = None) -> dict:
     modules, tests, names = GROUPS[name]
+    names = only or names  # a part of the group (mutant names or globs), e.g. the mutants a first run did not reach
     work = out / "work" / name
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("PYTHONPATH", None)  # the mutated copy (mutants/) must be what the tests import
@@ -313,10 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants tested at once")
     ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation", help="report directory")
     ap.add_argument("--report-only", action="store_true", help="re-read the results of an earlier run in --out")
+    ap.add_argument("--mutants", nargs="+", metavar="GLOB",
+                    help="run (or report) only these mutants of the group, e.g. 'engines.draft.x__run__mutmut_*'")
     args = ap.parse_args(argv)
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
         ap.error(f"unknown group(s) {unknown}; choose from {', '.join(GROUPS)}")
+    if args.mutants and len(args.groups) != 1:
+        ap.error(f"--mutants names mutants of one group; got groups {args.groups or 'all'}: name exactly one group")
     if not (args.venv / "bin" / "mutmut").is_file():
         ap.error(f"{args.venv}/bin/mutmut not found: python -m venv {args.venv} && {args.venv}/bin/pip install mutmut")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -325,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     done = []
     for g in args.groups or list(GROUPS):
         print(f"[mutation] {g}: {', '.join(GROUPS[g][0])} ...", flush=True)
-        r = run_group(g, args.venv, args.out, args.jobs, args.report_only)
+        r = run_group(g, args.venv, args.out, args.jobs, args.report_only, args.mutants)
         done.append(r)
         print(
             f"[mutation] {g}: {r['mutants']} mutants {r['counts']} score {r['score']} in {r['seconds']} s", flush=True

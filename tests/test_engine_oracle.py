@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams
 from core.trees import DraftTree, DynamicTree, preset
 from engines.draft import DraftState, Lap, draft_static
-from engines.drafting import DynamicDrafting
+from engines.drafting import DynamicDrafting, StaticDrafting
 from engines.model import Drafter, KVCache, Rows
 from engines.tree import StaticTree, TreeBatch
 from tests import oracle
@@ -253,3 +253,58 @@ def test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape(
     req = GenerationRequest([5, 17, 33, 101, 7], 12, SamplingParams(), [])
     assert checked.generate([req])[0].output_ids == engine.generate([req])[0].output_ids
     assert len(steps) >= 3 and set(steps) == {tree.total_draft_tokens + 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainCheckedStatic:
+    """Static drafting of a chain checked against the definition of drafting (engines/draft.py): the depth-d node is
+    fed to the drafter as (its token, its parent's drafter output) at position n + d - 1 into scratch slot d - 1,
+    seeing the committed cache and its ancestors' slots. Here each node is fed alone, in that order, into a copy of
+    the drafter cache: every node's keys and values (rotated by its position) and its child token must be the
+    drafter's. A wrong drafting position costs acceptance only, so no output-level test can see it."""
+
+    inner: StaticDrafting
+    steps: list[int]
+
+    @property
+    def tree(self) -> DraftTree:
+        return self.inner.tree
+
+    @property
+    def scratch_slots(self) -> int:
+        return self.inner.scratch_slots
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def draft(self, drafter: Drafter, cache: KVCache, rows: Rows, root: torch.Tensor, state: DraftState,
+              lap: Lap) -> TreeBatch:
+        ref = KVCache([k.clone() for k in cache.k], [v.clone() for v in cache.v])
+        got = self.inner.draft(drafter, cache, rows, root, state, lap)
+        b, depth = got.tokens.shape[0], got.tokens.shape[1] - 1
+        assert got.parent[0].tolist()[1:] == list(range(depth)), "a chain: node d's parent is node d - 1"
+        h = state.h
+        for d in range(1, depth):  # the nodes with a child
+            visible = torch.ones(b, 1, d, dtype=torch.bool)  # scratch slots 0 .. d-1: its ancestors and itself
+            step = rows.step(rows.lens[:, None] + (d - 1), visible, start=d - 1)
+            h = drafter.forward(got.tokens[:, d : d + 1], h[:, None], step, ref)[:, 0]
+            child = drafter.to_target_ids(torch.topk(drafter.logits(h), 1, dim=-1).indices)[:, 0]
+            assert got.tokens[:, d + 1].tolist() == child.tolist(), f"depth {d + 1}"
+        slots = rows.lens[:, None] + torch.arange(depth - 1)
+        for a, r in zip([*cache.k, *cache.v], [*ref.k, *ref.v]):
+            torch.testing.assert_close(a[rows.idx[:, None], slots], r[rows.idx[:, None], slots])
+        self.steps.append(b)
+        return got
+
+
+def test_static_drafting_feeds_each_node_at_its_position_after_the_committed_tokens(
+    family_ckpts: dict[str, dict[str, Path]], tiny_dir: Path
+) -> None:
+    engine = load(ckpt(family_ckpts, tiny_dir, "llama", "eagle"), "eagle", TREES["chain-4"])
+    rt = engine._rt
+    assert isinstance(rt.drafting, StaticDrafting)
+    steps: list[int] = []
+    checked = ReferenceEngine(dataclasses.replace(rt, drafting=ChainCheckedStatic(rt.drafting, steps)))
+    reqs = oracle.requests(PROMPTS[:2], [14, 9])  # two rows of different committed lengths
+    assert [r.output_ids for r in checked.generate(reqs)] == [r.output_ids for r in engine.generate(reqs)]
+    assert len(steps) >= 3 and 2 in steps

@@ -156,6 +156,40 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
     assert len(levels) > 5 and max(levels) > 1  # several steps, some accepting drafts
 
 
+def test_a_target_only_step_reads_the_device_back_once(mimic_ckpt: Path) -> None:
+    """engines/decode.py `target_step`: the next tokens of every greedy sequence of the batch come back to the host
+    in ONE read-back (the argmax of all of them), however many sequences."""
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=None, dtype="float32", device="cpu")
+    session = engine.session(capacity=3, max_len=48, speculative=False)
+    for i in range(3):
+        session.add(GenerationRequest([5 + i, 17, 33, 101, 7], 12 + 4 * i, SamplingParams(), []))
+    session.step()  # prefill
+    reads: list[str] = []
+    names = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def counting(name: str):
+        def read(self, *a, **k):
+            reads.append(name)
+            return saved[name](self, *a, **k)
+
+        return read
+
+    steps = 0
+    while not session.done:
+        for n in names:
+            setattr(torch.Tensor, n, counting(n))
+        before = len(reads)
+        try:
+            session.step()
+        finally:
+            for n in names:
+                setattr(torch.Tensor, n, saved[n])
+        assert reads[before:] == ["tolist"], reads[before:]
+        steps += 1
+    assert steps == 12 + 4 * 2 - 1  # the longest request's tokens after the prefill's
+
+
 @pytest.mark.parametrize("tree", ["chain-3", "topk-2-3"])
 def test_the_walk_gives_the_same_tokens_and_counts_with_the_lm_head_at_every_node_or_level_by_level(
         mimic_ckpt: Path, tree: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,3 +209,57 @@ def test_the_walk_gives_the_same_tokens_and_counts_with_the_lm_head_at_every_nod
     assert [r.output_ids for r in lazy] == [r.output_ids for r in eager]
     assert [r.stats.accepted_draft_tokens for r in lazy] == [r.stats.accepted_draft_tokens for r in eager]
     assert sum(r.stats.accepted_draft_tokens for r in lazy) > 0
+
+
+@pytest.mark.parametrize(
+    ("tree", "batch", "sizes"),
+    [("chain-3", 1, {4}), ("chain-1", 2, {4, 2}), ("chain-3", 2, {8, 4}), ("topk-2-3", 1, {15})],
+)
+def test_the_walk_multiplies_the_lm_head_once_over_small_trees_and_once_per_level_over_large_ones(
+        mimic_ckpt: Path, tree: str, batch: int, sizes: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """engines/decode.py `walk`: when the batch's tree nodes (B * N rows) are at most EAGER_LM_HEAD_ROWS, ONE lm_head
+    product covers every node, at the boundary too; above it, one product per level the walk reaches, over the
+    sequences still walking. Chains of 2 and 4 nodes at batch 1 and 2, a 15-node tree: both sides of the boundary."""
+    from engines import decode
+    from engines.slots import Slot
+    from engines.tree import TreeBatch
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset(tree)), dtype="float32",
+                                             device="cpu")
+    assert decode.EAGER_LM_HEAD_ROWS == 4  # the sizes above sit on both sides of it
+    target = engine._rt.target
+    lm_head = target.lm_head
+    products: list[tuple[int, ...]] = []
+    walking: list[bool] = [False]
+
+    def counting(h: torch.Tensor) -> torch.Tensor:
+        if walking[0]:
+            products.append(tuple(h.shape[:-1]))
+        return lm_head(h)
+
+    walk = decode.walk
+    steps: list[tuple[int, int, int, list[tuple[int, ...]]]] = []  # (B, N, deepest path, products)
+
+    def watched(t: decode.TargetBatch, slots: list[Slot], tree_batch: TreeBatch, hidden: torch.Tensor
+                ) -> list[decode.Walked]:
+        products.clear()
+        walking[0] = True
+        try:
+            walked = walk(t, slots, tree_batch, hidden)
+        finally:
+            walking[0] = False
+        b, n = hidden.shape[:2]
+        steps.append((b, n, max(len(w.path) for w in walked), list(products)))
+        return walked
+
+    monkeypatch.setattr(target, "lm_head", counting)
+    monkeypatch.setattr(decode, "walk", watched)
+    reqs = [GenerationRequest([5 + i, 17, 33, 101, 7], 16 + 3 * i, SamplingParams(), []) for i in range(batch)]
+    engine.generate(reqs)
+    assert steps and any(deepest > 1 for _, _, deepest, _ in steps)  # some steps accept drafts
+    for b, n, deepest, got in steps:
+        if b * n <= decode.EAGER_LM_HEAD_ROWS:
+            assert got == [(b, n)], f"B={b} N={n}: one product over every node"
+        else:
+            assert len(got) == deepest and got[0] == (b,), f"B={b} N={n}: one product per level reached {got}"
+    assert {b * n for b, n, _, _ in steps} == sizes  # B * N rows the steps had (B drops as sequences finish)

@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from core.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+from engines.sampling import draw, target_probs
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 NEW = [30, 17, 24]  # different lengths: sequences finish at different steps
@@ -136,6 +137,94 @@ def test_streaming_callback_receives_exactly_the_output(mimic_ckpt: Path) -> Non
     for i, r in enumerate(res):
         assert [t for chunk in got[i] for t in chunk] == r.output_ids
         assert any(len(chunk) > 1 for chunk in got[i])  # several tokens accepted in one step arrive together
+
+
+@pytest.mark.parametrize(
+    "tree", [None, static("chain-3"), static("eagle-default"), DynamicTree(3, 3, 8)],
+    ids=["target-only", "chain-3", "eagle-25", "dynamic"],
+)
+def test_a_batch_step_is_one_target_forward(
+    mimic_ckpt: Path, tree: DraftTree | DynamicTree | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch decodes together: each prefill group (one per prompt length) and each decoding step of the whole
+    batch is ONE target forward. A step that raises is re-run one sequence at a time (engines/session.py
+    `_isolated`), which gives the same tokens, so a bug only the batched path has shows in the forward count, not in
+    the output: target-only and speculative steps, greedy and sampled requests, prompts of two lengths."""
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=tree or static("chain-3"), dtype="float32", device="cpu")
+    reqs = [
+        GenerationRequest([5, 17, 33, 101, 7], 14, SamplingParams(), []),
+        GenerationRequest([9, 8, 7], 9, SamplingParams(temperature=0.8, seed=3), []),
+        GenerationRequest([6, 17, 33, 101, 7], 11, SamplingParams(), []),
+    ]
+    spec = tree is not None
+    expected = engine.generate(reqs, speculative=spec)
+    target = engine._rt.target
+    forward = target.forward
+    calls: list[int] = []
+
+    def counting(tokens: torch.Tensor, *a: object, **k: object) -> object:
+        calls.append(tokens.shape[0])  # sequences in this forward
+        return forward(tokens, *a, **k)
+
+    monkeypatch.setattr(target, "forward", counting)
+    session = engine.session(capacity=3, max_len=64, speculative=spec)
+    for r in reqs:
+        session.add(r)
+    per_step: list[list[int]] = []
+    while not session.done:
+        before = len(calls)
+        session.step()
+        per_step.append(calls[before:])
+    assert sorted(per_step[0]) == [1, 2], "the prefill: one forward per prompt length, of all its prompts"
+    assert all(len(f) == 1 for f in per_step[1:]), f"a decoding step ran more than one target forward: {per_step}"
+    if not spec:  # one token per step: the batch shrinks as the sequences reach their lengths
+        longest = max(len(r.output_ids) for r in expected)
+        assert [f[0] for f in per_step[1:]] == [sum(len(r.output_ids) > n for r in expected) for n in range(1, longest)]
+    results = [session.pop(i) for i in range(3)]
+    assert [r.output_ids for r in results] == [r.output_ids for r in expected]
+    assert [r.finish_reason for r in results] == ["length"] * 3
+
+
+def test_target_only_sampling_draws_each_token_from_the_targets_law_with_the_request_seed(mimic_ckpt: Path) -> None:
+    """Target-only decoding of sampled and greedy requests in one batch (the prefill's first token and every step
+    after it): token t is one draw with the request's seeded generator from target_probs (temperature, top-k, top-p)
+    of the target's logits after the tokens so far, or their argmax when greedy. The logits here come from one
+    prefill forward of the whole sequence (measure/lossless.py `next_logits`, not the decode loop; the forward is
+    checked against Hugging Face in tests/test_engine_model.py), the draw law in tests/test_sampling_units.py."""
+    from measure.lossless import next_logits
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
+    sps = [SamplingParams(temperature=0.9, seed=11), SamplingParams(),
+           SamplingParams(temperature=1.3, top_k=20, top_p=0.9, seed=4)]
+    reqs = [GenerationRequest(p, 10, sp, []) for p, sp in zip(PROMPTS, sps)]
+    results = engine.generate(reqs, speculative=False)
+
+    def continuation(req: GenerationRequest, sp: SamplingParams) -> list[int]:
+        gen = torch.Generator().manual_seed(sp.seed or 0)
+        seq = list(req.prompt_ids)
+        for _ in range(req.max_new_tokens):
+            logits = next_logits(engine, seq)
+            seq.append(int(logits.argmax()) if sp.greedy else draw(target_probs(logits, sp), gen))
+        return seq[len(req.prompt_ids) :]
+
+    for req, res in zip(reqs, results):
+        assert res.output_ids == continuation(req, req.sampling), f"{req.sampling}"
+        if not req.sampling.greedy:  # the draws matter: the same prompt decoded greedily goes elsewhere
+            assert res.output_ids != continuation(req, SamplingParams()), f"{req.sampling}"
+
+
+def test_a_speculative_step_before_any_prefill_is_refused(mimic_ckpt: Path) -> None:
+    """engines/decode.py `draft`: the drafter has no state until a prefill has run; drafting before one says so."""
+    from core.laps import NO_LAPS
+    from engines import decode
+    from engines.model import Rows
+
+    engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
+    session = engine.session(capacity=1, max_len=16)
+    assert session.draft is not None and session.draft.state is None
+    with pytest.raises(RuntimeError) as e:
+        decode.draft(session.target, session.draft, Rows.of([0], [0], torch.device("cpu")), NO_LAPS)
+    assert str(e.value) == "a speculative step before any prefill: the drafter has no state yet"
 
 
 def test_cancel_from_callback_stops_only_that_sequence(mimic_ckpt: Path) -> None:

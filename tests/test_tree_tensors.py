@@ -164,16 +164,27 @@ def test_tree_batch_children_are_in_rank_order() -> None:
         )
 
 
+def _log_probs(g: torch.Generator, shape: tuple[int, ...], ties: bool) -> torch.Tensor:
+    """Children's log-probs (<= 0). With ties: multiples of 0.5 including 0, a drafted token of probability 1 (a
+    peaked head; float32 log_softmax gives exactly 0 once the runner-up is ~17 below), so siblings tie each other
+    and a child ties its parent's cumulative score."""
+    if ties:
+        return -0.5 * torch.randint(0, 3, shape, generator=g).float()
+    return -torch.rand(shape, generator=g) - 0.01
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
 @pytest.mark.parametrize("seed", range(4))
-def test_dynamic_selection_keeps_the_best_scored_tree(seed: int) -> None:
-    """EAGLE-2 `_select`: the kept nodes are the total_draft_tokens best candidates by score (ties: earlier first), in
-    generation order; parents, depths and the ancestor mask are those of the candidates' own parent links."""
+def test_dynamic_selection_keeps_the_best_scored_tree(seed: int, ties: bool) -> None:
+    """EAGLE-2 `_select`: the kept nodes are the total_draft_tokens best candidates by score (ties: earlier first, so
+    a parent is kept before a child of equal score), in generation order; parents, depths and the ancestor mask are
+    those of the candidates' own parent links."""
     g = torch.Generator().manual_seed(seed)
     dyn = DynamicTree(3, 4, 14)
     k, b = dyn.top_k, 2
     # Candidates level by level as draft_dynamic makes them: k at depth 1, then k*k children of k frontier nodes.
     par, dep = [-1] * k, [1] * k
-    score = [torch.randn(b, k, generator=g).sort(descending=True).values.log_softmax(-1)]
+    score = [_log_probs(g, (b, k), ties).sort(descending=True).values]
     base = 0
     for level in range(1, dyn.depth):
         frontier = base + torch.randperm(k if level == 1 else k * k, generator=g)[:k]
@@ -181,7 +192,7 @@ def test_dynamic_selection_keeps_the_best_scored_tree(seed: int) -> None:
             par += [f] * k
         dep += [level + 1] * (k * k)
         parent_scores = torch.cat(score, 1)[:, frontier]
-        score.append((parent_scores[:, :, None] - torch.rand(b, k, k, generator=g) - 0.01).reshape(b, k * k))
+        score.append((parent_scores[:, :, None] + _log_probs(g, (b, k, k), ties)).reshape(b, k * k))
         base = len(dep) - k * k
     cand_score = torch.cat(score, 1)
     m = cand_score.shape[1]

@@ -154,3 +154,97 @@ def test_config_derives_limits_from_the_tree() -> None:
 def test_config_rejects_a_bad_tree_naming_the_path() -> None:
     with pytest.raises(ValueError, match=r"tree.choices: tree path \[2, 0\] has no parent \[2\]"):
         _cfg([[0], [2, 0]])
+
+
+# ---- every refusal as its whole message, and both sides of every bound ---------------------------------------------
+
+MANY = "[[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]"  # longer than the 40 characters a message quotes
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("chain-0", "tree preset 'chain-0': chain length must be 1..256"),
+        ("chain-257", "tree preset 'chain-257': chain length must be 1..256"),
+        ("topk-0-3", "tree preset 'topk-0-3': needs k >= 1, depth >= 1 and at most 256 nodes (this one has 0)"),
+        ("topk-3-0", "tree preset 'topk-3-0': needs k >= 1, depth >= 1 and at most 256 nodes (this one has 0)"),
+        ("topk-1-257", "tree preset 'topk-1-257': needs k >= 1, depth >= 1 and at most 256 nodes (this one has 257)"),
+        ("topk-257-1", "tree preset 'topk-257-1': needs k >= 1, depth >= 1 and at most 256 nodes (this one has 257)"),
+        ("mc_sim_7b_63", "tree preset 'mc_sim_7b_63' is ambiguous: TensorRT-LLM and the EAGLE repository use this "
+         "name for two different trees. Use 'trtllm-default' (63 nodes, depth 4) or 'eagle-default' (25 nodes, "
+         "depth 5)"),
+        (" " + MANY, f"tree.choices is the string {(' ' + MANY)[:40]!r}...: write the paths as a YAML list without "
+         "quotes, e.g. choices: [[0], [0, 0], [1]] (Triton's `{0}, {0,0}` syntax is rendered from it, never written "
+         "by hand)"),
+    ],
+)
+def test_preset_refusals_whole_message(name: str, message: str) -> None:
+    with pytest.raises(TreeError) as e:
+        trees.preset(name)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(("name", "size", "depth"), [("chain-256", 256, 256), ("topk-1-256", 256, 256),
+                                                     ("topk-256-1", 256, 1), ("topk-2-1", 2, 1)])
+def test_presets_at_their_bounds_are_accepted(name: str, size: int, depth: int) -> None:
+    t = DraftTree.from_choices(trees.preset(name))
+    assert (t.size, t.depth) == (size, depth)
+
+
+@pytest.mark.parametrize(
+    ("choices", "message"),
+    [
+        ([], "tree.choices must be a non-empty list of paths such as [[0], [0, 0], [1]]"),
+        # two missing parents: the shallower path is named (paths are checked by depth, then lexicographically)
+        ([[0], [0, 5, 1], [1, 0]], "tree path [1, 0] has no parent [1]: every prefix of a path must be in the tree "
+         "(add [1] or remove [1, 0])"),
+        ([[0], [0, 0], [0, 0, 0], [1, 0, 0]], "tree path [1, 0, 0] has no parent [1, 0]: every prefix of a path must "
+         "be in the tree (add [1, 0] or remove [1, 0, 0])"),
+    ],
+)
+def test_path_refusals_whole_message(choices: list, message: str) -> None:
+    with pytest.raises(TreeError) as e:
+        trees.validate_paths(choices)
+    assert str(e.value) == message
+
+
+def test_the_largest_tree_is_accepted() -> None:
+    assert DraftTree.from_choices([[i] for i in range(256)]).size == 256
+
+
+def test_engine_limits_depth_refusal_whole_message() -> None:
+    t = DraftTree.from_choices(trees.preset("eagle-default"))
+    with pytest.raises(TreeError) as e:
+        trees.check_engine_limits(t, max_draft_len=63, num_eagle_layers=4, max_non_leaves_per_layer=10)
+    assert str(e.value) == ("tree depth 5 (e.g. path [0, 0, 0, 0, 1]) must equal num_eagle_layers=4 for engine-flow "
+                            "EAGLE-1; rebuild with the tree's depth or change the tree")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0, 3, 4), "dynamic tree top_k=0, depth=3, total_draft_tokens=4: each must be >= 1"),
+        ((3, 0, 4), "dynamic tree top_k=3, depth=0, total_draft_tokens=4: each must be >= 1"),
+        ((3, 3, 0), "dynamic tree top_k=3, depth=3, total_draft_tokens=0: each must be >= 1"),
+        ((2, 3, 11), "total_draft_tokens=11 exceeds the 10 candidates top_k=2, depth=3 can produce; lower it or raise "
+         "top_k/depth"),
+    ],
+)
+def test_dynamic_tree_refusals_whole_message(args: tuple[int, int, int], message: str) -> None:
+    with pytest.raises(TreeError) as e:
+        trees.DynamicTree(*args)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("args", [(1, 1, 1), (2, 3, 10), (4, 1, 4)])
+def test_dynamic_trees_at_their_bounds_are_accepted(args: tuple[int, int, int]) -> None:
+    assert trees.DynamicTree(*args).size == args[2]
+
+
+@pytest.mark.parametrize(
+    ("choices", "chain"),
+    [([[0]], True), ([[0], [0, 0], [0, 0, 0]], True), ([[1]], False), ([[0], [1]], False),
+     ([[0], [0, 1]], False), ([[0], [0, 0], [1]], False)],
+)
+def test_is_chain_means_one_top_1_node_per_depth(choices: list[list[int]], chain: bool) -> None:
+    assert DraftTree.from_choices(choices).is_chain() is chain

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -196,18 +197,15 @@ def test_oracle_really_drafts_the_greedy_path(family_ckpts, tiny_dir) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class StaticCheckedDynamic:
-    """EAGLE-2 drafting that re-drafts every step's tree as a STATIC tree of the same shape (each node = its
-    parent and its rank among its siblings) from the same drafter state and requires the same tokens. A drafter bug
-    costs only acceptance, never output, so lossless and oracle tests cannot see one in the dynamic drafter's scratch
-    visibility, positions or parent features; the static drafter's (whose tensors tests/test_tree_tensors.py checks
-    against an independent definition) is the reference here. Batch 1: a static tree is shared by the batch."""
+class _Checked:
+    """A drafting strategy that checks each draft of `inner` against a reference; it is `inner` in every other
+    respect. `steps` records the size of each checked draft."""
 
-    inner: DynamicDrafting
+    inner: Any
     steps: list[int]
 
     @property
-    def tree(self) -> DynamicTree:
+    def tree(self) -> Any:
         return self.inner.tree
 
     @property
@@ -216,6 +214,17 @@ class StaticCheckedDynamic:
 
     def describe(self) -> str:
         return self.inner.describe()
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticCheckedDynamic(_Checked):
+    """EAGLE-2 drafting that re-drafts every step's tree as a STATIC tree of the same shape (each node = its
+    parent and its rank among its siblings) from the same drafter state and requires the same tokens. A drafter bug
+    costs only acceptance, never output, so lossless and oracle tests cannot see one in the dynamic drafter's scratch
+    visibility, positions or parent features; the static drafter's (whose tensors tests/test_tree_tensors.py checks
+    against an independent definition) is the reference here. Batch 1: a static tree is shared by the batch."""
+
+    inner: DynamicDrafting
 
     def draft(self, drafter: Drafter, cache: KVCache, rows: Rows, root: torch.Tensor, state: DraftState,
               lap: Lap) -> TreeBatch:
@@ -256,7 +265,7 @@ def test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape(
 
 
 @dataclasses.dataclass(frozen=True)
-class ChainCheckedStatic:
+class ChainCheckedStatic(_Checked):
     """Static drafting of a chain checked against the definition of drafting (engines/draft.py): the depth-d node is
     fed to the drafter as (its token, its parent's drafter output) at position n + d - 1 into scratch slot d - 1,
     seeing the committed cache and its ancestors' slots. Here each node is fed alone, in that order, into a copy of
@@ -264,18 +273,6 @@ class ChainCheckedStatic:
     drafter's. A wrong drafting position costs acceptance only, so no output-level test can see it."""
 
     inner: StaticDrafting
-    steps: list[int]
-
-    @property
-    def tree(self) -> DraftTree:
-        return self.inner.tree
-
-    @property
-    def scratch_slots(self) -> int:
-        return self.inner.scratch_slots
-
-    def describe(self) -> str:
-        return self.inner.describe()
 
     def draft(self, drafter: Drafter, cache: KVCache, rows: Rows, root: torch.Tensor, state: DraftState,
               lap: Lap) -> TreeBatch:

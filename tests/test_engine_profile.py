@@ -5,6 +5,7 @@ what they say."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -109,6 +110,32 @@ def test_eagle_speedup_compares_both_decodings_on_the_same_prompts(mimic_ckpt: P
         eagle_speedup(plain, prompts, 4, [])
 
 
+READ_BACKS = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
+
+
+def step_reading_back(session: Any) -> list[str]:
+    """One session.step(), returning the device -> host read-backs it made (the torch.Tensor methods that copy a
+    tensor to the host), in order."""
+    reads: list[str] = []
+    saved = {n: getattr(torch.Tensor, n) for n in READ_BACKS}
+
+    def counting(name: str) -> Any:
+        def read(self: torch.Tensor, *a: Any, **k: Any) -> Any:
+            reads.append(name)
+            return saved[name](self, *a, **k)
+
+        return read
+
+    for n in READ_BACKS:
+        setattr(torch.Tensor, n, counting(n))
+    try:
+        session.step()
+    finally:
+        for n in READ_BACKS:
+            setattr(torch.Tensor, n, saved[n])
+    return reads
+
+
 def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt: Path) -> None:
     """Host syncs on CUDA are device -> host read-backs (.tolist(), .item(), int(), bool(), float() of a tensor). A
     greedy speculative step with a static tree does two (the tree's tokens and parents) plus one per level the walk
@@ -121,18 +148,8 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
     for i in range(2):
         session.add(GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []))
     session.step()  # prefill
-    reads: list[str] = []
     levels: list[int] = []
-    names = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
-    saved = {n: getattr(torch.Tensor, n) for n in names}
     walk = decode.walk
-
-    def counting(name: str):
-        def read(self, *a, **k):
-            reads.append(name)
-            return saved[name](self, *a, **k)
-
-        return read
 
     def walk_levels(s, active, tree, hidden):
         walked = walk(s, active, tree, hidden)
@@ -142,15 +159,8 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
     decode.walk = walk_levels
     try:
         while not session.done:
-            for n in names:
-                setattr(torch.Tensor, n, counting(n))
-            before = len(reads)
-            try:
-                session.step()
-            finally:
-                for n in names:
-                    setattr(torch.Tensor, n, saved[n])
-            assert len(reads) - before == 2 + levels[-1], reads[before:]
+            reads = step_reading_back(session)
+            assert len(reads) == 2 + levels[-1], reads
     finally:
         decode.walk = walk
     assert len(levels) > 5 and max(levels) > 1  # several steps, some accepting drafts
@@ -164,28 +174,10 @@ def test_a_target_only_step_reads_the_device_back_once(mimic_ckpt: Path) -> None
     for i in range(3):
         session.add(GenerationRequest([5 + i, 17, 33, 101, 7], 12 + 4 * i, SamplingParams(), []))
     session.step()  # prefill
-    reads: list[str] = []
-    names = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
-    saved = {n: getattr(torch.Tensor, n) for n in names}
-
-    def counting(name: str):
-        def read(self, *a, **k):
-            reads.append(name)
-            return saved[name](self, *a, **k)
-
-        return read
-
     steps = 0
     while not session.done:
-        for n in names:
-            setattr(torch.Tensor, n, counting(n))
-        before = len(reads)
-        try:
-            session.step()
-        finally:
-            for n in names:
-                setattr(torch.Tensor, n, saved[n])
-        assert reads[before:] == ["tolist"], reads[before:]
+        reads = step_reading_back(session)
+        assert reads == ["tolist"], reads
         steps += 1
     assert steps == 12 + 4 * 2 - 1  # the longest request's tokens after the prefill's
 

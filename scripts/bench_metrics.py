@@ -34,8 +34,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -140,44 +138,17 @@ def build(work: Path) -> Path:
 
 
 def run_level(srv: TritonServer, seconds: float, concurrency: int, max_tokens: int) -> float:
+    """Closed-loop HTTP clients (POST /v2/models/tensorrt_llm/generate, greedy, max_tokens): requests/s."""
+    from tests.triton_servers import closed_loop_rps
+
     url = f"http://{srv.http_url}/v2/models/tensorrt_llm/generate"
-    stop, done, errors = threading.Event(), [0] * concurrency, []
 
     def post(prompt: str) -> None:
         body = json.dumps({"text_input": prompt, "sampling_param_max_tokens": max_tokens}).encode()
         req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=120).read()
 
-    def client(k: int) -> None:
-        i = k
-        while not stop.is_set():
-            try:
-                post(PROMPTS[i % len(PROMPTS)])
-            except Exception as e:  # reported below
-                errors.append(e)
-                return
-            done[k] += 1
-            i += 1
-
-    def scraper() -> None:
-        while not stop.wait(1.0):
-            urllib.request.urlopen(srv.metrics_url, timeout=10).read()
-
-    for p in PROMPTS:
-        post(p)
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
-    threads.append(threading.Thread(target=scraper))
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    n0 = sum(done)
-    for t in threads:
-        t.join()
-    if errors:
-        raise SystemExit(f"request failed: {errors[0]}")
-    return n0 / (time.monotonic() - t0)
+    return closed_loop_rps(srv, seconds, concurrency, PROMPTS, lambda: (post, lambda: None))
 
 
 def main(argv: list[str] | None = None) -> int:

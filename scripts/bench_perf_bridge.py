@@ -24,9 +24,7 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
-import time
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,53 +58,21 @@ def build(work: Path) -> tuple[Path, Path]:
 
 
 def run_level(srv: Any, seconds: float, concurrency: int, max_tokens: int) -> float:
-    import queue
-
+    """Closed-loop streaming gRPC clients through the ensemble (one client connection each): requests/s."""
     from tritonclient import grpc
-    from tritonclient.utils import InferenceServerException
 
     from tests.triton_requests import inputs, stream_call
+    from tests.triton_servers import closed_loop_rps
 
-    stop, done, errors = threading.Event(), [0] * concurrency, []
-
-    def one(c: Any, prompt: str) -> None:
-        stream_call(c, "ensemble", inputs(prompt, max_tokens, stream=(True, "BOOL")))
-
-    def client(k: int) -> None:
+    def open_client() -> tuple[Callable[[str], None], Callable[[], None]]:
         c = grpc.InferenceServerClient(srv.grpc_url)
-        i = k
-        try:
-            while not stop.is_set():
-                one(c, PROMPTS[i % len(PROMPTS)])
-                done[k] += 1
-                i += 1
-        except (InferenceServerException, OSError, queue.Empty) as e:  # reported below
-            errors.append(e)
-        finally:
-            c.close()
 
-    def scraper() -> None:
-        while not stop.wait(1.0):
-            urllib.request.urlopen(srv.metrics_url, timeout=10).read()
+        def send(prompt: str) -> None:
+            stream_call(c, "ensemble", inputs(prompt, max_tokens, stream=(True, "BOOL")))
 
-    warm = grpc.InferenceServerClient(srv.grpc_url)
-    for p in PROMPTS:
-        one(warm, p)
-    warm.close()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
-    threads.append(threading.Thread(target=scraper))
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    n0 = sum(done)
-    elapsed = time.monotonic() - t0
-    for t in threads:
-        t.join()
-    if errors:
-        raise SystemExit(f"request failed: {errors[0]}")
-    return n0 / elapsed
+        return send, c.close
+
+    return closed_loop_rps(srv, seconds, concurrency, PROMPTS, open_client)
 
 
 def main(argv: list[str] | None = None) -> int:

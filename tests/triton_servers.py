@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,6 +63,52 @@ def with_without_rounds(without: Path, with_: Path, work: Path, rounds: int,
             results[name].append(rps)
             print(f"round {r + 1} {name:>7}: {rps:.2f} requests/s", flush=True)
     return statistics.mean(results["with"]), statistics.mean(results["without"])
+
+
+def closed_loop_rps(srv: TritonServer, seconds: float, concurrency: int, prompts: list[str],
+                    open_client: Callable[[], tuple[Callable[[str], None], Callable[[], None]]]) -> float:
+    """Completed requests/s of `concurrency` closed-loop clients over `seconds`, while a scraper reads /metrics every
+    second as Prometheus would. `open_client()` gives one client's (send one prompt, close); every prompt is sent
+    once first (warm-up, not counted). Requests still running at the end are not counted; the first failure ends
+    the run with its message."""
+    stop, done, errors = threading.Event(), [0] * concurrency, []
+
+    def client(k: int) -> None:
+        send, close = open_client()
+        try:
+            i = k
+            while not stop.is_set():
+                send(prompts[i % len(prompts)])
+                done[k] += 1
+                i += 1
+        except Exception as e:  # reported below
+            errors.append(e)
+        finally:
+            close()
+
+    def scraper() -> None:
+        while not stop.wait(1.0):
+            urllib.request.urlopen(srv.metrics_url, timeout=10).read()
+
+    send, close = open_client()
+    try:
+        for p in prompts:
+            send(p)
+    finally:
+        close()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    threads.append(threading.Thread(target=scraper))
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    n, elapsed = sum(done), time.monotonic() - t0
+    for t in threads:
+        t.join()
+    if errors:
+        raise SystemExit(f"request failed: {errors[0]}")
+    return n / elapsed
 
 
 def tiny_reference_repo(root: Path, name: str, target: Path, head: Path, *, max_seq_len: int,

@@ -101,7 +101,24 @@ def test_a_refused_stop_is_logged_and_not_retried() -> None:
 def test_remembers_only_the_recent_ids() -> None:
     relay = stop_relay.StopRelay(_Pb(), "tensorrt_llm")
     ids = [uuid.uuid4().hex for _ in range(stop_relay.RECENT + 1)]
-    assert all(relay.should_relay(i, True) for i in ids)
+    assert all(relay.should_relay(i, lambda: True) for i in ids)
     assert len(relay.relayed) == stop_relay.RECENT
-    assert relay.should_relay(ids[0], True)  # forgotten, so relayed again (a stop for a finished id is harmless)
-    assert not relay.should_relay(ids[-1], True)
+    assert relay.should_relay(ids[0], lambda: True)  # forgotten, so relayed again (harmless for a finished id)
+    assert not relay.should_relay(ids[-1], lambda: True)
+
+
+def test_asks_whether_the_step_is_cancelled_only_for_ids_it_could_relay() -> None:
+    """is_cancelled() is a round trip to the server in the python backend: not paid for ids no stop may name, nor
+    for ids already relayed."""
+    asked: list[str] = []
+    relay = stop_relay.StopRelay(_Pb(), "tensorrt_llm")
+
+    def cancelled(rid: str) -> bool:
+        asked.append(rid)
+        return True
+
+    rid = uuid.uuid4().hex
+    assert not relay.should_relay("req-7", lambda: cancelled("req-7"))
+    assert relay.should_relay(rid, lambda: cancelled(rid))
+    assert not relay.should_relay(rid, lambda: cancelled(rid))
+    assert asked == [rid]

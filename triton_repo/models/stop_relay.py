@@ -15,6 +15,7 @@ nothing. A request without such an id is not relayed; on the reference backend `
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from triton_repo.models import bounds, llm_io
@@ -29,9 +30,10 @@ class StopRelay:
         self.pb_utils, self.llm_model = pb_utils, llm_model
         self.relayed: OrderedDict[str, None] = OrderedDict()
 
-    def should_relay(self, request_id: str, cancelled: bool) -> bool:
-        """A cancelled step of a request whose id a stop may name, not relayed yet; remembers it."""
-        if not cancelled or not bounds.stoppable(request_id) or request_id in self.relayed:
+    def should_relay(self, request_id: str, is_cancelled: Callable[[], bool]) -> bool:
+        """A cancelled step of a request whose id a stop may name, not relayed yet; remembers it. `is_cancelled` is
+        asked last: in the python backend it is a round trip to the server process."""
+        if not bounds.stoppable(request_id) or request_id in self.relayed or not is_cancelled():
             return False
         self.relayed[request_id] = None
         if len(self.relayed) > RECENT:
@@ -41,7 +43,7 @@ class StopRelay:
     def observe(self, request: Any) -> bool:
         """Relay `request`'s cancellation if it is one; True when a stop was sent and answered without error."""
         request_id = request.request_id()
-        if not self.should_relay(request_id, request.is_cancelled()):
+        if not self.should_relay(request_id, request.is_cancelled):
             return False
         pb = self.pb_utils
         stop = pb.InferenceRequest(model_name=self.llm_model, inputs=llm_io.stop_request_tensors(pb),

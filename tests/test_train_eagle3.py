@@ -9,6 +9,7 @@ builders/convert/eagle3.py (through builders/build.py) and the reference engine 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -351,3 +352,29 @@ def test_self_distilled_head_accepts_drafts(target4: Path, tmp_path: Path) -> No
     tau = (acc + fwd) / fwd
     print(f"self-distilled tiny EAGLE-3 head: engine tau {tau:.3f}, offline eval {final}")
     assert tau > 1.2, (tau, final)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+def test_cuda_bf16_self_distilled_eagle3_run_trains_and_converts_losslessly(target4: Path, tmp_path: Path) -> None:
+    """compute.device cuda, precision bfloat16: answers, features and training-time test on the GPU; the loss falls,
+    and the export builds and decodes losslessly in the reference engine on the CPU."""
+    from builders import train_head
+
+    cfg = tiny_cfg3(tmp_path, target4, data=dict(responses="regenerate", max_new_tokens=24), epochs=12, lr=5e-3,
+                    warmup_steps=2, checkpoint_every=1000, eval_every=1000, e3=dict(draft_vocab_size=16))
+    raw = cfg.model_dump(mode="json")
+    raw["compute"].update(device="cuda", precision="bfloat16", threads=0)
+    cfg_file = tmp_path / "train.yaml"
+    cfg_file.write_text(yaml.safe_dump(raw))
+    assert train_head.main([str(cfg_file)]) == 0
+    key = json.loads((Path(cfg.work_dir) / "data/key.json").read_text())
+    assert key["target_dtype"] == "torch.bfloat16"
+    log = [json.loads(x) for x in (Path(cfg.output_dir) / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert len(losses) == 24 and all(map(math.isfinite, losses))
+    assert sum(losses[-2:]) < 0.8 * sum(losses[:2]), losses
+    _, tok = _load(target4)
+    prompts = [tdata.prompt_ids(tok, [{"role": "user", "content": t}]) for t in ("Hello world!", "Name a colour.")]
+    spec, plain = build_and_generate(Path(cfg.output_dir), target4, tmp_path, prompts, 16)
+    assert [r.output_ids for r in spec] == [r.output_ids for r in plain]

@@ -41,11 +41,16 @@ CURRENT_TRTLLM_VERSION = "1.4.0rc4"  # builders/trtllm/registry.py VERSIONS["1.4
 CURRENT_TRTLLM_TAG = "v1.4.0rc4"
 CURRENT_TRITON_BASE = "nvcr.io/nvidia/tritonserver:26.07-py3"  # the newest Triton in the matrix (CUDA 13.1)
 CURRENT_GPU_IMAGE = f"eagle-deploy:trtllm{CURRENT_TRTLLM_VERSION}"
-# TensorRT-LLM's pip recipe (docs/source/installation/installation-guide.md, "Install on Linux via pip"): the PyTorch
-# CUDA 13.0 build first ("to align with the CUDA version used for building TensorRT LLM wheels"; pip's default torch
-# is a CUDA 12.8 build), Open MPI (`apt-get install libopenmpi-dev`), then the wheel with torch held by a constraints
-# file. docker/Dockerfile.current follows it; the build checks the result (current_image_problems).
+# TensorRT-LLM's pip recipe (docs/source/installation/installation-guide.md at commit 0360df4c, "Install on Linux via
+# pip"): the PyTorch CUDA 13.0 build first ("to align with the CUDA version used for building TensorRT LLM wheels";
+# pip's default torch is a CUDA 12.8 build), Open MPI (`apt-get install libopenmpi-dev`), then "uninstall any previous
+# CUTLASS DSL installation" (CUTLASS_DSL_PACKAGES), `pip3 install --ignore-installed pip "setuptools<80" wheel`
+# (PIP_BOOTSTRAP) and the wheel with torch held by a constraints file. docker/Dockerfile.current follows it in that
+# order (tests/test_docker.py); the build checks the result (current_image_problems).
 CURRENT_TORCH_CUDA = "cu130"  # the local version tag of that torch build (torch==X+cu130)
+CUTLASS_DSL_PACKAGES = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
+                        "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13")
+PIP_BOOTSTRAP = ("pip", "setuptools<80", "wheel")  # installed with --ignore-installed right before the wheel
 LLMAPI_MODEL_FILES = (
     "/app/all_models/llmapi/tensorrt_llm/1/model.py",
     "/app/all_models/llmapi/tensorrt_llm/1/helpers.py",
@@ -182,9 +187,26 @@ def mpi_problems(path: list[str] | None = None) -> list[str]:
     return p
 
 
+def bootstrap_problems(path: list[str] | None = None) -> list[str]:
+    """The packaging tools the install guide puts in place before the wheel (PIP_BOOTSTRAP: setuptools below 80)."""
+    from packaging.requirements import Requirement
+
+    p = []
+    cmd = " ".join(f'"{s}"' if "<" in s else s for s in PIP_BOOTSTRAP)
+    for spec in PIP_BOOTSTRAP:
+        req = Requirement(spec)
+        have = _dist(req.name, path)
+        if have is None or not req.specifier.contains(have.version, prereleases=True):
+            got = f"{req.name} {have.version} installed" if have is not None else f"{req.name} is not installed"
+            p.append(f"{got}, TensorRT-LLM's install guide wants {spec}: run `pip3 install --ignore-installed {cmd}` "
+                     "before the wheel (docker/Dockerfile.current)")
+    return p
+
+
 def current_image_problems(path: list[str] | None = None) -> list[str]:
     """Run by docker/Dockerfile.current while building (no GPU there: nothing is imported): the wheel is the recorded
-    current release with everything it requires, torch is the CUDA build it needs, MPI is there, and the llmapi
+    current release with everything it requires, torch is the CUDA build it needs, MPI and the packaging tools of the
+    install guide (setuptools<80) are there, and the llmapi
     Triton model files are where docker/serve.py takes them from. The import itself is checked when the container
     starts (builders/startup.py trtllm_import_problems)."""
     from pathlib import Path
@@ -199,7 +221,7 @@ def current_image_problems(path: list[str] | None = None) -> list[str]:
                  f"TRTLLM_VERSION={CURRENT_TRTLLM_VERSION} or update the record and the registry")
     if got is not None:
         p += requirement_problems(got.distribution, path)
-    p += torch_cuda_problems(path) + mpi_problems(path)
+    p += torch_cuda_problems(path) + mpi_problems(path) + bootstrap_problems(path)
     p += [f"{f} missing: copy TensorRT-LLM {CURRENT_TRTLLM_TAG}'s triton_backend/all_models into /app/all_models"
           for f in LLMAPI_MODEL_FILES if not Path(f).is_file()]
     return p

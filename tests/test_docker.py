@@ -404,6 +404,13 @@ def test_current_image_follows_upstreams_install_recipe() -> None:
     (index_url,) = re.findall(r"^ARG TORCH_INDEX_URL=(\S+)$", text, re.M)
     assert index_url.endswith("/" + versions.CURRENT_TORCH_CUDA)
     assert "print('torch==' + m.version('torch'))\" > /tmp/torch-constraint.txt" in text
+    # Before the wheel, as the guide says: remove any previous CUTLASS DSL, then pip / "setuptools<80" / wheel.
+    uninstall = text.index("pip uninstall -y " + " ".join(versions.CUTLASS_DSL_PACKAGES[:2]))
+    assert " ".join(text[uninstall:wheel].replace("\\\n", " ").split()).startswith(
+        "pip uninstall -y " + " ".join(versions.CUTLASS_DSL_PACKAGES) + " &&")
+    bootstrap = text.index('pip install --no-cache-dir --ignore-installed pip "setuptools<80" wheel')
+    assert versions.PIP_BOOTSTRAP == ("pip", "setuptools<80", "wheel")
+    assert torch < uninstall < bootstrap < wheel
 
 
 def _dist(site: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
@@ -422,11 +429,13 @@ TRTLLM_REQUIRES = ("torch<=2.12.0,>=2.12.0a0", "mpi4py", "transformers>=5.3.0", 
 
 
 def _image_site(root: Path, trtllm: str = versions.CURRENT_TRTLLM_VERSION, torch: str = "2.12.0+cu130",
-                mpi4py: bool = True) -> Path:
+                mpi4py: bool = True, setuptools: str = "79.0.1") -> Path:
     site = root / "site"
     _dist(site, "tensorrt_llm", trtllm, TRTLLM_REQUIRES)
     _dist(site, "torch", torch)
     _dist(site, "transformers", "5.3.0")
+    for name, version in (("pip", "25.3"), ("setuptools", setuptools), ("wheel", "0.45.1")):
+        _dist(site, name, version)
     if mpi4py:
         _dist(site, "mpi4py", "4.1.1")
     return site
@@ -438,6 +447,8 @@ def _image_site(root: Path, trtllm: str = versions.CURRENT_TRTLLM_VERSION, torch
     ({"torch": "2.11.0+cu130"}, ["requires torch<=2.12.0,>=2.12.0a0 but torch 2.11.0+cu130 is installed"]),
     ({"mpi4py": False}, ["requires mpi4py but mpi4py is not installed", "mpi4py is not installed (TensorRT-LLM's"]),
     ({"trtllm": "1.4.0rc3"}, ["the image holds TensorRT-LLM 1.4.0rc3, builders/versions.py records 1.4.0rc4"]),
+    ({"setuptools": "80.9.0"}, ['setuptools 80.9.0 installed, TensorRT-LLM\'s install guide wants setuptools<80: run '
+                                '`pip3 install --ignore-installed pip "setuptools<80" wheel`']),
 ])
 def test_current_image_build_check_reads_the_installed_metadata(
     tmp_path: Path, site_kw: dict, expect: list[str]

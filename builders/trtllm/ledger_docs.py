@@ -226,7 +226,10 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "with torch==2.10.0",
      "2026-12-03",
      "pip recipe: PyTorch CUDA 13.0 build first (torch==2.12.0, pip's default is CUDA 12.8), apt-get install "
-     "libopenmpi-dev, then tensorrt_llm; a torch constraints file keeps pip from replacing torch"),
+     "libopenmpi-dev, `pip3 uninstall nvidia-cutlass-dsl nvidia-cutlass-dsl-libs-base nvidia-cutlass-dsl-libs-core "
+     "nvidia-cutlass-dsl-libs-cu12 nvidia-cutlass-dsl-libs-cu13` ('uninstall any previous CUTLASS DSL "
+     "installation'), `pip3 install --ignore-installed pip \"setuptools<80\" wheel`, then tensorrt_llm; a torch "
+     "constraints file keeps pip from replacing torch (builders/versions.py PIP_BOOTSTRAP, CUTLASS_DSL_PACKAGES)"),
     ("NVIDIA/TensorRT-LLM:requirements.txt", "commit 000867d9 (1.2 line)", "2026-12-03",
      "transformers==4.57.1, torch>=2.9.0a0,<=2.9.0 from the CUDA 13.0 index, mpi4py (the 1.4 pin was not read)"),
     ("triton-inference-server/tensorrtllm_backend:dockerfile/Dockerfile.triton.trt_llm_backend",

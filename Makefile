@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test clean
 
-$(STAMP): requirements.txt pyproject.toml scripts/setup_env.sh scripts/setup_env_speculators.sh
+$(STAMP): requirements.txt requirements-data.txt pyproject.toml scripts/setup_env.sh scripts/setup_env_speculators.sh \
+          scripts/setup_prometheus.sh
 	PY=$(PY) bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 

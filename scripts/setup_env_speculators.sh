@@ -13,13 +13,15 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import speculators" 2>/de
 fi
 "$PY" -m venv "$VENV"
 SITE=$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
-"$MAIN/bin/python" -c 'import site; print(site.getsitepackages()[0])' > "$SITE/zz_main_venv_torch.pth"
 PIP=("$VENV/bin/pip" --disable-pip-version-check -q)
+# pip runs before the main venv is linked in (below): it would otherwise check the main venv's packages too (numpy<2
+# pins, the data packages installed without their dependencies) and print every gap as a resolver ERROR.
 # The dependencies speculators 0.9.0 uses here first, then speculators itself with --no-deps and last: its
 # torchvision / torchaudio requirements are not needed (torch comes from the main venv), and installing it last means
-# pip never re-checks it against them (which it would print as a resolver ERROR).
+# pip never re-checks it against them.
 "${PIP[@]}" install aiohttp click "datasets>=4.0.0,<=5.1.0" httpx huggingface-hub "loguru>=0.7.2,<=0.7.3" \
   "numpy>=2.0.0,<=2.5.4" "openai>=2.0.0" protobuf psutil "pydantic>=2" pydantic-settings rich safetensors \
   "tqdm>=4.66.3,<=4.70.1" "transformers>=5.0.0,<=5.19.0" "typer>=0.12.0" "hs-connectors==0.9.0"
 "${PIP[@]}" install --no-deps "speculators==0.9.0"
+"$MAIN/bin/python" -c 'import site; print(site.getsitepackages()[0])' > "$SITE/zz_main_venv_torch.pth"
 "$VENV/bin/python" -c 'from speculators.models import Eagle3DraftModel; print("speculators ready")'

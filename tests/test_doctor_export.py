@@ -47,8 +47,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return target, tm.make_eagle3_head(d / "head", target)
 
 
-def export(head: Path, to: str, out: Path, target: Path | None) -> int:
-    return main(["export", "--head", str(head), "--to", to, str(out)] + (["--target", str(target)] if target else []))
+def export(head: Path, to: str, out: Path, target: Path | None, *extra: str) -> int:
+    return main(["export", "--head", str(head), "--to", to, str(out), *extra]
+                + (["--target", str(target)] if target else []))
 
 
 def doctor(target: Path, head: Path, engine: str, tmp: Path) -> dict:
@@ -121,10 +122,36 @@ def test_speculators_round_trip(tmp_path: Path, pair: tuple[Path, Path]) -> None
                     reason=f"no speculators venv at {SPECULATORS_PY.parent.parent} (scripts/setup_env_speculators.sh)")
 def test_speculators_package_loads_export(tmp_path: Path, pair: tuple[Path, Path]) -> None:
     target, head = pair
-    assert export(head, "speculators", tmp_path / "s", target) == 0
+    # speculators' Eagle3DraftModel.from_pretrained reads the verifier's config by name: offline, its local path
+    assert export(head, "speculators", tmp_path / "s", target, "--verifier-name", str(target)) == 0
     proc = subprocess.run([str(SPECULATORS_PY), "-c", LOAD, str(tmp_path / "s")], check=False, capture_output=True,
                           text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"missing": [], "unequal": [], "ids": [2, 15, 27], "draft_vocab": 96, "cls": "Eagle3DraftModel"}
+
+
+@pytest.mark.parametrize(("name", "written"), [("Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B"), ("/data/models/qwen3", None),
+                                                (None, None)])
+def test_speculators_verifier_is_the_target(tmp_path: Path, name: str | None, written: str | None) -> None:
+    """verifier.architectures is the target's own (a Qwen3 target here) and name_or_path its hub id, never a local
+    path (speculators/config.py VerifierConfig.from_config takes both from the verifier's config)."""
+    from tests import tiny_families as tf
+
+    target = tf.make_family_target(tmp_path / "qwen3", "qwen3")
+    cfg = json.loads((target / "config.json").read_text())
+    cfg.pop("_name_or_path", None)
+    if name is not None:
+        cfg["_name_or_path"] = name
+    (target / "config.json").write_text(json.dumps(cfg))
+    head = tm.make_eagle3_head(tmp_path / "head", target)
+    assert export(head, "speculators", tmp_path / "s", target) == 0
+    verifier = json.loads((tmp_path / "s" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": written, "architectures": ["Qwen3ForCausalLM"]}
+    assert export(head, "speculators", tmp_path / "no_target", None) == 0
+    assert json.loads((tmp_path / "no_target" / "config.json").read_text())["speculators_config"]["verifier"] == {
+        "name_or_path": None, "architectures": []}
+    assert export(head, "speculators", tmp_path / "named", target, "--verifier-name", "org/qwen3-tiny") == 0
+    assert json.loads((tmp_path / "named" / "config.json").read_text())["speculators_config"]["verifier"] == {
+        "name_or_path": "org/qwen3-tiny", "architectures": ["Qwen3ForCausalLM"]}

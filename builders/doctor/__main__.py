@@ -1,6 +1,7 @@
 """`python -m builders.doctor --target DIR --head DIR [--draft-type eagle|eagle3] [--prompts FILE]
 [--max-new-tokens N] [--engine ENGINE] [--json OUT] [--no-measure]`
-`python -m builders.doctor export --head DIR --to eagle-repo|specforge|speculators|trtllm OUT [--target DIR]`
+`python -m builders.doctor export --head DIR --to eagle-repo|specforge|speculators|trtllm OUT [--target DIR]
+[--verifier-name ORG/NAME]`
 
 Says why a draft head's acceptance is low on a target, and where the head loads as it is. Static checks (all
 reported at once): the head's format and layout and the engines that load it unchanged; shapes and vocabulary
@@ -63,6 +64,8 @@ def _export_parser() -> argparse.ArgumentParser:
     ap.add_argument("--to", choices=EXPORTS, required=True, help="the loader to write for")
     ap.add_argument("--target", type=Path, help="the target's HF directory (needed for eagle-repo when the head "
                     "ships no embedding, and recorded as the speculators verifier)")
+    ap.add_argument("--verifier-name", help="--to speculators: the verifier's name_or_path (default: the target "
+                    "config's hub id, else null; a local path names it on this machine only)")
     ap.add_argument("out", type=Path, help="the directory to write (config.json + model.safetensors)")
     return ap
 
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _export_parser().parse_args(argv[1:])
         try:
             target = resolve(args.target) if args.target is not None else None
-            msg = export(args.head, args.to, args.out, target_dir=target)
+            msg = export(args.head, args.to, args.out, target_dir=target, verifier_name=args.verifier_name)
         except UnusableInput as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_UNUSABLE

@@ -1,4 +1,5 @@
-"""`python -m builders.doctor export --head DIR --to eagle-repo|specforge|speculators|trtllm OUT [--target DIR]`:
+"""`python -m builders.doctor export --head DIR --to eagle-repo|specforge|speculators|trtllm OUT [--target DIR]
+[--verifier-name ORG/NAME]`:
 an EAGLE-3 head (any layout the doctor reads) written in the layout a loader reads, tensors unchanged.
 
 - eagle-repo (SafeAILab/EAGLE@cb7e0841 eagle/model/ea_model.py EaModel, eagle/model/cnets.py Model): flat Llama
@@ -13,7 +14,9 @@ an EAGLE-3 head (any layout the doctor reads) written in the layout a loader rea
   captured layers at the top level and in an `eagle_config` block, `midlayer.*` tensors, d2t/t2d.
 - speculators (speculators 0.9.0 speculators/models/eagle3: Eagle3SpeculatorConfig, Eagle3DraftModel):
   `speculators_model_type` eagle3, a nested `transformer_layer_config`, `speculators_config` with the verifier
-  (--target), `layers.0.*` tensors. Its fc is [n_aux * hidden_size -> hidden_size], so heads whose
+  (--target's `architectures`; name_or_path = --verifier-name or the target's hub id, as speculators/config.py
+  `VerifierConfig.from_config` takes them from the verifier's config; a local path only when given as the name),
+  `layers.0.*` tensors. Its fc is [n_aux * hidden_size -> hidden_size], so heads whose
   target_hidden_size differs from hidden_size cannot be written there.
 - trtllm: this project's converter (builders/convert/eagle3.py `write_eagle3_head`), needs --target.
 """
@@ -21,7 +24,9 @@ an EAGLE-3 head (any layout the doctor reads) written in the layout a loader rea
 from __future__ import annotations
 
 import json
+import re
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +36,7 @@ from safetensors.torch import save_file
 from builders.convert.weights import WeightSource
 from builders.doctor.findings import UnusableInput
 from builders.doctor.head import ARCH_FLAGS, Head, read_head, speculators_flat
-from core.hfconfig import llama_spec, rope_theta_of
+from core.hfconfig import llama_spec, read_config, rope_theta_of
 
 LAYOUT_KEYS = ("speculators_model_type", "speculators_config", "transformer_layer_config", "speculators_version",
                "eagle_config", "eagle_deploy", "auto_map")
@@ -114,7 +119,7 @@ def to_specforge(head: Head, out: Path, target_dir: Path | None) -> list[str]:
     return []
 
 
-def to_speculators(head: Head, out: Path, target_dir: Path | None) -> list[str]:
+def to_speculators(head: Head, out: Path, target_dir: Path | None, verifier_name: str | None = None) -> list[str]:
     cfg, t = canonical(head)
     hidden = int(cfg["hidden_size"])
     if int(cfg.get("target_hidden_size") or hidden) != hidden:
@@ -125,7 +130,10 @@ def to_speculators(head: Head, out: Path, target_dir: Path | None) -> list[str]:
     }
     layer["rope_parameters"] = dict(cfg.get("rope_scaling") or {"rope_type": "default"}, rope_theta=cfg["rope_theta"])
     layer.update(model_type="llama", tie_word_embeddings=False)
-    verifier = {"name_or_path": str(target_dir) if target_dir else None, "architectures": ["LlamaForCausalLM"]}
+    verifier = verifier_config(target_dir, verifier_name)
+    notes = [] if verifier["name_or_path"] is not None else [
+        "speculators_config.verifier.name_or_path is null (the target's config names no hub id): speculators' "
+        "Eagle3DraftModel.from_pretrained loads the verifier's config by that name; pass --verifier-name ORG/NAME"]
     spec = {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy", "verifier": verifier,
@@ -138,7 +146,23 @@ def to_speculators(head: Head, out: Path, target_dir: Path | None) -> list[str]:
     _write(
         out, spec, {("layers.0." + n[len("midlayer.") :] if n.startswith("midlayer.") else n): v for n, v in t.items()}
     )
-    return []
+    return notes
+
+
+# A Hugging Face hub id ("org/name"): the one spelling of the verifier that means the same on every machine.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def verifier_config(target_dir: Path | None, name: str | None = None) -> dict[str, Any]:
+    """speculators' VerifierConfig (name_or_path, architectures), as its `from_config` fills it from the verifier's
+    config: the target's own `architectures`, and `name` (--verifier-name) or else the target's hub id
+    (`_name_or_path`). A local path is written only when given as `name`: it means nothing on another machine, so
+    without either name_or_path is null (which VerifierConfig allows)."""
+    cfg = read_config(target_dir) if target_dir is not None else {}
+    if name is None:
+        own = cfg.get("_name_or_path") or cfg.get("name_or_path")
+        name = own if isinstance(own, str) and HUB_ID.fullmatch(own) else None
+    return {"name_or_path": name, "architectures": list(cfg.get("architectures") or [])}
 
 
 def to_trtllm(head: Head, out: Path, target_dir: Path | None) -> list[str]:
@@ -171,11 +195,13 @@ def import_speculators(head_dir: Path, out: Path) -> Path:
 WRITERS = {"eagle-repo": to_eagle_repo, "specforge": to_specforge, "speculators": to_speculators, "trtllm": to_trtllm}
 
 
-def export(head_dir: Path, to: str, out: Path, *, target_dir: Path | None = None) -> str:
+def export(head_dir: Path, to: str, out: Path, *, target_dir: Path | None = None,
+           verifier_name: str | None = None) -> str:
     head = read_head(head_dir)
+    writer = partial(to_speculators, verifier_name=verifier_name) if to == "speculators" else WRITERS[to]
     with tempfile.TemporaryDirectory(prefix="doctor-export-") as tmp:
         if head.layout == "speculators":  # every writer reads the flat layout
             head = read_head(import_speculators(head.dir, Path(tmp) / "flat"))
             head.layout = "speculators"
-        notes = WRITERS[to](head, out, target_dir)
+        notes = writer(head, out, target_dir)
     return "\n".join([f"{out}: {head_dir} written for {to}"] + [f"  {n}" for n in notes])

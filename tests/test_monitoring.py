@@ -117,6 +117,23 @@ def test_llmapi_iteration_stats_count_like_upstreams_acceptance_length() -> None
     assert SM.iteration_counts({"iter": 1, "numActiveRequests": 1}) == (0, 0, 0, 0, 1)  # no speculative stats
 
 
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_attention_dp_rows_count_one_iteration_once(ranks: int) -> None:
+    """With attention data parallelism upstream reports each iteration once per rank (tensorrt_llm/executor/
+    iteration_stats.py `_materialize_frame`: every row a copy of the iteration's statistics, specDecodingStats
+    included, with its attentionDpRank; queue counts zeroed outside rank 0): the rows count as one iteration."""
+    base = {"iter": 3, "numActiveRequests": 8, "numQueuedRequests": 5, "numCompletedRequests": 1,
+            "specDecodingStats": {"numDraftTokens": 24, "numAcceptedTokens": 9, "numRequestsWithDraftTokens": 8,
+                                  "acceptanceLength": 17 / 8, "iterLatencyMS": 2.0, "draftOverhead": 0.2}}
+    rows = [dict(base, attentionDpRank=r, **({} if r == 0 else {"numQueuedRequests": 0, "numCompletedRequests": 0}))
+            for r in range(ranks)]
+    counted = [c for c in (SM.iteration_counts(json.dumps(row) if r % 2 else row) for r, row in enumerate(rows))
+               if c is not None]
+    assert counted == [(8, 9, 24, 5, 8)]
+    no_rank = {k: v for k, v in base.items()}  # without rank payloads upstream writes attentionDpRank 0 (or none)
+    assert SM.iteration_counts(no_rank) == (8, 9, 24, 5, 8)
+
+
 @pytest.mark.parametrize(("tokens", "accepted", "forwards"), [(17, 6, 10), (1, 0, 0), (9, 8, 0)])
 def test_llmapi_request_counts(tokens: int, accepted: int, forwards: int) -> None:
     """One LLM API request: the context step gives one token, each generation step its accepted drafts plus one."""

@@ -14,6 +14,9 @@ LLM args set `enable_iter_perf_stats`, which the rendered model.yaml does) and c
                                                     acceptanceLength over any window)
     numQueuedRequests                            -> eagle_llm_requests_queued
 
+from the row of attention-DP rank 0 only: with attention data parallelism every rank's row repeats the iteration's
+statistics (spec_metrics.iteration_counts).
+
 Requests in flight are upstream's own count (`_ongoing_request_count`: +1 when a request starts, -1 when its final
 response was sent), so the gauge moves for this decoupled model, where Triton's pending count stays 0. Upstream
 exposes no per-position acceptance for this backend (IterationStats carries totals only), so the per-position
@@ -61,7 +64,10 @@ class TritonPythonModel(UpstreamModel):
                 pb_utils.Logger.log_warn(f"[eagle] iteration statistics unavailable: {e}")
                 stats = []
             for stat in stats:
-                forwards, accepted, drafted, queued, active = self._eagle_counts(stat)
+                counts = self._eagle_counts(stat)
+                if counts is None:  # another attention-DP rank's copy of an iteration already counted
+                    continue
+                forwards, accepted, drafted, queued, active = counts
                 self._eagle.add(forwards, accepted, drafted, [])
                 if active > 0:
                     self._eagle.enabled.set(1 if drafted > 0 else 0)

@@ -91,13 +91,21 @@ def read_baseline(repo_root: Path) -> dict[str, Any] | None:
     return json.loads(f.read_text()) if f.is_file() else None
 
 
-def iteration_counts(stat: dict[str, Any] | str) -> tuple[int, int, int, int, int]:
+def iteration_counts(stat: dict[str, Any] | str) -> tuple[int, int, int, int, int] | None:
     """(target forwards, accepted, drafted, queued, active) of one LLM API iteration-stats entry (`LLM.get_stats()`:
     a dict, or its JSON text in some releases): the executor's IterationStats with its SpecDecodingStats
     (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/executor/types.h). Every request with drafts is verified by one
     target forward in the iteration, so forwards = numRequestsWithDraftTokens and 1 + accepted / forwards is
-    upstream's acceptanceLength. An iteration without speculative stats counts nothing."""
+    upstream's acceptanceLength. An iteration without speculative stats counts nothing.
+
+    With attention data parallelism one iteration is reported once per attention-DP rank, and every rank's row
+    carries a copy of the iteration's specDecodingStats, numActiveRequests and the rest, with the queue counts zeroed
+    outside rank 0 (tensorrt_llm/executor/iteration_stats.py `_materialize_frame`: row = dict(base) per
+    rank_payload). So only the row with attentionDpRank 0 (absent = 0, as upstream writes it without rank payloads)
+    is counted; the others return None."""
     d: dict[str, Any] = json.loads(stat) if isinstance(stat, str) else stat
+    if int(d.get("attentionDpRank") or 0) != 0:
+        return None
     spec = d.get("specDecodingStats") or {}
     return (int(spec.get("numRequestsWithDraftTokens", 0)), int(spec.get("numAcceptedTokens", 0)),
             int(spec.get("numDraftTokens", 0)), int(d.get("numQueuedRequests", 0)),

@@ -26,6 +26,7 @@ import yaml
 
 from builders import layout
 from builders.config import ConfigError, load_config
+from builders.convert.head_layout import flat_config, is_speculators
 from builders.engine import llmapi, stage, trtllm_build
 from builders.trtllm import ledger, registry
 
@@ -137,9 +138,13 @@ def build_names(cfg: Any, build: Path) -> Emitted:
     ckpt = build / "checkpoint"
     # Without the engine flow, TensorRT-LLM never reads the TRT-LLM checkpoint (only the reference engine does).
     out = checkpoint_names(ckpt) if version.engine_flow else {}
-    if (ckpt / "eagle3" / "config.json").is_file() and Path(cfg.draft.model, "config.json").is_file():
+    head_config = Path(cfg.draft.model, "config.json")
+    if (ckpt / "eagle3" / "config.json").is_file() and head_config.is_file():
         written = json.loads((ckpt / "eagle3" / "config.json").read_text())
-        out.update(eagle3_names(written, json.loads(Path(cfg.draft.model, "config.json").read_text())))
+        source = json.loads(head_config.read_text())
+        if is_speculators(source):  # the converter read its flat form (builders/convert/head_layout.py)
+            source = flat_config(source, head_config)
+        out.update(eagle3_names(written, source))
     for tok in (ckpt / layout.TOKENIZER / "tokenizer_config.json", ckpt / layout.HF_MODEL / "tokenizer_config.json"):
         if tok.is_file():
             _add(out, "tokenizer.config", {"tokenizer_class"} & set(json.loads(tok.read_text())))

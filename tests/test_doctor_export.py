@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,52 @@ def test_speculators_verifier_is_the_target(tmp_path: Path, name: str | None, wr
     assert export(head, "speculators", tmp_path / "named", target, "--verifier-name", "org/qwen3-tiny") == 0
     assert json.loads((tmp_path / "named" / "config.json").read_text())["speculators_config"]["verifier"] == {
         "name_or_path": "org/qwen3-tiny", "architectures": ["Qwen3ForCausalLM"]}
+
+
+def _build_head(tmp: Path, target: Path, head: Path, name: str) -> tuple[int, Path]:
+    from builders import build
+    from tests.test_config_cli import write_cfg
+
+    out = tmp / f"build-{name}"
+    cfg = write_cfg(tmp / f"{name}.yaml", target, head, out, trtllm_version="1.4", draft__type="eagle3")
+    return build.main([str(cfg), "--only", "checkpoint"]), out
+
+
+def test_build_converts_a_speculators_head_like_its_flat_twin(tmp_path: Path, pair: tuple[Path, Path]) -> None:
+    """The convert stage takes every layout the doctor reads: a head in vLLM's speculators layout builds with no
+    manual export, to the same normalized head as the flat original; the doctor finds nothing wrong with it for
+    the reference engine (the build's own loader)."""
+    target, head = pair
+    assert export(head, "speculators", tmp_path / "spec", target) == 0
+    rc_flat, flat = _build_head(tmp_path, target, head, "flat")
+    rc_spec, spec = _build_head(tmp_path, target, tmp_path / "spec", "spec")
+    assert rc_flat == rc_spec == 0
+    a = load_file(str(flat / "checkpoint" / "eagle3" / "model.safetensors"))
+    b = load_file(str(spec / "checkpoint" / "eagle3" / "model.safetensors"))
+    same(a, b)
+    ca, cb = (json.loads((d / "checkpoint" / "eagle3" / "config.json").read_text()) for d in (flat, spec))
+    assert cb["eagle_deploy"].pop("head_source") == str(tmp_path / "spec")
+    ca["eagle_deploy"].pop("head_source")
+    # the speculators layout states the RoPE base in rope_parameters (transformers 5); the flat twin in rope_theta
+    assert cb.pop("rope_parameters") == {"rope_theta": ca["rope_theta"], "rope_type": "default"}
+    assert ca == cb
+    assert not list(Path(tempfile.gettempdir()).glob("eagle3-flat-*")), "the flat view is removed"
+    rep = doctor(target, tmp_path / "spec", "reference", tmp_path)
+    assert rep["layout"] == "speculators" and rep["compatibility"]["reference"] == "loads as it is"
+    from builders import ledger_check  # every key the converter wrote for it is cited
+
+    assert ledger_check.main([str(tmp_path / "spec.yaml")]) == 0
+
+
+def test_a_broken_speculators_head_is_refused_naming_its_directory(tmp_path: Path, pair: tuple[Path, Path],
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    target, head = pair
+    assert export(head, "speculators", tmp_path / "spec", target) == 0
+    cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
+    cfg["target_hidden_size"] = 2 * int(cfg["transformer_layer_config"]["hidden_size"])
+    (tmp_path / "spec" / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    rc, out = _build_head(tmp_path, target, tmp_path / "spec", "broken")
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert f"draft.model {tmp_path / 'spec'} (speculators layout): target_hidden_size=" in err, err

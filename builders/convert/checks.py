@@ -13,6 +13,7 @@ from builders.config import BuildConfig
 from builders.convert.eagle import check_head, head_bias
 from builders.convert import families
 from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
+from builders.convert.head_layout import flat_head, named_as_given
 from builders.convert.llama import check_parallel
 from builders.convert.shapes import shape_problems, target_shapes
 from builders.convert.weights import WeightFileError, WeightSource
@@ -96,11 +97,17 @@ def _eagle_checks(cfg: BuildConfig, target: LlamaSpec, head_dir: Path) -> list[s
 
 
 def _eagle3_checks(cfg: BuildConfig, target: LlamaSpec, head_dir: Path) -> list[str]:
+    """Any layout the doctor reads (a speculators head through its flat view: builders/convert/head_layout.py)."""
     try:
-        ids = resolve_layer_ids(read_config(head_dir), cfg.draft.eagle3.layers_to_capture, head_dir)
-        with WeightSource(head_dir) as src:
-            return check_eagle3(head_dir, target, ids, src)
-    except (WeightFileError, ModelConfigError) as e:
+        with flat_head(head_dir) as flat:
+            try:
+                ids = resolve_layer_ids(read_config(flat), cfg.draft.eagle3.layers_to_capture, flat)
+                with WeightSource(flat) as src:
+                    p = check_eagle3(flat, target, ids, src)
+            except (WeightFileError, ModelConfigError) as e:
+                p = [f"draft.model: {e}"]
+            return [named_as_given(m, flat, head_dir) for m in p]
+    except ModelConfigError as e:
         return [f"draft.model: {e}"]
 
 

@@ -2,7 +2,8 @@
 
 - draft.type eagle  -> EagleForCausalLM checkpoint (tree limits from cfg.limits(), the single source of truth)
 - draft.type eagle3 -> target checkpoint (LlamaForCausalLM layout, plus the family's tensors for Qwen2 / Qwen3 /
-  Mistral; a `generic_target` config for the generic families) + normalized head in checkpoint/eagle3/
+  Mistral; a `generic_target` config for the generic families) + normalized head in checkpoint/eagle3/, from a head
+  in any layout the doctor reads (SafeAILab, SpecForge, ModelOpt, speculators / vLLM, this project's)
 - draft.model random -> a random SafeAILab head is written to checkpoint/random_head/ first and converted; RANDOM
   appears in the checkpoint config (`eagle_deploy.random_head`), the manifest notes and the stage log.
 The checkpoint is 16-bit (target.dtype) unless quantization.weights or quantization.kv_cache is fp8: then the FP8
@@ -19,6 +20,7 @@ from builders.config import BuildConfig
 from builders.convert.checks import preflight
 from builders.convert.eagle import convert_eagle
 from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
+from builders.convert.head_layout import flat_head, named_as_given
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
 from measure.model_source import ModelSourceError, resolve_target
@@ -105,8 +107,14 @@ def run(ctx: StageContext) -> None:
                           tp=cfg.parallel.tp, provenance=prov)
         else:
             _log(ctx, f"{target_architecture(hf)} target + EAGLE-3 head -> {EAGLE3_DIR}/, tp={cfg.parallel.tp}")
-            convert_eagle3(hf, head_dir, ctx.out, dtype=cfg.target.dtype, tp=cfg.parallel.tp,
-                           layers_to_capture=cfg.draft.eagle3.layers_to_capture, provenance=prov)
+            with flat_head(head_dir) as flat:  # any layout the doctor reads (builders/convert/head_layout.py)
+                if flat != head_dir:
+                    _log(ctx, f"{head_dir}: a speculators (vLLM) head, read through its flat view")
+                try:
+                    convert_eagle3(hf, flat, ctx.out, dtype=cfg.target.dtype, tp=cfg.parallel.tp,
+                                   layers_to_capture=cfg.draft.eagle3.layers_to_capture, provenance=prov)
+                except ValueError as e:
+                    raise ValueError(named_as_given(str(e), flat, head_dir)) from e
     except ValueError as e:  # ModelConfigError / WeightFileError: inputs changed since preflight
         raise StageError(str(e)) from e
     _log(ctx, "checkpoint written")

@@ -35,7 +35,8 @@ from safetensors.torch import save_file
 
 from builders.convert.weights import WeightSource
 from builders.doctor.findings import UnusableInput
-from builders.doctor.head import ARCH_FLAGS, Head, read_head, speculators_flat
+from builders.convert.head_layout import ARCH_FLAGS, flat_config
+from builders.doctor.head import Head, read_head
 from core.hfconfig import llama_spec, read_config, rope_theta_of
 
 LAYOUT_KEYS = ("speculators_model_type", "speculators_config", "transformer_layer_config", "speculators_version",
@@ -183,9 +184,7 @@ def to_trtllm(head: Head, out: Path, target_dir: Path | None) -> list[str]:
 def import_speculators(head_dir: Path, out: Path) -> Path:
     """A speculators head as a flat HF EAGLE-3 head (midlayer.* names); tensors unchanged."""
     raw = json.loads((Path(head_dir) / "config.json").read_text())
-    cfg = speculators_flat(raw)
-    cfg.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1)
-    cfg["rope_theta"] = rope_theta_of(cfg, Path(head_dir) / "config.json")
+    cfg = flat_config(raw, Path(head_dir) / "config.json")
     with WeightSource(Path(head_dir)) as src:
         t = {("midlayer." + n[len("layers.0."):] if n.startswith("layers.0.") else n): src.read(n) for n in src.tensors}
     _write(out, cfg, t)

@@ -20,12 +20,11 @@ from typing import Any
 
 import torch
 
+from builders.convert.head_layout import ARCH_FLAGS, is_speculators, speculators_flat
 from builders.convert.weights import WeightFileError, WeightSource
 from builders.doctor.findings import UnusableInput
 from core.hfconfig import ModelConfigError, aux_layer_ids, read_config, rope_theta_of
 
-# Architecture switches some producers set; a loader that does not implement one computes another network.
-ARCH_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 EAGLE_CONFIG_FLAGS = {"use_aux_hidden_state": True, "norm_before_fc": False, "eh_proj_before_attn": False,
                       "return_hidden_post_norm": False}  # value = the plain EAGLE-3 network's
 MODELOPT_KEYS = (
@@ -95,18 +94,9 @@ def _config(head_dir: Path) -> dict[str, Any]:
         raise UnusableInput(str(e)) from None
 
 
-def speculators_flat(raw: dict[str, Any]) -> dict[str, Any]:
-    """A speculators config as the flat Llama-style config the other layouts use."""
-    cfg = dict(raw.get("transformer_layer_config") or {})
-    for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", *ARCH_FLAGS):
-        if raw.get(k) is not None:
-            cfg[k] = raw[k]
-    return cfg
-
-
 def detect(raw: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> tuple[str, str, list[str]]:
     """(draft type, layout, markers seen)."""
-    if raw.get("speculators_model_type") is not None:
+    if is_speculators(raw):
         kind = str(raw["speculators_model_type"])
         if kind != "eagle3":
             raise UnusableInput(f"speculators_model_type={kind!r}: only eagle3 speculators heads are EAGLE heads")

@@ -153,8 +153,8 @@ def _sglang(head: Head, target: LlamaSpec) -> list[str]:
 def _reference(head: Head, target: LlamaSpec) -> list[str]:
     if head.switches:
         return _switches(head, ())
-    if head.layout == "speculators":
-        return ["a speculators head is converted by the doctor; the build's convert stage needs export --to trtllm"]
+    # A speculators head needs nothing here: the build's convert stage reads it through its flat view
+    # (builders/convert/head_layout.py), like every other layout the doctor reads.
     if head.draft_type == "eagle3" and head.layer_ids is None:
         return ["no captured layer ids: set draft.eagle3.layers_to_capture in the build config"]
     return []

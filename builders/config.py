@@ -115,6 +115,9 @@ class TreeConfig(Strict, LoadAwareFields):
     max_non_leaves_per_layer: int | None = Field(
         default=None, description="DERIVED from the tree (most non-leaf nodes on one level). Set only to assert."
     )
+    enable_penalty: bool = Field(default=False, description="Serve requests with presence / frequency penalties: "
+                                 "TensorRT-LLM's speculative_config.enable_penalty (engine.backend pytorch, "
+                                 "trtllm_version 1.4, chains only); off, such requests are refused (INVALID_ARGUMENT).")
 
     @field_validator("choices", mode="before")
     @classmethod

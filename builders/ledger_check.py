@@ -124,7 +124,7 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
         reference=cfg.engine.backend == "reference", pytorch=cfg.engine.backend == "pytorch",
         schedule=cfg.tree.draft_len_schedule is not None, max_concurrency=cfg.tree.max_concurrency is not None,
-        acceptance=bool(cfg.tree.acceptance_rate_window_size),
+        acceptance=bool(cfg.tree.acceptance_rate_window_size), penalty=cfg.tree.enable_penalty,
     )
 
 

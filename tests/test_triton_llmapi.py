@@ -315,8 +315,16 @@ def test_each_limit_is_refused_by_name_and_a_running_stream_is_unaffected(
         (req(PROMPT, 256), f"prompt {n_prompt} + sampling_param_max_tokens 256 exceeds engine.max_seq_len=256"),
         (req(PROMPT, 0), "sampling_param_max_tokens=0 must be >= 1"),
         (req(PROMPT, 4, sampling_param_best_of=(2, "INT32")), "sampling_param_best_of=2"),
-        (req(PROMPT, 4, sampling_param_frequency_penalty=(0.5, "FP32")), "sampling_param_frequency_penalty=0.5"),
-        (req(PROMPT, 4, return_cumulative_logprob=(True, "BOOL")), "return_cumulative_logprob"),
+        # TensorRT-LLM's one-model rule (models/llmapi_refusals.py), the switch named: the mirror follows it too
+        # (this build drafts a dynamic tree, under which upstream applies no penalty even with enable_penalty)
+        (req(PROMPT, 4, sampling_param_frequency_penalty=(0.5, "FP32")), "sampling_param_frequency_penalty=0.5: "
+         "TensorRT-LLM does not apply penalties under tree speculation (this deployment drafts a tree); send the "
+         "request without them, or serve a chain built with tree.enable_penalty"),
+        (req(PROMPT, 4, sampling_param_presence_penalty=(-0.25, "FP32"),
+             sampling_param_frequency_penalty=(0.0, "FP32")),
+         "sampling_param_presence_penalty=-0.25: TensorRT-LLM"),
+        (req(PROMPT, 4, return_cumulative_logprob=(True, "BOOL")), "return_cumulative_logprob: speculative decoding "
+         "computes no log probabilities"),
         (req(PROMPT, 4, sampling_param_temperature=(-1.0, "FP32")), "temperature=-1.0 must be a finite number >= 0"),
         (req(PROMPT, 4, sampling_param_top_p=(1.5, "FP32")), "top_p=1.5 must be in (0, 1]"),
     ]

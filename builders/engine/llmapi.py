@@ -20,6 +20,8 @@ contract ledger (builders/trtllm/ledger_llmapi.py, cited to tensorrt_llm/llmapi/
 - load-aware speculation (versions with `load_aware_speculation`): `draft_len_schedule` ({batch threshold: draft
   length}, `auto` = the measured one), `max_concurrency`, `acceptance_rate_window_size` / `acceptance_rate_threshold`
   (builders/speculation.py; the reference engine's semantics in engines/schedule.py);
+- `enable_penalty` (tree.enable_penalty; the current line, chains): presence / frequency penalties on the one-model
+  path, which refuses them without it;
 - `kv_cache_config.dtype: fp8` for an FP8 KV cache; `free_gpu_memory_fraction`.
 `trtllm-serve MODEL --backend pytorch ... --extra_llm_api_options FILE` (tensorrt_llm/commands/serve.py): the YAML
 overrides trtllm-serve's own values, so the limits live in the YAML only.
@@ -120,6 +122,8 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         spec["use_dynamic_tree"] = True
         spec["dynamic_tree_max_topK"] = tree.top_k
     spec.update(load_aware_fields(cfg))
+    if cfg.tree.enable_penalty:  # builders/trtllm/rules.py allows it on the versions that have it, chains only
+        spec["enable_penalty"] = True
     return spec
 
 

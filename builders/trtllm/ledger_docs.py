@@ -127,8 +127,9 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "commit 0004396720054fd8e205cbf616f21f0b57c6b412 (2026, before PR #18210) and the published docs pages "
      "llm-api/reference/Eagle3DecodingConfig.html of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4", "2026-12-01",
      "Eagle3DecodingConfig fields and validators (dynamic tree bounds; speculative_model alias "
-     "speculative_model_dir); eagle_choices listed in 1.3.0rc27, gone in 1.4.0rc1; eagle3_one_model absent from "
-     "1.3.0rc27 on; the SpeculativeConfig union discriminated by decoding_type; BaseLlmArgs extra='forbid'"),
+     "speculative_model_dir); eagle_choices listed in 1.3.0rc27, gone in 1.4.0rc1; eagle3_one_model not in the "
+     "rendered signature from 1.3.0rc27 on, yet still accepted (see PR #18721 below); the SpeculativeConfig union "
+     "discriminated by decoding_type; BaseLlmArgs extra='forbid'"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig (load-aware speculation)",
      "the published Eagle3DecodingConfig pages of 1.3.0rc27, 1.4.0rc1, 1.4.0rc4; commit "
      "0004396720054fd8e205cbf616f21f0b57c6b412 "
@@ -178,6 +179,40 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "DecoderModelForCausalLM whose layers capture hidden states (two-model only)"),
     ("NVIDIA/TensorRT-LLM pull request #17366 and issue #6158", "2026-08 / 2025-09 threads", "2026-12-03",
      "two-model speculative decoding forced onto the one-model path; Mistral EAGLE-3 ran two-model only"),
+    # ---- round 3 --------------------------------------------------------------------------------------------------
+    ("NVIDIA/TensorRT-LLM pull requests #18721, #17366, #5879", "2026-09 / 2026-08 / 2025-07 threads", "2026-12-04",
+     "#18721 'BREAKING: Remove the two-model speculative decoding path and dead C++ spec-dec code' (merged, label "
+     "api-breaking; its test_eagle3.py keeps passing eagle3_one_model, now only True): the key is still accepted on "
+     "the current line, false no longer selects a two-model path (#17366 had first overridden false to one-model "
+     "with a warning). That false now raises was not read in a source line. #5879 'support qwen3 dense model in "
+     "eagle_one_model=False' (merged 2025-07): Qwen3 EAGLE-3 arrived as two-model"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/speculative/spec_sampler_base.py + "
+     "tensorrt_llm/_torch/speculative/utils.py + tensorrt_llm/_torch/pyexecutor/sampler/penalties.py",
+     "spec_sampler_base.py at commit 006567a7b85d72e256e4863bf65ae843ba8d3a7b (2026 main, eagle_choices still "
+     "deprecated-not-removed: before 1.4.0rc1); utils.py get_spec_decoder and penalties.py has_occurrence_penalty in "
+     "stored 2026 versions whose commit the index did not show; PRs #17701 (2026-08-14), #17955 (2026-08-19), "
+     "#18401 (2026-08-29), #19161 (2026-09) as threads", "2026-12-04",
+     "SpecSampler.validate_request (one-model speculative sampler): refuses return_context_logits / "
+     "return_generation_logits / logprobs, min_p > 0, min_length, bad_words, no_repeat_ngram_size, embedding_bias, "
+     "top_p_decay; a repetition != 1 / presence != 0 / frequency != 0 penalty needs enable_penalty, and is refused "
+     "when penalty_supported is False, which get_spec_decoder sets for eagle_choices and dynamic trees. Which of "
+     "these checks v1.4.0rc4 itself holds was not read at the tag"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig.enable_penalty",
+     "the published Eagle3DecodingConfig pages of 1.3.0rc27, 1.4.0rc1 and 1.4.0rc4 (enable_penalty: bool = False in "
+     "each signature); PR #17701 (merged 2026-08-14, after 1.2.1 of NGC 26.07)", "2026-12-04",
+     "enable_penalty exists on the current line, default false; not on 1.1 / 1.2 (added after them; not read at "
+     "v1.1.0 / v1.2.0)"),
+    ("NVIDIA/TensorRT-LLM:triton_backend/all_models/llmapi/tensorrt_llm/1/helpers.py + model.py",
+     "helpers.py at commit 0df60f9ad779c4dc4f55da07e08b969fc4684e56, model.py at commit 044a90d2", "2026-12-04",
+     "get_sampling_params_from_request passes sampling_param_frequency_penalty / presence_penalty to SamplingParams "
+     "(no min_p, no repetition_penalty, no logprobs input); return_cumulative_logprob only reads "
+     "outputs[i].cumulative_logprob in _create_response (sent as str, 'None' when no log probabilities were "
+     "computed)"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/executor/iteration_stats.py", "commit b11790149e0e12e52ea82ed7a4d51b51ea98dce6",
+     "2026-12-04",
+     "_materialize_frame: with rank payloads (attention data parallelism) one row per rank, row = dict(base) (so "
+     "specDecodingStats and numActiveRequests are copies), attentionDpRank = the rank, queue / completed counts "
+     "zeroed outside rank 0; without them one row with attentionDpRank = frame.attention_dp_rank or 0"),
     ("huggingface/transformers 4.56.0 (PyPI wheel, run)",
      "AutoTokenizer.from_pretrained, AutoConfig.from_pretrained", "2026-12-01",
      "'TokenizersBackend does not exist'; the rewritten tokenizer_config.json loads with identical ids; the "
@@ -268,8 +303,18 @@ UNVERIFIED: tuple[str, ...] = (
     "1.2's two-model static tree (eagle3_one_model false) is read from eagle3.py, not run on a GPU.",
     "Target architectures: the modeling_*.py registrations were read in stored versions dated by content (2025-2026), "
     "not at the tags; a version's column repeats what those versions show for the whole 1.x line (the classes' base "
-    "did not change between the versions read). Qwen2 / Mistral on the current line rest on PR #17366 (two-model "
-    "forced to one-model) and on their classes not being SpecDecOneEngineForCausalLM in the newest versions read.",
+    "did not change between the versions read). Qwen2 / Mistral on the current line rest on PRs #17366 (two-model "
+    "false overridden to one-model) and #18721 (two-model path removed) and on their classes not being "
+    "SpecDecOneEngineForCausalLM in the newest versions read. Qwen3 one-model on 1.1 is not established by a file "
+    "read at v1.1.0: PR #5879 (2025-07) added Qwen3 EAGLE-3 as two-model, and the one-model registration was read "
+    "in a later version only.",
+    "eagle3_one_model on the current line: that false raises since PR #18721 (rather than being overridden, as "
+    "after #17366) was not read in a source line; what was read is that the two-model path was removed and the key "
+    "is still accepted (true). We never write the key there.",
+    "Sampling on the one-model path at v1.4.0rc4: the rules (penalties need enable_penalty, none with trees; "
+    "logprobs / logits / min_p refused) were read at a 2026 main commit before 1.4.0rc1, not at the tag; the "
+    "enable_penalty field itself is in the 1.4.0rc4 API reference. 1.1 / 1.2: not read; their ensemble contract "
+    "declares no penalty, min_p or logprob input, so Triton refuses them there.",
     "Nothing here ran on TensorRT-LLM or a GPU: every row is read from source, not executed.",
 )
 

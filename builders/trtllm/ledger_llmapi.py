@@ -35,6 +35,12 @@ DECODING_BASE = Source(TRT, "tensorrt_llm/llmapi/llm_args.py",
 DYNAMIC_DRAFT_LEN = Source(TRT, "tensorrt_llm/_torch/speculative/interface.py",
                            "SpeculativeDecodingMode.support_dynamic_draft_len (EAGLE-3 one-model)")
 MIRROR = Source("eagle-deploy", "triton_repo/models/llmapi_reference.py", "TritonPythonModel.initialize")
+PENALTY_SWITCH = Source(TRT, "tensorrt_llm/llmapi/llm_args.py",
+                        "DecodingBaseConfig.enable_penalty (PR #17701); the Eagle3DecodingConfig API reference of the "
+                        "release")
+ONE_MODEL_SAMPLER = Source(TRT, "tensorrt_llm/_torch/speculative/spec_sampler_base.py",
+                           "SpecSampler.validate_request (penalties need enable_penalty, none with trees; logprobs, "
+                           "logits and min_p refused)")
 LORA = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
               "get_lora_request_from_request (lora_id + lora_name + lora_path together; lora_ckpt_source 'hf')")
 LOGITS = Source(TRT, f"{LLMAPI_DIR}/1/helpers.py",
@@ -60,6 +66,13 @@ _OPTIONS = (
               note="max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len; no "
               "eagle_choices on this line (PR #18210)")
 )
+
+# Occurrence penalties on the one-model speculative path (flag penalty = tree.enable_penalty).
+_PENALTY = rows_of("llmapi.option", ("speculative_config.enable_penalty",), PENALTY_SWITCH, type="bool (default false)",
+                   required=True, versions=V, when=("penalty",),
+                   note="written only when true (chains): without it " + ONE_MODEL_SAMPLER.path + " refuses "
+                   "repetition / presence / frequency penalties; with a tree it refuses them anyway (get_spec_decoder "
+                   "penalty_supported), so the build refuses the switch there")
 
 # Load-aware speculation (builders/speculation.py; the reference engine's semantics: engines/schedule.py). Flags:
 # schedule / max_concurrency / acceptance = the config sets tree.draft_len_schedule / max_concurrency / the switch.
@@ -95,9 +108,15 @@ _INPUTS = (
         "best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty", "max_tokens", "stop",
         "seed", "exclude_input_from_output", "return_perf_metrics")), SAMPLING,
         type="INT32 / FP32 / UINT64 / BOOL [1]; stop STRING [-1]", versions=V,
-        note="SamplingParams(**{name minus 'sampling_param_': value})")
-    + rows_of("triton.llmapi.input", ("return_finish_reason", "return_stop_reason", "return_cumulative_logprob"),
-              SAMPLING, type="TYPE_BOOL [1]", versions=V)
+        note="SamplingParams(**{name minus 'sampling_param_': value}); a non-zero frequency / presence penalty is "
+        "refused with INVALID_ARGUMENT at our request boundary (triton_repo/models/llmapi_refusals.py) unless "
+        "tree.enable_penalty, as " + ONE_MODEL_SAMPLER.path + " would refuse it at admission")
+    + rows_of("triton.llmapi.input", ("return_finish_reason", "return_stop_reason"), SAMPLING, type="TYPE_BOOL [1]",
+              versions=V)
+    + rows_of("triton.llmapi.input", ("return_cumulative_logprob",), SAMPLING, type="TYPE_BOOL [1]", versions=V,
+              note="refused with INVALID_ARGUMENT at our request boundary: speculative decoding computes no log "
+              "probabilities (" + ONE_MODEL_SAMPLER.symbol.split(" (")[0] + " refuses logprobs), so upstream would "
+              "answer cumulative_logprob 'None'")
     + rows_of("triton.llmapi.input", ("stop",), STOP, type="TYPE_BOOL [1]", versions=V,
               note="cancels the requests of the same Triton request id")
     + rows_of("triton.llmapi.input", ("lora_id", "lora_name", "lora_path", "lora_ckpt_source"), LORA,
@@ -129,7 +148,7 @@ _MIRROR = rows_of("triton.llmapi.parameter", ("build_dir", "max_queue_size"), MI
                   versions=V, when=("reference",),
                   note="reference engine only (engine.backend reference); upstream's model reads no parameter")
 
-ROWS: list[Row] = _OPTIONS + _LOAD_AWARE + _MODEL_YAML + _INPUTS + _OUTPUTS + _BRIDGE + _MIRROR
+ROWS: list[Row] = _OPTIONS + _PENALTY + _LOAD_AWARE + _MODEL_YAML + _INPUTS + _OUTPUTS + _BRIDGE + _MIRROR
 
 # Inputs of upstream's config.pbtxt (as read: docs/contracts.md, "Sources") that our repository does not declare, with
 # the reason; every upstream input is a row above or here (tests/test_ledger.py).

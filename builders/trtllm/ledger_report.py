@@ -25,11 +25,23 @@ class Citation:
     names: tuple[str, ...]  # the rows citing it (surface:name)
 
 
+def _names(entry: str, source: ledger_rows.Source) -> bool:
+    """A SOURCES file entry names this citation: its repository and path, and, where the entry narrows the file to
+    a symbol ("...llm_args.py DecodingBaseConfig.enable_penalty"), a citation of that symbol."""
+    if not entry.startswith(source.repo) or source.path not in entry:
+        return False
+    narrowed = entry.split(source.path, 1)[1].strip()
+    if not narrowed or narrowed.startswith(("(", "+")):  # "(current line)", "+ other files": the whole file
+        return True
+    return source.symbol.startswith(narrowed.split()[0])
+
+
 def last_reading(source: ledger_rows.Source) -> tuple[str, str]:
-    """(read on, version read) of the latest SOURCES entry naming `source`'s repository and path."""
+    """(read on, version read) of the latest SOURCES entry naming `source`'s repository and path (and symbol, where
+    the entry names one)."""
     if source.repo == ledger_rows.PROJECT:
         return OURS, ""
-    hits = [(on, read) for f, read, on, _ in ledger_docs.SOURCES if f.startswith(source.repo) and source.path in f]
+    hits = [(on, read) for f, read, on, _ in ledger_docs.SOURCES if _names(f, source)]
     return max(hits) if hits else (NEVER, "")
 
 

@@ -34,7 +34,11 @@ class TrtllmVersion:
     static_trees: bool  # any static tree (`eagle_choices`) exists in this version, on some backend
     decoding_type: str  # speculative_config.decoding_type that selects the EAGLE-3 worker
     speculative_model_key: str  # the field naming the head directory
-    eagle3_one_model_field: bool  # `eagle3_one_model` is a field (absent once two-model EAGLE-3 was removed)
+    # `eagle3_one_model: false` selects the two-model EAGLE-3 path (1.1 / 1.2, where we write the key). The current
+    # line still accepts the key, but false no longer runs two-model: it was overridden to one-model with a warning
+    # (NVIDIA/TensorRT-LLM PR #17366) and the two-model path was then removed (PR #18721), so we never write it there.
+    eagle3_one_model_field: bool
+    speculative_penalties: bool  # speculative_config.enable_penalty exists (occurrence penalties, one-model, chains)
     triton_layout: str  # "ensemble" (our preprocessing/tensorrt_llm/postprocessing/ensemble/BLS) | "llmapi"
     max_draft_len_limit: int  # builder.py build(): EAGLE max_draft_len bound
     eagle_max_batch_size: int  # builder.py build(): EAGLE max_batch_size bound (engine flow)
@@ -65,6 +69,7 @@ VERSIONS: dict[str, TrtllmVersion] = {
         decoding_type="Eagle",
         speculative_model_key="speculative_model_dir",
         eagle3_one_model_field=True,
+        speculative_penalties=False,
         triton_layout="ensemble",
         max_draft_len_limit=256,
         eagle_max_batch_size=512,
@@ -90,6 +95,7 @@ VERSIONS: dict[str, TrtllmVersion] = {
         decoding_type="Eagle",
         speculative_model_key="speculative_model_dir",
         eagle3_one_model_field=True,
+        speculative_penalties=False,  # PR #17701 added it 2026-08-14, after 1.2.1 (NGC 26.07); not read at v1.2.0
         triton_layout="ensemble",
         max_draft_len_limit=256,
         eagle_max_batch_size=512,
@@ -117,6 +123,7 @@ VERSIONS: dict[str, TrtllmVersion] = {
         decoding_type="Eagle3",
         speculative_model_key="speculative_model",
         eagle3_one_model_field=False,
+        speculative_penalties=True,  # Eagle3DecodingConfig.enable_penalty in the 1.3.0rc27 .. 1.4.0rc4 API reference
         triton_layout="llmapi",
         max_draft_len_limit=256,
         eagle_max_batch_size=512,

@@ -231,12 +231,38 @@ def _load_aware(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     return []
 
 
+def _penalty(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    """tree.enable_penalty: DecodingBaseConfig.enable_penalty (PR #17701), which only the one-model speculative
+    sampler reads (tensorrt_llm/_torch/speculative/spec_sampler_base.py SpecSampler.validate_request), and which
+    cannot serve a tree: tensorrt_llm/_torch/speculative/utils.py get_spec_decoder sets penalty_supported False for
+    eagle_choices and dynamic trees, so every penalized request is still refused there."""
+    if not cfg.tree.enable_penalty:
+        return []
+    if cfg.engine.backend != "pytorch":
+        return [f"tree.enable_penalty=true with engine.backend={cfg.engine.backend}: it turns on TensorRT-LLM's "
+                "occurrence penalties on the PyTorch backend's one-model speculative path; "
+                + ("the reference engine applies no penalties" if cfg.engine.backend == "reference" else
+                   "the engine flow has no such switch") + "; use engine.backend pytorch or remove tree.enable_penalty"]
+    if not v.speculative_penalties:
+        return [_needs(v, "speculative_penalties", "tree.enable_penalty (speculative_config.enable_penalty)",
+                       "remove tree.enable_penalty")]
+    try:
+        static = cfg.static_tree() if cfg.tree.choices is not None else None
+    except trees.TreeError:
+        return []  # the tree rules report it
+    if cfg.tree.dynamic is not None or (static is not None and not static.is_chain()):
+        return ["tree.enable_penalty=true with a tree: TensorRT-LLM refuses penalized requests under tree "
+                "speculation (get_spec_decoder: penalty_supported is False for dynamic trees and eagle_choices), so "
+                "the switch would serve none; use a chain (tree.choices: chain-N) or remove tree.enable_penalty"]
+    return []
+
+
 def trtllm_problems(cfg: BuildConfig) -> list[str]:
     """Every TensorRT-LLM limit this config breaks for its `trtllm_version`. engine.backend=reference has the
     reference engine's own limits, except that an EAGLE-3-only version refuses EAGLE-1/2 heads and static trees
     there too (the reference engine then serves that version's Triton layout and nothing it could not serve)."""
     v = registry.get(cfg.trtllm_version)
-    p = _backend_and_draft(cfg, v) + _load_aware(cfg, v)
+    p = _backend_and_draft(cfg, v) + _load_aware(cfg, v) + _penalty(cfg, v)
     if cfg.engine.backend == "tensorrt":
         p += _engine_flow(cfg, v)
     elif cfg.engine.backend == "pytorch":

@@ -81,12 +81,8 @@ def _refuse_unsupported(pb_utils: Any, request: Any) -> None:
     best_of = _value(pb_utils, request, "sampling_param_best_of")
     if best_of not in (None, 1):
         raise RequestError(f"sampling_param_best_of={best_of}: the reference engine returns one sequence; send 1")
-    for name in ("sampling_param_frequency_penalty", "sampling_param_presence_penalty"):
-        v = _value(pb_utils, request, name)
-        if v not in (None, 0.0):
-            raise RequestError(f"{name}={v}: the reference engine has no penalties; leave it out (0)")
-    if flag(pb_utils, request, "return_cumulative_logprob"):
-        raise RequestError("return_cumulative_logprob: the reference engine does not compute log-probabilities")
+    # Penalties and cumulative logprobs: refused before parsing, by the rule upstream's model is held to as well
+    # (models/llmapi_refusals.py refuse_speculative_sampling).
 
 
 def _sampling(pb_utils: Any, request: Any) -> SamplingParams:

@@ -13,8 +13,9 @@ same wire behaviour:
   cancelled by client";
 - every input is bounded before the prompt is tokenized (one prompt per request, its bytes, stop strings);
 - no sampling parameter given = greedy; max_tokens absent = 32 (SamplingParams' default).
-It refuses what the reference engine cannot do (best_of > 1, penalties, cumulative logprobs, LoRA adapters) with
-INVALID_ARGUMENT.
+It refuses with INVALID_ARGUMENT what TensorRT-LLM's one-model speculative path refuses (penalties without
+enable_penalty, which this engine never has; cumulative logprobs: models/llmapi_refusals.py, the rule upstream's model
+is held to under engine.backend pytorch too) and what the reference engine cannot do (best_of > 1, LoRA adapters).
 The engine and its draft tree come from `<build_dir>/engine/reference.json`; model.yaml's speculative_config must
 describe the same tree (checked at load). Requests are batched in flight by triton_repo/models/batcher.py.
 """
@@ -56,8 +57,9 @@ class TritonPythonModel:
         self.decoupled = bool(doc["triton_config"]["decoupled"])
         p = common.Params.of(args)
         self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
-        llmapi_io.check_tree(doc.get("speculative_config") or {}, self.engine.tree)
-        llmapi_io.check_policy(doc.get("speculative_config") or {}, self.engine.policy)
+        self.spec = doc.get("speculative_config") or {}
+        llmapi_io.check_tree(self.spec, self.engine.tree)
+        llmapi_io.check_policy(self.spec, self.engine.policy)
         self.tokenizer = self.engine.tokenizer
         # The limits come from the engine's spec (reference.json), the one source; the Triton stage checked at build
         # time that model.yaml's copies (what TensorRT-LLM's LLM reads) agree with it.
@@ -77,7 +79,8 @@ class TritonPythonModel:
                 if self.io.flag(pb_utils, r, "stop"):
                     self._stop(r.request_id(), sender)
                     continue
-                refused = self.refusals.refuse_adapter_inputs(pb_utils, r)
+                refused = (self.refusals.refuse_adapter_inputs(pb_utils, r)
+                           or self.refusals.refuse_speculative_sampling(pb_utils, r, self.spec))
                 if refused is not None:
                     raise self.io.RequestError(refused)
                 parsed = self.io.parse(pb_utils, r, self.tokenizer, self.limits, DEFAULT_MAX_TOKENS)

@@ -5,7 +5,8 @@ contract ledger (builders/trtllm/ledger_llmapi.py, cited to tensorrt_llm/llmapi/
 - `speculative_config.decoding_type` selects the EAGLE-3 worker on the PyTorch backend: `Eagle` on 1.1/1.2
   (EagleDecodingConfig.spec_dec_mode -> EAGLE3 / EAGLE3_ONE_MODEL), `Eagle3` on the current line
   (Eagle3DecodingConfig); `speculative_model_dir` (1.1/1.2) or `speculative_model` (current line) names the head;
-  `eagle3_one_model` only where the field still exists (true for chains, false for a static tree);
+  `eagle3_one_model` only where false still selects the two-model path, 1.1 / 1.2 (true for chains, false for a
+  static tree); the current line accepts the key but runs one-model only (PRs #17366, #18721), so it is left out;
 - `max_draft_len` = number of drafting steps (tree depth). A chain is the default linear tree: nothing else is
   written, which every supported version accepts;
 - a static tree (versions with `pytorch_static_tree`): `eagle_choices` and, where the field exists,

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from builders.adaptive_config import CaptureConfig, RefreshConfig
 from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
@@ -258,6 +259,10 @@ class BuildConfig(Strict):
     triton: TritonConfig = Field(default_factory=TritonConfig, description="Triton model repository options.")
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig,
                                          description="Acceptance baseline and alert thresholds (production metrics).")
+    capture: CaptureConfig = Field(default_factory=CaptureConfig,
+                                   description="Opt-in capture of served requests (docs/adaptive.md).")
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig,
+                                   description="Fine-tune, gate and publish a head on captured traffic.")
     # engine fields filled by load_config (builders/defaults.py) -> why; written to config.resolved.yaml
     _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -435,8 +440,14 @@ def _rule_trtllm(cfg: BuildConfig) -> list[str]:
     return trtllm_problems(cfg)
 
 
+def _rule_capture(cfg: BuildConfig) -> list[str]:
+    from builders.adaptive.settings import capture_rule
+
+    return capture_rule(cfg)
+
+
 CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm,
-                    capacity_rule)
+                    capacity_rule, _rule_capture)
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:

@@ -83,7 +83,7 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     from builders.adaptive.settings import store_dir
     from builders.doctor.gate import gate
     from core.spec import read_spec
-    from training.compute import apply_compute, load_target, resolve_compute
+    from training.compute import apply_compute, resolve_compute
     from training.features import FeatureSpec
 
     t0, rc = time.monotonic(), cfg.refresh
@@ -101,8 +101,8 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     served = F.read_served(served_head(build_dir, cfg.triton.llm_model))
     compute = resolve_compute(F.COMPUTE)
     apply_compute(compute, False)
-    model, tok, target_dir = load_target(str(layout.hf_target_dir(build_dir)), compute)
-    fspec = FeatureSpec(tuple(served.layer_ids), getattr(__import__("torch"), F.FEATURES.dtype))
+    model, tok, target_dir = F.load_target(layout.hf_target_dir(build_dir), compute)
+    fspec = FeatureSpec(tuple(served.layer_ids), F.FEATURE_DTYPE)
     n_orig = round(rc.original_share * len(train))
     orig = D.original_sequences(Path(cfg.draft.model) / "recipe.yaml", tok, n_orig, rc.max_seq_len)
     work = run / "work"

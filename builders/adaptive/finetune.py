@@ -32,6 +32,17 @@ from training.shards import atomic_save
 BEST = "best.pt"
 COMPUTE = ComputeConfig(device="auto", precision="auto", tf32=False, threads=0, target_device_map="none")
 FEATURES = FeaturesConfig(storage="shards", dtype="bfloat16", batch_tokens=2048)
+FEATURE_DTYPE = torch.bfloat16  # = FEATURES.dtype
+
+
+def load_target(target_dir: Path, c: Compute) -> tuple[Any, Any, Path]:
+    """(model, tokenizer, dir): the build's HF target in c.target_dtype on c.device, eval mode. Unlike the trainer's
+    loader it needs no chat template: the captured sequences are token ids already."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=c.target_dtype).to(c.device)
+    return model.eval().requires_grad_(False), tok, Path(target_dir)
 
 
 @dataclass

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "adaptive-test-key"
 WORDS = "the quick brown fox jumps over lazy dog hello world one two three".split()
-TEXTS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(6)) for i in range(24)]
+TEXTS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(6)) + f" {i}" for i in range(24)]
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,8 @@ def test_llmapi_layout_serves_a_published_version(tmp_path: Path) -> None:
     assert P.install(build, "tensorrt_llm", run, gate) == 2
     v2 = build / "triton_repo" / "tensorrt_llm" / "2"
     spec = yaml.safe_load((v2 / "model.yaml").read_text())["speculative_config"]
-    assert spec["speculative_model_dir"] == "./tensorrt_llm/2/draft_head" and (v2 / "draft_head" / "config.json").is_file()
+    key = "speculative_model_dir" if "speculative_model_dir" in spec else "speculative_model"  # per version
+    assert spec[key] == "./tensorrt_llm/2/draft_head" and (v2 / "draft_head" / "config.json").is_file()
     assert {p.name for p in v2.iterdir()} >= {"model.py", "eagle_bootstrap.py", "model.yaml", "draft_head",
                                               "acceptance_baseline.json"}
     srv = TritonServer(build / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
@@ -183,7 +184,7 @@ def test_llmapi_layout_serves_a_published_version(tmp_path: Path) -> None:
         assert json.loads(urllib.request.urlopen(req, timeout=120).read())["model_version"] == "2"
         assert metric(srv, "eagle_llm_baseline_tau", version="2") == 1.5
         doc = yaml.safe_load((v2 / "model.yaml").read_text())
-        doc["speculative_config"]["speculative_model_dir"] = "./tensorrt_llm/1"
+        doc["speculative_config"][key] = "./tensorrt_llm/1"
         (v2 / "model.yaml").write_text(yaml.safe_dump(doc))
         with pytest.raises(P.PublishError, match="refused to load"):
             P.load(srv.http_url, KEY, "tensorrt_llm", 2, timeout=120)

@@ -140,7 +140,19 @@ def test_hook_off_without_settings_and_sampled_with_them(tmp_path: Path) -> None
     half = C.Hook(pb, settings(sample_rate=0.5), tmp_path, {"version": "3"})
     picks = [half.wanted(Req("{}")) for _ in range(2000)]
     assert 800 < sum(picks) < 1200 and not half.wanted(Req('{"eagle_capture": false}'))
+    from core.types import GenerationRequest, GenerationResult, RequestStats, SamplingParams
+
+    dropped: list[int] = []
+    assert half.writer is not None
+    half.writer.on_dropped = dropped.append
+    req = GenerationRequest([1, 2], 4, SamplingParams(), [])  # seed None: recorded as null
+    half.finished(True, req, GenerationResult([5, 6], "length", RequestStats(2, 1, 0, 3, [0])))
+    half.finished(True, req, object())  # a record it cannot make: dropped and counted, never raised into serving
     half.close()
+    [r] = C.read_records(tmp_path / "store")
+    assert r["sampling"]["seed"] is None and r["output_ids"] == [5, 6] and r["model_version"] == "3"
+    assert r["acceptance"] == {"target_forwards": 1, "accepted_draft_tokens": 0, "draft_tokens": 3,
+                               "acceptance_by_depth": [0]} and dropped == [1]
 
 
 def test_split_is_by_request_deterministic_and_disjoint() -> None:

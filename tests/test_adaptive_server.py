@@ -156,7 +156,8 @@ def test_llmapi_layout_serves_a_published_version(tmp_path: Path) -> None:
     cfg.write_text(f"name: l\ntrtllm_version: '1.4'\noutput_dir: {tmp_path / 'build'}\n"
                    f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle3, model: {head}}}\n"
                    "tree: {choices: chain-3}\n"
-                   "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n")
+                   "engine: {backend: reference, device: cpu, max_batch_size: 4, max_input_len: 48, max_seq_len: 128}\n"
+                   "capture: {enabled: true, segment_records: 1}\n")
     assert build_main([str(cfg)]) == 0
     build = tmp_path / "build"
     run = build / "refresh" / "run-x"
@@ -182,6 +183,11 @@ def test_llmapi_layout_serves_a_published_version(tmp_path: Path) -> None:
         req = urllib.request.Request(f"http://{srv.http_url}/v2/models/tensorrt_llm/generate", data=body,
                                      headers={"Content-Type": "application/json"})
         assert json.loads(urllib.request.urlopen(req, timeout=120).read())["model_version"] == "2"
+        deadline = time.monotonic() + 30
+        while not list(C.read_records(build / "capture")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [r] = C.read_records(build / "capture")  # the llmapi mirror records too, with this version's number
+        assert r["model_version"] == "2" and len(r["output_ids"]) == 8 and r["sampling"]["seed"] is None
         assert metric(srv, "eagle_llm_baseline_tau", version="2") == 1.5
         doc = yaml.safe_load((v2 / "model.yaml").read_text())
         doc["speculative_config"][key] = "./tensorrt_llm/1"

@@ -271,8 +271,8 @@ def record(prompt_ids: list[int], output_ids: list[int], sampling: Any, max_new_
     return {
         "id": uuid.uuid4().hex, "time": round(time.time(), 3), "model_version": version,
         "prompt_ids": [int(t) for t in prompt_ids], "output_ids": [int(t) for t in output_ids],
-        "sampling": {"temperature": float(sampling.temperature), "top_k": int(sampling.top_k),
-                     "top_p": float(sampling.top_p), "seed": int(sampling.seed)},
+        "sampling": {"temperature": float(sampling.temperature), "top_k": int(sampling.top_k or 0),
+                     "top_p": float(sampling.top_p), "seed": None if sampling.seed is None else int(sampling.seed)},
         "max_new_tokens": int(max_new_tokens), "finish_reason": str(finish_reason),
         "acceptance": {"target_forwards": int(stats.target_forwards),
                        "accepted_draft_tokens": int(stats.accepted_draft_tokens),
@@ -310,15 +310,24 @@ class Hook:
     def wanted(self, request: Any) -> bool:
         if self.writer is None or self.settings is None:
             return False
-        if opted_out(request.parameters() if hasattr(request, "parameters") else None):
+        try:
+            if opted_out(request.parameters() if hasattr(request, "parameters") else None):
+                return False
+        except Exception:  # parameters the backend cannot read: not recorded (never a reason to refuse it)
             return False
         return self.settings.sample_rate >= 1.0 or self._rng.random() < self.settings.sample_rate
 
     def finished(self, wanted: bool, request: Any, result: Any) -> None:
         """A request that ended normally: engines.api GenerationRequest and GenerationResult."""
-        if wanted and self.writer is not None:
-            self.writer.offer(record(request.prompt_ids, result.output_ids, request.sampling, request.max_new_tokens,
-                                     result.finish_reason, result.stats, self.version))
+        if not wanted or self.writer is None:
+            return
+        try:
+            rec = record(request.prompt_ids, result.output_ids, request.sampling, request.max_new_tokens,
+                         result.finish_reason, result.stats, self.version)
+        except Exception:  # the store must never break serving: a record it cannot make is a dropped one
+            self.writer.on_dropped(1)
+            return
+        self.writer.offer(rec)
 
     def close(self) -> None:
         if self.writer is not None:

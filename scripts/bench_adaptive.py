@@ -150,7 +150,7 @@ def main() -> int:
     ap.add_argument("--train-problems", type=int, default=100)
     ap.add_argument("--instructions", type=int, default=2, help="captured requests per training problem")
     ap.add_argument("--held-out-problems", type=int, default=40)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
     py, out = sys.executable, args.out.resolve()
@@ -170,9 +170,11 @@ def main() -> int:
     srv.start(timeout_s=600)
     try:
         before = held_out_pass(srv, held, args, "1")
+        print(f"held-out before: tau {before['tau']:.3f}, {before['tokens_per_s']:.1f} tokens/s", flush=True)
         t = time.monotonic()
         pool(srv, train, args.max_tokens, True, args.concurrency)
         res["capture_traffic_s"] = round(time.monotonic() - t, 1)
+        print(f"captured {len(train)} requests in {res['capture_traffic_s']} s", flush=True)
         time.sleep(7)  # the writer seals its open segment after capture.segment_seconds
         t = time.monotonic()
         refresh = subprocess.run([py, "builders/refresh.py", "--build", str(out)], cwd=ROOT, env=env)

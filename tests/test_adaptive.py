@@ -110,7 +110,8 @@ def test_a_crash_loses_at_most_the_open_segment(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("params", "out"), [
     (None, False), ("", False), ("{}", False), ('{"eagle_capture": false}', True), ('{"eagle_capture": "false"}', True),
-    ('{"eagle_capture": 0}', True), ('{"eagle_capture": true}', False), ('{"other": false}', False), ("not json", False),
+    ('{"eagle_capture": 0}', True), ('{"eagle_capture": true}', False), ('{"other": false}', False),
+    ("not json", False),
 ])
 def test_opt_out_parameter(params: str | None, out: bool) -> None:
     assert C.opted_out(params) is out
@@ -133,7 +134,7 @@ def test_hook_off_without_settings_and_sampled_with_them(tmp_path: Path) -> None
         def __init__(self, *a: Any) -> None:
             pass
 
-        def Metric(self, labels: dict[str, str]) -> Any:  # noqa: N802 (pb_utils' name)
+        def Metric(self, labels: dict[str, str]) -> Any:
             return type("M", (), {"increment": lambda self, n: None})()
 
     pb = type("pb", (), {"MetricFamily": Family})
@@ -257,7 +258,7 @@ def test_refresh_exit_2_on_unusable_input(mimic3_build: Path, tmp_path: Path) ->
 
 
 def test_launcher_explicit_model_control_argv() -> None:
-    """`launch.py --model-control explicit`: every model loaded at start, load requests accepted (what --publish needs)."""
+    """`launch.py --model-control explicit`: every model loaded at start, load requests accepted (--publish)."""
     p = subprocess.run([sys.executable, "triton_repo/launch.py", "--repo", str(ROOT), "--print-argv",
                         "--model-control", "explicit"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.split()[-2:] == ["--model-control-mode=explicit", "--load-model=*"]

@@ -28,7 +28,7 @@ from triton_repo.models import capture as C
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "adaptive-test-key"
-WORDS = "the quick brown fox jumps over lazy dog hello world one two three".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "one", "two", "three"]
 TEXTS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(6)) + f" {i}" for i in range(24)]
 
 
@@ -84,7 +84,9 @@ class InFlight:
         return sum(self.done), self.errors
 
 
-def test_capture_refresh_publish_rollback_with_requests_in_flight(server: TritonServer, mimic3_build: Path) -> None:
+def test_capture_refresh_publish_rollback_with_requests_in_flight(
+    server: TritonServer, mimic3_build: Path  # noqa: F811 (the module fixture)
+) -> None:
     build, store = mimic3_build, mimic3_build / "capture"
     C.purge(store)
     before = [ask(server, t, capture=(i % 4 != 3)) for i, t in enumerate(TEXTS)]  # every 4th opts out

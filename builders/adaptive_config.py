@@ -5,6 +5,8 @@ own module so builders.adaptive can import the sections without a cycle through 
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -76,3 +78,14 @@ class RefreshConfig(_Strict):
         "current head's by at least this much (and the doctor finds it healthy and lossless).",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the split, the data order and the fine-tune.")
+
+
+def capture_rule(cfg: Any) -> list[str]:
+    """(a BuildConfig) Capture needs a served model that records requests: the python LLM models of engine.backend
+    reference (both layouts). The C++ tensorrtllm backend and TensorRT-LLM's own llmapi model run upstream code we do
+    not change."""
+    if not cfg.capture.enabled or cfg.engine.backend == "reference":
+        return []
+    return [f"capture.enabled=true with engine.backend={cfg.engine.backend!r}: the served LLM model there is "
+            "TensorRT-LLM's own (it records nothing); capture traffic on an engine.backend=reference twin of this "
+            "config, or set capture.enabled: false (docs/adaptive.md, 'On a GPU')"]

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from builders.adaptive_config import CaptureConfig, RefreshConfig
+from builders.adaptive_config import CaptureConfig, RefreshConfig, capture_rule
 from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
@@ -440,14 +440,8 @@ def _rule_trtllm(cfg: BuildConfig) -> list[str]:
     return trtllm_problems(cfg)
 
 
-def _rule_capture(cfg: BuildConfig) -> list[str]:
-    from builders.adaptive.settings import capture_rule
-
-    return capture_rule(cfg)
-
-
 CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm,
-                    capacity_rule, _rule_capture)
+                    capacity_rule, capture_rule)
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:

@@ -32,13 +32,3 @@ def write_settings(cfg: BuildConfig, repo_final: Path, out: Path) -> Path:
     f = out / SETTINGS_FILE
     f.write_text(settings(cfg, repo_final).to_json())
     return f
-
-
-def capture_rule(cfg: BuildConfig) -> list[str]:
-    """Capture needs a served model that records requests: the python LLM models of engine.backend reference (both
-    layouts). The C++ tensorrtllm backend and TensorRT-LLM's own llmapi model run upstream code we do not change."""
-    if not cfg.capture.enabled or cfg.engine.backend == "reference":
-        return []
-    return [f"capture.enabled=true with engine.backend={cfg.engine.backend!r}: the served LLM model there is "
-            "TensorRT-LLM's own (it records nothing); capture traffic on an engine.backend=reference twin of this "
-            "config, or set capture.enabled: false (docs/adaptive.md, 'On a GPU')"]

@@ -60,13 +60,11 @@ def engine_with(build_dir: Path, head: Path) -> Any:
     """The build's reference engine (checkpoint, tree, dtype) drafting with `head` (normalized)."""
     from core.spec import read_spec
     from engines.api import ReferenceEngine
-    from engines.runtime import runtime_from_spec
 
     spec = read_spec(build_dir)
     if spec.draft_type != "eagle3":
         raise UnusableInput(f"{build_dir} serves an {spec.draft_type} head; the gate compares EAGLE-3 heads")
-    return ReferenceEngine(runtime_from_spec(spec.model_copy(update={"eagle3_head_dir": str(head.resolve())}),
-                                             build_dir, None))
+    return ReferenceEngine.from_build(build_dir, eagle3_head_dir=head)
 
 
 def decode(engine: Any, prompts: list[list[int]], n: int, eos: list[int], speculative: bool,

@@ -47,7 +47,6 @@ def engine_for(args: dict[str, Any], build_dir: Path) -> ReferenceEngine:
     """The reference engine of this version: the build's, with this version's published head when it has one."""
     from core.spec import read_spec
     from engines.api import ReferenceEngine
-    from engines.runtime import runtime_from_spec
 
     head = published_head(args)
     if head is None:
@@ -62,4 +61,4 @@ def engine_for(args: dict[str, Any], build_dir: Path) -> ReferenceEngine:
     if spec.draft_type != "eagle3":
         raise ValueError(f"{head}: a published head version needs an EAGLE-3 build (this build's head is "
                          f"{spec.draft_type}); remove the version directory")
-    return ReferenceEngine(runtime_from_spec(spec.model_copy(update={"eagle3_head_dir": str(head)}), build_dir, None))
+    return ReferenceEngine.from_build(build_dir, eagle3_head_dir=head)

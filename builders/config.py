@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from builders.adaptive_config import CaptureConfig, RefreshConfig, capture_rule
 from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
@@ -261,6 +262,10 @@ class BuildConfig(Strict):
     triton: TritonConfig = Field(default_factory=TritonConfig, description="Triton model repository options.")
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig,
                                          description="Acceptance baseline and alert thresholds (production metrics).")
+    capture: CaptureConfig = Field(default_factory=CaptureConfig,
+                                   description="Opt-in capture of served requests (docs/adaptive.md).")
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig,
+                                   description="Fine-tune, gate and publish a head on captured traffic.")
     # engine fields filled by load_config (builders/defaults.py) -> why; written to config.resolved.yaml
     _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -439,7 +444,7 @@ def _rule_trtllm(cfg: BuildConfig) -> list[str]:
 
 
 CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm,
-                    capacity_rule)
+                    capacity_rule, capture_rule)
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:

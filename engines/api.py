@@ -59,10 +59,14 @@ class ReferenceEngine:
 
     # ---- construction -------------------------------------------------------------------------------------------
     @classmethod
-    def from_build(cls, build_dir: Path, device: str | None = None) -> ReferenceEngine:
-        """Load what `<build_dir>/engine/reference.json` (core.spec) describes. `device` overrides the spec's."""
+    def from_build(cls, build_dir: Path, device: str | None = None,
+                   eagle3_head_dir: Path | None = None) -> ReferenceEngine:
+        """Load what `<build_dir>/engine/reference.json` (core.spec) describes. `device` overrides the spec's;
+        `eagle3_head_dir` drafts with another normalized EAGLE-3 head (a published head version: docs/adaptive.md)."""
         build_dir = Path(build_dir)
         spec = read_spec(build_dir)
+        if eagle3_head_dir is not None:
+            spec = spec.model_copy(update={"eagle3_head_dir": str(Path(eagle3_head_dir).resolve())})
         return cls(runtime_from_spec(spec, build_dir, device=device))
 
     @classmethod

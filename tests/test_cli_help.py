@@ -18,6 +18,7 @@ ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "scripts", "t
 ENTRY_POINTS = {
     "builders/build.py": ["builders/build.py"],
     "builders/train_head.py": ["builders/train_head.py"],
+    "builders/refresh.py": ["builders/refresh.py"],
     "builders/tune_tree.py": ["builders/tune_tree.py"],
     "measure/model_source.py": ["-m", "measure.model_source"],
     "builders/ledger_check.py": ["-m", "builders.ledger_check"],
@@ -53,6 +54,7 @@ ENTRY_POINTS = {
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
     "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
     "scripts/mutation.py": ["scripts/mutation.py"],
+    "scripts/bench_adaptive.py": ["scripts/bench_adaptive.py"],
 }
 
 

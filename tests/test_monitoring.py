@@ -49,7 +49,8 @@ def test_rules_carry_the_configured_thresholds(tmp_path: Path, drop: float, wind
     assert r.returncode == 0, r.stdout + r.stderr
     text = f.read_text()
     assert f"[{window}]" in text and f"for: {alert_for}" in text
-    assert f"< on (instance, model) ({round(1 - drop, 6)} * max by (instance, model) (eagle_llm_baseline_tau))" in text
+    assert (f"< on (instance, model, version) ({round(1 - drop, 6)} * max by (instance, model, version) "
+            "(eagle_llm_baseline_tau))") in text
 
 
 @pytest.mark.parametrize("bad", ["10 minutes", "5", "1d", ""])

@@ -30,13 +30,15 @@ def inputs(text: str | bytes, max_tokens: int, **extra: tuple[Any, str]) -> list
 
 def stream_call(
     client: Any, model: str, ins: list[Any], cancel_after: int | None = None, timeout: float = 120,
-    headers: dict[str, str] | None = None, request_id: str = "",
+    headers: dict[str, str] | None = None, request_id: str = "", parameters: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """All responses of one request on a gRPC stream, as {output: array}; raises the first error."""
+    """All responses of one request on a gRPC stream, as {output: array}; raises the first error. `parameters`: the
+    request's parameters (e.g. the capture opt-out)."""
     q: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)), headers=headers)
     try:
-        client.async_stream_infer(model, ins, enable_empty_final_response=True, request_id=request_id)
+        client.async_stream_infer(model, ins, enable_empty_final_response=True, request_id=request_id,
+                                  parameters=parameters)
         out: list[dict[str, Any]] = []
         while True:
             result, error = q.get(timeout=timeout)

@@ -107,6 +107,7 @@ def server_argv(
     shm_prefix: str,
     admin_key: str,
     load_only: str | None = None,
+    explicit: bool = False,
 ) -> list[str]:
     """One tritonserver invocation. `shm_prefix` keeps the python-backend shared-memory regions of servers running
     side by side (tests, MPI ranks) apart. `load_only` = model name for ranks > 0 of a multi-GPU TensorRT-LLM
@@ -128,6 +129,8 @@ def server_argv(
     ]
     if load_only is not None:
         argv += ["--model-control-mode=explicit", f"--load-model={load_only}"]
+    elif explicit:
+        argv += ["--model-control-mode=explicit", "--load-model=*"]
     return argv
 
 
@@ -158,6 +161,7 @@ def launch_argv(
     llm_model: str = "tensorrt_llm",
     admin_key: str,
     as_root: bool = False,
+    explicit: bool = False,
 ) -> list[str]:
     """The full command: one server, or the mpirun form for `world_size` > 1 (tensorrtllm_backend
     scripts/launch_triton_server.py: rank 0 loads the whole repository, ranks > 0 only `llm_model`)."""
@@ -165,7 +169,7 @@ def launch_argv(
         server_argv(
             binary.executable, repo, backend_dir=binary.backend_dir, grpc_port=grpc_port, http_port=http_port,
             metrics_port=metrics_port, host=host, shm_prefix=shm.prefix(shm_tag, r), admin_key=admin_key,
-            load_only=None if r == 0 else llm_model,
+            load_only=None if r == 0 else llm_model, explicit=explicit,
         )
         for r in range(world_size)
     ]
@@ -195,8 +199,10 @@ class TritonServer:
         binary: ServerBinary | None = None,
         llm_model: str = "tensorrt_llm",
         admin_key: str | None = None,
+        explicit: bool = False,
     ) -> None:
         self.repo = Path(repo).resolve()
+        self.explicit = explicit  # model control: load/unload through the model-repository API (server_argv)
         # No key given: a random one nobody is told, so the admin endpoints are closed (tests read it from here).
         self.admin_key = admin_key or secrets.token_urlsafe(24)
         self.grpc_port, self.http_port, self.metrics_port = grpc_port, http_port, metrics_port
@@ -240,7 +246,7 @@ class TritonServer:
         return launch_argv(
             binary, self.repo, grpc_port=self.grpc_port, http_port=self.http_port, metrics_port=self.metrics_port,
             host=self.host, world_size=self.world_size, shm_tag=self.shm_tag,
-            llm_model=self.llm_model, admin_key=self.admin_key, as_root=os.geteuid() == 0,
+            llm_model=self.llm_model, admin_key=self.admin_key, as_root=os.geteuid() == 0, explicit=self.explicit,
         )
 
     def shown_argv(self) -> str:
@@ -375,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait until ready")
     ap.add_argument("--log", type=Path, default=None, help="server log file (default: a temporary file)")
     ap.add_argument("--print-argv", action="store_true", help="print the command and exit without starting")
+    ap.add_argument("--model-control", choices=("none", "explicit"), default="none",
+                    help="explicit: accept model load requests (the admin API), so `builders/refresh.py --publish` "
+                    "can serve a new head version without a restart (docs/adaptive.md)")
     args = ap.parse_args(argv)
     if args.world_size < 1:
         ap.error(f"--world-size {args.world_size}: must be >= 1")
@@ -396,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     srv = TritonServer(
         args.repo, grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
         host=args.host, world_size=args.world_size, log_path=args.log, llm_model=args.llm_model, admin_key=admin_key,
+        explicit=args.model_control == "explicit",
     )
     if args.print_argv:
         print(srv.shown_argv())

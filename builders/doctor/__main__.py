@@ -2,6 +2,7 @@
 [--max-new-tokens N] [--engine ENGINE] [--json OUT] [--no-measure]`
 `python -m builders.doctor export --head DIR --to eagle-repo|specforge|speculators|trtllm OUT [--target DIR]
 [--verifier-name ORG/NAME]`
+`python -m builders.doctor gate --build BUILD --candidate HEAD --requests HELD_OUT.jsonl [--margin M]`
 
 Says why a draft head's acceptance is low on a target, and where the head loads as it is. Static checks (all
 reported at once): the head's format and layout and the engines that load it unchanged; shapes and vocabulary
@@ -73,6 +74,10 @@ def _export_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gate"]:  # the adaptive loop's gate (builders/doctor/gate.py)
+        from builders.doctor.gate import main as gate_main
+
+        return gate_main(argv[1:])
     if argv[:1] == ["export"]:
         from builders.doctor.export import export
         from builders.doctor.run import resolve

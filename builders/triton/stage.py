@@ -48,6 +48,10 @@ def run(ctx: StageContext) -> None:
     except render.RenderError as e:
         raise StageError(str(e)) from e
     (ctx.out / rules.RULES_FILE).write_text(rules.rules_yaml(ctx.cfg.monitoring))  # Triton ignores plain files here
+    if ctx.cfg.capture.enabled:  # the served LLM model records finished requests (docs/adaptive.md)
+        from builders.adaptive.settings import write_settings
+
+        ctx.notes["capture"] = write_settings(ctx.cfg, ctx.final, ctx.out).name
     if ctx.cfg.monitoring.calibration_prompts is not None:
         ctx.notes["acceptance_baseline"] = baseline.write(ctx.cfg, ctx.build_dir, ctx.out).name
     ctx.notes["models"] = sorted(

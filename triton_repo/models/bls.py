@@ -30,7 +30,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from triton_repo import contract
-        from triton_repo.models import bounds, common, guard, llm_io, perf_bridge
+        from triton_repo.models import bounds, capture, common, guard, llm_io, perf_bridge
 
         self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
         self._count = 0
@@ -46,6 +46,7 @@ class TritonPythonModel:
         # The LLM model answers only requests carrying the server's secret (models/guard.py)
         key = guard.load_key(p.bool("internal_guard"), args["model_name"])
         self.llm_params = {} if key is None else {guard.PARAMETER: key.decode()}
+        self.opt_out, self.forwarded = capture.forwarded, dict[str, Any]()  # the client's capture opt-out
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse | None] | None:
         """Requests are served one after the other, as upstream's BLS: run triton.bls_instances instances for
@@ -57,6 +58,7 @@ class TritonPythonModel:
         return [self._answer(self._read(r), None) for r in requests]
 
     def _read(self, request: pb_utils.InferenceRequest) -> dict[str, np.ndarray[Any, Any]]:
+        self.forwarded = self.opt_out(request)  # requests are served one after the other (execute)
         out = {}
         for t in self.C.ENSEMBLE_INPUTS:
             x = pb_utils.get_input_tensor_by_name(request, t.name)
@@ -133,7 +135,8 @@ class TritonPythonModel:
             request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{self._count}-{secrets.token_hex(16)}"
         llm_req = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self._inputs(request, llm_map),
-            requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id, parameters=self.llm_params,
+            requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,
+            parameters={**self.llm_params, **self.forwarded},
         )
         if not self.decoupled:
             resp = llm_req.exec()

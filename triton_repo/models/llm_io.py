@@ -31,6 +31,7 @@ class Parsed:
     perf: bool
     request: Any = None  # the engine's request object (engines.api.GenerationRequest for the reference engine)
     arrival_ns: int | None = None  # set at admission when the perf outputs carry arrival_time_ns (perf_bridge.py)
+    capture: bool = False  # recorded in the capture store when it finishes (models/capture.py)
 
 
 def sampling_from(temperature: float, top_k: int, top_p: float, seed: int) -> SamplingParams:

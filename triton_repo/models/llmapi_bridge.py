@@ -63,7 +63,7 @@ class TritonPythonModel(UpstreamModel):
 
         self._eagle_counts = spec_metrics.iteration_counts
         self._eagle = spec_metrics.SpecMetrics(pb_utils, args["model_name"], "pytorch", 0, True,
-                                               spec_metrics.baseline_for(args))
+                                               spec_metrics.baseline_for(args), str(args.get("model_version", "")))
         self._eagle_thread = threading.Thread(target=self._eagle_poll, daemon=True)
         self._eagle_thread.start()
 

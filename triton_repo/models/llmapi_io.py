@@ -28,6 +28,7 @@ class Parsed:
     stop_reason: bool
     generated: list[int] = field(default_factory=list)  # ids accepted so far (streaming)
     sender: Any = None
+    capture: bool = False  # recorded in the capture store when it finishes (models/capture.py)
 
 
 def _value(pb_utils: Any, request: Any, name: str) -> Any:

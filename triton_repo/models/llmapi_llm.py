@@ -55,7 +55,7 @@ class TritonPythonModel:
         # The LLM API reports accepted and drafted tokens per request, not per position (spec_metrics.llmapi_counts)
         self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], "pytorch", 0, "speculative_config" in options,
-            spec_metrics.baseline_for(args))
+            spec_metrics.baseline_for(args), str(args.get("model_version", "")))
         self.llmapi_counts = spec_metrics.llmapi_counts
         self._in_flight = 0
         self._lock = threading.Lock()

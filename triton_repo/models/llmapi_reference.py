@@ -44,10 +44,10 @@ class TritonPythonModel:
 
         import yaml
 
-        from engines.api import ReferenceEngine
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
-        from triton_repo.models import batcher, bounds, common, llmapi_io, llmapi_refusals, spec_metrics
+        from triton_repo.models import batcher, bounds, capture, common, llmapi_io, llmapi_refusals, spec_metrics
+        from triton_repo.models import versions
 
         self.C, self.io, self.batcher_mod, self.bounds, self.common = contract, llmapi_io, batcher, bounds, common
         self.refusals = llmapi_refusals
@@ -56,7 +56,7 @@ class TritonPythonModel:
             doc = yaml.safe_load(f)
         self.decoupled = bool(doc["triton_config"]["decoupled"])
         p = common.Params.of(args)
-        self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
+        self.engine = versions.engine_for(args, Path(p.path("build_dir")))  # this version's head (models/versions.py)
         self.spec = doc.get("speculative_config") or {}
         llmapi_io.check_tree(self.spec, self.engine.tree)
         llmapi_io.check_policy(self.spec, self.engine.policy)
@@ -68,7 +68,8 @@ class TritonPythonModel:
                                       on_tokens=self._on_tokens)
         self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], "reference", draft_depth(self.engine),
-            self.engine.has_draft, spec_metrics.baseline_for(args))
+            self.engine.has_draft, spec_metrics.baseline_for(args), str(args.get("model_version", "")))
+        self.capture = capture.Hook.of(pb_utils, args, "reference")  # opt-in store (models/capture.py)
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
                                        max_queue_size=p.int("max_queue_size"), on_count=self.metrics.counts)
 
@@ -94,6 +95,7 @@ class TritonPythonModel:
                 continue
             job = self.batcher_mod.Job(payload=parsed, is_cancelled=sender.is_cancelled, streaming=parsed.streaming)
             job.request_id = r.request_id() or ""
+            parsed.capture = self.capture.wanted(r)
             parsed.sender = sender
             refusal = self.batcher.admit(job)
             if refusal is not None:
@@ -138,9 +140,11 @@ class TritonPythonModel:
             self.metrics.cancelled.increment(1)
             resp = self.io.error(pb_utils, "Request cancelled by client", "CANCELLED")
         else:
+            self.capture.finished(parsed.capture, parsed.request, job.result)
             resp = self.io.final_response(pb_utils, self.tokenizer, parsed, job.result)
         with contextlib.suppress(Exception):  # the client is gone; nothing left to free
             parsed.sender.send(resp, flags=FINAL)
 
     def finalize(self) -> None:
         self.batcher.close()
+        self.capture.close()

@@ -33,10 +33,9 @@ class TritonPythonModel:
         project_on_path(args)
         from pathlib import Path
 
-        from engines.api import ReferenceEngine
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
-        from triton_repo.models import batcher, bounds, common, guard, llm_io, spec_metrics
+        from triton_repo.models import batcher, bounds, capture, common, guard, llm_io, spec_metrics, versions
 
         self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
         p = common.Params.of(args)
@@ -46,14 +45,15 @@ class TritonPythonModel:
         # perf outputs (running totals + arrival_time_ns) on every response, as the C++ backend writes them: the
         # repository is wired like the engine flow, postprocessing counts them (models/perf_bridge.py)
         self.perf_every_response = p.bool("perf_every_response")
-        self.engine = ReferenceEngine.from_build(Path(p.path("build_dir")))
+        self.engine = versions.engine_for(args, Path(p.path("build_dir")))  # this version's head (models/versions.py)
         # The build's limits come from the engine's own spec (reference.json), the one source; the Triton stage
         # checked at build time that config.pbtxt's max_batch_size agrees with it.
         self.limits, self.vocab_size = self.engine.limits, self.engine.vocab_size
         self.tokenizer = self.engine.tokenizer
         self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], p.str("llm_kind"), draft_depth(self.engine),
-            self.engine.has_draft, spec_metrics.baseline_for(args))
+            self.engine.has_draft, spec_metrics.baseline_for(args), str(args.get("model_version", "")))
+        self.capture = capture.Hook.of(pb_utils, args, p.str("llm_kind"))  # opt-in store (models/capture.py)
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
         self.session = session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,
@@ -88,6 +88,7 @@ class TritonPythonModel:
             except Exception as e:  # an input no check anticipated: refused without a traceback
                 replies.append((sender, self.common.error_response(pb_utils, self.common.unexpected(e)), None))
                 continue
+            parsed.capture = self.capture.wanted(r)
             if self.perf_every_response:
                 parsed.arrival_ns = time.monotonic_ns()  # upstream's arrivalTime is a steady-clock time too
             # Decoupled: the request object is done once execute() returns; its sender keeps the cancel flag.
@@ -158,6 +159,7 @@ class TritonPythonModel:
             resp = None if self.decoupled else self.common.error_response(pb_utils, "request cancelled", "CANCELLED")
         else:
             st = job.result.stats
+            self.capture.finished(parsed.capture, parsed.request, job.result)
             resp = self.io.final_response(pb_utils, parsed, job.result.output_ids, st.accepted_draft_tokens,
                                           st.draft_tokens)
         if not self.decoupled:
@@ -180,3 +182,4 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.batcher.close()
+        self.capture.close()

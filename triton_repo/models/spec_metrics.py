@@ -3,8 +3,9 @@
 The families are registered through the python backend's `pb_utils.MetricFamily` (python backend r24.10
 src/metric_family.cc, exposed as `triton_python_backend_utils.MetricFamily`), so they appear on the server's
 `/metrics` next to Triton's own `nv_inference_*` families. Every sample carries `model` (the Triton model name) and
-`backend` (`reference` = this project's engine, `pytorch` = TensorRT-LLM's LLM API); the per-position families add
-`position` (1-based draft depth). Names follow Prometheus' conventions: counters end in `_total`, ratios in
+`backend` (`reference` = this project's engine, `pytorch` = TensorRT-LLM's LLM API) and `version` (the Triton model
+version: a head published by builders/refresh.py is a new version); the per-position families add `position`
+(1-based draft depth). Names follow Prometheus' conventions: counters end in `_total`, ratios in
 `_ratio`, and no family repeats another's label in its name. docs/production-metrics.md documents each one.
 
 Per-position acceptance, from the engine's per-request `acceptance_by_depth` (steps whose accepted path reached
@@ -113,9 +114,12 @@ def iteration_counts(stat: dict[str, Any] | str) -> tuple[int, int, int, int, in
 
 
 def baseline_for(args: dict[str, Any]) -> dict[str, Any] | None:
-    """The baseline of the repository a python model was loaded from (`args` of initialize(): model_repository is
-    the model's directory, the baseline lies at the repository root)."""
-    return read_baseline(Path(args["model_repository"]).resolve().parent)
+    """The baseline of the model version a python model was loaded as: a published head version carries the gate's
+    figures in its version directory (models/versions.py); otherwise the build's, at the repository root (`args` of
+    initialize(): model_repository is the model's directory)."""
+    model_dir = Path(args["model_repository"]).resolve()
+    own = read_baseline(model_dir / str(args.get("model_version", "1")))
+    return own if own is not None else read_baseline(model_dir.parent)
 
 
 class SpecMetrics:
@@ -138,9 +142,10 @@ class SpecMetrics:
     baseline_tau: Metric
 
     def __init__(self, pb_utils: Any, model: str, backend: str, depth: int, speculative: bool,
-                 baseline: dict[str, Any] | None) -> None:
+                 baseline: dict[str, Any] | None, version: str | None = None) -> None:
         fam = pb_utils.MetricFamily
-        labels = {"model": model, "backend": backend}
+        # `version`: the Triton model version, so a published head's acceptance is told from its predecessor's
+        labels = {"model": model, "backend": backend, **({"version": version} if version else {})}
         self.families: list[Any] = []
         for attr, name, desc, kind in REQUEST_SPECS + SPEC_SPECS:
             if attr.startswith("baseline") and baseline is None:

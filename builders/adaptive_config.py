@@ -1,0 +1,91 @@
+"""The `capture` and `refresh` sections of the build config: the adaptive loop (docs/adaptive.md). Capture makes the
+served LLM model record the requests it finished into a bounded store (triton_repo/models/capture.py); refresh
+fine-tunes a candidate head on them, gates it and publishes it as the next model version (builders/refresh.py). Its
+own module so builders.adaptive can import the sections without a cycle through builders.config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False)
+
+
+class CaptureConfig(_Strict):
+    enabled: bool = Field(
+        default=False,
+        description="Record every finished request (prompt and output token ids, sampling parameters, per-request "
+        "acceptance) into the capture store. Off by default: nothing a client sends is written anywhere unless "
+        "this is true. A request opts out with the request parameter `eagle_capture: false`.",
+    )
+    dir: str | None = Field(
+        default=None,
+        description="The store's directory (created private to the server's user, mode 0700; files 0600). Unset: "
+        "<output_dir>/capture. Relative paths are relative to the config file.",
+    )
+    max_bytes: int = Field(
+        default=256 << 20, ge=1 << 16, le=1 << 40,
+        description="Size bound of the store: once the sealed segments exceed it, the oldest are deleted.",
+    )
+    sample_rate: float = Field(
+        default=1.0, gt=0, le=1, description="Fraction of the finished requests recorded (drawn per request).")
+    segment_records: int = Field(
+        default=64, ge=1, le=1 << 20,
+        description="A segment is sealed (renamed into place, readable) after this many records; a crash loses at "
+        "most the open segment.",
+    )
+    segment_seconds: float = Field(
+        default=30.0, gt=0, le=86_400, description="... or this long after its first record, whichever comes first.")
+    queue_size: int = Field(
+        default=1024, ge=1, le=1 << 20,
+        description="Records waiting for the writer thread. Serving never waits for the disk: a record that finds "
+        "the queue full is dropped and counted in eagle_llm_capture_dropped_total.",
+    )
+
+
+class RefreshConfig(_Strict):
+    max_requests: int = Field(
+        default=200, ge=4, le=1 << 20,
+        description="builders/refresh.py uses at most this many captured requests (the newest), train and held-out "
+        "together.")
+    held_out_fraction: float = Field(
+        default=0.2, gt=0, lt=1, description="Share of the captured requests held out (split by request) for early "
+        "stopping and the gate.")
+    original_share: float = Field(
+        default=0.5, ge=0, le=4,
+        description="Conversations of the head's original training data (its recipe.yaml `data` section) mixed in "
+        "per captured training request, against forgetting. 0 = captured traffic only.",
+    )
+    epochs: int = Field(default=8, ge=1, le=1000, description="Most passes over the refresh training set.")
+    patience: int = Field(
+        default=2, ge=1, le=1000,
+        description="Stop after this many epochs without a better held-out acceptance (chain tau); the best epoch's "
+        "head is the candidate.",
+    )
+    lr: float = Field(default=3e-4, gt=0, le=1, description="Peak learning rate of the fine-tune (AdamW).")
+    batch_size: int = Field(default=4, ge=1, le=4096, description="Sequences per optimizer step.")
+    max_seq_len: int = Field(
+        default=512, ge=16, le=1 << 17, description="Captured sequences (prompt + output) are cut to this many tokens.")
+    gate_max_new_tokens: int = Field(
+        default=64, ge=2, le=1 << 16,
+        description="Tokens the gate decodes per held-out request (greedy) with each head and the target alone.")
+    gate_margin: float = Field(
+        default=0.05, ge=0, le=10,
+        description="The candidate is publishable only when its tau on the held-out captured requests beats the "
+        "current head's by at least this much (and the doctor finds it healthy and lossless).",
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the split, the data order and the fine-tune.")
+
+
+def capture_rule(cfg: Any) -> list[str]:
+    """(a BuildConfig) Capture needs a served model that records requests: the python LLM models of engine.backend
+    reference (both layouts). The C++ tensorrtllm backend and TensorRT-LLM's own llmapi model run upstream code we do
+    not change."""
+    if not cfg.capture.enabled or cfg.engine.backend == "reference":
+        return []
+    return [f"capture.enabled=true with engine.backend={cfg.engine.backend!r}: the served LLM model there is "
+            "TensorRT-LLM's own (it records nothing); capture traffic on an engine.backend=reference twin of this "
+            "config, or set capture.enabled: false (docs/adaptive.md, 'On a GPU')"]

@@ -110,7 +110,7 @@ def _one(server: TritonServer, prompt: str) -> dict[str, Any]:
 
 
 def _labels(model: str = "tensorrt_llm", **extra: str) -> str:
-    lab = {"backend": "reference", "model": model, **extra}
+    lab = {"backend": "reference", "model": model, "version": "1", **extra}
     return ",".join(f'{k}="{v}"' for k, v in sorted(lab.items()))
 
 

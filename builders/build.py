@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    if args.dry_run:
-        print_plan(cfg, stages)
-        return 0
+    # --dry-run refuses what the real run refuses: a plan is only printed for a build that would start
     problems = startup_problems(cfg.engine.backend, cfg.trtllm_version) + [
         f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)
     ]
@@ -120,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"error: {ConfigError(problems, args.config)}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.dry_run:
+        print_plan(cfg, stages)
+        return 0
 
     build_dir = Path(cfg.output_dir)
     build_dir.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,10 @@ The numerics follow transformers' modeling files of each family (models/<family>
 - Qwen3ForCausalLM: per-head RMSNorm of q and k over head_dim (weights of head_dim, shared by the heads) after the
   projections and before RoPE; head_dim is a config key of its own (not hidden_size / heads).
 
-The converter (builders/convert/families.py) writes the checkpoint keys `family_keys` returns; the engine reads them
-back with `traits`. The architecture table (builders/trtllm/architectures.py) lists NATIVE as its `native` rows.
+FAMILIES is the one table of target architectures (every row cited to the upstream registration it was read at);
+NATIVE, QKV_BIAS, QK_NORM and SLIDING_WINDOW are derived from it. The converter (builders/convert/families.py) writes
+the checkpoint keys `family_keys` returns; the engine reads them back with `traits`. builders/trtllm/architectures.py
+adds the per-version columns (registry) and the preflight; core/shapes.py sizes each row's weights and caches.
 Also here, torch-free for the builders: the published EAGLE-3 head config layout (`eagle3_head_config`) and what the
 generic path (engines/generic.py) computes exactly (`check_generic`).
 """
@@ -22,10 +24,143 @@ from pathlib import Path
 from typing import Any
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # the RoPE scalings the engine's native forward computes
-NATIVE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-QKV_BIAS = frozenset({"Qwen2ForCausalLM"})
-QK_NORM = frozenset({"Qwen3ForCausalLM"})
-SLIDING_WINDOW = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM"})  # `use_sliding_window` switches it on
+
+# ---- the family table: the one place a target architecture is declared ------------------------------------------
+
+TRT = "NVIDIA/TensorRT-LLM"
+ONE, TWO = "one-model", "two-model"
+DENSE, MLA, LINEAR, MAMBA = "dense", "mla", "hybrid-linear", "hybrid-mamba"  # attention kinds (core/shapes.py)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One target architecture: what it is, what upstream TensorRT-LLM registers for it, and what this toolkit does
+    with it. Everything else (NATIVE and the traits below, the architecture table and its preflight, docs tables, the
+    tests' family matrix, capacity sizing by `attention`) is derived from these rows."""
+
+    name: str  # config.json architectures[0], as TensorRT-LLM's @register_auto_model names it
+    label: str  # what users call it
+    model_type: str  # config.json model_type (transformers' AutoConfig key)
+    attention: str  # DENSE | MLA | LINEAR | MAMBA: how core/shapes.py sizes its weights, KV cache and state
+    moe: bool  # routed experts (core/shapes.py counts every expert, shared experts and the router)
+    eagle3: str  # ONE | TWO: how TensorRT-LLM's PyTorch backend runs EAGLE-3 with it
+    path: str  # upstream modeling file (repo TRT)
+    symbol: str  # the registration read there
+    read: str  # the commit(s) the registration was read at
+    reference: str | None  # "native" | "generic" | None: how the reference engine runs it
+    trainer: bool  # builders/train_head.py trains EAGLE-3 heads from its features
+    engine_flow: bool = False  # EAGLE-1/2 engine flow (EagleForCausalLM subclasses LLaMAForCausalLM)
+    qkv_bias: bool = False  # native forward: q/k/v biases without an o_proj bias
+    qk_norm: bool = False  # native forward: per-head q/k RMSNorm before RoPE
+    sliding: str = "never"  # native forward: "never" | "switch" (use_sliding_window turns it on) | "always"
+    note: str = ""  # what differs (docs); for reference None: why the reference engine cannot run it
+    versions: tuple[str, ...] | None = None  # trtllm_version keys it is claimed for (None: every version whose
+    # PyTorch backend runs EAGLE-3, as established for the first rows); rows read on main only claim the current line
+
+
+CURRENT = ("1.4",)  # rows read on main: claimed for the current line only; earlier releases were not opened for them
+
+
+def _spec(cls: str, base: str = "SpecDecOneEngineForCausalLM") -> str:
+    return f"@register_auto_model('{cls}') class {cls}({base})"
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("LlamaForCausalLM", "Llama 2 / 3.x, SmolLM2, Vicuna", "llama", DENSE, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_llama.py", _spec("LlamaForCausalLM"),
+           "commit 3a5901cd0d77bed18baaf402d1d12fab468d44a9", "native", True, engine_flow=True,
+           note="HF checkpoint read directly by the PyTorch backend"),
+    Family("Qwen3ForCausalLM", "Qwen3 dense", "qwen3", DENSE, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3.py", _spec("Qwen3ForCausalLM"),
+           "commit 5dedf53b14d94f0b53c1bff0e560af11dc3eaf5d", "native", True, qk_norm=True, sliding="switch",
+           note="per-head q/k RMSNorm; head_dim independent of hidden_size / heads"),
+    Family("Qwen2ForCausalLM", "Qwen2 / Qwen2.5", "qwen2", DENSE, False, TWO,
+           "tensorrt_llm/_torch/models/modeling_qwen.py",
+           "@register_auto_model('Qwen2ForCausalLM') class Qwen2ForCausalLM(DecoderModelForCausalLM); "
+           "QwenDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states",
+           "commits 047098b74c51f488abcfcd72f7d4a988a56442f6 (a transformers-5 era file), "
+           "87b279a9719cc257bb89d19ea794296857e2f83f", "native", True, qkv_bias=True, sliding="switch",
+           note="q/k/v biases; a config with use_sliding_window true is refused"),
+    Family("MistralForCausalLM", "Mistral", "mistral", DENSE, False, TWO,
+           "tensorrt_llm/_torch/models/modeling_mistral.py",
+           "@register_auto_model('MistralForCausalLM') class MistralForCausalLM(DecoderModelForCausalLM); "
+           "MistralDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states",
+           "commits 002f3cc3d0554c4ebd530d1354f96e89666d93b8, 0dcfa87b9636e749e3656c1e1e6ee61e4d090a5f",
+           "native", True, sliding="always",
+           note="Llama-shaped; contexts beyond a configured sliding_window are refused"),
+    Family("Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", "qwen3_moe", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3_moe.py", _spec("Qwen3MoeForCausalLM"),
+           "commit a678b91aafbeff265cd0b764abb59d7def624ac2", "generic", True,
+           note="mixture of experts; reference engine: transformers' own model class"),
+    Family("GptOssForCausalLM", "gpt-oss", "gpt_oss", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_gpt_oss.py", _spec("GptOssForCausalLM"),
+           "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb", "generic", True,
+           note="mixture of experts, attention sinks, sliding-window layers (reference engine: sequences up to the "
+                "window)"),
+    Family("DeepseekV3ForCausalLM", "DeepSeek-V3 / R1, Kimi-K2 (same class)", "deepseek_v3", MLA, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_deepseekv3.py", _spec("DeepseekV3ForCausalLM"),
+           "commit 000561df0bd751d793257102bbe59cb4a64b2fd5", "generic", True,
+           note="multi-head latent attention (KV cache: kv_lora_rank + qk_rope_head_dim per layer per token), "
+                "routed + shared experts after first_k_dense_replace dense layers; the checkpoint's MTP layers "
+                "(num_nextn_predict_layers) are not decoder layers",
+           versions=CURRENT),
+    Family("Glm4MoeForCausalLM", "GLM-4.5 / 4.6", "glm4_moe", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_glm.py", _spec("Glm4MoeForCausalLM"),
+           "commit 0406f8aa75104e96d80105563defd26ea0d9009a", "generic", True,
+           note="GQA with partial RoPE, routed + shared experts after first_k_dense_replace dense layers",
+           versions=CURRENT),
+    Family("Qwen3NextForCausalLM", "Qwen3-Next", "qwen3_next", LINEAR, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3_next.py", _spec("Qwen3NextForCausalLM"),
+           "commit 00022b040996780da248347927318fecb55ae7e9", None, False,
+           note="gated delta-net (linear attention) layers keep a recurrent state, not a KV cache; the reference "
+                "engine verifies trees in one pass over a KV cache and has no per-token state snapshots, so it "
+                "does not run it (build for engine.backend pytorch)",
+           versions=CURRENT),
+    Family("Qwen3_5ForCausalLM", "Qwen3.5 dense", "qwen3_5_text", LINEAR, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3_5.py",
+           _spec("Qwen3_5ForCausalLM", "Qwen3NextForCausalLM") + " (Qwen3NextForCausalLM is a "
+           "SpecDecOneEngineForCausalLM)", "commit 00620eb025e7c24895986e1042380bd1be4426d9", None, False,
+           note="Qwen3-Next's hybrid layers with a dense MLP; not on the reference engine (recurrent state)",
+           versions=CURRENT),
+    Family("Qwen3_5MoeForCausalLM", "Qwen3.5 MoE", "qwen3_5_moe_text", LINEAR, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3_5.py",
+           _spec("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM") + " (Qwen3NextForCausalLM is a "
+           "SpecDecOneEngineForCausalLM)", "commit 00620eb025e7c24895986e1042380bd1be4426d9", None, False,
+           note="Qwen3-Next's hybrid layers and experts; not on the reference engine (recurrent state)",
+           versions=CURRENT),
+    Family("NemotronHForCausalLM", "Nemotron-H", "nemotron_h", MAMBA, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_nemotron_h.py", _spec("NemotronHForCausalLM"),
+           "commit 00620eb025e7c24895986e1042380bd1be4426d9", None, False,
+           note="Mamba-2 layers (hybrid_override_pattern) keep a recurrent state, not a KV cache; not on the "
+                "reference engine (build for engine.backend pytorch)",
+           versions=CURRENT),
+    Family("ExaoneMoEForCausalLM", "K-EXAONE (EXAONE MoE)", "exaone_moe", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_exaone_moe.py", _spec("ExaoneMoEForCausalLM"),
+           "commit 0d30bf1243d3086b22e75d99284a606948cab647", "generic", True,
+           note="GQA with q/k norms and sliding-window layers (reference engine: sequences up to the window), "
+                "routed + shared experts",
+           versions=CURRENT),
+    Family("SeedOssForCausalLM", "Seed-OSS", "seed_oss", DENSE, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_seedoss.py", _spec("SeedOssForCausalLM"),
+           "commit 22de8b34df71bb6653612c1f3de00c7288482eb4", "generic", True,
+           note="Llama-shaped with q/k/v biases (an o_proj bias where attention_out_bias is set)",
+           versions=CURRENT),
+    Family("ApertusForCausalLM", "Apertus", "apertus", DENSE, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_apertus.py", _spec("ApertusForCausalLM"),
+           "commit 373783016c99f0d5c6740416511413050aba063b", "generic", True,
+           note="xIELU MLP without a gate, q/k norms",
+           versions=CURRENT),
+)
+
+BY_NAME = {f.name: f for f in FAMILIES}
+NATIVE = tuple(f.name for f in FAMILIES if f.reference == "native")
+QKV_BIAS = frozenset(f.name for f in FAMILIES if f.qkv_bias)
+QK_NORM = frozenset(f.name for f in FAMILIES if f.qk_norm)
+SLIDING_WINDOW = frozenset(f.name for f in FAMILIES if f.sliding == "switch")  # `use_sliding_window` switches it on
+
+
+def family_of(architecture: str | None) -> Family | None:
+    return BY_NAME.get(architecture or "")
 
 
 @dataclass(frozen=True)
@@ -42,7 +177,8 @@ def family_keys(architecture: str, hf_config: dict[str, Any]) -> dict[str, Any]:
     window = hf_config.get("sliding_window")
     if architecture in SLIDING_WINDOW and not hf_config.get("use_sliding_window"):
         window = None  # transformers: sliding_window applies only when use_sliding_window is true
-    if architecture not in SLIDING_WINDOW and architecture != "MistralForCausalLM":
+    row = BY_NAME.get(architecture)
+    if row is None or row.sliding == "never":
         window = None
     return {"qkv_bias": architecture in QKV_BIAS, "qk_norm": architecture in QK_NORM,
             "sliding_window": None if window is None else int(window)}

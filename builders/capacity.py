@@ -11,8 +11,8 @@ target's shape from its family's row (core/shapes.py: MLA, MoE, hybrid recurrent
              recurrent layers (gated delta-net, Mamba-2) hold no KV but a state per sequence (x the target dtype)
   logits   = max_num_tokens x vocab x 4      (one engine step's float32 logits)
 The reference engine allocates its KV cache for max_batch_size x max_seq_len tokens up front, in its own layout
-(engines/runtime.py: K and V per head for every layer, MLA decompressed); TensorRT-LLM's paged KV cache needs at
-least one full sequence of max_seq_len tokens.
+(engines/runtime.py: K and V slots for every layer; MLA: its latents in slots of max(kv_lora_rank, qk_rope));
+TensorRT-LLM's paged KV cache needs at least one full sequence of max_seq_len tokens.
 The draft head's own small KV cache and activations are not counted: the check is a lower bound.
 """
 

@@ -239,6 +239,9 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
             f"{where}: sliding_window={window} but sequences may reach {max_seq_len} tokens; the generic path gives "
             "sliding-window layers the engine's own tree mask, which sees every earlier key, so tokens beyond the "
             f"window would be computed wrongly. Set engine.max_seq_len <= {window}")
+    row = family_of((hf_config.get("architectures") or [None])[0])
+    if row is not None and row.attention in (LINEAR, MAMBA):
+        raise GenericTargetError(f"{where}: {row.name}: {row.note}")
     other = sorted({t for t in hf_config.get("layer_types") or () if t not in ("full_attention", "sliding_attention")})
     if other:
         raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "

@@ -37,7 +37,7 @@ class TargetShape:
     window_layers: tuple[int, ...] = field(default=())  # sliding-window attention layers (their KV is capped)
     window: int | None = None
     kv_per_token_per_layer: int = 0
-    reference_kv_per_token: int = 0  # the reference engine's layout: K and V per head, every layer (MLA decompressed)
+    reference_kv_per_token: int = 0  # the reference engine's layout: K and V slots, every layer (MLA: latents)
 
     def kv_elements(self, tokens: int) -> int:
         """KV elements of one sequence of `tokens` tokens: sliding-window layers hold at most their window."""
@@ -216,11 +216,12 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
 
 
 def reference_kv_width(fam: Family, cfg: dict[str, Any]) -> int:
-    """Elements per token per layer of K (and of V) in the reference engine's cache: kv_heads x head_dim, where MLA
-    keeps every head's decompressed key (qk_nope + qk_rope) and value (v_head_dim) in slots of the wider one."""
-    heads = int(cfg["num_attention_heads"])
+    """Elements per token per layer of K (and of V) in the reference engine's cache: kv_heads x head_dim. MLA keeps
+    the compressed latents transformers' DeepseekV3Attention hands its cache (one "head": the kv_lora_rank latent as
+    K, the qk_rope_head_dim rotated key as V), in slots of the wider one."""
     if fam.attention == MLA:
-        return heads * max(int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"]))
+        return max(int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"]))
+    heads = int(cfg["num_attention_heads"])
     kvh = int(cfg.get("num_key_value_heads") or heads)
     return kvh * int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
 

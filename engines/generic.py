@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from core.families import check_generic, sliding_window_of
+from core.families import MLA, check_generic, family_of, sliding_window_of
+from core.shapes import reference_kv_width
 from engines.model import KVCache, Step
 
 
@@ -43,10 +44,12 @@ class _SlotCache:
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.step
         k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        # transformers: (B, kv_heads, T, D); the engine's cache rows: (slots, kv_heads, D)
-        k_cache[s.rows[:, None], s.slots] = key_states.transpose(1, 2).to(k_cache.dtype)
-        v_cache[s.rows[:, None], s.slots] = value_states.transpose(1, 2).to(v_cache.dtype)
-        return s.gather(k_cache).transpose(1, 2), s.gather(v_cache).transpose(1, 2)
+        # transformers: (B, kv_heads, T, D); the engine's cache rows: (slots, kv_heads, D). Keys and values may be
+        # narrower than the slots (MLA: qk_nope + qk_rope keys, v_head_dim values): each fills its leading part.
+        kd, vd = key_states.shape[-1], value_states.shape[-1]
+        k_cache[s.rows[:, None], s.slots, :, :kd] = key_states.transpose(1, 2).to(k_cache.dtype)
+        v_cache[s.rows[:, None], s.slots, :, :vd] = value_states.transpose(1, 2).to(v_cache.dtype)
+        return s.gather(k_cache)[..., :kd].transpose(1, 2), s.gather(v_cache)[..., :vd].transpose(1, 2)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # asked when position_ids are absent (they never are here)
         return self.step.kv_len
@@ -123,10 +126,14 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, attn_implementation="eager")
     model.to(device).eval()
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    fam = family_of((cfg.get("architectures") or [None])[0])
     heads = int(text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    if fam is not None and fam.attention == MLA:  # the compressed latents, one "head" (core/shapes.py)
+        kv_heads, head_dim = 1, reference_kv_width(fam, text.to_dict())
+    else:
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     layers = list(model.model.layers)
     kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
     return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
-                         layers, int(getattr(text, "num_key_value_heads", None) or heads), head_dim, kw,
-                         sliding_window_of(cfg))
+                         layers, kv_heads, head_dim, kw, sliding_window_of(cfg))

@@ -21,7 +21,7 @@ from engines.session import generate
 from engines.runtime import Runtime, load_tokenizer
 from core.trees import DraftTree, DynamicTree
 from core.types import GenerationRequest, SamplingParams
-from tests.tiny_families import make_family_target, make_mimic_eagle3_head
+from tests.tiny_families import GENERIC_FAMILIES, make_family_target, make_mimic_eagle3_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,7 +34,7 @@ TREES = {
 }
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss", *GENERIC_FAMILIES])
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
     root = tmp_path_factory.mktemp(request.param)
     target = make_family_target(root / "target", request.param, block_scale=0.3)

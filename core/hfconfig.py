@@ -120,6 +120,8 @@ def llama_spec(model_dir: Path, *, require_arch: bool = True) -> LlamaSpec:
             f"({', '.join(LLAMA_ARCHITECTURES)}) "
             "can be converted (TensorRT-LLM's EagleForCausalLM subclasses LLaMAForCausalLM)"
         )
+    if "rms_norm_eps" not in cfg and "layer_norm_epsilon" in cfg:  # Nemotron-H spells its RMSNorm epsilon so
+        cfg = {**cfg, "rms_norm_eps": cfg["layer_norm_epsilon"]}
     need = [
         "vocab_size",
         "hidden_size",

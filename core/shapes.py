@@ -82,7 +82,7 @@ def _dense_attention(fam: Family, cfg: dict[str, Any], h: int) -> tuple[int, int
     q, kv = heads * hd, kvh * hd
     gate = 2 if fam.attention == LINEAR else 1  # Qwen3-Next / 3.5: q_proj also yields the output gate
     p = h * q * gate + 2 * h * kv + q * h
-    if cfg.get("attention_bias"):
+    if cfg.get("attention_bias") or fam.qkv_bias:
         out_bias = cfg.get("attention_out_bias", False) if fam.model_type == "seed_oss" else fam.model_type == "gpt_oss"
         p += q * gate + 2 * kv + (h if out_bias else 0)
     if fam.model_type in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "apertus",
@@ -129,7 +129,7 @@ def _mamba_mixer(cfg: dict[str, Any], h: int) -> tuple[int, int]:
 
 def _mlp(fam: Family, cfg: dict[str, Any], h: int, i: int) -> int:
     if fam.model_type in ("apertus",):
-        return 2 * h * i + 2  # up/down and xIELU's alpha_p, alpha_n
+        return 2 * h * i + 4  # up/down; xIELU's alpha_p, alpha_n and its saved beta, eps
     if fam.model_type == "nemotron_h":
         return 2 * h * i
     return 3 * h * i + (3 * i + h if cfg.get("mlp_bias") else 0)

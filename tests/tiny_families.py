@@ -114,7 +114,7 @@ _NEW: dict[str, dict[str, Any]] = {
     "exaone_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
                        sliding_window=128, first_k_dense_replace=1),
     "seed_oss": dict(attention_bias=True, attention_out_bias=False),
-    "apertus": dict(hidden_act="xielu"),
+    "apertus": dict(hidden_act="xielu", rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     "qwen3_next": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=32, **_LINEAR),
     "qwen3_5": dict(_LINEAR),

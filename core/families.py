@@ -197,15 +197,27 @@ def traits(ckpt_config: dict[str, Any]) -> Traits:
 # number of layer types").
 _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
                 "num_local_experts", "experts_per_token", "swiglu_limit", "decoder_sparse_step", "norm_topk_prob",
-                "mlp_only_layers", "output_router_logits", "router_aux_loss_coef", "qkv_bias", "qk_norm")
+                "mlp_only_layers", "output_router_logits", "router_aux_loss_coef", "qkv_bias", "qk_norm",
+                # MLA, routed / shared experts, MTP layers, partial RoPE and hybrid layers of the newer families: a
+                # head is one Llama layer whatever its target (e.g. partial_rotary_factor would change its RoPE)
+                "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "rope_interleave",
+                "n_routed_experts", "n_shared_experts", "num_shared_experts", "first_k_dense_replace", "n_group",
+                "topk_group", "topk_method", "routed_scaling_factor", "scoring_func", "moe_layer_freq", "ep_size",
+                "num_nextn_predict_layers", "mlp_layer_types", "partial_rotary_factor", "use_qk_norm",
+                "attention_out_bias", "sliding_window_pattern", "shared_expert_intermediate_size",
+                "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim", "hybrid_override_pattern", "layers_block_type",
+                "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "mlp_hidden_act")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """An EAGLE-3 head's config.json in the layout the heads people publish for any target use (SpecForge
     configs/qwen3-4b-eagle3.json, configs/qwen3-30B-A3B-eagle3.1.json: `model_type: llama`,
-    `architectures: [LlamaForCausalLMEagle3]`, the target's head_dim kept): Llama keys only, no sliding window."""
+    `architectures: [LlamaForCausalLMEagle3]`, the target's head_dim kept): Llama keys only, no sliding window,
+    SwiGLU."""
     out = {k: v for k, v in cfg.items() if k not in _TARGET_ONLY}
     out["model_type"] = "llama"
+    out["hidden_act"] = "silu"  # the head's MLP is SwiGLU whatever the target's (training/model.py, engines/model.py)
     if "use_sliding_window" in out or "sliding_window" in out:
         out.update(use_sliding_window=False, sliding_window=None)
     return out

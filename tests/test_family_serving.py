@@ -12,7 +12,7 @@ import pytest
 
 from clients import generate
 from core.stops import StopTokenError, generation_eos_ids, stop_token_ids
-from tests.tiny_families import make_family_target
+from tests.tiny_families import GENERIC_FAMILIES, make_family_target
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_two_model_families_build_for_the_older_lines(family: str, tmp_path: Pat
     assert sum(r.stats.accepted_draft_tokens for r in res) > 0
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss", *GENERIC_FAMILIES])
 def test_trainer_heads_for_other_families_load_as_published_heads(family: str, tmp_path: Path) -> None:
     """builders/train_head.py on a Qwen2 / Mistral / Qwen3-MoE / gpt-oss target: the head's config is the published
     layout (Llama keys, model_type llama, none of the target's stack or expert keys), which transformers loads as a
@@ -163,7 +163,9 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
     head = _train_head(target, tmp_path)
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert not {"layer_types", "max_window_layers", "num_experts", "num_local_experts"} & set(cfg)
+    assert not {"layer_types", "max_window_layers", "num_experts", "num_local_experts", "n_routed_experts",
+                "kv_lora_rank", "num_nextn_predict_layers", "partial_rotary_factor", "first_k_dense_replace"} & set(cfg)
+    assert cfg["hidden_act"] == "silu"
     assert cfg["num_hidden_layers"] == 1
     loaded = AutoConfig.from_pretrained(str(head))
     assert type(loaded).__name__ == "LlamaConfig" and loaded.num_hidden_layers == 1

@@ -51,6 +51,16 @@ def select_stages(cfg: BuildConfig, only: list[str] | None) -> list[Stage]:
     return stages
 
 
+def dry_run_problems(cfg: BuildConfig, stages: list[Stage]) -> list[str]:
+    """What the real build would refuse that needs no weights: the target's row of the architecture table and its
+    family's checks (builders/convert/checks.py `config_checks`), when the plan converts the target."""
+    from builders.convert.checks import config_checks
+
+    if not any(s.name == "checkpoint" for s in stages):
+        return []
+    return [f"[checkpoint] {p}" for p in config_checks(cfg)[2]]
+
+
 def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
     build_dir = Path(cfg.output_dir)
     lim = cfg.limits()
@@ -111,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if args.dry_run:
+        problems = dry_run_problems(cfg, stages)
+        if problems:
+            print(f"error: {ConfigError(problems, args.config)}", file=sys.stderr)
+            return EXIT_CONFIG
         print_plan(cfg, stages)
         return 0
     problems = startup_problems(cfg.engine.backend, cfg.trtllm_version) + [

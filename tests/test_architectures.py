@@ -70,6 +70,11 @@ def test_engine_flow_refuses_every_non_llama_target(family: str, path: str, fami
     err = _refused(cfg, out, capsys, HF_NAME[family], "EagleForCausalLM subclasses LLaMAForCausalLM",
                    "serves LlamaForCausalLM targets only", "Way out: draft.type eagle3")
     assert f"{HF_NAME[family]} supports: " in err and "the reference engine (native)" in err
+    # --dry-run runs the checks that need no weights: it refuses what the build refuses, with the same reason.
+    assert build.main([str(cfg), "--dry-run"]) == 2
+    dry = capsys.readouterr()
+    assert "[checkpoint] target.model" in dry.err and "EagleForCausalLM subclasses LLaMAForCausalLM" in dry.err
+    assert "plan for" not in dry.out and not out.exists()
 
 
 @pytest.mark.parametrize("family", ["qwen2", "mistral"])

@@ -59,7 +59,9 @@ def _auto_map_problems(path: Path) -> list[str]:
     return [] if problem is None else [f"target.model: {problem}"]
 
 
-def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
+def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
+    """The target's checks that read its config.json only (no weights): its row of the architecture table for this
+    version, backend and draft type, and what its family refuses. `build.py --dry-run` runs these too."""
     try:
         hf = resolve_target(cfg.target.model)
         arch = (read_config(hf).get("architectures") or [None])[0]
@@ -70,7 +72,14 @@ def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, lis
         spec = llama_spec(hf, require_arch=False)
     except (ModelSourceError, ModelConfigError) as e:
         return None, None, [f"target.model: {e}"]
-    p = families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len, tp=cfg.parallel.tp)
+    return hf, spec, families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len,
+                                       tp=cfg.parallel.tp)
+
+
+def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
+    hf, spec, p = config_checks(cfg)
+    if hf is None or spec is None:
+        return hf, spec, p
     if spec.architecture not in NATIVE:  # the generic path converts no weights: transformers reads the directory
         return hf, spec, p
     p += check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)

@@ -143,3 +143,21 @@ def test_generic_rows_build_and_serve_like_hf_greedy(family: str, tmp_path: Path
     stats = [r.stats for r in res]
     # Drafts are partly accepted and partly rejected: the cache is rolled back to accepted paths.
     assert sum(s.accepted_draft_tokens for s in stats) > 0
+
+
+def test_the_guides_regeneration_command_writes_what_is_committed(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/bring-your-own-model.md, 'Adding a family': `python -m builders.trtllm.ledger_docs` renders the tables
+    from the family table; run on copies, it writes exactly the committed files."""
+    from builders.trtllm import ledger_docs
+
+    doc, guide = tmp_path / "contracts.md", tmp_path / "bring-your-own-model.md"
+    doc.write_text("stale\n")
+    guide.write_text(ledger_docs.GUIDE.read_text())
+    monkeypatch.setattr(ledger_docs, "DOC", doc)
+    monkeypatch.setattr(ledger_docs, "GUIDE", guide)
+    assert ledger_docs.main(["--check"]) == 1
+    assert ledger_docs.main([]) == 0 and ledger_docs.main(["--check"]) == 0
+    assert doc.read_text() == (Path(__file__).parents[1] / "docs" / "contracts.md").read_text()
+    for f in FAMILIES:
+        assert f"| `{f.name}` |" in guide.read_text()

@@ -68,11 +68,18 @@ def test_published_deepseek_v3_is_sized_as_mla_and_moe() -> None:
     assert round(2 * 61 * 128 * (7168 // 128) * 2 / kv_bytes_per_token(shape, 2), 1) == 24.9
 
 
-def test_a_config_missing_a_key_of_its_kind_is_named(tmp_path: Path) -> None:
+def test_a_config_missing_a_key_of_its_kind_is_named(tmp_path: Path, eagle3_head: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
     cfg = json.loads(DEEPSEEK_V3.read_text())
     del cfg["kv_lora_rank"]
     with pytest.raises(ShapeError, match=r"x: DeepseekV3ForCausalLM: missing key\(s\) kv_lora_rank"):
         shape_of_config(cfg, "x")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(cfg))
+    assert build.main([str(_cfg(tmp_path, "c", target, eagle3_head, "pytorch")), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "missing key(s) kv_lora_rank: engine.memory_budget_gib cannot be checked against it" in err, err
 
 
 def _cfg(tmp_path: Path, name: str, target: Path, head: Path, backend: str, **engine: object) -> Path:

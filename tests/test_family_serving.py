@@ -172,15 +172,16 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
 
 
 @pytest.mark.server
-def test_moe_target_on_the_generic_path_served_by_llmapi(tmp_path: Path) -> None:
-    """A Qwen3-MoE target (transformers' own model class in the reference engine) with an EAGLE-3 head trained by
-    builders/train_head.py, built for the current line and served by the llmapi model on the real Triton server: the
-    answers are HF generate's."""
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
+    """A Qwen3-MoE or DeepSeek-V3 (MLA) target (transformers' own model class in the reference engine) with an
+    EAGLE-3 head trained by builders/train_head.py, built for the current line and served by the llmapi model on the
+    real Triton server: the answers are HF generate's."""
     from clients import schema as sch
     from clients.client import LLMClient
     from triton_repo.launch import TritonServer, free_port
 
-    target = make_family_target(tmp_path / "target", "qwen3_moe", layers=4, block_scale=0.3)
+    target = make_family_target(tmp_path / "target", family, layers=4, block_scale=0.3)
     head = _train_head(target, tmp_path)
     build = _build(target, head, tmp_path / "build", "1.4", {"dynamic": {"top_k": 2, "depth": 3,
                                                                          "total_draft_tokens": 6}})

@@ -53,7 +53,7 @@ _ROUTED = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 
 # What each family adds to the shape (the families' own layouts at SmolLM2-135M's size; 8 experts of 256, 2 per token)
 EXTRA: dict[str, dict[str, Any]] = {
     "qwen3_moe": MOE,
-    "deepseek_v3": {**_ROUTED, "num_key_value_heads": 9, "q_lora_rank": 192, "kv_lora_rank": 64,
+    "deepseek_v3": {**_ROUTED, "num_key_value_heads": 9, "head_dim": 32, "q_lora_rank": 192, "kv_lora_rank": 64,
                     "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64},
     "glm4_moe": {**_ROUTED, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True},
     "exaone_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "num_shared_experts": 1,

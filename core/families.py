@@ -152,6 +152,16 @@ FAMILIES: tuple[Family, ...] = (
            versions=CURRENT),
 )
 
+# Registrations read upstream that subclass SpecDecOneEngineForCausalLM but do not run EAGLE-3 there: not rows of the
+# table (a target of these architectures is refused with this reason). name -> (modeling file, what was read, commit).
+NOT_EAGLE3: dict[str, tuple[str, str, str]] = {
+    "KimiLinearForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_kimi_linear.py",
+        "KimiLinearForCausalLM(SpecDecOneEngineForCausalLM).__init__ asserts 'Kimi K3 supports speculative decoding "
+        "only with SA or DFlash' (modes needing draft heads, MTP / Eagle, are blocked)",
+        "commit 000a860db1d1b990742ff55e8230d1ddc5672e39"),
+}
+
 BY_NAME = {f.name: f for f in FAMILIES}
 NATIVE = tuple(f.name for f in FAMILIES if f.reference == "native")
 QKV_BIAS = frozenset(f.name for f in FAMILIES if f.qkv_bias)

@@ -168,3 +168,15 @@ def test_the_guides_regeneration_command_writes_what_is_committed(tmp_path: Path
     assert doc.read_text() == (Path(__file__).parents[1] / "docs" / "contracts.md").read_text()
     for f in FAMILIES:
         assert f"| `{f.name}` |" in guide.read_text()
+
+
+def test_a_registration_that_blocks_eagle_is_refused_with_upstreams_reason() -> None:
+    """Subclassing SpecDecOneEngineForCausalLM is not enough: upstream's Kimi-Linear class asserts that only SA or
+    DFlash speculation runs on it, so it is not a row, and its refusal says why."""
+    from core.families import NOT_EAGLE3
+
+    assert not set(NOT_EAGLE3) & set(BY_NAME)
+    [p] = architectures.problems("KimiLinearForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "does not run EAGLE-3 there" in p and "only with SA or DFlash" in p and "000a860d" in p
+    assert "Not a row: `KimiLinearForCausalLM`" in "\n".join(architectures.markdown())

@@ -8,7 +8,8 @@ target's shape from its family's row (core/shapes.py: MLA, MoE, hybrid recurrent
              LM head) x weight bytes / tp   (1 byte for FP8 weights, else the target dtype's size)
   KV/token = per attention layer: 2 x kv_heads x head_dim (dense) or kv_lora_rank + qk_rope_head_dim (MLA), x KV
              bytes / tp (1 byte for an FP8 KV cache); sliding-window layers hold at most their window on TensorRT-LLM;
-             recurrent layers (gated delta-net, Mamba-2) hold no KV but a state per sequence (x the target dtype)
+             recurrent layers (gated delta-net, Mamba-2) hold no KV but a state per sequence (x the target dtype;
+             the reference engine's per-token states of one verification are not counted)
   logits   = max_num_tokens x vocab x 4      (one engine step's float32 logits)
 The reference engine allocates its KV cache for max_batch_size x max_seq_len tokens up front, in its own layout
 (engines/runtime.py: K and V slots for every layer; MLA: its latents in slots of max(kv_lora_rank, qk_rope));
@@ -68,7 +69,8 @@ def capacity_problems(cfg: BuildConfig, spec: TargetShape) -> list[str]:
         kv = e.max_batch_size * e.max_seq_len * per_token
     else:
         kv = spec.kv_elements(e.max_seq_len) * kv_dt // tp
-    state = spec.state_per_sequence * dt // tp
+    sequences = e.max_batch_size if e.backend == "reference" else 1
+    state = sequences * spec.state_per_sequence * dt // tp
     logits = cfg.limits().max_num_tokens * spec.vocab_size * 4
     need, budget = weights + kv + state + logits, int(e.memory_budget_gib * GIB)
     if need <= budget:
@@ -78,7 +80,7 @@ def capacity_problems(cfg: BuildConfig, spec: TargetShape) -> list[str]:
     return [
         f"engine limits need at least {_gib(need)} per rank but engine.memory_budget_gib={e.memory_budget_gib:g}: "
         f"weights {_gib(weights)} + KV cache for {what} at {per_token:,} bytes/token = {_gib(kv)} + "
-        + (f"recurrent state {_gib(state)} per sequence + " if state else "") + "one step's "
+        + (f"recurrent state for {sequences} sequence(s) {_gib(state)} + " if state else "") + "one step's "
         f"logits ({cfg.limits().max_num_tokens} tokens x vocab {spec.vocab_size} x 4 bytes) {_gib(logits)}; lower "
         "engine.max_batch_size / max_seq_len / max_num_tokens, raise parallel.tp, or state the memory the engine "
         "really has in engine.memory_budget_gib"

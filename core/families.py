@@ -111,22 +111,22 @@ FAMILIES: tuple[Family, ...] = (
            versions=CURRENT),
     Family("Qwen3NextForCausalLM", "Qwen3-Next", "qwen3_next", LINEAR, True, ONE,
            "tensorrt_llm/_torch/models/modeling_qwen3_next.py", _spec("Qwen3NextForCausalLM"),
-           "commit 00022b040996780da248347927318fecb55ae7e9", None, False,
+           "commit 00022b040996780da248347927318fecb55ae7e9", "generic", True,
            note="gated delta-net (linear attention) layers keep a recurrent state, not a KV cache; the reference "
-                "engine verifies trees in one pass over a KV cache and has no per-token state snapshots, so it "
-                "does not run it (build for engine.backend pytorch)",
+                "engine keeps each token's state of a verification and keeps the accepted one, which needs chain "
+                "drafts (tree.choices chain-N)",
            versions=CURRENT),
     Family("Qwen3_5ForCausalLM", "Qwen3.5 dense", "qwen3_5_text", LINEAR, False, ONE,
            "tensorrt_llm/_torch/models/modeling_qwen3_5.py",
            _spec("Qwen3_5ForCausalLM", "Qwen3NextForCausalLM") + " (Qwen3NextForCausalLM is a "
-           "SpecDecOneEngineForCausalLM)", "commit 00620eb025e7c24895986e1042380bd1be4426d9", None, False,
-           note="Qwen3-Next's hybrid layers with a dense MLP; not on the reference engine (recurrent state)",
+           "SpecDecOneEngineForCausalLM)", "commit 00620eb025e7c24895986e1042380bd1be4426d9", "generic", True,
+           note="Qwen3-Next's hybrid layers with a dense MLP; on the reference engine with chain drafts",
            versions=CURRENT),
     Family("Qwen3_5MoeForCausalLM", "Qwen3.5 MoE", "qwen3_5_moe_text", LINEAR, True, ONE,
            "tensorrt_llm/_torch/models/modeling_qwen3_5.py",
            _spec("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM") + " (Qwen3NextForCausalLM is a "
-           "SpecDecOneEngineForCausalLM)", "commit 00620eb025e7c24895986e1042380bd1be4426d9", None, False,
-           note="Qwen3-Next's hybrid layers and experts; not on the reference engine (recurrent state)",
+           "SpecDecOneEngineForCausalLM)", "commit 00620eb025e7c24895986e1042380bd1be4426d9", "generic", True,
+           note="Qwen3-Next's hybrid layers and experts; on the reference engine with chain drafts",
            versions=CURRENT),
     Family("NemotronHForCausalLM", "Nemotron-H", "nemotron_h", MAMBA, False, ONE,
            "tensorrt_llm/_torch/models/modeling_nemotron_h.py", _spec("NemotronHForCausalLM"),
@@ -262,9 +262,10 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
             "sliding-window layers the engine's own tree mask, which sees every earlier key, so tokens beyond the "
             f"window would be computed wrongly. Set engine.max_seq_len <= {window}")
     row = family_of((hf_config.get("architectures") or [None])[0])
-    if row is not None and row.attention in (LINEAR, MAMBA):
+    if row is not None and row.reference is None:
         raise GenericTargetError(f"{where}: {row.name}: {row.note}")
-    other = sorted({t for t in hf_config.get("layer_types") or () if t not in ("full_attention", "sliding_attention")})
+    kinds = ("full_attention", "sliding_attention", *(("linear_attention",) if row and row.attention == LINEAR else ()))
+    other = sorted({t for t in hf_config.get("layer_types") or () if t not in kinds})
     if other:
         raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "
                                  "mask (full_attention, sliding_attention) can run on the generic path")

@@ -19,8 +19,8 @@ from builders.trtllm import architectures
 from core.families import BY_NAME, FAMILIES
 from core.shapes import ShapeError, shape_of_config
 from core.types import GenerationRequest, SamplingParams
-from tests.tiny_families import (_CLASSES, GENERIC_FAMILIES, HYBRID_FAMILIES, TINY, make_family_target,
-                                 make_mimic_eagle3_head)
+from tests.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, RECURRENT_FAMILIES, TINY,
+                                 make_family_target, make_mimic_eagle3_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,8 +34,8 @@ def test_every_row_has_a_tiny_family() -> None:
     for f in FAMILIES:
         tiny = TINY[f.name]
         assert tiny == "llama" or tiny in _CLASSES
-        assert (f.reference is None) == (tiny in HYBRID_FAMILIES), f.name
-        assert f.reference != "generic" or tiny in (*GENERIC_FAMILIES, "qwen3_moe", "gpt_oss"), f.name
+        assert (f.reference is None) == (tiny in BUILD_ONLY_FAMILIES), f.name
+        assert f.reference != "generic" or tiny in (*GENERIC_FAMILIES, *RECURRENT_FAMILIES, "qwen3_moe", "gpt_oss")
         assert f.path.startswith("tensorrt_llm/_torch/models/modeling_") and "commit" in f.read
 
 
@@ -113,8 +113,8 @@ def test_deepseek_v3_target_is_accepted_and_its_kv_sized_as_mla(tmp_path: Path, 
     assert f"weights {weights:,.2f} GiB" in err and f"at {61 * 576 * 2:,} bytes/token" in err, err
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
-def test_hybrid_rows_build_for_pytorch_and_are_refused_on_the_reference_engine(
+@pytest.mark.parametrize("family", BUILD_ONLY_FAMILIES)
+def test_build_only_rows_build_for_pytorch_and_are_refused_on_the_reference_engine(
         family: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     target = make_family_target(tmp_path / "target", family)
     head = tmp_path / "head"
@@ -128,28 +128,50 @@ def test_hybrid_rows_build_for_pytorch_and_are_refused_on_the_reference_engine(
     assert not (tmp_path / "ref").exists()
 
 
+@pytest.mark.parametrize("family", RECURRENT_FAMILIES)
+def test_recurrent_rows_build_with_chains_and_serve_like_hf_greedy(family: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """Qwen3-Next / Qwen3.5: a tree with branches is refused before anything is written (a recurrent layer reads a
+    forward's tokens in order); a chain builds and serves token-identical to HF greedy, rejected drafts leaving no
+    trace in the recurrent state."""
+    target = make_family_target(tmp_path / "target", family, block_scale=0.3, layers=4)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+    assert build.main([str(_cfg(tmp_path, "tree", target, head, "reference")), "--only", "checkpoint"]) == 2
+    err = capsys.readouterr().err
+    assert "verifies only chain drafts for it; set tree.choices: chain-N" in err and not (tmp_path / "tree").exists()
+    cfg = _cfg(tmp_path, "ok", target, head, "reference")
+    data = yaml.safe_load(cfg.read_text())
+    data["tree"] = {"choices": "chain-3"}
+    cfg.write_text(yaml.safe_dump(data))
+    _serves_like_hf(target, cfg, tmp_path / "ok", family)
+
+
 @pytest.mark.parametrize("family", GENERIC_FAMILIES)
 def test_generic_rows_build_and_serve_like_hf_greedy(family: str, tmp_path: Path) -> None:
+    target = make_family_target(tmp_path / "target", family, block_scale=0.3)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+    _serves_like_hf(target, _cfg(tmp_path, "ok", target, head, "reference"), tmp_path / "ok", family)
+
+
+def _serves_like_hf(target: Path, cfg: Path, out: Path, family: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     from engines.api import ReferenceEngine
 
-    target = make_family_target(tmp_path / "target", family, block_scale=0.3)
-    head = make_mimic_eagle3_head(tmp_path / "head", target)
-    assert build.main([str(_cfg(tmp_path, "ok", target, head, "reference")), "--only", "checkpoint",
-                       "--only", "engine"]) == 0
-    ckpt = json.loads((tmp_path / "ok" / "checkpoint" / "config.json").read_text())
+    assert build.main([str(cfg), "--only", "checkpoint", "--only", "engine"]) == 0
+    ckpt = json.loads((out / "checkpoint" / "config.json").read_text())
     assert ckpt["architecture"] == json.loads((target / "config.json").read_text())["architectures"][0]
-    engine = ReferenceEngine.from_build(tmp_path / "ok", device="cpu")
+    engine = ReferenceEngine.from_build(out, device="cpu")
     res = engine.generate([GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS])
     hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
     want = [hf.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
                         pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     assert [r.output_ids for r in res] == want, family
-    stats = [r.stats for r in res]
-    # Drafts are partly accepted and partly rejected: the cache is rolled back to accepted paths.
-    assert sum(s.accepted_draft_tokens for s in stats) > 0
+    # Drafts are partly accepted and partly rejected: the caches are rolled back to accepted paths.
+    drafted = sum(r.stats.draft_tokens for r in res)
+    accepted = sum(r.stats.accepted_draft_tokens for r in res)
+    assert 0 < accepted < drafted, (accepted, drafted)
 
 
 def test_the_guides_regeneration_command_writes_what_is_committed(tmp_path: Path,

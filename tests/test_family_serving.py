@@ -12,7 +12,7 @@ import pytest
 
 from clients import generate
 from core.stops import StopTokenError, generation_eos_ids, stop_token_ids
-from tests.tiny_families import GENERIC_FAMILIES, make_family_target
+from tests.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,8 @@ def test_two_model_families_build_for_the_older_lines(family: str, tmp_path: Pat
     assert sum(r.stats.accepted_draft_tokens for r in res) > 0
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss", *GENERIC_FAMILIES])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss", *GENERIC_FAMILIES,
+                                    *RECURRENT_FAMILIES])
 def test_trainer_heads_for_other_families_load_as_published_heads(family: str, tmp_path: Path) -> None:
     """builders/train_head.py on a Qwen2 / Mistral / Qwen3-MoE / gpt-oss target: the head's config is the published
     layout (Llama keys, model_type llama, none of the target's stack or expert keys), which transformers loads as a

@@ -19,9 +19,11 @@ from tests.tiny_models import HIDDEN, INTER, VOCAB, make_tokenizer
 
 FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session fixture `family_targets` builds these
 # The rows added with the family table (core/families.py), built where a test needs them: the generic ones run on
-# the reference engine, the hybrid ones (recurrent layers) are sized and built but not run there.
+# the reference engine (the recurrent ones with chain drafts), the build-only ones are sized and built for the
+# PyTorch backend but not run there.
 GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus")
-HYBRID_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
+RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+BUILD_ONLY_FAMILIES = ("nemotron_h",)
 
 _CLASSES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
@@ -141,7 +143,7 @@ def _randomize(model: torch.nn.Module, seed: int, block_scale: float) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight", "down_proj")):
                 p.copy_(0.08 * block_scale * noise)
             elif name == "model.norm.weight" and block_scale < 1:
                 p.copy_(torch.ones_like(p))

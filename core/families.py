@@ -130,9 +130,10 @@ FAMILIES: tuple[Family, ...] = (
            versions=CURRENT),
     Family("NemotronHForCausalLM", "Nemotron-H", "nemotron_h", MAMBA, False, ONE,
            "tensorrt_llm/_torch/models/modeling_nemotron_h.py", _spec("NemotronHForCausalLM"),
-           "commit 00620eb025e7c24895986e1042380bd1be4426d9", None, False,
-           note="Mamba-2 layers (hybrid_override_pattern) keep a recurrent state, not a KV cache; not on the "
-                "reference engine (build for engine.backend pytorch)",
+           "commit 00620eb025e7c24895986e1042380bd1be4426d9", "generic", True,
+           note="Mamba-2 layers (hybrid_override_pattern) keep a recurrent state, not a KV cache; the reference "
+                "engine keeps each token's state of a verification and keeps the accepted one, which needs chain "
+                "drafts (tree.choices chain-N)",
            versions=CURRENT),
     Family("ExaoneMoEForCausalLM", "K-EXAONE (EXAONE MoE)", "exaone_moe", DENSE, True, ONE,
            "tensorrt_llm/_torch/models/modeling_exaone_moe.py", _spec("ExaoneMoEForCausalLM"),
@@ -264,7 +265,8 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
     row = family_of((hf_config.get("architectures") or [None])[0])
     if row is not None and row.reference is None:
         raise GenericTargetError(f"{where}: {row.name}: {row.note}")
-    kinds = ("full_attention", "sliding_attention", *(("linear_attention",) if row and row.attention == LINEAR else ()))
+    recurrent = row is not None and row.attention in (LINEAR, MAMBA)
+    kinds = ("full_attention", "sliding_attention", *(("linear_attention",) if recurrent else ()))
     other = sorted({t for t in hf_config.get("layer_types") or () if t not in kinds})
     if other:
         raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "

@@ -11,12 +11,12 @@ session, the decoding loop, verify, the doctor and the trainer's features do not
 - RoPE positions are `Step.positions` (`position_ids`): a tree's nodes take their depth's position;
 - captured hidden states (EAGLE-3): the input of decoder layer j, taken with forward pre-hooks (id = number of layers:
   the last layer's output, before the final norm).
-- linear-attention layers (Qwen3-Next / Qwen3.5's gated delta-net) take no mask and keep a recurrent state per row
+- recurrent layers (Qwen3-Next / Qwen3.5's gated delta-net, Nemotron-H's Mamba-2) take no mask and keep a state per row
   instead of K/V (engines/recurrent.py): the engine keeps the state after each row's accepted path, with chain
   drafts only (engines/runtime.py refuses trees with branches for such a target).
 A model whose attention ignores the mask (or builds its own, e.g. sliding-window layers) would be computed wrongly:
 `check_generic` (core/families.py) refuses sliding windows shorter than the sequences and layer kinds that take no
-mask (Mamba-2 layers: the family table's rows without a reference path), and
+mask (a family table row without a reference path says why), and
 tests/test_engine_generic.py proves token identity per family against transformers' greedy generate.
 """
 

@@ -1,10 +1,11 @@
-"""Recurrent state of a generic target's linear-attention layers (Qwen3-Next / Qwen3.5's gated delta-net), per
-engine row, with the roll-back speculative decoding needs.
+"""Recurrent state of a generic target's recurrent layers (Qwen3-Next / Qwen3.5's gated delta-net, Nemotron-H's
+Mamba-2), per engine row, with the roll-back speculative decoding needs.
 
 A gated delta-net layer keeps a recurrent state (heads x d_k x d_v) and its short convolution's last inputs instead
 of a KV cache, so a rejected draft token cannot be dropped by compacting slots: the state must be the one after the
 last accepted token. transformers' layer (models/qwen3_next/modeling_qwen3_next.py `Qwen3NextGatedDeltaNet`) can
-return the state after each of a forward's last N tokens (`get_recurrent_states_to_keep`), computed token by token
+(and models/nemotron_h's Mamba-2 mixer, through the same Cache methods) return the state after each of a forward's
+last N tokens (`get_recurrent_states_to_keep`), computed token by token
 with the same recurrent rule its single-token decoding uses; the convolution's inputs come back whole
 (`update_conv_state`). A verification forward keeps both pending; `accept` then sets each row to the state after its
 accepted path: exactly the state a token-by-token decoding of the accepted tokens reaches.

@@ -79,7 +79,7 @@ class Runtime:
         recurrent = isinstance(self.target, GenericTarget) and self.target.recurrent is not None
         chain = isinstance(self.drafting, StaticDrafting) and self.drafting.tree.is_chain()
         if recurrent and self.drafting is not None and not chain:
-            raise ValueError("this target has linear-attention layers, which read a forward's tokens in order: the "
+            raise ValueError("this target has recurrent layers, which read a forward's tokens in order: the "
                              "reference engine verifies only chain drafts for it (tree.choices chain-N), not "
                              f"{type(self.drafting).__name__.removesuffix('Drafting').lower()} trees with branches")
 

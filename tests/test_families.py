@@ -113,27 +113,12 @@ def test_deepseek_v3_target_is_accepted_and_its_kv_sized_as_mla(tmp_path: Path, 
     assert f"weights {weights:,.2f} GiB" in err and f"at {61 * 576 * 2:,} bytes/token" in err, err
 
 
-@pytest.mark.parametrize("family", BUILD_ONLY_FAMILIES)
-def test_build_only_rows_build_for_pytorch_and_are_refused_on_the_reference_engine(
-        family: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    target = make_family_target(tmp_path / "target", family)
-    head = tmp_path / "head"
-    head.mkdir()
-    arch = json.loads((target / "config.json").read_text())["architectures"][0]
-    assert architectures.problems(arch, version="1.4", backend="pytorch", draft_type="eagle3", where="t") == []
-    assert build.main([str(_cfg(tmp_path, "ref", target, head, "reference")), "--only", "checkpoint"]) == 2
-    err = capsys.readouterr().err
-    assert f"{arch} cannot run on engine.backend reference" in err and "recurrent state" in err, err
-    assert "Way out: draft.type eagle3 with engine.backend pytorch (GPU) and trtllm_version '1.4'" in err
-    assert not (tmp_path / "ref").exists()
-
-
 @pytest.mark.parametrize("family", RECURRENT_FAMILIES)
 def test_recurrent_rows_build_with_chains_and_serve_like_hf_greedy(family: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture) -> None:
-    """Qwen3-Next / Qwen3.5: a tree with branches is refused before anything is written (a recurrent layer reads a
-    forward's tokens in order); a chain builds and serves token-identical to HF greedy, rejected drafts leaving no
-    trace in the recurrent state."""
+    """Qwen3-Next / Qwen3.5 / Nemotron-H: a tree with branches is refused before anything is written (a recurrent
+    layer reads a forward's tokens in order); a chain builds and serves token-identical to HF greedy, rejected drafts
+    leaving no trace in the recurrent state."""
     target = make_family_target(tmp_path / "target", family, block_scale=0.3, layers=4)
     head = make_mimic_eagle3_head(tmp_path / "head", target)
     assert build.main([str(_cfg(tmp_path, "tree", target, head, "reference")), "--only", "checkpoint"]) == 2

@@ -19,11 +19,11 @@ from tests.tiny_models import HIDDEN, INTER, VOCAB, make_tokenizer
 
 FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session fixture `family_targets` builds these
 # The rows added with the family table (core/families.py), built where a test needs them: the generic ones run on
-# the reference engine (the recurrent ones with chain drafts), the build-only ones are sized and built for the
-# PyTorch backend but not run there.
+# the reference engine (the recurrent ones, gated delta-net or Mamba-2 layers, with chain drafts); a build-only one
+# would be sized and built for the PyTorch backend but not run there (none is).
 GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus")
-RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
-BUILD_ONLY_FAMILIES = ("nemotron_h",)
+RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
+BUILD_ONLY_FAMILIES: tuple[str, ...] = ()
 
 _CLASSES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
@@ -170,6 +170,12 @@ def make_family_target(out: Path, family: str, *, seed: int = 0, tokenizer: bool
     model.to(torch.float32).save_pretrained(out, safe_serialization=True)
     _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"),
                         _ARCH.get(family))
+    if family == "nemotron_h":  # published Nemotron-H configs carry both; transformers 5 saves layers_block_type only
+        cfg = json.loads((out / "config.json").read_text())
+        built = family_config(family, **options)
+        cfg.update(num_hidden_layers=built["num_hidden_layers"],
+                   hybrid_override_pattern=built["hybrid_override_pattern"])
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0]}))
     if tokenizer:
         make_tokenizer(out)

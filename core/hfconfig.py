@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
+from core.families import FAMILIES
+
+LLAMA_ARCHITECTURES = tuple(f.name for f in FAMILIES if f.engine_flow)  # what EagleForCausalLM (a Llama) converts
 
 
 class ModelConfigError(ValueError):

@@ -173,19 +173,20 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next"])
 def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
-    """A Qwen3-MoE or DeepSeek-V3 (MLA) target (transformers' own model class in the reference engine) with an
-    EAGLE-3 head trained by builders/train_head.py, built for the current line and served by the llmapi model on the
-    real Triton server: the answers are HF generate's."""
+    """A Qwen3-MoE, DeepSeek-V3 (MLA) or Qwen3-Next (gated delta-net, chain drafts) target (transformers' own model
+    class in the reference engine) with an EAGLE-3 head trained by builders/train_head.py, built for the current line
+    and served by the llmapi model on the real Triton server: the answers are HF generate's."""
     from clients import schema as sch
     from clients.client import LLMClient
     from triton_repo.launch import TritonServer, free_port
 
     target = make_family_target(tmp_path / "target", family, layers=4, block_scale=0.3)
     head = _train_head(target, tmp_path)
-    build = _build(target, head, tmp_path / "build", "1.4", {"dynamic": {"top_k": 2, "depth": 3,
-                                                                         "total_draft_tokens": 6}})
+    tree = {"choices": "chain-3"} if family == "qwen3_next" else {"dynamic": {"top_k": 2, "depth": 3,
+                                                                               "total_draft_tokens": 6}}
+    build = _build(target, head, tmp_path / "build", "1.4", tree)
     want = _hf_answers(target, list(PROMPTS))
     srv = TritonServer(build / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
                        log_path=tmp_path / "tritonserver.log")

@@ -164,7 +164,7 @@ NOT_EAGLE3: dict[str, tuple[str, str, str]] = {
 }
 
 BY_NAME = {f.name: f for f in FAMILIES}
-NATIVE = tuple(f.name for f in FAMILIES if f.reference == "native")
+NATIVE = tuple(sorted(f.name for f in FAMILIES if f.reference == "native"))
 QKV_BIAS = frozenset(f.name for f in FAMILIES if f.qkv_bias)
 QK_NORM = frozenset(f.name for f in FAMILIES if f.qk_norm)
 SLIDING_WINDOW = frozenset(f.name for f in FAMILIES if f.sliding == "switch")  # `use_sliding_window` switches it on

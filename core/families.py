@@ -97,7 +97,8 @@ FAMILIES: tuple[Family, ...] = (
            "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb", "generic", True,
            note="mixture of experts, attention sinks, sliding-window layers (reference engine: sequences up to the "
                 "window)"),
-    Family("DeepseekV3ForCausalLM", "DeepSeek-V3 / R1, Kimi-K2 (same class)", "deepseek_v3", MLA, True, ONE,
+    Family("DeepseekV3ForCausalLM", "DeepSeek-V3 / R1 (and checkpoints of the same architecture)", "deepseek_v3",
+           MLA, True, ONE,
            "tensorrt_llm/_torch/models/modeling_deepseekv3.py", _spec("DeepseekV3ForCausalLM"),
            "commit 000561df0bd751d793257102bbe59cb4a64b2fd5", "generic", True,
            note="multi-head latent attention (KV cache: kv_lora_rank + qk_rope_head_dim per layer per token), "

@@ -9,8 +9,10 @@ The numerics follow transformers' modeling files of each family (models/<family>
 - Qwen3ForCausalLM: per-head RMSNorm of q and k over head_dim (weights of head_dim, shared by the heads) after the
   projections and before RoPE; head_dim is a config key of its own (not hidden_size / heads).
 
-The converter (builders/convert/families.py) writes the checkpoint keys `family_keys` returns; the engine reads them
-back with `traits`. The architecture table (builders/trtllm/architectures.py) lists NATIVE as its `native` rows.
+FAMILIES is the one table of target architectures (every row cited to the upstream registration it was read at);
+NATIVE, QKV_BIAS, QK_NORM and SLIDING_WINDOW are derived from it. The converter (builders/convert/families.py) writes
+the checkpoint keys `family_keys` returns; the engine reads them back with `traits`. builders/trtllm/architectures.py
+adds the per-version columns (registry) and the preflight; core/shapes.py sizes each row's weights and caches.
 Also here, torch-free for the builders: the published EAGLE-3 head config layout (`eagle3_head_config`) and what the
 generic path (engines/generic.py) computes exactly (`check_generic`).
 """
@@ -22,10 +24,155 @@ from pathlib import Path
 from typing import Any
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # the RoPE scalings the engine's native forward computes
-NATIVE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-QKV_BIAS = frozenset({"Qwen2ForCausalLM"})
-QK_NORM = frozenset({"Qwen3ForCausalLM"})
-SLIDING_WINDOW = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM"})  # `use_sliding_window` switches it on
+
+# ---- the family table: the one place a target architecture is declared ------------------------------------------
+
+TRT = "NVIDIA/TensorRT-LLM"
+ONE, TWO = "one-model", "two-model"
+DENSE, MLA, LINEAR, MAMBA = "dense", "mla", "hybrid-linear", "hybrid-mamba"  # attention kinds (core/shapes.py)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One target architecture: what it is, what upstream TensorRT-LLM registers for it, and what this toolkit does
+    with it. Everything else (NATIVE and the traits below, the architecture table and its preflight, docs tables, the
+    tests' family matrix, capacity sizing by `attention`) is derived from these rows."""
+
+    name: str  # config.json architectures[0], as TensorRT-LLM's @register_auto_model names it
+    label: str  # what users call it
+    model_type: str  # config.json model_type (transformers' AutoConfig key)
+    attention: str  # DENSE | MLA | LINEAR | MAMBA: how core/shapes.py sizes its weights, KV cache and state
+    moe: bool  # routed experts (core/shapes.py counts every expert, shared experts and the router)
+    eagle3: str  # ONE | TWO: how TensorRT-LLM's PyTorch backend runs EAGLE-3 with it
+    path: str  # upstream modeling file (repo TRT)
+    symbol: str  # the registration read there
+    read: str  # the commit(s) the registration was read at
+    reference: str | None  # "native" | "generic" | None: how the reference engine runs it
+    trainer: bool  # builders/train_head.py trains EAGLE-3 heads from its features
+    engine_flow: bool = False  # EAGLE-1/2 engine flow (EagleForCausalLM subclasses LLaMAForCausalLM)
+    qkv_bias: bool = False  # native forward: q/k/v biases without an o_proj bias
+    qk_norm: bool = False  # native forward: per-head q/k RMSNorm before RoPE
+    sliding: str = "never"  # native forward: "never" | "switch" (use_sliding_window turns it on) | "always"
+    note: str = ""  # what differs (docs); for reference None: why the reference engine cannot run it
+    versions: tuple[str, ...] | None = None  # trtllm_version keys it is claimed for (None: every version whose
+    # PyTorch backend runs EAGLE-3, as established for the first rows); rows read on main only claim the current line
+
+
+CURRENT = ("1.4",)  # rows read on main: claimed for the current line only; earlier releases were not opened for them
+
+
+def _spec(cls: str, base: str = "SpecDecOneEngineForCausalLM") -> str:
+    return f"@register_auto_model('{cls}') class {cls}({base})"
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("LlamaForCausalLM", "Llama 2 / 3.x, SmolLM2, Vicuna", "llama", DENSE, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_llama.py", _spec("LlamaForCausalLM"),
+           "commit 3a5901cd0d77bed18baaf402d1d12fab468d44a9", "native", True, engine_flow=True,
+           note="HF checkpoint read directly by the PyTorch backend"),
+    Family("Qwen3ForCausalLM", "Qwen3 dense", "qwen3", DENSE, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3.py", _spec("Qwen3ForCausalLM"),
+           "commit 5dedf53b14d94f0b53c1bff0e560af11dc3eaf5d", "native", True, qk_norm=True, sliding="switch",
+           note="per-head q/k RMSNorm; head_dim independent of hidden_size / heads"),
+    Family("Qwen2ForCausalLM", "Qwen2 / Qwen2.5", "qwen2", DENSE, False, TWO,
+           "tensorrt_llm/_torch/models/modeling_qwen.py",
+           "@register_auto_model('Qwen2ForCausalLM') class Qwen2ForCausalLM(DecoderModelForCausalLM); "
+           "QwenDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states",
+           "commits 047098b74c51f488abcfcd72f7d4a988a56442f6 (a transformers-5 era file), "
+           "87b279a9719cc257bb89d19ea794296857e2f83f", "native", True, qkv_bias=True, sliding="switch",
+           note="q/k/v biases; a config with use_sliding_window true is refused"),
+    Family("MistralForCausalLM", "Mistral", "mistral", DENSE, False, TWO,
+           "tensorrt_llm/_torch/models/modeling_mistral.py",
+           "@register_auto_model('MistralForCausalLM') class MistralForCausalLM(DecoderModelForCausalLM); "
+           "MistralDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states",
+           "commits 002f3cc3d0554c4ebd530d1354f96e89666d93b8, 0dcfa87b9636e749e3656c1e1e6ee61e4d090a5f",
+           "native", True, sliding="always",
+           note="Llama-shaped; contexts beyond a configured sliding_window are refused"),
+    Family("Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", "qwen3_moe", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3_moe.py", _spec("Qwen3MoeForCausalLM"),
+           "commit a678b91aafbeff265cd0b764abb59d7def624ac2", "generic", True,
+           note="mixture of experts; reference engine: transformers' own model class"),
+    Family("GptOssForCausalLM", "gpt-oss", "gpt_oss", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_gpt_oss.py", _spec("GptOssForCausalLM"),
+           "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb", "generic", True,
+           note="mixture of experts, attention sinks, sliding-window layers (reference engine: sequences up to the "
+                "window)"),
+    Family("DeepseekV3ForCausalLM", "DeepSeek-V3 / R1 (and checkpoints of the same architecture)", "deepseek_v3",
+           MLA, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_deepseekv3.py", _spec("DeepseekV3ForCausalLM"),
+           "commit 000561df0bd751d793257102bbe59cb4a64b2fd5", "generic", True,
+           note="multi-head latent attention (KV cache: kv_lora_rank + qk_rope_head_dim per layer per token), "
+                "routed + shared experts after first_k_dense_replace dense layers; the checkpoint's MTP layers "
+                "(num_nextn_predict_layers) are not decoder layers",
+           versions=CURRENT),
+    Family("Glm4MoeForCausalLM", "GLM-4.5 / 4.6", "glm4_moe", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_glm.py", _spec("Glm4MoeForCausalLM"),
+           "commit 0406f8aa75104e96d80105563defd26ea0d9009a", "generic", True,
+           note="GQA with partial RoPE, routed + shared experts after first_k_dense_replace dense layers",
+           versions=CURRENT),
+    Family("Qwen3NextForCausalLM", "Qwen3-Next", "qwen3_next", LINEAR, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3_next.py", _spec("Qwen3NextForCausalLM"),
+           "commit 00022b040996780da248347927318fecb55ae7e9", "generic", True,
+           note="gated delta-net (linear attention) layers keep a recurrent state, not a KV cache; the reference "
+                "engine keeps each token's state of a verification and keeps the accepted one, which needs chain "
+                "drafts (tree.choices chain-N)",
+           versions=CURRENT),
+    Family("Qwen3_5ForCausalLM", "Qwen3.5 dense", "qwen3_5_text", LINEAR, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3_5.py",
+           _spec("Qwen3_5ForCausalLM", "Qwen3NextForCausalLM") + " (Qwen3NextForCausalLM is a "
+           "SpecDecOneEngineForCausalLM)", "commit 00620eb025e7c24895986e1042380bd1be4426d9", "generic", True,
+           note="Qwen3-Next's hybrid layers with a dense MLP; on the reference engine with chain drafts",
+           versions=CURRENT),
+    Family("Qwen3_5MoeForCausalLM", "Qwen3.5 MoE", "qwen3_5_moe_text", LINEAR, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_qwen3_5.py",
+           _spec("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM") + " (Qwen3NextForCausalLM is a "
+           "SpecDecOneEngineForCausalLM)", "commit 00620eb025e7c24895986e1042380bd1be4426d9", "generic", True,
+           note="Qwen3-Next's hybrid layers and experts; on the reference engine with chain drafts",
+           versions=CURRENT),
+    Family("NemotronHForCausalLM", "Nemotron-H", "nemotron_h", MAMBA, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_nemotron_h.py", _spec("NemotronHForCausalLM"),
+           "commit 00620eb025e7c24895986e1042380bd1be4426d9", "generic", True,
+           note="Mamba-2 layers (hybrid_override_pattern) keep a recurrent state, not a KV cache; the reference "
+                "engine keeps each token's state of a verification and keeps the accepted one, which needs chain "
+                "drafts (tree.choices chain-N)",
+           versions=CURRENT),
+    Family("ExaoneMoEForCausalLM", "K-EXAONE (EXAONE MoE)", "exaone_moe", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_exaone_moe.py", _spec("ExaoneMoEForCausalLM"),
+           "commit 0d30bf1243d3086b22e75d99284a606948cab647", "generic", True,
+           note="GQA with q/k norms and sliding-window layers (reference engine: sequences up to the window), "
+                "routed + shared experts",
+           versions=CURRENT),
+    Family("SeedOssForCausalLM", "Seed-OSS", "seed_oss", DENSE, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_seedoss.py", _spec("SeedOssForCausalLM"),
+           "commit 22de8b34df71bb6653612c1f3de00c7288482eb4", "generic", True,
+           note="Llama-shaped with q/k/v biases (an o_proj bias where attention_out_bias is set)",
+           versions=CURRENT),
+    Family("ApertusForCausalLM", "Apertus", "apertus", DENSE, False, ONE,
+           "tensorrt_llm/_torch/models/modeling_apertus.py", _spec("ApertusForCausalLM"),
+           "commit 373783016c99f0d5c6740416511413050aba063b", "generic", True,
+           note="xIELU MLP without a gate, q/k norms",
+           versions=CURRENT),
+)
+
+# Registrations read upstream that subclass SpecDecOneEngineForCausalLM but do not run EAGLE-3 there: not rows of the
+# table (a target of these architectures is refused with this reason). name -> (modeling file, what was read, commit).
+NOT_EAGLE3: dict[str, tuple[str, str, str]] = {
+    "KimiLinearForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_kimi_linear.py",
+        "KimiLinearForCausalLM(SpecDecOneEngineForCausalLM).__init__ asserts 'Kimi K3 supports speculative decoding "
+        "only with SA or DFlash' (modes needing draft heads, MTP / Eagle, are blocked)",
+        "commit 000a860db1d1b990742ff55e8230d1ddc5672e39"),
+}
+
+BY_NAME = {f.name: f for f in FAMILIES}
+NATIVE = tuple(sorted(f.name for f in FAMILIES if f.reference == "native"))
+QKV_BIAS = frozenset(f.name for f in FAMILIES if f.qkv_bias)
+QK_NORM = frozenset(f.name for f in FAMILIES if f.qk_norm)
+SLIDING_WINDOW = frozenset(f.name for f in FAMILIES if f.sliding == "switch")  # `use_sliding_window` switches it on
+
+
+def family_of(architecture: str | None) -> Family | None:
+    return BY_NAME.get(architecture or "")
 
 
 @dataclass(frozen=True)
@@ -42,7 +189,8 @@ def family_keys(architecture: str, hf_config: dict[str, Any]) -> dict[str, Any]:
     window = hf_config.get("sliding_window")
     if architecture in SLIDING_WINDOW and not hf_config.get("use_sliding_window"):
         window = None  # transformers: sliding_window applies only when use_sliding_window is true
-    if architecture not in SLIDING_WINDOW and architecture != "MistralForCausalLM":
+    row = BY_NAME.get(architecture)
+    if row is None or row.sliding == "never":
         window = None
     return {"qkv_bias": architecture in QKV_BIAS, "qk_norm": architecture in QK_NORM,
             "sliding_window": None if window is None else int(window)}
@@ -61,15 +209,27 @@ def traits(ckpt_config: dict[str, Any]) -> Traits:
 # number of layer types").
 _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
                 "num_local_experts", "experts_per_token", "swiglu_limit", "decoder_sparse_step", "norm_topk_prob",
-                "mlp_only_layers", "output_router_logits", "router_aux_loss_coef", "qkv_bias", "qk_norm")
+                "mlp_only_layers", "output_router_logits", "router_aux_loss_coef", "qkv_bias", "qk_norm",
+                # MLA, routed / shared experts, MTP layers, partial RoPE and hybrid layers of the newer families: a
+                # head is one Llama layer whatever its target (e.g. partial_rotary_factor would change its RoPE)
+                "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "rope_interleave",
+                "n_routed_experts", "n_shared_experts", "num_shared_experts", "first_k_dense_replace", "n_group",
+                "topk_group", "topk_method", "routed_scaling_factor", "scoring_func", "moe_layer_freq", "ep_size",
+                "num_nextn_predict_layers", "mlp_layer_types", "partial_rotary_factor", "use_qk_norm",
+                "attention_out_bias", "sliding_window_pattern", "shared_expert_intermediate_size",
+                "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim", "hybrid_override_pattern", "layers_block_type",
+                "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "mlp_hidden_act")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """An EAGLE-3 head's config.json in the layout the heads people publish for any target use (SpecForge
     configs/qwen3-4b-eagle3.json, configs/qwen3-30B-A3B-eagle3.1.json: `model_type: llama`,
-    `architectures: [LlamaForCausalLMEagle3]`, the target's head_dim kept): Llama keys only, no sliding window."""
+    `architectures: [LlamaForCausalLMEagle3]`, the target's head_dim kept): Llama keys only, no sliding window,
+    SwiGLU."""
     out = {k: v for k, v in cfg.items() if k not in _TARGET_ONLY}
     out["model_type"] = "llama"
+    out["hidden_act"] = "silu"  # the head's MLP is SwiGLU whatever the target's (training/model.py, engines/model.py)
     if "use_sliding_window" in out or "sliding_window" in out:
         out.update(use_sliding_window=False, sliding_window=None)
     return out
@@ -103,7 +263,12 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
             f"{where}: sliding_window={window} but sequences may reach {max_seq_len} tokens; the generic path gives "
             "sliding-window layers the engine's own tree mask, which sees every earlier key, so tokens beyond the "
             f"window would be computed wrongly. Set engine.max_seq_len <= {window}")
-    other = sorted({t for t in hf_config.get("layer_types") or () if t not in ("full_attention", "sliding_attention")})
+    row = family_of((hf_config.get("architectures") or [None])[0])
+    if row is not None and row.reference is None:
+        raise GenericTargetError(f"{where}: {row.name}: {row.note}")
+    recurrent = row is not None and row.attention in (LINEAR, MAMBA)
+    kinds = ("full_attention", "sliding_attention", *(("linear_attention",) if recurrent else ()))
+    other = sorted({t for t in hf_config.get("layer_types") or () if t not in kinds})
     if other:
         raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "
                                  "mask (full_attention, sliding_attention) can run on the generic path")

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
+from core.families import FAMILIES
+
+LLAMA_ARCHITECTURES = tuple(f.name for f in FAMILIES if f.engine_flow)  # what EagleForCausalLM (a Llama) converts
 
 
 class ModelConfigError(ValueError):
@@ -120,6 +122,8 @@ def llama_spec(model_dir: Path, *, require_arch: bool = True) -> LlamaSpec:
             f"({', '.join(LLAMA_ARCHITECTURES)}) "
             "can be converted (TensorRT-LLM's EagleForCausalLM subclasses LLaMAForCausalLM)"
         )
+    if "rms_norm_eps" not in cfg and "layer_norm_epsilon" in cfg:  # Nemotron-H spells its RMSNorm epsilon so
+        cfg = {**cfg, "rms_norm_eps": cfg["layer_norm_epsilon"]}
     need = [
         "vocab_size",
         "hidden_size",

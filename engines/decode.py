@@ -210,8 +210,12 @@ def walk(t: TargetBatch, slots: list[Slot], tree: TreeBatch, hidden: torch.Tenso
 
 
 def compact(t: TargetBatch, rows: Rows, walked: list[Walked]) -> None:
-    """KV compaction: the accepted path's entries become contiguous after the committed cache."""
+    """KV compaction: the accepted path's entries become contiguous after the committed cache; a target with
+    recurrent layers keeps each row's state after its accepted path (engines/recurrent.py)."""
     dev = t.device
+    accept = getattr(t.model, "accept", None)
+    if accept is not None:
+        accept(rows.host, [len(w.path) for w in walked])
     for j, (i, w) in enumerate(zip(rows.host, walked)):
         if w.path != list(range(len(w.path))):  # a path of first children is already in place
             base = rows.host_lens[j]

@@ -11,9 +11,12 @@ session, the decoding loop, verify, the doctor and the trainer's features do not
 - RoPE positions are `Step.positions` (`position_ids`): a tree's nodes take their depth's position;
 - captured hidden states (EAGLE-3): the input of decoder layer j, taken with forward pre-hooks (id = number of layers:
   the last layer's output, before the final norm).
+- recurrent layers (Qwen3-Next / Qwen3.5's gated delta-net, Nemotron-H's Mamba-2) take no mask and keep a state per row
+  instead of K/V (engines/recurrent.py): the engine keeps the state after each row's accepted path, with chain
+  drafts only (engines/runtime.py refuses trees with branches for such a target).
 A model whose attention ignores the mask (or builds its own, e.g. sliding-window layers) would be computed wrongly:
 `check_generic` (core/families.py) refuses sliding windows shorter than the sequences and layer kinds that take no
-mask, and
+mask (a family table row without a reference path says why), and
 tests/test_engine_generic.py proves token identity per family against transformers' greedy generate.
 """
 
@@ -27,26 +30,37 @@ from typing import Any
 
 import torch
 
-from core.families import check_generic, sliding_window_of
+from core.families import MLA, check_generic, family_of, sliding_window_of
+from core.shapes import reference_kv_width
 from engines.model import KVCache, Step
+from engines.recurrent import RecurrentStore, RecurrentView
 
 
 class _SlotCache:
-    """The engine's KVCache seen through transformers' Cache.update for one forward."""
+    """The engine's KVCache seen through transformers' Cache.update for one forward; a target with linear-attention
+    layers also gets their per-row recurrent state through `view` (engines/recurrent.py)."""
 
     is_compileable = False  # what transformers' generation and mask helpers ask of a Cache; never a static cache
 
-    def __init__(self, cache: KVCache, step: Step) -> None:
-        self.cache, self.step = cache, step
+    def __init__(self, cache: KVCache, step: Step, view: RecurrentView | None = None) -> None:
+        self.cache, self.step, self.view = cache, step, view
+
+    def __getattr__(self, name: str) -> Any:  # the linear-attention methods (get_conv_state, ...), when there are any
+        view = self.__dict__.get("view")
+        if view is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(view, name)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.step
         k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        # transformers: (B, kv_heads, T, D); the engine's cache rows: (slots, kv_heads, D)
-        k_cache[s.rows[:, None], s.slots] = key_states.transpose(1, 2).to(k_cache.dtype)
-        v_cache[s.rows[:, None], s.slots] = value_states.transpose(1, 2).to(v_cache.dtype)
-        return s.gather(k_cache).transpose(1, 2), s.gather(v_cache).transpose(1, 2)
+        # transformers: (B, kv_heads, T, D); the engine's cache rows: (slots, kv_heads, D). Keys and values may be
+        # narrower than the slots (MLA: qk_nope + qk_rope keys, v_head_dim values): each fills its leading part.
+        kd, vd = key_states.shape[-1], value_states.shape[-1]
+        k_cache[s.rows[:, None], s.slots, :, :kd] = key_states.transpose(1, 2).to(k_cache.dtype)
+        v_cache[s.rows[:, None], s.slots, :, :vd] = value_states.transpose(1, 2).to(v_cache.dtype)
+        return s.gather(k_cache)[..., :kd].transpose(1, 2), s.gather(v_cache)[..., :vd].transpose(1, 2)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # asked when position_ids are absent (they never are here)
         return self.step.kv_len
@@ -73,6 +87,13 @@ class GenericTarget:
     head_dim: int
     cache_kw: str  # "cache" (transformers >= 5.x) or "past_key_values"
     window: int | None = None  # sliding window of some layers: longer sequences are refused (Runtime.check_window)
+    recurrent: RecurrentStore | None = None  # linear-attention layers' state per row (engines/recurrent.py)
+
+    def accept(self, rows: list[int], lengths: list[int]) -> None:
+        """After a verification: each row's recurrent state becomes the one after its accepted path (the KV cache
+        is compacted by the engine)."""
+        if self.recurrent is not None:
+            self.recurrent.accept(rows, lengths)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache: KVCache,
                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -88,12 +109,20 @@ class GenericTarget:
                  for j in capture if j < len(self.layers)]
         if len(self.layers) in capture:
             hooks.append(self.layers[-1].register_forward_hook(_keep_output(by_layer, len(self.layers))))
+        view: RecurrentView | None = None
+        masks: torch.Tensor | dict[str, torch.Tensor | None] = mask
+        if self.recurrent is not None:  # linear-attention layers take no mask; each row's tokens in order
+            fresh = bool((step.positions[:, 0] == 0).all())
+            view = RecurrentView(self.recurrent, step.rows, fresh, 0 if fresh or t == 1 else t)
+            masks = {"full_attention": mask, "linear_attention": None}
         try:
-            out = self.model.model(input_ids=tokens, attention_mask=mask, position_ids=step.positions,
-                                   use_cache=True, **{self.cache_kw: _SlotCache(cache, step)})
+            out = self.model.model(input_ids=tokens, attention_mask=masks, position_ids=step.positions,
+                                   use_cache=True, **{self.cache_kw: _SlotCache(cache, step, view)})
         finally:
             for h in hooks:
                 h.remove()
+        if view is not None:
+            view.commit()
         return out.last_hidden_state, [by_layer[j] for j in capture]
 
 
@@ -123,10 +152,15 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, attn_implementation="eager")
     model.to(device).eval()
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    fam = family_of((cfg.get("architectures") or [None])[0])
     heads = int(text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    if fam is not None and fam.attention == MLA:  # the compressed latents, one "head" (core/shapes.py)
+        kv_heads, head_dim = 1, reference_kv_width(fam, text.to_dict())
+    else:
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     layers = list(model.model.layers)
     kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+    recurrent = RecurrentStore() if "linear_attention" in (getattr(text, "layer_types", None) or ()) else None
     return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
-                         layers, int(getattr(text, "num_key_value_heads", None) or heads), head_dim, kw,
-                         sliding_window_of(cfg))
+                         layers, kv_heads, head_dim, kw, sliding_window_of(cfg), recurrent)

@@ -34,7 +34,7 @@ from engines.checkpoint import (
     read_config,
     require,
 )
-from engines.drafting import Drafting, drafting_for
+from engines.drafting import Drafting, StaticDrafting, drafting_for
 from engines.linear import prepare_linears
 from core.families import NATIVE, traits
 from engines.generic import GenericTarget, load_generic
@@ -74,6 +74,14 @@ class Runtime:
     limits: Limits | None = None  # from the build's reference.json; None = only memory limits
     window: int | None = None  # the target's sliding window: longer sequences would be computed wrongly, refused
     policy: SpeculationPolicy | None = None  # draft length per step (engines/schedule.py); None = the whole tree
+
+    def __post_init__(self) -> None:
+        recurrent = isinstance(self.target, GenericTarget) and self.target.recurrent is not None
+        chain = isinstance(self.drafting, StaticDrafting) and self.drafting.tree.is_chain()
+        if recurrent and self.drafting is not None and not chain:
+            raise ValueError("this target has recurrent layers, which read a forward's tokens in order: the "
+                             "reference engine verifies only chain drafts for it (tree.choices chain-N), not "
+                             f"{type(self.drafting).__name__.removesuffix('Drafting').lower()} trees with branches")
 
     @classmethod
     def load(

@@ -3,14 +3,15 @@
     python scripts/bench_families.py [--families llama,qwen3,qwen2,mistral,qwen3_moe] [--ts 1,4] [--repeats 20]
         [--threads 1] [--dtype float32] [--json FILE]
 
-Each family is a random model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, MLP 1536,
-vocab 49,152; Qwen3-MoE: 8 experts of 256, 2 per token), written by transformers. The native families are converted
-(builders/convert) and run by the engine's own forward; Qwen3-MoE runs through the generic target (transformers' own
-model class, engines/generic.py). For T in --ts: one forward with T new tokens after a 200-token context plus the
-lm_head at the last position, the engine and HF eager (transformers, no compile, DynamicCache rewound after each
-call) called round-robin (measure/costs.py interleaved_ms), median of --repeats. Random weights: the cost of a
-forward does not depend on their values. Compare ratios within one run; absolute times depend on the machine and
-its load.
+Each family is a random model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, MLP 1536, vocab
+49,152; MoE families: 8 experts of 256, 2 per token, and one shared expert where the family has them; DeepSeek-V3:
+MLA with q_lora_rank 192, kv_lora_rank 64), written by transformers. The families the table marks native are
+converted (builders/convert) and run by the engine's own forward; the generic ones (Qwen3-MoE, DeepSeek-V3, GLM-4.5
+MoE, EXAONE-MoE, Seed-OSS, Apertus) run through the generic target (transformers' own model class,
+engines/generic.py). For T in --ts: one forward with T new tokens after a 200-token context plus the lm_head at the
+last position, the engine and HF eager (transformers, no compile, DynamicCache rewound after each call) called
+round-robin (measure/costs.py interleaved_ms), median of --repeats. Random weights: the cost of a forward does not
+depend on their values. Compare ratios within one run; absolute times depend on the machine and its load.
 
 Inputs:  none (the models are generated)
 Outputs: a table on stdout (ms per forward, engine / HF ratio); --json the figures
@@ -40,9 +41,37 @@ SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "nu
          "rms_norm_eps": 1e-5, "rope_theta": 1e5, "tie_word_embeddings": True}
 CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
-           "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+           "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+           "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+           "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+           "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM"),
+           "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"), "apertus": ("ApertusConfig", "ApertusForCausalLM")}
 MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "decoder_sparse_step": 1,
        "norm_topk_prob": True, "mlp_only_layers": []}
+_ROUTED = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 256,
+           "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
+# What each family adds to the shape (the families' own layouts at SmolLM2-135M's size; 8 experts of 256, 2 per token)
+EXTRA: dict[str, dict[str, Any]] = {
+    "qwen3_moe": MOE,
+    "deepseek_v3": {**_ROUTED, "num_key_value_heads": 9, "head_dim": 32, "q_lora_rank": 192, "kv_lora_rank": 64,
+                    "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64},
+    "glm4_moe": {**_ROUTED, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True},
+    "exaone_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "num_shared_experts": 1,
+                   "sliding_window": 4096, "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 7
+                   + ["sliding_attention", "full_attention"], "mlp_layer_types": ["dense"] + ["sparse"] * 29},
+    "seed_oss": {"attention_bias": True},
+    "apertus": {"hidden_act": "xielu", "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}},
+}
+
+
+def reference_path(family: str) -> str:
+    """native / generic, from the family table's row of this class (core/families.py)."""
+    from core.families import BY_NAME
+
+    row = BY_NAME.get({"exaone_moe": "ExaoneMoEForCausalLM"}.get(family, CLASSES[family][1]))  # upstream's spelling
+    if row is None or row.reference is None:
+        raise SystemExit(f"error: {family}: the family table has no reference-engine path for it")
+    return row.reference
 
 
 def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
@@ -50,7 +79,7 @@ def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
 
     conf_cls, model_cls = (getattr(transformers, n) for n in CLASSES[family])
     torch.manual_seed(0)
-    model = model_cls(conf_cls(**SHAPE, **(MOE if family == "qwen3_moe" else {}))).to(dtype).eval()
+    model = model_cls(conf_cls(**{**SHAPE, **EXTRA.get(family, {})})).to(dtype).eval()
     model.save_pretrained(out)
     from tests.tiny_models import make_tokenizer
 
@@ -59,7 +88,7 @@ def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
 
 
 def engine_target(family: str, hf_dir: Path, work: Path, dtype: str) -> Any:
-    if family == "qwen3_moe":
+    if reference_path(family) == "generic":
         from engines.generic import load_generic
 
         return load_generic(hf_dir, getattr(torch, dtype), torch.device("cpu"), max_seq_len=2048)
@@ -119,14 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             fns = {("engine", t): f for t, f in forward_fns(target, dt, torch.device("cpu"), ts).items()}
             fns |= {("hf", t): f for t, f in hf_fns(model, ts).items()}
             ms = interleaved_ms(fns, args.repeats)
-            path = "generic" if fam == "qwen3_moe" else "native"
+            path = reference_path(fam)
             for t in ts:
                 rows.append({"family": fam, "path": path, "t": t, "engine_ms": ms[("engine", t)],
                              "hf_ms": ms[("hf", t)], "ratio": ms[("hf", t)] / ms[("engine", t)]})
             del model, target, fns
-    print(f"{'family':<10} {'path':<8} {'T':>3} {'engine ms':>10} {'HF eager ms':>12} {'HF / engine':>12}")
+    print(f"{'family':<12} {'path':<8} {'T':>3} {'engine ms':>10} {'HF eager ms':>12} {'HF / engine':>12}")
     for r in rows:
-        print(f"{r['family']:<10} {r['path']:<8} {r['t']:>3} {r['engine_ms']:>10.2f} {r['hf_ms']:>12.2f} "
+        print(f"{r['family']:<12} {r['path']:<8} {r['t']:>3} {r['engine_ms']:>10.2f} {r['hf_ms']:>12.2f} "
               f"{r['ratio']:>11.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"dtype": args.dtype, "threads": args.threads, "rows": rows}, indent=2))

@@ -36,7 +36,9 @@ def test_rows_are_well_formed_and_cited() -> None:
         assert a.engine_flow == (a.name == "LlamaForCausalLM"), "EagleForCausalLM subclasses LLaMAForCausalLM"
     native = tuple(a.name for a in A.ARCHITECTURES if a.reference == "native")
     assert sorted(native) == sorted(families.NATIVE)
-    assert all(a.reference in ("native", "generic") for a in A.ARCHITECTURES)
+    assert all(a.reference in ("native", "generic", None) for a in A.ARCHITECTURES)
+    # A row the reference engine cannot run says why (its note is the refusal's reason).
+    assert all("reference engine" in a.note for a in A.ARCHITECTURES if a.reference is None)
 
 
 def test_docs_render_every_row() -> None:
@@ -68,6 +70,11 @@ def test_engine_flow_refuses_every_non_llama_target(family: str, path: str, fami
     err = _refused(cfg, out, capsys, HF_NAME[family], "EagleForCausalLM subclasses LLaMAForCausalLM",
                    "serves LlamaForCausalLM targets only", "Way out: draft.type eagle3")
     assert f"{HF_NAME[family]} supports: " in err and "the reference engine (native)" in err
+    # --dry-run runs the checks that need no weights: it refuses what the build refuses, with the same reason.
+    assert build.main([str(cfg), "--dry-run"]) == 2
+    dry = capsys.readouterr()
+    assert "[checkpoint] target.model" in dry.err and "EagleForCausalLM subclasses LLaMAForCausalLM" in dry.err
+    assert "plan for" not in dry.out and not out.exists()
 
 
 @pytest.mark.parametrize("family", ["qwen2", "mistral"])
@@ -112,6 +119,7 @@ def test_problems_cover_every_row_and_path() -> None:
                     p = A.problems(a.name, version=v, backend=backend, draft_type=draft, where="t")
                     ok = a.engine_flow or (draft == "eagle3" and backend != "tensorrt")
                     ok = ok and (draft == "eagle" or a.pytorch_mode(v) is not None)
+                    ok = ok and not (draft == "eagle3" and backend == "reference" and a.reference is None)
                     assert (p == []) == ok, (a.name, v, backend, draft, p)
                     assert all(a.name in m for m in p)
 

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from builders import build
 from builders.capacity import kv_bytes_per_token, weight_bytes
 from builders.config import ConfigError, load_config
-from core.hfconfig import llama_spec
+from core.hfconfig import llama_spec, read_config
+from core.shapes import shape_of_config
 from tests.test_config_cli import write_cfg
 
 INT_FIELDS = ["engine.max_batch_size", "engine.max_seq_len", "engine.max_input_len", "engine.max_num_tokens",
@@ -52,7 +53,7 @@ def _tensor_bytes(model: Path) -> int:
 
 def test_weight_bytes_match_the_real_tensors(tiny_target: Path, tiny_target_tied: Path) -> None:
     for model in (tiny_target, tiny_target_tied):
-        assert weight_bytes(llama_spec(model), 4) == _tensor_bytes(model)
+        assert weight_bytes(shape_of_config(read_config(model), str(model)), 4) == _tensor_bytes(model)
 
 
 @pytest.mark.parametrize("backend", ["reference", "pytorch"])
@@ -70,7 +71,7 @@ def test_limits_beyond_the_memory_budget_are_refused(backend: str, sets: list[st
 
 def test_kv_bytes_are_stated_exactly(tiny_target: Path, tmp_path: Path) -> None:
     spec = llama_spec(tiny_target)
-    per_token = kv_bytes_per_token(spec, 4)
+    per_token = kv_bytes_per_token(shape_of_config(read_config(tiny_target), str(tiny_target)), 4, "reference")
     assert per_token == 2 * spec.num_hidden_layers * spec.num_key_value_heads * spec.head_dim * 4  # K and V, float32
     # max_batch_size 64 x max_seq_len 512 on the reference engine: exactly this many KV bytes, against 1 MiB.
     cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", tmp_path / "out",

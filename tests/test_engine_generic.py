@@ -21,7 +21,7 @@ from engines.session import generate
 from engines.runtime import Runtime, load_tokenizer
 from core.trees import DraftTree, DynamicTree
 from core.types import GenerationRequest, SamplingParams
-from tests.tiny_families import make_family_target, make_mimic_eagle3_head
+from tests.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target, make_mimic_eagle3_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,7 +34,7 @@ TREES = {
 }
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss", *GENERIC_FAMILIES])
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
     root = tmp_path_factory.mktemp(request.param)
     target = make_family_target(root / "target", request.param, block_scale=0.3)
@@ -131,3 +131,33 @@ def test_a_moe_target_builds_and_runs_through_the_generic_path(tmp_path: Path, c
     assert build.main([str(tmp_path / "oss.yaml"), "--only", "checkpoint"]) == 2
     assert "sliding_window=48 but sequences may reach 64 tokens" in capsys.readouterr().err
     assert not (tmp_path / "oss").exists() or not (tmp_path / "oss" / "checkpoint").exists()
+
+
+@pytest.mark.parametrize("family", RECURRENT_FAMILIES)
+def test_recurrent_target_keeps_only_the_accepted_state(family: str, tmp_path: Path) -> None:
+    """Qwen3-Next / Qwen3.5 (gated delta-net layers + attention): with chain drafts of every length, alone and in a
+    batch, greedy decoding equals transformers' greedy `generate`, while most drafts are rejected, so each step's
+    recurrent state must be the one after the accepted path (engines/recurrent.py); trees with branches are
+    refused."""
+    target = make_family_target(tmp_path / "target", family, block_scale=0.3, layers=4)
+    head_dir = make_mimic_eagle3_head(tmp_path / "head", target)
+    dev, dt = torch.device("cpu"), torch.float32
+    tgt = load_generic(target, dt, dev, max_seq_len=64)
+    assert tgt.recurrent is not None
+    head = load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev)
+    tok = load_tokenizer(target)
+    want = _hf_greedy(target)
+    reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
+    plain = Runtime(tgt, None, None, tok, dev, dt, False, TPGroup(0, 1))
+    assert [r.output_ids for r in generate(plain, reqs, speculative=False, on_tokens=None)] == want
+    for depth in (1, 2, 4):
+        chain = DraftTree.from_choices([[0] * i for i in range(1, depth + 1)])
+        rt = Runtime(tgt, head, drafting_for(chain, dev), tok, dev, dt, False, TPGroup(0, 1))
+        res = generate(rt, reqs, speculative=True, on_tokens=None)
+        assert [r.output_ids for r in res] == want, (family, depth)
+        assert generate(rt, reqs[1:2], speculative=True, on_tokens=None)[0].output_ids == want[1]
+        accepted, drafted = (sum(r.stats.accepted_draft_tokens for r in res), sum(r.stats.draft_tokens for r in res))
+        assert 0 < accepted < drafted, (depth, accepted, drafted)
+    for name in ("static", "dynamic"):
+        with pytest.raises(ValueError, match=f"verifies only chain drafts for it.*not {name} trees with branches"):
+            Runtime(tgt, head, drafting_for(TREES[name], dev), tok, dev, dt, False, TPGroup(0, 1))

@@ -12,7 +12,7 @@ import pytest
 
 from clients import generate
 from core.stops import StopTokenError, generation_eos_ids, stop_token_ids
-from tests.tiny_families import make_family_target
+from tests.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,8 @@ def test_two_model_families_build_for_the_older_lines(family: str, tmp_path: Pat
     assert sum(r.stats.accepted_draft_tokens for r in res) > 0
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss", *GENERIC_FAMILIES,
+                                    *RECURRENT_FAMILIES])
 def test_trainer_heads_for_other_families_load_as_published_heads(family: str, tmp_path: Path) -> None:
     """builders/train_head.py on a Qwen2 / Mistral / Qwen3-MoE / gpt-oss target: the head's config is the published
     layout (Llama keys, model_type llama, none of the target's stack or expert keys), which transformers loads as a
@@ -163,25 +164,29 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
     head = _train_head(target, tmp_path)
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert not {"layer_types", "max_window_layers", "num_experts", "num_local_experts"} & set(cfg)
+    assert not {"layer_types", "max_window_layers", "num_experts", "num_local_experts", "n_routed_experts",
+                "kv_lora_rank", "num_nextn_predict_layers", "partial_rotary_factor", "first_k_dense_replace"} & set(cfg)
+    assert cfg["hidden_act"] == "silu"
     assert cfg["num_hidden_layers"] == 1
     loaded = AutoConfig.from_pretrained(str(head))
     assert type(loaded).__name__ == "LlamaConfig" and loaded.num_hidden_layers == 1
 
 
 @pytest.mark.server
-def test_moe_target_on_the_generic_path_served_by_llmapi(tmp_path: Path) -> None:
-    """A Qwen3-MoE target (transformers' own model class in the reference engine) with an EAGLE-3 head trained by
-    builders/train_head.py, built for the current line and served by the llmapi model on the real Triton server: the
-    answers are HF generate's."""
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next"])
+def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
+    """A Qwen3-MoE, DeepSeek-V3 (MLA) or Qwen3-Next (gated delta-net, chain drafts) target (transformers' own model
+    class in the reference engine) with an EAGLE-3 head trained by builders/train_head.py, built for the current line
+    and served by the llmapi model on the real Triton server: the answers are HF generate's."""
     from clients import schema as sch
     from clients.client import LLMClient
     from triton_repo.launch import TritonServer, free_port
 
-    target = make_family_target(tmp_path / "target", "qwen3_moe", layers=4, block_scale=0.3)
+    target = make_family_target(tmp_path / "target", family, layers=4, block_scale=0.3)
     head = _train_head(target, tmp_path)
-    build = _build(target, head, tmp_path / "build", "1.4", {"dynamic": {"top_k": 2, "depth": 3,
-                                                                         "total_draft_tokens": 6}})
+    tree = {"choices": "chain-3"} if family == "qwen3_next" else {"dynamic": {"top_k": 2, "depth": 3,
+                                                                               "total_draft_tokens": 6}}
+    build = _build(target, head, tmp_path / "build", "1.4", tree)
     want = _hf_answers(target, list(PROMPTS))
     srv = TritonServer(build / "triton_repo", grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
                        log_path=tmp_path / "tritonserver.log")
@@ -194,3 +199,38 @@ def test_moe_target_on_the_generic_path_served_by_llmapi(tmp_path: Path) -> None
         srv.stop()
     assert got == want and all(want)
     assert stats.draft_tokens > 0
+
+
+def test_deepseek_v3_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
+    """A DeepSeek-V3-shaped target with DeepSeek's 129,280-token vocabulary and an MTP layer in its checkpoint
+    (`num_nextn_predict_layers: 1`, the layer's tensors after the decoder layers, as published): the trainer maps a
+    32-token draft vocabulary into the full one (d2t), captures decoder layers only, and the built target serves
+    HF greedy's tokens; the MTP tensors are not a decoder layer anywhere."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from core.types import GenerationRequest, SamplingParams
+    from engines.api import ReferenceEngine
+
+    target = make_family_target(tmp_path / "target", "deepseek_v3", layers=4, block_scale=0.3, vocab_size=129280)
+    weights = load_file(str(target / "model.safetensors"))
+    h = json.loads((target / "config.json").read_text())["hidden_size"]
+    weights |= {"model.layers.4.eh_proj.weight": torch.zeros(h, 2 * h), "model.layers.4.enorm.weight": torch.ones(h),
+                "model.layers.4.hnorm.weight": torch.ones(h)}  # the MTP layer's own tensors (DeepSeek-V3 layout)
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    head = _train_head(target, tmp_path)
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 32 and cfg["vocab_size"] == 129280
+    assert max(cfg["eagle_aux_hidden_state_layer_ids"]) < 4 and "num_nextn_predict_layers" not in cfg
+    d2t = load_file(str(head / "model.safetensors"))["d2t"]
+    assert d2t.shape == (32,) and int((torch.arange(32) + d2t).max()) < 129280
+    build = _build(target, head, tmp_path / "build", "1.4", {"dynamic": {"top_k": 2, "depth": 3,
+                                                                         "total_draft_tokens": 6}})
+    prompts = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7]]
+    res = ReferenceEngine.from_build(build, device="cpu").generate(
+        [GenerationRequest(p, 12, SamplingParams(), []) for p in prompts])
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    want = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                        pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [r.output_ids for r in res] == want

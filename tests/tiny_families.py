@@ -17,7 +17,13 @@ import torch
 
 from tests.tiny_models import HIDDEN, INTER, VOCAB, make_tokenizer
 
-FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")
+FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session fixture `family_targets` builds these
+# The rows added with the family table (core/families.py), built where a test needs them: the generic ones run on
+# the reference engine (the recurrent ones, gated delta-net or Mamba-2 layers, with chain drafts); a build-only one
+# would be sized and built for the PyTorch backend but not run there (none is).
+GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus")
+RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
+BUILD_ONLY_FAMILIES: tuple[str, ...] = ()
 
 _CLASSES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
@@ -25,7 +31,26 @@ _CLASSES = {
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+    "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM"),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM"),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM"),
 }
+# Every row of the family table (core/families.py FAMILIES) and the tiny family that stands for it.
+TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2",
+        "MistralForCausalLM": "mistral", "Qwen3MoeForCausalLM": "qwen3_moe", "GptOssForCausalLM": "gpt_oss",
+        "DeepseekV3ForCausalLM": "deepseek_v3", "Glm4MoeForCausalLM": "glm4_moe", "ExaoneMoEForCausalLM": "exaone_moe",
+        "SeedOssForCausalLM": "seed_oss", "ApertusForCausalLM": "apertus", "Qwen3NextForCausalLM": "qwen3_next",
+        "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "NemotronHForCausalLM": "nemotron_h"}
+# The architecture name upstream TensorRT-LLM registers, where transformers' class is spelled differently.
+_ARCH = {"exaone_moe": "ExaoneMoEForCausalLM"}
+_LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+               linear_conv_kernel_dim=4)
 
 # Qwen3's switch as its chat template implements it: with enable_thinking false the generation prompt ends in an
 # empty reasoning block, so the model answers without thinking (Qwen3 model card, "Switching Between Thinking and
@@ -64,8 +89,42 @@ def family_config(family: str, *, tie: bool = False, head_dim: int | None = None
     if family == "qwen3_moe":
         cfg.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
                    norm_topk_prob=True, mlp_only_layers=[])
+    cfg.update(_NEW.get(family, {}))
+    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        cfg["layer_types"] = ["linear_attention"] * (layers - 1) + ["full_attention"]
+    if family == "nemotron_h":
+        pattern = ("M-" * layers)[: layers - 1] + "*"
+        cfg.update(hybrid_override_pattern=pattern, layers_block_type=[
+            {"M": "mamba", "-": "mlp", "*": "attention"}[c] for c in pattern])
+    if family == "exaone_moe":
+        cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+        cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
     cfg.update(extra)
     return cfg
+
+
+# Shapes as the published checkpoints have them, scaled down: MLA with q_lora_rank and v_head_dim != qk head dim,
+# dense-first layers then routed + shared experts, GLM's partial RoPE and q/k norms, sliding-window layers, biases.
+_NEW: dict[str, dict[str, Any]] = {
+    "deepseek_v3": dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                        v_head_dim=12, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                        moe_intermediate_size=32, first_k_dense_replace=1, n_group=2, topk_group=1,
+                        num_nextn_predict_layers=1),
+    "glm4_moe": dict(partial_rotary_factor=0.5, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                     moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, use_qk_norm=True,
+                     attention_bias=True),
+    "exaone_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
+                       sliding_window=128, first_k_dense_replace=1),
+    "seed_oss": dict(attention_bias=True, attention_out_bias=False),
+    "apertus": dict(hidden_act="xielu", rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "qwen3_next": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, **_LINEAR),
+    "qwen3_5": dict(_LINEAR),
+    "qwen3_5_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32, **_LINEAR),
+    "nemotron_h": dict(mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4,
+                       layer_norm_epsilon=1e-6, mlp_hidden_act="relu2"),
+}
 
 
 def _model(family: str, cfg: dict[str, Any]) -> Any:
@@ -84,7 +143,7 @@ def _randomize(model: torch.nn.Module, seed: int, block_scale: float) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight", "down_proj")):
                 p.copy_(0.08 * block_scale * noise)
             elif name == "model.norm.weight" and block_scale < 1:
                 p.copy_(torch.ones_like(p))
@@ -103,13 +162,20 @@ def make_family_target(out: Path, family: str, *, seed: int = 0, tokenizer: bool
     """A random tiny `family` model saved by transformers (float32 safetensors), with generation_config.json and the
     test tokenizer. Same arguments, same bytes. `block_scale` < 1 makes it close to a bigram model, which
     `make_mimic_eagle3_head` predicts."""
-    if family not in FAMILIES:
-        raise ValueError(f"family {family!r}: one of {', '.join(FAMILIES)}")
+    if family not in _CLASSES:
+        raise ValueError(f"family {family!r}: one of {', '.join(_CLASSES)}")
     out.mkdir(parents=True, exist_ok=True)
     model = _model(family, family_config(family, **options))
     _randomize(model, seed, block_scale)
     model.to(torch.float32).save_pretrained(out, safe_serialization=True)
-    _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"))
+    _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"),
+                        _ARCH.get(family))
+    if family == "nemotron_h":  # published Nemotron-H configs carry both; transformers 5 saves layers_block_type only
+        cfg = json.loads((out / "config.json").read_text())
+        built = family_config(family, **options)
+        cfg.update(num_hidden_layers=built["num_hidden_layers"],
+                   hybrid_override_pattern=built["hybrid_override_pattern"])
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0]}))
     if tokenizer:
         make_tokenizer(out)
@@ -126,10 +192,13 @@ def _set_chat_template(out: Path, template: str) -> None:
     tok.save_pretrained(out)
 
 
-def _transformers4_keys(path: Path, theta: float, scaling: dict | None) -> None:
+def _transformers4_keys(path: Path, theta: float, scaling: dict | None, arch: str | None = None) -> None:
     """transformers 5 saves rope_parameters only; published checkpoints (and TensorRT-LLM's transformers 4) carry
-    rope_theta / rope_scaling at the top level: write both, as a checkpoint converted back would."""
+    rope_theta / rope_scaling at the top level: write both, as a checkpoint converted back would. `arch`: the
+    architecture name the published checkpoints (and TensorRT-LLM's registration) spell differently."""
     cfg = json.loads(path.read_text())
+    if arch is not None:
+        cfg["architectures"] = [arch]
     cfg["rope_theta"] = theta
     if scaling is not None:
         cfg["rope_scaling"] = dict(scaling)

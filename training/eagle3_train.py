@@ -131,6 +131,16 @@ def export_eagle3(
     return out_dir
 
 
+def _final_norm(model: PreTrainedModel) -> torch.Tensor:
+    """The weight of the target's final norm: `norm` in transformers' decoder stacks, `norm_f` in Nemotron-H's."""
+    base = model.model
+    norm = getattr(base, "norm", None) or getattr(base, "norm_f", None)
+    weight = getattr(norm, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"{type(model).__name__}: no final norm (model.norm / model.norm_f) to start the head from")
+    return weight
+
+
 def setup3(
     cfg: TrainHeadConfig, model: PreTrainedModel, target_cfg: dict[str, Any], train_set: list[Sample]
 ) -> tuple[Eagle3Head, torch.Tensor, dict]:
@@ -142,7 +152,7 @@ def setup3(
     tqdm.write(json.dumps(record))
     head = eagle3_head_from_target(
         target_cfg, model.get_input_embeddings().weight.detach().float().cpu(), lm,
-        model.model.norm.weight.detach().float().cpu(), dv.draft_ids, len(e3.layer_ids), cfg.train.seed,
+        _final_norm(model).detach().float().cpu(), dv.draft_ids, len(e3.layer_ids), cfg.train.seed,
         e3.lm_head_init,
     )
     return head, lm[dv.draft_ids].contiguous(), record

@@ -20,7 +20,7 @@ from builders.convert.weights import WeightFileError, WeightSource
 from measure.model_source import ModelSourceError, resolve_target
 from builders.trtllm import architectures
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
-from core.families import NATIVE
+from core.families import LINEAR, MAMBA, NATIVE, family_of
 
 
 def _tokenizer_fingerprint(d: Path) -> Any:
@@ -59,7 +59,9 @@ def _auto_map_problems(path: Path) -> list[str]:
     return [] if problem is None else [f"target.model: {problem}"]
 
 
-def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
+def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
+    """The target's checks that read its config.json only (no weights): its row of the architecture table for this
+    version, backend and draft type, and what its family refuses. `build.py --dry-run` runs these too."""
     try:
         hf = resolve_target(cfg.target.model)
         arch = (read_config(hf).get("architectures") or [None])[0]
@@ -71,6 +73,20 @@ def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, lis
     except (ModelSourceError, ModelConfigError) as e:
         return None, None, [f"target.model: {e}"]
     p = families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len, tp=cfg.parallel.tp)
+    row = family_of(spec.architecture)
+    if cfg.engine.backend == "reference" and row is not None and row.attention in (LINEAR, MAMBA):
+        tree = cfg.static_tree()
+        if tree is None or not tree.is_chain():
+            p.append(f"target.model {hf}: {spec.architecture}'s recurrent layers read a forward's tokens in order, "
+                     "so the reference engine verifies only chain drafts for it; set tree.choices: chain-N "
+                     "(e.g. chain-3), or build for engine.backend pytorch")
+    return hf, spec, p
+
+
+def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
+    hf, spec, p = config_checks(cfg)
+    if hf is None or spec is None:
+        return hf, spec, p
     if spec.architecture not in NATIVE:  # the generic path converts no weights: transformers reads the directory
         return hf, spec, p
     p += check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)

@@ -1,5 +1,6 @@
-"""The architecture table: which target architectures (a Hugging Face config.json's `architectures[0]`) each path
-serves, per `trtllm_version`, with the upstream code that establishes it. One source of truth:
+"""The architecture table, derived from the family table (core/families.py FAMILIES, where a family is declared):
+which target architectures (a Hugging Face config.json's `architectures[0]`) each path serves, per
+`trtllm_version`, with the upstream code that establishes it. One source of truth:
 
 - the convert stage's preflight refuses a target outside it before anything is written (`problems`), naming the
   architecture, what it supports and the way out;
@@ -26,9 +27,9 @@ from dataclasses import dataclass
 
 from builders.trtllm import registry
 from builders.trtllm.ledger_rows import Source
-
-TRT = "NVIDIA/TensorRT-LLM"
-ONE, TWO = "one-model", "two-model"
+from core import families
+from core.families import ONE as ONE  # re-exported: the mode names the rows use
+from core.families import TRT, TWO
 
 EAGLE_FLOW = Source(TRT, "tensorrt_llm/models/eagle/model.py", "class EagleForCausalLM(LLaMAForCausalLM)")
 TWO_MODEL_REMOVED = Source(TRT, "pull/17366", "'Force 2 model spec dec to fall back to 1 model' (merged 2026-08)")
@@ -45,12 +46,15 @@ class Architecture:
     source: Source  # the registration that establishes the PyTorch column
     read: str  # the versions read, by commit (dated by their content where no tag was read)
     note: str = ""
+    versions: tuple[str, ...] | None = None  # None: every version that runs EAGLE-3 (core/families.py Family)
 
     def pytorch_mode(self, version: str) -> str | None:
         """ONE / TWO where `version` runs this target with an EAGLE-3 head on its PyTorch backend, else None: a
         one-model class runs wherever EAGLE-3 does, a two-model one only where `eagle3_one_model` can be false."""
         v = registry.get(version)
         if not v.pytorch_eagle3 or (self.eagle3 == TWO and not v.eagle3_one_model_field):
+            return None
+        if self.versions is not None and v.key not in self.versions:
             return None
         return self.eagle3
 
@@ -71,53 +75,19 @@ class Architecture:
                   for mode, vs in by_mode.items()]
         if not self.pytorch:
             parts.append("no EAGLE-3 on TensorRT-LLM's PyTorch backend")
-        parts.append(f"the reference engine ({self.reference})" if self.reference else "not the reference engine")
+        parts.append(f"the reference engine ({self.reference})" if self.reference
+                     else "not the reference engine (build for engine.backend pytorch)")
         parts.append("the trainer (EAGLE-3 heads)" if self.trainer else "not the trainer")
         return "; ".join(parts)
 
 
-_HF_LLAMA_LIKE = "HF checkpoint read directly by the PyTorch backend"
+def _row(f: families.Family) -> Architecture:
+    return Architecture(f.name, f.label, f.engine_flow, f.eagle3, f.reference, f.trainer,
+                        Source(TRT, f.path, f.symbol), f.read, f.note, f.versions)
 
-ARCHITECTURES: tuple[Architecture, ...] = (
-    Architecture(
-        "LlamaForCausalLM", "Llama 2 / 3.x, SmolLM2, Vicuna", True, ONE, "native", True,
-        Source(TRT, "tensorrt_llm/_torch/models/modeling_llama.py",
-               "@register_auto_model('LlamaForCausalLM') class LlamaForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "commit 3a5901cd0d77bed18baaf402d1d12fab468d44a9", _HF_LLAMA_LIKE),
-    Architecture(
-        "Qwen3ForCausalLM", "Qwen3 dense", False, ONE, "native", True,
-        Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3.py",
-               "@register_auto_model('Qwen3ForCausalLM') class Qwen3ForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "commit 5dedf53b14d94f0b53c1bff0e560af11dc3eaf5d",
-        "per-head q/k RMSNorm; head_dim independent of hidden_size / heads"),
-    Architecture(
-        "Qwen2ForCausalLM", "Qwen2 / Qwen2.5", False, TWO, "native", True,
-        Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen.py",
-               "@register_auto_model('Qwen2ForCausalLM') class Qwen2ForCausalLM(DecoderModelForCausalLM); "
-               "QwenDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states"),
-        "commits 047098b74c51f488abcfcd72f7d4a988a56442f6 (a transformers-5 era file), "
-        "87b279a9719cc257bb89d19ea794296857e2f83f",
-        "q/k/v biases; a config with use_sliding_window true is refused"),
-    Architecture(
-        "MistralForCausalLM", "Mistral", False, TWO, "native", True,
-        Source(TRT, "tensorrt_llm/_torch/models/modeling_mistral.py",
-               "@register_auto_model('MistralForCausalLM') class MistralForCausalLM(DecoderModelForCausalLM); "
-               "MistralDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states"),
-        "commits 002f3cc3d0554c4ebd530d1354f96e89666d93b8, 0dcfa87b9636e749e3656c1e1e6ee61e4d090a5f",
-        "Llama-shaped; contexts beyond a configured sliding_window are refused"),
-    Architecture(
-        "Qwen3MoeForCausalLM", "Qwen3 MoE (30B-A3B, 235B-A22B)", False, ONE, "generic", True,
-        Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3_moe.py",
-               "@register_auto_model('Qwen3MoeForCausalLM') class Qwen3MoeForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "commit a678b91aafbeff265cd0b764abb59d7def624ac2",
-        "mixture of experts; reference engine: transformers' own model class"),
-    Architecture(
-        "GptOssForCausalLM", "gpt-oss", False, ONE, "generic", True,
-        Source(TRT, "tensorrt_llm/_torch/models/modeling_gpt_oss.py",
-               "@register_auto_model('GptOssForCausalLM') class GptOssForCausalLM(SpecDecOneEngineForCausalLM)"),
-        "commit 7924c7f1d3b4a3286b62c13fc890900295dc39cb",
-        "mixture of experts, attention sinks, sliding-window layers (reference engine: sequences up to the window)"),
-)
+
+# Derived from the one family table (core/families.py FAMILIES): a family is declared there, not here.
+ARCHITECTURES: tuple[Architecture, ...] = tuple(_row(f) for f in families.FAMILIES)
 
 BY_NAME = {a.name: a for a in ARCHITECTURES}
 
@@ -134,6 +104,10 @@ def problems(arch: str | None, *, version: str, backend: str, draft_type: str, w
     """Why this target architecture cannot take this path (empty = it can). `where` names the target."""
     v = registry.get(version)
     a = BY_NAME.get(arch or "")
+    if a is None and (arch or "") in families.NOT_EAGLE3:
+        path, what, read = families.NOT_EAGLE3[arch or ""]
+        return [f"target.model {where}: {arch} is registered by TensorRT-LLM ({path}) but does not run EAGLE-3 there: "
+                f"{what} (read at {read}); it is not in the architecture table, which lists {_listing()}"]
     if a is None:
         return [f"target.model {where}: architecture {arch!r} is not in the architecture table (docs/contracts.md, "
                 f"'Target architectures'), which lists {_listing()}; nothing would serve it as an EAGLE target "
@@ -152,14 +126,19 @@ def problems(arch: str | None, *, version: str, backend: str, draft_type: str, w
         p.append(f"target.model {where}: {a.name} with an EAGLE-3 head is not served by {v.name}'s PyTorch backend "
                  f"(trtllm_version '{v.key}'; {a.source.path}: {a.source.symbol}){mirror}. {a.name} supports: "
                  f"{a.supports()}. Way out: {_way_out(a)}")
+    elif backend == "reference" and a.reference is None:
+        p.append(f"target.model {where}: {a.name} cannot run on engine.backend reference: {a.note}. {a.name} "
+                 f"supports: {a.supports()}. Way out: {_way_out(a)}")
     return p
 
 
 def _way_out(a: Architecture) -> str:
     if a.pytorch:
         versions = ", ".join(f"'{v}'" for v, _ in a.pytorch)
-        return (f"draft.type eagle3 with engine.backend pytorch (GPU) or reference (CPU) and trtllm_version "
-                f"{versions}; train an EAGLE-3 head with builders/train_head.py (head: eagle3) if you have none")
+        where = "engine.backend pytorch (GPU) or reference (CPU)" if a.reference else "engine.backend pytorch (GPU)"
+        head = ("train an EAGLE-3 head with builders/train_head.py (head: eagle3) if you have none" if a.trainer
+                else "bring a published EAGLE-3 head for it (the trainer does not train its heads)")
+        return f"draft.type eagle3 with {where} and trtllm_version {versions}; {head}"
     return "none on TensorRT-LLM; use a listed architecture"
 
 
@@ -174,6 +153,8 @@ def markdown() -> list[str]:
         cite = f"{a.source.repo}:{a.source.path} `{a.source.symbol}` (read: {a.read})"
         out.append(f"| `{a.name}` | {a.family} | {'yes' if a.engine_flow else 'no'} | " + " | ".join(cols)
                    + f" | {a.reference or 'no'} | {'yes' if a.trainer else 'no'} | {cite} | {a.note} |")
+    out += [""] + [f"Not a row: `{name}` ({TRT}:{path} at {read}): {what}."
+                   for name, (path, what, read) in families.NOT_EAGLE3.items()]
     out += ["", f"Engine flow: {EAGLE_FLOW.repo}:{EAGLE_FLOW.path} `{EAGLE_FLOW.symbol}` (read: commit 89fd9b74). "
             f"Two-model EAGLE-3 on the current line: {TWO_MODEL_REMOVED.repo} {TWO_MODEL_REMOVED.path} "
             f"{TWO_MODEL_REMOVED.symbol}; the current line's Eagle3DecodingConfig has no eagle3_one_model field "

@@ -1,0 +1,240 @@
+"""The shape of a target, read from its config.json by its family's row (core/families.py `attention`, `moe`): how
+many parameters it holds, how many KV-cache bytes one token takes and how much recurrent state one sequence keeps.
+Torch-free: builders/capacity.py sizes engine limits with it. tests/test_shapes.py checks `params` equals the
+parameter count of transformers' own model class for a tiny config of every family transformers implements.
+
+Per decoder layer (the checkpoint's MTP layers, `num_nextn_predict_layers`, are not decoder layers and not counted):
+- attention: dense GQA q/k/v/o (+ biases, q/k norms, gpt-oss sinks, Qwen3-Next's output gate doubling q_proj);
+  MLA (DeepSeek-V3): q_a/q_b (or q_proj without q_lora_rank), kv_a_proj_with_mqa, kv_b_proj, o_proj and the two
+  latent norms; KV per token per layer: 2 x kv_heads x head_dim (dense), kv_lora_rank + qk_rope_head_dim (MLA);
+- recurrent mixers keep no KV: Qwen3-Next's gated delta-net (state n_v_heads x d_k x d_v + its conv window) and
+  Nemotron-H's Mamba-2 (state heads x head_dim x d_state + its conv window), per sequence;
+- MLP: gated (3 x hidden x inter), ungated (2 x, Apertus' xIELU, Nemotron-H's relu2), or MoE: every routed expert,
+  the shared experts, the router (and its score-correction bias), dense layers first where the config says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.families import LINEAR, MAMBA, MLA, Family
+
+
+class ShapeError(ValueError):
+    """A config.json that lacks what its family needs to be sized; the message names the key."""
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    params: int  # every parameter of the decoder stack, embeddings and LM head
+    kv_per_token: int  # KV-cache elements one token takes over all attention layers (TensorRT-LLM's layout)
+    state_per_sequence: int  # recurrent-state elements one sequence keeps over all recurrent layers
+    window_layers: tuple[int, ...] = field(default=())  # sliding-window attention layers (their KV is capped)
+    window: int | None = None
+    kv_per_token_per_layer: int = 0
+    reference_kv_per_token: int = 0  # the reference engine's layout: K and V slots, every layer (MLA: latents)
+
+    def kv_elements(self, tokens: int) -> int:
+        """KV elements of one sequence of `tokens` tokens: sliding-window layers hold at most their window."""
+        full = self.kv_per_token - len(self.window_layers) * self.kv_per_token_per_layer
+        capped = tokens if self.window is None else min(tokens, self.window)
+        return full * tokens + len(self.window_layers) * self.kv_per_token_per_layer * capped
+
+
+def _need(cfg: dict[str, Any], *keys: str) -> list[int]:
+    missing = [k for k in keys if cfg.get(k) is None]
+    if missing:
+        raise ShapeError(f"missing key(s) {', '.join(missing)}")
+    return [int(cfg[k]) for k in keys]
+
+
+def _layer_kinds(fam: Family, cfg: dict[str, Any], n: int) -> list[str]:
+    """'attention' / 'linear' / 'mamba' mixer per layer, plus Nemotron-H's mixer-less MLP / MoE layers."""
+    if fam.attention == MAMBA:  # published configs: hybrid_override_pattern; transformers 5: layers_block_type
+        blocks = cfg.get("layers_block_type")
+        if isinstance(blocks, list) and len(blocks) == n:
+            by_name = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention",
+                       "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
+            if all(b in by_name for b in blocks):
+                return [by_name[b] for b in blocks]
+        pattern = str(cfg.get("hybrid_override_pattern") or "")
+        kinds = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+        if len(pattern) != n or any(c not in kinds for c in pattern):
+            raise ShapeError(f"hybrid_override_pattern {pattern!r} must have one of M * - E per layer ({n})")
+        return [kinds[c] for c in pattern]
+    types = cfg.get("layer_types")
+    if fam.attention == LINEAR:
+        if not types or len(types) != n:
+            raise ShapeError(f"layer_types must list {n} layers (linear_attention / full_attention)")
+        return ["linear" if t == "linear_attention" else "attention" for t in types]
+    return ["attention"] * n
+
+
+def _dense_attention(fam: Family, cfg: dict[str, Any], h: int) -> tuple[int, int]:
+    heads = int(cfg["num_attention_heads"])
+    kvh = int(cfg.get("num_key_value_heads") or heads)
+    hd = int(cfg.get("head_dim") or h // heads)
+    q, kv = heads * hd, kvh * hd
+    gate = 2 if fam.attention == LINEAR else 1  # Qwen3-Next / 3.5: q_proj also yields the output gate
+    p = h * q * gate + 2 * h * kv + q * h
+    if cfg.get("attention_bias") or fam.qkv_bias:
+        out_bias = cfg.get("attention_out_bias", False) if fam.model_type == "seed_oss" else fam.model_type == "gpt_oss"
+        p += q * gate + 2 * kv + (h if out_bias else 0)
+    if fam.model_type in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "apertus",
+                          "exaone_moe"):
+        p += 2 * hd  # per-head q/k RMSNorm
+    if fam.model_type == "glm4_moe" and cfg.get("use_qk_norm"):
+        p += 2 * hd
+    if fam.model_type == "gpt_oss":
+        p += heads  # attention sinks
+    return p, 2 * kv
+
+
+def _mla(cfg: dict[str, Any], h: int) -> tuple[int, int]:
+    heads, kvl, rope, nope, v = _need(cfg, "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
+                                      "qk_nope_head_dim", "v_head_dim")
+    ql = cfg.get("q_lora_rank")
+    qk = nope + rope
+    q = h * heads * qk if ql is None else h * int(ql) + int(ql) + int(ql) * heads * qk
+    p = q + h * (kvl + rope) + kvl + kvl * heads * (nope + v) + heads * v * h
+    return p, kvl + rope
+
+
+def _linear_mixer(cfg: dict[str, Any], h: int) -> tuple[int, int]:
+    nk, nv, dk, dv, kernel = _need(cfg, "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                   "linear_value_head_dim", "linear_conv_kernel_dim")
+    key, value = nk * dk, nv * dv
+    conv = 2 * key + value
+    p = h * (2 * key + 2 * value) + h * 2 * nv + conv * kernel + 2 * nv + dv + value * h
+    return p, nv * dk * dv + conv * (kernel - 1)
+
+
+def _mamba_mixer(cfg: dict[str, Any], h: int) -> tuple[int, int]:
+    heads, hd, groups, state, kernel = _need(cfg, "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size",
+                                             "conv_kernel")
+    inner = heads * hd
+    conv = inner + 2 * groups * state
+    p = h * (2 * inner + 2 * groups * state + heads) + conv * kernel + 3 * heads + inner + inner * h
+    if cfg.get("use_conv_bias", True):
+        p += conv
+    if cfg.get("use_bias") or cfg.get("mamba_proj_bias"):
+        p += 2 * inner + 2 * groups * state + heads + h
+    return p, heads * hd * state + conv * (kernel - 1)
+
+
+def _mlp(fam: Family, cfg: dict[str, Any], h: int, i: int) -> int:
+    if fam.model_type in ("apertus",):
+        return 2 * h * i + 4  # up/down; xIELU's alpha_p, alpha_n and its saved beta, eps
+    if fam.model_type == "nemotron_h":
+        return 2 * h * i
+    return 3 * h * i + (3 * i + h if cfg.get("mlp_bias") else 0)
+
+
+def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
+    experts = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+    if not experts or not inter:
+        raise ShapeError("an MoE family needs its expert count (n_routed_experts / num_experts / num_local_experts) "
+                         "and moe_intermediate_size")
+    if fam.model_type == "gpt_oss":  # fused gate_up with biases, down with bias, router with bias
+        return experts * (h * 2 * inter + 2 * inter + inter * h + h) + experts * h + experts
+    if fam.model_type == "nemotron_h":
+        p = experts * 2 * h * inter + experts * h + experts
+        shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
+        return p + 2 * h * shared * int(cfg.get("n_shared_experts") or 1) if shared else p
+    p = experts * 3 * h * inter + experts * h
+    if fam.model_type in ("deepseek_v3", "glm4_moe", "exaone_moe"):
+        p += experts  # e_score_correction_bias
+        p += int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * 3 * h * inter
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    if shared:  # Qwen3-Next / 3.5 MoE: one shared expert and its sigmoid gate
+        p += 3 * h * shared + h
+    return p
+
+
+def _is_moe_layer(fam: Family, cfg: dict[str, Any], j: int) -> bool:
+    if not fam.moe:
+        return False
+    if isinstance(cfg.get("mlp_layer_types"), list):
+        return cfg["mlp_layer_types"][j] == "sparse"
+    if "first_k_dense_replace" in cfg:
+        return j >= int(cfg["first_k_dense_replace"])
+    if isinstance(cfg.get("is_moe_layer"), list):
+        return bool(cfg["is_moe_layer"][j])
+    if j in (cfg.get("mlp_only_layers") or ()):
+        return False
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return (j + 1) % step == 0
+
+
+def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
+    """Size a target of family `fam` from its config.json (a `text_config` block is read where the model nests it)."""
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    if cfg.get("num_hidden_layers") is None and fam.attention == MAMBA:  # transformers 5 derives it from the blocks
+        blocks = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")
+        cfg = {**cfg, "num_hidden_layers": len(blocks) if blocks else None}
+    vocab, h, n = _need(cfg, "vocab_size", "hidden_size", "num_hidden_layers")
+    if fam.attention == MLA:
+        attn, kv_layer = _mla(cfg, h)
+    else:
+        _need(cfg, "num_attention_heads")
+        attn, kv_layer = _dense_attention(fam, cfg, h)
+    params, kv, state = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2) + h, 0, 0
+    window_layers: list[int] = []
+    for j, kind in enumerate(_layer_kinds(fam, cfg, n)):
+        norms = h if fam.model_type == "nemotron_h" else 2 * h
+        if kind == "attention":
+            params += attn
+            kv += kv_layer
+            if (cfg.get("layer_types") or [None] * n)[j] == "sliding_attention" and cfg.get("sliding_window"):
+                window_layers.append(j)
+        elif kind == "linear":
+            p, s = _linear_mixer(cfg, h)
+            params, state = params + p, state + s
+        elif kind == "mamba":
+            p, s = _mamba_mixer(cfg, h)
+            params, state = params + p, state + s
+        if fam.model_type == "nemotron_h":
+            if kind == "mlp":
+                params += _mlp(fam, cfg, h, int(cfg["intermediate_size"]))
+            elif kind == "moe":
+                params += _moe(fam, cfg, h)
+        elif _is_moe_layer(fam, cfg, j):
+            params += _moe(fam, cfg, h)
+        else:
+            params += _mlp(fam, cfg, h, int(cfg["intermediate_size"]))
+        params += norms
+    window = int(cfg["sliding_window"]) if window_layers else None
+    return TargetShape(fam.name, vocab, h, n, params, kv, state, tuple(window_layers), window, kv_layer,
+                       2 * n * reference_kv_width(fam, cfg))
+
+
+def reference_kv_width(fam: Family, cfg: dict[str, Any]) -> int:
+    """Elements per token per layer of K (and of V) in the reference engine's cache: kv_heads x head_dim. MLA keeps
+    the compressed latents transformers' DeepseekV3Attention hands its cache (one "head": the kv_lora_rank latent as
+    K, the qk_rope_head_dim rotated key as V), in slots of the wider one."""
+    if fam.attention == MLA:
+        return max(int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"]))
+    heads = int(cfg["num_attention_heads"])
+    kvh = int(cfg.get("num_key_value_heads") or heads)
+    return kvh * int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+
+
+def shape_of_config(cfg: dict[str, Any], where: str) -> TargetShape:
+    """The shape of a config.json whose architecture is a row of the family table (else ShapeError naming it)."""
+    from core.families import family_of
+
+    arch = (cfg.get("architectures") or [None])[0]
+    fam = family_of(arch)
+    if fam is None:
+        raise ShapeError(f"{where}: architecture {arch!r} is not in the family table (core/families.py)")
+    try:
+        return target_shape(fam, cfg)
+    except ShapeError as e:
+        raise ShapeError(f"{where}: {fam.name}: {e}") from None

@@ -1,0 +1,189 @@
+"""The family table (core/families.py FAMILIES) is the one place a target architecture is declared: every row has a
+tiny random model here; its shape (core/shapes.py) counts exactly the parameters transformers writes for it; the
+published DeepSeek-V3 config is sized as MLA + MoE (671e9 parameters within 5%, 61 x (512 + 64) KV elements per
+token); the real build CLI accepts each row where its paths serve it and refuses the rest with the reason; every row
+the reference engine runs builds and serves token-identical to HF greedy with EAGLE-3 trees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from builders import build
+from builders.capacity import kv_bytes_per_token, weight_bytes
+from builders.trtllm import architectures
+from core.families import BY_NAME, FAMILIES
+from core.shapes import ShapeError, shape_of_config
+from core.types import GenerationRequest, SamplingParams
+from tests.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, RECURRENT_FAMILIES, TINY,
+                                 make_family_target, make_mimic_eagle3_head)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DEEPSEEK_V3 = Path(__file__).parent / "fixtures" / "configs" / "deepseek-v3.json"  # deepseek-ai/DeepSeek-V3's keys
+PROMPTS = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7], [250, 3]]
+NEW = 16
+
+
+def test_every_row_has_a_tiny_family() -> None:
+    assert set(TINY) == set(BY_NAME), "a family is one table row plus its tiny model (tests/tiny_families.py TINY)"
+    for f in FAMILIES:
+        tiny = TINY[f.name]
+        assert tiny == "llama" or tiny in _CLASSES
+        assert (f.reference is None) == (tiny in BUILD_ONLY_FAMILIES), f.name
+        assert f.reference != "generic" or tiny in (*GENERIC_FAMILIES, *RECURRENT_FAMILIES, "qwen3_moe", "gpt_oss")
+        assert f.path.startswith("tensorrt_llm/_torch/models/modeling_") and "commit" in f.read
+
+
+def _tensor_elements(model: Path) -> int:
+    return sum(t.numel() for t in load_file(str(model / "model.safetensors")).values())
+
+
+@pytest.mark.parametrize("family", sorted(_CLASSES))
+def test_shape_counts_every_tensor_transformers_writes(family: str, tmp_path: Path) -> None:
+    target = make_family_target(tmp_path / family, family, tokenizer=False)
+    cfg = json.loads((target / "config.json").read_text())
+    shape = shape_of_config(cfg, str(target))
+    assert shape.params == _tensor_elements(target), family
+    assert weight_bytes(shape, 4) == 4 * shape.params
+    row = BY_NAME[cfg["architectures"][0]]
+    if row.attention in ("hybrid-linear", "hybrid-mamba"):  # one attention layer of four: KV for it alone
+        assert shape.state_per_sequence > 0 and shape.kv_per_token == 2 * 2 * 16
+    else:
+        assert shape.state_per_sequence == 0
+
+
+def test_published_deepseek_v3_is_sized_as_mla_and_moe() -> None:
+    cfg = json.loads(DEEPSEEK_V3.read_text())
+    shape = shape_of_config(cfg, str(DEEPSEEK_V3))
+    assert abs(weight_bytes(shape, 2) - 671e9 * 2) <= 0.05 * 671e9 * 2, shape.params
+    assert kv_bytes_per_token(shape, 2) == 61 * (512 + 64) * 2
+    # The MTP layer (num_nextn_predict_layers) is not a decoder layer: 61 layers, not 62.
+    assert shape.num_hidden_layers == 61 and cfg["num_nextn_predict_layers"] == 1
+    # The dense formula it replaces (2 x layers x kv_heads x hidden / heads) was 24.9x too large.
+    assert round(2 * 61 * 128 * (7168 // 128) * 2 / kv_bytes_per_token(shape, 2), 1) == 24.9
+
+
+def test_a_config_missing_a_key_of_its_kind_is_named(tmp_path: Path, eagle3_head: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    cfg = json.loads(DEEPSEEK_V3.read_text())
+    del cfg["kv_lora_rank"]
+    with pytest.raises(ShapeError, match=r"x: DeepseekV3ForCausalLM: missing key\(s\) kv_lora_rank"):
+        shape_of_config(cfg, "x")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(cfg))
+    assert build.main([str(_cfg(tmp_path, "c", target, eagle3_head, "pytorch")), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "missing key(s) kv_lora_rank: engine.memory_budget_gib cannot be checked against it" in err, err
+
+
+def _cfg(tmp_path: Path, name: str, target: Path, head: Path, backend: str, **engine: object) -> Path:
+    data = {"name": name, "trtllm_version": "1.4", "output_dir": str(tmp_path / name),
+            "target": {"model": str(target), "dtype": "float32" if backend == "reference" else "bfloat16"},
+            "draft": {"type": "eagle3", "model": str(head)},
+            "tree": {"dynamic": {"top_k": 2, "depth": 3, "total_draft_tokens": 6}},
+            "engine": {"backend": backend, "max_batch_size": 3, "max_input_len": 32, "max_seq_len": 64, **engine}}
+    if backend == "reference":
+        data["engine"]["device"] = "cpu"
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_deepseek_v3_target_is_accepted_and_its_kv_sized_as_mla(tmp_path: Path, eagle3_head: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    target = tmp_path / "DeepSeek-V3"
+    target.mkdir()
+    (target / "config.json").write_text(DEEPSEEK_V3.read_text())
+    # 1,250 GiB of bf16 weights + one 64-token sequence of MLA KV fit 1300 GiB; the refusal names both.
+    ok = _cfg(tmp_path, "ok", target, eagle3_head, "pytorch", memory_budget_gib=1300)
+    assert build.main([str(ok), "--dry-run"]) == 0
+    assert architectures.problems("DeepseekV3ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                  where="t") == []
+    capsys.readouterr()
+    small = _cfg(tmp_path, "small", target, eagle3_head, "pytorch", memory_budget_gib=1000)
+    assert build.main([str(small), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    weights = weight_bytes(shape_of_config(json.loads(DEEPSEEK_V3.read_text()), "x"), 2) / 2**30
+    assert f"weights {weights:,.2f} GiB" in err and f"at {61 * 576 * 2:,} bytes/token" in err, err
+
+
+@pytest.mark.parametrize("family", RECURRENT_FAMILIES)
+def test_recurrent_rows_build_with_chains_and_serve_like_hf_greedy(family: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """Qwen3-Next / Qwen3.5 / Nemotron-H: a tree with branches is refused before anything is written (a recurrent
+    layer reads a forward's tokens in order); a chain builds and serves token-identical to HF greedy, rejected drafts
+    leaving no trace in the recurrent state."""
+    target = make_family_target(tmp_path / "target", family, block_scale=0.3, layers=4)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+    assert build.main([str(_cfg(tmp_path, "tree", target, head, "reference")), "--only", "checkpoint"]) == 2
+    err = capsys.readouterr().err
+    assert "verifies only chain drafts for it; set tree.choices: chain-N" in err and not (tmp_path / "tree").exists()
+    cfg = _cfg(tmp_path, "ok", target, head, "reference")
+    data = yaml.safe_load(cfg.read_text())
+    data["tree"] = {"choices": "chain-3"}
+    cfg.write_text(yaml.safe_dump(data))
+    _serves_like_hf(target, cfg, tmp_path / "ok", family)
+
+
+@pytest.mark.parametrize("family", GENERIC_FAMILIES)
+def test_generic_rows_build_and_serve_like_hf_greedy(family: str, tmp_path: Path) -> None:
+    target = make_family_target(tmp_path / "target", family, block_scale=0.3)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+    _serves_like_hf(target, _cfg(tmp_path, "ok", target, head, "reference"), tmp_path / "ok", family)
+
+
+def _serves_like_hf(target: Path, cfg: Path, out: Path, family: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engines.api import ReferenceEngine
+
+    assert build.main([str(cfg), "--only", "checkpoint", "--only", "engine"]) == 0
+    ckpt = json.loads((out / "checkpoint" / "config.json").read_text())
+    assert ckpt["architecture"] == json.loads((target / "config.json").read_text())["architectures"][0]
+    engine = ReferenceEngine.from_build(out, device="cpu")
+    res = engine.generate([GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS])
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    want = [hf.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                        pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+    assert [r.output_ids for r in res] == want, family
+    # Drafts are partly accepted and partly rejected: the caches are rolled back to accepted paths.
+    drafted = sum(r.stats.draft_tokens for r in res)
+    accepted = sum(r.stats.accepted_draft_tokens for r in res)
+    assert 0 < accepted < drafted, (accepted, drafted)
+
+
+def test_the_guides_regeneration_command_writes_what_is_committed(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/bring-your-own-model.md, 'Adding a family': `python -m builders.trtllm.ledger_docs` renders the tables
+    from the family table; run on copies, it writes exactly the committed files."""
+    from builders.trtllm import ledger_docs
+
+    doc, guide = tmp_path / "contracts.md", tmp_path / "bring-your-own-model.md"
+    doc.write_text("stale\n")
+    guide.write_text(ledger_docs.GUIDE.read_text())
+    monkeypatch.setattr(ledger_docs, "DOC", doc)
+    monkeypatch.setattr(ledger_docs, "GUIDE", guide)
+    assert ledger_docs.main(["--check"]) == 1
+    assert ledger_docs.main([]) == 0 and ledger_docs.main(["--check"]) == 0
+    assert doc.read_text() == (Path(__file__).parents[1] / "docs" / "contracts.md").read_text()
+    for f in FAMILIES:
+        assert f"| `{f.name}` |" in guide.read_text()
+
+
+def test_a_registration_that_blocks_eagle_is_refused_with_upstreams_reason() -> None:
+    """Subclassing SpecDecOneEngineForCausalLM is not enough: upstream's Kimi-Linear class asserts that only SA or
+    DFlash speculation runs on it, so it is not a row, and its refusal says why."""
+    from core.families import NOT_EAGLE3
+
+    assert not set(NOT_EAGLE3) & set(BY_NAME)
+    [p] = architectures.problems("KimiLinearForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "does not run EAGLE-3 there" in p and "only with SA or DFlash" in p and "000a860d" in p
+    assert "Not a row: `KimiLinearForCausalLM`" in "\n".join(architectures.markdown())

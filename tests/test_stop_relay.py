@@ -90,7 +90,8 @@ def test_relays_a_cancelled_step_once_as_a_stop_request_with_the_requests_own_ke
     assert relay.observe(req) is True
     assert relay.observe(req) is False  # the sequence's later cancelled steps send nothing
     [sent] = pb.sent
-    assert sent["model_name"] == "tensorrt_llm" and sent["request_id"] == req.rid and sent["requested_output_names"] == []
+    assert sent["model_name"] == "tensorrt_llm" and sent["request_id"] == req.rid
+    assert sent["requested_output_names"] == []
     assert sent["parameters"] == {"stop_key": req.key}
     inputs = dict(sent["inputs"])
     assert inputs["stop"].dtype == bool and inputs["stop"].tolist() == [[True]]

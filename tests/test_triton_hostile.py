@@ -246,7 +246,8 @@ def test_a_stop_request_never_reaches_another_clients_request(triton_server: Tri
     for rid in ("1", "shared", "keyless", VICTIM_IDS[0]):
         err = answers[(rid, None)]
         assert isinstance(err, InferenceServerException) and err.status() in (None, "StatusCode.INVALID_ARGUMENT"), err
-        assert "stop: no stop_key parameter; a stop reaches only a request sent with the same request id" in err.message()
+        said = err.message()
+        assert "stop: no stop_key parameter; a stop reaches only a request sent with the same request id" in said
         assert answers[(rid, guessed_keys[1])] == []  # a wrong key: the same empty answer, found or not
     _wait_idle(triton_server)
 

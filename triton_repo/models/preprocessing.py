@@ -1,8 +1,9 @@
 """Triton python model `preprocessing`: text -> token ids, with the request checks (upstream
 all_models/inflight_batcher_llm/preprocessing, I/O in triton_repo/contract.py).
 
-Bad requests (a request id or stop_key over its bound, models/ownership.py; empty, non-UTF-8 or too many bytes of text, more than one value per input, too many or too long stop
-words, end_id / pad_id outside the vocabulary: all checked before anything is tokenized (models/bounds.py);
+Bad requests (a request id or stop_key over its bound, models/ownership.py; empty, non-UTF-8 or too many bytes of
+text, more than one value per input, too many or too long stop words, end_id / pad_id outside the vocabulary: all
+checked before anything is tokenized, models/bounds.py);
 max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over max_seq_len, and with `greedy_only` a request
 asking for sampling) get INVALID_ARGUMENT with a message; the other requests of the batch are unaffected.
 """

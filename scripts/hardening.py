@@ -7,8 +7,9 @@ r"""Hostile-but-plausible requests on a served build, every figure measured in t
    ones, two sharing one id), each with its own `stop_key` request parameter, while an attacker who knows every id
    sends upstream's stop request for each, without a key and with keys of its own (models/ownership.py): tokens
    each victim got of the --max-tokens asked (end_id -1: no early end), requests counted cancelled, the answers.
-2. retries: one request id streamed and abandoned 3 times (a fresh stop_key each, as our clients send; then one key
-   for all three): requests left in the LLM model after each, and how many postprocessing stopped.
+2. retries: one request id (with 32 hex digits) streamed and abandoned 3 times (a fresh stop_key each, as our
+   clients send; then one key for all three): requests left in the LLM model after each, and how many
+   postprocessing stopped.
 3. long_ids: --long-ids ensemble streams with 8 MB request ids, each abandoned: how each was answered, the mean time
    to that answer, and the server's memory (tritonserver + python-backend stubs, RSS) before and after.
 4. sigterm: a fresh launcher (triton_repo/launch.py) on the same repository, one ensemble stream without a key
@@ -63,7 +64,7 @@ def rss_mb(pid: int) -> dict[str, float]:
     p = psutil.Process(pid)
     out = {"tritonserver": p.memory_info().rss / 2**20}
     for c in p.children(recursive=True):
-        model = next((Path(a).name for a in c.cmdline()[1:2]), str(c.pid))
+        model = next((Path(a).parent.parent.name for a in c.cmdline()[1:2]), str(c.pid))  # <model>/1/model.py
         out[model] = out.get(model, 0.0) + c.memory_info().rss / 2**20
     out = {k: round(v) for k, v in out.items()}
     out["total"] = sum(out.values())
@@ -169,16 +170,17 @@ def ownership(srv: TritonServer, args: argparse.Namespace) -> dict[str, Any]:
 def retries(srv: TritonServer, args: argparse.Namespace) -> dict[str, Any]:
     _idle(srv)
     out: dict[str, Any] = {}
+    rid = f"retry-{secrets.token_hex(16)}"  # 32 hex digits: an id postprocessing relayed by before the stop_key
     for mode in ("fresh key", "same key"):
         key, left, cancelled0 = secrets.token_hex(16), [], metric(srv, "eagle_llm_requests_cancelled_total")
         for _ in range(3):
-            _stream(srv.grpc_url, "ensemble", _ensemble(1000), "retry-7",
+            _stream(srv.grpc_url, "ensemble", _ensemble(1000), rid,
                     secrets.token_hex(16) if mode == "fresh key" else key, abandon=True)
             waited = _idle(srv, 30)
             left.append((metric(srv, "eagle_llm_requests_in_flight"), round(waited, 1)))
         out[mode] = {"in_flight_after_each": [n for n, _ in left], "seconds_to_empty": [s for _, s in left],
                      "cancelled": metric(srv, "eagle_llm_requests_cancelled_total") - cancelled0}
-        print(f"retries ({mode}): 3 abandons of id 'retry-7'; in flight after each {out[mode]['in_flight_after_each']}"
+        print(f"retries ({mode}): 3 abandons of id {rid!r}; in flight after each {out[mode]['in_flight_after_each']}"
               f" (empty after {out[mode]['seconds_to_empty']} s); {out[mode]['cancelled']:.0f} stopped by "
               "postprocessing")
     return out

@@ -1,7 +1,7 @@
 r"""Hostile-but-plausible requests on a served build, every figure measured in this run.
 
     .venv/bin/python scripts/hardening.py --repo build/demo/triton_repo --out results/hardening \
-        [--runs ownership,retries,long_ids,sigterm] [--max-tokens 64] [--long-ids 60] [--drain-s 5]
+        [--runs ownership,retries,long_ids,sigterm] [--max-tokens 64] [--long-ids 60] [--drain-s 10]
 
 1. ownership: victims stream through the ensemble with ids of their own choosing (ids full of hex digits, short
    ones, two sharing one id), each with its own `stop_key` request parameter, while an attacker who knows every id
@@ -46,7 +46,7 @@ import numpy as np
 import psutil
 import tritonclient.grpc as grpcclient
 
-from triton_repo.launch import TritonServer, free_port
+from triton_repo.launch import DRAIN_S, TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Explain speculative decoding in two sentences."
@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default=",".join(RUNS), help=f"which runs, in this order (default {','.join(RUNS)})")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens each ownership victim asks for (default 64)")
     ap.add_argument("--long-ids", type=int, default=60, help="abandoned streams with 8 MB ids (default 60)")
-    ap.add_argument("--drain-s", type=int, default=5, help="the launcher's --drain-s in the sigterm run (default 5)")
+    ap.add_argument("--drain-s", type=int, default=DRAIN_S,
+                    help=f"the launcher's --drain-s in the sigterm run (default {DRAIN_S}, the launcher's)")
     args = ap.parse_args(argv)
     if not set(args.runs.split(",")) <= set(RUNS):
         ap.error(f"--runs {args.runs}: choose from {', '.join(RUNS)}")

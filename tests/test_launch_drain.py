@@ -1,6 +1,7 @@
 """SIGTERM to triton_repo/launch.py while a request that will not end soon is in flight (an ensemble stream whose client
-went away without a stop_key: nothing stops it): tritonserver waits `--drain-s` for it, then exits anyway, and the
-launcher ends with exit code 0 (it used to wait Triton's 30 s default, then kill)."""
+went away without a stop_key: nothing stops it): tritonserver waits `--drain-s` (its exit timeout, which also
+bounds the unload) and then exits anyway, and the launcher ends with exit code 0 (it used to wait Triton's 30 s
+default)."""
 
 from __future__ import annotations
 

@@ -78,10 +78,13 @@ __all__ = ["ADMIN_GRPC_HEADER", "ADMIN_HEADER", "ADMIN_KEY_ENV", "RESTRICTED_API
            "server_argv", "unsafe_chars", "unsafe_path_problem"]
 
 READY_POLL_S = 0.25
-# Stopping: tritonserver waits up to --exit-timeout-secs for in-flight requests (its default 30 s; a request that never
-# ends, such as a stream whose client went away, held every stop that long), then unloads the models; the launcher
-# kills the process group STOP_GRACE_S after the drain if it has not exited by then.
-DRAIN_S = 5
+# Stopping: tritonserver's --exit-timeout-secs (its default 30 s) bounds its wait for in-flight requests AND the
+# unloading of its models, one countdown for both (its log counts it down: "Timeout N: Found ... live models"): a
+# request that never ends, such as a stream whose client went away, held every stop for the whole 30 s. DRAIN_S
+# leaves room for the unload on a loaded machine (~10 s for the python models on 2 busy cores); after it the server
+# exits anyway (exit code 1, "Exit timeout expired"), and the launcher kills the process group STOP_GRACE_S later
+# if it has not exited by then.
+DRAIN_S = 10
 MAX_DRAIN_S = 600
 STOP_GRACE_S = 15.0
 
@@ -400,9 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", type=Path, default=None, help="server log file (default: a temporary file)")
     ap.add_argument("--print-argv", action="store_true", help="print the command and exit without starting")
     ap.add_argument("--drain-s", type=int, default=DRAIN_S,
-                    help=f"on SIGTERM/SIGINT, seconds in-flight requests may take to finish before the server exits "
-                    f"anyway (default {DRAIN_S}, at most {MAX_DRAIN_S}); the server is killed {STOP_GRACE_S:g} s "
-                    "after that if still running")
+                    help=f"on SIGTERM/SIGINT, seconds tritonserver gets to finish in-flight requests and unload its "
+                    f"models before it exits anyway (default {DRAIN_S}, at most {MAX_DRAIN_S}); it is killed "
+                    f"{STOP_GRACE_S:g} s after that if still running")
     ap.add_argument("--model-control", choices=("none", "explicit"), default="none",
                     help="explicit: accept model load requests (the admin API), so `builders/refresh.py --publish` "
                     "can serve a new head version without a restart (docs/adaptive.md)")

@@ -12,6 +12,7 @@ Guide:   docs/build.md
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
@@ -89,6 +90,17 @@ def build_dir_problems(cfg: BuildConfig) -> list[str]:
     return problems
 
 
+# Writes that fail because of the storage, not the build: no space, over the file size limit (ulimit -f), over
+# quota, read-only, I/O error. Reported as the stage's error; any other OSError is a bug and keeps its traceback.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def storage_message(e: OSError) -> str:
+    where = f" writing {e.filename}" if e.filename else ""
+    return (f"{e.strerror or e}{where} (errno {errno.errorcode.get(e.errno or 0, e.errno)}): free space or raise the "
+            "limit (df -h, ulimit -f, quota), then rerun")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="build.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("config", help="YAML build config (see configs/)")
@@ -123,14 +135,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     build_dir = Path(cfg.output_dir)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    owned.write_resolved(build_dir, dump_resolved(cfg))
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        owned.write_resolved(build_dir, dump_resolved(cfg))
+    except OSError as e:
+        if e.errno not in STORAGE_ERRNOS:
+            raise
+        print(f"error: [setup] {storage_message(e)}", file=sys.stderr)
+        return EXIT_STAGE
     for s in stages:
         print(f"[{s.name}] {s.description} ...", flush=True)
         try:
             out, ran = run_stage(s, cfg, build_dir, force=args.force, verify=args.verify)
         except StageError as e:
             print(f"error: [{s.name}] {e}", file=sys.stderr)
+            return EXIT_STAGE
+        except OSError as e:  # the disk: the stage's temporary directory is gone, its previous output kept
+            if e.errno not in STORAGE_ERRNOS:
+                raise
+            print(f"error: [{s.name}] {storage_message(e)}; the stage's previous output (if any) is kept",
+                  file=sys.stderr)
             return EXIT_STAGE
         print(f"[{s.name}] {'done' if ran else 'unchanged, skipped (use --force to redo)'}: {out}", flush=True)
     return 0

@@ -112,6 +112,9 @@ def speculation_problems(cfg: Any) -> list[str]:  # a builders.config.BuildConfi
     if (threshold is None) != (not window):
         p.append(f"tree.acceptance_rate_window_size={window} and tree.acceptance_rate_threshold={threshold}: set both "
                  "(a window of N >= 1 steps and a rate in [0, 1]) or neither")
+    if t.max_concurrency is not None and t.max_concurrency > cfg.engine.max_batch_size:
+        p.append(f"tree.max_concurrency={t.max_concurrency} exceeds engine.max_batch_size={cfg.engine.max_batch_size}: "
+                 "no batch is ever that large, so speculation would never turn off; lower it or remove it")
     if t.draft_len_schedule is None or (t.draft_len_schedule == "auto" and t.schedule_file is None):
         return p
     try:
@@ -123,7 +126,13 @@ def speculation_problems(cfg: Any) -> list[str]:  # a builders.config.BuildConfi
     except (OSError, ValueError) as e:
         return [*p, f"tree.schedule_file={t.schedule_file!r}: {e}"]
     assert schedule is not None
-    return p + schedule_problems(schedule, depth)
+    p += schedule_problems(schedule, depth)
+    top = cfg.engine.max_batch_size
+    if unreachable := sorted(b for b in schedule if b > top):
+        p.append(f"tree.draft_len_schedule={schedule}: thresholds {unreachable} exceed engine.max_batch_size={top}; "
+                 "no batch is ever that large, so they would never apply: remove them (or raise "
+                 "engine.max_batch_size)")
+    return p
 
 
 def schedule_problems(schedule: dict[int, int], depth: int) -> list[str]:

@@ -194,6 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.cost_prompts < 1 or args.cost_rounds < 1:
         print("error: --cost-prompts and --cost-rounds must be >= 1", file=sys.stderr)
         return 2
+    # every argument checked before any prompt, model or table is loaded
+    counts = {"--steps": args.steps, "--max-depth": args.max_depth, "--top-k": args.top_k,
+              "--max-new-tokens": args.max_new_tokens, "--num-prompts": args.num_prompts}
+    bad = [f"{k} {v}" for k, v in counts.items() if v is not None and v < 1]
+    if bad:
+        print(f"error: {', '.join(bad)}: must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        args.batch_sizes = parse_batch_sizes(args.batch_sizes)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         prompts = read_prompts(args.prompts, args.num_prompts)
         presets = {name: DraftTree.from_choices(trees.preset(name)) for name in args.presets.split(",") if name}
@@ -282,14 +294,32 @@ def schedule_tree(args: argparse.Namespace, runner: Runner) -> DraftTree:
     return tree
 
 
+MAX_BATCH_SIZES = 512  # --batch-sizes with --cost-model (no build limit applies)
+
+
+def parse_batch_sizes(text: str | None) -> list[int] | None:
+    """--batch-sizes `1,2,8` as sorted distinct integers in 1..MAX_BATCH_SIZES including 1; None when not given.
+    Checked before anything is loaded; the build's own max_batch_size is checked once the build is read."""
+    if text is None:
+        return None
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--batch-sizes {text}: give comma-separated integers, e.g. 1,2,4,8") from None
+    if not sizes or sizes[0] != 1 or sizes[-1] > MAX_BATCH_SIZES:
+        raise ValueError(f"--batch-sizes {text}: give sizes from 1 to at most {MAX_BATCH_SIZES} (and to the build's "
+                         "engine.max_batch_size), including 1 (draft_len_schedule must hold batch size 1)")
+    return sizes
+
+
 def batch_sizes(args: argparse.Namespace, runner: Runner) -> list[int]:
-    top = 512 if args.cost_model else runner.engine.limits.max_batch_size
+    top = MAX_BATCH_SIZES if args.cost_model else runner.engine.limits.max_batch_size
     if args.batch_sizes is None:
         return [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= top]
-    sizes = sorted({int(x) for x in args.batch_sizes.split(",") if x.strip()})
-    if not sizes or sizes[0] != 1 or sizes[-1] > top:
-        raise ValueError(f"--batch-sizes {args.batch_sizes}: give sizes from 1 up to the build's engine.max_batch_size "
-                         f"{top}, including 1 (draft_len_schedule must hold batch size 1)")
+    sizes: list[int] = args.batch_sizes  # parse_batch_sizes, in main
+    if sizes[-1] > top:
+        raise ValueError(f"--batch-sizes {','.join(map(str, sizes))}: give sizes from 1 up to the build's "
+                         f"engine.max_batch_size {top}, including 1 (draft_len_schedule must hold batch size 1)")
     return sizes
 
 
@@ -300,8 +330,6 @@ def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTab
     tree = schedule_tree(args, runner)
     taus = [1.0] + [table.expected_tau(truncate(tree, d)) for d in range(1, tree.depth + 1)]
     sizes = batch_sizes(args, runner)
-    if args.steps < 1:
-        raise ValueError(f"--steps {args.steps} must be >= 1")
     device, dtype = runner.engine.device, str(runner.engine.dtype).removeprefix("torch.")
     if args.cost_model:
         from builders import gpu_cost_model as gm

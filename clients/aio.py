@@ -11,7 +11,8 @@ Cancellation (closing a stream's iterator early, a cancelled asyncio task, Ctrl-
 deadline) frees the request's sequence on the server. A plain gRPC cancel does that for a single model (the BLS
 model, the `llmapi` model, the echo model), but Triton <= r26.02 does not forward it into an ensemble and leaks the
 ensemble request (docs/triton.md, "Cancellation"). So a request to an ensemble is never cancelled: the client sends
-tensorrtllm_backend's `stop` request with the request's unique id to the ensemble's LLM model and reads the stream
+tensorrtllm_backend's `stop` request with the request's unique id and its secret `stop_key` request parameter
+(sent with the request; triton_repo/models/ownership.py) to the ensemble's LLM model and reads the stream
 to its final response (`AsyncLLMClient._end_early`): this protocol is written once, here.
 """
 
@@ -52,7 +53,15 @@ from clients.request import (
     text_bytes,
 )
 from clients.schema import Schema
-from clients.transport import DEFAULT_TIMEOUT_S, GenerationError, channel_args, new_request_id, status_of
+from clients.transport import (
+    DEFAULT_TIMEOUT_S,
+    STOP_KEY,
+    GenerationError,
+    channel_args,
+    new_request_id,
+    new_stop_key,
+    status_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,18 +167,19 @@ class AsyncLLMClient:
     def _start(
         self, req: Request, stats: GenerationStats, on_response: Callable[[grpcclient.InferResult, float], None]
     ) -> asyncio.Task[None]:
-        stats.request_id = new_request_id()
-        return asyncio.ensure_future(self._read(req, stats.request_id, on_response))
+        stats.request_id, stats.stop_key = new_request_id(), new_stop_key()
+        return asyncio.ensure_future(self._read(req, stats.request_id, stats.stop_key, on_response))
 
     async def _read(
-        self, req: Request, request_id: str, on_response: Callable[[grpcclient.InferResult, float], None]
+        self, req: Request, request_id: str, stop_key: str,
+        on_response: Callable[[grpcclient.InferResult, float], None],
     ) -> None:
         """Send `req` on a stream of its own and hand each response to `on_response` until the server closes it."""
         try:
             # gRPC's own deadline is a backstop only: the client deadline (timeout_s) is enforced by the callers,
             # which must still be able to stop the request and drain its stream after it
             responses = self._client.stream_infer(
-                self._one_request(req.model, req.inputs, req.outputs, request_id),
+                self._one_request(req.model, req.inputs, req.outputs, request_id, stop_key),
                 stream_timeout=self.timeout_s + DRAIN_TIMEOUT_S, headers=self.headers,
             )
             async for result, error in responses:
@@ -227,7 +237,7 @@ class AsyncLLMClient:
     async def _end_early(self, reader: asyncio.Task[None], stats: GenerationStats) -> None:
         """End the unfinished request whose stream `reader` reads: a plain cancel, or for an ensemble the stop
         request and a drain to the stream's end. Raises GenerationError (CANCEL_TIMEOUT) if it does not end."""
-        assert stats.request_id is not None
+        assert stats.request_id is not None and stats.stop_key is not None
         try:
             if reader.done():
                 return
@@ -238,7 +248,7 @@ class AsyncLLMClient:
             stop_error: GenerationError | None = None
             while time.perf_counter() < deadline:
                 try:
-                    await self._send_stop(llm_model, stats.request_id)
+                    await self._send_stop(llm_model, stats.request_id, stats.stop_key)
                 except GenerationError as e:  # the stream may still end (it failed too, or an earlier stop worked)
                     stop_error = e
                 wait_s = min(STOP_RESEND_S, deadline - time.perf_counter())
@@ -263,11 +273,12 @@ class AsyncLLMClient:
                 self._stop_model = None
             raise
 
-    async def _send_stop(self, llm_model: str, request_id: str) -> None:
-        """stop_ensemble_request on this client's channel: the stop request on a stream of its own."""
+    async def _send_stop(self, llm_model: str, request_id: str, stop_key: str) -> None:
+        """stop_ensemble_request on this client's channel: the stop request, with the request's id and stop key, on
+        a stream of its own."""
         try:
             responses = self._client.stream_infer(
-                self._one_request(llm_model, stop_request_inputs(), [], request_id),
+                self._one_request(llm_model, stop_request_inputs(), [], request_id, stop_key),
                 stream_timeout=STOP_REQUEST_TIMEOUT_S,
             )
             async for _result, error in responses:
@@ -280,9 +291,10 @@ class AsyncLLMClient:
     @staticmethod
     async def _one_request(
         model: str, inputs: list[grpcclient.InferInput], outputs: list[grpcclient.InferRequestedOutput],
-        request_id: str,
+        request_id: str, stop_key: str,
     ) -> AsyncIterator[dict[str, Any]]:
-        yield {"model_name": model, "inputs": inputs, "outputs": outputs, "request_id": request_id}
+        yield {"model_name": model, "inputs": inputs, "outputs": outputs, "request_id": request_id,
+               "parameters": {STOP_KEY: stop_key}}
 
     @staticmethod
     def _finish(req: Request, stats: GenerationStats, last: grpcclient.InferResult | None) -> None:

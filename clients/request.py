@@ -37,6 +37,7 @@ class GenerationStats:
     accepted_draft_tokens: int | None = None
     draft_tokens: int | None = None
     request_id: str | None = None  # the id the request was sent with (new_request_id); set when it is sent
+    stop_key: str | None = None  # the secret its stop presents (new_stop_key); set when it is sent
 
     @property
     def ttft(self) -> float | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import queue
+import secrets
 import uuid
 
 import grpc
@@ -21,10 +22,18 @@ _ids = itertools.count()
 
 def new_request_id() -> str:
     """A request id unique across processes and clients: `r<n>-<32 hex>` (n counts this process's requests, for
-    reading logs; the random part is uuid4's hex). It must be unique because tensorrtllm_backend's stop request stops
-    every running request with its id, and unguessable (our servers honour a stop request only for an id with 32
-    hex digits, triton_repo/models/bounds.py) so that no other client can stop it."""
+    reading logs; the random part is uuid4's hex). Unique, because the C++ backend's stop request stops every running
+    request with its id; our python LLM models also ask for the request's stop key (new_stop_key)."""
     return f"r{next(_ids)}-{uuid.uuid4().hex}"
+
+
+STOP_KEY = "stop_key"  # request parameter (triton_repo/models/ownership.py STOP_KEY)
+
+
+def new_stop_key() -> str:
+    """The secret a request is sent with and its stop presents (request parameter STOP_KEY): our python LLM models
+    stop a request only for a stop with its id and this key, so no other client can stop it, whatever the ids."""
+    return secrets.token_hex(16)
 
 
 def channel_args() -> list[tuple[str, int]]:

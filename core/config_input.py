@@ -24,6 +24,35 @@ class ConfigError(Exception):
         super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in shown))
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last silently, so a second
+    `engine:` section would replace the first unseen). Merge keys (`<<: *base`) still work: a key given beside a
+    merge overrides the merged one, as YAML specifies."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader refuses it itself
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} at line {line} (first at line {first}): the later value would "
+                    "silently replace the earlier one; keep one", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_unique(text: str) -> Any:
+    """yaml.safe_load, refusing duplicate keys (_UniqueKeys)."""
+    return yaml.load(text, Loader=_UniqueKeys)  # a SafeLoader subclass: no arbitrary objects
+
+
 def load_yaml(text: str, source: str) -> dict[str, Any]:
     """YAML -> a mapping, refusing oversized text and alias expansion beyond MAX_NODES (an alias bomb is a few
     lines that expand to billions of nodes: every consumer after the parser would walk them)."""
@@ -31,7 +60,7 @@ def load_yaml(text: str, source: str) -> dict[str, Any]:
         raise ConfigError([f"the file has {len(text.encode()):,} bytes; a build config is at most "
                            f"{MAX_CONFIG_BYTES:,} (a few KB is usual): use a tree preset or a shorter list"], source)
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_unique(text)
     except yaml.YAMLError as e:
         raise ConfigError([f"malformed YAML: {bounded(str(e))}"], source) from None
     problem = expansion_problem(data)
@@ -135,7 +164,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
             node = child
         else:
             try:
-                node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+                node[parts[-1]] = safe_load_unique(raw) if raw != "" else ""
+            except yaml.constructor.ConstructorError as e:
+                problems.append(f"--set {item!r}: {bounded(str(e.problem))}")
             except yaml.YAMLError as e:
                 problems.append(f"--set {item!r}: the value is not valid YAML ({e.__class__.__name__}); quote it")
     return problems

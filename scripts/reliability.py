@@ -160,13 +160,15 @@ def _ensemble_inputs(text: str, max_tokens: int) -> list[Any]:
 
 
 def _first_token_s(url: str, text: str, max_tokens: int, abandon: bool, request_id: str = "") -> float:
-    """Seconds to the first chunk of one ensemble stream; abandon=True closes the client right after it."""
+    """Seconds to the first chunk of one ensemble stream; abandon=True closes the client right after it. A stream
+    with a request id also carries a stop_key (what postprocessing presents to stop it: models/ownership.py)."""
     c = grpcclient.InferenceServerClient(url)
     q: queue.Queue[Any] = queue.Queue()
     c.start_stream(callback=lambda result, error: q.put((result, error)))
     t0 = time.perf_counter()
     c.async_stream_infer("ensemble", _ensemble_inputs(text, max_tokens), request_id=request_id,
-                         enable_empty_final_response=True)
+                         enable_empty_final_response=True,
+                         parameters={"stop_key": uuid.uuid4().hex} if request_id else None)
     result, error = q.get(timeout=1200)
     first = time.perf_counter() - t0
     if error is not None:  # e.g. an abandoned request that reached its deadline before its first token
@@ -453,8 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
     ap.add_argument("--abandon", type=int, default=20, help="abandoned ensemble streams (default 20)")
     ap.add_argument("--abandon-ids", choices=("random", "none"), default="random",
-                    help="the abandoned streams' request ids: random 128-bit ones (postprocessing stops them), or "
-                         "none (nothing can name them; the deadline bounds them) (default random)")
+                    help="the abandoned streams' request ids: random ones with a stop_key (postprocessing stops "
+                         "them), or none, no key (no stop may name them; the deadline bounds them) (default random)")
     default = ",".join(r for r in RUNS if r != "llmapi_prompt")
     ap.add_argument("--runs", default=default, help=f"which runs, in this order (default {default}; llmapi_prompt "
                     "needs an llmapi-layout repository)")

@@ -69,11 +69,12 @@ def _wait_metric(srv: TritonServer, name: str, value: float, timeout_s: float = 
 class _RawStream:
     """One request on a gRPC stream of its own from tritonclient (no stop request, no drain): what any client does."""
 
-    def __init__(self, url: str, model: str, ins: list[Any], request_id: str = "") -> None:
+    def __init__(self, url: str, model: str, ins: list[Any], request_id: str = "", key: str | None = None) -> None:
         self.client = tritonclient_grpc.InferenceServerClient(url)
         self.q: queue.Queue[tuple[Any, Any]] = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.q.put((result, error)))
-        self.client.async_stream_infer(model, ins, request_id=request_id, enable_empty_final_response=True)
+        self.client.async_stream_infer(model, ins, request_id=request_id, enable_empty_final_response=True,
+                                       parameters=None if key is None else {"stop_key": key})
 
     def first_chunk(self) -> None:
         result, error = self.q.get(timeout=120)
@@ -126,12 +127,12 @@ class _ClientVictim:
 class _RawVictim:
     """A stream of plain tritonclient to `model`; cancelled by cancelling the gRPC stream, nothing else."""
 
-    def __init__(self, url: str, model: str, request_id: str = "") -> None:
-        self.url, self.model, self.request_id = url, model, request_id
+    def __init__(self, url: str, model: str, request_id: str = "", key: str | None = None) -> None:
+        self.url, self.model, self.request_id, self.key = url, model, request_id, key
 
     async def open(self) -> None:
         self.raw = await asyncio.to_thread(
-            _RawStream, self.url, self.model, inputs("victim", LONG, **RAW_NO_EOS), self.request_id)
+            _RawStream, self.url, self.model, inputs("victim", LONG, **RAW_NO_EOS), self.request_id, self.key)
         await asyncio.to_thread(self.raw.first_chunk)
 
     async def cancel(self) -> None:
@@ -156,11 +157,29 @@ def test_ensemble_client_stop_frees_the_slot_and_the_next_request_gets_it(full_s
     assert _run(full_server, _ClientVictim)
 
 
-def test_ensemble_stream_that_goes_away_with_an_id_is_stopped_by_postprocessing(full_server: TritonServer) -> None:
-    """Ensemble: a plain tritonclient stream with a 128-bit request id, cancelled without any stop request (a client
-    that goes away). Its next postprocessing steps arrive cancelled and postprocessing sends the LLM model the `stop`
-    the client did not (models/stop_relay.py): the slot is freed and the queued request gets it."""
-    assert _run(full_server, lambda c: _RawVictim(full_server.grpc_url, "ensemble", uuid.uuid4().hex))
+def test_ensemble_stream_that_goes_away_with_a_stop_key_is_stopped_by_postprocessing(full_server: TritonServer) -> None:
+    """Ensemble: a plain tritonclient stream with a short id and a stop_key parameter, cancelled without any stop
+    request (a client that goes away). Its next postprocessing steps arrive cancelled and postprocessing sends the
+    LLM model the `stop` the client did not, with its key (models/stop_relay.py): the slot is freed and the queued
+    request gets it."""
+    assert _run(full_server, lambda c: _RawVictim(full_server.grpc_url, "ensemble", "7", uuid.uuid4().hex))
+
+
+@pytest.mark.parametrize("same_key", [False, True])
+def test_a_client_retrying_with_the_same_id_after_abandoning_leaks_no_slot(full_server: TritonServer,
+                                                                          same_key: bool) -> None:
+    """Three abandons of one request id, one after the other (with a fresh key each time, as our clients make, or
+    with the same key): each is stopped by postprocessing, and the LLM model holds no request after each."""
+    srv, rid, key = full_server, "retry-7", uuid.uuid4().hex
+    _wait_metric(srv, "eagle_llm_requests_in_flight", 0)
+    cancelled = metric(srv, "eagle_llm_requests_cancelled_total")
+    for attempt in range(3):
+        raw = _RawStream(srv.grpc_url, "ensemble", inputs("victim", LONG, **RAW_NO_EOS), rid,
+                         key if same_key else uuid.uuid4().hex)
+        raw.first_chunk()
+        raw.cancel()
+        _wait_metric(srv, "eagle_llm_requests_cancelled_total", cancelled + attempt + 1)
+        _wait_metric(srv, "eagle_llm_requests_in_flight", 0)
 
 
 def test_bls_plain_grpc_cancel_frees_the_slot_and_the_next_request_gets_it(full_server: TritonServer) -> None:
@@ -171,8 +190,8 @@ def test_bls_plain_grpc_cancel_frees_the_slot_and_the_next_request_gets_it(full_
 
 def test_the_removed_ensemble_paths_are_gone(full_server: TritonServer) -> None:
     """No cancel handle in the served configs and Triton refuses one sent to postprocessing. Postprocessing relays only
-    the `stop` by id: a plain gRPC cancel of an ensemble stream whose id a stop may not name (none here, or a guessable
-    one) reaches no model, so the sequence runs to its end (counted finished, not cancelled) and the ensemble request
+    the `stop` by id and stop_key: a plain gRPC cancel of an ensemble stream sent without a stop_key (whatever its
+    id) reaches no model, so the sequence runs to its end (counted finished, not cancelled) and the ensemble request
     still completes."""
     srv = full_server
     c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
@@ -200,7 +219,7 @@ def test_the_removed_ensemble_paths_are_gone(full_server: TritonServer) -> None:
 
         names = ("eagle_llm_requests_cancelled_total", "eagle_llm_generated_tokens_total")
         n = 40
-        for request_id in ("", "req-7", "a" * 31):  # no id; ids a stop may not name (models/bounds.py)
+        for request_id in ("", "req-7", uuid.uuid4().hex):  # no stop_key: no stop may name it (models/ownership.py)
             before = {name: metric(srv, name) for name in names}
             ens_ok = metric(srv, "nv_inference_request_success", model="ensemble")
             ins = inputs("cancel me", n, **RAW_NO_EOS)

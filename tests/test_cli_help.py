@@ -49,6 +49,7 @@ ENTRY_POINTS = {
     "scripts/bench_triton.py": ["scripts/bench_triton.py"],
     "scripts/bench_fp8_drafter.py": ["scripts/bench_fp8_drafter.py"],
     "scripts/reliability.py": ["scripts/reliability.py"],
+    "scripts/hardening.py": ["scripts/hardening.py"],
     "scripts/bench_train_curve.py": ["scripts/bench_train_curve.py"],
     "scripts/spec_sweep.py": ["scripts/spec_sweep.py"],
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],

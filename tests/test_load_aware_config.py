@@ -31,7 +31,7 @@ def _spec(*ov: str) -> dict:
 @pytest.mark.parametrize("tree", [["tree.choices=chain-3"], DYN], ids=["chain", "dynamic"])
 @pytest.mark.parametrize("schedule", [{1: 3, 2: 2, 4: 1}, {1: 3}, {1: 3, 8: 0, 16: 1}, {1: 3, 64: 3}])
 def test_schedule_reaches_the_llm_api_options_as_draft_len_schedule(tree: list[str], schedule: dict) -> None:
-    spec = _spec(*tree, f"tree.draft_len_schedule={json.dumps(schedule)}")
+    spec = _spec(*tree, "engine.max_batch_size=64", f"tree.draft_len_schedule={json.dumps(schedule)}")
     assert spec["draft_len_schedule"] == schedule and spec["max_draft_len"] == 3
     text = llmapi.dump_options({"speculative_config": spec})
     assert yaml.safe_load(text)["speculative_config"]["draft_len_schedule"] == schedule  # integer keys, as upstream
@@ -46,8 +46,8 @@ def test_schedule_reaches_the_llm_api_options_as_draft_len_schedule(tree: list[s
 
 
 def test_max_concurrency_and_acceptance_switch_are_written_and_cited() -> None:
-    spec = _spec("tree.choices=chain-3", "tree.max_concurrency=8", "tree.acceptance_rate_window_size=32",
-                 "tree.acceptance_rate_threshold=0.3")
+    spec = _spec("tree.choices=chain-3", "engine.max_batch_size=16", "tree.max_concurrency=8",
+                 "tree.acceptance_rate_window_size=32", "tree.acceptance_rate_threshold=0.3")
     assert (spec["max_concurrency"], spec["acceptance_rate_window_size"], spec["acceptance_rate_threshold"]) == (
         8, 32, 0.3)
     assert "draft_len_schedule" not in spec
@@ -68,6 +68,13 @@ def test_nothing_is_written_when_unset() -> None:
     (["tree.draft_len_schedule={1: 3, 5: -1}"], "thresholds must be >= 1 and draft lengths >= 0"),
     (["tree.draft_len_schedule=often"], "is neither a mapping of batch-size thresholds to draft lengths"),
     (["tree.draft_len_schedule={1: 3}", "tree.max_concurrency=4"], "are mutually exclusive"),
+    (["engine.max_batch_size=8", "tree.draft_len_schedule={1: 3, 16: 1}"],
+     "thresholds [16] exceed engine.max_batch_size=8; no batch is ever that large"),
+    (["engine.max_batch_size=8", "tree.draft_len_schedule={1: 3, 4: 2, 9: 1, 64: 0}"],
+     "thresholds [9, 64] exceed engine.max_batch_size=8"),
+    (["engine.max_batch_size=1", "tree.draft_len_schedule={1: 3, 2: 0}"], "thresholds [2] exceed"),
+    (["engine.max_batch_size=8", "tree.max_concurrency=9"],
+     "tree.max_concurrency=9 exceeds engine.max_batch_size=8: no batch is ever that large"),
     (["tree.max_concurrency=0"], "tree.max_concurrency: Input should be greater than or equal to 1"),
     (["tree.acceptance_rate_threshold=0.5"], "set both (a window of N >= 1 steps and a rate in [0, 1]) or neither"),
     (["tree.acceptance_rate_window_size=16"], "set both"),
@@ -144,7 +151,7 @@ def test_auto_reads_the_measured_schedule(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("overrides", [
     [], ["tree.draft_len_schedule={1: 3, 2: 2, 4: 1}"], ["tree.max_concurrency=2"],
-    ["tree.draft_len_schedule={1: 3, 8: 0, 9: 1}", "tree.acceptance_rate_window_size=16",
+    ["engine.max_batch_size=16", "tree.draft_len_schedule={1: 3, 8: 0, 9: 1}", "tree.acceptance_rate_window_size=16",
      "tree.acceptance_rate_threshold=0.25"],
 ])
 def test_llmapi_mirror_accepts_what_the_build_wrote_and_refuses_a_mismatch(overrides: list[str]) -> None:

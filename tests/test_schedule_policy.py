@@ -109,6 +109,8 @@ def test_cli_schedule_errors(tiny_build: Path, tmp_path: Path, capsys: pytest.Ca
     base = ["--build", str(tiny_build), "--prompts", str(prompts), "--budget", "2", "--objective", "schedule",
             "--top-k", "1", "--max-depth", "1", "--max-new-tokens", "4"]
     assert tune_tree.main(base + ["--batch-sizes", "2,4"]) == 2
+    assert "including 1 (draft_len_schedule must hold batch size 1)" in capsys.readouterr().err
+    assert tune_tree.main(base + ["--batch-sizes", "1,500"]) == 2  # within 512, above this build's
     assert "give sizes from 1 up to the build's engine.max_batch_size" in capsys.readouterr().err
 
 

@@ -73,7 +73,7 @@ def client(rendered: tuple[Path, Path]) -> Any:
     only = full.parent / "repo"
     shutil.copytree(full / "preprocessing", only / "preprocessing")
     srv = TritonServer(only, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                       log_path=full.parent / "tritonserver.log")
+                       log_path=full.parent / "tritonserver.log", drain_s=30)  # a clean unload on a loaded machine
     srv.start(timeout_s=240)
     yield tritonclient_grpc.InferenceServerClient(srv.grpc_url)
     assert srv.stop() == 0

@@ -1,14 +1,14 @@
 """Hostile requests on the real tritonserver (the shared tiny reference build, tests/triton_build.py): every input is
 bounded before any work (triton_repo/models/bounds.py), every malformed request gets INVALID_ARGUMENT naming what
-was wrong and never a traceback, a stop request reaches only requests whose id only their sender knows, and good
+was wrong and never a traceback, a stop request reaches only requests sent with its id and stop_key, and good
 streams decoding meanwhile get exactly their solo output."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
-import uuid
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from tests.triton_build import MAX_INPUT
 from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of
 from tests.triton_servers import metric
 from triton_repo.launch import TritonServer
-from triton_repo.models import bounds
+from triton_repo.models import bounds, ownership
 
 pytestmark = pytest.mark.server
 N = 40
@@ -183,83 +183,105 @@ def test_hostile_requests_are_refused_by_name_while_good_streams_get_their_solo_
     _wait_idle(triton_server)
 
 
-def _stopper(url: str, ids: list[str], answers: dict[str, Any], done: threading.Event) -> None:
+def _stopper(url: str, stops: list[tuple[str, str | None]], answers: dict[Any, Any], done: threading.Event) -> None:
+    """Sends upstream's stop request for each (id, stop_key) of `stops` (None: no key) until `done`."""
     c = tritonclient_grpc.InferenceServerClient(url)
     try:
         while not done.is_set():
-            for rid in ids:
+            for rid, key in stops:
                 try:
-                    answers[rid] = stream_call(c, "tensorrt_llm", _stop_inputs(), request_id=rid)
+                    answers[(rid, key)] = stream_call(c, "tensorrt_llm", _stop_inputs(), request_id=rid,
+                                                      parameters=None if key is None else {ownership.STOP_KEY: key})
                 except InferenceServerException as e:
-                    answers[rid] = e
+                    answers[(rid, key)] = e
     finally:
         c.close()
 
 
+# ids that merely hold 32 hex-class characters (a stop by id alone reached each), short ones, a shared one
+VICTIM_IDS = ["req-00000000000000000000000000000000000042", "00000000000000000000000000000001",
+              "12345678901234567890123456789012", "1", "victim-2", "shared", "shared", ""]
+
+
 def test_a_stop_request_never_reaches_another_clients_request(triton_server: TritonServer, engine: Any) -> None:
-    """Victims stream through the ensemble (ids of their own choosing: short ones, and 128-bit ones the attacker
-    cannot know) and through BLS (whose ids the server mints), while an attacker floods the tensorrt_llm model with
-    upstream's stop request for the ids it can guess: the victims' short ids, BLS-shaped ids, random 128-bit ids.
-    Every victim gets its whole solo output; a stop for an id without 32 hex digits is refused by name."""
+    """Victims stream through the ensemble with ids of their own choosing (ids full of hex digits, short ones, two
+    sharing one id, none) and their own stop_key, one without a key, and one through BLS (whose ids and keys the
+    server mints), while an attacker who knows every id floods the tensorrt_llm model with upstream's stop request
+    for each: without a key, with keys of its own. Every victim gets its whole solo output; a stop without a key is
+    refused by name, one with a wrong key gets the same empty answer as any other."""
     _wait_idle(triton_server)
     tok = engine.tokenizer
     prompt_ids = tok.encode(PROMPT, add_special_tokens=True)
     want = tok.decode(solo_ids(engine, prompt_ids, N), skip_special_tokens=True)
-    secret = uuid.uuid4().hex
-    victims = {"1": "ensemble", "victim-2": "ensemble", f"mine-{secret}": "ensemble", "": "tensorrt_llm_bls"}
-    guesses = ["1", "victim-2", "bls-1", "bls-2", *(f"bls-{os.getpid()}-{n}" for n in range(1, 5)),
-               *(f"bls-{n}-{uuid.uuid4().hex}" for n in range(1, 5)), uuid.uuid4().hex]
-    results: dict[str, Any] = {}
-    answers: dict[str, Any] = {}
+    victims = [(rid, "ensemble", secrets.token_hex(16)) for rid in VICTIM_IDS]
+    victims += [("keyless", "ensemble", None), ("", "tensorrt_llm_bls", None)]
+    guessed_keys = [None, secrets.token_hex(16), "0" * 32, "1" * 16]
+    stops = [(rid, key) for rid in {*VICTIM_IDS, "keyless", "bls-1", "bls-2"} for key in guessed_keys]
+    results: dict[int, Any] = {}
+    answers: dict[Any, Any] = {}
     done = threading.Event()
-    attacker = threading.Thread(target=_stopper, args=(triton_server.grpc_url, guesses, answers, done))
+    attacker = threading.Thread(target=_stopper, args=(triton_server.grpc_url, stops, answers, done))
     attacker.start()
 
-    def victim(rid: str, model: str) -> None:
+    def victim(i: int, rid: str, model: str, key: str | None) -> None:
         c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
         try:
-            results[rid] = stream_call(c, model, inputs(PROMPT, N, end_id=(-1, "INT32"), stream=(True, "BOOL")),
-                                       request_id=rid)
+            results[i] = stream_call(c, model, inputs(PROMPT, N, end_id=(-1, "INT32"), stream=(True, "BOOL")),
+                                     request_id=rid, parameters=None if key is None else {ownership.STOP_KEY: key})
         except InferenceServerException as e:
-            results[rid] = e
+            results[i] = e
         finally:
             c.close()
 
-    threads = [threading.Thread(target=victim, args=item) for item in victims.items()]
+    threads = [threading.Thread(target=victim, args=(i, *v)) for i, v in enumerate(victims)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
     done.set()
     attacker.join(timeout=120)
-    for rid in victims:
-        assert not isinstance(results[rid], Exception), (rid, results[rid])
-        assert text_of(results[rid]) == want, rid
-    for rid in ("1", "victim-2", "bls-1"):
-        err = answers[rid]
+    for i, v in enumerate(victims):
+        assert not isinstance(results[i], Exception), (v, results[i])
+        assert text_of(results[i]) == want, v
+    for rid in ("1", "shared", "keyless", VICTIM_IDS[0]):
+        err = answers[(rid, None)]
         assert isinstance(err, InferenceServerException) and err.status() in (None, "StatusCode.INVALID_ARGUMENT"), err
-        assert f"stop: request id {rid!r} has no 32 hex digits" in err.message()
-    assert answers[guesses[-1]] == []  # a well-formed id: the same empty answer, found or not
+        said = err.message()
+        assert "stop: no stop_key parameter; a stop reaches only a request sent with the same request id" in said
+        assert answers[(rid, guessed_keys[1])] == []  # a wrong key: the same empty answer, found or not
     _wait_idle(triton_server)
 
 
-def test_the_owner_can_still_stop_its_own_request(triton_server: TritonServer) -> None:
-    """A client that gave its request an id only it knows stops it with upstream's stop request (the id a BLS or
-    our clients use)."""
+def test_the_owner_stops_its_own_request_and_no_other_sharing_its_id(triton_server: TritonServer, engine: Any) -> None:
+    """Two clients pick the same id; the first stops its request with its own stop_key: its request is cancelled,
+    the other request with that id gets its whole solo output."""
     _wait_idle(triton_server)
-    rid = f"own-{uuid.uuid4().hex}"
+    tok = engine.tokenizer
+    want = tok.decode(solo_ids(engine, tok.encode(PROMPT, add_special_tokens=True), N), skip_special_tokens=True)
+    rid, mine, theirs = "same-id", secrets.token_hex(16), secrets.token_hex(16)
     before = metric(triton_server, "eagle_llm_requests_cancelled_total")
     results: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: results.update(r=stream_call(
-        tritonclient_grpc.InferenceServerClient(triton_server.grpc_url), "ensemble",
-        inputs(PROMPT, 300, end_id=(-1, "INT32"), stream=(True, "BOOL")), request_id=rid)))
-    t.start()
+
+    def run(name: str, key: str, n: int) -> None:
+        c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
+        try:
+            results[name] = stream_call(c, "ensemble", inputs(PROMPT, n, end_id=(-1, "INT32"), stream=(True, "BOOL")),
+                                        request_id=rid, parameters={ownership.STOP_KEY: key})
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=run, args=("mine", mine, 300)), threading.Thread(target=run,
+                                                                                     args=("theirs", theirs, N))]
+    for t in threads:
+        t.start()
     deadline = time.time() + 60
-    while metric(triton_server, "eagle_llm_requests_in_flight") < 1 and time.time() < deadline:
+    while metric(triton_server, "eagle_llm_requests_in_flight") < 2 and time.time() < deadline:
         time.sleep(0.01)
     c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
-    assert stream_call(c, "tensorrt_llm", _stop_inputs(), request_id=rid) == []
+    assert stream_call(c, "tensorrt_llm", _stop_inputs(), request_id=rid, parameters={ownership.STOP_KEY: mine}) == []
     c.close()
-    t.join(timeout=120)
+    for t in threads:
+        t.join(timeout=120)
     _wait_idle(triton_server)
     assert metric(triton_server, "eagle_llm_requests_cancelled_total") == before + 1
+    assert text_of(results["theirs"]) == want

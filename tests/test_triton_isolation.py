@@ -228,13 +228,14 @@ def test_in_flight_and_queued_gauges_count_running_and_waiting_requests(triton_s
     stopped (tensorrtllm_backend's stop request, by request id)."""
     _wait_idle(triton_server)
     n, results = triton_build.MAX_BATCH + 2, {}
-    ids = [f"held-{i}-{uuid.uuid4().hex}" for i in range(n)]  # 32 hex digits: ids a stop request may reach
+    ids = [f"held-{i}" for i in range(n)]
+    keys = [{"stop_key": uuid.uuid4().hex} for _ in range(n)]  # what a stop must present
 
     def one(i: int) -> None:
         c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
         try:
             results[i] = stream_call(c, "tensorrt_llm", llm_inputs([5, 6, 7 + i], 300, end_id=(-1, "INT32")),
-                                     request_id=ids[i])
+                                     request_id=ids[i], parameters=keys[i])
         finally:
             c.close()
 
@@ -250,8 +251,8 @@ def test_in_flight_and_queued_gauges_count_running_and_waiting_requests(triton_s
         assert seen == (n, 2)
     finally:
         stopper = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
-        for rid in ids:
-            stream_call(stopper, "tensorrt_llm", _stop_inputs(), request_id=rid)
+        for rid, key in zip(ids, keys):
+            stream_call(stopper, "tensorrt_llm", _stop_inputs(), request_id=rid, parameters=key)
         stopper.close()
         for t in threads:
             t.join(120)

@@ -250,8 +250,8 @@ def test_hostile_requests_are_refused_before_tokenizing_and_a_concurrent_stream_
     """Each of these, sent while a good stream decodes, gets INVALID_ARGUMENT naming what was wrong (no traceback,
     no install path): a 5 MB prompt (refused by its bytes before it is tokenized), an empty prompt, a prompt that is
     not UTF-8, 64 prompts in one request (upstream answers the first and drops the rest), stop strings that are not
-    UTF-8, too many or too long, and upstream's stop request for an id without 32 hex digits. The good stream's text
-    equals target-only greedy decoding."""
+    UTF-8, too many or too long, upstream's stop request without the request's stop_key, and a 10,000-byte request
+    id. The good stream's text equals target-only greedy decoding."""
     import threading
 
     bad = {
@@ -267,14 +267,15 @@ def test_hostile_requests_are_refused_before_tokenizing_and_a_concurrent_stream_
         "long stop": (_llmapi_inputs([PROMPT.encode()], sampling_param_stop=(
             np.array([b"z" * 4000], dtype=object), "BYTES")), "sampling_param_stop[0] has 4000 bytes > 1024"),
         "stop by guess": (_llmapi_inputs([b"x"], stop=(np.array([True]), "BOOL")),
-                          "stop: request id '1' has no 32 hex digits"),
+                          "stop: no stop_key parameter; a stop reaches only a request sent with the same request id"),
+        "long id": (_llmapi_inputs([b"x"]), "request id has 10000 bytes > 128"),
     }
     results: dict[str, Any] = {}
     good = threading.Thread(target=lambda: results.update(good=_stream(server.grpc_url,
                                                                        _llmapi_inputs([PROMPT.encode()]), "1")))
     good.start()
     for k, (ins, _msg) in bad.items():
-        results[k] = _stream(server.grpc_url, ins, "1")
+        results[k] = _stream(server.grpc_url, ins, "x" * 10_000 if k == "long id" else "1")
     good.join(timeout=600)
     for k, (_ins, msg) in bad.items():
         err = results[k]

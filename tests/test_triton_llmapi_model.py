@@ -142,17 +142,17 @@ def _wait_in_flight(srv: Any, n: int) -> None:
         time.sleep(0.02)
 
 
-def test_plain_grpc_cancel_of_an_ensemble_stream_is_relayed_only_for_128_bit_ids(llmapi_server: Any) -> None:
-    """A plain gRPC cancel of an ensemble stream (no stop request from the client): with a 128-bit request id,
+def test_plain_grpc_cancel_of_an_ensemble_stream_is_relayed_only_with_a_stop_key(llmapi_server: Any) -> None:
+    """A plain gRPC cancel of an ensemble stream (no stop request from the client): with a stop_key parameter,
     postprocessing sends the stop on its behalf (models/stop_relay.py) and the LLM-API request is aborted a few tokens
-    in; without an id nothing can name it and it runs to its end. A stop request for an id others could guess is
-    refused."""
+    in; without a key nothing may stop it and it runs to its end. A stop request without a key is refused."""
     srv, log = llmapi_server
     c = tritonclient_grpc.InferenceServerClient(srv.grpc_url)
     try:
         before = len(_lines(log))
         ins = inputs(PROMPT, 400, stream=(True, "BOOL"))
-        assert len(stream_call(c, "ensemble", ins, cancel_after=1, request_id=uuid.uuid4().hex)) == 1
+        assert len(stream_call(c, "ensemble", ins, cancel_after=1, request_id="1",
+                               parameters={"stop_key": uuid.uuid4().hex})) == 1
         kind, made = _one_new_line(log, before)
         assert kind == "aborted" and made < 50
         before = len(_lines(log))
@@ -164,7 +164,7 @@ def test_plain_grpc_cancel_of_an_ensemble_stream_is_relayed_only_for_128_bit_ids
             t.set_data_from_numpy(np.ones((1, 1), bool if t.datatype() == "BOOL" else np.int32))
         with pytest.raises(InferenceServerException) as refused:
             stream_call(c, "tensorrt_llm", stop, request_id="1")
-        assert "has no 32 hex digits (128 random bits)" in refused.value.message()
+        assert "stop: no stop_key parameter" in refused.value.message()
     finally:
         c.close()
 

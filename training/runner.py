@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from tqdm import tqdm
 
 from training.compute import Compute
 from training.config import TrainConfig, TrainHeadConfig
-from training.shards import atomic_save
+from training.shards import atomic_save, remove_stale_temps
 from training.dist import Dist
 
 CKPT_DIR = "checkpoints"
@@ -162,6 +163,25 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def latest_intact_state(ckpt_dir: Path, device: torch.device) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads, with its state; a newer one that does not (truncated: a disk that filled,
+    a copy cut short) is skipped with a warning naming it, so the run resumes from the one before. None: none loads.
+    Temporary files of saves killed midway (`step-*.pt.tmp-<pid>`) are removed first."""
+    for p in remove_stale_temps(ckpt_dir):
+        print(f"warning: removed {p}, left by a save that was killed midway", file=sys.stderr)
+    for path in sorted(ckpt_dir.glob("step-*.pt"), reverse=True):
+        try:
+            state = torch.load(path, weights_only=True, map_location=device)
+            if not isinstance(state, dict) or not {"step", "head", "optim", "key", "log"} <= state.keys():
+                raise ValueError("not a checkpoint of this trainer")
+        except Exception as e:  # torch raises RuntimeError, EOFError, pickle / zip errors for a cut file
+            print(f"warning: checkpoint {path} does not load ({type(e).__name__}: {str(e)[:200]}); resuming from "
+                  "the one before it", file=sys.stderr)
+            continue
+        return path, state
+    return None
+
+
 def save_checkpoint(
     ckpt_dir: Path, step: int, head: torch.nn.Module, opt: torch.optim.Optimizer, key: dict, log: list
 ) -> None:
@@ -171,8 +191,10 @@ def save_checkpoint(
         old.unlink()
 
 
-def load_checkpoint(path: Path, head: torch.nn.Module, opt: torch.optim.Optimizer, key: dict) -> tuple[int, list]:
-    state = torch.load(path, weights_only=True, map_location=next(head.parameters()).device)
+def load_checkpoint(path: Path, head: torch.nn.Module, opt: torch.optim.Optimizer, key: dict,
+                    state: dict | None = None) -> tuple[int, list]:
+    if state is None:
+        state = torch.load(path, weights_only=True, map_location=next(head.parameters()).device)
     if state["key"] != key:
         raise TrainError(
             f"checkpoint {path} was written with a different data/train config; resume with the same config, or "
@@ -253,9 +275,9 @@ def run_training(
     opt = torch.optim.AdamW(params, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
     total = total_steps(n_train, tc)
     step, log = 0, list(first_log or [])
-    ckpt = latest_checkpoint(ckpt_dir)
-    if ckpt is not None:
-        step, log = load_checkpoint(ckpt, head, opt, key)
+    found = latest_intact_state(ckpt_dir, next(head.parameters()).device)
+    if found is not None:
+        step, log = load_checkpoint(found[0], head, opt, key, found[1])
     model = wrap(LossModule(head, loss_fn), dist, compute)
     end = total if stop_at is None else min(total, stop_at)
     head.train()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -10,6 +11,32 @@ import torch
 
 def shard_path(work_dir: Path, kind: str, index: int) -> Path:
     return work_dir / kind / f"shard-{index:05d}.pt"
+
+
+TEMP = re.compile(r"\.tmp-(?P<pid>\d+)$")  # atomic_save's temporary files: <name>.tmp-<pid>
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temps(directory: Path) -> list[Path]:
+    """Delete the temporary files atomic_save left in `directory` when its process was killed mid-save (those of a
+    process still running are kept: another rank or run may be writing them). Returns what was removed."""
+    removed = []
+    if directory.is_dir():
+        for p in sorted(directory.iterdir()):
+            m = TEMP.search(p.name)
+            if m and p.is_file() and not p.is_symlink() and not _alive(int(m.group("pid"))):
+                p.unlink(missing_ok=True)  # another rank may have removed it first
+                removed.append(p)
+    return removed
 
 
 def atomic_save(obj: object, path: Path) -> None:

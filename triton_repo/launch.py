@@ -78,7 +78,15 @@ __all__ = ["ADMIN_GRPC_HEADER", "ADMIN_HEADER", "ADMIN_KEY_ENV", "RESTRICTED_API
            "server_argv", "unsafe_chars", "unsafe_path_problem"]
 
 READY_POLL_S = 0.25
-STOP_TIMEOUT_S = 30.0
+# Stopping: tritonserver's --exit-timeout-secs (its default 30 s) bounds its wait for in-flight requests AND the
+# unloading of its models, one countdown for both (its log counts it down: "Timeout N: Found ... live models"): a
+# request that never ends, such as a stream whose client went away, held every stop for the whole 30 s. DRAIN_S
+# leaves room for the unload on a loaded machine (~10 s for the python models on 2 busy cores); after it the server
+# exits anyway (exit code 1, "Exit timeout expired"), and the launcher kills the process group STOP_GRACE_S later
+# if it has not exited by then.
+DRAIN_S = 10
+MAX_DRAIN_S = 600
+STOP_GRACE_S = 15.0
 
 
 class LaunchInterrupted(LaunchError):
@@ -108,6 +116,7 @@ def server_argv(
     admin_key: str,
     load_only: str | None = None,
     explicit: bool = False,
+    drain_s: int = DRAIN_S,
 ) -> list[str]:
     """One tritonserver invocation. `shm_prefix` keeps the python-backend shared-memory regions of servers running
     side by side (tests, MPI ranks) apart. `load_only` = model name for ranks > 0 of a multi-GPU TensorRT-LLM
@@ -124,6 +133,9 @@ def server_argv(
         "--disable-auto-complete-config",  # configs are rendered complete; never let the server guess
         "--exit-on-error=true",
         "--strict-readiness=true",
+        # the in-flight requests' time to finish when stopping (tritonserver --help: "Timeout (in seconds) when
+        # exiting to wait for in-flight inferences to finish"; server src/command_line_parser.cc exit-timeout-secs)
+        f"--exit-timeout-secs={drain_s}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         *restricted_api_argv(admin_key),
     ]
@@ -162,6 +174,7 @@ def launch_argv(
     admin_key: str,
     as_root: bool = False,
     explicit: bool = False,
+    drain_s: int = DRAIN_S,
 ) -> list[str]:
     """The full command: one server, or the mpirun form for `world_size` > 1 (tensorrtllm_backend
     scripts/launch_triton_server.py: rank 0 loads the whole repository, ranks > 0 only `llm_model`)."""
@@ -169,7 +182,7 @@ def launch_argv(
         server_argv(
             binary.executable, repo, backend_dir=binary.backend_dir, grpc_port=grpc_port, http_port=http_port,
             metrics_port=metrics_port, host=host, shm_prefix=shm.prefix(shm_tag, r), admin_key=admin_key,
-            load_only=None if r == 0 else llm_model, explicit=explicit,
+            load_only=None if r == 0 else llm_model, explicit=explicit, drain_s=drain_s,
         )
         for r in range(world_size)
     ]
@@ -200,7 +213,11 @@ class TritonServer:
         llm_model: str = "tensorrt_llm",
         admin_key: str | None = None,
         explicit: bool = False,
+        drain_s: int = DRAIN_S,
     ) -> None:
+        if not 0 <= drain_s <= MAX_DRAIN_S:
+            raise LaunchError(f"drain_s={drain_s}: give whole seconds in [0, {MAX_DRAIN_S}]")
+        self.drain_s = drain_s  # how long a stop waits for in-flight requests (server_argv --exit-timeout-secs)
         self.repo = Path(repo).resolve()
         self.explicit = explicit  # model control: load/unload through the model-repository API (server_argv)
         # No key given: a random one nobody is told, so the admin endpoints are closed (tests read it from here).
@@ -247,6 +264,7 @@ class TritonServer:
             binary, self.repo, grpc_port=self.grpc_port, http_port=self.http_port, metrics_port=self.metrics_port,
             host=self.host, world_size=self.world_size, shm_tag=self.shm_tag,
             llm_model=self.llm_model, admin_key=self.admin_key, as_root=os.geteuid() == 0, explicit=self.explicit,
+            drain_s=self.drain_s,
         )
 
     def shown_argv(self) -> str:
@@ -331,12 +349,15 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGINT (tritonserver unloads models and exits), then SIGKILL of its process group after `timeout_s`.
-        Returns the exit code (None when it was not started)."""
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGINT (tritonserver waits up to drain_s for in-flight requests, unloads models and exits), then SIGKILL
+        of its process group after `timeout_s` (default drain_s + STOP_GRACE_S). Returns the exit code (None when
+        it was not started)."""
         proc = self._proc
         if proc is None:
             return None
+        if timeout_s is None:
+            timeout_s = self.drain_s + STOP_GRACE_S
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGINT)
@@ -381,12 +402,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait until ready")
     ap.add_argument("--log", type=Path, default=None, help="server log file (default: a temporary file)")
     ap.add_argument("--print-argv", action="store_true", help="print the command and exit without starting")
+    ap.add_argument("--drain-s", type=int, default=DRAIN_S,
+                    help=f"on SIGTERM/SIGINT, seconds tritonserver gets to finish in-flight requests and unload its "
+                    f"models before it exits anyway (default {DRAIN_S}, at most {MAX_DRAIN_S}); it is killed "
+                    f"{STOP_GRACE_S:g} s after that if still running")
     ap.add_argument("--model-control", choices=("none", "explicit"), default="none",
                     help="explicit: accept model load requests (the admin API), so `builders/refresh.py --publish` "
                     "can serve a new head version without a restart (docs/adaptive.md)")
     args = ap.parse_args(argv)
     if args.world_size < 1:
         ap.error(f"--world-size {args.world_size}: must be >= 1")
+    if not 0 <= args.drain_s <= MAX_DRAIN_S:
+        ap.error(f"--drain-s {args.drain_s}: give whole seconds in [0, {MAX_DRAIN_S}]")
     if (name_problem := model_name_problem(args.llm_model, "--llm-model")) is not None:
         ap.error(name_problem)
     stopping = {"flag": False}
@@ -405,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     srv = TritonServer(
         args.repo, grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
         host=args.host, world_size=args.world_size, log_path=args.log, llm_model=args.llm_model, admin_key=admin_key,
-        explicit=args.model_control == "explicit",
+        explicit=args.model_control == "explicit", drain_s=args.drain_s,
     )
     if args.print_argv:
         print(srv.shown_argv())

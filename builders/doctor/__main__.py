@@ -92,21 +92,21 @@ def main(argv: list[str] | None = None) -> int:
         print(msg)
         return 0
     args = _check_parser().parse_args(argv)
-    if args.max_new_tokens < 2:
-        print("error: --max-new-tokens must be >= 2", file=sys.stderr)
-        return EXIT_UNUSABLE
+    from builders.doctor import config_check
     from builders.doctor.run import diagnose
+    from core.files import InputFileError, writable_file
 
     prompts = None
-    try:
+    try:  # every argument and input file checked before any work (builders/doctor/config_check.py)
+        config_check.check_limits(args.max_new_tokens, args.max_seq_len)
+        if args.json is not None:
+            writable_file(args.json, "--json")
         if args.prompts is not None:
-            from measure.data import read_prompts
-
-            prompts = read_prompts(args.prompts)
+            prompts = config_check.read_prompts(args.prompts)
         rep = diagnose(args.target, args.head, engine=args.engine, draft_type=args.draft_type,
                        max_seq_len=args.max_seq_len, measure=not args.no_measure, prompts=prompts,
                        max_new_tokens=args.max_new_tokens, work=args.work)
-    except (UnusableInput, FileNotFoundError, ValueError) as e:
+    except (UnusableInput, InputFileError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
     print(rep.text())

@@ -24,6 +24,7 @@ an EAGLE-3 head (any layout the doctor reads) written in the layout a loader rea
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from functools import partial
@@ -34,6 +35,7 @@ import torch
 from safetensors.torch import save_file
 
 from builders.convert.weights import WeightSource
+from builders.doctor.config_check import read_json_config
 from builders.doctor.findings import UnusableInput
 from builders.convert.head_layout import ARCH_FLAGS, flat_config
 from builders.doctor.head import Head, read_head
@@ -194,8 +196,37 @@ def import_speculators(head_dir: Path, out: Path) -> Path:
 WRITERS = {"eagle-repo": to_eagle_repo, "specforge": to_specforge, "speculators": to_speculators, "trtllm": to_trtllm}
 
 
+def out_problems(out: Path, inputs: list[Path]) -> list[str]:
+    """Why export must not write to `out` (empty when it may): the build's output-directory rules
+    (builders/build_dir.py `output_dir_problems`: a directory or nothing yet, not the project's sources), plus no
+    symbolic link as `out` or inside it (export would write through it, elsewhere) and not one of its own inputs
+    (the head or target directory), inside one or above one (it would rewrite what it reads)."""
+    from builders.build_dir import output_dir_problems
+
+    if out.is_symlink():
+        return [f"OUT {out} is a symbolic link (to {os.readlink(out)}); give a real directory"]
+    problems = [p.replace("output_dir", "OUT") for p in output_dir_problems(out)]
+    if out.is_dir():
+        links = sorted(p.name for p in out.iterdir() if p.is_symlink())
+        if links:
+            problems.append(f"OUT {out} holds symbolic link(s) {', '.join(links[:5])}: export would write through "
+                            "them; remove them or give an empty directory")
+    resolved = out.expanduser().resolve()
+    for given in inputs:
+        src = given.expanduser().resolve()
+        if resolved == src or src in resolved.parents or resolved in src.parents:
+            problems.append(f"OUT {out} is, is inside or contains the input {given}; export would overwrite what it "
+                            "reads: give another directory")
+    return problems
+
+
 def export(head_dir: Path, to: str, out: Path, *, target_dir: Path | None = None,
            verifier_name: str | None = None) -> str:
+    inputs = [Path(head_dir)] + ([Path(target_dir)] if target_dir is not None else [])
+    if problems := out_problems(Path(out), inputs):
+        raise UnusableInput("; ".join(problems))
+    if target_dir is not None:
+        read_json_config(target_dir, "--target")  # a bounded regular file, its counts in range, before any work
     head = read_head(head_dir)
     writer = partial(to_speculators, verifier_name=verifier_name) if to == "speculators" else WRITERS[to]
     with tempfile.TemporaryDirectory(prefix="doctor-export-") as tmp:

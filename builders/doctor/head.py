@@ -23,7 +23,8 @@ import torch
 from builders.convert.head_layout import ARCH_FLAGS, is_speculators, speculators_flat
 from builders.convert.weights import WeightFileError, WeightSource
 from builders.doctor.findings import UnusableInput
-from core.hfconfig import ModelConfigError, aux_layer_ids, read_config, rope_theta_of
+from builders.doctor.config_check import read_json_config
+from core.hfconfig import ModelConfigError, aux_layer_ids, rope_theta_of
 
 EAGLE_CONFIG_FLAGS = {"use_aux_hidden_state": True, "norm_before_fc": False, "eh_proj_before_attn": False,
                       "return_hidden_post_norm": False}  # value = the plain EAGLE-3 network's
@@ -87,11 +88,9 @@ class Head:
 
 
 def _config(head_dir: Path) -> dict[str, Any]:
-    """The head's config.json (core.hfconfig.read_config); unreadable = unusable input (exit 2)."""
-    try:
-        return read_config(head_dir)
-    except ModelConfigError as e:
-        raise UnusableInput(str(e)) from None
+    """The head's config.json: a bounded regular file, a JSON object, its counts typed and in range
+    (builders/doctor/config_check.py); anything else = unusable input (exit 2)."""
+    return read_json_config(head_dir, "--head")
 
 
 def detect(raw: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> tuple[str, str, list[str]]:

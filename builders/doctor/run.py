@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from builders.doctor import static
+from builders.doctor.config_check import read_json_config
 from builders.doctor.findings import Finding, Report, UnusableInput
 from builders.doctor.head import read_head
 from core.hfconfig import ModelConfigError, llama_spec
@@ -25,9 +26,10 @@ def _diagnose(target_dir: Path, head_dir: Path, *, engine: str, draft_type: str 
               measure: bool, prompts: list[str] | None, max_new_tokens: int, depth: int, work: Path) -> Report:
     t0 = time.perf_counter()
     target_dir = resolve(target_dir)
+    read_json_config(target_dir, "--target")  # a bounded regular file, its counts in range, before any work
     try:
         target = llama_spec(target_dir, require_arch=False)
-    except ModelConfigError as e:
+    except (ModelConfigError, TypeError) as e:
         raise UnusableInput(f"--target: {e}") from None
     head = read_head(head_dir)
     if draft_type is not None and draft_type != head.draft_type:

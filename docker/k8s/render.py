@@ -217,7 +217,7 @@ def deployment(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifes
         "securityContext": _pod_security(),
         "containers": [_server_container(cfg, opts, ["serve", build_dir(cfg, opts)])],
         "volumes": _volumes(name, opts, models=False),
-        "terminationGracePeriodSeconds": 60,  # launch.py stops tritonserver (SIGINT, unload) within 30 s
+        "terminationGracePeriodSeconds": 60,  # launch.py stops tritonserver within --drain-s + 15 s (20 s by default)
     }
     spec = {
         "selector": {"matchLabels": _labels(name, "server")},

@@ -51,6 +51,7 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     request_id: str = ""
+    stop_key: str | None = None  # the owner's secret a `stop` must present with request_id (models/ownership.py)
     deadline: float = float("inf")  # time.monotonic() after which the job ends (set at admission, maybe at its slot)
     expired: bool = False
     waits_for_slot: bool = False  # every slot was taken when it arrived: its clock restarts when it gets one

@@ -30,9 +30,9 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
         from triton_repo import contract
-        from triton_repo.models import bounds, capture, common, guard, llm_io, perf_bridge
+        from triton_repo.models import bounds, capture, common, guard, llm_io, ownership, perf_bridge
 
-        self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
+        self.C, self.common, self.io, self.bounds, self.ownership = contract, common, llm_io, bounds, ownership
         self._count = 0
         p = common.Params.of(args)
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
@@ -51,11 +51,20 @@ class TritonPythonModel:
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse | None] | None:
         """Requests are served one after the other, as upstream's BLS: run triton.bls_instances instances for
         concurrency. (Serving them on threads of one instance stalled the python backend 24.10 stub under load.)"""
-        if self.decoupled:
-            for r in requests:
-                self._serve(self._read(r), r.get_response_sender())
-            return None
-        return [self._answer(self._read(r), None) for r in requests]
+        out: list[pb_utils.InferenceResponse | None] = []
+        for r in requests:
+            sender = r.get_response_sender() if self.decoupled else None
+            if problem := self.ownership.problem(r):  # an id or stop_key too long: refused before any work
+                err = self.common.error_response(pb_utils, problem, self.C.INVALID_ARGUMENT)
+                if sender is not None:
+                    sender.send(err, flags=FINAL)
+                else:
+                    out.append(err)
+            elif sender is not None:
+                self._serve(self._read(r), sender)
+            else:
+                out.append(self._answer(self._read(r), None))
+        return None if self.decoupled else out
 
     def _read(self, request: pb_utils.InferenceRequest) -> dict[str, np.ndarray[Any, Any]]:
         self.forwarded = self.opt_out(request)  # requests are served one after the other (execute)
@@ -131,19 +140,20 @@ class TritonPythonModel:
         streaming = bool(request["stream"].reshape(-1)[0]) if "stream" in request else bool(self.stream_spec.default)
         with self._lock:
             self._count += 1
-            # 128 random bits: a stop request reaches a request only by its id (models/bounds.py STOPPABLE_ID)
             request_id = f"{self.C.BLS_REQUEST_ID_PREFIX}{self._count}-{secrets.token_hex(16)}"
+        # the key its stop presents: only this model can stop its LLM request (models/ownership.py)
+        key = {self.ownership.STOP_KEY: secrets.token_hex(16)}
         llm_req = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self._inputs(request, llm_map),
             requested_output_names=list(C.LLM_OUTPUT_MAP), request_id=request_id,
-            parameters={**self.llm_params, **self.forwarded},
+            parameters={**self.llm_params, **self.forwarded, **key},
         )
         if not self.decoupled:
             resp = llm_req.exec()
             self._raise_if_error(resp)
             self._count_perf(resp, request_id)
             return self._text_response(self._ids(resp), resp)
-        return self._stream(request, sender, llm_req, streaming, request_id)
+        return self._stream(request, sender, llm_req, streaming, request_id, key)
 
     def _ids(self, resp: pb_utils.InferenceResponse) -> list[int]:
         t = pb_utils.get_output_tensor_by_name(resp, "output_ids")
@@ -167,11 +177,12 @@ class TritonPythonModel:
                 tensors.append(pb_utils.Tensor(p.name, t.as_numpy()))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def _cancel_llm(self, request_id: str) -> None:
-        """Tell the LLM model to stop our request (upstream BLS: a `stop` request with the same request id)."""
+    def _cancel_llm(self, request_id: str, key: dict[str, str]) -> None:
+        """Tell the LLM model to stop our request (upstream BLS: a `stop` request with the same request id; here also
+        with the request's stop_key)."""
         stop = pb_utils.InferenceRequest(
             model_name=self.llm_model, inputs=self.io.stop_request_tensors(pb_utils),
-            requested_output_names=[], request_id=request_id, parameters=self.llm_params,
+            requested_output_names=[], request_id=request_id, parameters={**self.llm_params, **key},
         )
         for _ in stop.exec(decoupled=True):
             pass
@@ -183,13 +194,14 @@ class TritonPythonModel:
         llm_req: pb_utils.InferenceRequest,
         streaming: bool,
         request_id: str,
+        key: dict[str, str],
     ) -> pb_utils.InferenceResponse | None:
         """Decoupled LLM: forward chunks (streaming) or collect them (unary over a decoupled model)."""
         responses = llm_req.exec(decoupled=True)
         ids, emitted, last, cancelled = [], "", None, False
         for resp in responses:
             if not cancelled and sender is not None and sender.is_cancelled():
-                self._cancel_llm(request_id)
+                self._cancel_llm(request_id, key)
                 cancelled = True  # keep draining until the LLM's final response
             if cancelled or resp is None:
                 continue

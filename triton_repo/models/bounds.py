@@ -9,7 +9,6 @@ needed here, so this module also imports in tests.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -20,23 +19,6 @@ MAX_STOP_WORDS = 64  # stop strings (or stop id sequences) of one request
 MAX_STOP_WORD_BYTES = 1024  # UTF-8 bytes of one stop string
 MAX_STOP_TOTAL_BYTES = 8192  # UTF-8 bytes of all stop strings of one request
 MAX_WORD_IDS = 4096  # token ids in one request's stop_words_list (all words together)
-# A `stop` request reaches only requests whose id holds 128 random-looking bits (32 hex digits): ids that only their
-# sender knows. Shorter ids (`1`, `req-7`) would let any client end another's request by guessing; such requests
-# are cancelled by their own client cancelling its stream.
-STOPPABLE_ID = re.compile(r"[0-9a-fA-F]{32}")
-
-
-def stoppable(request_id: str) -> bool:
-    return bool(request_id) and STOPPABLE_ID.search(request_id) is not None
-
-
-def not_stoppable_message(request_id: str) -> str:
-    shown = request_id if len(request_id) <= 64 else request_id[:64] + "..."
-    return (f"stop: request id {shown!r} has no 32 hex digits (128 random bits); a stop request reaches only "
-            "requests whose id only their sender knows. Give your requests such ids (e.g. uuid4().hex), or cancel "
-            "your own request by cancelling its stream")
-
-
 def one_per_row(arr: np.ndarray, name: str, rows: int = 1) -> np.ndarray:
     """An input of shape [rows, 1] (or [rows]): exactly one value per batch row, never a silently ignored rest."""
     if arr.size != rows or (arr.ndim > 0 and arr.shape[0] != rows):

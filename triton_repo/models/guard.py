@@ -14,7 +14,7 @@ inherit its environment). The secret itself never leaves the server's processes:
   ensemble does not declare the token as one of its outputs, so its clients never see it.
 - The python LLM models (`tensorrt_llm`, engine.backend reference and pytorch) refuse every request that carries
   neither, comparing in constant time (hmac.compare_digest). The reference model's `stop` requests keep their own
-  rule instead: they reach only a request whose unguessable id the sender holds (models/bounds.py STOPPABLE_ID),
+  rule instead: they reach only the requests sent with their id and `stop_key` (models/ownership.py),
   and our clients (and postprocessing, for a streaming client that went away: models/stop_relay.py) send them to
   end an ensemble request.
 

@@ -8,9 +8,9 @@ triton_config)` and runs requests with `generate_async` on an asyncio loop in a 
 .request_perf_metrics.speculative_decoding, filled when SamplingParams(return_perf_metrics=True)). The LLM API
 batches in flight itself; admission is bounded by max_batch_size + max_queue_size. A request is aborted at its next
 output when its client cancels (called directly or through the BLS model) or when tensorrtllm_backend's `stop`
-request names its request id, as the C++ backend and the reference model do (how clients cancel an ensemble request:
-docs/triton.md, "Cancellation"); a stop is honoured only for ids only their sender knows (models/bounds.py). Needs a
-GPU and tensorrt_llm (the NGC TensorRT-LLM container).
+request names its request id and presents its `stop_key` request parameter, as the reference model does (how
+clients cancel an ensemble request: docs/triton.md, "Cancellation"; who may stop a request: models/ownership.py).
+Needs a GPU and tensorrt_llm (the NGC TensorRT-LLM container).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ class TritonPythonModel:
         from tensorrt_llm import LLM
 
         from triton_repo import contract
-        from triton_repo.models import bounds, common, guard, llm_io, spec_metrics
+        from triton_repo.models import common, guard, llm_io, ownership, spec_metrics
 
-        self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
+        self.C, self.common, self.io, self.ownership = contract, common, llm_io, ownership
         p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
         self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
@@ -59,10 +59,11 @@ class TritonPythonModel:
         self.llmapi_counts = spec_metrics.llmapi_counts
         self._in_flight = 0
         self._lock = threading.Lock()
-        # request id -> how many running requests have it / their LLM API streams; the ids a `stop` named
-        self._live: dict[str, int] = {}
-        self._streams: dict[str, list[Any]] = {}
-        self._stopped: set[str] = set()
+        # (request id, stop_key) -> how many running requests have it / their LLM API streams; the owners a `stop`
+        # named (models/ownership.py: a request without a key is never stopped by a `stop`)
+        self._live: dict[tuple[str, str | None], int] = {}
+        self._streams: dict[tuple[str, str | None], list[Any]] = {}
+        self._stopped: set[tuple[str, str | None]] = set()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -72,8 +73,11 @@ class TritonPythonModel:
         out: list[pb_utils.InferenceResponse | None] = []
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
+            if problem := self.ownership.problem(r):  # an id or stop_key too long: nothing is kept of it
+                self._reply(sender, self.common.error_response(pb_utils, problem), out)
+                continue
             if self.io.is_stop_request(pb_utils, r):
-                self._reply(sender, self._stop(r.request_id()), out)
+                self._reply(sender, self._stop(r.request_id(), self.ownership.stop_key(r)), out)
                 continue
             try:
                 if self.key is not None and not self.guard.allowed(pb_utils, r, self.key):
@@ -93,8 +97,9 @@ class TritonPythonModel:
                 msg = f"server busy: {self.limit} requests in flight (max_batch_size + max_queue_size); retry later"
                 self._reply(sender, self.common.error_response(pb_utils, msg, self.C.UNAVAILABLE), out)
                 continue
-            self._track(r.request_id())
-            fut = asyncio.run_coroutine_threadsafe(self._run(r, parsed, sender), self.loop)
+            owner = (r.request_id(), self.ownership.stop_key(r))
+            self._track(owner)
+            fut = asyncio.run_coroutine_threadsafe(self._run(r, owner, parsed, sender), self.loop)
             futures.append((len(out), fut))
             out.append(None)
         if self.decoupled:
@@ -114,32 +119,32 @@ class TritonPythonModel:
         else:
             out.append(resp)
 
-    def _stop(self, request_id: str) -> Any:
-        """tensorrtllm_backend's stop request: abort the running requests with this id, for ids only their sender
-        knows (models/bounds.py STOPPABLE_ID); the same empty answer whether a request had that id or not."""
-        if not self.bounds.stoppable(request_id):
-            return self.common.error_response(pb_utils, self.bounds.not_stoppable_message(request_id))
+    def _stop(self, request_id: str, key: str | None) -> Any:
+        """tensorrtllm_backend's stop request: abort the running requests sent with this id and this stop_key
+        (models/ownership.py); the same empty answer whether such a request was running or not."""
+        if key is None:
+            return self.common.error_response(pb_utils, self.ownership.NO_KEY_MESSAGE)
         with self._lock:
-            if request_id in self._live:  # a stop for a finished request is not kept
-                self._stopped.add(request_id)
-                for stream in self._streams.get(request_id, []):  # now, not at its next output (unary: the last)
+            for owner in [o for o in self._live if o[0] == request_id and self.ownership.owns(o[1], key)]:
+                self._stopped.add(owner)  # a stop for a finished request is not kept
+                for stream in self._streams.get(owner, []):  # now, not at its next output (unary: the last)
                     self.loop.call_soon_threadsafe(stream.abort)
         return pb_utils.InferenceResponse(output_tensors=[])
 
-    def _track(self, request_id: str) -> None:
+    def _track(self, owner: tuple[str, str | None]) -> None:
         with self._lock:
-            self._live[request_id] = self._live.get(request_id, 0) + 1
+            self._live[owner] = self._live.get(owner, 0) + 1
 
-    def _untrack(self, request_id: str, stream: Any) -> None:
+    def _untrack(self, owner: tuple[str, str | None], stream: Any) -> None:
         with self._lock:
-            streams = self._streams.get(request_id, [])
+            streams = self._streams.get(owner, [])
             if stream in streams:
                 streams.remove(stream)
-            self._live[request_id] -= 1
-            if not self._live[request_id]:
-                del self._live[request_id]
-                self._streams.pop(request_id, None)
-                self._stopped.discard(request_id)
+            self._live[owner] -= 1
+            if not self._live[owner]:
+                del self._live[owner]
+                self._streams.pop(owner, None)
+                self._stopped.discard(owner)
 
     def _cancelled(self) -> Any:
         """Decoupled: a bare FINAL flag, as the reference model sends (an error response with code CANCELLED left
@@ -147,11 +152,12 @@ class TritonPythonModel:
         return None if self.decoupled else self.common.error_response(pb_utils, "request cancelled", "CANCELLED")
 
     async def _run(
-        self, request: pb_utils.InferenceRequest, parsed: Any, sender: pb_utils.InferenceResponseSender | None
+        self, request: pb_utils.InferenceRequest, owner: tuple[str, str | None], parsed: Any,
+        sender: pb_utils.InferenceResponseSender | None,
     ) -> pb_utils.InferenceResponse | None:
         from tensorrt_llm import SamplingParams
 
-        request_id, stream = request.request_id(), None  # tracked since execute(): a stop may come before this runs
+        stream = None  # `owner` is tracked since execute(): a stop may come before this runs
 
         s = parsed.sampling
         params = SamplingParams(
@@ -162,12 +168,12 @@ class TritonPythonModel:
         try:
             stream = self.llm.generate_async(parsed.prompt_ids, params, streaming=parsed.streaming)
             with self._lock:
-                self._streams.setdefault(request_id, []).append(stream)
-                if request_id in self._stopped:  # the stop came first
+                self._streams.setdefault(owner, []).append(stream)
+                if owner in self._stopped:  # the stop came first
                     stream.abort()
             sent, final = 0, None
             async for output in stream:
-                if request_id in self._stopped:  # aborted by the stop request
+                if owner in self._stopped:  # aborted by the stop request
                     break
                 if request.is_cancelled():
                     stream.abort()
@@ -178,7 +184,7 @@ class TritonPythonModel:
                     sender.send(pb_utils.InferenceResponse(output_tensors=chunk))
                     sent = len(ids)
                 final = output
-            if request_id in self._stopped:
+            if owner in self._stopped:
                 return self._done(sender, self._cancelled())
             if final is None:
                 raise RuntimeError("the LLM API finished the request without an output")
@@ -192,7 +198,7 @@ class TritonPythonModel:
         except Exception as e:  # the engine failed for this request: report it, keep serving
             return self._done(sender, self.common.error_response(pb_utils, f"LLM API error: {e}", "INTERNAL"))
         finally:
-            self._untrack(request_id, stream)
+            self._untrack(owner, stream)
             with self._lock:
                 self._in_flight -= 1
                 self._count()

@@ -8,9 +8,9 @@ same wire behaviour:
   last one has the FINAL flag; not streaming: one response with the whole text;
 - perf outputs, when `sampling_param_return_perf_metrics`: the speculative ones, sent as strings as upstream does
   (the reference engine has no KV-block or timing metrics, so those are not sent);
-- `stop: true` cancels the requests with the same request id, when that id holds 32 hex digits (128 random bits:
-  only its sender knows it; models/bounds.py); a client cancellation ends the request with CANCELLED "Request
-  cancelled by client";
+- `stop: true` cancels the requests sent with the same request id and the same `stop_key` request parameter (its
+  owner's secret, models/ownership.py); a client cancellation ends the request with CANCELLED "Request cancelled
+  by client"; ids and stop keys are bounded before any work;
 - every input is bounded before the prompt is tokenized (one prompt per request, its bytes, stop strings);
 - no sampling parameter given = greedy; max_tokens absent = 32 (SamplingParams' default).
 It refuses with INVALID_ARGUMENT what TensorRT-LLM's one-model speculative path refuses (penalties without
@@ -46,10 +46,10 @@ class TritonPythonModel:
 
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
-        from triton_repo.models import batcher, bounds, capture, common, llmapi_io, llmapi_refusals, spec_metrics
+        from triton_repo.models import batcher, capture, common, llmapi_io, llmapi_refusals, ownership, spec_metrics
         from triton_repo.models import versions
 
-        self.C, self.io, self.batcher_mod, self.bounds, self.common = contract, llmapi_io, batcher, bounds, common
+        self.C, self.io, self.batcher_mod, self.ownership, self.common = contract, llmapi_io, batcher, ownership, common
         self.refusals = llmapi_refusals
         here = os.path.dirname(os.path.abspath(__file__))
         with open(os.environ.get("LLM_CONFIG_PATH", os.path.join(here, "model.yaml"))) as f:
@@ -77,8 +77,10 @@ class TritonPythonModel:
         for r in requests:
             sender = r.get_response_sender()
             try:
+                if problem := self.ownership.problem(r):  # an id or stop_key too long: nothing is kept of it
+                    raise self.io.RequestError(problem)
                 if self.io.flag(pb_utils, r, "stop"):
-                    self._stop(r.request_id(), sender)
+                    self._stop(r.request_id(), self.ownership.stop_key(r), sender)
                     continue
                 refused = (self.refusals.refuse_adapter_inputs(pb_utils, r)
                            or self.refusals.refuse_speculative_sampling(pb_utils, r, self.spec))
@@ -95,6 +97,7 @@ class TritonPythonModel:
                 continue
             job = self.batcher_mod.Job(payload=parsed, is_cancelled=sender.is_cancelled, streaming=parsed.streaming)
             job.request_id = r.request_id() or ""
+            job.stop_key = self.ownership.stop_key(r)
             parsed.capture = self.capture.wanted(r)
             parsed.sender = sender
             refusal = self.batcher.admit(job)
@@ -103,15 +106,16 @@ class TritonPythonModel:
                 sender.send(self.io.error(pb_utils, refusal, self.C.UNAVAILABLE), flags=FINAL)
         return None
 
-    def _stop(self, request_id: str, sender: pb_utils.InferenceResponseSender) -> None:
+    def _stop(self, request_id: str, key: str | None, sender: pb_utils.InferenceResponseSender) -> None:
+        """Reaches only the requests sent with this id and this stop_key (models/ownership.py)."""
         if not request_id:
             sender.send(self.io.error(pb_utils, "A request id must be provided for request cancellation"), flags=FINAL)
             return
-        if not self.bounds.stoppable(request_id):  # only ids their sender alone knows (models/bounds.py)
-            sender.send(self.io.error(pb_utils, self.bounds.not_stoppable_message(request_id)), flags=FINAL)
+        if key is None:
+            sender.send(self.io.error(pb_utils, self.ownership.NO_KEY_MESSAGE), flags=FINAL)
             return
         for job in self.batcher.jobs():
-            if job.request_id == request_id:
+            if job.request_id == request_id and self.ownership.owns(job.stop_key, key):
                 job.cancelled = True
         sender.send(self.io.error(pb_utils, "Request cancelled by client", "CANCELLED"), flags=FINAL)
 

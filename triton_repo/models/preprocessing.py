@@ -1,8 +1,9 @@
 """Triton python model `preprocessing`: text -> token ids, with the request checks (upstream
 all_models/inflight_batcher_llm/preprocessing, I/O in triton_repo/contract.py).
 
-Bad requests (empty, non-UTF-8 or too many bytes of text, more than one value per input, too many or too long stop
-words, end_id / pad_id outside the vocabulary: all checked before anything is tokenized (models/bounds.py);
+Bad requests (a request id or stop_key over its bound, models/ownership.py; empty, non-UTF-8 or too many bytes of
+text, more than one value per input, too many or too long stop words, end_id / pad_id outside the vocabulary: all
+checked before anything is tokenized, models/bounds.py);
 max_tokens <= 0, prompt over max_input_len, prompt + max_tokens over max_seq_len, and with `greedy_only` a request
 asking for sampling) get INVALID_ARGUMENT with a message; the other requests of the batch are unaffected.
 """
@@ -27,9 +28,9 @@ class TritonPythonModel:
         project_on_path(args)
         from triton_repo import contract
         from core.types import Limits
-        from triton_repo.models import bounds, common, guard, llm_io
+        from triton_repo.models import bounds, common, guard, llm_io, ownership
 
-        self.C, self.common, self.io, self.bounds = contract, common, llm_io, bounds
+        self.C, self.common, self.io, self.bounds, self.ownership = contract, common, llm_io, bounds, ownership
         cfg = common.model_config(args)
         p = common.Params.of(args)
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
@@ -82,6 +83,10 @@ class TritonPythonModel:
 
     def _one(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         common = self.common
+        # The ensemble's first step: an id or stop_key too long ends the request here, before the LLM model or the
+        # stop relay could keep it (models/ownership.py)
+        if problem := self.ownership.problem(request):
+            raise common.RequestError(problem)
         texts, out_len, stops, end, pad = self._checked(request)
         if self.greedy_only:
             self._refuse_sampling(request, len(texts))

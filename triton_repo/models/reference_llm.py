@@ -35,9 +35,10 @@ class TritonPythonModel:
 
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
-        from triton_repo.models import batcher, bounds, capture, common, guard, llm_io, spec_metrics, versions
+        from triton_repo.models import (batcher, capture, common, guard, llm_io, ownership, spec_metrics,
+                                         versions)
 
-        self.C, self.common, self.io, self.batcher_mod, self.bounds = contract, common, llm_io, batcher, bounds
+        self.C, self.common, self.io, self.batcher_mod, self.ownership = contract, common, llm_io, batcher, ownership
         p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
         self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
@@ -72,10 +73,12 @@ class TritonPythonModel:
         for r in requests:
             sender = r.get_response_sender() if self.decoupled else None
             try:
-                # A stop reaches only the request whose unguessable id its sender holds (_stop_job): our clients
-                # send it themselves to cancel a non-streaming ensemble request, so it needs no secret.
+                if problem := self.ownership.problem(r):  # an id or stop_key too long: nothing is kept of it
+                    raise self.common.RequestError(problem)
+                # A stop reaches only the requests sent with its id and stop_key (_stop_job): our clients send it
+                # themselves to cancel a non-streaming ensemble request, so it needs no internal secret.
                 if self.io.is_stop_request(pb_utils, r):
-                    replies.append((sender, self._stop_job(r.request_id()), None))
+                    replies.append((sender, self._stop_job(r.request_id(), self.ownership.stop_key(r)), None))
                     continue
                 if self.key is not None and not self.guard.allowed(pb_utils, r, self.key):
                     raise self.common.RequestError(self.refusal)
@@ -96,6 +99,7 @@ class TritonPythonModel:
             job = self.batcher_mod.Job(payload=(parsed, sender), is_cancelled=cancelled, streaming=parsed.streaming)
             if r.request_id():
                 job.request_id = r.request_id()
+            job.stop_key = self.ownership.stop_key(r)
             refusal = self.batcher.admit(job)
             if refusal is not None:
                 self.metrics.refused.increment(1)
@@ -117,13 +121,13 @@ class TritonPythonModel:
             out.append(admitted.result)
         return out
 
-    def _stop_job(self, request_id: str) -> pb_utils.InferenceResponse:
-        """tensorrtllm_backend's stop request, for request ids only their sender knows (models/bounds.py
-        STOPPABLE_ID: the BLS model's, our clients'); the same empty answer whether a request had that id or not."""
-        if not self.bounds.stoppable(request_id):
-            return self.common.error_response(pb_utils, self.bounds.not_stoppable_message(request_id))
+    def _stop_job(self, request_id: str, key: str | None) -> pb_utils.InferenceResponse:
+        """tensorrtllm_backend's stop request, reaching only the requests sent with this id and this stop_key
+        (models/ownership.py); the same empty answer whether such a request was running or not."""
+        if key is None:
+            return self.common.error_response(pb_utils, self.ownership.NO_KEY_MESSAGE)
         for job in self.batcher.jobs():
-            if job.request_id == request_id:
+            if job.request_id == request_id and self.ownership.owns(job.stop_key, key):
                 job.cancelled = True
         return pb_utils.InferenceResponse(output_tensors=[])
 

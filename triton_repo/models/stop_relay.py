@@ -7,47 +7,60 @@ client's cancellation to a composing step already running (core r24.10 src/ensem
 sequence's next responses are such later steps: they arrive cancelled, and postprocessing sends the same `stop`, with
 the same id, on the client's behalf (the ensemble gives its composing requests the client's request id).
 
-Only ids a stop may name are relayed (models/bounds.py `stoppable`: 128 random bits, the rule every LLM model of
-ours applies), and each id once (the recent ones are remembered): the later cancelled steps of a sequence send
-nothing. A request without such an id is not relayed; on the reference backend `triton.request_deadline_s` bounds it.
+A stop reaches only the request sent with its id and its `stop_key` request parameter (models/ownership.py): the
+relay presents the key it sees on the cancelled step, the client's own (the ensemble passes its request's parameters
+to every step). A request without a key is not relayed; on the reference backend `triton.request_deadline_s`
+bounds it. The relay keys what it remembers by (id, key), so two requests sharing an id are two requests, and it
+remembers a relayed pair for RELAYED_FOR_S only: long enough that the sequence's few later cancelled steps send
+nothing, short enough that a request retried with the same id and key, abandoned again, is stopped too (a pair
+remembered forever leaked that retry's slot until the deadline). At most RECENT pairs of at most
+ownership.MAX_ID_BYTES + MAX_KEY_CHARS bytes each are held.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from triton_repo.models import bounds, llm_io
+from triton_repo.models import llm_io, ownership
 
-RECENT = 1024  # ids relayed, remembered so the later cancelled steps of a sequence send nothing
+RECENT = 1024  # (id, key) pairs relayed, remembered so the later cancelled steps of a sequence send nothing
+RELAYED_FOR_S = 2.0  # how long a relayed pair is remembered (a stopped sequence ends at its next step)
 
 
 class StopRelay:
-    """Sends the LLM model a `stop` for each cancelled request it observes, once per id."""
+    """Sends the LLM model a `stop` for each cancelled request it observes, once per (id, key) and RELAYED_FOR_S."""
 
-    def __init__(self, pb_utils: Any, llm_model: str) -> None:
-        self.pb_utils, self.llm_model = pb_utils, llm_model
-        self.relayed: OrderedDict[str, None] = OrderedDict()
+    def __init__(self, pb_utils: Any, llm_model: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pb_utils, self.llm_model, self.clock = pb_utils, llm_model, clock
+        self.relayed: OrderedDict[tuple[str, str], float] = OrderedDict()  # (id, key) -> when relayed
 
-    def should_relay(self, request_id: str, is_cancelled: Callable[[], bool]) -> bool:
-        """A cancelled step of a request whose id a stop may name, not relayed yet; remembers it. `is_cancelled` is
-        asked last: in the python backend it is a round trip to the server process."""
-        if not bounds.stoppable(request_id) or request_id in self.relayed or not is_cancelled():
+    def should_relay(self, request_id: str, key: str | None, is_cancelled: Callable[[], bool]) -> bool:
+        """A cancelled step of a request with a stop_key, not relayed in the last RELAYED_FOR_S; remembers it.
+        `is_cancelled` is asked last: in the python backend it is a round trip to the server process."""
+        if key is None or ownership.id_problem(request_id) or len(key) > ownership.MAX_KEY_CHARS:
             return False
-        self.relayed[request_id] = None
+        now, pair = self.clock(), (request_id, key)
+        while self.relayed and next(iter(self.relayed.values())) <= now - RELAYED_FOR_S:
+            self.relayed.popitem(last=False)  # forgotten: its request has ended by now
+        if pair in self.relayed or not is_cancelled():
+            return False
+        self.relayed[pair] = now
         if len(self.relayed) > RECENT:
             self.relayed.popitem(last=False)
         return True
 
     def observe(self, request: Any) -> bool:
         """Relay `request`'s cancellation if it is one; True when a stop was sent and answered without error."""
-        request_id = request.request_id()
-        if not self.should_relay(request_id, request.is_cancelled):
+        request_id, key = request.request_id(), ownership.stop_key(request)
+        if not self.should_relay(request_id, key, request.is_cancelled):
             return False
         pb = self.pb_utils
         stop = pb.InferenceRequest(model_name=self.llm_model, inputs=llm_io.stop_request_tensors(pb),
-                                   requested_output_names=[], request_id=request_id)
+                                   requested_output_names=[], request_id=request_id,
+                                   parameters={ownership.STOP_KEY: key})
         try:
             for resp in stop.exec(decoupled=True):
                 if resp.has_error():

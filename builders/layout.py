@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.records import resolve_recorded
 from core.spec import ENGINE_DIR, SPEC_FILE
 
 CHECKPOINT = "checkpoint"
@@ -51,14 +52,14 @@ def manifest(build_dir: Path, stage: str) -> dict[str, Any]:
 
 
 def _convert_note(build_dir: Path, key: str) -> Path:
-    """A path the convert stage recorded once in its manifest's notes."""
+    """A path the convert stage recorded once in its manifest's notes (relative to the build directory)."""
     notes = manifest(build_dir, CHECKPOINT).get("notes", {})
     if key not in notes:
         raise LayoutError(
             f"{Path(build_dir) / CHECKPOINT / MANIFEST} has no notes.{key}; rerun the convert stage "
             "(`python builders/build.py CONFIG --force`)"
         )
-    return Path(notes[key])
+    return resolve_recorded(str(notes[key]), Path(build_dir).resolve())
 
 
 def hf_target_dir(build_dir: Path) -> Path:

@@ -91,3 +91,15 @@ def test_shipped_head_recipes_hold_no_absolute_path() -> None:
             value = str(cfg.get(key) or "")
             assert not os.path.isabs(value), f"{r}: {key}={value} is an absolute path"
         assert " /work/" not in r.read_text() and " /home/" not in r.read_text(), r
+
+
+def test_bench_build_outputs_script_on_a_tiny_shape(tmp_path: Path) -> None:
+    """scripts/bench_build_outputs.py (docs/benchmarks.md) on the tiny shape, this checkout."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_build_outputs.py"), "--work", str(tmp_path),
+                           "--shape", "tiny", "--project", f"this={REPO}"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "inputs: tiny shape, 8 layers" in proc.stdout and "| this | " in proc.stdout
+    assert not (tmp_path / "build-this").exists()  # removed after measuring unless --keep

@@ -97,17 +97,23 @@ def write_inputs(root: Path, shape: dict, layers: int) -> tuple[Path, Path]:
     hd = cfg["head_dim"]
     q, kv = shape["num_attention_heads"] * hd, shape["num_key_value_heads"] * hd
     index: dict[str, str] = {}
-    shards: list[dict] = [{"model.embed_tokens.weight": (torch.randn(vocab, h, generator=g) * 0.02).half()}]
-    for i in range(layers):
-        if len(shards[-1]) > 4 * 9:
-            shards.append({})
-        shards[-1].update(_layer(f"model.layers.{i}", h, inter, q, kv, h, g))
-    shards.append({"model.norm.weight": torch.ones(h, dtype=torch.float16),
-                   "lm_head.weight": (torch.randn(vocab, h, generator=g) * 0.02).half()})
-    for n, shard in enumerate(shards):
-        name = f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
+    groups = [list(range(i, min(i + 4, layers))) for i in range(0, layers, 4)]
+    n_shards = len(groups) + 2
+
+    def save(n: int, shard: dict) -> None:  # one shard in memory at a time
+        name = f"model-{n:05d}-of-{n_shards:05d}.safetensors"
         save_file(shard, str(target / name), metadata={"format": "pt"})
         index.update({k: name for k in shard})
+
+    save(1, {"model.embed_tokens.weight": (torch.randn(vocab, h, generator=g) * 0.02).half()})
+    for n, group in enumerate(groups, 2):
+        shard: dict = {}
+        for i in group:
+            shard.update(_layer(f"model.layers.{i}", h, inter, q, kv, h, g))
+        save(n, shard)
+        del shard
+    save(n_shards, {"model.norm.weight": torch.ones(h, dtype=torch.float16),
+                    "lm_head.weight": (torch.randn(vocab, h, generator=g) * 0.02).half()})
     (target / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
     (target / "config.json").write_text(json.dumps(cfg, indent=2))
     _tokenizer(target)

@@ -71,6 +71,9 @@ def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, lis
     except (ModelSourceError, ModelConfigError) as e:
         return None, None, [f"target.model: {e}"]
     p = families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len, tp=cfg.parallel.tp)
+    from builders.convert.hf_quant_stage import preflight_problems
+
+    p += preflight_problems(cfg, spec.architecture)
     if spec.architecture not in NATIVE:  # the generic path converts no weights: transformers reads the directory
         return hf, spec, p
     p += check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)

@@ -23,6 +23,7 @@ from builders.convert.checks import preflight
 from builders.convert.eagle import convert_eagle
 from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.head_layout import flat_head, named_as_given
+from builders.convert.hf_quant_stage import HF_QUANTIZED, current_line, quantizes, run_hf_quant
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
 from measure.model_source import ModelSourceError, resolve_target
@@ -86,6 +87,10 @@ def plan_outputs(cfg: BuildConfig) -> list[Output]:
     if needs_transformers4_copy(cfg):
         out.append(Output(f"{HF_MODEL}/", "the target's HF directory as TensorRT-LLM's transformers 4 reads it "
                           "(weights linked, not copied)", "trtllm-serve, the Triton llmapi model (model.yaml)"))
+    if backend == "pytorch" and current_line(cfg) and quantizes(cfg):
+        out.append(Output(f"{HF_QUANTIZED}/", f"the target quantized by ModelOpt ({cfg.quantization.weights} weights, "
+                          f"{cfg.quantization.kv_cache} KV cache): Hugging Face unified format + tokenizer",
+                          "trtllm-serve, the Triton llmapi model (model.yaml)"))
     if cfg.draft.model == "random":
         out.append(Output(f"{RANDOM_HEAD_DIR}/", f"{RANDOM_LABEL} EAGLE-1 head, seed {cfg.draft.seed}: acceptance ~0",
                           "this stage (converted into the checkpoint)"))
@@ -148,14 +153,25 @@ def run(ctx: StageContext) -> None:
         raise StageError(str(e)) from e
     _log(ctx, "checkpoint written")
     ctx.notes[TRTLLM_MODEL_NOTE] = str(_trtllm_model_dir(ctx, hf))
-    # FP8 (builders/convert/fp8.py): calibrate + export the target in FP8 into the checkpoint just written
-    if cfg.quantization.weights == "fp8" or cfg.quantization.kv_cache == "fp8":
-        from builders.convert.fp8 import Fp8Error, run_fp8
+    if quantizes(cfg):
+        _quantize(ctx, hf)
 
-        try:
+
+def _quantize(ctx: StageContext, hf: Path) -> None:
+    """The current line: ModelOpt's Hugging Face export (builders/convert/hf_quant_stage.py); the engine flow's
+    versions: FP8 merged into the TRT-LLM checkpoint just written (builders/convert/fp8.py)."""
+    from builders.convert.fp8 import Fp8Error, run_fp8
+
+    try:
+        if current_line(ctx.cfg):
+            run_hf_quant(ctx, hf)
+        elif ctx.cfg.engine.backend == "pytorch":  # 1.1 / 1.2, KV cache only (the rules refuse FP8 weights there)
+            _log(ctx, "quantization.kv_cache=fp8: TensorRT-LLM's PyTorch backend takes kv_cache_config.dtype fp8 "
+                      "from the LLM API options; no calibration is written for it")
+        else:
             run_fp8(ctx, hf)
-        except Fp8Error as e:
-            raise StageError(str(e)) from e
+    except Fp8Error as e:
+        raise StageError(str(e)) from e
 
 
 CONVERT_STAGE = Stage(

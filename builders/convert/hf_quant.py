@@ -103,6 +103,8 @@ def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) ->
         for lin in LINEARS:
             m = f"model.layers.{i}.{lin}"
             p += _linear_problems(t, m, weights if not _excluded(m, exclude) else "none")
+        if weights == "nvfp4" and not p:
+            p += _shared_scale_problems(t, f"model.layers.{i}")
         if kv_fp8:
             for kv, proj in (("k_scale", "k_proj"), ("v_scale", "v_proj")):
                 name = f"model.layers.{i}.self_attn.{proj}.{kv}"
@@ -111,6 +113,18 @@ def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) ->
     for name in ("lm_head.weight", "model.embed_tokens.weight"):
         if name in t and t[name].dtype not in (torch.float16, torch.bfloat16):
             p.append(f"{name} is {t[name].dtype}; an excluded module stays 16-bit")
+    return p
+
+
+def _shared_scale_problems(t: dict[str, torch.Tensor], layer: str) -> list[str]:
+    """NVFP4LinearMethod.load_weight_scales asserts one input_scale (and takes one weight_scale_2) per fused group."""
+    p = []
+    for group in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj")):
+        for key in ("input_scale", "weight_scale_2"):
+            values = {float(t[f"{layer}.{m}.{key}"].float().reshape(())) for m in group}
+            if len(values) > 1:
+                p.append(f"{layer}: {key} differs across the fused {'/'.join(m.split('.')[-1] for m in group)} "
+                         f"({sorted(values)}); TensorRT-LLM loads one per fused group")
     return p
 
 

@@ -182,3 +182,21 @@ def test_nvfp4_export_dequantizes_and_is_refused_off_the_current_line(tmp_path: 
     assert deq.shape == w.shape and float((deq - w).norm() / w.norm()) < 0.2  # 4-bit: coarse, but the same matrix
     with pytest.raises(ValueError, match="NVFP4 is written as ModelOpt's Hugging Face checkpoint for the current"):
         make_cfg("trtllm_version=1.2", "quantization.weights=nvfp4")
+
+
+def test_bench_quant_tau_script(tmp_path: Path, pair: tuple[Path, Path]) -> None:
+    """scripts/bench_quant_tau.py (docs/fp8.md) on the tiny pair: 16-bit and FP8 builds, tau on held-out prompts."""
+    import subprocess
+    import sys
+
+    cfg = write_build_yaml(tmp_path / "c.yaml", output_dir=tmp_path / "unused", target=pair[0], head=pair[1],
+                           draft="eagle3", backend="pytorch", tree="chain-3", name="tau", version="1.4",
+                           quantization=QUANT)
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_quant_tau.py"
+    proc = subprocess.run([sys.executable, str(script), str(cfg), "--out", str(tmp_path / "out"), "--prompts", "2",
+                           "--max-new-tokens", "4", "--set", "engine.device=cpu", "--set", "engine.max_batch_size=2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 held-out MT-bench prompts (questions 5..6)" in proc.stdout and "| fp8 | " in proc.stdout
+    taus = json.loads((tmp_path / "out" / "tau.json").read_text())["tau"]
+    assert set(taus) == {"16-bit", "fp8"} and all(t >= 1.0 for t in taus.values())

@@ -27,9 +27,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, vocab_size=128256, draft_vocab=32000, max_position_embeddings=131072,
                          rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0,
@@ -66,11 +67,11 @@ def _tokenizer(out: Path) -> None:
                             pad_token="<|endoftext|>").save_pretrained(out)
 
 
-def _layer(prefix: str, h: int, inter: int, q: int, kv: int, qkv_in: int, g: object) -> dict:
+def _layer(prefix: str, h: int, inter: int, q: int, kv: int, qkv_in: int, g: Any) -> dict:
     import torch
 
     def rnd(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g) * 0.02).to(torch.float16)  # type: ignore[arg-type]
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.float16)
 
     return {f"{prefix}.self_attn.q_proj.weight": rnd(q, qkv_in), f"{prefix}.self_attn.k_proj.weight": rnd(kv, qkv_in),
             f"{prefix}.self_attn.v_proj.weight": rnd(kv, qkv_in), f"{prefix}.self_attn.o_proj.weight": rnd(h, q),

@@ -299,7 +299,8 @@ UNVERIFIED: tuple[str, ...] = (
     "Quantized targets on the current line (hf_quant.* rows): the loader was read at 2026 main commits after "
     "v1.4.0rc4 (008e0af8, 00bbf71e), not at the tag; which of k_scale / v_scale TensorRT-LLM's FP8 KV cache applies "
     "was not established (the reference engine uses max(k_scale, v_scale), as ModelOpt's engine-flow export does). "
-    "No quantized checkpoint was served on a GPU by this project.",
+    "No quantized checkpoint was served on a GPU by this project. The hf_quant.tensor names are the Hugging Face "
+    "model's own as ModelOpt exports them; the upstream mapper that fuses q/k/v and gate/up at load was not read.",
     "The stored file versions could not be pinned to the exact tag commits (NVIDIA/TensorRT-LLM is too large to "
     "fetch; no copy at 48b7b5d8 = v1.1.0 or 36e34eef = release/1.2). Engine-flow files changed "
     "little across 1.x; the LLM API differences are bracketed by versions dated before and after the 1.1 branch.",

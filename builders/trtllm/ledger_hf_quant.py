@@ -23,7 +23,9 @@ FP8_LINEAR = Source(TRT, "tensorrt_llm/_torch/modules/linear.py",
 NVFP4_LINEAR = Source(TRT, "tensorrt_llm/_torch/modules/linear.py",
                       "NVFP4LinearMethod (create_weights; load_weight_scales: input_scale / weight_scale_2 shared)")
 KV_SCALES = Source(TRT, "tensorrt_llm/_torch/modules/linear.py", "FP8QDQLinearMethod.load_kv_scales (k_scale, v_scale)")
-LLAMA = Source(TRT, "tensorrt_llm/_torch/models/modeling_llama.py", "LlamaForCausalLM (HF parameter names)")
+# The Hugging Face parameter names are the model's own, as ModelOpt's export writes them; which upstream mapper fuses
+# them (q/k/v -> qkv_proj, gate/up -> gate_up_proj) was not read at a commit (docs/contracts.md, "Not verified").
+LLAMA = Source("eagle-deploy", "builders/convert/hf_quant.py", "LINEARS (the HF names ModelOpt's export keeps)")
 PRODUCER = Source("eagle-deploy", "builders/convert/hf_quant.py", "export_quantized (ModelOpt export_hf_checkpoint)")
 
 V = LLMAPI_LAYOUT
@@ -65,6 +67,6 @@ ROWS: list[Row] = (
               KV_SCALES, versions=V, type="float32 scalar", required=True, when=("kv_fp8",),
               note="loaded as the attention's kv_scales; the reference engine applies max(k_scale, v_scale)")
     + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.q_norm.weight", f"{_LAYER}self_attn.k_norm.weight"),
-              Source(TRT, "tensorrt_llm/_torch/models/modeling_qwen3.py", "Qwen3Attention (q_norm, k_norm)"),
+              LLAMA,
               versions=V, type="16-bit", when=("qk_norm",), required=True)
 )

@@ -73,7 +73,7 @@ def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
             print(f"      input   {build_dir / dep}/ (stage {dep})")
         print(f"      output  {build_dir / s.name}/")
         for o in s.plan_outputs(cfg):
-            print(f"              {o}")
+            print(f"              {o.path}: {o.what}; read by {o.read_by}")
         for argv in s.plan_commands(cfg, build_dir):
             print(f"      command {' '.join(argv)}")
 

@@ -141,7 +141,8 @@ class CalibrationConfig(Strict):
 
 
 class QuantizationConfig(Strict):
-    weights: Literal["none", "fp8"] = Field(default="none", description="Target weight quantization.")
+    weights: Literal["none", "fp8", "nvfp4"] = Field(default="none", description="Target weight quantization "
+                                                     "(nvfp4: trtllm_version 1.4, Blackwell GPUs; docs/fp8.md).")
     kv_cache: Literal["none", "fp8"] = Field(default="none", description="KV-cache quantization.")
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="Calibration set for FP8 (used only when quantizing)."
@@ -234,7 +235,6 @@ class TritonConfig(Strict):
         description="The per-token time bound the default request_deadline_s assumes: a request of max_seq_len "
         "tokens that takes longer than this per token in its slot is ended.",
     )
-
 
     @field_validator("ensemble_model", "preprocessing_model", "postprocessing_model", "llm_model", "bls_model")
     @classmethod

@@ -2,7 +2,8 @@
 
     <build>/config.resolved.yaml      the validated config with its filled-in defaults (builders/build.py)
     <build>/checkpoint/               convert stage: TensorRT-LLM checkpoint, tokenizer/, eagle3/ (EAGLE-3 head),
-                                      hf_model/ (the target for a transformers-4 TensorRT-LLM, engine.backend pytorch)
+                                      hf_model/ (the target for a transformers-4 TensorRT-LLM, engine.backend pytorch),
+                                      hf_quantized/ (an FP8 / NVFP4 target on the current line, engine.backend pytorch)
     <build>/engine/                   engine stage: engines / LLM API options / reference.json (core/spec.py)
     <build>/triton_repo/              Triton model repository
     <build>/logs/<stage>.log          each stage's log
@@ -18,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.records import resolve_recorded
 from core.spec import ENGINE_DIR, SPEC_FILE
 
 CHECKPOINT = "checkpoint"
@@ -32,6 +34,7 @@ REFERENCE_SPEC = SPEC_FILE  # inside the engine directory
 STAGE_DIRS = (CHECKPOINT, ENGINE, TRITON_REPO)  # the only names whose temporary directories a build removes
 HF_TARGET_NOTE = "hf_target_dir"  # the convert stage's manifest note naming the resolved HF target directory
 HF_MODEL = "hf_model"  # inside the checkpoint: the target's HF directory as a transformers-4 TensorRT-LLM reads it
+HF_QUANTIZED = "hf_quantized"  # inside the checkpoint: the target quantized by ModelOpt (HF export), current line
 TRTLLM_MODEL_NOTE = "trtllm_model_dir"  # the convert stage's note: the HF directory handed to TensorRT-LLM
 
 
@@ -51,14 +54,14 @@ def manifest(build_dir: Path, stage: str) -> dict[str, Any]:
 
 
 def _convert_note(build_dir: Path, key: str) -> Path:
-    """A path the convert stage recorded once in its manifest's notes."""
+    """A path the convert stage recorded once in its manifest's notes (relative to the build directory)."""
     notes = manifest(build_dir, CHECKPOINT).get("notes", {})
     if key not in notes:
         raise LayoutError(
             f"{Path(build_dir) / CHECKPOINT / MANIFEST} has no notes.{key}; rerun the convert stage "
             "(`python builders/build.py CONFIG --force`)"
         )
-    return Path(notes[key])
+    return resolve_recorded(str(notes[key]), Path(build_dir).resolve())
 
 
 def hf_target_dir(build_dir: Path) -> Path:

@@ -125,7 +125,25 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         reference=cfg.engine.backend == "reference", pytorch=cfg.engine.backend == "pytorch",
         schedule=cfg.tree.draft_len_schedule is not None, max_concurrency=cfg.tree.max_concurrency is not None,
         acceptance=bool(cfg.tree.acceptance_rate_window_size), penalty=cfg.tree.enable_penalty,
+        w_quant=cfg.quantization.weights != "none", w_nvfp4=cfg.quantization.weights == "nvfp4",
+        qk_norm=conf.get("architecture") == "Qwen3ForCausalLM",
     )
+
+
+def hf_quant_names(export: Path) -> Emitted:
+    """What a quantized current-line target (checkpoint/hf_quantized/) holds for TensorRT-LLM's loader."""
+    from safetensors import safe_open
+
+    out: Emitted = {"hf_quant.config": ledger.flat_keys(json.loads((export / "hf_quant_config.json").read_text()))}
+    inline = json.loads((export / "config.json").read_text()).get("quantization_config")
+    if isinstance(inline, dict):
+        out["hf_quant.inline"] = set(inline)
+    names: set[str] = set()
+    for f in sorted(export.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            names |= {ledger.tensor_pattern(k) for k in st.keys()}  # noqa: SIM118 (a safetensors handle)
+    out["hf_quant.tensor"] = names
+    return out
 
 
 def check_emitted(emitted: Emitted, version: str, flags: frozenset[str]) -> list[str]:
@@ -148,6 +166,8 @@ def build_names(cfg: Any, build: Path) -> Emitted:
     for tok in (ckpt / layout.TOKENIZER / "tokenizer_config.json", ckpt / layout.HF_MODEL / "tokenizer_config.json"):
         if tok.is_file():
             _add(out, "tokenizer.config", {"tokenizer_class"} & set(json.loads(tok.read_text())))
+    if (ckpt / layout.HF_QUANTIZED / "hf_quant_config.json").is_file():
+        out.update(hf_quant_names(ckpt / layout.HF_QUANTIZED))
     hf_model = ckpt / layout.HF_MODEL / "config.json"
     if hf_model.is_file():  # the keys the transformers-4 copy adds to or changes in the target's own config
         out.update(eagle3_names(json.loads(hf_model.read_text()),

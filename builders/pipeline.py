@@ -5,6 +5,10 @@ directory). The runner then writes `manifest.json` and renames the temporary dir
 never leaves a half artifact that a rerun would trust. A stage is skipped when its manifest records the same
 config hash and the same input fingerprints.
 
+Each stage writes only what something reads: its `plan_outputs` name every output with who reads it (a later stage,
+the serving path of the config's line and backend, or a documented tool), printed by --dry-run and recorded in the
+manifest (`planned_outputs`). Paths in the manifest are relative to the build directory (core/records.py).
+
 Adding a stage = writing its `run` function and one `Stage(...)` entry in `builders/stages.py`.
 """
 
@@ -26,6 +30,7 @@ from typing import Any
 
 from builders import build_dir as owned
 from core.atomic import atomic_dir
+from core.records import relative_record
 from builders.config import BuildConfig
 from builders.layout import MANIFEST, STAGE_DIRS
 
@@ -64,10 +69,22 @@ class StageContext:
 
 
 @dataclass(frozen=True)
+class Output:
+    """One thing a stage writes inside its directory, what it is, and who reads it."""
+
+    path: str
+    what: str
+    read_by: str
+
+    def record(self) -> dict[str, str]:
+        return {"path": self.path, "what": self.what, "read_by": self.read_by}
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str
     description: str
-    # Inputs outside the build dir (model files...) and earlier stages whose outputs this stage reads.
+    # The user's inputs outside the build dir (model files...) and earlier stages whose outputs this stage reads.
     external_inputs: Callable[[BuildConfig], list[Path]]
     depends_on: tuple[str, ...]
     run: Callable[[StageContext], None]
@@ -75,8 +92,11 @@ class Stage:
     plan_commands: Callable[[BuildConfig, Path], list[list[str]]] = lambda cfg, build_dir: []
     # Checks run for every stage BEFORE anything is written (bad weights, mismatched head...): problems, not raises.
     preflight: Callable[[BuildConfig], list[str]] = lambda cfg: []
-    # Paths this stage writes inside its directory, for --dry-run.
-    plan_outputs: Callable[[BuildConfig], list[str]] = lambda cfg: []
+    # What this stage writes inside its directory and who reads each (--dry-run, the manifest).
+    plan_outputs: Callable[[BuildConfig], list[Output]] = lambda cfg: []
+    # The project's own files the output is made from (templates, copied model code): a change reruns the stage, but
+    # they are no input of the user's, so --dry-run does not list them.
+    source_files: Callable[[BuildConfig], list[Path]] = lambda cfg: []
 
 
 # ---- fingerprints -------------------------------------------------------------------------------------------------
@@ -121,12 +141,12 @@ def package_versions() -> dict[str, str]:
 
 def _inputs_of(stage: Stage, cfg: BuildConfig, build_dir: Path) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
-    for p in stage.external_inputs(cfg):
+    for p in [*stage.external_inputs(cfg), *stage.source_files(cfg)]:
         items.extend(tree_fingerprint(p))
     for dep in stage.depends_on:
         man = build_dir / dep / MANIFEST
         items.append({"stage": dep, "manifest_sha256": hashlib.sha256(man.read_bytes()).hexdigest()})
-    return items
+    return relative_record(items, build_dir)
 
 
 # ---- running ------------------------------------------------------------------------------------------------------
@@ -173,10 +193,11 @@ def run_stage(
             "config_hash": cfg.config_hash(),
             "inputs": inputs,
             "outputs": owned.output_records(tmp),
-            "commands": ctx.commands,
-            "notes": ctx.notes,
+            "planned_outputs": [o.record() for o in stage.plan_outputs(cfg)],
+            "commands": relative_record(ctx.commands, build_dir),
+            "notes": relative_record(ctx.notes, build_dir),
             "versions": package_versions(),
-            "argv": sys.argv,
+            "argv": relative_record(sys.argv, build_dir),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
             "seconds": round(time.time() - t0, 3),
         }

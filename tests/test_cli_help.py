@@ -48,6 +48,8 @@ ENTRY_POINTS = {
     "scripts/bench_train.py": ["scripts/bench_train.py"],
     "scripts/bench_triton.py": ["scripts/bench_triton.py"],
     "scripts/bench_fp8_drafter.py": ["scripts/bench_fp8_drafter.py"],
+    "scripts/bench_build_outputs.py": ["scripts/bench_build_outputs.py"],
+    "scripts/bench_quant_tau.py": ["scripts/bench_quant_tau.py"],
     "scripts/reliability.py": ["scripts/reliability.py"],
     "scripts/hardening.py": ["scripts/hardening.py"],
     "scripts/bench_train_curve.py": ["scripts/bench_train_curve.py"],

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builders import build
+from builders import build, layout
 from builders.config import load_config
 from builders.convert import stage as convert_stage
 from builders.pipeline import MANIFEST, run_stage
+from core.records import resolve_recorded
 from tests import tiny_models as tm
 from tests.convert_helpers import derive_target, truncate
 
@@ -190,7 +191,12 @@ def test_subprocess_exit_code_2_and_dry_run(tiny_target: Path, eagle_head: Path,
     assert proc.returncode == 0, proc.stderr
     assert "max_draft_len=2 num_eagle_layers=2" in proc.stdout
     assert "[1] checkpoint:" in proc.stdout and f"output  {out}/checkpoint/" in proc.stdout
-    assert "random_head/ (RANDOM EAGLE-1 head, seed 0" in proc.stdout and str(tiny_target) in proc.stdout
+    assert "random_head/: RANDOM EAGLE-1 head, seed 0" in proc.stdout and str(tiny_target) in proc.stdout
+    # every output names who reads it; the inputs are the user's, never the project's own sources
+    outputs = [ln for ln in proc.stdout.splitlines() if ln.startswith(" " * 14)]
+    assert outputs and all("; read by " in ln for ln in outputs)
+    inputs = [ln.split("input", 1)[1].strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("input ")]
+    assert str(tiny_target) in inputs and not [i for i in inputs if i.endswith(".py")], inputs
     assert not out.exists(), "--dry-run must write nothing"
 
 
@@ -265,7 +271,9 @@ def test_run_random_head_set_skip_force(tiny_target: Path, tmp_path: Path, capsy
     assert conf["architecture"] == "EagleForCausalLM" and conf["num_eagle_layers"] == conf["max_draft_len"] == 2
     assert conf["eagle_deploy"]["random_head"] is True and conf["eagle_deploy"]["head_source"].startswith("RANDOM")
     man = json.loads((ck / MANIFEST).read_text())
-    assert man["notes"]["random_head"].startswith("RANDOM") and man["notes"]["hf_target_dir"] == str(tiny_target)
+    assert man["notes"]["random_head"].startswith("RANDOM") and not Path(man["notes"]["hf_target_dir"]).is_absolute()
+    assert layout.hf_target_dir(out).resolve() == tiny_target.resolve()  # recorded relative to the build directory
+    assert not any(Path(str(i.get("path", ""))).is_absolute() for i in man["inputs"])
     assert "RANDOM head" in (out / "logs" / "checkpoint.log").read_text()
     assert yaml.safe_load((out / "config.resolved.yaml").read_text())["tree"]["choices"] == "chain-2"
     assert {o["path"] for o in man["outputs"]} >= {"config.json", "rank0.safetensors", "tokenizer/tokenizer.json",
@@ -323,8 +331,8 @@ def test_real_smollm2_demo_config(tmp_path: Path) -> None:
     assert (conf["num_attention_heads"], conf["num_key_value_heads"], conf["rotary_base"]) == (9, 3, 100000.0)
     # configs/demo.yaml uses the head trained here (heads/smollm2-eagle), not a random one
     assert conf["tie_word_embeddings"] is True and conf["eagle_deploy"]["random_head"] is False
-    assert conf["eagle_deploy"]["head_source"] == str(REPO_HEAD)
-    assert json.loads((ck / MANIFEST).read_text())["notes"]["hf_target_dir"] == str(hf)
+    assert resolve_recorded(conf["eagle_deploy"]["head_source"], out).resolve() == REPO_HEAD.resolve()
+    assert layout.hf_target_dir(out).resolve() == hf.resolve()
     assert (ck / "tokenizer" / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
     from safetensors import safe_open
 

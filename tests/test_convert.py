@@ -68,7 +68,8 @@ def test_untied_tp1_names_values_and_config(tiny_target: Path, tmp_path: Path) -
     assert cfg["rotary_base"] == 10000.0 and cfg["rotary_scaling"] is None
     assert cfg["tie_word_embeddings"] is False and cfg["norm_epsilon"] == 1e-5
     assert cfg["position_embedding_type"] == "rope_gpt_neox" and cfg["logits_dtype"] == "float32"
-    assert cfg["eagle_deploy"] == {"random_head": False, "target_source": str(tiny_target), "head_source": "none"}
+    assert cfg["eagle_deploy"] == {"random_head": False, "target_source": str(tiny_target), "head_source": "none",
+                                  "target_weights": True}
     assert sorted(p.name for p in (tmp_path / "tokenizer").iterdir()) == [
         "chat_template.jinja", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
 

@@ -276,7 +276,8 @@ def test_tensorrt_stage_runs_trtllm_build_and_crosschecks(tmp_path: Path, monkey
     out, ran = run_stage(stage.ENGINE_STAGE, cfg, build_dir)
     assert ran and json.loads((out / "config.json").read_text()) == engine_cfg
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["commands"][0][:3] == ["trtllm-build", "--checkpoint_dir", str(build_dir / "checkpoint")]
+    # recorded relative to the build directory (core/records.py)
+    assert manifest["commands"][0][:3] == ["trtllm-build", "--checkpoint_dir", "checkpoint"]
     assert manifest["notes"]["crosscheck"] == "engine config.json matches the config"
     # A stale engine (other tree depth) is refused and nothing replaces the good output.
     bad = copy.deepcopy(engine_cfg)

@@ -80,7 +80,13 @@ def test_1_1_refuses_capture_layers_it_cannot_express() -> None:
      r"tree.dynamic with engine.backend=pytorch is not supported by TensorRT-LLM 1\.2\.0 \(trtllm_version '1\.2'\); "
      r"set trtllm_version: '1\.4' \(TensorRT-LLM 1\.4\.0rc4\), or use tree.choices"),
     (["trtllm_version=1.3"], r"trtllm_version='1\.3' is not supported; use one of '1\.1', '1\.2', '1\.4'"),
-    (["quantization.weights=fp8"], "quantization.weights=fp8 with engine.backend=pytorch"),
+    (["trtllm_version=1.2", "quantization.weights=fp8"],
+     r"quantization.weights=fp8 with engine.backend=pytorch on TensorRT-LLM 1\.2\.0: this builder writes a quantized "
+     r"Hugging Face checkpoint \(ModelOpt's unified export\) for the current line"),
+    (["quantization.weights=nvfp4", "engine.backend=tensorrt", "trtllm_version=1.2", "draft.type=eagle",
+      "draft.model=/models/eagle"],
+     r"quantization.weights=nvfp4 on TensorRT-LLM 1\.2\.0 with engine.backend=tensorrt: NVFP4 is written as "
+     r"ModelOpt's Hugging Face checkpoint for the current line only"),
 ])
 def test_refused_before_anything_is_written(ov: list[str], msg: str) -> None:
     with pytest.raises(ValueError, match=msg):

@@ -310,7 +310,11 @@ def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp
     assert keys == {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight"} | {
         f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"
     } | {f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
-    assert yaml.safe_load((head_dir / "recipe.yaml").read_text())["config"]["data"]["responses"] == "regenerate"
+    recipe = yaml.safe_load((head_dir / "recipe.yaml").read_text())["config"]
+    assert recipe["data"]["responses"] == "regenerate"
+    # the recipe names paths relative to the repository root, not this machine's absolute paths
+    assert not Path(recipe["output_dir"]).is_absolute() and not Path(recipe["work_dir"]).is_absolute()
+    assert (REPO / recipe["output_dir"]).resolve() == head_dir.resolve()
 
     tree = DraftTree.from_choices(preset("topk-2-3"))
     ckpt = tmp_path / "ckpt"

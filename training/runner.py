@@ -19,11 +19,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from core.records import relative_record
 from training.compute import Compute
 from training.config import TrainConfig, TrainHeadConfig
 from training.shards import atomic_save, remove_stale_temps
 from training.dist import Dist
 
+REPO_ROOT = Path(__file__).resolve().parent.parent  # recipes name paths relative to it
 CKPT_DIR = "checkpoints"
 
 
@@ -105,11 +107,13 @@ def finished(log: list[dict], n_train: int, tc: TrainConfig) -> bool:
 
 
 def recipe_files(cfg: TrainHeadConfig, log: list[dict]) -> dict[str, str]:
-    """recipe.yaml (the exact config and command) and train_log.jsonl, written next to the exported head."""
+    """recipe.yaml (the exact config and command; paths relative to the repository root, never the absolute paths
+    of the machine that trained it: core/records.py) and train_log.jsonl, written next to the exported head."""
     import yaml
 
-    recipe = yaml.safe_dump({"command": "python builders/train_head.py CONFIG", "config": cfg.model_dump(mode="json")},
-                            sort_keys=False)
+    config = relative_record(cfg.model_dump(mode="json"), REPO_ROOT)
+    recipe = yaml.safe_dump({"command": "python builders/train_head.py CONFIG  # paths relative to the repository root",
+                             "config": config}, sort_keys=False)
     return {"recipe.yaml": recipe, "train_log.jsonl": "".join(json.dumps(r) + "\n" for r in log)}
 
 

@@ -87,6 +87,9 @@ def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, lis
     hf, spec, p = config_checks(cfg)
     if hf is None or spec is None:
         return hf, spec, p
+    from builders.convert.hf_quant_stage import preflight_problems
+
+    p += preflight_problems(cfg, spec.architecture)
     if spec.architecture not in NATIVE:  # the generic path converts no weights: transformers reads the directory
         return hf, spec, p
     p += check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)

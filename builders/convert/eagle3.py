@@ -189,10 +189,11 @@ def write_eagle3_head(head_dir: Path, target: LlamaSpec, out: Path, *, dtype: st
 
 def convert_eagle3(
     hf_dir: Path, head_dir: Path, out_dir: Path, *, dtype: str, tp: int = 1, layers_to_capture: list[int] | None,
-    provenance: Provenance | None = None,
+    provenance: Provenance | None = None, target_weights: bool = True,
 ) -> None:
     """Target -> checkpoint in `out_dir` (converted weights for the native families, a `generic_target` config for
-    the others); EAGLE-3 head -> normalized `out_dir/eagle3/`."""
+    the others); EAGLE-3 head -> normalized `out_dir/eagle3/`. `target_weights` False: the target's config.json and
+    tokenizer/ without its weights (what the PyTorch backend's build needs: TensorRT-LLM loads the HF target)."""
     hf_dir, head_dir, out_dir = Path(hf_dir), Path(head_dir), Path(out_dir)
     target = llama_spec(hf_dir, require_arch=False)
     problems = check_parallel(target, tp, 1)
@@ -205,7 +206,7 @@ def convert_eagle3(
     # Then the head: it is small and its checks are the likeliest to fail.
     write_eagle3_head(head_dir, target, out_dir / EAGLE3_DIR, dtype=dtype, layer_ids=layer_ids, prov=prov)
     if target.architecture in NATIVE:
-        convert_llama(hf_dir, out_dir, dtype=dtype, tp=tp, pp=1, provenance=prov)
+        convert_llama(hf_dir, out_dir, dtype=dtype, tp=tp, pp=1, provenance=prov, weights=target_weights)
         return
     cfg = generic_checkpoint(target, hf_dir, dtype=dtype, tp=tp)
     cfg["eagle_deploy"] = prov.to_json()

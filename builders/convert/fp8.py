@@ -41,6 +41,7 @@ from builders.config import BuildConfig
 HEAD_PREFIX = "eagle_nets."
 LINEAR_SUFFIXES = tuple(f".{m}.weight" for m in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"))
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+QUANTIZED = ("fp8", "nvfp4")  # quantization.weights values that quantize the target
 
 
 class Fp8Error(ValueError):
@@ -58,13 +59,14 @@ def fp8_problems(cfg: BuildConfig) -> list[str]:
     return p
 
 
-def quant_config(weights_fp8: bool, kv_fp8: bool) -> dict[str, Any]:
-    """ModelOpt's FP8 default config (per-tensor e4m3 weights and inputs, lm_head disabled) and/or its FP8 KV
-    config. KV only = every quantizer disabled except the K/V ones (FP8_DEFAULT_CFG's first rule disables '*')."""
+def quant_config(weights: str, kv_fp8: bool) -> dict[str, Any]:
+    """ModelOpt's FP8 (or NVFP4) default config (per-tensor e4m3 weights and inputs, or e2m1 with e4m3 scales per 16,
+    lm_head disabled) and/or its FP8 KV config. KV only = every quantizer disabled except the K/V ones (the default
+    config's first rule disables '*')."""
     import modelopt.torch.quantization as mtq
 
-    cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
-    if not weights_fp8:
+    cfg = copy.deepcopy(mtq.NVFP4_DEFAULT_CFG if weights == "nvfp4" else mtq.FP8_DEFAULT_CFG)
+    if weights == "none":
         cfg["quant_cfg"] = [e for e in cfg["quant_cfg"] if e.get("enable") is False]
     if kv_fp8:
         cfg["quant_cfg"] = list(cfg["quant_cfg"]) + copy.deepcopy(list(mtq.FP8_KV_CFG["quant_cfg"]))
@@ -106,6 +108,12 @@ def calibration_prompts(cfg: BuildConfig) -> list[str]:
 
 def calibrate(hf_dir: Path, prompts: list[str], max_length: int, weights_fp8: bool, kv_fp8: bool) -> torch.nn.Module:
     """Load the HF target (float32, CPU or CUDA) and run ModelOpt FP8 calibration over the prompts."""
+    return calibrate_model(hf_dir, prompts, max_length, "fp8" if weights_fp8 else "none", kv_fp8)
+
+
+def calibrate_model(hf_dir: Path, prompts: list[str], max_length: int, weights: str, kv_fp8: bool) -> torch.nn.Module:
+    """Load the HF target (float32, CPU or CUDA) and run ModelOpt calibration (`weights` fp8 / nvfp4 / none) over
+    the prompts."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import modelopt.torch.quantization as mtq
     from tqdm import tqdm
@@ -124,7 +132,7 @@ def calibrate(hf_dir: Path, prompts: list[str], max_length: int, weights_fp8: bo
             for ids in tqdm(batches, desc="FP8 calibration", unit="prompt"):
                 m(ids.to(device))
 
-    return mtq.quantize(model, quant_config(weights_fp8, kv_fp8), forward_loop)
+    return mtq.quantize(model, quant_config(weights, kv_fp8), forward_loop)
 
 
 def export_fp8(model: torch.nn.Module, dtype: str, tp: int, out_dir: Path) -> None:

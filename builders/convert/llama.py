@@ -307,10 +307,13 @@ def write_target_ranks(src: WeightSource, spec: LlamaSpec, out_dir: Path, *, dty
 
 
 def convert_llama(
-    hf_dir: Path, out_dir: Path, *, dtype: str, tp: int = 1, pp: int = 1, provenance: Provenance | None = None
+    hf_dir: Path, out_dir: Path, *, dtype: str, tp: int = 1, pp: int = 1, provenance: Provenance | None = None,
+    weights: bool = True,
 ) -> None:
     """HF target directory -> checkpoint in `out_dir` (+ tokenizer/): TRT-LLM's LlamaForCausalLM layout, plus the
-    family's tensors and keys for the other native families (builders/convert/families.py)."""
+    family's tensors and keys for the other native families (builders/convert/families.py). `weights` False: the
+    config.json and tokenizer/ only (the weights are checked, not copied: `eagle_deploy.target_weights` false), for a
+    build whose serving path loads the Hugging Face target itself (engine.backend pytorch)."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     spec = llama_spec(hf_dir, require_arch=False)
     if spec.architecture not in NATIVE:
@@ -325,9 +328,10 @@ def convert_llama(
         if problems:
             raise ModelConfigError("; ".join(problems))
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_target_ranks(src, spec, out_dir, dtype=dtype, tp=tp, pp=pp)
+        if weights:
+            write_target_ranks(src, spec, out_dir, dtype=dtype, tp=tp, pp=pp)
     cfg = target_config_json(spec, dtype=dtype, tp=tp, pp=pp)
     prov = provenance or Provenance(random_head=False, target_source=str(hf_dir), head_source="none")
-    cfg["eagle_deploy"] = prov.to_json()
+    cfg["eagle_deploy"] = dict(prov.to_json(), target_weights=weights)
     write_json(out_dir / "config.json", cfg)
     copy_tokenizer(hf_dir, out_dir)

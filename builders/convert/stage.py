@@ -3,7 +3,9 @@
 - draft.type eagle  -> EagleForCausalLM checkpoint (tree limits from cfg.limits(), the single source of truth)
 - draft.type eagle3 -> target checkpoint (LlamaForCausalLM layout, plus the family's tensors for Qwen2 / Qwen3 /
   Mistral; a `generic_target` config for the generic families) + normalized head in checkpoint/eagle3/, from a head
-  in any layout the doctor reads (SafeAILab, SpecForge, ModelOpt, speculators / vLLM, this project's)
+  in any layout the doctor reads (SafeAILab, SpecForge, ModelOpt, speculators / vLLM, this project's). On
+  engine.backend pytorch the target's weights are not copied (TensorRT-LLM loads the HF target itself): config.json
+  (its shape), tokenizer/ and eagle3/ are what the later stages and the serving path read (plan_outputs says who).
 - draft.model random -> a random SafeAILab head is written to checkpoint/random_head/ first and converted; RANDOM
   appears in the checkpoint config (`eagle_deploy.random_head`), the manifest notes and the stage log.
 The checkpoint is 16-bit (target.dtype) unless quantization.weights or quantization.kv_cache is fp8: then the FP8
@@ -21,13 +23,15 @@ from builders.convert.checks import preflight
 from builders.convert.eagle import convert_eagle
 from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.head_layout import flat_head, named_as_given
+from builders.convert.hf_quant_stage import HF_QUANTIZED, current_line, quantizes, run_hf_quant
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
 from measure.model_source import ModelSourceError, resolve_target
 from builders.convert.hf_compat import needs_transformers4_copy, write_transformers4_copy
 from builders.layout import CHECKPOINT, HF_MODEL, HF_TARGET_NOTE, TRTLLM_MODEL_NOTE
-from builders.pipeline import Stage, StageContext, StageError
+from builders.pipeline import Output, Stage, StageContext, StageError
 from core.hfconfig import read_config
+from core.records import record_path
 
 
 def target_architecture(hf: Path) -> str:
@@ -52,18 +56,44 @@ def external_inputs(cfg: BuildConfig) -> list[Path]:
     return [target] + ([] if cfg.draft.model == "random" else [Path(cfg.draft.model)])
 
 
-def plan_outputs(cfg: BuildConfig) -> list[str]:
+def writes_target_weights(cfg: BuildConfig) -> bool:
+    """The converted target weights (rank*.safetensors) are read by trtllm-build (engine.backend tensorrt) and the
+    reference engine only: the PyTorch backend's TensorRT-LLM loads the Hugging Face target itself."""
+    return cfg.engine.backend != "pytorch"
+
+
+def plan_outputs(cfg: BuildConfig) -> list[Output]:
     world = cfg.parallel.tp * cfg.parallel.pp
     arch = "EagleForCausalLM" if cfg.draft.type == "eagle" else "the target's architecture"
-    out = [f"config.json ({arch}, {cfg.target.dtype}, tp={cfg.parallel.tp})"]
-    out += [f"rank{r}.safetensors" for r in range(world)]
-    out.append("tokenizer/")
+    backend = cfg.engine.backend
+    weights_reader = {"tensorrt": "the engine stage (trtllm-build --checkpoint_dir)",
+                      "reference": "the reference engine (engines/checkpoint.py, via engine/reference.json)"}
+    if writes_target_weights(cfg):
+        out = [Output("config.json", f"TensorRT-LLM checkpoint config ({arch}, {cfg.target.dtype}, "
+                      f"tp={cfg.parallel.tp})", weights_reader[backend])]
+        out += [Output(f"rank{r}.safetensors", "the target's weights (+ the EAGLE-1 head's) of one rank",
+                       weights_reader[backend]) for r in range(world)]
+    else:
+        out = [Output("config.json", f"the target's shape ({arch}); no weights: TensorRT-LLM's PyTorch backend loads "
+                      "the Hugging Face target", "the engine stage (architecture, layer count for "
+                      "eagle3_layers_to_capture), python -m builders.ledger_check")]
+    tok_reader = ("the Triton stage (the client descriptor's tokenizer)" if backend == "pytorch" else
+                  "the Triton preprocessing / postprocessing models and the reference engine")
+    out.append(Output("tokenizer/", "the target's tokenizer", tok_reader))
     if cfg.draft.type == "eagle3":
-        out.append(f"{EAGLE3_DIR}/ (normalized EAGLE-3 head: config.json + model.safetensors)")
+        head_reader = ("TensorRT-LLM (speculative_config's speculative model)" if backend == "pytorch"
+                       else "the reference engine (engine/reference.json eagle3_head_dir)")
+        out.append(Output(f"{EAGLE3_DIR}/", "normalized EAGLE-3 head: config.json + model.safetensors", head_reader))
     if needs_transformers4_copy(cfg):
-        out.append(f"{HF_MODEL}/ (the target's HF directory as TensorRT-LLM's transformers 4 reads it)")
+        out.append(Output(f"{HF_MODEL}/", "the target's HF directory as TensorRT-LLM's transformers 4 reads it "
+                          "(weights linked, not copied)", "trtllm-serve, the Triton llmapi model (model.yaml)"))
+    if backend == "pytorch" and current_line(cfg) and quantizes(cfg):
+        out.append(Output(f"{HF_QUANTIZED}/", f"the target quantized by ModelOpt ({cfg.quantization.weights} weights, "
+                          f"{cfg.quantization.kv_cache} KV cache): Hugging Face unified format + tokenizer",
+                          "trtllm-serve, the Triton llmapi model (model.yaml)"))
     if cfg.draft.model == "random":
-        out.append(f"{RANDOM_HEAD_DIR}/ ({RANDOM_LABEL} EAGLE-1 head, seed {cfg.draft.seed}: acceptance ~0)")
+        out.append(Output(f"{RANDOM_HEAD_DIR}/", f"{RANDOM_LABEL} EAGLE-1 head, seed {cfg.draft.seed}: acceptance ~0",
+                          "this stage (converted into the checkpoint)"))
     return out
 
 
@@ -91,10 +121,10 @@ def run(ctx: StageContext) -> None:
         ctx.notes["random_head"] = f"{RANDOM_LABEL}: randomly initialized head, seed {cfg.draft.seed}"
     else:
         head_dir = Path(cfg.draft.model)
-    prov = Provenance(
+    prov = Provenance(  # sources relative to the build directory (core/records.py)
         random_head=random,
-        target_source=cfg.target.model,
-        head_source=f"{RANDOM_LABEL} (seed {cfg.draft.seed})" if random else str(head_dir),
+        target_source=record_path(cfg.target.model, ctx.build_dir),
+        head_source=f"{RANDOM_LABEL} (seed {cfg.draft.seed})" if random else record_path(head_dir, ctx.build_dir),
     )
     ctx.notes["head_source"] = prov.head_source
     try:
@@ -107,26 +137,41 @@ def run(ctx: StageContext) -> None:
                           tp=cfg.parallel.tp, provenance=prov)
         else:
             _log(ctx, f"{target_architecture(hf)} target + EAGLE-3 head -> {EAGLE3_DIR}/, tp={cfg.parallel.tp}")
+            if not writes_target_weights(cfg):
+                _log(ctx, "target weights not copied: engine.backend pytorch loads the Hugging Face target "
+                          f"({hf}); config.json records its shape only")
             with flat_head(head_dir) as flat:  # any layout the doctor reads (builders/convert/head_layout.py)
                 if flat != head_dir:
                     _log(ctx, f"{head_dir}: a speculators (vLLM) head, read through its flat view")
                 try:
                     convert_eagle3(hf, flat, ctx.out, dtype=cfg.target.dtype, tp=cfg.parallel.tp,
-                                   layers_to_capture=cfg.draft.eagle3.layers_to_capture, provenance=prov)
+                                   layers_to_capture=cfg.draft.eagle3.layers_to_capture, provenance=prov,
+                                   target_weights=writes_target_weights(cfg))
                 except ValueError as e:
                     raise ValueError(named_as_given(str(e), flat, head_dir)) from e
     except ValueError as e:  # ModelConfigError / WeightFileError: inputs changed since preflight
         raise StageError(str(e)) from e
     _log(ctx, "checkpoint written")
     ctx.notes[TRTLLM_MODEL_NOTE] = str(_trtllm_model_dir(ctx, hf))
-    # FP8 (builders/convert/fp8.py): calibrate + export the target in FP8 into the checkpoint just written
-    if cfg.quantization.weights == "fp8" or cfg.quantization.kv_cache == "fp8":
-        from builders.convert.fp8 import Fp8Error, run_fp8
+    if quantizes(cfg):
+        _quantize(ctx, hf)
 
-        try:
+
+def _quantize(ctx: StageContext, hf: Path) -> None:
+    """The current line: ModelOpt's Hugging Face export (builders/convert/hf_quant_stage.py); the engine flow's
+    versions: FP8 merged into the TRT-LLM checkpoint just written (builders/convert/fp8.py)."""
+    from builders.convert.fp8 import Fp8Error, run_fp8
+
+    try:
+        if current_line(ctx.cfg):
+            run_hf_quant(ctx, hf)
+        elif ctx.cfg.engine.backend == "pytorch":  # 1.1 / 1.2, KV cache only (the rules refuse FP8 weights there)
+            _log(ctx, "quantization.kv_cache=fp8: TensorRT-LLM's PyTorch backend takes kv_cache_config.dtype fp8 "
+                      "from the LLM API options; no calibration is written for it")
+        else:
             run_fp8(ctx, hf)
-        except Fp8Error as e:
-            raise StageError(str(e)) from e
+    except Fp8Error as e:
+        raise StageError(str(e)) from e
 
 
 CONVERT_STAGE = Stage(

@@ -17,7 +17,7 @@ from builders import layout
 from builders.config import BuildConfig
 from builders.convert.hf_compat import needs_transformers4_copy
 from builders.engine import crosscheck, llmapi, reference, trtllm_build
-from builders.pipeline import Stage, StageContext, StageError
+from builders.pipeline import Output, Stage, StageContext, StageError
 from builders.trtllm import registry
 from core.spec import write_spec
 
@@ -167,12 +167,18 @@ def preflight(cfg: BuildConfig) -> list[str]:
     return fp8_problems(cfg)
 
 
-def plan_outputs(cfg: BuildConfig) -> list[str]:
+def plan_outputs(cfg: BuildConfig) -> list[Output]:
     if cfg.engine.backend == "tensorrt":
-        return ["config.json"] + [f"rank{r}.engine" for r in range(cfg.parallel.tp * cfg.parallel.pp)]
+        server = "the Triton tensorrtllm backend (config.pbtxt gpt_model_path)"
+        return [Output("config.json", "the engine's build config", f"{server}, the cross-check of this stage")] + [
+            Output(f"rank{r}.engine", "TensorRT engine of one rank", server)
+            for r in range(cfg.parallel.tp * cfg.parallel.pp)]
     if cfg.engine.backend == "pytorch":
-        return [llmapi.OPTIONS_FILE, SERVE_FILE]
-    return [layout.REFERENCE_SPEC]
+        return [Output(llmapi.OPTIONS_FILE, "the LLM API options", "trtllm-serve --extra_llm_api_options; the Triton "
+                       "stage (model.yaml)"),
+                Output(SERVE_FILE, "the trtllm-serve command line", "users (docs/build.md); ledger_check")]
+    return [Output(layout.REFERENCE_SPEC, "what the reference engine loads (core/spec.py)",
+                   "the reference engine (Triton models, measure/ and the doctor's gate)")]
 
 
 ENGINE_STAGE = Stage(

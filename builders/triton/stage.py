@@ -10,20 +10,27 @@ from pathlib import Path
 from builders.config import BuildConfig
 from builders.layout import CHECKPOINT, ENGINE, TRITON_REPO
 from builders.monitoring import baseline, rules
-from builders.pipeline import Stage, StageContext, StageError
+from builders.pipeline import Output, Stage, StageContext, StageError
 from builders.triton import render
 from core.spec import read_spec
+from triton_repo.models.capture import SETTINGS_FILE
+from triton_repo.models.spec_metrics import BASELINE_FILE
 
 STAGE_NAME = TRITON_REPO
 
 
+def _inputs(cfg: BuildConfig) -> list[Path]:
+    """The user's files the repository is made from."""
+    return [Path(p)] if (p := cfg.monitoring.calibration_prompts) else []
+
+
 def _sources(cfg: BuildConfig) -> list[Path]:
-    """The rendered repository copies these files: a change to any of them re-renders it."""
+    """The project's files the rendered repository copies or is rendered by: a change to any of them re-renders it
+    (not the user's inputs: --dry-run does not list them)."""
     serve = render.SERVE_PACKAGE
     here = Path(__file__).resolve().parent
     return [serve / "contract.py", serve / "llmapi_contract.py", here / "pbtxt.py", Path(render.__file__).resolve(),
-            here / "render_llmapi.py", *sorted(render.MODELS_SRC.glob("*.py")),
-            *([Path(p)] if (p := cfg.monitoring.calibration_prompts) else [])]
+            here / "render_llmapi.py", *sorted(render.MODELS_SRC.glob("*.py"))]
 
 
 def limits_problems(cfg: BuildConfig, build_dir: Path) -> list[str]:
@@ -60,19 +67,31 @@ def run(ctx: StageContext) -> None:
     ctx.notes["serve"] = f"python triton_repo/launch.py --repo {ctx.final}"
 
 
-def plan_outputs(cfg: BuildConfig) -> list[str]:
+def plan_outputs(cfg: BuildConfig) -> list[Output]:
     t = cfg.triton
+    server, client = "tritonserver (triton_repo/launch.py --repo)", "the clients (clients/schema.py from_repository)"
     if render.layout(cfg) == "llmapi":
-        return [f"{t.llm_model}/config.pbtxt", f"{t.llm_model}/1/model.yaml", render.CLIENT_FILE]
-    names = [t.preprocessing_model, t.llm_model, t.postprocessing_model, t.ensemble_model, t.bls_model]
-    return [f"{n}/config.pbtxt" for n in names] + [render.CLIENT_FILE]
+        out = [Output(f"{t.llm_model}/", "the LLM API model: config.pbtxt, 1/model.yaml (LLM options), 1/model.py",
+                      server)]
+    else:
+        names = [t.preprocessing_model, t.llm_model, t.postprocessing_model, t.ensemble_model, t.bls_model]
+        out = [Output(f"{n}/", "a Triton model (config.pbtxt, 1/)", server) for n in names]
+    out += [Output(render.CLIENT_FILE, "what a client sends and reads", client),
+            Output(rules.RULES_FILE, "Prometheus alerting rules", f"Prometheus ({rules.DOCS})")]
+    if cfg.capture.enabled:
+        out.append(Output(SETTINGS_FILE, "the capture settings", "the served LLM model (docs/adaptive.md)"))
+    if cfg.monitoring.calibration_prompts is not None:
+        out.append(Output(BASELINE_FILE, "acceptance measured at build time", f"the served models' metrics and "
+                          f"the Prometheus rules ({rules.DOCS})"))
+    return out
 
 
 TRITON_STAGE = Stage(
     name=STAGE_NAME,
     description="Triton model repository: preprocessing, tensorrt_llm, postprocessing, ensemble, tensorrt_llm_bls "
     "(TensorRT-LLM 1.1/1.2), or the one `tensorrt_llm` llmapi model (the current line)",
-    external_inputs=_sources,
+    external_inputs=_inputs,
+    source_files=_sources,
     depends_on=(CHECKPOINT, ENGINE),
     run=run,
     preflight=lambda cfg: render.config_problems(cfg) + baseline.config_problems(cfg),

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import re
 
-from builders.trtllm import ledger_build, ledger_checkpoint, ledger_llmapi, ledger_triton, registry
+from builders.trtllm import ledger_build, ledger_checkpoint, ledger_hf_quant, ledger_llmapi, ledger_triton, registry
 from builders.trtllm.ledger_rows import Row
 
 
 def all_rows() -> list[Row]:
-    return ledger_checkpoint.ROWS + ledger_build.ROWS + ledger_triton.ROWS + ledger_llmapi.ROWS
+    return ledger_checkpoint.ROWS + ledger_build.ROWS + ledger_triton.ROWS + ledger_llmapi.ROWS + ledger_hf_quant.ROWS
 
 
 def rows_for(surface: str, version: str) -> list[Row]:
@@ -34,6 +34,7 @@ _INDEX_PATTERNS = (
     (re.compile(r"^transformer\.layers\.\d+\."), "transformer.layers.{i}."),
     (re.compile(r"^eagle_nets\.\d+\."), "eagle_nets.{k}."),
     (re.compile(r"\.drafter\.layers\.\d+\."), ".drafter.layers.{j}."),
+    (re.compile(r"^model\.layers\.\d+\."), "model.layers.{i}."),  # Hugging Face names (hf_quantized/)
 )
 
 

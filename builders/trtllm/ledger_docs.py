@@ -282,9 +282,25 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "4.57.3 reads a 5.x config (rope_parameters only) with rope_theta 10000 and no scaling and cannot load "
      "TokenizersBackend; checkpoint/hf_model loads with rope_theta, rope_scaling and the same token ids; 5.24.0 "
      "reads both alike (RotaryEmbeddingConfigMixin: rope_parameters first; PretrainedConfig takes torch_dtype)"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/model_config.py",
+     "commit 008e0af8980fc560003631ba4ac37828836a91c8 (a 2026 main after v1.4.0rc4)", "2026-12-06",
+     "from_pretrained reads hf_quant_config.json first and treats it as authoritative (_build_modelopt_quant_config: "
+     "quant_algo, kv_cache_quant_algo, group_size, exclude_modules); config.json's quantization_config is compared "
+     "with it (warn_if_inline_diverges) and read only when the file is absent"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/modules/linear.py",
+     "commit 00bbf71e796406ea8593a77cbfb828356182db16", "2026-12-06",
+     "FP8QDQLinearMethod: float8_e4m3fn weight, scalar weight_scale and input_scale; fused q/k/v and gate/up "
+     "requantized to the group's largest weight_scale (fp8 -> model dtype x own scale / max -> fp8), input_scale the "
+     "group's largest; k_scale / v_scale loaded as kv_scales. NVFP4LinearMethod: packed e2m1 weight, e4m3 "
+     "weight_scale per 16, weight_scale_2 and input_scale shared across a fused group (asserted)"),
 )
 
 UNVERIFIED: tuple[str, ...] = (
+    "Quantized targets on the current line (hf_quant.* rows): the loader was read at 2026 main commits after "
+    "v1.4.0rc4 (008e0af8, 00bbf71e), not at the tag; which of k_scale / v_scale TensorRT-LLM's FP8 KV cache applies "
+    "was not established (the reference engine uses max(k_scale, v_scale), as ModelOpt's engine-flow export does). "
+    "No quantized checkpoint was served on a GPU by this project. The hf_quant.tensor names are the Hugging Face "
+    "model's own as ModelOpt exports them; the upstream mapper that fuses q/k/v and gate/up at load was not read.",
     "The stored file versions could not be pinned to the exact tag commits (NVIDIA/TensorRT-LLM is too large to "
     "fetch; no copy at 48b7b5d8 = v1.1.0 or 36e34eef = release/1.2). Engine-flow files changed "
     "little across 1.x; the LLM API differences are bracketed by versions dated before and after the 1.1 branch.",

@@ -179,10 +179,10 @@ PYTORCH_FLOAT32 = ("target.dtype=float32 with engine.backend=pytorch: TensorRT-L
 def _pytorch(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     """The LLM API (trtllm-serve / Triton llmapi-style model)."""
     p: list[str] = [PYTORCH_FLOAT32] if cfg.target.dtype == "float32" else []
-    if cfg.quantization.weights == "fp8":
-        p.append("quantization.weights=fp8 with engine.backend=pytorch: this builder exports FP8 only as a TRT-LLM "
-                 "checkpoint (engine flow / reference engine); give an FP8 Hugging Face target instead, or use "
-                 "engine.backend tensorrt/reference")
+    if cfg.quantization.weights != "none" and v.engine_flow:
+        p.append(f"quantization.weights={cfg.quantization.weights} with engine.backend=pytorch on {v.name}: this "
+                 "builder writes a quantized Hugging Face checkpoint (ModelOpt's unified export) for the current "
+                 "line, whose loader it cites; set trtllm_version: '1.4', or use engine.backend tensorrt (FP8)")
     static, dyn = cfg.tree.choices, cfg.tree.dynamic
     if static is not None:
         try:
@@ -262,12 +262,24 @@ def trtllm_problems(cfg: BuildConfig) -> list[str]:
     reference engine's own limits, except that an EAGLE-3-only version refuses EAGLE-1/2 heads and static trees
     there too (the reference engine then serves that version's Triton layout and nothing it could not serve)."""
     v = registry.get(cfg.trtllm_version)
-    p = _backend_and_draft(cfg, v) + _load_aware(cfg, v) + _penalty(cfg, v)
+    p = _backend_and_draft(cfg, v) + _load_aware(cfg, v) + _penalty(cfg, v) + _nvfp4(cfg, v)
     if cfg.engine.backend == "tensorrt":
         p += _engine_flow(cfg, v)
     elif cfg.engine.backend == "pytorch":
         p += _pytorch(cfg, v)
     return p
+
+
+def _nvfp4(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    """NVFP4 is written as ModelOpt's Hugging Face export for the current line's PyTorch backend (and its reference
+    mirror); it runs on Blackwell GPUs only (FP4 tensor cores, compute capability 10.0 and later)."""
+    if cfg.quantization.weights != "nvfp4":
+        return []
+    if v.engine_flow or cfg.engine.backend == "tensorrt":
+        return [f"quantization.weights=nvfp4 on {v.name} with engine.backend={cfg.engine.backend}: NVFP4 is written "
+                "as ModelOpt's Hugging Face checkpoint for the current line only; set trtllm_version: '1.4' with "
+                "engine.backend pytorch (served on Blackwell GPUs) or reference (the CPU acceptance check)"]
+    return []
 
 
 def capture_problems(version_key: str, capture: list[int], num_target_layers: int) -> list[str]:

@@ -149,3 +149,24 @@ def test_the_acceptance_switch_per_sequence(mimic_ckpt: Path) -> None:
 def test_per_sequence_switch_needs_a_window_and_threshold() -> None:
     with pytest.raises(ValueError, match="per_sequence_switch needs acceptance_rate_window_size"):
         SpeculationPolicy(per_sequence_switch=True)
+
+
+def test_the_per_sequence_switch_in_the_config() -> None:
+    """tree.acceptance_switch_per_sequence reaches the engine's policy (reference.json); it is ours, so refused where
+    TensorRT-LLM runs, and it needs the window and threshold."""
+    from builders.engine.reference import reference_spec
+    from builders.speculation import speculation_problems
+    from tests.engine_cases import make_cfg
+
+    on = ["engine.backend=reference", "tree.choices=chain-3", "tree.acceptance_switch_per_sequence=true"]
+    window = ["tree.acceptance_rate_window_size=4", "tree.acceptance_rate_threshold=0.3"]
+    with pytest.raises(ValueError, match="tree.acceptance_switch_per_sequence needs tree.acceptance_rate_window_size "
+                       "and tree.acceptance_rate_threshold"):
+        make_cfg(*on)
+    good = make_cfg(*on, *window)
+    assert speculation_problems(good) == []
+    policy = reference_spec(good, random_head=False).policy()
+    assert policy is not None and policy.per_sequence_switch and policy.acceptance_rate_window_size == 4
+    with pytest.raises(ValueError, match=r"tree.acceptance_switch_per_sequence is ours \(the reference engine's\), not "
+                       "TensorRT-LLM's: engine.backend pytorch has only the switch for the whole batch; set it false"):
+        make_cfg(*on, *window, "engine.backend=pytorch", "trtllm_version=1.4", "draft.type=eagle3")

@@ -10,7 +10,10 @@ model has its `speculative` parameter false; in the llmapi layout (current line)
 name the build's engine, checkpoint and tokenizer (builders/triton/relocate.py), so OUT can be anywhere.
 Then `clients/loadtest.py --baseline-url` runs each concurrency level on both, one after the other, and writes the
 two throughput curves and their ratio (speculation_on_off.png, comparison.json) next to its usual report. With
---rounds R > 1 each round goes to OUT/round-K/ and OUT/sweep.json holds every round's ratio per level and their median.
+--rounds R > 1 each round goes to OUT/round-K/, every second round runs speculation off first at each level (its
+report then has the speculation-off server as `url` and EAGLE as the baseline), and OUT/sweep.json holds every
+round's EAGLE / speculation-off ratio per level and their median: on a machine whose load changes, the median of
+rounds in both orders is the figure to read.
 
 Inputs:  a finished build with engine.backend reference (either layout)
 Outputs: OUT[/round-K]/report.json (EAGLE), .../baseline/report.json (speculation off), .../comparison.json, the
@@ -102,18 +105,29 @@ def loadtest_argv(url: str, baseline_url: str, repo: Path, out: Path, args: argp
     ]
 
 
+def off_first(k: int) -> bool:
+    """Round k (0-based) runs speculation off first at each level: every second round."""
+    return k % 2 == 1
+
+
 def summarize(rounds: list[Path]) -> dict[str, Any]:
-    """Every round's on/off ratio per level (comparison.json) and their median."""
+    """Every round's EAGLE / speculation-off ratio per level (comparison.json; the rounds run off first are read
+    the other way round) and their median."""
     docs = [json.loads((r / "comparison.json").read_text()) for r in rounds]
     levels = [row["level"] for row in docs[0]["levels"]]
     out = []
     for i, level in enumerate(levels):
-        rows = [d["levels"][i] for d in docs]
-        ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+        on, off = [], []
+        for k, d in enumerate(docs):
+            row = d["levels"][i]
+            a, b = row["on_tokens_per_s"], row["off_tokens_per_s"]
+            on.append(b if off_first(k) else a)
+            off.append(a if off_first(k) else b)
+        ratios = [a / b for a, b in zip(on, off, strict=True) if b]
         out.append({"level": level, "ratios": ratios, "median_ratio": statistics.median(ratios) if ratios else None,
-                    "on_tokens_per_s": [r["on_tokens_per_s"] for r in rows],
-                    "off_tokens_per_s": [r["off_tokens_per_s"] for r in rows]})
-    return {"rounds": [str(r) for r in rounds], "levels": out}
+                    "on_tokens_per_s": on, "off_tokens_per_s": off})
+    return {"rounds": [str(r) for r in rounds], "off_first": [off_first(k) for k in range(len(rounds))],
+            "levels": out}
 
 
 def _levels(text: str) -> list[int]:
@@ -176,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                             log_path=args.out / f"tritonserver-{name}.log") for name, r in (("on", repo), ("off", off))]
     outs = [args.out] if args.rounds == 1 else [args.out / f"round-{k + 1}" for k in range(args.rounds)]
     with servers[0] as on_server, servers[1] as off_server:
-        for out in outs:
-            argv_ = loadtest_argv(on_server.grpc_url, off_server.grpc_url, repo, out, args)
+        for k, out in enumerate(outs):
+            first, second = (off_server, on_server) if off_first(k) else (on_server, off_server)
+            argv_ = loadtest_argv(first.grpc_url, second.grpc_url, repo, out, args)
             print("$ " + " ".join(argv_), flush=True)
             rc = subprocess.run(argv_, cwd=REPO, check=False).returncode
             if rc != 0:

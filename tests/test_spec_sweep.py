@@ -150,8 +150,11 @@ def _check_sweep(doc: dict, out: Path) -> None:
         on = json.loads((out / f"round-{k}" / "report.json").read_text())["levels"]
         off = json.loads((out / f"round-{k}" / "baseline" / "report.json").read_text())["levels"]
         assert [(lv["requests_ok"], lv["errors"]) for lv in on + off] == [(2, {})] * 4
+        if k == 2:  # the second round ran speculation off first
+            on, off = off, on
         assert all(lv["draft_tokens"] > 0 for lv in on)  # speculation on ...
         assert all(not lv["draft_tokens"] for lv in off)  # ... and off
+    assert doc["off_first"] == [False, True]
 
 
 @pytest.mark.server

@@ -48,7 +48,7 @@ class TritonPythonModel:
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
         from triton_repo.models import batcher, bounds, capture, common, llmapi_io, llmapi_refusals, spec_metrics
-        from triton_repo.models import versions
+        from triton_repo.models import step_profile, versions
 
         self.C, self.io, self.batcher_mod, self.bounds, self.common = contract, llmapi_io, batcher, bounds, common
         self.refusals = llmapi_refusals
@@ -69,14 +69,19 @@ class TritonPythonModel:
         # The limits come from the engine's spec (reference.json), the one source; the Triton stage checked at build
         # time that model.yaml's copies (what TensorRT-LLM's LLM reads) agree with it.
         self.limits = limits = self.engine.limits
+        profile = step_profile.for_llm_model(args["model_name"])  # $EAGLE_DEPLOY_STEP_PROFILE (off: None)
         session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=speculative,
-                                      on_tokens=self._on_tokens)
+                                      on_tokens=self._on_tokens if profile is None else profile.timed_send(
+                                          self._on_tokens))
+        if profile is not None:
+            session.laps = profile.laps
         self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], "reference", draft_depth(self.engine),
             self.engine.has_draft, spec_metrics.baseline_for(args), str(args.get("model_version", "")))
         self.capture = capture.Hook.of(pb_utils, args, "reference")  # opt-in store (models/capture.py)
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
-                                       max_queue_size=p.int("max_queue_size"), on_count=self.metrics.counts)
+                                       max_queue_size=p.int("max_queue_size"), on_count=self.metrics.counts,
+                                       profile=profile)
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         for r in requests:

@@ -170,3 +170,22 @@ def test_the_per_sequence_switch_in_the_config() -> None:
     with pytest.raises(ValueError, match=r"tree.acceptance_switch_per_sequence is ours \(the reference engine's\), not "
                        "TensorRT-LLM's: engine.backend pytorch has only the switch for the whole batch; set it false"):
         make_cfg(*on, *window, "engine.backend=pytorch", "trtllm_version=1.4", "draft.type=eagle3")
+
+
+def test_speculation_off_samples_exactly_as_target_only_decoding(mimic_ckpt: Path) -> None:
+    """Schedule {1: 0}: every decoding step is a plain target step, so a seeded sampled request draws the same
+    tokens as target-only decoding (same distribution, same generator use), and the drafter is only fed the
+    prompt."""
+    base, engine = _engine(mimic_ckpt, draft_len_schedule={1: 0})
+    req = GenerationRequest([5, 17, 33, 101, 7], 24, SamplingParams(temperature=0.9, top_p=0.95, seed=7), [])
+    [want] = base.generate([req], speculative=False)
+    s = engine.session(1, 64)
+    counted = Counted(s.draft.drafter)
+    s.add(req)
+    s.step()
+    after_prefill = counted.calls
+    while not s.done:
+        s.step()
+    got = s.pop(0)
+    assert got.output_ids == want.output_ids and got.stats.draft_tokens == 0
+    assert counted.calls == after_prefill == 1

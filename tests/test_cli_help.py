@@ -51,6 +51,7 @@ ENTRY_POINTS = {
     "scripts/reliability.py": ["scripts/reliability.py"],
     "scripts/bench_train_curve.py": ["scripts/bench_train_curve.py"],
     "scripts/spec_sweep.py": ["scripts/spec_sweep.py"],
+    "scripts/bench_served.py": ["scripts/bench_served.py"],
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
     "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
     "scripts/mutation.py": ["scripts/mutation.py"],

@@ -96,8 +96,10 @@ def _causal(b: int, n: int, device: torch.device) -> torch.Tensor:
 
 
 # ---- steps -----------------------------------------------------------------------------------------------------------
-def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot]) -> list[Accepted]:
-    """Prefill requests whose prompts have the same length in one forward; choose each one's first token."""
+def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot], defer: bool = False) -> list[Accepted]:
+    """Prefill requests whose prompts have the same length in one forward; choose each one's first token. `defer`:
+    the batch will not draft, so the drafter's pairs of the prompt go to each sequence's backlog (`Slot.behind`,
+    fed by `catch_up` when it drafts) instead of a drafter pass now."""
     dev = t.device
     prompt = torch.tensor([s.request.prompt_ids for s in group], device=dev)
     b, p = prompt.shape
@@ -111,7 +113,12 @@ def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot]) -> list[Acc
     if d is not None:
         # Drafter pairs (x_{t+1}, f_t) for t = 0..p-1: the prompt shifted by one, then the token just chosen.
         d_tokens = torch.cat([prompt[:, 1:], torch.tensor(first, device=dev)[:, None]], 1)
-        update_drafter(d, rows, d_tokens, d.drafter.features(hidden, captured), [p] * b)
+        feats = d.drafter.features(hidden, captured)
+        if defer:
+            for j, s in enumerate(group):
+                s.behind = list(zip(d_tokens[j].tolist(), feats[j].unbind(0)))
+        else:
+            update_drafter(d, rows, d_tokens, feats, [p] * b)
     for s, tok in zip(group, first):
         t.root[s.index] = tok
     return [Accepted(s.index, [tok], forwards=0) for s, tok in zip(group, first)]

@@ -189,7 +189,11 @@ class Session:
         self._stream()
 
     def _prefill(self, group: list[int]) -> None:
-        self._output(decode.prefill(self.target, self.draft, [self.slot(i) for i in group]))
+        """When the batch these requests join will not draft (the schedule at its size), the drafter's reading of
+        the prompts waits in their backlogs: speculation off costs nothing at prefill either."""
+        ps = self.policy_state
+        defer = ps is not None and ps.length(len(self.active)) == 0
+        self._output(decode.prefill(self.target, self.draft, [self.slot(i) for i in group], defer))
 
     def _target_step(self, active: list[int]) -> None:
         self._output(decode.target_step(self.target, [self.slot(i) for i in active]))

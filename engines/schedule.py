@@ -11,9 +11,10 @@ cited per version in builders/trtllm/ledger_llmapi.py), so the reference engine 
 A draft length d < the tree's depth keeps the tree's first d levels (for a chain: its first d nodes; for EAGLE-2
 dynamic trees: depth d and at most top_k * d tokens). Length 0 is a plain target step: no drafter forward, no tree;
 each sequence keeps the drafter's input of that step (token, target feature) in a backlog that one batched drafter
-pass feeds when it drafts again (engines/decode.py catch_up), so the drafter's cache is then complete. Every variant is
-the target's choice (verification of a draft, or a target step), so outputs are the target's whatever the schedule
-does.
+pass feeds when it drafts again (engines/decode.py catch_up), so the drafter's cache is then complete; a request
+that joins a batch which will not draft keeps its prompt's pairs in that backlog too (no drafter pass at prefill).
+Every variant is the target's choice (verification of a draft, or a target step), so outputs are the target's
+whatever the schedule does.
 
 Beyond upstream (ours): with `SpeculationPolicy.per_sequence_switch`, the acceptance window and threshold apply to
 each sequence on its own: a sequence whose own recent acceptance is low stops drafting (its row verifies its root

@@ -52,6 +52,12 @@ class LoadAwareFields(BaseModel):
         default=None, ge=0, le=1,
         description="Speculation turns off for good once the window's mean acceptance rate drops below this.",
     )
+    acceptance_switch_per_sequence: bool = Field(
+        default=False,
+        description="Ours, beyond TensorRT-LLM (engine.backend reference only): the acceptance window and threshold "
+        "apply to each sequence on its own, so a sequence whose own acceptance is low stops drafting while the others "
+        "keep drafting. False = TensorRT-LLM's one switch for the whole batch.",
+    )
 
     @field_validator("draft_len_schedule", mode="before")
     @classmethod
@@ -115,6 +121,13 @@ def speculation_problems(cfg: Any) -> list[str]:  # a builders.config.BuildConfi
     if t.max_concurrency is not None and t.max_concurrency > cfg.engine.max_batch_size:
         p.append(f"tree.max_concurrency={t.max_concurrency} exceeds engine.max_batch_size={cfg.engine.max_batch_size}: "
                  "no batch is ever that large, so speculation would never turn off; lower it or remove it")
+    if t.acceptance_switch_per_sequence:
+        if not window or threshold is None:
+            p.append("tree.acceptance_switch_per_sequence needs tree.acceptance_rate_window_size and "
+                     "tree.acceptance_rate_threshold (the window and threshold each sequence applies to itself)")
+        if cfg.engine.backend != "reference":
+            p.append(f"tree.acceptance_switch_per_sequence is ours (the reference engine's), not TensorRT-LLM's: "
+                     f"engine.backend {cfg.engine.backend} has only the switch for the whole batch; set it false")
     if t.draft_len_schedule is None or (t.draft_len_schedule == "auto" and t.schedule_file is None):
         return p
     try:

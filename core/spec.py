@@ -51,10 +51,13 @@ class ReferenceSpec(BaseModel):
     acceptance_rate_threshold: float | None = Field(
         default=None, ge=0, le=1, description="Speculation stops once the window's mean acceptance rate is below this."
     )
+    acceptance_switch_per_sequence: bool = Field(
+        default=False, description="Ours: the acceptance window and threshold apply to each sequence on its own."
+    )
 
     def policy(self) -> SpeculationPolicy | None:
         p = SpeculationPolicy(self.draft_len_schedule, self.max_concurrency, self.acceptance_rate_window_size,
-                              self.acceptance_rate_threshold)
+                              self.acceptance_rate_threshold, self.acceptance_switch_per_sequence)
         return None if p.is_static else p
 
     @model_validator(mode="before")

@@ -53,6 +53,9 @@ class SpeculationPolicy:
     max_concurrency: int | None = None
     acceptance_rate_window_size: int = 0
     acceptance_rate_threshold: float | None = None
+    # Ours, beyond TensorRT-LLM: the acceptance switch per sequence (each sequence's own window and threshold)
+    # instead of upstream's one switch for the whole batch.
+    per_sequence_switch: bool = False
 
     def __post_init__(self) -> None:
         s = self.draft_len_schedule
@@ -65,6 +68,8 @@ class SpeculationPolicy:
         t = self.acceptance_rate_threshold
         if self.acceptance_rate_window_size < 0 or (t is not None and not 0.0 <= t <= 1.0):
             raise ValueError("acceptance_rate_window_size must be >= 0 and acceptance_rate_threshold in [0, 1]")
+        if self.per_sequence_switch and not (self.acceptance_rate_window_size and t is not None):
+            raise ValueError("per_sequence_switch needs acceptance_rate_window_size and acceptance_rate_threshold")
 
     @property
     def is_static(self) -> bool:

@@ -84,6 +84,7 @@ class Speculated:
     hidden: torch.Tensor  # target hidden states at every tree node
     captured: list[torch.Tensor]  # the captured target layers at every tree node (EAGLE-3)
     accepted: list[Accepted]
+    on: list[bool]  # per sequence: whether it drafted (False: its drafter pair goes to its backlog)
 
 
 def rows_of(slots: list[Slot], device: torch.device) -> Rows:
@@ -95,8 +96,10 @@ def _causal(b: int, n: int, device: torch.device) -> torch.Tensor:
 
 
 # ---- steps -----------------------------------------------------------------------------------------------------------
-def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot]) -> list[Accepted]:
-    """Prefill requests whose prompts have the same length in one forward; choose each one's first token."""
+def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot], defer: bool = False) -> list[Accepted]:
+    """Prefill requests whose prompts have the same length in one forward; choose each one's first token. `defer`:
+    the batch will not draft, so the drafter's pairs of the prompt go to each sequence's backlog (`Slot.behind`,
+    fed by `catch_up` when it drafts) instead of a drafter pass now."""
     dev = t.device
     prompt = torch.tensor([s.request.prompt_ids for s in group], device=dev)
     b, p = prompt.shape
@@ -110,7 +113,12 @@ def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot]) -> list[Acc
     if d is not None:
         # Drafter pairs (x_{t+1}, f_t) for t = 0..p-1: the prompt shifted by one, then the token just chosen.
         d_tokens = torch.cat([prompt[:, 1:], torch.tensor(first, device=dev)[:, None]], 1)
-        update_drafter(d, rows, d_tokens, d.drafter.features(hidden, captured), [p] * b)
+        feats = d.drafter.features(hidden, captured)
+        if defer:
+            for j, s in enumerate(group):
+                s.behind = list(zip(d_tokens[j].tolist(), feats[j].unbind(0)))
+        else:
+            update_drafter(d, rows, d_tokens, feats, [p] * b)
     for s, tok in zip(group, first):
         t.root[s.index] = tok
     return [Accepted(s.index, [tok], forwards=0) for s, tok in zip(group, first)]
@@ -118,10 +126,23 @@ def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot]) -> list[Acc
 
 def target_step(t: TargetBatch, slots: list[Slot]) -> list[Accepted]:
     """One target forward per sequence at its last chosen token; the next token from its logits."""
+    return _target_step(t, slots, ())[0]
+
+
+def plain_step(t: TargetBatch, d: DraftBatch, slots: list[Slot]) -> tuple[list[Accepted], torch.Tensor]:
+    """A step without drafting in a speculating batch: exactly a target-only step (no drafter forward, no tree),
+    which also returns each sequence's drafter feature at its position (B, F), for its backlog (`Slot.behind`)."""
+    accepted, hidden, captured = _target_step(t, slots, t.capture)
+    return accepted, d.drafter.features(hidden, captured)[:, 0]
+
+
+def _target_step(t: TargetBatch, slots: list[Slot], capture: tuple[int, ...]
+                 ) -> tuple[list[Accepted], torch.Tensor, list[torch.Tensor]]:
     dev = t.device
     rows = rows_of(slots, dev)
     ones = torch.ones(len(slots), 1, 1, dtype=torch.bool, device=dev)
-    hidden, _ = t.model.forward(t.root[rows.idx][:, None], rows.step(rows.lens[:, None], ones), t.cache)
+    hidden, captured = t.model.forward(t.root[rows.idx][:, None], rows.step(rows.lens[:, None], ones), t.cache,
+                                       capture)
     logits = t.model.lm_head(hidden[:, 0])
     tops = logits.argmax(-1).tolist()  # one read-back for the greedy sequences of the batch
     accepted = []
@@ -131,31 +152,68 @@ def target_step(t: TargetBatch, slots: list[Slot]) -> list[Accepted]:
         tok = tops[j] if sp.greedy else choose(logits[j], sp, s.gen)
         t.root[s.index] = tok
         accepted.append(Accepted(s.index, [tok]))
-    return accepted
+    return accepted, hidden, captured
 
 
-def speculate(t: TargetBatch, d: DraftBatch, slots: list[Slot], laps: Laps) -> Speculated:
-    """draft a tree -> verify all of it in ONE target forward -> walk to the accepted path -> compact its K/V."""
+def speculate(t: TargetBatch, d: DraftBatch, slots: list[Slot], laps: Laps, on: list[bool] | None = None
+              ) -> Speculated:
+    """draft a tree -> verify all of it in ONE target forward -> walk to the accepted path -> compact its K/V.
+
+    `on[j]` False: sequence j does not draft this step (its own acceptance switch): its row verifies the root alone
+    in the same forward and its drafter pair goes to its backlog. Sequences that draft again first catch the drafter
+    up on their backlog (`catch_up`)."""
     laps.start()
+    on = [True] * len(slots) if on is None else on
+    behind = [s for s, o in zip(slots, on) if o and s.behind]
+    if behind:
+        catch_up(d, behind)
+        laps.lap("drafter catch-up")
     rows = rows_of(slots, t.device)
-    tree = draft(t, d, rows, laps)
+    tree, drafted = draft(t, d, rows, laps, on)
     hidden, captured = verify(t, rows, tree)
     laps.lap("verify")
     walked = walk(t, slots, tree, hidden)
     laps.lap("walk")
     compact(t, rows, walked)
     laps.lap("kv compaction")
-    accepted = [Accepted(s.index, w.tokens, forwards=1, drafted=tree.size - 1, accepted=len(w.path) - 1)
-                for s, w in zip(slots, walked)]
-    return Speculated(slots, walked, hidden, captured, accepted)
+    accepted = [Accepted(s.index, w.tokens, forwards=1, drafted=n, accepted=len(w.path) - 1)
+                for s, w, n in zip(slots, walked, drafted)]
+    return Speculated(slots, walked, hidden, captured, accepted, on)
 
 
 # ---- the parts of a speculative step ---------------------------------------------------------------------------------
-def draft(t: TargetBatch, d: DraftBatch, rows: Rows, laps: Laps) -> TreeBatch:
+def draft(t: TargetBatch, d: DraftBatch, rows: Rows, laps: Laps, on: list[bool] | None = None
+          ) -> tuple[TreeBatch, list[int]]:
+    """The step's trees (the rows with `on` False: the root alone, padded) and the draft tokens of each row."""
     if d.state is None:
         raise RuntimeError("a speculative step before any prefill: the drafter has no state yet")
-    state = DraftState(d.state.h[rows.idx], d.state.logits[rows.idx])
-    return d.drafting.draft(d.drafter, d.cache, rows, t.root[rows.idx], state, laps.lap)
+    on = [True] * len(rows.host) if on is None else on
+    sub = [j for j, o in enumerate(on) if o]
+    part = rows if len(sub) == len(on) else Rows.of([rows.host[j] for j in sub], [rows.host_lens[j] for j in sub],
+                                                     t.device)
+    state = DraftState(d.state.h[part.idx], d.state.logits[part.idx])
+    tree = d.drafting.draft(d.drafter, d.cache, part, t.root[part.idx], state, laps.lap)
+    drafted = [tree.size - 1 if o else 0 for o in on]
+    return (tree if len(sub) == len(on) else root_only_rows(tree, sub, t.root[rows.idx])), drafted
+
+
+def root_only_rows(tree: TreeBatch, sub: list[int], roots: torch.Tensor) -> TreeBatch:
+    """The trees of the rows `sub` in a batch of len(roots) rows whose other rows verify their root alone: their
+    other nodes are their own parents (no walk reaches them) and see only themselves."""
+    b, n = roots.shape[0], tree.size
+    dev = roots.device
+    idx = torch.tensor(sub, device=dev)
+    tokens = torch.zeros(b, n, dtype=tree.tokens.dtype, device=dev)
+    tokens[:, 0] = roots
+    tokens[idx] = tree.tokens
+    parent = torch.arange(n, device=dev).expand(b, n).clone()
+    parent[:, 0] = 0
+    parent[idx] = tree.parent
+    depth = torch.zeros(b, n, dtype=tree.depth.dtype, device=dev)
+    depth[idx] = tree.depth
+    anc = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n).clone()
+    anc[idx] = tree.anc
+    return TreeBatch(tokens, parent, depth, anc)
 
 
 def verify(t: TargetBatch, rows: Rows, tree: TreeBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -235,7 +293,11 @@ def commit_drafter(t: TargetBatch, d: DraftBatch, step: Speculated, going: list[
         t.root[s.index] = w.tokens[-1]
         at = torch.tensor(w.path, device=dev)
         feats = d.drafter.features(step.hidden[j, at][None], [c[j, at][None] for c in step.captured])[0]
-        feed.append((s, w.tokens, feats))
+        if step.on[j]:
+            feed.append((s, w.tokens, feats))
+        else:  # not drafting: the root alone was verified (one token), its pair waits in the backlog
+            s.behind.append((w.tokens[0], feats[0]))
+            s.length += 1
     if not feed:
         return
     n = [len(new) for _, new, _ in feed]
@@ -262,3 +324,29 @@ def update_drafter(d: DraftBatch, rows: Rows, tokens: torch.Tensor, feats: torch
         d.state = DraftState(last.new_zeros(d.capacity, last.shape[-1]), logits.new_zeros(d.capacity, logits.shape[-1]))
     d.state.h[rows.idx] = last
     d.state.logits[rows.idx] = logits
+
+
+def catch_up(d: DraftBatch, slots: list[Slot]) -> None:
+    """Feed the drafter the backlogs of `slots` (the pairs of the steps they took without drafting) in one batched
+    pass, padded to the longest; the drafter's cache and state are then those of a drafter fed at every step. Padded
+    entries land past each sequence's committed length, where the next step overwrites them; when they would not fit
+    the cache, sequences with equal backlogs go together instead."""
+    longest = max(len(s.behind) for s in slots)
+    if max(s.length - len(s.behind) for s in slots) + longest > d.cache.slots:
+        by_len: dict[int, list[Slot]] = {}
+        for s in slots:
+            by_len.setdefault(len(s.behind), []).append(s)
+        if len(by_len) > 1:
+            for group in by_len.values():
+                catch_up(d, group)
+            return
+    dev = d.cache.k[0].device
+    n = [len(s.behind) for s in slots]
+    tok = torch.tensor([[tk for tk, _ in s.behind] + [0] * (longest - len(s.behind)) for s in slots], device=dev)
+    f0 = slots[0].behind[0][1]
+    ft = f0.new_zeros(len(slots), longest, f0.shape[-1])
+    for j, s in enumerate(slots):
+        ft[j, : n[j]] = torch.stack([f for _, f in s.behind])
+    update_drafter(d, Rows.of([s.index for s in slots], [s.length - k for s, k in zip(slots, n)], dev), tok, ft, n)
+    for s in slots:
+        s.behind = []

@@ -9,9 +9,16 @@ cited per version in builders/trtllm/ledger_llmapi.py), so the reference engine 
   drafted draft tokens of the whole batch) of the last W speculating steps drops below T, speculation stays off.
 
 A draft length d < the tree's depth keeps the tree's first d levels (for a chain: its first d nodes; for EAGLE-2
-dynamic trees: depth d and at most top_k * d tokens). Length 0 verifies the root alone: one target forward that still
-feeds the drafter, so the drafter's cache stays complete for the steps that speculate again. Every variant is a
-verification of a draft by the target, so outputs are the target's whatever the schedule does.
+dynamic trees: depth d and at most top_k * d tokens). Length 0 is a plain target step: no drafter forward, no tree;
+each sequence keeps the drafter's input of that step (token, target feature) in a backlog that one batched drafter
+pass feeds when it drafts again (engines/decode.py catch_up), so the drafter's cache is then complete; a request
+that joins a batch which will not draft keeps its prompt's pairs in that backlog too (no drafter pass at prefill).
+Every variant is the target's choice (verification of a draft, or a target step), so outputs are the target's
+whatever the schedule does.
+
+Beyond upstream (ours): with `SpeculationPolicy.per_sequence_switch`, the acceptance window and threshold apply to
+each sequence on its own: a sequence whose own recent acceptance is low stops drafting (its row verifies its root
+alone in the batch's forward) while the others keep drafting.
 
 The rule itself is core/speculation.py (torch-free); this module applies it per step (the session calls
 `scheduled_step` when its runtime has a policy).
@@ -26,36 +33,11 @@ from dataclasses import dataclass, field
 import torch
 
 from core.speculation import SpeculationPolicy, draft_len_for, truncate
-from core.trees import DraftTree, DynamicTree
 from engines.decode import DraftBatch
-from engines.draft import DraftState, Lap
 from engines.drafting import Drafting, drafting_for
-from engines.model import Drafter, KVCache, Rows
-from engines.slots import Accepted
-from engines.tree import TreeBatch
+from engines.slots import Accepted, Slot
 
-__all__ = ["PolicyState", "RootOnly", "SpeculationPolicy", "draft_len_for", "truncate"]
-
-
-@dataclass(frozen=True)
-class RootOnly:
-    """Draft length 0: no draft token; the target verifies the root alone and chooses the next token, and the
-    drafter is still fed (the session commits the step to it), so its cache stays complete."""
-
-    tree: DraftTree | DynamicTree  # the engine's tree (what the drafter was built for)
-
-    @property
-    def scratch_slots(self) -> int:
-        return 0
-
-    def draft(self, drafter: Drafter, cache: KVCache, rows: Rows, root: torch.Tensor, state: DraftState,
-              lap: Lap) -> TreeBatch:
-        b, dev = root.shape[0], root.device
-        zeros = torch.zeros(b, 1, dtype=torch.long, device=dev)
-        return TreeBatch(root[:, None], zeros, zeros.clone(), torch.ones(b, 1, 1, dtype=torch.bool, device=dev))
-
-    def describe(self) -> str:
-        return "no draft (speculation off for this step)"
+__all__ = ["PolicyState", "SpeculationPolicy", "draft_len_for", "truncate"]
 
 
 @dataclass
@@ -75,24 +57,48 @@ class PolicyState:
         if length == self.full.tree.depth:
             return self.full
         if length not in self.by_length:
-            self.by_length[length] = (RootOnly(self.full.tree) if length == 0
-                                      else drafting_for(truncate(self.full.tree, length), self.device))
+            self.by_length[length] = drafting_for(truncate(self.full.tree, length), self.device)
         return self.by_length[length]
 
     def length(self, batch: int) -> int:
         return 0 if self.switched_off else self.policy.draft_len(batch, self.full.tree.depth)
 
     def for_step(self, d: DraftBatch, batch: int) -> DraftBatch:
-        """The drafter side of a step of `batch` sequences: `d` drafting the policy's length (same head, cache and
-        state: only the drafting strategy differs)."""
-        drafting = self.drafting(self.length(batch))
+        """The drafter side of a drafting step of `batch` sequences: `d` drafting the policy's length (>= 1; same
+        head, cache and state: only the drafting strategy differs)."""
+        length = self.length(batch)
+        if length == 0:
+            raise ValueError(f"no draft at batch {batch}: the step is a plain target step (Session._plain_step)")
+        drafting = self.drafting(length)
         return d if drafting is d.drafting else dataclasses.replace(d, drafting=drafting)
 
-    def after_step(self, batch: int, accepted: list[Accepted]) -> None:
+    def drafting_now(self, slots: list[Slot]) -> list[bool]:
+        """Per sequence of a step, whether it drafts: the batch's length is > 0 and (per-sequence switch) its own
+        switch is on."""
+        if self.length(len(slots)) == 0:
+            return [False] * len(slots)
+        return [not s.drafting_off for s in slots]
+
+    def after_step(self, batch: int, accepted: list[Accepted], slots: list[Slot]) -> None:
         drafted = sum(a.drafted for a in accepted)
         self.drafted_by_batch[batch] = self.drafted_by_batch.get(batch, 0) + drafted
-        if drafted:
+        if self.policy.per_sequence_switch:
+            for s, a in zip(slots, accepted):
+                if a.drafted:
+                    self.record_sequence(s, a.drafted, a.accepted)
+        elif drafted:
             self.record(drafted, sum(a.accepted for a in accepted))
+
+    def record_sequence(self, s: Slot, drafted: int, accepted: int) -> None:
+        """One sequence's speculating step; its own switch (permanent for the sequence once below the threshold)."""
+        p = self.policy
+        if not p.acceptance_rate_window_size or p.acceptance_rate_threshold is None:
+            return
+        s.window.append(accepted / drafted)
+        del s.window[: -p.acceptance_rate_window_size]
+        if len(s.window) == p.acceptance_rate_window_size and sum(s.window) / len(s.window) < (
+                p.acceptance_rate_threshold):
+            s.drafting_off = True
 
     def record(self, drafted: int, accepted: int) -> None:
         """One speculating step's totals; the window switch (upstream: permanent once below the threshold)."""

@@ -189,22 +189,47 @@ class Session:
         self._stream()
 
     def _prefill(self, group: list[int]) -> None:
-        self._output(decode.prefill(self.target, self.draft, [self.slot(i) for i in group]))
+        """When the batch these requests join will not draft (the schedule at its size), the drafter's reading of
+        the prompts waits in their backlogs: speculation off costs nothing at prefill either."""
+        ps = self.policy_state
+        defer = ps is not None and ps.length(len(self.active)) == 0
+        self._output(decode.prefill(self.target, self.draft, [self.slot(i) for i in group], defer))
 
     def _target_step(self, active: list[int]) -> None:
         self._output(decode.target_step(self.target, [self.slot(i) for i in active]))
 
     def _speculative_step(self, d: DraftBatch, active: list[int]) -> None:
-        """draft, verify, accept (decode.speculate) -> output -> commit to the drafter the sequences still going."""
+        """draft, verify, accept (decode.speculate) -> output -> commit to the drafter the sequences still going.
+        When the schedule or the acceptance switch leaves no sequence drafting, the step is a plain target step
+        (`_plain_step`); a sequence switched off alone verifies its root in the others' forward."""
         ps = self.policy_state  # a shorter draft (or none) for this batch size; the drafter state stays in `d`
-        step = decode.speculate(self.target, d if ps is None else ps.for_step(d, len(active)),
-                                [self.slot(i) for i in active], self.laps)
+        slots = [self.slot(i) for i in active]
+        on = [True] * len(slots) if ps is None else ps.drafting_now(slots)
+        if not any(on):
+            self._plain_step(d, slots)
+            return
+        step = decode.speculate(self.target, d if ps is None else ps.for_step(d, len(active)), slots, self.laps,
+                                None if all(on) else on)
         going = self._output(step.accepted)
         self.laps.lap("output")
         decode.commit_drafter(self.target, d, step, going)
         self.laps.lap("drafter update")
         if ps is not None:
-            ps.after_step(len(active), step.accepted)
+            ps.after_step(len(active), step.accepted, slots)
+
+    def _plain_step(self, d: DraftBatch, slots: list[Slot]) -> None:
+        """A target-only step (no drafter forward, no tree); each sequence still going keeps its drafter pair in
+        its backlog, fed in one batched pass when it drafts again (decode.catch_up)."""
+        self.laps.start()
+        accepted, feats = decode.plain_step(self.target, d, slots)
+        self.laps.lap("target step")
+        going = self._output(accepted)
+        for j, (s, a) in enumerate(zip(slots, accepted)):
+            if going[j]:
+                s.behind.append((a.tokens[0], feats[j]))
+        self.laps.lap("output")
+        if self.policy_state is not None:
+            self.policy_state.after_step(len(slots), accepted, slots)
 
     def _output(self, accepted: list[Accepted]) -> list[bool]:
         """Apply what a step accepted: tokens up to a stop condition, statistics, the outbox; returns, per entry,

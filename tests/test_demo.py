@@ -27,7 +27,11 @@ def test_commands_are_the_documented_client_invocations(tmp_path: Path) -> None:
     assert lt[lt.index("--concurrency") + 1] == "1" and lt[lt.index("--requests") + 1] == "2"
     assert lt[lt.index("--out") + 1] == str(tmp_path / "out")
     full = demo.plan_for(tmp_path / "c.yaml", quick=False, prompt="x")
-    assert (full.answer_tokens, full.load_concurrency, full.load_prompts) == (96, "1,2", None)
+    assert (full.answer_tokens, full.load_concurrency, full.load_prompts) == (96, "1,2,4", None)
+    assert "--baseline-url" not in lt
+    both = demo.loadtest_argv("127.0.0.1:9", tmp_path / "repo", tmp_path / "p.jsonl", tmp_path / "out", plan,
+                              baseline_url="127.0.0.1:10")
+    assert both[both.index("--baseline-url") + 1] == "127.0.0.1:10"
     assert gen[gen.index("--timeout") + 1] == lt[lt.index("--timeout") + 1] == str(demo.REQUEST_TIMEOUT_S)
 
 
@@ -66,6 +70,11 @@ def test_demo_end_to_end_on_tiny_models(tiny_target: Path, eagle_head: Path, tmp
     assert f"load c=1: tau {level['tau']:.2f} tokens/step" in out
     for d in ("checkpoint", "engine", "triton_repo"):
         assert (tmp_path / "build" / d / "manifest.json").is_file()
+    served = summary["served_on_off"]["c=1"]  # EAGLE server vs the same build served without speculation
+    assert served["eagle_tokens_per_s"] > 0 and served["off_tokens_per_s"] > 0
+    assert f"    c=1: {served['eagle_tokens_per_s']:.1f} vs {served['off_tokens_per_s']:.1f} tokens/s = " in out
+    off_report = json.loads((tmp_path / "build/demo_results/loadtest/baseline/report.json").read_text())
+    assert off_report["levels"][0]["requests_ok"] == 2 and not off_report["levels"][0]["draft_tokens"]
     s = summary["speedup"]
     assert f"EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f}" in out
     assert ("tune_tree.py --objective speed" in out) == (s["ratio"] < 1.0)  # the hint only where EAGLE is slower

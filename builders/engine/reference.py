@@ -57,4 +57,5 @@ def reference_spec(cfg: BuildConfig, random_head: bool, hf_target_dir: Path | No
         max_concurrency=cfg.tree.max_concurrency,
         acceptance_rate_window_size=cfg.tree.acceptance_rate_window_size or 0,
         acceptance_rate_threshold=cfg.tree.acceptance_rate_threshold,
+        acceptance_switch_per_sequence=cfg.tree.acceptance_switch_per_sequence,
     )

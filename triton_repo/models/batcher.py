@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from triton_repo import contract as C
+from triton_repo.models.step_profile import StepProfile
 
 
 @dataclass
@@ -97,8 +98,11 @@ class Batcher:
         max_queue_size: int,
         deadline_s: float = float("inf"),
         on_count: Callable[[int, int], None] = lambda in_flight, queued: None,
+        profile: StepProfile | None = None,
     ) -> None:
-        """`on_count(in_flight, queued)` is called whenever either changes (queued = admitted, not in a slot)."""
+        """`on_count(in_flight, queued)` is called whenever either changes (queued = admitted, not in a slot).
+        `profile` (models/step_profile.py, $EAGLE_DEPLOY_STEP_PROFILE) records where each step's time goes."""
+        self.profile = profile
         self._session, self._request_of, self._finish, self._on_count = session, request_of, finish, on_count
         self.max_batch_size, self.max_queue_size, self.deadline_s = session.capacity, max_queue_size, deadline_s
         self._q: queue.Queue[Job | None] = queue.Queue()
@@ -151,15 +155,25 @@ class Batcher:
     # ---- worker thread ------------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
+            t0 = time.perf_counter()
             self._expire_queued()
             self._join_new()
             self._drop_cancelled()
-            if not self._session.done:
+            t1 = t2 = time.perf_counter()
+            stepped, batch, prefill = not self._session.done, len(self._slots), bool(getattr(self._session,
+                                                                                              "pending", ()))
+            if stepped:
                 try:
                     self._session.step()
                 except Exception as e:  # the session itself failed: every running job gets the error
                     self._fail_all(f"engine error: {type(e).__name__}: {e}")
-            for slot in self._session.finished:
+                t2 = time.perf_counter()
+            self._pop_finished()
+            if stepped and self.profile is not None:
+                self.profile.step(batch, prefill, t1 - t0, t2 - t1, time.perf_counter() - t2)
+
+    def _pop_finished(self) -> None:
+        for slot in self._session.finished:
                 job = self._slots.pop(slot)
                 self._set_running(len(self._slots))
                 job.result = self._session.pop(slot)  # kept whatever ended it: its counters are still real

@@ -17,7 +17,8 @@ It refuses with INVALID_ARGUMENT what TensorRT-LLM's one-model speculative path 
 enable_penalty, which this engine never has; cumulative logprobs: models/llmapi_refusals.py, the rule upstream's model
 is held to under engine.backend pytorch too) and what the reference engine cannot do (best_of > 1, LoRA adapters).
 The engine and its draft tree come from `<build_dir>/engine/reference.json`; model.yaml's speculative_config must
-describe the same tree (checked at load). Requests are batched in flight by triton_repo/models/batcher.py.
+describe the same tree (checked at load); without a speculative_config the model decodes without speculation, as
+the LLM API does. Requests are batched in flight by triton_repo/models/batcher.py.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class TritonPythonModel:
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
         from triton_repo.models import batcher, capture, common, llmapi_io, llmapi_refusals, ownership, spec_metrics
-        from triton_repo.models import versions
+        from triton_repo.models import step_profile, versions
 
         self.C, self.io, self.batcher_mod, self.ownership, self.common = contract, llmapi_io, batcher, ownership, common
         self.refusals = llmapi_refusals
@@ -58,20 +59,29 @@ class TritonPythonModel:
         p = common.Params.of(args)
         self.engine = versions.engine_for(args, Path(p.path("build_dir")))  # this version's head (models/versions.py)
         self.spec = doc.get("speculative_config") or {}
-        llmapi_io.check_tree(self.spec, self.engine.tree)
-        llmapi_io.check_policy(self.spec, self.engine.policy)
+        # No speculative_config: the LLM API decodes without speculation, and so does this mirror (the same engine,
+        # target-only steps); scripts/spec_sweep.py serves such a copy as its baseline.
+        speculative = bool(self.spec)
+        if speculative:
+            llmapi_io.check_tree(self.spec, self.engine.tree)
+            llmapi_io.check_policy(self.spec, self.engine.policy)
         self.tokenizer = self.engine.tokenizer
         # The limits come from the engine's spec (reference.json), the one source; the Triton stage checked at build
         # time that model.yaml's copies (what TensorRT-LLM's LLM reads) agree with it.
         self.limits = limits = self.engine.limits
-        session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=True,
-                                      on_tokens=self._on_tokens)
+        profile = step_profile.for_llm_model(args["model_name"])  # $EAGLE_DEPLOY_STEP_PROFILE (off: None)
+        session = self.engine.session(limits.max_batch_size, limits.max_seq_len, speculative=speculative,
+                                      on_tokens=self._on_tokens if profile is None else profile.timed_send(
+                                          self._on_tokens))
+        if profile is not None:
+            session.laps = profile.laps
         self.metrics = spec_metrics.SpecMetrics(
             pb_utils, args["model_name"], "reference", draft_depth(self.engine),
             self.engine.has_draft, spec_metrics.baseline_for(args), str(args.get("model_version", "")))
         self.capture = capture.Hook.of(pb_utils, args, "reference")  # opt-in store (models/capture.py)
         self.batcher = batcher.Batcher(session, lambda job: job.payload.request, self._finish,
-                                       max_queue_size=p.int("max_queue_size"), on_count=self.metrics.counts)
+                                       max_queue_size=p.int("max_queue_size"), on_count=self.metrics.counts,
+                                       profile=profile)
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         for r in requests:

@@ -8,6 +8,8 @@ postprocessing has sent the LLM model tensorrtllm_backend's `stop` for that requ
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 import numpy as np
@@ -25,8 +27,9 @@ def _required(r: pb_utils.InferenceRequest, name: str) -> np.ndarray[Any, Any]:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         project_on_path(args)
-        from triton_repo.models import common, perf_bridge, stop_relay
+        from triton_repo.models import common, perf_bridge, step_profile, stop_relay
 
+        self.profile = step_profile.for_model(args["model_name"])  # $EAGLE_DEPLOY_STEP_PROFILE (off: None)
         p = common.Params.of(args)
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.skip_special_tokens = p.bool("skip_special_tokens")
@@ -36,6 +39,14 @@ class TritonPythonModel:
         self.relay = stop_relay.StopRelay(pb_utils, p.str("llm_model")) if p.bool("decoupled") else None
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
+        if self.profile is None:
+            return self._execute(requests)
+        t0 = time.perf_counter()
+        out = self._execute(requests)
+        self.profile.write({"requests": len(requests), "ms": 1e3 * (time.perf_counter() - t0)})
+        return out
+
+    def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
         out = []
         for r in requests:
             if self.relay is not None:

@@ -11,6 +11,8 @@ asking for sampling) get INVALID_ARGUMENT with a message; the other requests of 
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 import numpy.typing as npt
@@ -28,10 +30,11 @@ class TritonPythonModel:
         project_on_path(args)
         from triton_repo import contract
         from core.types import Limits
-        from triton_repo.models import bounds, common, guard, llm_io, ownership
+        from triton_repo.models import bounds, common, guard, llm_io, ownership, step_profile
 
         self.C, self.common, self.io, self.bounds, self.ownership = contract, common, llm_io, bounds, ownership
         cfg = common.model_config(args)
+        self.profile = step_profile.for_model(args["model_name"])  # $EAGLE_DEPLOY_STEP_PROFILE (off: None)
         p = common.Params.of(args)
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
@@ -47,6 +50,14 @@ class TritonPythonModel:
         self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
+        if self.profile is None:
+            return self._execute(requests)
+        t0 = time.perf_counter()
+        out = self._execute(requests)
+        self.profile.write({"requests": len(requests), "ms": 1e3 * (time.perf_counter() - t0)})
+        return out
+
+    def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
         out = []
         for r in requests:
             try:

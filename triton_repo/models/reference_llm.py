@@ -36,7 +36,7 @@ class TritonPythonModel:
         from triton_repo import contract
         from triton_repo.models.common import draft_depth
         from triton_repo.models import (batcher, capture, common, guard, llm_io, ownership, spec_metrics,
-                                         versions)
+                                         step_profile, versions)
 
         self.C, self.common, self.io, self.batcher_mod, self.ownership = contract, common, llm_io, batcher, ownership
         p = common.Params.of(args)
@@ -57,12 +57,15 @@ class TritonPythonModel:
         self.capture = capture.Hook.of(pb_utils, args, p.str("llm_kind"))  # opt-in store (models/capture.py)
         # One session for the model's lifetime: its caches are allocated once for max_batch_size sequences of up to
         # max_seq_len tokens; slots are reused as requests come and go.
-        self.session = session = self.engine.session(self.limits.max_batch_size, self.limits.max_seq_len,
-                                      speculative=p.bool("speculative"),
-                                      on_tokens=self._on_tokens)
+        profile = step_profile.for_llm_model(args["model_name"])  # $EAGLE_DEPLOY_STEP_PROFILE (off: None)
+        self.session = session = self.engine.session(
+            self.limits.max_batch_size, self.limits.max_seq_len, speculative=p.bool("speculative"),
+            on_tokens=self._on_tokens if profile is None else profile.timed_send(self._on_tokens))
+        if profile is not None:
+            session.laps = profile.laps
         self.batcher = batcher.Batcher(
             session, lambda job: job.payload[0].request, self._finish, max_queue_size=p.int("max_queue_size"),
-            deadline_s=float(p.str("request_deadline_s")), on_count=self.metrics.counts,
+            deadline_s=float(p.str("request_deadline_s")), on_count=self.metrics.counts, profile=profile,
         )
 
     # ---- requests in ------------------------------------------------------------------------------------------

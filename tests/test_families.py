@@ -102,7 +102,12 @@ def test_deepseek_v3_target_is_accepted_and_its_kv_sized_as_mla(tmp_path: Path, 
     (target / "config.json").write_text(DEEPSEEK_V3.read_text())
     # 1,250 GiB of bf16 weights + one 64-token sequence of MLA KV fit 1300 GiB; the refusal names both.
     ok = _cfg(tmp_path, "ok", target, eagle3_head, "pytorch", memory_budget_gib=1300)
-    assert build.main([str(ok), "--dry-run"]) == 0
+    # --dry-run runs the real preflight: this config-only target (no tokenizer) and the tiny head are refused for
+    # what they are, but neither the architecture nor the capacity is among the problems
+    assert build.main([str(ok), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no tokenizer.json or tokenizer.model" in err, err
+    assert "not in the architecture table" not in err and "GiB" not in err, err
     assert architectures.problems("DeepseekV3ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
                                   where="t") == []
     capsys.readouterr()

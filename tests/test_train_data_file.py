@@ -79,7 +79,7 @@ def test_config_rules_and_relative_path(tmp_path: Path, tiny_target: Path) -> No
 
 def test_missing_file_says_what_to_fix(tmp_path: Path, tiny_target: Path) -> None:
     cfg = load_train_config(recipe(tmp_path, tiny_target, "absent.jsonl"))
-    with pytest.raises(tdata.DataError, match=r"data.path=.*absent.jsonl: no such file; point it at a ShareGPT"):
+    with pytest.raises(tdata.DataError, match=r"data.path .*absent.jsonl: no such file; point it at a ShareGPT"):
         tdata.conversations_file(cfg.data)
 
 

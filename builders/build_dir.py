@@ -15,6 +15,7 @@ import json
 import os
 import re
 import stat
+from core.files import pid_alive
 from pathlib import Path
 from typing import Any
 
@@ -178,16 +179,6 @@ def write_resolved(build_dir: Path, text: str) -> None:
     os.replace(tmp, build_dir / RESOLVED)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def dead_temp_dirs(build_dir: Path, stages: list[str]) -> list[Path]:
     """`.<stage>.tmp-<pid>` / `.<stage>.old-<pid>` directories left by builds that are no longer running (killed
     builds leave them; a live pid may be a concurrent build, so its directories stay). Only for our `stages`, and
@@ -198,7 +189,7 @@ def dead_temp_dirs(build_dir: Path, stages: list[str]) -> list[Path]:
     out = []
     for p in sorted(build_dir.iterdir()):
         m = _TEMP.match(p.name)
-        if not m or m.group("stage") not in stages or _alive(int(m.group("pid"))):
+        if not m or m.group("stage") not in stages or pid_alive(int(m.group("pid"))):
             continue
         if is_marked(p) or (p.name.startswith(f".{m.group('stage')}.old-") and is_ours(p, m.group("stage"))):
             out.append(p)

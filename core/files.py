@@ -93,3 +93,14 @@ def writable_file(path: Path, what: str) -> None:
         raise InputFileError(f"{what} {p}: is {kind}; give a file path")
     if not p.parent.is_dir():
         raise InputFileError(f"{what} {p}: directory {p.parent} does not exist")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True

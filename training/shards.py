@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from core.files import pid_alive
 from pathlib import Path
 
 import torch
@@ -16,16 +17,6 @@ def shard_path(work_dir: Path, kind: str, index: int) -> Path:
 TEMP = re.compile(r"\.tmp-(?P<pid>\d+)$")  # atomic_save's temporary files: <name>.tmp-<pid>
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def remove_stale_temps(directory: Path) -> list[Path]:
     """Delete the temporary files atomic_save left in `directory` when its process was killed mid-save (those of a
     process still running are kept: another rank or run may be writing them). Returns what was removed."""
@@ -33,7 +24,7 @@ def remove_stale_temps(directory: Path) -> list[Path]:
     if directory.is_dir():
         for p in sorted(directory.iterdir()):
             m = TEMP.search(p.name)
-            if m and p.is_file() and not p.is_symlink() and not _alive(int(m.group("pid"))):
+            if m and p.is_file() and not p.is_symlink() and not pid_alive(int(m.group("pid"))):
                 p.unlink(missing_ok=True)  # another rank may have removed it first
                 removed.append(p)
     return removed

@@ -8,7 +8,6 @@ postprocessing has sent the LLM model tensorrtllm_backend's `stop` for that requ
 
 from __future__ import annotations
 
-import time
 
 from typing import Any
 
@@ -30,6 +29,7 @@ class TritonPythonModel:
         from triton_repo.models import common, perf_bridge, step_profile, stop_relay
 
         self.profile = step_profile.for_model(args["model_name"])  # $EAGLE_DEPLOY_STEP_PROFILE (off: None)
+        self.step_profile = step_profile
         p = common.Params.of(args)
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.skip_special_tokens = p.bool("skip_special_tokens")
@@ -39,11 +39,7 @@ class TritonPythonModel:
         self.relay = stop_relay.StopRelay(pb_utils, p.str("llm_model")) if p.bool("decoupled") else None
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
-        if self.profile is None:
-            return self._execute(requests)
-        t0 = time.perf_counter()
-        out = self._execute(requests)
-        self.profile.write({"requests": len(requests), "ms": 1e3 * (time.perf_counter() - t0)})
+        out: list[pb_utils.InferenceResponse] = self.step_profile.timed_execute(self.profile, self._execute, requests)
         return out
 
     def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:

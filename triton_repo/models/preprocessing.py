@@ -11,7 +11,6 @@ asking for sampling) get INVALID_ARGUMENT with a message; the other requests of 
 
 from __future__ import annotations
 
-import time
 
 from typing import Any
 
@@ -35,6 +34,7 @@ class TritonPythonModel:
         self.C, self.common, self.io, self.bounds, self.ownership = contract, common, llm_io, bounds, ownership
         cfg = common.model_config(args)
         self.profile = step_profile.for_model(args["model_name"])  # $EAGLE_DEPLOY_STEP_PROFILE (off: None)
+        self.step_profile = step_profile
         p = common.Params.of(args)
         self.tokenizer = common.load_tokenizer(p.path("tokenizer_dir"))
         self.add_special_tokens = p.bool("add_special_tokens")
@@ -50,11 +50,7 @@ class TritonPythonModel:
         self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
-        if self.profile is None:
-            return self._execute(requests)
-        t0 = time.perf_counter()
-        out = self._execute(requests)
-        self.profile.write({"requests": len(requests), "ms": 1e3 * (time.perf_counter() - t0)})
+        out: list[pb_utils.InferenceResponse] = self.step_profile.timed_execute(self.profile, self._execute, requests)
         return out
 
     def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:

@@ -50,6 +50,16 @@ class Lines:
         self._f.write(json.dumps(record) + "\n")
 
 
+def timed_execute(profile: Lines | None, execute: Any, requests: list[Any]) -> Any:
+    """`execute(requests)`, with one `{requests, ms}` line written when the profile is on."""
+    if profile is None:
+        return execute(requests)
+    t0 = time.perf_counter()
+    out = execute(requests)
+    profile.write({"requests": len(requests), "ms": 1e3 * (time.perf_counter() - t0)})
+    return out
+
+
 class StepProfile:
     """The LLM model's per-step record; the batcher calls `step`, the model's `on_tokens` is wrapped by `sending`."""
 

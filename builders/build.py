@@ -19,24 +19,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
 
-import yaml
 
 from builders import build_dir as owned
 from builders.config import BuildConfig, ConfigError, load_config
 from builders.pipeline import Stage, StageError, run_stage
+from builders.resolved import dump_resolved
 from builders.startup import startup_problems
 
 EXIT_CONFIG = 2
 EXIT_STAGE = 1
-
-
-def dump_resolved(cfg: BuildConfig) -> str:
-    """The resolved config as YAML, with the derived limits written out for the record."""
-    data = cfg.model_dump(mode="json")
-    data["derived"] = cfg.limits().model_dump()
-    if cfg.defaults_applied:
-        data["defaults"] = cfg.defaults_applied  # fields the config left out: the value used and why
-    return yaml.safe_dump(data, sort_keys=False)
 
 
 def select_stages(cfg: BuildConfig, only: list[str] | None) -> list[Stage]:

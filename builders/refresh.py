@@ -44,17 +44,12 @@ REPORT = "report.json"
 
 
 def load_build(build_dir: Path) -> BuildConfig:
-    import yaml
+    from builders.resolved import load_resolved, resolved_file
 
-    from builders import layout
-
-    f = build_dir / layout.RESOLVED_CONFIG
-    if not f.is_file():
-        raise RefreshInputError(f"{f} not found: {build_dir} is not a finished build (python builders/build.py CONFIG)")
-    data = yaml.safe_load(f.read_text())
-    for record_only in ("derived", "defaults"):  # written for the record by builders/build.py dump_resolved
-        data.pop(record_only, None)
-    return BuildConfig.model_validate(data)
+    if not resolved_file(build_dir).is_file():
+        raise RefreshInputError(f"{resolved_file(build_dir)} not found: {build_dir} is not a finished build "
+                                "(python builders/build.py CONFIG)")
+    return load_resolved(build_dir)
 
 
 def run_dir_for(build_dir: Path, name: str | None) -> Path:

@@ -20,18 +20,17 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: make the project importable
     sys.path.insert(0, str(REPO))
 
 from builders.config import BuildConfig
 from builders.layout import MANIFEST
+from builders.layout import RESOLVED_CONFIG as RESOLVED
+from builders.resolved import load_resolved
 from builders.startup import startup_problems, trtllm_import_problems
 from builders.versions import installed_trtllm
 
-RESOLVED = "config.resolved.yaml"
 EXIT_PROBLEM = 2
 # Triton's default ports; the compose file, the Kubernetes manifests and the entrypoint defaults use the same ones
 # (docker/k8s/render.py imports these, tests/test_docker.py checks the others).
@@ -47,13 +46,14 @@ class ServeError(RuntimeError):
 
 
 def load_build_config(build_dir: Path) -> BuildConfig:
-    """The validated config the build was made with (its `derived` section is a record, recomputed here)."""
+    """The validated config the build was made with, read where the build is now (builders/resolved.py)."""
     path = build_dir / RESOLVED
     if not path.is_file():
         raise ServeError([f"{path} not found: {build_dir} is not a finished build; run `entrypoint.sh build CONFIG`"])
-    data = yaml.safe_load(path.read_text())
-    data.pop("derived", None)  # written for the record by dump_resolved; BuildConfig derives it again
-    return BuildConfig.model_validate(data)
+    try:
+        return load_resolved(build_dir)
+    except ValueError as e:
+        raise ServeError([f"{path} cannot be read as a build config: {e}"]) from None
 
 
 def repository_stage_name() -> str:
@@ -75,13 +75,6 @@ def check_build(build_dir: Path, cfg: BuildConfig, repo_stage: str) -> list[str]
     problems = list(startup_problems(cfg.engine.backend, cfg.trtllm_version))
     if not problems and cfg.engine.backend != "reference" and installed_trtllm() is not None:
         problems += trtllm_import_problems(cfg.trtllm_version)  # the image's install, before Triton starts
-    made_at = Path(cfg.output_dir).resolve()
-    if made_at != build_dir.resolve():
-        # The rendered model configs hold absolute paths (engine, tokenizer, build dir): serve where it was built.
-        problems.append(
-            f"{build_dir} was built as {made_at}; mount the build directory at {made_at} (compose and the "
-            f"Kubernetes manifests mount builds at the same path for build and serve)"
-        )
     repo = build_dir / repo_stage
     if not (repo / MANIFEST).is_file():
         problems.append(

@@ -214,6 +214,7 @@ def test_minimal_config_builds_with_trtllm_defaults(tiny_target: Path, eagle_hea
     cfg = _minimal(tmp_path / "min.yaml", tiny_target, eagle_head, out, "reference")
     assert build.main([str(cfg)]) == 0, capsys.readouterr().err
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
+    assert resolved["output_dir"] == "." and str(tmp_path) not in (out / "config.resolved.yaml").read_text()
     # reference engine: 4 sequences; max_seq_len = the tiny target's max_position_embeddings 512 (<= 2048)
     assert {k: resolved["engine"][k] for k in ("max_batch_size", "max_input_len", "max_seq_len")} == {
         "max_batch_size": 4, "max_input_len": 511, "max_seq_len": 512}

@@ -187,13 +187,44 @@ def test_serve_world_size(tmp_path: Path, tiny_target: Path, eagle_head: Path, b
     assert argv[argv.index("--repo") + 1] == str(Path(cfg.output_dir) / "triton_repo")
 
 
-def test_serve_refuses_unfinished_or_moved_build(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
+def test_serve_refuses_unfinished_build(tmp_path: Path, tiny_target: Path, eagle_head: Path) -> None:
     cfg = _cfg(tmp_path, tiny_target, eagle_head, "reference", 1)
     problems = serve.check_build(tmp_path / "elsewhere", cfg, "triton_repo")
-    assert any("was built as" in p and str(Path(cfg.output_dir).resolve()) in p for p in problems)
     assert any("triton_repo/manifest.json not found" in p for p in problems)
     proc = _run([sys.executable, "docker/serve.py", str(tmp_path)])
     assert proc.returncode == 2 and "config.resolved.yaml not found" in proc.stderr
+
+
+def test_resolved_config_names_no_absolute_path_and_moves_with_the_build(
+    tmp_path: Path, tiny_target: Path, eagle_head: Path
+) -> None:
+    """config.resolved.yaml records paths relative to the build directory: it names nothing of the machine that
+    built it, and a build read from another place reads its own location (the repository is relocatable too:
+    tests/test_triton_moved_build.py)."""
+    import shutil
+
+    from builders import build_dir as owned
+    from builders.resolved import dump_resolved
+
+    cfg = _cfg(tmp_path, tiny_target, eagle_head, "reference", 1)
+    built = Path(cfg.output_dir)
+    built.mkdir(parents=True, exist_ok=True)
+    owned.write_resolved(built, dump_resolved(cfg))
+    text = (built / "config.resolved.yaml").read_text()
+    assert str(tmp_path) not in text and "\n/" not in text and ": /" not in text
+    record = yaml.safe_load(text)
+    assert record["output_dir"] == "." and not Path(record["target"]["model"]).is_absolute()
+    moved = tmp_path / "volume" / "mounted"
+    moved.parent.mkdir()
+    shutil.copytree(built, moved)
+    again = serve.load_build_config(moved)
+    assert Path(again.output_dir) == moved.resolve()
+    assert Path(again.target.model) == (moved / record["target"]["model"]).resolve()
+    same = serve.load_build_config(built)
+    assert (same.target.model, same.draft.model) == (cfg.target.model, cfg.draft.model)
+    assert same.config_hash() == cfg.config_hash()
+    (problem,) = serve.check_build(moved, again, "triton_repo")  # not "built elsewhere": only the missing stage
+    assert problem.startswith(f"{moved}/triton_repo/manifest.json not found")
 
 
 # ---- compose ------------------------------------------------------------------------------------------------------

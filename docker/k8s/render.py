@@ -195,7 +195,7 @@ def build_job(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest
         "name": "build",
         "image": opts.image,
         "imagePullPolicy": "IfNotPresent",
-        # The build writes where the servers will read it: same path, so the rendered repository's paths hold.
+        # The build writes where the servers will read it (the same volume; the build records paths relative to itself).
         "args": ["build", f"{IMAGE_HOME}/{opts.config_path}", "--set", f"output_dir={build_dir(cfg, opts)}"],
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
         "resources": {"limits": {"nvidia.com/gpu": str(gpus(cfg))}},

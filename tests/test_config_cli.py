@@ -215,6 +215,9 @@ def test_minimal_config_builds_with_trtllm_defaults(tiny_target: Path, eagle_hea
     assert build.main([str(cfg)]) == 0, capsys.readouterr().err
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
     assert resolved["output_dir"] == "." and str(tmp_path) not in (out / "config.resolved.yaml").read_text()
+    from builders.resolved import load_resolved  # the reader of serve and refresh: the record's defaults section too
+
+    assert load_resolved(out).config_hash() == load_config(cfg).config_hash()
     # reference engine: 4 sequences; max_seq_len = the tiny target's max_position_embeddings 512 (<= 2048)
     assert {k: resolved["engine"][k] for k in ("max_batch_size", "max_input_len", "max_seq_len")} == {
         "max_batch_size": 4, "max_input_len": 511, "max_seq_len": 512}

@@ -64,8 +64,10 @@ def run_dir_for(build_dir: Path, name: str | None) -> Path:
 
 
 def write_report(run: Path, report: dict[str, Any]) -> None:
-    tmp = run / f".{REPORT}.tmp"
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    from core.records import relative_record
+
+    tmp = run / f".{REPORT}.tmp"  # paths relative to the build (BUILD/refresh/<run>): no directory of this machine
+    tmp.write_text(json.dumps(relative_record(report, run.parent.parent), indent=2) + "\n")
     tmp.replace(run / REPORT)
 
 

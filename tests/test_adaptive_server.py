@@ -111,6 +111,9 @@ def test_capture_refresh_publish_rollback_with_requests_in_flight(
     report = json.loads((run / "report.json").read_text())
     assert report["lossless"] and report["publishable"] and report["published"] is None
     assert (run / "head" / "model.safetensors").is_file() and (run / "head" / "recipe.yaml").is_file()
+    for record in (run / "report.json", run / "head" / "recipe.yaml"):  # relative to the build or the checkout
+        assert str(build) not in record.read_text(), record
+    assert report["candidate"] == f"refresh/{run.name}/head" and report["build"] == "."
     assert report["sizes"]["captured_train"] + report["sizes"]["held_out"] == 19
 
     flight = InFlight(server)

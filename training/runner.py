@@ -106,14 +106,15 @@ def finished(log: list[dict], n_train: int, tc: TrainConfig) -> bool:
     return bool(steps) and steps[-1] == total_steps(n_train, tc)
 
 
-def recipe_files(cfg: TrainHeadConfig, log: list[dict]) -> dict[str, str]:
-    """recipe.yaml (the exact config and command; paths relative to the repository root, never the absolute paths
-    of the machine that trained it: core/records.py) and train_log.jsonl, written next to the exported head."""
+def recipe_files(cfg: TrainHeadConfig, log: list[dict], command: str = "python builders/train_head.py CONFIG",
+                 base: Path = REPO_ROOT, base_name: str = "the repository root") -> dict[str, str]:
+    """recipe.yaml (the exact config and command; paths relative to `base`, never the absolute paths of the machine
+    that trained it: core/records.py) and train_log.jsonl, written next to the exported head."""
     import yaml
 
-    config = relative_record(cfg.model_dump(mode="json"), REPO_ROOT)
-    recipe = yaml.safe_dump({"command": "python builders/train_head.py CONFIG  # paths relative to the repository root",
-                             "config": config}, sort_keys=False)
+    config = relative_record(cfg.model_dump(mode="json"), base)
+    recipe = yaml.safe_dump({"command": f"{command}  # paths relative to {base_name}", "config": config},
+                            sort_keys=False)
     return {"recipe.yaml": recipe, "train_log.jsonl": "".join(json.dumps(r) + "\n" for r in log)}
 
 

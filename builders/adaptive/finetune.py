@@ -145,7 +145,6 @@ def export(head: Eagle3Head, cfg: TrainHeadConfig, target_cfg: dict[str, Any], o
 
     assert cfg.eagle3 is not None
     config = eagle3_config_dict(target_cfg, cfg.eagle3.draft_vocab_size, cfg.eagle3.layer_ids)
-    files = recipe_files(cfg, log)
-    files["recipe.yaml"] = files["recipe.yaml"].replace("python builders/train_head.py CONFIG",
-                                                        "python builders/refresh.py --build BUILD")
+    build_dir = out.parent.parent.parent  # BUILD/refresh/<run>/head
+    files = recipe_files(cfg, log, "python builders/refresh.py --build BUILD", build_dir, "the build directory BUILD")
     return export_eagle3(head, config, out, files, embedding=False)

@@ -84,7 +84,7 @@ def capture_rule(cfg: Any) -> list[str]:
     """(a BuildConfig) Capture needs a served model that records requests: the python LLM models of engine.backend
     reference (both layouts). The C++ tensorrtllm backend and TensorRT-LLM's own llmapi model run upstream code we do
     not change."""
-    if not cfg.capture.enabled or cfg.engine.backend == "reference":
+    if not cfg.capture.enabled or cfg.engine.kind.reference_engine:
         return []
     return [f"capture.enabled=true with engine.backend={cfg.engine.backend!r}: the served LLM model there is "
             "TensorRT-LLM's own (it records nothing); capture traffic on an engine.backend=reference twin of this "

@@ -27,6 +27,7 @@ from builders.adaptive_config import CaptureConfig, RefreshConfig, capture_rule
 from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
+from builders.kinds import BACKENDS, DRAFT_KINDS, Backend, DraftKind
 from builders.trtllm import registry
 from builders.capacity import capacity_rule
 from core.config_input import (
@@ -91,6 +92,10 @@ class DraftConfig(Strict):
         "so outputs do not change. None = the full vocabulary. Relative paths are relative to the config file.",
     )
     eagle3: Eagle3Options = Field(default_factory=Eagle3Options, description="EAGLE-3 only options.")
+
+    @property
+    def kind(self) -> DraftKind:  # the draft kind's class, chosen by `type` (builders/kinds.py)
+        return DRAFT_KINDS[self.type]
 
 
 class DynamicTreeConfig(Strict):
@@ -190,6 +195,10 @@ class EngineConfig(Strict):
         "host or GPU memory for reference. Limits whose weights + KV cache + one step's logits cannot fit are "
         "refused at load, with the bytes named (builders/capacity.py).",
     )
+
+    @property
+    def kind(self) -> Backend:  # the backend's class, chosen by `backend` (builders/kinds.py)
+        return BACKENDS[self.backend]
 
 
 class TritonConfig(Strict):
@@ -391,10 +400,7 @@ def _rule_speculation(cfg: BuildConfig) -> list[str]:
 
 
 def _rule_parallel(cfg: BuildConfig) -> list[str]:
-    pp, backend = cfg.parallel.pp, cfg.engine.backend
-    if pp > 1 and backend == "reference":
-        return [f"parallel.pp={pp}: the reference engine runs tp only; set pp=1"]
-    return []
+    return cfg.engine.kind.parallel_problems(cfg.parallel)
 
 
 ENGINE_LIMITS = ("max_batch_size", "max_input_len", "max_seq_len")
@@ -424,15 +430,7 @@ def _rule_engine_limits(cfg: BuildConfig) -> list[str]:
 
 
 def _rule_draft(cfg: BuildConfig) -> list[str]:
-    p: list[str] = []
-    if cfg.draft.type == "eagle3" and cfg.draft.model == "random":
-        p.append("draft.model=random is supported for draft.type=eagle only; give an EAGLE-3 head directory")
-    if cfg.draft.draft_vocab is not None and cfg.draft.type != "eagle":
-        p.append("draft.draft_vocab is for draft.type=eagle; an EAGLE-3 head drafts over its own vocabulary (d2t)")
-    if cfg.draft.draft_vocab is not None and cfg.engine.backend != "reference":
-        p.append(f"draft.draft_vocab needs engine.backend reference (TensorRT-LLM's {cfg.engine.backend} backend "
-                 "drafts over the full vocabulary); remove draft.draft_vocab")
-    return p
+    return cfg.draft.kind.draft_problems(cfg.draft) + cfg.engine.kind.draft_problems(cfg.draft)
 
 
 # Each rule reads some sections; when a section itself is invalid, the rule is skipped (its field errors are

@@ -84,7 +84,7 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     from training.features import FeatureSpec
 
     t0, rc = time.monotonic(), cfg.refresh
-    if cfg.draft.type != "eagle3" or cfg.engine.backend != "reference":
+    if not cfg.draft.kind.eagle3 or not cfg.engine.kind.reference_engine:
         raise RefreshInputError(f"draft.type={cfg.draft.type}, engine.backend={cfg.engine.backend}: a refresh "
                                 "fine-tunes an EAGLE-3 head of an engine.backend=reference build (docs/adaptive.md)")
     spec = read_spec(build_dir)

@@ -125,7 +125,7 @@ def speculation_problems(cfg: Any) -> list[str]:  # a builders.config.BuildConfi
         if not window or threshold is None:
             p.append("tree.acceptance_switch_per_sequence needs tree.acceptance_rate_window_size and "
                      "tree.acceptance_rate_threshold (the window and threshold each sequence applies to itself)")
-        if cfg.engine.backend != "reference":
+        if not cfg.engine.kind.reference_engine:
             p.append(f"tree.acceptance_switch_per_sequence is ours (the reference engine's), not TensorRT-LLM's: "
                      f"engine.backend {cfg.engine.backend} has only the switch for the whole batch; set it false")
     if t.draft_len_schedule is None or (t.draft_len_schedule == "auto" and t.schedule_file is None):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from builders import versions
+from builders.kinds import BACKENDS
 from builders.trtllm.registry import get, installed_mismatch
 
 IMPORT_TIMEOUT_S = 600.0  # importing TensorRT-LLM loads CUDA, TensorRT and its kernels: slow on a cold start
@@ -21,7 +22,7 @@ def startup_problems(backend: str, trtllm_version: str | None = None) -> list[st
     in the installed TensorRT-LLM, and (TensorRT-LLM backends) it is the series the config's outputs are written for."""
     installed = versions.installed_trtllm()
     problems = versions.engine_flow_problems(backend, installed)
-    if trtllm_version is not None and backend != "reference" and not problems:
+    if trtllm_version is not None and BACKENDS[backend].runs_trtllm and not problems:
         problems += installed_mismatch(trtllm_version, installed.version if installed else None)
     return problems
 

@@ -100,7 +100,9 @@ def engine_flow_problems(backend: str, installed: InstalledTrtllm | None) -> lis
     Only `engine.backend: tensorrt` depends on the engine flow. A missing TensorRT-LLM is not reported here: the
     engine stage's own preflight names the missing `trtllm-build` / GPU (and --dry-run still prints the plan).
     """
-    if backend != "tensorrt" or installed is None:
+    from builders.kinds import BACKENDS
+
+    if not BACKENDS[backend].engine_flow or installed is None:
         return []
     try:
         ok = has_engine_flow(installed.version)

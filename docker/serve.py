@@ -68,12 +68,12 @@ def world_size(cfg: BuildConfig) -> int:
     (tensorrtllm_backend launch_triton_server.py). The LLM-API (`pytorch`) model takes tensor_parallel_size from
     its model.yaml and spawns its workers inside one server, launched with the default world size 1
     (tensorrtllm_backend docs/llmapi.md); the reference engine runs in one server too."""
-    return cfg.parallel.tp * cfg.parallel.pp if cfg.engine.backend == "tensorrt" else 1
+    return cfg.engine.kind.world_size(cfg.parallel)
 
 
 def check_build(build_dir: Path, cfg: BuildConfig, repo_stage: str) -> list[str]:
     problems = list(startup_problems(cfg.engine.backend, cfg.trtllm_version))
-    if not problems and cfg.engine.backend != "reference" and installed_trtllm() is not None:
+    if not problems and cfg.engine.kind.runs_trtllm and installed_trtllm() is not None:
         problems += trtllm_import_problems(cfg.trtllm_version)  # the image's install, before Triton starts
     repo = build_dir / repo_stage
     if not (repo / MANIFEST).is_file():
@@ -95,7 +95,7 @@ def upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> tuple[Path, dict[str,
     from builders.triton.render import layout
     from builders.triton.render_llmapi import UPSTREAM_FILES, UPSTREAM_MODEL_DIR
 
-    if layout(cfg) != "llmapi" or cfg.engine.backend != "pytorch":
+    if layout(cfg) != "llmapi" or not cfg.engine.kind.llmapi_model:
         return None
     src = Path(os.environ.get(UPSTREAM_LLMAPI_ENV, UPSTREAM_MODEL_DIR))
     dest = repo / cfg.triton.llm_model / "1"

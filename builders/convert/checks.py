@@ -74,7 +74,7 @@ def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list
         return None, None, [f"target.model: {e}"]
     p = families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len, tp=cfg.parallel.tp)
     row = family_of(spec.architecture)
-    if cfg.engine.backend == "reference" and row is not None and row.attention in (LINEAR, MAMBA):
+    if cfg.engine.kind.reference_engine and row is not None and row.attention in (LINEAR, MAMBA):
         tree = cfg.static_tree()
         if tree is None or not tree.is_chain():
             p.append(f"target.model {hf}: {spec.architecture}'s recurrent layers read a forward's tokens in order, "
@@ -141,6 +141,6 @@ def preflight(cfg: BuildConfig) -> list[str]:
     p += tokenizer_problems(hf, head_dir)
     if head_dir is None:
         return p
-    if cfg.draft.type == "eagle":
+    if not cfg.draft.kind.eagle3:
         return p + _eagle_checks(cfg, target, head_dir)
     return p + _eagle3_checks(cfg, target, head_dir)

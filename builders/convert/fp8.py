@@ -200,7 +200,7 @@ def check_dequantized(name: str, w8: torch.Tensor, scale: torch.Tensor, w16: tor
 def quantization_json(cfg: BuildConfig) -> dict[str, Any]:
     from builders.convert.fp8_drafter import drafter_exclude
 
-    exclude = drafter_exclude(cfg.limits().num_eagle_layers, False) if cfg.draft.type == "eagle" else ["lm_head"]
+    exclude = drafter_exclude(cfg.limits().num_eagle_layers, False) if not cfg.draft.kind.eagle3 else ["lm_head"]
     return {
         "quant_algo": "FP8" if cfg.quantization.weights == "fp8" else None,
         "kv_cache_quant_algo": "FP8" if cfg.quantization.kv_cache == "fp8" else None,
@@ -289,7 +289,7 @@ DRAFTER_CALIB_TOKENS = 32
 
 
 def _drafter_kv_needed(cfg: BuildConfig) -> bool:
-    return cfg.draft.type == "eagle" and cfg.quantization.kv_cache == "fp8"
+    return not cfg.draft.kind.eagle3 and cfg.quantization.kv_cache == "fp8"  # its drafter is in the checkpoint
 
 
 def drafter_kv_scales(
@@ -335,7 +335,7 @@ def reference_tau(cfg: BuildConfig, prompts: list[str], max_new_tokens: int = 32
         from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 
         tree = cfg.draft_tree
-        head3 = ckpt / layout.EAGLE3_HEAD if cfg.draft.type == "eagle3" else None
+        head3 = ckpt / layout.EAGLE3_HEAD if cfg.draft.kind.eagle3 else None
         eng = ReferenceEngine.from_checkpoint(ckpt, tree=tree, dtype=cfg.target.dtype, device=cfg.engine.device,
                                               eagle3_head_dir=head3)
         tok = eng.tokenizer

@@ -49,7 +49,7 @@ def preflight_problems(cfg: BuildConfig, target_architecture: str) -> list[str]:
     if target_architecture not in NATIVE:
         p.append(f"quantization on trtllm_version {cfg.trtllm_version}: the target's architecture "
                  f"{target_architecture} is not one this builder quantizes and checks ({', '.join(NATIVE)})")
-    if cfg.engine.backend == "reference" and cfg.parallel.tp != 1:
+    if cfg.engine.kind.reference_engine and cfg.parallel.tp != 1:
         p.append("quantization with engine.backend reference on the current line: the reference engine runs the "
                  "quantized target at parallel.tp 1")
     return p
@@ -72,7 +72,7 @@ def prompt_sets(cfg: BuildConfig) -> tuple[list[str], list[str]]:
 
 def _reference16(cfg: BuildConfig, hf: Path, ckpt: Path, out: Path) -> Path:
     """The 16-bit target as the reference engine loads it (tp 1), with the build's normalized EAGLE-3 head."""
-    if cfg.engine.backend == "reference":
+    if cfg.engine.kind.reference_engine:
         shutil.copytree(ckpt, out, symlinks=True)
         return out
     from builders.convert.llama import convert_llama
@@ -96,7 +96,7 @@ def run_hf_quant(ctx: Any, hf: Path) -> Fp8Report:
     weights, kv = q.weights, q.kv_cache == "fp8"
     calib, held = prompt_sets(cfg)
     layers = llama_spec(hf, require_arch=False).num_hidden_layers
-    pytorch = cfg.engine.backend == "pytorch"
+    pytorch = cfg.engine.kind.loads_hf_target  # TensorRT-LLM reads the export itself
     with tempfile.TemporaryDirectory(prefix="eagle-hfq-") as tmp_name:
         tmp = Path(tmp_name)
         export = ctx.out / HF_QUANTIZED if pytorch else tmp / HF_QUANTIZED
@@ -111,7 +111,7 @@ def run_hf_quant(ctx: Any, hf: Path) -> Fp8Report:
         ck16 = _reference16(cfg, hf, ctx.out, tmp / "ckpt16")
         ref = ctx.out if not pytorch else tmp / "ckpt_quant"
         reference_checkpoint(ck16, export, ref, weights=weights, kv_fp8=kv, dtype=cfg.target.dtype)
-        tau_of = reference_tau(cfg, held, TAU_NEW_TOKENS) if held and cfg.draft.type == "eagle3" else None
+        tau_of = reference_tau(cfg, held, TAU_NEW_TOKENS) if held and cfg.draft.kind.eagle3 else None
         tau16 = tau_of(ck16) if tau_of else None
         tau_q = tau_of(ref) if tau_of else None
     if pytorch:

@@ -59,35 +59,30 @@ def external_inputs(cfg: BuildConfig) -> list[Path]:
 def writes_target_weights(cfg: BuildConfig) -> bool:
     """The converted target weights (rank*.safetensors) are read by trtllm-build (engine.backend tensorrt) and the
     reference engine only: the PyTorch backend's TensorRT-LLM loads the Hugging Face target itself."""
-    return cfg.engine.backend != "pytorch"
+    return not cfg.engine.kind.loads_hf_target
 
 
 def plan_outputs(cfg: BuildConfig) -> list[Output]:
     world = cfg.parallel.tp * cfg.parallel.pp
-    arch = "EagleForCausalLM" if cfg.draft.type == "eagle" else "the target's architecture"
-    backend = cfg.engine.backend
-    weights_reader = {"tensorrt": "the engine stage (trtllm-build --checkpoint_dir)",
-                      "reference": "the reference engine (engines/checkpoint.py, via engine/reference.json)"}
+    arch, backend = cfg.draft.kind.checkpoint_architecture, cfg.engine.kind
     if writes_target_weights(cfg):
         out = [Output("config.json", f"TensorRT-LLM checkpoint config ({arch}, {cfg.target.dtype}, "
-                      f"tp={cfg.parallel.tp})", weights_reader[backend])]
+                      f"tp={cfg.parallel.tp})", backend.target_weights_reader)]
         out += [Output(f"rank{r}.safetensors", "the target's weights (+ the EAGLE-1 head's) of one rank",
-                       weights_reader[backend]) for r in range(world)]
+                       backend.target_weights_reader) for r in range(world)]
     else:
         out = [Output("config.json", f"the target's shape ({arch}); no weights: TensorRT-LLM's PyTorch backend loads "
                       "the Hugging Face target", "the engine stage (architecture, layer count for "
                       "eagle3_layers_to_capture), python -m builders.ledger_check")]
-    tok_reader = ("the Triton stage (the client descriptor's tokenizer)" if backend == "pytorch" else
-                  "the Triton preprocessing / postprocessing models and the reference engine")
+    tok_reader = backend.tokenizer_reader
     out.append(Output("tokenizer/", "the target's tokenizer", tok_reader))
-    if cfg.draft.type == "eagle3":
-        head_reader = ("TensorRT-LLM (speculative_config's speculative model)" if backend == "pytorch"
-                       else "the reference engine (engine/reference.json eagle3_head_dir)")
-        out.append(Output(f"{EAGLE3_DIR}/", "normalized EAGLE-3 head: config.json + model.safetensors", head_reader))
+    if cfg.draft.kind.eagle3:
+        out.append(Output(f"{EAGLE3_DIR}/", "normalized EAGLE-3 head: config.json + model.safetensors",
+                          backend.eagle3_head_reader))
     if needs_transformers4_copy(cfg):
         out.append(Output(f"{HF_MODEL}/", "the target's HF directory as TensorRT-LLM's transformers 4 reads it "
                           "(weights linked, not copied)", "trtllm-serve, the Triton llmapi model (model.yaml)"))
-    if backend == "pytorch" and current_line(cfg) and quantizes(cfg):
+    if backend.loads_hf_target and current_line(cfg) and quantizes(cfg):
         out.append(Output(f"{HF_QUANTIZED}/", f"the target quantized by ModelOpt ({cfg.quantization.weights} weights, "
                           f"{cfg.quantization.kv_cache} KV cache): Hugging Face unified format + tokenizer",
                           "trtllm-serve, the Triton llmapi model (model.yaml)"))
@@ -128,7 +123,7 @@ def run(ctx: StageContext) -> None:
     )
     ctx.notes["head_source"] = prov.head_source
     try:
-        if cfg.draft.type == "eagle":
+        if not cfg.draft.kind.eagle3:
             lim = cfg.limits()
             _log(ctx, f"EagleForCausalLM: max_draft_len={lim.max_draft_len} num_eagle_layers={lim.num_eagle_layers} "
                       f"max_non_leaves_per_layer={lim.max_non_leaves_per_layer} tp={cfg.parallel.tp}")
@@ -165,7 +160,7 @@ def _quantize(ctx: StageContext, hf: Path) -> None:
     try:
         if current_line(ctx.cfg):
             run_hf_quant(ctx, hf)
-        elif ctx.cfg.engine.backend == "pytorch":  # 1.1 / 1.2, KV cache only (the rules refuse FP8 weights there)
+        elif ctx.cfg.engine.kind.loads_hf_target:  # 1.1 / 1.2, KV cache only (the rules refuse FP8 weights there)
             _log(ctx, "quantization.kv_cache=fp8: TensorRT-LLM's PyTorch backend takes kv_cache_config.dtype fp8 "
                       "from the LLM API options; no calibration is written for it")
         else:

@@ -153,7 +153,7 @@ def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_t
     """The whole options mapping (pure). The config was validated against its TensorRT-LLM version when loaded
     (builders/trtllm/rules.py); a capture set that version cannot express raises LlmApiError."""
     llmapi_layout = registry.get(cfg.trtllm_version).triton_layout == "llmapi"
-    if cfg.engine.backend != "pytorch" and not (cfg.engine.backend == "reference" and llmapi_layout):
+    if not cfg.engine.kind.llmapi_model and not (cfg.engine.kind.reference_engine and llmapi_layout):
         raise LlmApiError(f"engine.backend={cfg.engine.backend}: the LLM API YAML is for engine.backend=pytorch (and "
                           "the reference engine's mirror of the Triton llmapi model)")
     lim, e = cfg.limits(), cfg.engine

@@ -42,7 +42,7 @@ def reference_spec(cfg: BuildConfig, random_head: bool, hf_target_dir: Path | No
         checkpoint_dir=layout.CHECKPOINT,
         tokenizer_dir=f"{layout.CHECKPOINT}/{layout.TOKENIZER}",
         draft_type=cfg.draft.type,
-        eagle3_head_dir=f"{layout.CHECKPOINT}/{layout.EAGLE3_HEAD}" if cfg.draft.type == "eagle3" else None,
+        eagle3_head_dir=f"{layout.CHECKPOINT}/{layout.EAGLE3_HEAD}" if cfg.draft.kind.eagle3 else None,
         random_head=random_head,
         tree=cfg.draft_tree,
         dtype=cfg.target.dtype,

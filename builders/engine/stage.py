@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from builders import layout
+from builders import kinds, layout
 from builders.config import BuildConfig
 from builders.convert.hf_compat import needs_transformers4_copy
 from builders.engine import crosscheck, llmapi, reference, trtllm_build
@@ -62,7 +64,7 @@ def tensorrt_environment_problems(cfg: BuildConfig, caps: list[tuple[int, int]],
 # ---- per-backend runs ------------------------------------------------------------------------------------------
 
 
-def _run_tensorrt(ctx: StageContext) -> None:
+def run_tensorrt(ctx: StageContext) -> None:
     cfg = ctx.cfg
     have_build = shutil.which(trtllm_build.TRTLLM_BUILD) is not None
     env = tensorrt_environment_problems(cfg, gpu_compute_capabilities(), have_build)
@@ -110,7 +112,7 @@ def _target_dir(ctx: StageContext, for_trtllm: bool = False) -> Path:
         raise StageError(str(e)) from e
 
 
-def _run_pytorch(ctx: StageContext) -> None:
+def run_pytorch(ctx: StageContext) -> None:
     cfg = ctx.cfg
     ckpt = ctx.stage_dir(layout.CHECKPOINT)
     try:
@@ -131,7 +133,7 @@ def _run_pytorch(ctx: StageContext) -> None:
     ctx.notes["serve"] = " ".join(argv)
 
 
-def _run_reference(ctx: StageContext) -> None:
+def run_reference(ctx: StageContext) -> None:
     try:
         random_head = reference.random_head_flag(ctx.stage_dir(layout.CHECKPOINT))
     except reference.ReferenceSpecError as e:
@@ -141,23 +143,27 @@ def _run_reference(ctx: StageContext) -> None:
 
 
 def run(ctx: StageContext) -> None:
-    {"tensorrt": _run_tensorrt, "pytorch": _run_pytorch, "reference": _run_reference}[ctx.cfg.engine.backend](ctx)
+    _steps(ctx.cfg).run(ctx)
 
 
 # ---- plan (dry run) and preflight --------------------------------------------------------------------------------
 
 
 def plan_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
-    if cfg.engine.backend == "tensorrt":
-        return [trtllm_build.trtllm_build_argv(cfg, build_dir / layout.CHECKPOINT, build_dir / layout.ENGINE)]
-    if cfg.engine.backend == "pytorch":
-        # Pure: a pip:/.gguf target is extracted only when the stage runs, so show what it will be.
-        target = Path(cfg.target.model) if Path(cfg.target.model).is_dir() else f"<HF dir of {cfg.target.model}>"
-        if needs_transformers4_copy(cfg):  # the convert stage's copy for TensorRT-LLM's transformers 4
-            target = build_dir / layout.CHECKPOINT / layout.HF_MODEL
-        return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / layout.ENGINE / llmapi.OPTIONS_FILE,
-                                         backend_flag=registry.get(cfg.trtllm_version).engine_flow)]
-    return []
+    return _steps(cfg).commands(cfg, build_dir)
+
+
+def tensorrt_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
+    return [trtllm_build.trtllm_build_argv(cfg, build_dir / layout.CHECKPOINT, build_dir / layout.ENGINE)]
+
+
+def pytorch_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
+    # Pure: a pip:/.gguf target is extracted only when the stage runs, so show what it will be.
+    target = Path(cfg.target.model) if Path(cfg.target.model).is_dir() else f"<HF dir of {cfg.target.model}>"
+    if needs_transformers4_copy(cfg):  # the convert stage's copy for TensorRT-LLM's transformers 4
+        target = build_dir / layout.CHECKPOINT / layout.HF_MODEL
+    return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / layout.ENGINE / llmapi.OPTIONS_FILE,
+                                     backend_flag=registry.get(cfg.trtllm_version).engine_flow)]
 
 
 def preflight(cfg: BuildConfig) -> list[str]:
@@ -168,17 +174,49 @@ def preflight(cfg: BuildConfig) -> list[str]:
 
 
 def plan_outputs(cfg: BuildConfig) -> list[Output]:
-    if cfg.engine.backend == "tensorrt":
-        server = "the Triton tensorrtllm backend (config.pbtxt gpt_model_path)"
-        return [Output("config.json", "the engine's build config", f"{server}, the cross-check of this stage")] + [
-            Output(f"rank{r}.engine", "TensorRT engine of one rank", server)
-            for r in range(cfg.parallel.tp * cfg.parallel.pp)]
-    if cfg.engine.backend == "pytorch":
-        return [Output(llmapi.OPTIONS_FILE, "the LLM API options", "trtllm-serve --extra_llm_api_options; the Triton "
-                       "stage (model.yaml)"),
-                Output(SERVE_FILE, "the trtllm-serve command line", "users (docs/build.md); ledger_check")]
+    return _steps(cfg).outputs(cfg)
+
+
+def tensorrt_outputs(cfg: BuildConfig) -> list[Output]:
+    server = "the Triton tensorrtllm backend (config.pbtxt gpt_model_path)"
+    return [Output("config.json", "the engine's build config", f"{server}, the cross-check of this stage")] + [
+        Output(f"rank{r}.engine", "TensorRT engine of one rank", server)
+        for r in range(cfg.engine.kind.world_size(cfg.parallel))]
+
+
+def pytorch_outputs(cfg: BuildConfig) -> list[Output]:
+    return [Output(llmapi.OPTIONS_FILE, "the LLM API options", "trtllm-serve --extra_llm_api_options; the Triton "
+                   "stage (model.yaml)"),
+            Output(SERVE_FILE, "the trtllm-serve command line", "users (docs/build.md); ledger_check")]
+
+
+def reference_outputs(cfg: BuildConfig) -> list[Output]:
     return [Output(layout.REFERENCE_SPEC, "what the reference engine loads (core/spec.py)",
                    "the reference engine (Triton models, measure/ and the doctor's gate)")]
+
+
+def no_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
+    return []  # the reference engine's stage writes reference.json itself
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """What the engine stage does for one backend: run it, the commands it runs (pure argv), what it writes."""
+
+    run: Callable[[StageContext], None]
+    commands: Callable[[BuildConfig, Path], list[list[str]]]
+    outputs: Callable[[BuildConfig], list[Output]]
+
+
+STEPS: dict[type[kinds.Backend], EngineSteps] = {
+    kinds.TensorrtEngine: EngineSteps(run_tensorrt, tensorrt_commands, tensorrt_outputs),
+    kinds.PytorchLlmApi: EngineSteps(run_pytorch, pytorch_commands, pytorch_outputs),
+    kinds.ReferenceEngine: EngineSteps(run_reference, no_commands, reference_outputs),
+}
+
+
+def _steps(cfg: BuildConfig) -> EngineSteps:
+    return STEPS[type(cfg.engine.kind)]
 
 
 ENGINE_STAGE = Stage(

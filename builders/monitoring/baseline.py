@@ -25,7 +25,7 @@ def config_problems(cfg: BuildConfig) -> list[str]:
     if m.calibration_prompts is None:
         return []
     p = []
-    if cfg.engine.backend != "reference":
+    if not cfg.engine.kind.reference_engine:
         p.append(f"monitoring.calibration_prompts is set but engine.backend={cfg.engine.backend!r}: the baseline is "
                  "measured by the reference engine; build an engine.backend=reference twin of this config with the "
                  "prompts and copy its triton_repo/acceptance_baseline.json into this repository, or unset the field")

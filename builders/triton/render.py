@@ -71,7 +71,7 @@ TOKEN_IN = C.Tensor(G.TOKEN, "TYPE_STRING", (1,), True)
 def internal_guard(bc: BuildConfig) -> bool:
     """Whether the python models guard the internal ones (models/guard.py). Never with engine.backend tensorrt:
     the C++ tensorrtllm backend cannot check a secret, so there the gateway must expose only the entry models."""
-    return not bc.triton.expose_internal_models and bc.engine.backend != "tensorrt"
+    return not bc.triton.expose_internal_models and not bc.engine.kind.cpp_triton_model
 
 
 # Path parameters, written relative to the repository's directory so a build whose repository sits inside it can be
@@ -106,9 +106,9 @@ def perf_bridged(bc: BuildConfig, perf_bridge: bool | None) -> bool:
     """Whether the ensemble bridges the LLM model's perf outputs to the speculative metrics (models/perf_bridge.py):
     always for the C++ backend (it exports none itself); on request for the reference backend, which then writes its
     perf outputs as the C++ backend does (a CPU twin of the engine flow's wiring)."""
-    if bc.engine.backend == "tensorrt":
+    if bc.engine.kind.cpp_triton_model:
         return True
-    if perf_bridge and bc.engine.backend != "reference":
+    if perf_bridge and not bc.engine.kind.reference_engine:
         raise RenderError(f"perf_bridge: engine.backend={bc.engine.backend!r} exports its own metrics; the bridge "
                           "serves engine.backend tensorrt (and the reference twin of its wiring)")
     return bool(perf_bridge)
@@ -123,7 +123,7 @@ def draft_tokens_per_step(bc: BuildConfig) -> int:
         raise RenderError("the perf bridge needs tree.choices (a static tree): forwards are derived from the drafted "
                           "tokens per step")
     # the engine's max draft path length is num_eagle_layers (the tree's depth unless the config overrides it)
-    return min(tree.size, bc.limits().num_eagle_layers) if bc.engine.backend == "tensorrt" else tree.size
+    return min(tree.size, bc.limits().num_eagle_layers) if bc.engine.kind.cpp_triton_model else tree.size
 
 
 def preprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.ModelConfig:
@@ -141,7 +141,7 @@ def preprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = False
         "max_input_len": bc.request_limits().max_input_len,
         "max_seq_len": bc.request_limits().max_seq_len,
         # engine-flow EAGLE accepts drafts greedily (token equality): refuse sampling requests there
-        "greedy_only": bc.engine.backend == "tensorrt",
+        "greedy_only": bc.engine.kind.greedy_only,
         "perf_bridge": bridged,
     })
     _instances(cfg, t.preprocessing_instances)
@@ -262,7 +262,7 @@ def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     return cfg
 
 
-def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str, bridged: bool = False) -> mc.ModelConfig:
+def python_llm_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.ModelConfig:
     """The reference / LLM-API python model with the tensorrt_llm model's I/O."""
     t = bc.triton
     cfg = _base(t.llm_model, bc.request_limits().max_batch_size, backend="python")
@@ -273,14 +273,14 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, kind: str, bridged: bool
     _instances(cfg, t.llm_instances)
     params: dict[str, str | int | float | bool | None] = {
         **_python_common(build_dir),
-        "llm_kind": kind,
+        "llm_kind": bc.engine.backend,
         "build_dir": str(build_dir.resolve()),
         "max_queue_size": t.max_queue_size,
         "decoupled": t.streaming,
         "internal_guard": internal_guard(bc),
         "entry_models": f"{t.ensemble_model} or {t.bls_model}",
     }
-    if kind == "reference":  # the reference model's batcher ends requests past it (triton_repo/models/batcher.py)
+    if bc.engine.kind.reference_engine:  # its batcher ends requests past it (triton_repo/models/batcher.py)
         params["request_deadline_s"] = bc.request_deadline_s()
         # false serves the same build without speculation (the baseline of clients/loadtest.py --baseline-url)
         params["speculative"] = True
@@ -341,16 +341,15 @@ def client_descriptor(bc: BuildConfig) -> dict[str, Any]:
 
 
 def model_configs(bc: BuildConfig, build_dir: Path, perf_bridge: bool | None = None) -> list[mc.ModelConfig]:
-    backend = bc.engine.backend
     br = perf_bridged(bc, perf_bridge)
-    llm = tensorrt_llm_config(bc, build_dir) if backend == "tensorrt" else python_llm_config(bc, build_dir, backend, br)
+    cpp = bc.engine.kind.cpp_triton_model
+    llm = tensorrt_llm_config(bc, build_dir) if cpp else python_llm_config(bc, build_dir, br)
     return [
         preprocessing_config(bc, build_dir, br), llm, postprocessing_config(bc, build_dir, br),
         ensemble_config(bc, br), bls_config(bc, build_dir, br),
     ]
 
 
-LLM_SOURCE = {"reference": "reference_llm.py", "pytorch": "llmapi_llm.py"}
 MODEL_SOURCE = {"preprocessing": "preprocessing.py", "postprocessing": "postprocessing.py", "bls": "bls.py"}
 
 
@@ -396,7 +395,9 @@ def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:
              out / CLIENT_FILE: json.dumps(RL.client_descriptor(bc, tokenizer), indent=2) + "\n"}
     for f, text in files.items():
         f.write_text(text)
-    source = {"reference": "llmapi_reference.py", "pytorch": "llmapi_bridge.py"}[bc.engine.backend]
+    source = bc.engine.kind.llmapi_layout_model
+    if source is None:
+        raise RenderError(f"engine.backend {bc.engine.backend} has no model for the llmapi layout")
     shutil.copyfile(MODELS_SRC / source, d / "1" / "model.py")
     shutil.copyfile(MODELS_SRC / "bootstrap.py", d / "1" / f"{BOOTSTRAP_MODULE}.py")
     files[d / "1" / "model.py"] = ""
@@ -421,8 +422,8 @@ def render(bc: BuildConfig, build_dir: Path, out: Path, perf_bridge: bool | None
         t.postprocessing_model: MODEL_SOURCE["postprocessing"],
         t.bls_model: MODEL_SOURCE["bls"],
     }
-    if bc.engine.backend != "tensorrt":
-        sources[t.llm_model] = LLM_SOURCE[bc.engine.backend]
+    if bc.engine.kind.python_llm_model is not None:  # the C++ tensorrtllm backend needs no model file
+        sources[t.llm_model] = bc.engine.kind.python_llm_model
     written: list[Path] = []
     for cfg in model_configs(bc, build_dir, perf_bridge):
         d = out / cfg.name
@@ -433,7 +434,7 @@ def render(bc: BuildConfig, build_dir: Path, out: Path, perf_bridge: bool | None
             shutil.copyfile(MODELS_SRC / sources[cfg.name], d / "1" / "model.py")
             shutil.copyfile(MODELS_SRC / "bootstrap.py", d / "1" / f"{BOOTSTRAP_MODULE}.py")
             written += [d / "1" / "model.py", d / "1" / f"{BOOTSTRAP_MODULE}.py"]
-    if bc.engine.backend == "pytorch":
+    if bc.engine.kind.llmapi_model:
         f = out / t.llm_model / "1" / "model.yaml"
         f.write_text(llmapi_model_yaml(bc, build_dir, out))
         written.append(f)

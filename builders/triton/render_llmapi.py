@@ -42,7 +42,7 @@ def model_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     _instances(cfg, 1)
     if bc.triton.streaming:
         _decoupled(cfg, True)
-    if bc.engine.backend == "reference":
+    if bc.engine.kind.reference_engine:
         _add_inputs(cfg, L.LORA_INPUTS)  # declared to be refused by name (models/llmapi_refusals.py)
         _params(cfg, {"build_dir": str(build_dir.resolve()),
                       "max_queue_size": bc.triton.max_queue_size})
@@ -52,7 +52,7 @@ def model_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
 def llm_options(bc: BuildConfig, build_dir: Path, options_file: Path) -> dict[str, Any]:
     """The LLM API options: the engine stage's file (engine.backend pytorch), else computed the same way from the
     checkpoint (the reference mirror)."""
-    if bc.engine.backend == "pytorch":
+    if bc.engine.kind.llmapi_model:
         return dict(yaml.safe_load(options_file.read_text()))
     from builders.engine import llmapi
     from builders.engine.stage import eagle3_capture, target_architecture
@@ -88,7 +88,7 @@ def model_yaml(bc: BuildConfig, build_dir: Path, out: Path, options: dict[str, A
         "model": str(layout.trtllm_model_dir(build_dir)),  # readable by its transformers (hf_compat)
         **options,
         # the metrics bridge reads LLM.get_stats(), which needs the iteration statistics (models/llmapi_bridge.py)
-        **({"enable_iter_perf_stats": True} if bc.engine.backend == "pytorch" else {}),
+        **({"enable_iter_perf_stats": True} if bc.engine.kind.exports_speculative_metrics else {}),
         # max_batch_size 0: the model takes one prompt per request (upstream's template value); the LLM API
         # batches requests in flight itself, up to the top-level max_batch_size.
         "triton_config": {"max_batch_size": 0, "decoupled": bc.triton.streaming},

@@ -36,7 +36,7 @@ def _sources(cfg: BuildConfig) -> list[Path]:
 def limits_problems(cfg: BuildConfig, build_dir: Path) -> list[str]:
     """The reference models take their limits from the engine's reference.json; config.pbtxt's max_batch_size (and
     model.yaml's copies) come from the config. Refuse to render a repository where the two disagree."""
-    if cfg.engine.backend != "reference":
+    if not cfg.engine.kind.reference_engine:
         return []
     spec = read_spec(build_dir)
     return [

@@ -67,7 +67,7 @@ def _eagle3_only(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     `Eagle` into `Eagle3`, whose loader cannot read an EAGLE-1/2 checkpoint; PR #18210 removed eagle_choices)."""
     where = f"{v.name} (trtllm_version '{v.key}')"
     p: list[str] = []
-    if cfg.draft.type == "eagle" and not v.eagle12_heads:
+    if not cfg.draft.kind.eagle3 and not v.eagle12_heads:
         p.append(f"draft.type=eagle (an EAGLE-1/2 head) cannot run on {where}: it runs EAGLE-3 heads only "
                  "(speculative_config.decoding_type Eagle3 on the PyTorch backend; EAGLE-1/2 checkpoints are "
                  "incompatible and the engine flow that ran them was removed). Either retrain the head as EAGLE-3 with "
@@ -86,29 +86,34 @@ def _eagle3_only(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     return p
 
 
-def _backend_and_draft(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
-    backend, kind = cfg.engine.backend, cfg.draft.type
-    p: list[str] = _eagle3_only(cfg, v)
-    if backend == "tensorrt" and not v.engine_flow:
+def engine_flow_draft_problems(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    """engine.backend tensorrt: which versions and heads the engine flow runs."""
+    p = []
+    if not v.engine_flow:
         p.append(
             _needs(v, "engine_flow", "engine.backend=tensorrt (trtllm-build engines)", "set engine.backend=pytorch")
         )
-    if backend == "tensorrt" and kind == "eagle3":
+    if cfg.draft.kind.eagle3:
         p.append(
             "draft.type=eagle3 with engine.backend=tensorrt: TensorRT-LLM runs EAGLE-3 only on its PyTorch backend "
             "(LLM API); set engine.backend pytorch or reference"
         )
-    if backend == "pytorch" and kind == "eagle" and v.eagle12_heads:
-        p.append(
-            "draft.type=eagle with engine.backend=pytorch: TensorRT-LLM's PyTorch backend runs EAGLE-3 heads only "
-            "(EAGLE-1/2 checkpoints are incompatible); use draft.type=eagle3, or engine.backend tensorrt/reference"
-        )
-    if backend == "pytorch" and kind == "eagle3" and not v.pytorch_eagle3:
-        p.append(_needs(v, "pytorch_eagle3", "EAGLE-3 on engine.backend=pytorch", "use engine.backend reference"))
     return p
 
 
-def _engine_flow(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+def pytorch_draft_problems(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+    """engine.backend pytorch: the PyTorch backend runs EAGLE-3 heads only, from the version that has them."""
+    if not cfg.draft.kind.eagle3:
+        if not v.eagle12_heads:
+            return []  # _eagle3_only says it for every backend
+        return ["draft.type=eagle with engine.backend=pytorch: TensorRT-LLM's PyTorch backend runs EAGLE-3 heads only "
+                "(EAGLE-1/2 checkpoints are incompatible); use draft.type=eagle3, or engine.backend tensorrt/reference"]
+    if not v.pytorch_eagle3:
+        return [_needs(v, "pytorch_eagle3", "EAGLE-3 on engine.backend=pytorch", "use engine.backend reference")]
+    return []
+
+
+def engine_flow_problems(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     """trtllm-build + the Triton C++ backend."""
     e, q = cfg.engine, cfg.quantization
     p: list[str] = []
@@ -176,7 +181,7 @@ PYTORCH_FLOAT32 = ("target.dtype=float32 with engine.backend=pytorch: TensorRT-L
                    "only on engine.backend=reference)")
 
 
-def _pytorch(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
+def pytorch_problems(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     """The LLM API (trtllm-serve / Triton llmapi-style model)."""
     p: list[str] = [PYTORCH_FLOAT32] if cfg.target.dtype == "float32" else []
     if cfg.quantization.weights != "none" and v.engine_flow:
@@ -219,10 +224,10 @@ def _load_aware(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     t = cfg.tree
     set_ = [f"tree.{f}" for f in ("draft_len_schedule", "max_concurrency", "acceptance_rate_window_size",
                                   "acceptance_rate_threshold") if getattr(t, f) not in (None, 0)]
-    if not set_ or cfg.engine.backend == "reference":
+    if not set_ or cfg.engine.kind.reference_engine:
         return []
     what = f"{', '.join(set_)} with engine.backend={cfg.engine.backend}"
-    if cfg.engine.backend == "tensorrt":
+    if cfg.engine.kind.engine_flow:
         return [f"{what}: the engine flow (trtllm-build + the C++ runtime) has no per-batch-size draft length nor "
                 "acceptance switch; use engine.backend pytorch on trtllm_version '1.4', or engine.backend reference, "
                 "or remove " + ", ".join(set_)]
@@ -238,10 +243,11 @@ def _penalty(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     eagle_choices and dynamic trees, so every penalized request is still refused there."""
     if not cfg.tree.enable_penalty:
         return []
-    if cfg.engine.backend != "pytorch":
-        return [f"tree.enable_penalty=true with engine.backend={cfg.engine.backend}: it turns on TensorRT-LLM's "
+    backend = cfg.engine.kind
+    if not backend.speculative_penalties:
+        return [f"tree.enable_penalty=true with engine.backend={backend.name}: it turns on TensorRT-LLM's "
                 "occurrence penalties on the PyTorch backend's one-model speculative path; "
-                + ("the reference engine applies no penalties" if cfg.engine.backend == "reference" else
+                + ("the reference engine applies no penalties" if backend.reference_engine else
                    "the engine flow has no such switch") + "; use engine.backend pytorch or remove tree.enable_penalty"]
     if not v.speculative_penalties:
         return [_needs(v, "speculative_penalties", "tree.enable_penalty (speculative_config.enable_penalty)",
@@ -262,11 +268,17 @@ def trtllm_problems(cfg: BuildConfig) -> list[str]:
     reference engine's own limits, except that an EAGLE-3-only version refuses EAGLE-1/2 heads and static trees
     there too (the reference engine then serves that version's Triton layout and nothing it could not serve)."""
     v = registry.get(cfg.trtllm_version)
-    p = _backend_and_draft(cfg, v) + _load_aware(cfg, v) + _penalty(cfg, v) + _nvfp4(cfg, v)
-    if cfg.engine.backend == "tensorrt":
-        p += _engine_flow(cfg, v)
-    elif cfg.engine.backend == "pytorch":
-        p += _pytorch(cfg, v)
+    backend = cfg.engine.kind
+    p = _eagle3_only(cfg, v)
+    if backend.engine_flow:
+        p += engine_flow_draft_problems(cfg, v)
+    if backend.llmapi_model:
+        p += pytorch_draft_problems(cfg, v)
+    p += _load_aware(cfg, v) + _penalty(cfg, v) + _nvfp4(cfg, v)
+    if backend.engine_flow:
+        p += engine_flow_problems(cfg, v)
+    if backend.llmapi_model:
+        p += pytorch_problems(cfg, v)
     return p
 
 
@@ -275,7 +287,7 @@ def _nvfp4(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     mirror); it runs on Blackwell GPUs only (FP4 tensor cores, compute capability 10.0 and later)."""
     if cfg.quantization.weights != "nvfp4":
         return []
-    if v.engine_flow or cfg.engine.backend == "tensorrt":
+    if v.engine_flow or cfg.engine.kind.engine_flow:
         return [f"quantization.weights=nvfp4 on {v.name} with engine.backend={cfg.engine.backend}: NVFP4 is written "
                 "as ModelOpt's Hugging Face checkpoint for the current line only; set trtllm_version: '1.4' with "
                 "engine.backend pytorch (served on Blackwell GPUs) or reference (the CPU acceptance check)"]

@@ -97,7 +97,7 @@ def in_flight_series(cfg: BuildConfig) -> str:
     Python models: `eagle_llm_requests_in_flight` (triton_repo/models/spec_metrics.py; for upstream's `llmapi`
     model, the bridge triton_repo/models/llmapi_bridge.py)."""
     model = cfg.triton.llm_model
-    if cfg.engine.backend == "tensorrt":
+    if cfg.engine.kind.cpp_triton_model:
         return f'nv_trt_llm_request_metrics{{request_type=~"active|waiting",model="{model}"}}'
     return f'eagle_llm_requests_in_flight{{model="{model}"}}'
 

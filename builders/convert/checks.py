@@ -72,7 +72,8 @@ def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list
         spec = llama_spec(hf, require_arch=False)
     except (ModelSourceError, ModelConfigError) as e:
         return None, None, [f"target.model: {e}"]
-    p = families.problems(spec, backend=cfg.engine.backend, max_seq_len=cfg.engine.max_seq_len, tp=cfg.parallel.tp)
+    p = families.problems(spec, reference_engine=cfg.engine.kind.reference_engine, max_seq_len=cfg.engine.max_seq_len,
+                          tp=cfg.parallel.tp)
     row = family_of(spec.architecture)
     if cfg.engine.kind.reference_engine and row is not None and row.attention in (LINEAR, MAMBA):
         tree = cfg.static_tree()

@@ -67,33 +67,34 @@ def config_keys(spec: LlamaSpec) -> dict[str, Any]:
     return family_keys(spec.architecture, spec.raw)
 
 
-def problems(spec: LlamaSpec, *, backend: str, max_seq_len: int | None, tp: int) -> list[str]:
-    """Configs of the family that the reference engine would compute wrongly, refused before anything is written."""
+def problems(spec: LlamaSpec, *, reference_engine: bool, max_seq_len: int | None, tp: int) -> list[str]:
+    """Configs of the family that the reference engine would compute wrongly, refused before anything is written
+    (`reference_engine`: the build's backend is it, builders/kinds.py)."""
     raw, where = spec.raw, spec.path
     p: list[str] = []
     if spec.architecture not in NATIVE:  # the generic path (engines/generic.py)
-        if backend == "reference" and tp != 1:
+        if reference_engine and tp != 1:
             p.append(f"target.model {where}: {spec.architecture} runs on the reference engine's generic path "
                      f"(transformers' own model class), which has no tensor parallelism; set parallel.tp: 1")
-        if backend == "reference" and max_seq_len is not None:
+        if reference_engine and max_seq_len is not None:
             try:
                 check_generic(raw, where, max_seq_len)
             except GenericTargetError as e:
                 p.append(f"target.model {e}")
         return p
     kind = None if spec.rope_scaling is None else spec.rope_scaling.get("rope_type")
-    if backend == "reference" and kind not in (None, *ROPE_TYPES):
+    if reference_engine and kind not in (None, *ROPE_TYPES):
         p.append(f"target.model {where}: rope_scaling type {kind!r}: the reference engine computes "
                  f"{', '.join(ROPE_TYPES)} RoPE only; use engine.backend pytorch for this target")
     if spec.attention_bias or spec.mlp_bias:
         p.append(f"target.model {where}: attention_bias/mlp_bias=true: this converter writes q/k/v biases only for "
                  "Qwen2-family targets (no o_proj or MLP biases); use a checkpoint without them")
-    if spec.architecture in SLIDING_WINDOW and raw.get("use_sliding_window") and backend == "reference":
+    if spec.architecture in SLIDING_WINDOW and raw.get("use_sliding_window") and reference_engine:
         p.append(f"target.model {where}: use_sliding_window=true (window {raw.get('sliding_window')}): the reference "
                  "engine attends to every key and would compute sliding-window layers wrongly; set "
                  "use_sliding_window: false as the published configs ship it, or use engine.backend pytorch")
     window = raw.get("sliding_window") if spec.architecture == "MistralForCausalLM" else None
-    if window is not None and backend == "reference" and max_seq_len is not None and max_seq_len > int(window):
+    if window is not None and reference_engine and max_seq_len is not None and max_seq_len > int(window):
         p.append(f"target.model {where}: sliding_window={window} but engine.max_seq_len={max_seq_len}: the reference "
                  "engine attends to every key and would compute positions beyond the window wrongly; set "
                  f"engine.max_seq_len <= {window}")

@@ -152,6 +152,17 @@ FAMILIES: tuple[Family, ...] = (
            "commit 373783016c99f0d5c6740416511413050aba063b", "generic", True,
            note="xIELU MLP without a gate, q/k norms",
            versions=CURRENT),
+    Family("Llama4ForConditionalGeneration", "Llama 4 (Scout, Maverick)", "llama4", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_llama.py",
+           "@register_auto_model('Llama4ForConditionalGeneration') class Llama4ForConditionalGeneration("
+           "SpecDecOneEngineForCausalLM[Llama4Model, Llama4Config]) (the text model of config.json's text_config)",
+           "commit 3a5901cd0d77bed18baaf402d1d12fab468d44a9", "generic", True,
+           note="text model in text_config; routed experts + a shared expert every interleave_moe_layer_step layers; "
+                "RoPE layers with a weightless q/k norm and chunked attention, NoPE layers (no_rope_layers) with "
+                "attention temperature tuning by position; reference engine: sequences up to attention_chunk_size "
+                "(upstream also drops the chunking for speculative decoding before Blackwell and on non-TRTLLM "
+                "attention backends)",
+           versions=CURRENT),
 )
 
 # Registrations read upstream that subclass SpecDecOneEngineForCausalLM but do not run EAGLE-3 there: not rows of the
@@ -173,6 +184,16 @@ SLIDING_WINDOW = frozenset(f.name for f in FAMILIES if f.sliding == "switch")  #
 
 def family_of(architecture: str | None) -> Family | None:
     return BY_NAME.get(architecture or "")
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The text model's keys of a config.json: a multimodal checkpoint (Llama 4's Llama4ForConditionalGeneration)
+    nests them in `text_config`, which TensorRT-LLM's registration and transformers' causal LM both read; its
+    `architectures` stays the checkpoint's."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        return cfg
+    return {**text, "architectures": cfg.get("architectures")}
 
 
 @dataclass(frozen=True)
@@ -219,7 +240,11 @@ _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "nu
                 "attention_out_bias", "sliding_window_pattern", "shared_expert_intermediate_size",
                 "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                 "linear_value_head_dim", "linear_conv_kernel_dim", "hybrid_override_pattern", "layers_block_type",
-                "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "mlp_hidden_act")
+                "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "mlp_hidden_act",
+                # Llama 4: interleaved experts, NoPE layers, chunked attention, attention temperature tuning
+                "intermediate_size_mlp", "interleave_moe_layer_step", "moe_layers", "no_rope_layers",
+                "no_rope_layer_interval", "attention_chunk_size", "attn_temperature_tuning", "floor_scale",
+                "attn_scale", "router_jitter_noise")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +269,7 @@ class GenericTargetError(ValueError):
 
 def sliding_window_of(hf_config: dict[str, Any]) -> int | None:
     """The window of a config whose layers (some or all) attend to a sliding window, else None."""
+    hf_config = text_config(hf_config)
     window = hf_config.get("sliding_window")
     if window is None or hf_config.get("use_sliding_window") is False:
         return None
@@ -253,10 +279,42 @@ def sliding_window_of(hf_config: dict[str, Any]) -> int | None:
     return int(window)
 
 
+def chunk_of(hf_config: dict[str, Any]) -> int | None:
+    """Llama 4's attention_chunk_size where some layers attend within chunks of it (layer_types chunked_attention;
+    transformers' Llama4TextConfig names the RoPE layers so when the key is set), else None."""
+    cfg = text_config(hf_config)
+    chunk = cfg.get("attention_chunk_size")
+    if chunk is None:
+        return None
+    types = cfg.get("layer_types")
+    if types is not None and "chunked_attention" not in types:
+        return None
+    if types is None and not any(cfg.get("no_rope_layers") or [1]):
+        return None
+    return int(chunk)
+
+
+def attention_window_of(hf_config: dict[str, Any]) -> tuple[str, int] | None:
+    """The config key and length of the narrowest local attention (sliding window or attention chunk): the
+    generic path computes sequences up to it exactly and refuses longer ones."""
+    found = [(k, w) for k, w in (("sliding_window", sliding_window_of(hf_config)),
+                                 ("attention_chunk_size", chunk_of(hf_config))) if w is not None]
+    return min(found, key=lambda kw: kw[1]) if found else None
+
+
 def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | None) -> None:
     """Refuse what the generic path would compute wrongly. transformers returns the engine's 4D mask as is for
-    sliding-window layers too, so they attend to every earlier key: exact while no sequence is longer than the
-    window (the sliding mask then equals the causal one), wrong beyond it (None: checked per request instead)."""
+    sliding-window and chunked-attention layers too, so they attend to every earlier key: exact while no sequence
+    is longer than the window or chunk (the local mask then equals the causal one), wrong beyond it (None: checked
+    per request instead)."""
+    hf_config = text_config(hf_config)
+    chunk = chunk_of(hf_config)
+    if chunk is not None and max_seq_len is not None and max_seq_len > chunk:
+        raise GenericTargetError(
+            f"{where}: attention_chunk_size={chunk} but sequences may reach {max_seq_len} tokens; the generic path "
+            "gives chunked-attention layers the engine's own tree mask, which sees every earlier key (not only the "
+            f"query's chunk), so tokens beyond the first chunk would be computed wrongly. Set engine.max_seq_len <= "
+            f"{chunk}")
     window = sliding_window_of(hf_config)
     if window is not None and max_seq_len is not None and max_seq_len > window:
         raise GenericTargetError(
@@ -267,7 +325,8 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
     if row is not None and row.reference is None:
         raise GenericTargetError(f"{where}: {row.name}: {row.note}")
     recurrent = row is not None and row.attention in (LINEAR, MAMBA)
-    kinds = ("full_attention", "sliding_attention", *(("linear_attention",) if recurrent else ()))
+    kinds = ("full_attention", "sliding_attention", "chunked_attention",
+             *(("linear_attention",) if recurrent else ()))
     other = sorted({t for t in hf_config.get("layer_types") or () if t not in kinds})
     if other:
         raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "

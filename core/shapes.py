@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.families import LINEAR, MAMBA, MLA, Family
+from core.families import LINEAR, MAMBA, MLA, Family, text_config
 
 
 class ShapeError(ValueError):
@@ -127,6 +127,18 @@ def _mamba_mixer(cfg: dict[str, Any], h: int) -> tuple[int, int]:
     return p, heads * hd * state + conv * (kernel - 1)
 
 
+def _vision(cfg: dict[str, Any], text_hidden: int) -> int:
+    """Llama 4's vision tower and projector (transformers' Llama4VisionModel, Llama4MultiModalProjector), which the
+    checkpoint ships and TensorRT-LLM's Llama4ForConditionalGeneration loads beside the text model."""
+    vh, vi, layers, image, patch, proj_in, proj_out, out_dim = _need(
+        cfg, "hidden_size", "intermediate_size", "num_hidden_layers", "image_size", "patch_size",
+        "projector_input_dim", "projector_output_dim", "vision_output_dim")
+    channels = int(cfg.get("num_channels") or 3)
+    p = channels * patch * patch * vh + vh + ((image // patch) ** 2 + 1) * vh + 4 * vh  # patches, class, pos, norms
+    p += layers * (4 * (vh * vh + vh) + 2 * vh * vi + vi + vh + 4 * vh)  # attention (biases), MLP (biases), norms
+    return p + vi * proj_in + proj_out * proj_out + out_dim * text_hidden  # pixel-shuffle MLP, projector
+
+
 def _mlp(fam: Family, cfg: dict[str, Any], h: int, i: int) -> int:
     if fam.model_type in ("apertus",):
         return 2 * h * i + 4  # up/down; xIELU's alpha_p, alpha_n and its saved beta, eps
@@ -143,6 +155,8 @@ def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
                          "and moe_intermediate_size")
     if fam.model_type == "gpt_oss":  # fused gate_up with biases, down with bias, router with bias
         return experts * (h * 2 * inter + 2 * inter + inter * h + h) + experts * h + experts
+    if fam.model_type == "llama4":  # fused gate_up, down, router; a shared expert of intermediate_size
+        return experts * 3 * h * inter + experts * h + 3 * h * inter
     if fam.model_type == "nemotron_h":
         p = experts * 2 * h * inter + experts * h + experts
         shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
@@ -160,6 +174,10 @@ def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
 def _is_moe_layer(fam: Family, cfg: dict[str, Any], j: int) -> bool:
     if not fam.moe:
         return False
+    if fam.model_type == "llama4":  # transformers' moe_layers, else every interleave_moe_layer_step-th layer
+        if isinstance(cfg.get("moe_layers"), list):
+            return j in cfg["moe_layers"]
+        return (j + 1) % int(cfg.get("interleave_moe_layer_step") or 1) == 0
     if isinstance(cfg.get("mlp_layer_types"), list):
         return cfg["mlp_layer_types"][j] == "sparse"
     if "first_k_dense_replace" in cfg:
@@ -173,9 +191,10 @@ def _is_moe_layer(fam: Family, cfg: dict[str, Any], j: int) -> bool:
 
 
 def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
-    """Size a target of family `fam` from its config.json (a `text_config` block is read where the model nests it)."""
-    if isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    """Size a target of family `fam` from its config.json (a `text_config` block is read where the model nests it;
+    a `vision_config` beside it is sized as Llama 4's vision tower)."""
+    vision = cfg.get("vision_config") if fam.model_type == "llama4" else None
+    cfg = text_config(cfg)
     if cfg.get("num_hidden_layers") is None and fam.attention == MAMBA:  # transformers 5 derives it from the blocks
         blocks = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")
         cfg = {**cfg, "num_hidden_layers": len(blocks) if blocks else None}
@@ -208,8 +227,11 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
         elif _is_moe_layer(fam, cfg, j):
             params += _moe(fam, cfg, h)
         else:
-            params += _mlp(fam, cfg, h, int(cfg["intermediate_size"]))
+            params += _mlp(fam, cfg, h, int(cfg.get("intermediate_size_mlp") or cfg["intermediate_size"])
+                           if fam.model_type == "llama4" else int(cfg["intermediate_size"]))
         params += norms
+    if isinstance(vision, dict):
+        params += _vision(vision, h)
     window = int(cfg["sliding_window"]) if window_layers else None
     return TargetShape(fam.name, vocab, h, n, params, kv, state, tuple(window_layers), window, kv_layer,
                        2 * n * reference_kv_width(fam, cfg))

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from core.families import MLA, check_generic, family_of, sliding_window_of
+from core.families import MLA, attention_window_of, check_generic, family_of, text_config
 from core.shapes import reference_kv_width
 from engines.model import KVCache, Step
 from engines.recurrent import RecurrentStore, RecurrentView
@@ -86,8 +86,11 @@ class GenericTarget:
     kv_heads: int
     head_dim: int
     cache_kw: str  # "cache" (transformers >= 5.x) or "past_key_values"
-    window: int | None = None  # sliding window of some layers: longer sequences are refused (Runtime.check_window)
+    window: int | None = None  # sliding window / attention chunk of some layers: longer sequences are refused
+    window_key: str = "sliding_window"  # the config key `window` comes from (Runtime.check_window names it)
     recurrent: RecurrentStore | None = None  # linear-attention layers' state per row (engines/recurrent.py)
+    layer_types: tuple[str, ...] = ()  # the config's layer_types (each kind gets the engine's mask)
+    temperature: _Temperature | None = None  # Llama 4's NoPE layers: q scaled by the tokens' positions
 
     def accept(self, rows: list[int], lengths: list[int]) -> None:
         """After a verification: each row's recurrent state becomes the one after its accepted path (the KV cache
@@ -111,6 +114,10 @@ class GenericTarget:
             hooks.append(self.layers[-1].register_forward_hook(_keep_output(by_layer, len(self.layers))))
         view: RecurrentView | None = None
         masks: torch.Tensor | dict[str, torch.Tensor | None] = mask
+        if "chunked_attention" in self.layer_types:  # every kind takes the engine's mask (check_generic: exact)
+            masks = {kind: mask for kind in self.layer_types}
+        if self.temperature is not None:
+            self.temperature.positions = step.positions
         if self.recurrent is not None:  # linear-attention layers take no mask; each row's tokens in order
             fresh = bool((step.positions[:, 0] == 0).all())
             view = RecurrentView(self.recurrent, step.rows, fresh, 0 if fresh or t == 1 else t)
@@ -124,6 +131,37 @@ class GenericTarget:
         if view is not None:
             view.commit()
         return out.last_hidden_state, [by_layer[j] for j in capture]
+
+
+@dataclass
+class _Temperature:
+    """Llama 4's attention temperature tuning on NoPE layers: q times log1p(floor((position + 1) / floor_scale)) x
+    attn_scale + 1, per token. transformers numbers the tokens of a forward from the cache length (arange), which
+    is not a tree's positions; so the layers' own tuning is switched off and q_proj's output (q before any norm or
+    rotation on these layers) is scaled here by the engine's positions (Step.positions), as TensorRT-LLM's
+    Llama4Attention._attention_scaling scales q by position_ids."""
+
+    floor_scale: float
+    attn_scale: float
+    positions: torch.Tensor | None = None
+
+    def hook(self, module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        assert self.positions is not None, "GenericTarget.forward sets the positions first"
+        scale = torch.log1p(torch.floor((self.positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+        return (output * scale[..., None]).to(output.dtype)
+
+
+def _temperature(model: Any) -> _Temperature | None:
+    """Take over the temperature tuning of the NoPE attention layers that have it (Llama 4), else None."""
+    attns = [m for m in model.modules() if getattr(m, "attn_temperature_tuning", False)
+             and not getattr(m, "use_rope", True) and hasattr(m, "q_proj")]
+    if not attns:
+        return None
+    temp = _Temperature(float(attns[0].floor_scale), float(attns[0].attn_scale))
+    for m in attns:
+        m.attn_temperature_tuning = False
+        m.q_proj.register_forward_hook(temp.hook)
+    return temp
 
 
 def _keep_input(store: dict[int, torch.Tensor], j: int) -> Any:
@@ -147,7 +185,7 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
 
-    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg = text_config(json.loads((hf_dir / "config.json").read_text()))
     check_generic(cfg, hf_dir / "config.json", max_seq_len)
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, attn_implementation="eager")
     model.to(device).eval()
@@ -161,6 +199,8 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
         head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     layers = list(model.model.layers)
     kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
-    recurrent = RecurrentStore() if "linear_attention" in (getattr(text, "layer_types", None) or ()) else None
+    types = tuple(getattr(text, "layer_types", None) or ())
+    recurrent = RecurrentStore() if "linear_attention" in types else None
+    key, window = attention_window_of(cfg) or ("sliding_window", None)
     return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
-                         layers, kv_heads, head_dim, kw, sliding_window_of(cfg), recurrent)
+                         layers, kv_heads, head_dim, kw, window, key, recurrent, types, _temperature(model))

@@ -105,6 +105,26 @@ FAMILIES: tuple[Family, ...] = (
                 "routed + shared experts after first_k_dense_replace dense layers; the checkpoint's MTP layers "
                 "(num_nextn_predict_layers) are not decoder layers",
            versions=CURRENT),
+    Family("DeepseekV32ForCausalLM", "DeepSeek-V3.2", "deepseek_v32", MLA, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_deepseekv3.py",
+           "@register_auto_model('DeepseekV32ForCausalLM') @register_auto_model('DeepseekV3ForCausalLM') "
+           "class DeepseekV3ForCausalLM(SpecDecOneEngineForCausalLM[DeepseekV3Model, PretrainedConfig])",
+           "commit a43cf9e363d5657061b5ce0e12f3d993a08d8158", "generic", True,
+           note="DeepSeek-V3's MLA and experts with the sparse-attention indexer (DSA: each query attends to the "
+                "index_topk keys its indexer scores highest; KV cache: the MLA latents + index_head_dim indexer keys "
+                "per layer per token)",
+           versions=CURRENT),
+    Family("GlmMoeDsaForCausalLM", "GLM-5", "glm_moe_dsa", MLA, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_deepseekv3.py",
+           "MODEL_ARCH_TO_MODULE['GlmMoeDsaForCausalLM'] = 'modeling_deepseekv3' "
+           "(tensorrt_llm/_torch/models/_arch_index.py, whose docstring says it mirrors the @register_auto_model "
+           "decorators); that module's registered class is DeepseekV3ForCausalLM(SpecDecOneEngineForCausalLM)",
+           "commits 065ff9e93780bc0bdbfdbc7156a306ca14f5850c (_arch_index.py), "
+           "a43cf9e363d5657061b5ce0e12f3d993a08d8158 (modeling_deepseekv3.py, before the GLM-5 alias)", "generic",
+           True,
+           note="DeepSeek-V3.2's sparse attention where indexer_types 'shared' layers reuse the previous layer's "
+                "selection; MLA, routed + shared experts",
+           versions=CURRENT),
     Family("Glm4MoeForCausalLM", "GLM-4.5 / 4.6", "glm4_moe", DENSE, True, ONE,
            "tensorrt_llm/_torch/models/modeling_glm.py", _spec("Glm4MoeForCausalLM"),
            "commit 0406f8aa75104e96d80105563defd26ea0d9009a", "generic", True,
@@ -244,7 +264,9 @@ _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "nu
                 # Llama 4: interleaved experts, NoPE layers, chunked attention, attention temperature tuning
                 "intermediate_size_mlp", "interleave_moe_layer_step", "moe_layers", "no_rope_layers",
                 "no_rope_layer_interval", "attention_chunk_size", "attn_temperature_tuning", "floor_scale",
-                "attn_scale", "router_jitter_noise")
+                "attn_scale", "router_jitter_noise",
+                # DeepSeek-V3.2 / GLM-5 sparse attention
+                "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -325,7 +347,7 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
     if row is not None and row.reference is None:
         raise GenericTargetError(f"{where}: {row.name}: {row.note}")
     recurrent = row is not None and row.attention in (LINEAR, MAMBA)
-    kinds = ("full_attention", "sliding_attention", "chunked_attention",
+    kinds = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
              *(("linear_attention",) if recurrent else ()))
     other = sorted({t for t in hf_config.get("layer_types") or () if t not in kinds})
     if other:

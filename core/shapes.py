@@ -6,7 +6,9 @@ parameter count of transformers' own model class for a tiny config of every fami
 Per decoder layer (the checkpoint's MTP layers, `num_nextn_predict_layers`, are not decoder layers and not counted):
 - attention: dense GQA q/k/v/o (+ biases, q/k norms, gpt-oss sinks, Qwen3-Next's output gate doubling q_proj);
   MLA (DeepSeek-V3): q_a/q_b (or q_proj without q_lora_rank), kv_a_proj_with_mqa, kv_b_proj, o_proj and the two
-  latent norms; KV per token per layer: 2 x kv_heads x head_dim (dense), kv_lora_rank + qk_rope_head_dim (MLA);
+  latent norms; KV per token per layer: 2 x kv_heads x head_dim (dense), kv_lora_rank + qk_rope_head_dim (MLA),
+  plus index_head_dim indexer keys where a sparse-attention indexer runs (DeepSeek-V3.2, GLM-5; counted in the
+  cache dtype, an upper bound where upstream keeps them in FP8);
 - recurrent mixers keep no KV: Qwen3-Next's gated delta-net (state n_v_heads x d_k x d_v + its conv window) and
   Nemotron-H's Mamba-2 (state heads x head_dim x d_state + its conv window), per sequence;
 - MLP: gated (3 x hidden x inter), ungated (2 x, Apertus' xIELU, Nemotron-H's relu2), or MoE: every routed expert,
@@ -105,6 +107,18 @@ def _mla(cfg: dict[str, Any], h: int) -> tuple[int, int]:
     return p, kvl + rope
 
 
+def _indexer(fam: Family, cfg: dict[str, Any], h: int, j: int) -> tuple[int, int]:
+    """DeepSeek-V3.2 / GLM-5's sparse-attention indexer of layer j (wq_b, wk, its LayerNorm, weights_proj) and the
+    indexer keys it caches per token; GLM-5's 'shared' layers reuse the previous selection and have none."""
+    if fam.model_type not in ("deepseek_v32", "glm_moe_dsa"):
+        return 0, 0
+    types = cfg.get("indexer_types")
+    if isinstance(types, list) and types[j] != "full":
+        return 0, 0
+    ql, heads, dim = _need(cfg, "q_lora_rank", "index_n_heads", "index_head_dim")
+    return ql * heads * dim + h * dim + 2 * dim + h * heads, dim
+
+
 def _linear_mixer(cfg: dict[str, Any], h: int) -> tuple[int, int]:
     nk, nv, dk, dv, kernel = _need(cfg, "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                                    "linear_value_head_dim", "linear_conv_kernel_dim")
@@ -162,7 +176,7 @@ def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
         shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
         return p + 2 * h * shared * int(cfg.get("n_shared_experts") or 1) if shared else p
     p = experts * 3 * h * inter + experts * h
-    if fam.model_type in ("deepseek_v3", "glm4_moe", "exaone_moe"):
+    if fam.model_type in ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "exaone_moe"):
         p += experts  # e_score_correction_bias
         p += int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * 3 * h * inter
     shared = int(cfg.get("shared_expert_intermediate_size") or 0)
@@ -209,8 +223,9 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
     for j, kind in enumerate(_layer_kinds(fam, cfg, n)):
         norms = h if fam.model_type == "nemotron_h" else 2 * h
         if kind == "attention":
-            params += attn
-            kv += kv_layer
+            p_index, kv_index = _indexer(fam, cfg, h, j)
+            params += attn + p_index
+            kv += kv_layer + kv_index
             if (cfg.get("layer_types") or [None] * n)[j] == "sliding_attention" and cfg.get("sliding_window"):
                 window_layers.append(j)
         elif kind == "linear":
@@ -241,8 +256,8 @@ def reference_kv_width(fam: Family, cfg: dict[str, Any]) -> int:
     """Elements per token per layer of K (and of V) in the reference engine's cache: kv_heads x head_dim. MLA keeps
     the compressed latents transformers' DeepseekV3Attention hands its cache (one "head": the kv_lora_rank latent as
     K, the qk_rope_head_dim rotated key as V), in slots of the wider one."""
-    if fam.attention == MLA:
-        return max(int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"]))
+    if fam.attention == MLA:  # DSA: the indexer keys after the rope key (engines/generic.py `_SlotCache`)
+        return max(int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"]) + int(cfg.get("index_head_dim") or 0))
     heads = int(cfg["num_attention_heads"])
     kvh = int(cfg.get("num_key_value_heads") or heads)
     return kvh * int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)

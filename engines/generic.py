@@ -42,8 +42,9 @@ class _SlotCache:
 
     is_compileable = False  # what transformers' generation and mask helpers ask of a Cache; never a static cache
 
-    def __init__(self, cache: KVCache, step: Step, view: RecurrentView | None = None) -> None:
-        self.cache, self.step, self.view = cache, step, view
+    def __init__(self, cache: KVCache, step: Step, view: RecurrentView | None = None,
+                 indexer_at: int | None = None) -> None:
+        self.cache, self.step, self.view, self.indexer_at = cache, step, view, indexer_at
 
     def __getattr__(self, name: str) -> Any:  # the linear-attention methods (get_conv_state, ...), when there are any
         view = self.__dict__.get("view")
@@ -61,6 +62,17 @@ class _SlotCache:
         k_cache[s.rows[:, None], s.slots, :, :kd] = key_states.transpose(1, 2).to(k_cache.dtype)
         v_cache[s.rows[:, None], s.slots, :, :vd] = value_states.transpose(1, 2).to(v_cache.dtype)
         return s.gather(k_cache)[..., :kd].transpose(1, 2), s.gather(v_cache)[..., :vd].transpose(1, 2)
+
+    def update_indexer(self, keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """DeepSeek-V3.2 / GLM-5's sparse-attention indexer keys (B, T, D): kept in the value slots after the rope
+        key (core/shapes.py `reference_kv_width` makes them wide enough), so compaction moves them with the
+        latents; returns the row's keys of slots [0, kv_len) (masked slots are masked in the indexer's scores)."""
+        if self.indexer_at is None:
+            raise AttributeError("update_indexer: this target has no sparse-attention indexer")
+        s, at, d = self.step, self.indexer_at, keys.shape[-1]
+        v_cache = self.cache.v[layer_idx]
+        v_cache[s.rows[:, None], s.slots, 0, at:at + d] = keys.to(v_cache.dtype)
+        return s.gather(v_cache)[:, :, 0, at:at + d]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # asked when position_ids are absent (they never are here)
         return self.step.kv_len
@@ -91,6 +103,7 @@ class GenericTarget:
     recurrent: RecurrentStore | None = None  # linear-attention layers' state per row (engines/recurrent.py)
     layer_types: tuple[str, ...] = ()  # the config's layer_types (each kind gets the engine's mask)
     temperature: _Temperature | None = None  # Llama 4's NoPE layers: q scaled by the tokens' positions
+    indexer_at: int | None = None  # DSA targets: where the indexer keys start in the value slots
 
     def accept(self, rows: list[int], lengths: list[int]) -> None:
         """After a verification: each row's recurrent state becomes the one after its accepted path (the KV cache
@@ -114,7 +127,7 @@ class GenericTarget:
             hooks.append(self.layers[-1].register_forward_hook(_keep_output(by_layer, len(self.layers))))
         view: RecurrentView | None = None
         masks: torch.Tensor | dict[str, torch.Tensor | None] = mask
-        if "chunked_attention" in self.layer_types:  # every kind takes the engine's mask (check_generic: exact)
+        if {"chunked_attention", "indexed_attention"} & set(self.layer_types):  # each kind takes the engine's mask
             masks = {kind: mask for kind in self.layer_types}
         if self.temperature is not None:
             self.temperature.positions = step.positions
@@ -124,7 +137,7 @@ class GenericTarget:
             masks = {"full_attention": mask, "linear_attention": None}
         try:
             out = self.model.model(input_ids=tokens, attention_mask=masks, position_ids=step.positions,
-                                   use_cache=True, **{self.cache_kw: _SlotCache(cache, step, view)})
+                                   use_cache=True, **{self.cache_kw: _SlotCache(cache, step, view, self.indexer_at)})
         finally:
             for h in hooks:
                 h.remove()
@@ -203,4 +216,5 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     recurrent = RecurrentStore() if "linear_attention" in types else None
     key, window = attention_window_of(cfg) or ("sliding_window", None)
     return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
-                         layers, kv_heads, head_dim, kw, window, key, recurrent, types, _temperature(model))
+                         layers, kv_heads, head_dim, kw, window, key, recurrent, types, _temperature(model),
+                         int(text.qk_rope_head_dim) if "indexed_attention" in types else None)

@@ -22,7 +22,8 @@ FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session 
 # The rows added with the family table (core/families.py), built where a test needs them: the generic ones run on
 # the reference engine (the recurrent ones, gated delta-net or Mamba-2 layers, with chain drafts); a build-only one
 # would be sized and built for the PyTorch backend but not run there (none is).
-GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus", "llama4")
+GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus", "llama4", "deepseek_v32",
+                    "glm_moe_dsa")
 RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
 BUILD_ONLY_FAMILIES: tuple[str, ...] = ()
 
@@ -41,7 +42,9 @@ _CLASSES = {
     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM"),
-    "llama4": ("Llama4Config", "Llama4ForConditionalGeneration"),  # text_config + a vision tower, as published
+    "llama4": ("Llama4Config", "Llama4ForConditionalGeneration"),
+    "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM"),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),  # text_config + a vision tower, as published
 }
 # Every row of the family table (core/families.py FAMILIES) and the tiny family that stands for it.
 TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2",
@@ -49,7 +52,8 @@ TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausa
         "DeepseekV3ForCausalLM": "deepseek_v3", "Glm4MoeForCausalLM": "glm4_moe", "ExaoneMoEForCausalLM": "exaone_moe",
         "SeedOssForCausalLM": "seed_oss", "ApertusForCausalLM": "apertus", "Qwen3NextForCausalLM": "qwen3_next",
         "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "NemotronHForCausalLM": "nemotron_h",
-        "Llama4ForConditionalGeneration": "llama4"}
+        "Llama4ForConditionalGeneration": "llama4", "DeepseekV32ForCausalLM": "deepseek_v32",
+        "GlmMoeDsaForCausalLM": "glm_moe_dsa"}
 # The architecture name upstream TensorRT-LLM registers, where transformers' class is spelled differently.
 _ARCH = {"exaone_moe": "ExaoneMoEForCausalLM"}
 _LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
@@ -99,6 +103,8 @@ def family_config(family: str, *, tie: bool = False, head_dim: int | None = None
         pattern = ("M-" * layers)[: layers - 1] + "*"
         cfg.update(hybrid_override_pattern=pattern, layers_block_type=[
             {"M": "mamba", "-": "mlp", "*": "attention"}[c] for c in pattern])
+    if family == "glm_moe_dsa":  # every second layer reuses the previous layer's selection
+        cfg["indexer_types"] = ["shared" if j % 2 else "full" for j in range(layers)]
     if family == "exaone_moe":
         cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
         cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
@@ -113,6 +119,16 @@ _NEW: dict[str, dict[str, Any]] = {
                         v_head_dim=12, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=2, topk_group=1,
                         num_nextn_predict_layers=1),
+    # DeepSeek-V3.2 / GLM-5: MLA with the sparse-attention indexer keeping the top 4 keys (published: 2048), so that
+    # most queries of the tests attend to a subset; GLM-5's second layer reuses the first one's selection
+    "deepseek_v32": dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                         qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2,
+                         n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=2, topk_group=1,
+                         index_topk=4, index_head_dim=16, index_n_heads=8),
+    "glm_moe_dsa": dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                        qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
+                        index_topk=4, index_head_dim=16, index_n_heads=8),
     "glm4_moe": dict(partial_rotary_factor=0.5, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                      moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, use_qk_norm=True,
                      attention_bias=True),

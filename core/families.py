@@ -195,6 +195,26 @@ NOT_EAGLE3: dict[str, tuple[str, str, str]] = {
         "commit 000a860db1d1b990742ff55e8230d1ddc5672e39"),
 }
 
+# Registrations read upstream that are not rows here: name -> (modeling file, what was read, commit, why not a row).
+# A target of these architectures is refused with this reason.
+NOT_ROWS: dict[str, tuple[str, str, str, str]] = {
+    "Step3p5ForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_step3p7.py",
+        "@register_auto_model('Step3p5ForCausalLM') class Step3p7ForCausalLM(SpecDecOneEngineForCausalLM"
+        "[Step3p7TextModel, PretrainedConfig]) (one-model EAGLE-3 upstream)",
+        "commit 583e82607b32822037d6139637e513d8f03d6826",
+        "transformers 5.25 (the reference engine, the trainer's features and the sizing tests) has no causal LM for "
+        "model_type step3p5 (only Step3p7TextConfig and the multimodal Step3p7ForConditionalGeneration), so no tiny "
+        "model can prove its sizing or its serving here"),
+    "MiniMaxM3SparseForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_minimaxm3.py",
+        "@register_auto_model('MiniMaxM3SparseForCausalLM') class MiniMaxM3ForCausalLM(DecoderModelForCausalLM"
+        "[MiniMaxM3Model, PretrainedConfig]), not a SpecDecOneEngineForCausalLM",
+        "commit c0261efa8a466afd645d71ffe1d1867e81e19303",
+        "at the commit read it is not one-model, and the current line runs EAGLE-3 one-model only; transformers "
+        "5.25 has no causal LM for it either (only MiniMaxM3VLForCausalLM under model_type minimax_m3_vl)"),
+}
+
 BY_NAME = {f.name: f for f in FAMILIES}
 NATIVE = tuple(sorted(f.name for f in FAMILIES if f.reference == "native"))
 QKV_BIAS = frozenset(f.name for f in FAMILIES if f.qkv_bias)
@@ -209,11 +229,11 @@ def family_of(architecture: str | None) -> Family | None:
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The text model's keys of a config.json: a multimodal checkpoint (Llama 4's Llama4ForConditionalGeneration)
     nests them in `text_config`, which TensorRT-LLM's registration and transformers' causal LM both read; its
-    `architectures` stays the checkpoint's."""
+    `architectures` and `model_type` stay the checkpoint's."""
     text = cfg.get("text_config")
     if not isinstance(text, dict):
         return cfg
-    return {**text, "architectures": cfg.get("architectures")}
+    return {**text, "architectures": cfg.get("architectures"), "model_type": cfg.get("model_type")}
 
 
 @dataclass(frozen=True)
@@ -346,6 +366,13 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
     row = family_of((hf_config.get("architectures") or [None])[0])
     if row is not None and row.reference is None:
         raise GenericTargetError(f"{where}: {row.name}: {row.note}")
+    kind = hf_config.get("model_type")
+    if row is not None and kind is not None and kind != row.model_type:
+        raise GenericTargetError(
+            f"{where}: {row.name} with model_type {kind!r}: the generic path runs transformers' own class of "
+            f"model_type {row.model_type!r} (the row's); a checkpoint of another model_type (e.g. Kimi-K2's "
+            "'kimi_k2', which ships its own modeling code through auto_map) is not what that class computes, and "
+            "the reference engine runs no checkpoint code. Use engine.backend pytorch for it")
     recurrent = row is not None and row.attention in (LINEAR, MAMBA)
     kinds = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
              *(("linear_attention",) if recurrent else ()))

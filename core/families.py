@@ -211,8 +211,9 @@ NOT_ROWS: dict[str, tuple[str, str, str, str]] = {
         "@register_auto_model('MiniMaxM3SparseForCausalLM') class MiniMaxM3ForCausalLM(DecoderModelForCausalLM"
         "[MiniMaxM3Model, PretrainedConfig]), not a SpecDecOneEngineForCausalLM",
         "commit c0261efa8a466afd645d71ffe1d1867e81e19303",
-        "at the commit read it is not one-model, and the current line runs EAGLE-3 one-model only; transformers "
-        "5.25 has no causal LM for it either (only MiniMaxM3VLForCausalLM under model_type minimax_m3_vl)"),
+        "at the commit read it is not one-model, and the current line runs EAGLE-3 one-model only, so no version "
+        "serves it with an EAGLE-3 head (transformers 5.25 has its text model, MiniMaxM3VLForCausalLM of model_type "
+        "minimax_m3_vl_text, which the reference engine could run once upstream serves it)"),
 }
 
 BY_NAME = {f.name: f for f in FAMILIES}

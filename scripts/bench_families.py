@@ -4,14 +4,18 @@
         [--threads 1] [--dtype float32] [--json FILE]
 
 Each family is a random model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, MLP 1536, vocab
-49,152; MoE families: 8 experts of 256, 2 per token, and one shared expert where the family has them; DeepSeek-V3:
-MLA with q_lora_rank 192, kv_lora_rank 64), written by transformers. The families the table marks native are
-converted (builders/convert) and run by the engine's own forward; the generic ones (Qwen3-MoE, DeepSeek-V3, GLM-4.5
-MoE, EXAONE-MoE, Seed-OSS, Apertus) run through the generic target (transformers' own model class,
-engines/generic.py). For T in --ts: one forward with T new tokens after a 200-token context plus the lm_head at the
-last position, the engine and HF eager (transformers, no compile, DynamicCache rewound after each call) called
-round-robin (measure/costs.py interleaved_ms), median of --repeats. Random weights: the cost of a forward does not
-depend on their values. Compare ratios within one run; absolute times depend on the machine and its load.
+49,152; MoE families: 8 experts of 256, 2 per token, and one shared expert where the family has them; DeepSeek-V3 /
+V3.2: MLA with q_lora_rank 192, kv_lora_rank 64, V3.2's indexer keeping 64 keys; Llama 4: experts every second
+layer, every fourth layer NoPE; Qwen3-Next / Qwen3.5: three gated delta-net layers per attention layer; Nemotron-H:
+Mamba-2 and MLP layers, one attention layer in seven), written by transformers. The families the table marks native
+are converted (builders/convert) and run by the engine's own forward; the generic ones run through the generic
+target (transformers' own model class, engines/generic.py). For T in --ts: one forward with T new tokens after a
+200-token context plus the lm_head at the last position, the engine and HF eager (transformers, no compile,
+DynamicCache rewound after each call: attention layers drop what the call wrote; a recurrent layer's fixed-size
+state stays advanced, which does not change the next call's cost) called round-robin (measure/costs.py
+interleaved_ms), median of --repeats. The engine's T-token forward of a recurrent family also keeps each token's
+state (what a verification needs). Random weights: the cost of a forward does not depend on their values. Compare
+ratios within one run; absolute times depend on the machine and its load.
 
 Inputs:  none (the models are generated)
 Outputs: a table on stdout (ms per forward, engine / HF ratio); --json the figures

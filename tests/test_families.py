@@ -237,3 +237,16 @@ def test_kimi_k2_checkpoints_build_for_pytorch_and_are_refused_by_the_reference_
     with pytest.raises(GenericTargetError, match=r"DeepseekV3ForCausalLM with model_type 'kimi_k2'.*runs no "
                                                  r"checkpoint code. Use engine.backend pytorch"):
         check_generic(cfg, target, max_seq_len=64)
+
+
+def test_llama4_chunks_shorter_than_the_sequences_are_refused_by_the_build(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """Llama 4's chunked attention is not computed as full attention silently: a build whose engine.max_seq_len
+    exceeds attention_chunk_size (read from text_config) is refused before anything is written, naming both."""
+    target = make_family_target(tmp_path / "target", "llama4", attention_chunk_size=32)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+    assert build.main([str(_cfg(tmp_path, "long", target, head, "reference")), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "attention_chunk_size=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
+    assert build.main([str(_cfg(tmp_path, "short", target, head, "reference", max_input_len=16,
+                                max_seq_len=32)), "--dry-run"]) == 0

@@ -203,9 +203,9 @@ NOT_ROWS: dict[str, tuple[str, str, str, str]] = {
         "commit a43cf9e363d5657061b5ce0e12f3d993a08d8158 (modeling_deepseekv3.py, before the GLM-5 alias)",
         "the decorator itself was not read: the stored modeling_deepseekv3.py registers DeepseekV3ForCausalLM and "
         "DeepseekV32ForCausalLM only, and no version with the GLM-5 alias could be opened here, so which class "
-        "serves it (and whether one-model) is not established. transformers' GlmMoeDsaForCausalLM runs on the "
-        "reference engine's generic path (its shared-selection sparse attention is tested there against HF greedy) "
-        "and becomes a row once the registration is read"),
+        "serves it (and whether one-model) is not established; transformers implements it (GlmMoeDsaForCausalLM, "
+        "DeepSeek-V3.2's sparse attention with layers sharing a selection), so it can become a row once the "
+        "registration is read"),
     "MiniMaxM3SparseForCausalLM": (
         "tensorrt_llm/_torch/models/modeling_minimaxm3.py",
         "@register_auto_model('MiniMaxM3SparseForCausalLM') class MiniMaxM3ForCausalLM(DecoderModelForCausalLM"

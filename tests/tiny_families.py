@@ -52,8 +52,8 @@ TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausa
         "SeedOssForCausalLM": "seed_oss", "ApertusForCausalLM": "apertus", "Qwen3NextForCausalLM": "qwen3_next",
         "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "NemotronHForCausalLM": "nemotron_h",
         "Llama4ForConditionalGeneration": "llama4", "DeepseekV32ForCausalLM": "deepseek_v32"}
-# Tiny models of architectures the reference engine computes but that are not rows (core/families.py NOT_ROWS says
-# why): tested at the engine only.
+# Tiny models of architectures transformers implements that are not rows yet (core/families.py NOT_ROWS says why):
+# ready for their row, not built or served by the tests.
 NOT_ROW_FAMILIES = ("glm_moe_dsa",)
 # The architecture name upstream TensorRT-LLM registers, where transformers' class is spelled differently.
 _ARCH = {"exaone_moe": "ExaoneMoEForCausalLM"}

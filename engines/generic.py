@@ -14,6 +14,9 @@ session, the decoding loop, verify, the doctor and the trainer's features do not
 - recurrent layers (Qwen3-Next / Qwen3.5's gated delta-net, Nemotron-H's Mamba-2) take no mask and keep a state per row
   instead of K/V (engines/recurrent.py): the engine keeps the state after each row's accepted path, with chain
   drafts only (engines/runtime.py refuses trees with branches for such a target).
+- Llama 4's NoPE layers scale q by each token's position (`_Temperature`, the engine's positions, not an arange)
+  and its chunked layers take the engine's mask (exact while a sequence fits one chunk: `check_generic`);
+  DeepSeek-V3.2's sparse-attention indexer keeps its keys in the engine's cache slots (`_SlotCache.update_indexer`).
 A model whose attention ignores the mask (or builds its own, e.g. sliding-window layers) would be computed wrongly:
 `check_generic` (core/families.py) refuses sliding windows shorter than the sequences and layer kinds that take no
 mask (a family table row without a reference path says why), and
@@ -159,7 +162,8 @@ class _Temperature:
     positions: torch.Tensor | None = None
 
     def hook(self, module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        assert self.positions is not None, "GenericTarget.forward sets the positions first"
+        if self.positions is None:
+            raise RuntimeError("GenericTarget.forward sets the positions before the model runs")
         scale = torch.log1p(torch.floor((self.positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
         return (output * scale[..., None]).to(output.dtype)
 

@@ -105,6 +105,15 @@ FAMILIES: tuple[Family, ...] = (
                 "routed + shared experts after first_k_dense_replace dense layers; the checkpoint's MTP layers "
                 "(num_nextn_predict_layers) are not decoder layers",
            versions=CURRENT),
+    Family("DeepseekV32ForCausalLM", "DeepSeek-V3.2", "deepseek_v32", MLA, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_deepseekv3.py",
+           "@register_auto_model('DeepseekV32ForCausalLM') @register_auto_model('DeepseekV3ForCausalLM') "
+           "class DeepseekV3ForCausalLM(SpecDecOneEngineForCausalLM[DeepseekV3Model, PretrainedConfig])",
+           "commit a43cf9e363d5657061b5ce0e12f3d993a08d8158", "generic", True,
+           note="DeepSeek-V3's MLA and experts with the sparse-attention indexer (DSA: each query attends to the "
+                "index_topk keys its indexer scores highest; KV cache: the MLA latents + index_head_dim indexer keys "
+                "per layer per token)",
+           versions=CURRENT),
     Family("Glm4MoeForCausalLM", "GLM-4.5 / 4.6", "glm4_moe", DENSE, True, ONE,
            "tensorrt_llm/_torch/models/modeling_glm.py", _spec("Glm4MoeForCausalLM"),
            "commit 0406f8aa75104e96d80105563defd26ea0d9009a", "generic", True,
@@ -152,6 +161,17 @@ FAMILIES: tuple[Family, ...] = (
            "commit 373783016c99f0d5c6740416511413050aba063b", "generic", True,
            note="xIELU MLP without a gate, q/k norms",
            versions=CURRENT),
+    Family("Llama4ForConditionalGeneration", "Llama 4 (Scout, Maverick)", "llama4", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_llama.py",
+           "@register_auto_model('Llama4ForConditionalGeneration') class Llama4ForConditionalGeneration("
+           "SpecDecOneEngineForCausalLM[Llama4Model, Llama4Config]) (the text model of config.json's text_config)",
+           "commit 3a5901cd0d77bed18baaf402d1d12fab468d44a9", "generic", True,
+           note="text model in text_config; routed experts + a shared expert every interleave_moe_layer_step layers; "
+                "RoPE layers with a weightless q/k norm and chunked attention, NoPE layers (no_rope_layers) with "
+                "attention temperature tuning by position; reference engine: sequences up to attention_chunk_size "
+                "(upstream also drops the chunking for speculative decoding before Blackwell and on non-TRTLLM "
+                "attention backends)",
+           versions=CURRENT),
 )
 
 # Registrations read upstream that subclass SpecDecOneEngineForCausalLM but do not run EAGLE-3 there: not rows of the
@@ -164,6 +184,38 @@ NOT_EAGLE3: dict[str, tuple[str, str, str]] = {
         "commit 000a860db1d1b990742ff55e8230d1ddc5672e39"),
 }
 
+# Registrations read upstream that are not rows here: name -> (modeling file, what was read, commit, why not a row).
+# A target of these architectures is refused with this reason.
+NOT_ROWS: dict[str, tuple[str, str, str, str]] = {
+    "Step3p5ForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_step3p7.py",
+        "@register_auto_model('Step3p5ForCausalLM') class Step3p7ForCausalLM(SpecDecOneEngineForCausalLM"
+        "[Step3p7TextModel, PretrainedConfig]) (one-model EAGLE-3 upstream)",
+        "commit 583e82607b32822037d6139637e513d8f03d6826",
+        "transformers 5.25 (the reference engine, the trainer's features and the sizing tests) has no causal LM for "
+        "model_type step3p5 (only Step3p7TextConfig and the multimodal Step3p7ForConditionalGeneration), so no tiny "
+        "model can prove its sizing or its serving here"),
+    "GlmMoeDsaForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_deepseekv3.py",
+        "MODEL_ARCH_TO_MODULE['GlmMoeDsaForCausalLM'] = 'modeling_deepseekv3' in tensorrt_llm/_torch/models/"
+        "_arch_index.py (commit 065ff9e93780bc0bdbfdbc7156a306ca14f5850c), a table that mirrors the modules' "
+        "@register_auto_model decorators",
+        "commit a43cf9e363d5657061b5ce0e12f3d993a08d8158 (modeling_deepseekv3.py, before the GLM-5 alias)",
+        "the decorator itself was not read: the stored modeling_deepseekv3.py registers DeepseekV3ForCausalLM and "
+        "DeepseekV32ForCausalLM only, and no version with the GLM-5 alias could be opened here, so which class "
+        "serves it (and whether one-model) is not established; transformers implements it (GlmMoeDsaForCausalLM, "
+        "DeepSeek-V3.2's sparse attention with layers sharing a selection), so it can become a row once the "
+        "registration is read"),
+    "MiniMaxM3SparseForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_minimaxm3.py",
+        "@register_auto_model('MiniMaxM3SparseForCausalLM') class MiniMaxM3ForCausalLM(DecoderModelForCausalLM"
+        "[MiniMaxM3Model, PretrainedConfig]), not a SpecDecOneEngineForCausalLM",
+        "commit c0261efa8a466afd645d71ffe1d1867e81e19303",
+        "at the commit read it is not one-model, and the current line runs EAGLE-3 one-model only, so no version "
+        "serves it with an EAGLE-3 head (transformers 5.25 has its text model, MiniMaxM3VLForCausalLM of model_type "
+        "minimax_m3_vl_text, which the reference engine could run once upstream serves it)"),
+}
+
 BY_NAME = {f.name: f for f in FAMILIES}
 NATIVE = tuple(sorted(f.name for f in FAMILIES if f.reference == "native"))
 QKV_BIAS = frozenset(f.name for f in FAMILIES if f.qkv_bias)
@@ -173,6 +225,16 @@ SLIDING_WINDOW = frozenset(f.name for f in FAMILIES if f.sliding == "switch")  #
 
 def family_of(architecture: str | None) -> Family | None:
     return BY_NAME.get(architecture or "")
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The text model's keys of a config.json: a multimodal checkpoint (Llama 4's Llama4ForConditionalGeneration)
+    nests them in `text_config`, which TensorRT-LLM's registration and transformers' causal LM both read; its
+    `architectures` and `model_type` stay the checkpoint's."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        return cfg
+    return {**text, "architectures": cfg.get("architectures"), "model_type": cfg.get("model_type")}
 
 
 @dataclass(frozen=True)
@@ -219,7 +281,13 @@ _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "nu
                 "attention_out_bias", "sliding_window_pattern", "shared_expert_intermediate_size",
                 "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                 "linear_value_head_dim", "linear_conv_kernel_dim", "hybrid_override_pattern", "layers_block_type",
-                "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "mlp_hidden_act")
+                "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "mlp_hidden_act",
+                # Llama 4: interleaved experts, NoPE layers, chunked attention, attention temperature tuning
+                "intermediate_size_mlp", "interleave_moe_layer_step", "moe_layers", "no_rope_layers",
+                "no_rope_layer_interval", "attention_chunk_size", "attn_temperature_tuning", "floor_scale",
+                "attn_scale", "router_jitter_noise",
+                # DeepSeek-V3.2 / GLM-5 sparse attention
+                "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +312,7 @@ class GenericTargetError(ValueError):
 
 def sliding_window_of(hf_config: dict[str, Any]) -> int | None:
     """The window of a config whose layers (some or all) attend to a sliding window, else None."""
+    hf_config = text_config(hf_config)
     window = hf_config.get("sliding_window")
     if window is None or hf_config.get("use_sliding_window") is False:
         return None
@@ -253,10 +322,42 @@ def sliding_window_of(hf_config: dict[str, Any]) -> int | None:
     return int(window)
 
 
+def chunk_of(hf_config: dict[str, Any]) -> int | None:
+    """Llama 4's attention_chunk_size where some layers attend within chunks of it (layer_types chunked_attention;
+    transformers' Llama4TextConfig names the RoPE layers so when the key is set), else None."""
+    cfg = text_config(hf_config)
+    chunk = cfg.get("attention_chunk_size")
+    if chunk is None:
+        return None
+    types = cfg.get("layer_types")
+    if types is not None and "chunked_attention" not in types:
+        return None
+    if types is None and not any(cfg.get("no_rope_layers") or [1]):
+        return None
+    return int(chunk)
+
+
+def attention_window_of(hf_config: dict[str, Any]) -> tuple[str, int] | None:
+    """The config key and length of the narrowest local attention (sliding window or attention chunk): the
+    generic path computes sequences up to it exactly and refuses longer ones."""
+    found = [(k, w) for k, w in (("sliding_window", sliding_window_of(hf_config)),
+                                 ("attention_chunk_size", chunk_of(hf_config))) if w is not None]
+    return min(found, key=lambda kw: kw[1]) if found else None
+
+
 def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | None) -> None:
     """Refuse what the generic path would compute wrongly. transformers returns the engine's 4D mask as is for
-    sliding-window layers too, so they attend to every earlier key: exact while no sequence is longer than the
-    window (the sliding mask then equals the causal one), wrong beyond it (None: checked per request instead)."""
+    sliding-window and chunked-attention layers too, so they attend to every earlier key: exact while no sequence
+    is longer than the window or chunk (the local mask then equals the causal one), wrong beyond it (None: checked
+    per request instead)."""
+    hf_config = text_config(hf_config)
+    chunk = chunk_of(hf_config)
+    if chunk is not None and max_seq_len is not None and max_seq_len > chunk:
+        raise GenericTargetError(
+            f"{where}: attention_chunk_size={chunk} but sequences may reach {max_seq_len} tokens; the generic path "
+            "gives chunked-attention layers the engine's own tree mask, which sees every earlier key (not only the "
+            f"query's chunk), so tokens beyond the first chunk would be computed wrongly. Set engine.max_seq_len <= "
+            f"{chunk}")
     window = sliding_window_of(hf_config)
     if window is not None and max_seq_len is not None and max_seq_len > window:
         raise GenericTargetError(
@@ -266,8 +367,16 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
     row = family_of((hf_config.get("architectures") or [None])[0])
     if row is not None and row.reference is None:
         raise GenericTargetError(f"{where}: {row.name}: {row.note}")
+    kind = hf_config.get("model_type")
+    if row is not None and kind is not None and kind != row.model_type:
+        raise GenericTargetError(
+            f"{where}: {row.name} with model_type {kind!r}: the generic path runs transformers' own class of "
+            f"model_type {row.model_type!r} (the row's); a checkpoint of another model_type (e.g. Kimi-K2's "
+            "'kimi_k2', which ships its own modeling code through auto_map) is not what that class computes, and "
+            "the reference engine runs no checkpoint code. Use engine.backend pytorch for it")
     recurrent = row is not None and row.attention in (LINEAR, MAMBA)
-    kinds = ("full_attention", "sliding_attention", *(("linear_attention",) if recurrent else ()))
+    kinds = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
+             *(("linear_attention",) if recurrent else ()))
     other = sorted({t for t in hf_config.get("layer_types") or () if t not in kinds})
     if other:
         raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.families import FAMILIES
+from core.families import FAMILIES, text_config
 
 LLAMA_ARCHITECTURES = tuple(f.name for f in FAMILIES if f.engine_flow)  # what EagleForCausalLM (a Llama) converts
 
@@ -114,7 +114,7 @@ def read_config(model_dir: Path) -> dict[str, Any]:
 def llama_spec(model_dir: Path, *, require_arch: bool = True) -> LlamaSpec:
     """Parse a Llama config; `require_arch=False` for EAGLE heads (their architectures entry varies)."""
     path = Path(model_dir) / "config.json"
-    cfg = read_config(model_dir)
+    cfg = text_config(read_config(model_dir))  # a multimodal target's text model (Llama 4)
     arch = (cfg.get("architectures") or [None])[0]
     if require_arch and arch not in LLAMA_ARCHITECTURES:
         raise ModelConfigError(

@@ -6,7 +6,9 @@ parameter count of transformers' own model class for a tiny config of every fami
 Per decoder layer (the checkpoint's MTP layers, `num_nextn_predict_layers`, are not decoder layers and not counted):
 - attention: dense GQA q/k/v/o (+ biases, q/k norms, gpt-oss sinks, Qwen3-Next's output gate doubling q_proj);
   MLA (DeepSeek-V3): q_a/q_b (or q_proj without q_lora_rank), kv_a_proj_with_mqa, kv_b_proj, o_proj and the two
-  latent norms; KV per token per layer: 2 x kv_heads x head_dim (dense), kv_lora_rank + qk_rope_head_dim (MLA);
+  latent norms; KV per token per layer: 2 x kv_heads x head_dim (dense), kv_lora_rank + qk_rope_head_dim (MLA),
+  plus index_head_dim indexer keys where a sparse-attention indexer runs (DeepSeek-V3.2, GLM-5; counted in the
+  cache dtype, an upper bound where upstream keeps them in FP8);
 - recurrent mixers keep no KV: Qwen3-Next's gated delta-net (state n_v_heads x d_k x d_v + its conv window) and
   Nemotron-H's Mamba-2 (state heads x head_dim x d_state + its conv window), per sequence;
 - MLP: gated (3 x hidden x inter), ungated (2 x, Apertus' xIELU, Nemotron-H's relu2), or MoE: every routed expert,
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.families import LINEAR, MAMBA, MLA, Family
+from core.families import LINEAR, MAMBA, MLA, Family, text_config
 
 
 class ShapeError(ValueError):
@@ -105,6 +107,18 @@ def _mla(cfg: dict[str, Any], h: int) -> tuple[int, int]:
     return p, kvl + rope
 
 
+def _indexer(fam: Family, cfg: dict[str, Any], h: int, j: int) -> tuple[int, int]:
+    """DeepSeek-V3.2 / GLM-5's sparse-attention indexer of layer j (wq_b, wk, its LayerNorm, weights_proj) and the
+    indexer keys it caches per token; GLM-5's 'shared' layers reuse the previous selection and have none."""
+    if fam.model_type not in ("deepseek_v32", "glm_moe_dsa"):
+        return 0, 0
+    types = cfg.get("indexer_types")
+    if isinstance(types, list) and types[j] != "full":
+        return 0, 0
+    ql, heads, dim = _need(cfg, "q_lora_rank", "index_n_heads", "index_head_dim")
+    return ql * heads * dim + h * dim + 2 * dim + h * heads, dim
+
+
 def _linear_mixer(cfg: dict[str, Any], h: int) -> tuple[int, int]:
     nk, nv, dk, dv, kernel = _need(cfg, "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                                    "linear_value_head_dim", "linear_conv_kernel_dim")
@@ -127,6 +141,18 @@ def _mamba_mixer(cfg: dict[str, Any], h: int) -> tuple[int, int]:
     return p, heads * hd * state + conv * (kernel - 1)
 
 
+def _vision(cfg: dict[str, Any], text_hidden: int) -> int:
+    """Llama 4's vision tower and projector (transformers' Llama4VisionModel, Llama4MultiModalProjector), which the
+    checkpoint ships and TensorRT-LLM's Llama4ForConditionalGeneration loads beside the text model."""
+    vh, vi, layers, image, patch, proj_in, proj_out, out_dim = _need(
+        cfg, "hidden_size", "intermediate_size", "num_hidden_layers", "image_size", "patch_size",
+        "projector_input_dim", "projector_output_dim", "vision_output_dim")
+    channels = int(cfg.get("num_channels") or 3)
+    p = channels * patch * patch * vh + vh + ((image // patch) ** 2 + 1) * vh + 4 * vh  # patches, class, pos, norms
+    p += layers * (4 * (vh * vh + vh) + 2 * vh * vi + vi + vh + 4 * vh)  # attention (biases), MLP (biases), norms
+    return p + vi * proj_in + proj_out * proj_out + out_dim * text_hidden  # pixel-shuffle MLP, projector
+
+
 def _mlp(fam: Family, cfg: dict[str, Any], h: int, i: int) -> int:
     if fam.model_type in ("apertus",):
         return 2 * h * i + 4  # up/down; xIELU's alpha_p, alpha_n and its saved beta, eps
@@ -143,12 +169,14 @@ def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
                          "and moe_intermediate_size")
     if fam.model_type == "gpt_oss":  # fused gate_up with biases, down with bias, router with bias
         return experts * (h * 2 * inter + 2 * inter + inter * h + h) + experts * h + experts
+    if fam.model_type == "llama4":  # fused gate_up, down, router; a shared expert of intermediate_size
+        return experts * 3 * h * inter + experts * h + 3 * h * inter
     if fam.model_type == "nemotron_h":
         p = experts * 2 * h * inter + experts * h + experts
         shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
         return p + 2 * h * shared * int(cfg.get("n_shared_experts") or 1) if shared else p
     p = experts * 3 * h * inter + experts * h
-    if fam.model_type in ("deepseek_v3", "glm4_moe", "exaone_moe"):
+    if fam.model_type in ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "exaone_moe"):
         p += experts  # e_score_correction_bias
         p += int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * 3 * h * inter
     shared = int(cfg.get("shared_expert_intermediate_size") or 0)
@@ -160,6 +188,10 @@ def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
 def _is_moe_layer(fam: Family, cfg: dict[str, Any], j: int) -> bool:
     if not fam.moe:
         return False
+    if fam.model_type == "llama4":  # transformers' moe_layers, else every interleave_moe_layer_step-th layer
+        if isinstance(cfg.get("moe_layers"), list):
+            return j in cfg["moe_layers"]
+        return (j + 1) % int(cfg.get("interleave_moe_layer_step") or 1) == 0
     if isinstance(cfg.get("mlp_layer_types"), list):
         return cfg["mlp_layer_types"][j] == "sparse"
     if "first_k_dense_replace" in cfg:
@@ -173,9 +205,10 @@ def _is_moe_layer(fam: Family, cfg: dict[str, Any], j: int) -> bool:
 
 
 def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
-    """Size a target of family `fam` from its config.json (a `text_config` block is read where the model nests it)."""
-    if isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    """Size a target of family `fam` from its config.json (a `text_config` block is read where the model nests it;
+    a `vision_config` beside it is sized as Llama 4's vision tower)."""
+    vision = cfg.get("vision_config") if fam.model_type == "llama4" else None
+    cfg = text_config(cfg)
     if cfg.get("num_hidden_layers") is None and fam.attention == MAMBA:  # transformers 5 derives it from the blocks
         blocks = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")
         cfg = {**cfg, "num_hidden_layers": len(blocks) if blocks else None}
@@ -190,8 +223,9 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
     for j, kind in enumerate(_layer_kinds(fam, cfg, n)):
         norms = h if fam.model_type == "nemotron_h" else 2 * h
         if kind == "attention":
-            params += attn
-            kv += kv_layer
+            p_index, kv_index = _indexer(fam, cfg, h, j)
+            params += attn + p_index
+            kv += kv_layer + kv_index
             if (cfg.get("layer_types") or [None] * n)[j] == "sliding_attention" and cfg.get("sliding_window"):
                 window_layers.append(j)
         elif kind == "linear":
@@ -208,8 +242,11 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
         elif _is_moe_layer(fam, cfg, j):
             params += _moe(fam, cfg, h)
         else:
-            params += _mlp(fam, cfg, h, int(cfg["intermediate_size"]))
+            params += _mlp(fam, cfg, h, int(cfg.get("intermediate_size_mlp") or cfg["intermediate_size"])
+                           if fam.model_type == "llama4" else int(cfg["intermediate_size"]))
         params += norms
+    if isinstance(vision, dict):
+        params += _vision(vision, h)
     window = int(cfg["sliding_window"]) if window_layers else None
     return TargetShape(fam.name, vocab, h, n, params, kv, state, tuple(window_layers), window, kv_layer,
                        2 * n * reference_kv_width(fam, cfg))
@@ -219,8 +256,8 @@ def reference_kv_width(fam: Family, cfg: dict[str, Any]) -> int:
     """Elements per token per layer of K (and of V) in the reference engine's cache: kv_heads x head_dim. MLA keeps
     the compressed latents transformers' DeepseekV3Attention hands its cache (one "head": the kv_lora_rank latent as
     K, the qk_rope_head_dim rotated key as V), in slots of the wider one."""
-    if fam.attention == MLA:
-        return max(int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"]))
+    if fam.attention == MLA:  # DSA: the indexer keys after the rope key (engines/generic.py `_SlotCache`)
+        return max(int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"]) + int(cfg.get("index_head_dim") or 0))
     heads = int(cfg["num_attention_heads"])
     kvh = int(cfg.get("num_key_value_heads") or heads)
     return kvh * int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)

@@ -14,6 +14,9 @@ session, the decoding loop, verify, the doctor and the trainer's features do not
 - recurrent layers (Qwen3-Next / Qwen3.5's gated delta-net, Nemotron-H's Mamba-2) take no mask and keep a state per row
   instead of K/V (engines/recurrent.py): the engine keeps the state after each row's accepted path, with chain
   drafts only (engines/runtime.py refuses trees with branches for such a target).
+- Llama 4's NoPE layers scale q by each token's position (`_Temperature`, the engine's positions, not an arange)
+  and its chunked layers take the engine's mask (exact while a sequence fits one chunk: `check_generic`);
+  DeepSeek-V3.2's sparse-attention indexer keeps its keys in the engine's cache slots (`_SlotCache.update_indexer`).
 A model whose attention ignores the mask (or builds its own, e.g. sliding-window layers) would be computed wrongly:
 `check_generic` (core/families.py) refuses sliding windows shorter than the sequences and layer kinds that take no
 mask (a family table row without a reference path says why), and
@@ -30,7 +33,7 @@ from typing import Any
 
 import torch
 
-from core.families import MLA, check_generic, family_of, sliding_window_of
+from core.families import MLA, attention_window_of, check_generic, family_of, text_config
 from core.shapes import reference_kv_width
 from engines.model import KVCache, Step
 from engines.recurrent import RecurrentStore, RecurrentView
@@ -42,8 +45,9 @@ class _SlotCache:
 
     is_compileable = False  # what transformers' generation and mask helpers ask of a Cache; never a static cache
 
-    def __init__(self, cache: KVCache, step: Step, view: RecurrentView | None = None) -> None:
-        self.cache, self.step, self.view = cache, step, view
+    def __init__(self, cache: KVCache, step: Step, view: RecurrentView | None = None,
+                 indexer_at: int | None = None) -> None:
+        self.cache, self.step, self.view, self.indexer_at = cache, step, view, indexer_at
 
     def __getattr__(self, name: str) -> Any:  # the linear-attention methods (get_conv_state, ...), when there are any
         view = self.__dict__.get("view")
@@ -61,6 +65,17 @@ class _SlotCache:
         k_cache[s.rows[:, None], s.slots, :, :kd] = key_states.transpose(1, 2).to(k_cache.dtype)
         v_cache[s.rows[:, None], s.slots, :, :vd] = value_states.transpose(1, 2).to(v_cache.dtype)
         return s.gather(k_cache)[..., :kd].transpose(1, 2), s.gather(v_cache)[..., :vd].transpose(1, 2)
+
+    def update_indexer(self, keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """DeepSeek-V3.2 / GLM-5's sparse-attention indexer keys (B, T, D): kept in the value slots after the rope
+        key (core/shapes.py `reference_kv_width` makes them wide enough), so compaction moves them with the
+        latents; returns the row's keys of slots [0, kv_len) (masked slots are masked in the indexer's scores)."""
+        if self.indexer_at is None:
+            raise AttributeError("update_indexer: this target has no sparse-attention indexer")
+        s, at, d = self.step, self.indexer_at, keys.shape[-1]
+        v_cache = self.cache.v[layer_idx]
+        v_cache[s.rows[:, None], s.slots, 0, at:at + d] = keys.to(v_cache.dtype)
+        return s.gather(v_cache)[:, :, 0, at:at + d]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # asked when position_ids are absent (they never are here)
         return self.step.kv_len
@@ -86,8 +101,12 @@ class GenericTarget:
     kv_heads: int
     head_dim: int
     cache_kw: str  # "cache" (transformers >= 5.x) or "past_key_values"
-    window: int | None = None  # sliding window of some layers: longer sequences are refused (Runtime.check_window)
+    window: int | None = None  # sliding window / attention chunk of some layers: longer sequences are refused
+    window_key: str = "sliding_window"  # the config key `window` comes from (Runtime.check_window names it)
     recurrent: RecurrentStore | None = None  # linear-attention layers' state per row (engines/recurrent.py)
+    layer_types: tuple[str, ...] = ()  # the config's layer_types (each kind gets the engine's mask)
+    temperature: _Temperature | None = None  # Llama 4's NoPE layers: q scaled by the tokens' positions
+    indexer_at: int | None = None  # DSA targets: where the indexer keys start in the value slots
 
     def accept(self, rows: list[int], lengths: list[int]) -> None:
         """After a verification: each row's recurrent state becomes the one after its accepted path (the KV cache
@@ -111,19 +130,55 @@ class GenericTarget:
             hooks.append(self.layers[-1].register_forward_hook(_keep_output(by_layer, len(self.layers))))
         view: RecurrentView | None = None
         masks: torch.Tensor | dict[str, torch.Tensor | None] = mask
+        if {"chunked_attention", "indexed_attention"} & set(self.layer_types):  # each kind takes the engine's mask
+            masks = {kind: mask for kind in self.layer_types}
+        if self.temperature is not None:
+            self.temperature.positions = step.positions
         if self.recurrent is not None:  # linear-attention layers take no mask; each row's tokens in order
             fresh = bool((step.positions[:, 0] == 0).all())
             view = RecurrentView(self.recurrent, step.rows, fresh, 0 if fresh or t == 1 else t)
             masks = {"full_attention": mask, "linear_attention": None}
         try:
             out = self.model.model(input_ids=tokens, attention_mask=masks, position_ids=step.positions,
-                                   use_cache=True, **{self.cache_kw: _SlotCache(cache, step, view)})
+                                   use_cache=True, **{self.cache_kw: _SlotCache(cache, step, view, self.indexer_at)})
         finally:
             for h in hooks:
                 h.remove()
         if view is not None:
             view.commit()
         return out.last_hidden_state, [by_layer[j] for j in capture]
+
+
+@dataclass
+class _Temperature:
+    """Llama 4's attention temperature tuning on NoPE layers: q times log1p(floor((position + 1) / floor_scale)) x
+    attn_scale + 1, per token. transformers numbers the tokens of a forward from the cache length (arange), which
+    is not a tree's positions; so the layers' own tuning is switched off and q_proj's output (q before any norm or
+    rotation on these layers) is scaled here by the engine's positions (Step.positions), as TensorRT-LLM's
+    Llama4Attention._attention_scaling scales q by position_ids."""
+
+    floor_scale: float
+    attn_scale: float
+    positions: torch.Tensor | None = None
+
+    def hook(self, module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        if self.positions is None:
+            raise RuntimeError("GenericTarget.forward sets the positions before the model runs")
+        scale = torch.log1p(torch.floor((self.positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+        return (output * scale[..., None]).to(output.dtype)
+
+
+def _temperature(model: Any) -> _Temperature | None:
+    """Take over the temperature tuning of the NoPE attention layers that have it (Llama 4), else None."""
+    attns = [m for m in model.modules() if getattr(m, "attn_temperature_tuning", False)
+             and not getattr(m, "use_rope", True) and hasattr(m, "q_proj")]
+    if not attns:
+        return None
+    temp = _Temperature(float(attns[0].floor_scale), float(attns[0].attn_scale))
+    for m in attns:
+        m.attn_temperature_tuning = False
+        m.q_proj.register_forward_hook(temp.hook)
+    return temp
 
 
 def _keep_input(store: dict[int, torch.Tensor], j: int) -> Any:
@@ -147,7 +202,7 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
 
-    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg = text_config(json.loads((hf_dir / "config.json").read_text()))
     check_generic(cfg, hf_dir / "config.json", max_seq_len)
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, attn_implementation="eager")
     model.to(device).eval()
@@ -161,6 +216,9 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
         head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     layers = list(model.model.layers)
     kw = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
-    recurrent = RecurrentStore() if "linear_attention" in (getattr(text, "layer_types", None) or ()) else None
+    types = tuple(getattr(text, "layer_types", None) or ())
+    recurrent = RecurrentStore() if "linear_attention" in types else None
+    key, window = attention_window_of(cfg) or ("sliding_window", None)
     return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
-                         layers, kv_heads, head_dim, kw, sliding_window_of(cfg), recurrent)
+                         layers, kv_heads, head_dim, kw, window, key, recurrent, types, _temperature(model),
+                         int(text.qk_rope_head_dim) if "indexed_attention" in types else None)

@@ -73,6 +73,7 @@ class Runtime:
     group: TPGroup
     limits: Limits | None = None  # from the build's reference.json; None = only memory limits
     window: int | None = None  # the target's sliding window: longer sequences would be computed wrongly, refused
+    window_key: str = "sliding_window"  # the config key of `window` (attention_chunk_size: Llama 4's chunks)
     policy: SpeculationPolicy | None = None  # draft length per step (engines/schedule.py); None = the whole tree
 
     def __post_init__(self) -> None:
@@ -130,14 +131,16 @@ class Runtime:
         random_head = bool(cfg.get("eagle_deploy", {}).get("random_head", False))
         tok = load_tokenizer(tokenizer_dir or ckpt / "tokenizer")
         window = target.window if isinstance(target, GenericTarget) else traits(cfg).sliding_window
-        return cls(target, drafter, drafting, tok, dev, DTYPES[dtype], random_head, group, window=window)
+        key = target.window_key if isinstance(target, GenericTarget) else "sliding_window"
+        return cls(target, drafter, drafting, tok, dev, DTYPES[dtype], random_head, group, window=window,
+                   window_key=key)
 
     def check_window(self, length: int) -> None:
         if self.window is not None and length > self.window:
             raise ValueError(
-                f"a sequence of up to {length} tokens (prompt + max_new_tokens) exceeds the target's sliding_window="
+                f"a sequence of up to {length} tokens (prompt + max_new_tokens) exceeds the target's {self.window_key}="
                 f"{self.window}: the reference engine attends to every earlier key and would compute positions "
-                f"beyond the window wrongly; keep prompt + max_new_tokens <= {self.window}")
+                f"beyond it wrongly; keep prompt + max_new_tokens <= {self.window}")
 
     def with_tree(self, tree: Tree) -> Runtime:
         """The same weights (not copied) drafting with another tree."""

@@ -4,14 +4,18 @@
         [--threads 1] [--dtype float32] [--json FILE]
 
 Each family is a random model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, MLP 1536, vocab
-49,152; MoE families: 8 experts of 256, 2 per token, and one shared expert where the family has them; DeepSeek-V3:
-MLA with q_lora_rank 192, kv_lora_rank 64), written by transformers. The families the table marks native are
-converted (builders/convert) and run by the engine's own forward; the generic ones (Qwen3-MoE, DeepSeek-V3, GLM-4.5
-MoE, EXAONE-MoE, Seed-OSS, Apertus) run through the generic target (transformers' own model class,
-engines/generic.py). For T in --ts: one forward with T new tokens after a 200-token context plus the lm_head at the
-last position, the engine and HF eager (transformers, no compile, DynamicCache rewound after each call) called
-round-robin (measure/costs.py interleaved_ms), median of --repeats. Random weights: the cost of a forward does not
-depend on their values. Compare ratios within one run; absolute times depend on the machine and its load.
+49,152; MoE families: 8 experts of 256, 2 per token, and one shared expert where the family has them; DeepSeek-V3 /
+V3.2: MLA with q_lora_rank 192, kv_lora_rank 64, V3.2's indexer keeping 64 keys; Llama 4: experts every second
+layer, every fourth layer NoPE; Qwen3-Next / Qwen3.5: three gated delta-net layers per attention layer; Nemotron-H:
+Mamba-2 and MLP layers, one attention layer in seven), written by transformers. The families the table marks native
+are converted (builders/convert) and run by the engine's own forward; the generic ones run through the generic
+target (transformers' own model class, engines/generic.py). For T in --ts: one forward with T new tokens after a
+200-token context plus the lm_head at the last position, the engine and HF eager (transformers, no compile,
+DynamicCache rewound after each call: attention layers drop what the call wrote; a recurrent layer's fixed-size
+state stays advanced, which does not change the next call's cost) called round-robin (measure/costs.py
+interleaved_ms), median of --repeats. The engine's T-token forward of a recurrent family also keeps each token's
+state (what a verification needs). Random weights: the cost of a forward does not depend on their values. Compare
+ratios within one run; absolute times depend on the machine and its load.
 
 Inputs:  none (the models are generated)
 Outputs: a table on stdout (ms per forward, engine / HF ratio); --json the figures
@@ -45,11 +49,21 @@ CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config"
            "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
            "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
            "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM"),
-           "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"), "apertus": ("ApertusConfig", "ApertusForCausalLM")}
+           "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"), "apertus": ("ApertusConfig", "ApertusForCausalLM"),
+           "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM"),
+           "llama4": ("Llama4Config", "Llama4ForConditionalGeneration"),
+           "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+           "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+           "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+           "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM")}
 MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "decoder_sparse_step": 1,
        "norm_topk_prob": True, "mlp_only_layers": []}
 _ROUTED = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 256,
            "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
+_LINEAR = {"layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 7 + ["linear_attention", "full_attention"],
+           "linear_num_key_heads": 3, "linear_num_value_heads": 6, "linear_key_head_dim": 64,
+           "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4}
+_PATTERN = "M-M-M*-" * 4 + "M-"
 # What each family adds to the shape (the families' own layouts at SmolLM2-135M's size; 8 experts of 256, 2 per token)
 EXTRA: dict[str, dict[str, Any]] = {
     "qwen3_moe": MOE,
@@ -60,6 +74,24 @@ EXTRA: dict[str, dict[str, Any]] = {
                    "sliding_window": 4096, "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 7
                    + ["sliding_attention", "full_attention"], "mlp_layer_types": ["dense"] + ["sparse"] * 29},
     "seed_oss": {"attention_bias": True},
+    # DeepSeek-V3.2: DeepSeek-V3's shape with the sparse-attention indexer keeping 64 of the 200+ keys
+    "deepseek_v32": {**_ROUTED, "num_key_value_heads": 9, "q_lora_rank": 192, "kv_lora_rank": 64,
+                     "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64, "index_topk": 64,
+                     "index_head_dim": 64, "index_n_heads": 8},
+    # Llama 4: MoE every second layer (a shared expert), every fourth layer NoPE, chunks of 8192
+    "llama4": {"intermediate_size": 256, "intermediate_size_mlp": 1536, "num_local_experts": 8,
+               "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "attention_chunk_size": 8192},
+    # Qwen3-Next / Qwen3.5: three gated delta-net layers per full-attention layer; Nemotron-H: Mamba-2 and MLP
+    # layers with one attention layer in seven
+    "qwen3_next": {**_LINEAR, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+                   "shared_expert_intermediate_size": 256},
+    "qwen3_5": dict(_LINEAR),
+    "qwen3_5_moe": {**_LINEAR, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+                    "shared_expert_intermediate_size": 256},
+    "nemotron_h": {"hybrid_override_pattern": _PATTERN, "layers_block_type": [
+        {"M": "mamba", "-": "mlp", "*": "attention"}[c] for c in _PATTERN], "mamba_num_heads": 18,
+        "mamba_head_dim": 64, "n_groups": 1, "ssm_state_size": 64, "conv_kernel": 4, "layer_norm_epsilon": 1e-5,
+        "mlp_hidden_act": "relu2"},
     "apertus": {"hidden_act": "xielu", "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}},
 }
 
@@ -79,7 +111,14 @@ def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
 
     conf_cls, model_cls = (getattr(transformers, n) for n in CLASSES[family])
     torch.manual_seed(0)
-    model = model_cls(conf_cls(**{**SHAPE, **EXTRA.get(family, {})})).to(dtype).eval()
+    keys = {**SHAPE, **EXTRA.get(family, {})}
+    if family == "llama4":  # the text model in text_config, a small vision tower beside it (not run)
+        from tests.tiny_families import _LLAMA4_VISION
+
+        conf = conf_cls(text_config=keys, vision_config=_LLAMA4_VISION, tie_word_embeddings=True)
+    else:
+        conf = conf_cls(**keys)
+    model = model_cls(conf).to(dtype).eval()
     model.save_pretrained(out)
     from tests.tiny_models import make_tokenizer
 
@@ -105,19 +144,38 @@ def hf_fns(model: Any, ts: list[int], context: int = 200) -> dict[int, Any]:
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(torch.randint(0, model.config.vocab_size, (1, context), generator=g), past_key_values=cache)
+        model(torch.randint(0, _vocab(model), (1, context), generator=g), past_key_values=cache)
 
     def make(t: int) -> Any:
-        tokens = torch.randint(0, model.config.vocab_size, (1, t), generator=g)
+        tokens = torch.randint(0, _vocab(model), (1, t), generator=g)
 
         @torch.inference_mode()
         def one() -> None:
             model(tokens, past_key_values=cache, logits_to_keep=1)
-            cache.crop(-t)  # rewind: the next call writes the same positions
+            _rewind(cache, t)
 
         return one
 
     return {t: make(t) for t in ts}
+
+
+def _vocab(model: Any) -> int:
+    return int(model.config.get_text_config().vocab_size)
+
+
+def _rewind(cache: Any, t: int) -> None:
+    """The next call writes the same positions: attention layers drop the t keys/values written. A recurrent layer
+    (gated delta-net, Mamba-2) keeps a fixed-size state that cannot be rewound without recording past states; it
+    stays advanced, which does not change the cost of the next call."""
+    from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionLayer) and not isinstance(layer, DynamicLayer):
+            continue
+        if isinstance(layer, LinearAttentionLayer):  # a hybrid layer's attention half
+            DynamicLayer.crop(layer, -t)
+        else:
+            layer.crop(-t)
 
 
 def main(argv: list[str] | None = None) -> int:

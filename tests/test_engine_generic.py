@@ -161,3 +161,74 @@ def test_recurrent_target_keeps_only_the_accepted_state(family: str, tmp_path: P
     for name in ("static", "dynamic"):
         with pytest.raises(ValueError, match=f"verifies only chain drafts for it.*not {name} trees with branches"):
             Runtime(tgt, head, drafting_for(TREES[name], dev), tok, dev, dt, False, TPGroup(0, 1))
+
+
+def test_llama4_temperature_by_tree_positions_and_chunks_refused(tmp_path: Path) -> None:
+    """Llama 4 (interleaved MoE with a shared expert, RoPE layers with q/k norm and chunked attention, NoPE layers
+    with attention temperature tuning; floor_scale 8 so the temperature changes within these sequences): with every
+    block at full strength the temperature changes HF's tokens, and chain, static and dynamic trees still give HF
+    greedy's, because the engine scales q by the tree's positions (transformers numbers a forward's tokens from the
+    cache length). A chunk shorter than the sequences is refused, at load and per request, naming the key."""
+    target = make_family_target(tmp_path / "target", "llama4")
+    head_dir = make_mimic_eagle3_head(tmp_path / "head", target)
+    want = _hf_greedy(target)
+    flat = tmp_path / "no-temperature"
+    flat.mkdir()
+    for f in target.iterdir():
+        (flat / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((target / "config.json").read_text())
+    (flat / "config.json").write_text(json.dumps({**cfg, "text_config": {**cfg["text_config"],
+                                                                          "attn_temperature_tuning": False}}))
+    assert _hf_greedy(flat) != want
+    dev, dt = torch.device("cpu"), torch.float32
+    tgt = load_generic(target, dt, dev, max_seq_len=64)
+    assert tgt.temperature is not None and (tgt.window, tgt.window_key) == (128, "attention_chunk_size")
+    head = load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev)
+    tok = load_tokenizer(target)
+    reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
+    for name, tree in TREES.items():
+        rt = Runtime(tgt, head, drafting_for(tree, dev), tok, dev, dt, False, TPGroup(0, 1))
+        res = generate(rt, reqs, speculative=True, on_tokens=None)
+        assert [r.output_ids for r in res] == want, name
+        assert sum(r.stats.accepted_draft_tokens for r in res) > 0, name
+
+    cfg["text_config"]["attention_chunk_size"] = 16
+    (flat / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(GenericTargetError, match=r"attention_chunk_size=16 but sequences may reach 64 tokens.*"
+                                                 r"sees every earlier key \(not only the query's chunk\).*"
+                                                 r"Set engine.max_seq_len <= 16"):
+        load_generic(flat, dt, dev, max_seq_len=64)
+    short = load_generic(flat, dt, dev)
+    rt = Runtime(short, None, None, tok, dev, dt, False, TPGroup(0, 1), window=short.window,
+                 window_key=short.window_key)
+    with pytest.raises(ValueError, match=r"exceeds the target's attention_chunk_size=16"):
+        generate(rt, reqs, speculative=False, on_tokens=None)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32"])
+def test_sparse_attention_indexer_selects_like_hf_in_trees(family: str, tmp_path: Path) -> None:
+    """DeepSeek-V3.2: the indexer keeps each query's top 4 keys, which changes HF's tokens against a dense
+    selection; its keys live in the engine's cache slots and move with compaction, so chain, static and dynamic
+    trees, batched and alone, give HF greedy's tokens."""
+    target = make_family_target(tmp_path / "target", family)
+    head_dir = make_mimic_eagle3_head(tmp_path / "head", target)
+    want = _hf_greedy(target)
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    for f in target.iterdir():
+        (dense / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((target / "config.json").read_text())
+    (dense / "config.json").write_text(json.dumps({**cfg, "index_topk": 2048}))
+    assert cfg["index_topk"] == 4 and _hf_greedy(dense) != want
+    dev, dt = torch.device("cpu"), torch.float32
+    tgt = load_generic(target, dt, dev, max_seq_len=64)
+    assert tgt.indexer_at == cfg["qk_rope_head_dim"]
+    head = load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev)
+    tok = load_tokenizer(target)
+    reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
+    for name, tree in TREES.items():
+        rt = Runtime(tgt, head, drafting_for(tree, dev), tok, dev, dt, False, TPGroup(0, 1))
+        res = generate(rt, reqs, speculative=True, on_tokens=None)
+        assert [r.output_ids for r in res] == want, name
+        assert generate(rt, reqs[1:2], speculative=True, on_tokens=None)[0].output_ids == want[1], name
+        assert sum(r.stats.accepted_draft_tokens for r in res) > 0, name

@@ -19,8 +19,8 @@ from builders.trtllm import architectures
 from core.families import BY_NAME, FAMILIES
 from core.shapes import ShapeError, shape_of_config
 from core.types import GenerationRequest, SamplingParams
-from tests.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, RECURRENT_FAMILIES, TINY,
-                                 make_family_target, make_mimic_eagle3_head)
+from tests.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, NOT_ROW_FAMILIES,
+                                 RECURRENT_FAMILIES, TINY, make_family_target, make_mimic_eagle3_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,7 +43,7 @@ def _tensor_elements(model: Path) -> int:
     return sum(t.numel() for t in load_file(str(model / "model.safetensors")).values())
 
 
-@pytest.mark.parametrize("family", sorted(_CLASSES))
+@pytest.mark.parametrize("family", sorted(set(_CLASSES) - set(NOT_ROW_FAMILIES)))
 def test_shape_counts_every_tensor_transformers_writes(family: str, tmp_path: Path) -> None:
     target = make_family_target(tmp_path / family, family, tokenizer=False)
     cfg = json.loads((target / "config.json").read_text())
@@ -192,3 +192,61 @@ def test_a_registration_that_blocks_eagle_is_refused_with_upstreams_reason() -> 
                                  where="t")
     assert "does not run EAGLE-3 there" in p and "only with SA or DFlash" in p and "000a860d" in p
     assert "Not a row: `KimiLinearForCausalLM`" in "\n".join(architectures.markdown())
+
+
+def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() -> None:
+    """Step-3.5 is one-model upstream but transformers here has no causal LM for it (nothing can prove its sizing or
+    serving); MiniMax-M3's class at the commit read is not one-model: both are refused naming the upstream class and
+    the reason, and the generated table lists them."""
+    from core.families import NOT_ROWS
+
+    assert not set(NOT_ROWS) & set(BY_NAME)
+    [p] = architectures.problems("Step3p5ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "Step3p7ForCausalLM(SpecDecOneEngineForCausalLM" in p and "583e8260" in p
+    assert "no causal LM for model_type step3p5" in p and "not a row of the architecture table" in p
+    [p] = architectures.problems("MiniMaxM3SparseForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "not a SpecDecOneEngineForCausalLM" in p and "runs EAGLE-3 one-model only" in p
+    rendered = "\n".join(architectures.markdown())
+    assert "- Not a row: `Step3p5ForCausalLM`" in rendered and "- Not a row: `MiniMaxM3SparseForCausalLM`" in rendered
+
+
+def test_kimi_k2_checkpoints_build_for_pytorch_and_are_refused_by_the_reference_engine(
+        tmp_path: Path, eagle3_head: Path, capsys: pytest.CaptureFixture) -> None:
+    """Kimi-K2 checkpoints name DeepSeek-V3's architecture with model_type kimi_k2 and their own code (auto_map):
+    the PyTorch backend's row (DeepseekV3ForCausalLM) sizes and accepts them; the reference engine, which runs
+    transformers' own class of the row's model_type and no checkpoint code, refuses them naming the model_type."""
+    from core.families import GenericTargetError, check_generic
+
+    cfg = json.loads(DEEPSEEK_V3.read_text()) | {"model_type": "kimi_k2"}
+    shape_of_config(cfg, "kimi")  # sized as the row says
+    target = tmp_path / "Kimi-K2"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(cfg))
+    assert build.main([str(_cfg(tmp_path, "gpu", target, eagle3_head, "pytorch", memory_budget_gib=1300)),
+                       "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no tokenizer.json or tokenizer.model" in err and "model_type" not in err, err
+    tiny = make_family_target(tmp_path / "tiny", "deepseek_v3")
+    head = make_mimic_eagle3_head(tmp_path / "head", tiny)
+    (tiny / "config.json").write_text(json.dumps(json.loads((tiny / "config.json").read_text())
+                                                 | {"model_type": "kimi_k2"}))
+    assert build.main([str(_cfg(tmp_path, "cpu", tiny, head, "reference")), "--dry-run"]) == 2
+    assert "DeepseekV3ForCausalLM with model_type 'kimi_k2'" in capsys.readouterr().err
+    with pytest.raises(GenericTargetError, match=r"DeepseekV3ForCausalLM with model_type 'kimi_k2'.*runs no "
+                                                 r"checkpoint code. Use engine.backend pytorch"):
+        check_generic(cfg, target, max_seq_len=64)
+
+
+def test_llama4_chunks_shorter_than_the_sequences_are_refused_by_the_build(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """Llama 4's chunked attention is not computed as full attention silently: a build whose engine.max_seq_len
+    exceeds attention_chunk_size (read from text_config) is refused before anything is written, naming both."""
+    target = make_family_target(tmp_path / "target", "llama4", attention_chunk_size=32)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+    assert build.main([str(_cfg(tmp_path, "long", target, head, "reference")), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "attention_chunk_size=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
+    assert build.main([str(_cfg(tmp_path, "short", target, head, "reference", max_input_len=16,
+                                max_seq_len=32)), "--dry-run"]) == 0

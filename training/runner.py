@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from core.families import text_config
 from core.records import relative_record
 from training.compute import Compute
 from training.config import TrainConfig, TrainHeadConfig
@@ -70,7 +71,8 @@ class Context:
 
     @property
     def target_cfg(self) -> dict:
-        return json.loads((self.target_dir / "config.json").read_text())
+        """The target's text-model keys (a multimodal target's text_config, e.g. Llama 4)."""
+        return text_config(json.loads((self.target_dir / "config.json").read_text()))
 
     def lm_head(self) -> torch.Tensor:
         """The target's lm_head weight [V, H] on the training device, in the target's dtype."""

@@ -108,6 +108,10 @@ def problems(arch: str | None, *, version: str, backend: str, draft_type: str, w
         path, what, read = families.NOT_EAGLE3[arch or ""]
         return [f"target.model {where}: {arch} is registered by TensorRT-LLM ({path}) but does not run EAGLE-3 there: "
                 f"{what} (read at {read}); it is not in the architecture table, which lists {_listing()}"]
+    if a is None and (arch or "") in families.NOT_ROWS:
+        path, what, read, why = families.NOT_ROWS[arch or ""]
+        return [f"target.model {where}: {arch} is registered by TensorRT-LLM ({path}: {what}; read at {read}) but is "
+                f"not a row of the architecture table: {why}. The table lists {_listing()}"]
     if a is None:
         return [f"target.model {where}: architecture {arch!r} is not in the architecture table (docs/contracts.md, "
                 f"'Target architectures'), which lists {_listing()}; nothing would serve it as an EAGLE target "
@@ -153,8 +157,10 @@ def markdown() -> list[str]:
         cite = f"{a.source.repo}:{a.source.path} `{a.source.symbol}` (read: {a.read})"
         out.append(f"| `{a.name}` | {a.family} | {'yes' if a.engine_flow else 'no'} | " + " | ".join(cols)
                    + f" | {a.reference or 'no'} | {'yes' if a.trainer else 'no'} | {cite} | {a.note} |")
-    out += [""] + [f"Not a row: `{name}` ({TRT}:{path} at {read}): {what}."
+    out += [""] + [f"- Not a row: `{name}` ({TRT}:{path} at {read}): {what}."
                    for name, (path, what, read) in families.NOT_EAGLE3.items()]
+    out += [f"- Not a row: `{name}` ({TRT}:{path} at {read}: {what}): {why}."
+            for name, (path, what, read, why) in families.NOT_ROWS.items()]
     out += ["", f"Engine flow: {EAGLE_FLOW.repo}:{EAGLE_FLOW.path} `{EAGLE_FLOW.symbol}` (read: commit 89fd9b74). "
             f"Two-model EAGLE-3 on the current line: {TWO_MODEL_REMOVED.repo} {TWO_MODEL_REMOVED.path} "
             f"{TWO_MODEL_REMOVED.symbol}; the current line's Eagle3DecodingConfig has no eagle3_one_model field "

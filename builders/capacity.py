@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from builders.kinds import BACKENDS
 from core import trees
 from core.families import family_of
 from core.hfconfig import ModelConfigError, read_config
@@ -48,7 +49,7 @@ def weight_bytes(shape: TargetShape, nbytes: int) -> int:
 
 def kv_bytes_per_token(shape: TargetShape, nbytes: int, backend: str = "pytorch") -> int:
     """KV bytes one token takes in TensorRT-LLM's layout, or in the reference engine's (`backend` reference)."""
-    return (shape.reference_kv_per_token if backend == "reference" else shape.kv_per_token) * nbytes
+    return (shape.reference_kv_per_token if BACKENDS[backend].reference_engine else shape.kv_per_token) * nbytes
 
 
 def _gib(n: int) -> str:
@@ -65,18 +66,16 @@ def capacity_problems(cfg: BuildConfig, spec: TargetShape) -> list[str]:
     weights = weight_bytes(spec, 1 if q.weights == "fp8" else dt) // tp
     kv_dt = 1 if q.kv_cache == "fp8" else dt
     per_token = kv_bytes_per_token(spec, kv_dt, e.backend) // tp
-    if e.backend == "reference":
-        kv = e.max_batch_size * e.max_seq_len * per_token
-    else:
-        kv = spec.kv_elements(e.max_seq_len) * kv_dt // tp
-    sequences = e.max_batch_size if e.backend == "reference" else 1
+    reference = e.kind.reference_engine  # allocates every sequence's KV cache up front
+    kv = e.max_batch_size * e.max_seq_len * per_token if reference else spec.kv_elements(e.max_seq_len) * kv_dt // tp
+    sequences = e.max_batch_size if reference else 1
     state = sequences * spec.state_per_sequence * dt // tp
     logits = cfg.limits().max_num_tokens * spec.vocab_size * 4
     need, budget = weights + kv + state + logits, int(e.memory_budget_gib * GIB)
     if need <= budget:
         return []
     what = (f"max_batch_size x max_seq_len = {e.max_batch_size} x {e.max_seq_len} tokens (the reference engine "
-            "allocates them up front)" if e.backend == "reference" else f"one max_seq_len={e.max_seq_len} sequence")
+            "allocates them up front)" if reference else f"one max_seq_len={e.max_seq_len} sequence")
     return [
         f"engine limits need at least {_gib(need)} per rank but engine.memory_budget_gib={e.memory_budget_gib:g}: "
         f"weights {_gib(weights)} + KV cache for {what} at {per_token:,} bytes/token = {_gib(kv)} + "

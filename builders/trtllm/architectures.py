@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from builders.kinds import BACKENDS, DRAFT_KINDS
 from builders.trtllm import registry
 from builders.trtllm.ledger_rows import Source
 from core import families
@@ -117,20 +118,21 @@ def problems(arch: str | None, *, version: str, backend: str, draft_type: str, w
                 f"'Target architectures'), which lists {_listing()}; nothing would serve it as an EAGLE target "
                 "here. Use a target of a listed architecture (docs/bring-your-own-model.md)"]
     p: list[str] = []
-    if (draft_type == "eagle" or backend == "tensorrt") and not a.engine_flow:
-        how = "draft.type=eagle (EAGLE-1/2)" if draft_type == "eagle" else "engine.backend=tensorrt"
+    kind, runtime = DRAFT_KINDS[draft_type], BACKENDS[backend]
+    if (not kind.eagle3 or runtime.engine_flow) and not a.engine_flow:
+        how = "draft.type=eagle (EAGLE-1/2)" if not kind.eagle3 else "engine.backend=tensorrt"
         p.append(f"target.model {where}: {a.name} cannot use {how} on {v.name} (trtllm_version '{v.key}'): the engine "
                  f"flow's EagleForCausalLM subclasses LLaMAForCausalLM ({EAGLE_FLOW.path}), so it serves "
                  f"LlamaForCausalLM targets only. {a.name} supports: {a.supports()}. Way out: "
                  f"{_way_out(a)}")
         return p
-    if draft_type == "eagle3" and a.pytorch_mode(v.key) is None:
+    if kind.eagle3 and a.pytorch_mode(v.key) is None:
         # The reference engine serves a version's Triton layout and nothing that version could not serve.
-        mirror = ", and the reference engine serves only what its version serves" if backend == "reference" else ""
+        mirror = ", and the reference engine serves only what its version serves" if runtime.reference_engine else ""
         p.append(f"target.model {where}: {a.name} with an EAGLE-3 head is not served by {v.name}'s PyTorch backend "
                  f"(trtllm_version '{v.key}'; {a.source.path}: {a.source.symbol}){mirror}. {a.name} supports: "
                  f"{a.supports()}. Way out: {_way_out(a)}")
-    elif backend == "reference" and a.reference is None:
+    elif runtime.reference_engine and a.reference is None:
         p.append(f"target.model {where}: {a.name} cannot run on engine.backend reference: {a.note}. {a.name} "
                  f"supports: {a.supports()}. Way out: {_way_out(a)}")
     return p

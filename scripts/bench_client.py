@@ -42,9 +42,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc

@@ -29,8 +29,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 SHAPE = dict(layers=22, hidden=2048, inter=5632, heads=32, kv_heads=4, vocab=32000)
 

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from builders.build import main as build_main
 from builders.config import BuildConfig, load_config

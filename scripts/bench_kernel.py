@@ -21,11 +21,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engines import skinny
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of one SmolLM2-135M layer's products

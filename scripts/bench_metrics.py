@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:
     from triton_repo.launch import TritonServer

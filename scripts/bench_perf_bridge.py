@@ -30,7 +30,6 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 PROMPTS = ["the quick brown fox", "hello world how are you", "one two three four", "a story about a cat"]
 

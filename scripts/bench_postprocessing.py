@@ -28,8 +28,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def _copy(repo: Path, out: Path, batching: bool) -> Path:

@@ -24,9 +24,6 @@ import json
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
 
 def build(config: str, out: Path, variant: str, kv: str, overrides: list[str]) -> Path:
     from builders.build import main as build_main

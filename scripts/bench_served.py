@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from scripts.spec_sweep import _levels, _positive, served_model  # the same argument rules
 

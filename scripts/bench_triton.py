@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 IGNORE_EOS = -1  # end_id no token has: every request generates exactly max_tokens (TRT-LLM benchmarks do the same)
 PROMPTS = [

@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

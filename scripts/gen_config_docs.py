@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builders.config_docs import REGEN_COMMAND, stale, write
 

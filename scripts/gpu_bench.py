@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 RECIPE = REPO / "configs/train/smollm2-eagle3-h200.yaml"  # EAGLE-3 (configs/train/smollm2-eagle-h200.yaml: EAGLE-1)
 DATA_FILE = REPO / "build/gpu-data/sharegpt-first.jsonl.gz"  # the recipes' data.path

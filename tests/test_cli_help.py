@@ -1,5 +1,8 @@
 """Every command a user runs answers `--help` (exit 0) naming its inputs, its outputs and the guide that explains it,
-and the guide exists. A new entry point (a module with a `__main__` block) must be added here, with its help."""
+and the guide exists. A new entry point (a module with a `__main__` block) must be added here, with its help; a
+user-facing one also gets an installed command ([project.scripts] in pyproject.toml), whose --help is run the way the
+installed wrapper runs it. No module outside tests/ edits sys.path: the project is installed (`make setup`), and a
+package module run as a file reruns itself as `python -m` (checked below)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "scripts", "triton_repo", "docker")
+ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "training", "scripts", "triton_repo", "docker")
+# Where python files live outside tests/ (the sys.path check reads them all).
+CODE_DIRS = (*ENTRY_DIRS,)
+COMMANDS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 # How users run each entry point: a script path, or `-m module` where the docs say `python -m ...`.
 ENTRY_POINTS = {
@@ -105,3 +112,86 @@ def test_container_entrypoint_help() -> None:
     assert r.returncode == 0, r.stderr
     assert "build CONFIG" in r.stdout and "serve BUILD_DIR" in r.stdout
     _check_help("docker/entrypoint.sh", r.stdout)
+
+
+# Entry points that are not installed commands, and why: benchmarks and developer tools run from a checkout; the
+# container's own programs run inside the image (docker/entrypoint.sh); the ledger's docs generator writes
+# docs/contracts.md.
+NOT_COMMANDS = {
+    "builders/trtllm/ledger_docs.py": "developer tool: regenerates docs/contracts.md",
+    "docker/serve.py": "the image's `serve` command (docker/entrypoint.sh)",
+    "docker/k8s/render.py": "renders the checked-in Kubernetes manifests from a checkout",
+    "scripts/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
+    "scripts/mutation.py": "developer tool: mutation score",
+    "scripts/bench_adaptive.py": "benchmark",
+    "scripts/bench_families.py": "benchmark",
+}
+
+
+def _module_of(path: str) -> str:
+    mod = path.removesuffix(".py").replace("/", ".")
+    return mod.removesuffix(".__main__") if mod.endswith(".__main__") else mod
+
+
+def _is_benchmark(path: str) -> bool:
+    return Path(path).name.startswith("bench_")
+
+
+def test_every_user_facing_entry_point_is_an_installed_command() -> None:
+    targets = {spec.split(":")[0].removesuffix(".__main__") for spec in COMMANDS.values()}
+    missing = sorted(p for p in ENTRY_POINTS
+                     if _module_of(p) not in targets and p not in NOT_COMMANDS and not _is_benchmark(p))
+    assert not missing, (f"user-facing entry points without a [project.scripts] command: {missing}; add one to "
+                         "pyproject.toml, or say in NOT_COMMANDS why it is not one")
+    for name, spec in COMMANDS.items():
+        assert name.startswith("eagle-") and spec.endswith(":main"), (name, spec)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_installed_command_help(name: str) -> None:
+    """What the wrapper pip writes does: import the module, call main() with sys.argv = [command, --help]."""
+    module, func = COMMANDS[name].split(":")
+    code = f"import sys; sys.argv = [{name!r}, '--help']; from {module} import {func}; sys.exit({func}())"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("usage: "), r.stdout[:200]
+    _check_help(name, r.stdout)
+
+
+def _python_files() -> list[Path]:
+    return sorted(p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+SYS_PATH_EDIT = re.compile(r"sys\.path(\.(insert|append|extend|remove|pop|clear)\(|\[[^\]]*\]\s*=|\s*[+]?=)")
+# The one edit left: Triton's python backend starts its own interpreter on a rendered model file, so the models find
+# the project through $EAGLE_DEPLOY_HOME there (triton_repo/models/bootstrap.py says how).
+SYS_PATH_ALLOWED = {"triton_repo/models/bootstrap.py"}
+
+
+def test_no_module_outside_tests_edits_sys_path() -> None:
+    edits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in _python_files()
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if SYS_PATH_EDIT.search(line) and p.relative_to(ROOT).as_posix() not in SYS_PATH_ALLOWED]
+    assert not edits, "modules that edit sys.path (install the project, or run it as `python -m`):\n" + "\n".join(edits)
+
+
+def test_the_sys_path_check_sees_an_edit() -> None:
+    for line in ("sys.path.insert(0, str(REPO))", "sys.path[0] = str(ROOT)", "sys.path.append(x)", "sys.path += [x]"):
+        assert SYS_PATH_EDIT.search(line), line
+    assert not SYS_PATH_EDIT.search("if home not in sys.path:")
+
+
+RERUN = re.compile(r'^if __name__ == "__main__" and not __package__:\n'
+                   r'    os\.execv\(sys\.executable, \[sys\.executable, "-m", "([\w.]+)", \*sys\.argv\[1:\]\]\)$', re.M)
+
+
+def test_package_modules_run_as_files_rerun_as_their_own_module() -> None:
+    """A documented `python builders/build.py` must run builders.build, not another module (a copied block)."""
+    file_run = [p for p, argv in ENTRY_POINTS.items()
+                if argv[0] != "-m" and (ROOT / p).parent.joinpath("__init__.py").is_file()
+                and not p.startswith("scripts/")]
+    assert "builders/build.py" in file_run
+    for p in file_run:
+        m = RERUN.search((ROOT / p).read_text())
+        assert m, f"{p} is run as a file but does not rerun itself as a module"
+        assert m.group(1) == _module_of(p), (p, m.group(1))

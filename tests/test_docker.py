@@ -495,7 +495,8 @@ def test_serve_imports_trtllm_before_triton_starts(tmp_path: Path) -> None:
     upstream.mkdir()
     for name in ("model.py", "helpers.py"):
         (upstream / name).write_text("# upstream's file\n")
-    env = {**os.environ, "PYTHONPATH": str(site), serve.UPSTREAM_LLMAPI_ENV: str(upstream)}
+    # the image's PYTHONPATH names the project (docker/Dockerfile*); the fake wheels come first
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", serve.UPSTREAM_LLMAPI_ENV: str(upstream)}
     argv = [sys.executable, "docker/serve.py", str(tmp_path / "build"), "--print-argv"]
     _fake_trtllm(site, 'raise ImportError("libcuda.so.1: cannot open shared object file")\n')
     proc = _run(argv, env=env)

@@ -28,11 +28,11 @@ ENTRY_POINTS = {
     "builders/refresh.py": ["builders/refresh.py"],
     "builders/tune_tree.py": ["builders/tune_tree.py"],
     "measure/model_source.py": ["-m", "measure.model_source"],
-    "builders/ledger_check.py": ["-m", "builders.ledger_check"],
+    "builders/ledger/check.py": ["-m", "builders.ledger.check"],
     "builders/doctor/__main__.py": ["-m", "builders.doctor"],
     "builders/monitoring/dashboard.py": ["-m", "builders.monitoring.dashboard"],
     "builders/monitoring/rules.py": ["-m", "builders.monitoring.rules"],
-    "builders/trtllm/ledger_docs.py": ["-m", "builders.trtllm.ledger_docs"],
+    "builders/ledger/docs.py": ["-m", "builders.ledger.docs"],
     "clients/generate.py": ["clients/generate.py"],
     "clients/loadtest.py": ["clients/loadtest.py"],
     "clients/genai_perf.py": ["-m", "clients.genai_perf"],
@@ -118,7 +118,7 @@ def test_container_entrypoint_help() -> None:
 # container's own programs run inside the image (docker/entrypoint.sh); the ledger's docs generator writes
 # docs/contracts.md.
 NOT_COMMANDS = {
-    "builders/trtllm/ledger_docs.py": "developer tool: regenerates docs/contracts.md",
+    "builders/ledger/docs.py": "developer tool: regenerates docs/contracts.md",
     "docker/serve.py": "the image's `serve` command (docker/entrypoint.sh)",
     "docker/k8s/render.py": "renders the checked-in Kubernetes manifests from a checkout",
     "scripts/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",

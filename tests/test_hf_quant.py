@@ -1,5 +1,5 @@
 """FP8 / NVFP4 targets on the current line (trtllm_version 1.4): ModelOpt's Hugging Face export of a tiny random
-target, checked against the loader rules cited in the ledger (builders/trtllm/ledger_hf_quant.py: hf_quant_config.json
+target, checked against the loader rules cited in the ledger (builders/ledger/hf_quant.py: hf_quant_config.json
 keys, tensor names and dtypes, excluded modules, K/V scales), pointed at by the LLM API options and the llmapi model;
 the reference backend's copy holds the weights exactly as the PyTorch backend's loader leaves them (fused q/k/v and
 gate/up requantized to the largest scale), is served through the real Triton server, and its acceptance is compared
@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from builders import ledger_check
+from builders.ledger import check as ledger_check
 from builders.build import main as build_main
 from builders.config import load_config
 from builders.convert import hf_quant

@@ -133,7 +133,7 @@ def test_raw_wire_is_upstreams(server: Any) -> None:
 def test_upstreams_lora_inputs_are_refused_by_name_and_image_url_by_triton(server: Any) -> None:
     """Upstream's config.pbtxt declares lora_* and image_url: the reference engine serves neither. lora_* are declared
     here to be refused naming them (INVALID_ARGUMENT, models/llmapi_refusals.py); image_url is not declared
-    (builders/trtllm/ledger_llmapi.py NOT_DECLARED), so Triton refuses it, as the named logits post-processor input
+    (builders/ledger/llmapi.py NOT_DECLARED), so Triton refuses it, as the named logits post-processor input
     of newer upstream helpers. Either way no text comes back."""
     import queue
 

@@ -76,7 +76,7 @@ def plan_outputs(cfg: BuildConfig) -> list[Output]:
     else:
         out = [Output("config.json", f"the target's shape ({arch}); no weights: TensorRT-LLM's PyTorch backend loads "
                       "the Hugging Face target", "the engine stage (architecture, layer count for "
-                      "eagle3_layers_to_capture), python -m builders.ledger_check")]
+                      "eagle3_layers_to_capture), python -m builders.ledger.check")]
     tok_reader = ("the Triton stage (the client descriptor's tokenizer)" if backend == "pytorch" else
                   "the Triton preprocessing / postprocessing models and the reference engine")
     out.append(Output("tokenizer/", "the target's tokenizer", tok_reader))

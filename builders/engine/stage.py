@@ -176,7 +176,7 @@ def plan_outputs(cfg: BuildConfig) -> list[Output]:
     if cfg.engine.backend == "pytorch":
         return [Output(llmapi.OPTIONS_FILE, "the LLM API options", "trtllm-serve --extra_llm_api_options; the Triton "
                        "stage (model.yaml)"),
-                Output(SERVE_FILE, "the trtllm-serve command line", "users (docs/build.md); ledger_check")]
+                Output(SERVE_FILE, "the trtllm-serve command line", "users (docs/build.md); builders/ledger/check.py")]
     return [Output(layout.REFERENCE_SPEC, "what the reference engine loads (core/spec.py)",
                    "the reference engine (Triton models, measure/ and the doctor's gate)")]
 

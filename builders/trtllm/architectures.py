@@ -4,7 +4,7 @@ which target architectures (a Hugging Face config.json's `architectures[0]`) eac
 
 - the convert stage's preflight refuses a target outside it before anything is written (`problems`), naming the
   architecture, what it supports and the way out;
-- docs/contracts.md renders it ("Target architectures", builders/trtllm/ledger_docs.py);
+- docs/contracts.md renders it ("Target architectures", builders/ledger/docs.py);
 - tests/test_ledger.py checks every row (citations well formed, each version's claim backed by a source, the
   reference engine's families match core/families.py).
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builders.trtllm import registry
-from builders.trtllm.ledger_rows import Source
+from builders.trtllm.citation import Source
 from core import families
 from core.families import ONE as ONE  # re-exported: the mode names the rows use
 from core.families import TRT, TWO

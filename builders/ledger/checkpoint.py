@@ -4,7 +4,7 @@ w_fp8 / kv_fp8 = FP8 weights / KV cache, drafter_multilayer = a head with more t
 
 from __future__ import annotations
 
-from builders.trtllm.ledger_rows import ENGINE_FLOW, TRANSFORMERS4, TRANSFORMERS5, Row, Source, only, rows_of
+from builders.ledger.rows import ENGINE_FLOW, TRANSFORMERS4, TRANSFORMERS5, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 PRETRAINED = Source(TRT, "tensorrt_llm/models/modeling_utils.py", "PretrainedConfig.__init__")

@@ -5,7 +5,7 @@ A row = (surface, name, versions, required, type, consumer). `name` may hold pla
 layer, {j} drafter layer, {k} head copy, {lin} a linear). `required` = the consumer fails when the name is missing
 (for configs its `when` flags describe); an optional row is read with a default. The consumer is cited as repository,
 ref (the tag of the row's version), path and symbol; docs/contracts.md is rendered from these rows
-(`python -m builders.trtllm.ledger_docs`), and tests/test_ledger.py checks every emitted artifact against them both
+(`python -m builders.ledger.docs`), and tests/test_ledger.py checks every emitted artifact against them both
 ways: nothing emitted that the ledger lacks, nothing required missing.
 
 Adding a TensorRT-LLM version: a registry entry (builders/trtllm/registry.py), then, surface by surface, read the
@@ -16,8 +16,14 @@ from __future__ import annotations
 
 import re
 
-from builders.trtllm import ledger_build, ledger_checkpoint, ledger_hf_quant, ledger_llmapi, ledger_triton, registry
-from builders.trtllm.ledger_rows import Row
+from builders.trtllm import registry
+
+from builders.ledger import build as ledger_build
+from builders.ledger import checkpoint as ledger_checkpoint
+from builders.ledger import hf_quant as ledger_hf_quant
+from builders.ledger import llmapi as ledger_llmapi
+from builders.ledger import triton as ledger_triton
+from builders.ledger.rows import Row
 
 
 def all_rows() -> list[Row]:

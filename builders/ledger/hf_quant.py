@@ -11,7 +11,7 @@ Flags (`when`): w_fp8 / w_nvfp4 = FP8 / NVFP4 weights, kv_fp8 = FP8 KV cache, qk
 
 from __future__ import annotations
 
-from builders.trtllm.ledger_rows import LLMAPI_LAYOUT, Row, Source, rows_of
+from builders.ledger.rows import LLMAPI_LAYOUT, Row, Source, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 FROM_PRETRAINED = Source(TRT, "tensorrt_llm/_torch/model_config.py",

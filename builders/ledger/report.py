@@ -1,6 +1,6 @@
 """Drift report of the contract ledger: per supported TensorRT-LLM version, every upstream citation of its rows with
-the day it was last read (builders/trtllm/ledger_docs.py SOURCES), oldest first, so that the next reading of
-upstream starts from the stalest. `python -m builders.ledger_check --upstream-report [--version V]` prints it.
+the day it was last read (builders/ledger/docs.py SOURCES), oldest first, so that the next reading of
+upstream starts from the stalest. `python -m builders.ledger.check --upstream-report [--version V]` prints it.
 
 A citation is matched to the SOURCES entries of its repository whose file names its path; this project's own files
 are read with the code and listed last. A citation no entry names is reported as never recorded (first).
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builders.trtllm import ledger, ledger_docs, ledger_rows, registry
+from builders.trtllm import registry
+
+from builders.ledger import table as ledger, docs as ledger_docs, rows as ledger_rows
 
 NEVER = "never recorded"
 OURS = "this repository"

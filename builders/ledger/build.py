@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from builders.trtllm.ledger_rows import ENGINE_FLOW, Row, Source, only, rows_of
+from builders.ledger.rows import ENGINE_FLOW, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 BUILD = Source(TRT, "tensorrt_llm/commands/build.py", "parse_arguments")

@@ -10,7 +10,7 @@ plus two parameters of its own. Flags (`when`): dynamic = a dynamic draft tree.
 
 from __future__ import annotations
 
-from builders.trtllm.ledger_rows import LLMAPI_LAYOUT, Row, Source, rows_of
+from builders.ledger.rows import LLMAPI_LAYOUT, Row, Source, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 LLMAPI_DIR = "triton_backend/all_models/llmapi/tensorrt_llm"

@@ -5,7 +5,7 @@ existing clients work). Flags (`when`): perf = the backend writes perf outputs (
 
 from __future__ import annotations
 
-from builders.trtllm.ledger_rows import ENGINE_FLOW, ENSEMBLE, Row, Source, only, rows_of
+from builders.ledger.rows import ENGINE_FLOW, ENSEMBLE, Row, Source, only, rows_of
 
 TRT = "NVIDIA/TensorRT-LLM"
 PROTO = Source("triton-inference-server/common", "protobuf/model_config.proto", "ModelConfig")

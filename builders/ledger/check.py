@@ -1,13 +1,13 @@
 """Check a build directory against the contract ledger: every emitted name has a row for the config's TensorRT-LLM
 version, and every required row is present.
 
-    python -m builders.ledger_check CONFIG.yaml [--set k=v ...]
-    python -m builders.ledger_check --upstream-report [--version V]
+    python -m builders.ledger.check CONFIG.yaml [--set k=v ...]
+    python -m builders.ledger.check --upstream-report [--version V]
 
 reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
 problems (exit 1) or "ledger: N names checked, all cited" (exit 0). tests/test_ledger.py runs the same functions on
 real builds of every backend and version. --upstream-report lists, per supported version, each row's upstream
-citation and when it was last read, oldest first (builders/trtllm/ledger_report.py): where the next reading starts.
+citation and when it was last read, oldest first (builders/ledger/report.py): where the next reading starts.
 
 Inputs:  CONFIG.yaml of a finished build (its output_dir is read); nothing for --upstream-report
 Outputs: the problems found (exit 1) or the number of names checked (exit 0); the report (exit 0)
@@ -28,7 +28,8 @@ from builders import layout
 from builders.config import ConfigError, load_config
 from builders.convert.head_layout import flat_config, is_speculators
 from builders.engine import llmapi, stage, trtllm_build
-from builders.trtllm import ledger, registry
+from builders.trtllm import registry
+from builders.ledger import table as ledger
 
 Emitted = dict[str, set[str]]
 
@@ -192,7 +193,7 @@ def build_names(cfg: Any, build: Path) -> Emitted:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m builders.ledger_check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m builders.ledger.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", help="the build config (not with --upstream-report)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --upstream-report: only this trtllm_version (repeatable)")
     args = ap.parse_args(argv)
     if args.upstream_report:
-        from builders.trtllm import ledger_report
+        from builders.ledger import report as ledger_report
 
         if args.config is not None:
             ap.error("--upstream-report reads the ledger, not a build: leave out CONFIG")

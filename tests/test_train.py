@@ -1,4 +1,4 @@
-"""EAGLE head trainer (builders/train_head.py, training/) on the tiny fixtures and real ShareGPT data.
+"""EAGLE head trainer (training/train_head.py, training/) on the tiny fixtures and real ShareGPT data.
 
 Recipe checked against SafeAILab/EAGLE eagle/train/main.py (loss, noise, clipping, shift by one) and
 eagle/model/cnets1.py (head layout: fc over [embedding; feature], layer 0 without input_layernorm).
@@ -289,7 +289,7 @@ def test_config_errors_name_field_and_fix(tmp_path: Path) -> None:
 def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
 
-    from builders import train_head
+    from training import train_head
     from builders.convert.eagle import convert_eagle
     from core.trees import DraftTree, preset
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams

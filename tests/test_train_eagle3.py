@@ -1,4 +1,4 @@
-"""EAGLE-3 head trainer (head: eagle3 in builders/train_head.py; training/eagle3_*.py) on a tiny 4-layer
+"""EAGLE-3 head trainer (head: eagle3 in training/train_head.py; training/eagle3_*.py) on a tiny 4-layer
 target and real ShareGPT conversations.
 
 Recipe checked against SafeAILab/EAGLE eagle/traineagle3/cnets.py (scandata vocabulary, d2t/t2d, midlayer,
@@ -288,7 +288,7 @@ def build_and_generate(head_dir: Path, target: Path, out: Path, prompts: list[li
 def test_cli_output_converts_via_build_and_is_lossless(target4: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
 
-    from builders import train_head
+    from training import train_head
 
     cfg = tiny_cfg3(tmp_path, target4, epochs=1)
     cfg_file = tmp_path / "train.yaml"
@@ -333,7 +333,7 @@ def test_cli_output_converts_via_build_and_is_lossless(target4: Path, tmp_path: 
 def test_self_distilled_head_accepts_drafts(target4: Path, tmp_path: Path) -> None:
     """Trained on the tiny target's own greedy answers, the head's drafts are accepted by the reference engine on
     those prompts (tau > 1), and its offline chain estimate agrees that it drafts better than chance."""
-    from builders import train_head
+    from training import train_head
 
     cfg = tiny_cfg3(tmp_path, target4, data=dict(responses="regenerate", max_new_tokens=24), epochs=40, lr=5e-3,
                     warmup_steps=4, checkpoint_every=1000, eval_every=1000, e3=dict(draft_vocab_size=16))
@@ -359,7 +359,7 @@ def test_self_distilled_head_accepts_drafts(target4: Path, tmp_path: Path) -> No
 def test_cuda_bf16_self_distilled_eagle3_run_trains_and_converts_losslessly(target4: Path, tmp_path: Path) -> None:
     """compute.device cuda, precision bfloat16: answers, features and training-time test on the GPU; the loss falls,
     and the export builds and decodes losslessly in the reference engine on the CPU."""
-    from builders import train_head
+    from training import train_head
 
     cfg = tiny_cfg3(tmp_path, target4, data=dict(responses="regenerate", max_new_tokens=24), epochs=12, lr=5e-3,
                     warmup_steps=2, checkpoint_every=1000, eval_every=1000, e3=dict(draft_vocab_size=16))

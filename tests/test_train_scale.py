@@ -134,10 +134,10 @@ def share_data(src: Path, dst: Path) -> None:
 def train_cli(cfg: Path, ranks: int, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     if ranks == 1:
-        argv = [sys.executable, str(REPO / "builders/train_head.py"), str(cfg), *extra]
+        argv = [sys.executable, str(REPO / "training/train_head.py"), str(cfg), *extra]
     else:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                str(REPO / "builders/train_head.py"), str(cfg), *extra]
+                str(REPO / "training/train_head.py"), str(cfg), *extra]
     out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out

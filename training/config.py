@@ -1,4 +1,4 @@
-"""The strict training config (`python builders/train_head.py CONFIG.yaml`): one object passed down explicitly.
+"""The strict training config (`python training/train_head.py CONFIG.yaml`): one object passed down explicitly.
 
 Defaults follow SafeAILab/EAGLE eagle/train/main.py (p_w 0.1, v_w 1.0, AdamW betas (0.9, 0.95), grad value clip 0.5,
 uniform feature noise std 0.2) except the learning rate and schedule, which are sized for a short CPU run

@@ -112,7 +112,7 @@ def recipe_files(cfg: TrainHeadConfig, log: list[dict]) -> dict[str, str]:
     import yaml
 
     config = relative_record(cfg.model_dump(mode="json"), REPO_ROOT)
-    recipe = yaml.safe_dump({"command": "python builders/train_head.py CONFIG  # paths relative to the repository root",
+    recipe = yaml.safe_dump({"command": "python training/train_head.py CONFIG  # paths relative to the repository root",
                              "config": config}, sort_keys=False)
     return {"recipe.yaml": recipe, "train_log.jsonl": "".join(json.dumps(r) + "\n" for r in log)}
 

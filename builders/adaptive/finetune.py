@@ -146,6 +146,6 @@ def export(head: Eagle3Head, cfg: TrainHeadConfig, target_cfg: dict[str, Any], o
     assert cfg.eagle3 is not None
     config = eagle3_config_dict(target_cfg, cfg.eagle3.draft_vocab_size, cfg.eagle3.layer_ids)
     files = recipe_files(cfg, log)
-    files["recipe.yaml"] = files["recipe.yaml"].replace("python builders/train_head.py CONFIG",
+    files["recipe.yaml"] = files["recipe.yaml"].replace("python training/train_head.py CONFIG",
                                                         "python builders/refresh.py --build BUILD")
     return export_eagle3(head, config, out, files, embedding=False)

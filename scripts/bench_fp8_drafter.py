@@ -65,7 +65,7 @@ def main() -> int:
     args = ap.parse_args()
     from builders.convert.fp8 import encode_prompts
     from builders.convert.fp8_drafter import calibrate_drafter, write_fp8_drafter
-    from measure import data
+    from sources import data
 
     base = ["target.dtype=bfloat16", "quantization.calibration.dataset=sharegpt", *args.sets]
     fp8 = ["quantization.weights=fp8", "quantization.kv_cache=fp8"]

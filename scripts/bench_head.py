@@ -102,7 +102,7 @@ def target_only(build: Path, prompts: Path, max_new_tokens: int, hf_report: Path
     import time
 
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-    from measure.data import chat_ids, read_prompts
+    from sources.data import chat_ids, read_prompts
 
     eng = ReferenceEngine.from_build(build)
     hf = json.loads(hf_report.read_text())
@@ -118,7 +118,7 @@ def target_only(build: Path, prompts: Path, max_new_tokens: int, hf_report: Path
 
 
 def write_mtbench(out: Path, every: int) -> Path:
-    from measure.data import mtbench_questions
+    from sources.data import mtbench_questions
 
     qs = mtbench_questions()[::every]
     path = out / f"mtbench-every-{every}.jsonl"

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from builders.config import load_config
     from builders.convert.fp8 import encode_prompts
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-    from measure import data
+    from sources import data
 
     cfg = load_config(args.config, args.overrides + ["quantization.calibration.dataset=mtbench"])
     skip = cfg.quantization.calibration.num_samples

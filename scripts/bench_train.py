@@ -58,7 +58,7 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
 def load(dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     d = smollm2_dir()
     return AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval(), AutoTokenizer.from_pretrained(d)
@@ -67,7 +67,7 @@ def load(dtype: torch.dtype) -> tuple[Any, Any]:
 def conversations(tok: Any, n: int) -> tuple[list[torch.Tensor], list[list[int]]]:
     """(ShareGPT first turns with their answers, <= 256 tokens; the prompts alone), the demo recipe's filters."""
     from training.data import dataset_example, prompt_ids, sharegpt_conversations
-    from measure.data import sharegpt_path
+    from sources.data import sharegpt_path
 
     seqs: list[torch.Tensor] = []
     prompts: list[list[int]] = []
@@ -135,7 +135,7 @@ def train_rate(model: Any, seqs: list[torch.Tensor], bf16: bool, steps: int) -> 
     """Optimizer steps of the demo recipe's EAGLE-1 loss on cached features (batch 8), tokens/s."""
     import json
 
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
     from training.compute import Compute
     from training.config import load_train_config
     from training.features import FeatureSpec, sequence_features

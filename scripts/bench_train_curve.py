@@ -96,7 +96,7 @@ def top1_on(head: Path, config: Path, answers: str) -> float:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from measure.model_source import resolve_target
+    from sources.targets import resolve_target
     from training.config import load_train_config
     from training.features import spec_for
     from training.loop import cached_features, collate, eagle_loss, examples_of
@@ -131,9 +131,9 @@ def engine_tau(head: Path, out: Path, name: str, tree: str, every: int, new_toke
     questions as one greedy batch; tau over all of them."""
     from transformers import AutoConfig, GenerationConfig
 
-    from measure.model_source import resolve_target
+    from sources.targets import resolve_target
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-    from measure.data import chat_ids, mtbench_questions
+    from sources.data import chat_ids, mtbench_questions
 
     qs = mtbench_questions()[::every]
     build = out / "builds" / name

@@ -54,8 +54,8 @@ def first_exchanges(dest: Path, max_prompt_tokens: int, answer_chars: int, limit
     the answer cut at `answer_chars` (beyond any max_seq_len a recipe trains on), as gzipped JSON Lines."""
     from transformers import AutoTokenizer
 
-    from measure.data import sharegpt_path
-    from measure.model_source import smollm2_dir
+    from sources.data import sharegpt_path
+    from sources.targets import smollm2_dir
     from training.data import prompt_ids, sharegpt_conversations
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir())
@@ -85,7 +85,7 @@ def data_argv(args: argparse.Namespace) -> list[str]:
 
 
 def target_argv() -> list[str]:
-    return [sys.executable, "-m", "measure.model_source"]
+    return [sys.executable, "-m", "sources.targets"]
 
 
 def trained_head_flag(args: argparse.Namespace, trained: bool = True) -> list[str]:

@@ -16,7 +16,8 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "training", "scripts", "triton_repo", "docker")
+ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "sources", "training", "scripts", "triton_repo",
+              "docker")
 # Where python files live outside tests/ (the sys.path check reads them all).
 CODE_DIRS = (*ENTRY_DIRS,)
 COMMANDS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -27,7 +28,7 @@ ENTRY_POINTS = {
     "training/train_head.py": ["training/train_head.py"],
     "builders/refresh.py": ["builders/refresh.py"],
     "builders/tune_tree.py": ["builders/tune_tree.py"],
-    "measure/model_source.py": ["-m", "measure.model_source"],
+    "sources/targets.py": ["-m", "sources.targets"],
     "builders/ledger/check.py": ["-m", "builders.ledger.check"],
     "builders/doctor/__main__.py": ["-m", "builders.doctor"],
     "builders/monitoring/dashboard.py": ["-m", "builders.monitoring.dashboard"],

@@ -319,7 +319,7 @@ REPO_HEAD = CONFIGS.parent / "heads" / "smollm2-eagle"
 
 def test_real_smollm2_demo_config(tmp_path: Path) -> None:
     """configs/demo.yaml on the real SmolLM2-135M target (about 15 s): the checkpoint the reference engine loads."""
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     hf = smollm2_dir()
     out = tmp_path / "demo"

@@ -127,7 +127,7 @@ def test_bfloat16_eagle_agrees_with_bfloat16_target_only_on_a_tiny_model(mimic_c
 def test_smollm2_bfloat16_logits_match_hf_bfloat16(tmp_path: Path) -> None:
     """A bfloat16 checkpoint, as a `target.dtype: bfloat16` build converts it."""
     from builders.convert import convert_llama
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
     from engines.runtime import load_tokenizer
 
     convert_llama(smollm2_dir(), tmp_path / "ckpt", dtype="bfloat16")

@@ -93,7 +93,7 @@ def test_real_sharegpt_first_conversation() -> None:
 
 
 def test_prompt_ids_are_what_engines_verify_feeds(tiny_target: Path) -> None:
-    from measure.data import chat_ids
+    from sources.data import chat_ids
 
     _, tok = _load(tiny_target)
     text = "What is the capital of France?"
@@ -364,7 +364,7 @@ HEAD = REPO / "heads" / "smollm2-eagle"
 def test_committed_head_layout_and_recipe() -> None:
     from safetensors import safe_open
 
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     target = json.loads((smollm2_dir() / "config.json").read_text())
     cfg = json.loads((HEAD / "config.json").read_text())
@@ -401,7 +401,7 @@ def test_committed_head_drafts_smollm2_greedy_tokens() -> None:
     """The trained head on the real target: chain acceptance on a fresh greedy answer beats a random head's."""
     from safetensors.torch import load_file
 
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     model, tok = _load(smollm2_dir())
     prompt = tdata.prompt_ids(tok, [{"role": "user", "content": "Give me three tips for staying healthy."}])

@@ -26,7 +26,7 @@ from builders.convert.head_layout import flat_head, named_as_given
 from builders.convert.hf_quant_stage import HF_QUANTIZED, current_line, quantizes, run_hf_quant
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
-from measure.model_source import ModelSourceError, resolve_target
+from sources.targets import ModelSourceError, resolve_target
 from builders.convert.hf_compat import needs_transformers4_copy, write_transformers4_copy
 from builders.layout import CHECKPOINT, HF_MODEL, HF_TARGET_NOTE, TRTLLM_MODEL_NOTE
 from builders.pipeline import Output, Stage, StageContext, StageError

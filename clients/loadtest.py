@@ -154,7 +154,7 @@ async def run_level(
     progress_file: TextIO | None = None,  # None: tqdm writes to sys.stderr
 ) -> LevelResult:
     """One level as the CLI runs it, progress bar included (one update per finished request, not per response);
-    scripts/bench_client.py measures exactly this."""
+    bench/bench_client.py measures exactly this."""
     bar = tqdm(total=spec.requests, desc=f"{spec.mode} {spec.level:g}", unit="req", disable=not progress,
                file=progress_file)
     with bar:

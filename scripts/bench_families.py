@@ -80,7 +80,7 @@ def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
     torch.manual_seed(0)
     model = model_cls(conf_cls(**{**SHAPE, **EXTRA.get(family, {})})).to(dtype).eval()
     model.save_pretrained(out)
-    from tests.tiny_models import make_tokenizer
+    from testkit.tiny_models import make_tokenizer
 
     make_tokenizer(out)
     return model

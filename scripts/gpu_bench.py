@@ -7,7 +7,7 @@ Stages (each a command; `--dry-run` writes the plan without running anything):
   train    training/train_head.py RECIPE (--recipe; default configs/train/smollm2-eagle3-h200.yaml): self-distilled
            answers, features, training (with --minutes: epochs chosen from a 40-step probe to fit the time left, and
            if answering outlasts its share of the time, the conversations whose shards it finished)
-  engine   scripts/bench_engine.py on CUDA with the committed heads, the head trained by the train stage in place of
+  engine   bench/bench_engine.py on CUDA with the committed heads, the head trained by the train stage in place of
            the committed one of its kind: forward cost of T = 1..64 new tokens with the device's roofs, HF generate,
            target-only and EAGLE tokens/s, tau, identical outputs, cycle breakdown, in float32 and bfloat16
 Everything comes from installed Python packages; nothing is downloaded, so the machine may be offline.
@@ -107,7 +107,7 @@ def engine_argv(args: argparse.Namespace, trained: bool = True) -> list[str]:
         size = ["--questions", str(args.questions), "--max-new-tokens", "128", "--trees", "chain-3,demo",
                 "--dtypes", "float32,bfloat16", "--forward-ts", "1,2,4,8,16,64", "--device", "cuda", "--threads", "8"]
     head = trained_head_flag(args, trained)
-    return [sys.executable, str(REPO / "scripts/bench_engine.py"), *size, *head, "--draft-vocab", "0", "--json",
+    return [sys.executable, str(REPO / "bench/bench_engine.py"), *size, *head, "--draft-vocab", "0", "--json",
             str(args.out / "engine.json")]
 
 

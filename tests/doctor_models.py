@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 LOW = tm.HIDDEN // 2  # dims 0..LOW-1 carry tokens; LOW.. carry what the target's layers write
 

@@ -30,7 +30,7 @@ import torch
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams
 from core.trees import DraftTree, DynamicTree
 from tests import tiny_families as tf
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 Context = tuple[int, ...]
 Schedule = Callable[[Context], int | None]  # rank at which the greedy next token is drafted (None = nowhere)

@@ -17,7 +17,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "sources", "training", "scripts", "triton_repo",
-              "docker")
+              "docker", "bench", "devtools", "testkit")
 # Where python files live outside tests/ (the sys.path check reads them all).
 CODE_DIRS = (*ENTRY_DIRS,)
 COMMANDS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -43,29 +43,29 @@ ENTRY_POINTS = {
     "docker/serve.py": ["docker/serve.py"],
     "docker/k8s/render.py": ["docker/k8s/render.py"],
     "scripts/demo.py": ["scripts/demo.py"],
-    "scripts/gen_config_docs.py": ["scripts/gen_config_docs.py"],
-    "scripts/bench_client.py": ["scripts/bench_client.py"],
-    "scripts/bench_convert.py": ["scripts/bench_convert.py"],
-    "scripts/bench_engine.py": ["scripts/bench_engine.py"],
+    "devtools/gen_config_docs.py": ["devtools/gen_config_docs.py"],
+    "bench/bench_client.py": ["bench/bench_client.py"],
+    "bench/bench_convert.py": ["bench/bench_convert.py"],
+    "bench/bench_engine.py": ["bench/bench_engine.py"],
     "scripts/bench_families.py": ["scripts/bench_families.py"],
-    "scripts/bench_head.py": ["scripts/bench_head.py"],
-    "scripts/bench_kernel.py": ["scripts/bench_kernel.py"],
-    "scripts/bench_metrics.py": ["scripts/bench_metrics.py"],
-    "scripts/bench_postprocessing.py": ["scripts/bench_postprocessing.py"],
-    "scripts/bench_perf_bridge.py": ["scripts/bench_perf_bridge.py"],
-    "scripts/bench_train.py": ["scripts/bench_train.py"],
-    "scripts/bench_triton.py": ["scripts/bench_triton.py"],
-    "scripts/bench_fp8_drafter.py": ["scripts/bench_fp8_drafter.py"],
-    "scripts/bench_build_outputs.py": ["scripts/bench_build_outputs.py"],
-    "scripts/bench_quant_tau.py": ["scripts/bench_quant_tau.py"],
+    "bench/bench_head.py": ["bench/bench_head.py"],
+    "bench/bench_kernel.py": ["bench/bench_kernel.py"],
+    "bench/bench_metrics.py": ["bench/bench_metrics.py"],
+    "bench/bench_postprocessing.py": ["bench/bench_postprocessing.py"],
+    "bench/bench_perf_bridge.py": ["bench/bench_perf_bridge.py"],
+    "bench/bench_train.py": ["bench/bench_train.py"],
+    "bench/bench_triton.py": ["bench/bench_triton.py"],
+    "bench/bench_fp8_drafter.py": ["bench/bench_fp8_drafter.py"],
+    "bench/bench_build_outputs.py": ["bench/bench_build_outputs.py"],
+    "bench/bench_quant_tau.py": ["bench/bench_quant_tau.py"],
     "scripts/reliability.py": ["scripts/reliability.py"],
     "scripts/hardening.py": ["scripts/hardening.py"],
-    "scripts/bench_train_curve.py": ["scripts/bench_train_curve.py"],
+    "bench/bench_train_curve.py": ["bench/bench_train_curve.py"],
     "scripts/spec_sweep.py": ["scripts/spec_sweep.py"],
-    "scripts/bench_served.py": ["scripts/bench_served.py"],
+    "bench/bench_served.py": ["bench/bench_served.py"],
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
     "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
-    "scripts/mutation.py": ["scripts/mutation.py"],
+    "devtools/mutation.py": ["devtools/mutation.py"],
     "scripts/bench_adaptive.py": ["scripts/bench_adaptive.py"],
 }
 
@@ -115,15 +115,14 @@ def test_container_entrypoint_help() -> None:
     _check_help("docker/entrypoint.sh", r.stdout)
 
 
-# Entry points that are not installed commands, and why: benchmarks and developer tools run from a checkout; the
-# container's own programs run inside the image (docker/entrypoint.sh); the ledger's docs generator writes
-# docs/contracts.md.
+# Entry points that are not installed commands, and why: benchmarks (bench/, `bench_*.py`) and developer tools
+# (devtools/) run from a checkout; the container's own programs run inside the image (docker/entrypoint.sh).
 NOT_COMMANDS = {
     "builders/ledger/docs.py": "developer tool: regenerates docs/contracts.md",
     "docker/serve.py": "the image's `serve` command (docker/entrypoint.sh)",
     "docker/k8s/render.py": "renders the checked-in Kubernetes manifests from a checkout",
-    "scripts/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
-    "scripts/mutation.py": "developer tool: mutation score",
+    "devtools/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
+    "devtools/mutation.py": "developer tool: mutation score",
     "scripts/bench_adaptive.py": "benchmark",
     "scripts/bench_families.py": "benchmark",
 }
@@ -187,10 +186,11 @@ RERUN = re.compile(r'^if __name__ == "__main__" and not __package__:\n'
 
 
 def test_package_modules_run_as_files_rerun_as_their_own_module() -> None:
-    """A documented `python builders/build.py` must run builders.build, not another module (a copied block)."""
+    """A documented `python builders/build.py` must run builders.build, not another module (a copied block). The
+    product packages' directories hold modules named like installed packages (builders/triton); scripts/ and bench/
+    hold programs only, run as files with the project installed."""
     file_run = [p for p, argv in ENTRY_POINTS.items()
-                if argv[0] != "-m" and (ROOT / p).parent.joinpath("__init__.py").is_file()
-                and not p.startswith("scripts/")]
+                if argv[0] != "-m" and p.split("/")[0] not in ("scripts", "bench", "devtools", "docker")]
     assert "builders/build.py" in file_run
     for p in file_run:
         m = RERUN.search((ROOT / p).read_text())

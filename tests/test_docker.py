@@ -481,7 +481,7 @@ def test_serve_imports_trtllm_before_triton_starts(tmp_path: Path) -> None:
     """docker/serve.py (the container's `serve`) imports TensorRT-LLM in a fresh interpreter before it starts Triton:
     an image where the import fails, or reports another release, does not start."""
     from builders.build import main as build_main
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
     from tests.engine_cases import write_build_yaml
 
     target = tm.make_target(tmp_path / "target", layers=8)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from builders.doctor.__main__ import main
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from tests.doctor_models import copy_head, make_mimic3
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from builders.doctor.__main__ import main
 from core.records import resolve_recorded
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SPECULATORS_VENV = Path(__file__).resolve().parents[1] / ".venv-speculators"

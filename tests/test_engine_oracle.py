@@ -24,7 +24,7 @@ from engines.drafting import DynamicDrafting, StaticDrafting
 from engines.model import Drafter, KVCache, Rows
 from engines.tree import StaticTree, TreeBatch
 from tests import oracle
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

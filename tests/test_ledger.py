@@ -21,7 +21,7 @@ from builders.engine import crosscheck
 from builders.ledger import check as ledger_check
 from builders.trtllm import registry
 from builders.ledger import table as ledger, docs as ledger_docs, rows as ledger_rows
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from tests.engine_cases import make_cfg, write_build_yaml
 
 VERSIONS = tuple(registry.VERSIONS)

@@ -19,8 +19,8 @@ import yaml
 
 from builders.build import main as build_main
 from builders.config import load_config
-from tests import tiny_models as tm
-from tests.triton_servers import STOP_TIMEOUT_S, server_on
+from testkit import tiny_models as tm
+from testkit.triton_servers import STOP_TIMEOUT_S, server_on
 from triton_repo.models import llmapi_refusals as R
 
 

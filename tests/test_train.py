@@ -378,7 +378,7 @@ def test_committed_head_layout_and_recipe() -> None:
     recipe = yaml.safe_load((HEAD / "recipe.yaml").read_text())["config"]
     committed = load_train_config(REPO / "configs/train/smollm2-eagle-sd4k.yaml")
     # The head was trained with this recipe, one thread (`compute.threads=1`; the recipe's default is all cores), the
-    # work and output directories of scripts/bench_train_curve.py's 4,096-conversation point; everything else must
+    # work and output directories of bench/bench_train_curve.py's 4,096-conversation point; everything else must
     # match.
     assert recipe["name"] == committed.name and recipe["head"] == committed.head == "eagle"
     # `data.path` came after the head (None with `source: sharegpt`, and left out of the cache key when None)

@@ -28,7 +28,7 @@ from training.eagle3_train import examples3_of, setup3, train3
 from training.eagle3_vocab import VocabError, answer_token_counts, build_draft_vocab
 from training.features import FeatureSpec, build_features, sequence_features
 from training.runner import TrainError, cached_features, make_samples
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 REPO = Path(__file__).resolve().parent.parent
 LAYER_IDS = [1, 2, 3]  # the 4-layer target: inputs of layers 1..3 (SafeAILab's [2, L//2, L-3] needs L >= 5)

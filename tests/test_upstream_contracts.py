@@ -116,7 +116,7 @@ def _transformers5_target(root: Path) -> Path:
     (llama3 scaling, base 500000), `dtype` without `torch_dtype`, tokenizer class TokenizersBackend."""
     import json
 
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     target = tm.make_target(root / "target", layers=8)
     cfg = json.loads((target / "config.json").read_text())
@@ -161,7 +161,7 @@ def test_every_directory_handed_to_trtllm_is_readable_by_its_transformers(versio
     from builders.ledger import check as ledger_check
     from builders.build import main as build_main
     from builders.convert.hf_compat import transformers4_problems
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
     from tests.engine_cases import write_build_yaml
 
     target = _transformers5_target(tmp_path)

@@ -1,6 +1,6 @@
 """Cost of the perf bridge: requests/s of the same tiny build's ensemble with and without the C++ backend's bridge.
 
-    python scripts/bench_perf_bridge.py [--work DIR] [--seconds 15] [--concurrency 4] [--rounds 2] [--max-tokens 16]
+    python bench/bench_perf_bridge.py [--work DIR] [--seconds 15] [--concurrency 4] [--rounds 2] [--max-tokens 16]
 
 Builds a tiny target + EAGLE-1 head (tests/conftest.py's mimic pair: the head accepts 1-2 tokens per step) on the
 reference engine (trtllm_version 1.1, topk-2-3 tree) and renders its repository twice from the same build:
@@ -39,10 +39,9 @@ def build(work: Path) -> tuple[Path, Path]:
     from builders.build import main as build_main
     from builders.config import load_config
     from builders.triton.render import render
-    from tests.conftest import _mimic_pair
-    from tests.tiny_models import VOCAB
+    from testkit.tiny_models import VOCAB, mimic_pair
 
-    target, head = _mimic_pair(work / "mimic", vocab=VOCAB, seed=5, block_scale=2.0)
+    target, head = mimic_pair(work / "mimic", vocab=VOCAB, seed=5, block_scale=2.0)
     cfg = work / "bench.yaml"
     cfg.write_text(f"name: bench-bridge\ntrtllm_version: '1.1'\noutput_dir: {work / 'build'}\n"
                    f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle, model: {head}}}\n"
@@ -60,8 +59,8 @@ def run_level(srv: Any, seconds: float, concurrency: int, max_tokens: int) -> fl
     """Closed-loop streaming gRPC clients through the ensemble (one client connection each): requests/s."""
     from tritonclient import grpc
 
-    from tests.triton_requests import inputs, stream_call
-    from tests.triton_servers import closed_loop_rps
+    from testkit.triton_requests import inputs, stream_call
+    from testkit.triton_servers import closed_loop_rps
 
     def open_client() -> tuple[Callable[[str], None], Callable[[], None]]:
         c = grpc.InferenceServerClient(srv.grpc_url)
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16)
     args = ap.parse_args(argv)
-    from tests.triton_servers import with_without_rounds
+    from testkit.triton_servers import with_without_rounds
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_bridge_"))
     plain, bridged = build(work)

@@ -1,7 +1,7 @@
 """Acceptance (tau) of an EAGLE-3 head against a 16-bit target and against the same target quantized for the current
 line (ModelOpt's FP8 / NVFP4 Hugging Face export as TensorRT-LLM's PyTorch backend loads it), on held-out prompts.
 
-    python scripts/bench_quant_tau.py CONFIG --out DIR [--variants fp8,nvfp4] [--kv-cache fp8] [--prompts 40]
+    python bench/bench_quant_tau.py CONFIG --out DIR [--variants fp8,nvfp4] [--kv-cache fp8] [--prompts 40]
         [--max-new-tokens 64] [--set KEY=VALUE ...]
 
 CONFIG is a current-line config (trtllm_version 1.4; e.g. configs/smollm2-eagle3-current.yaml). For the 16-bit

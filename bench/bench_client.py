@@ -1,9 +1,9 @@
 """Client overhead: the load tester's maximum requests/s vs a bare tritonclient loop, in the same run,
-against the trivial echo model (tests/fixtures/echo_repo), so the server does almost nothing and client cost
+against the trivial echo model (testkit/echo_repo), so the server does almost nothing and client cost
 dominates. Target: load tester >= 0.8x the bare loop.
 
-    .venv/bin/python scripts/bench_client.py                   # starts its own echo server on free loopback ports
-    .venv/bin/python scripts/bench_client.py --concurrency 1,8,32 --requests 400 --rounds 9 --max-tokens 8
+    .venv/bin/python bench/bench_client.py                   # starts its own echo server on free loopback ports
+    .venv/bin/python bench/bench_client.py --concurrency 1,8,32 --requests 400 --rounds 9 --max-tokens 8
 
 Both sides use tritonclient.grpc.aio with one gRPC stream per request, the same concurrency, prompt and
 max_tokens, streamed (max_tokens 8 at 3 tokens per step: 3 responses per request).
@@ -22,7 +22,7 @@ ones), so drift on a shared machine hits both equally. Per concurrency it prints
   * the load average before the level: on a machine with other work, wall-clock rates are shared with it.
 The summary compares the maximum requests/s of each side over the levels (the issue's wording).
 
-Inputs:  none: starts its own echo server (tests/fixtures/echo_repo)
+Inputs:  none: starts its own echo server (testkit/echo_repo)
 Outputs: the figures on stdout
 Guide:   docs/benchmarks.md
 """
@@ -51,7 +51,7 @@ from clients.client import AsyncLLMClient
 from clients.load import LevelSpec
 from clients.loadtest import run_level
 from clients.tokens import WhitespaceCounter
-from tests.fixtures.echo_repo import render_echo_repo
+from testkit.echo_repo import render_echo_repo
 from triton_repo.launch import TritonServer, free_port
 
 PROMPT = "the quick brown fox jumps over the lazy dog"

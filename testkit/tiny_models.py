@@ -214,3 +214,41 @@ def make_eagle3_head(out: Path, target_dir: Path, *, draft_vocab: int = 96, seed
     save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
+
+
+def mimic_pair(out: Path, *, vocab: int, seed: int, block_scale: float) -> tuple[Path, Path]:
+    """A target that is close to a bigram model and an EAGLE-1 head constructed to predict that bigram.
+
+    Target: a tiny random Llama whose attention/MLP outputs are scaled by `block_scale` and whose final norm weight is
+    1, so its next token is mostly argmax(lm_head(norm(embed(x)))) but not always. Head: fc = [I, 0] (passes the
+    token embedding through), attention and MLP outputs zeroed, so it drafts exactly argmax(lm_head(embed(x))):
+    acceptance is high but not perfect, which exercises accepted paths, rejections and bonus tokens."""
+    cfg = llama_config(vocab=vocab)
+    g = torch.Generator().manual_seed(seed)
+    h = cfg["hidden_size"]
+    t = {"model.embed_tokens.weight": torch.randn(vocab, h, generator=g)}
+    for i in range(cfg["num_hidden_layers"]):
+        t.update(_decoder_layer(g, f"model.layers.{i}", cfg, input_norm=True))
+    for k in list(t):
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            t[k] = t[k] * block_scale
+    t["model.norm.weight"] = torch.ones(h)
+    t["lm_head.weight"] = torch.randn(vocab, h, generator=g) * 0.5
+    target = out / "target"
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(t, str(target / "model.safetensors"), metadata={"format": "pt"})
+    (target / "config.json").write_text(json.dumps(cfg, indent=2))
+    (target / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    make_tokenizer(target)  # the converter copies it; its ids need not cover a small model vocabulary
+    hd = {k: v for k, v in _decoder_layer(g, "layers.0", cfg, input_norm=False).items()}
+    for k in list(hd):
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            hd[k] = torch.zeros_like(hd[k])
+    hd["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], 1)
+    hd["fc.bias"] = torch.zeros(h)
+    hd["embed_tokens.weight"] = t["model.embed_tokens.weight"].clone()
+    head = out / "head"
+    head.mkdir(parents=True, exist_ok=True)
+    save_file(hd, str(head / "model.safetensors"), metadata={"format": "pt"})
+    (head / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=1), indent=2))
+    return target, head

@@ -1,6 +1,6 @@
 """Engine benchmark: SmolLM2-135M-Instruct, MT-bench first turns, greedy, batch 1, every method in one run.
 
-    python scripts/bench_engine.py [--questions 20] [--max-new-tokens 128] [--eagle-head heads/smollm2-eagle]
+    python bench/bench_engine.py [--questions 20] [--max-new-tokens 128] [--eagle-head heads/smollm2-eagle]
         [--eagle3-head heads/smollm2-eagle3] [--trees demo,tuned,chain-3] [--dtypes float32,bfloat16]
         [--draft-vocab 8192] [--device cpu] [--threads 1] [--json FILE] [--forward-ts 1,2,4,8,16] [--forward-only]
 

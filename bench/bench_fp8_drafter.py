@@ -1,6 +1,6 @@
 """Measure what quantizing the EAGLE-1 drafter to FP8 costs in acceptance (tau), with the reference engine.
 
-    python scripts/bench_fp8_drafter.py --config configs/demo.yaml --out build/drafter-fp8 \
+    python bench/bench_fp8_drafter.py --config configs/demo.yaml --out build/drafter-fp8 \
         --prompts 20 --max-new-tokens 64 [--set key=value ...]
 
 Builds the config's checkpoint three times (16-bit; FP8 target + FP8 KV cache with a 16-bit drafter, this project's

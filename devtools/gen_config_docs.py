@@ -1,4 +1,4 @@
-"""`python scripts/gen_config_docs.py [--check]`: regenerate the config references and JSON Schemas.
+"""`python devtools/gen_config_docs.py [--check]`: regenerate the config references and JSON Schemas.
 
 Writes docs/config.md + docs/config.schema.json (the build config, builders/config.py) and docs/train-config.md +
 docs/train-config.schema.json (the training config, training/config.py) from the pydantic models.

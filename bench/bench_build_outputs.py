@@ -1,7 +1,7 @@
 """Build time and bytes written by a current-line PyTorch build (trtllm_version 1.4, engine.backend pytorch, an
 EAGLE-3 head), for one or more checkouts of the project, in one run.
 
-    python scripts/bench_build_outputs.py --work DIR [--shape llama-3.1-8b|tiny] [--layers N]
+    python bench/bench_build_outputs.py --work DIR [--shape llama-3.1-8b|tiny] [--layers N]
         [--project LABEL=PATH ...] [--keep]
 
 A synthetic target of the shape (Llama-3.1-8B's config.json: hidden 4096, 32 layers, vocab 128256; random float16

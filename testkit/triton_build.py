@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.triton_servers import server_on, tiny_reference_repo
+from testkit.triton_servers import server_on, tiny_reference_repo
 from triton_repo.launch import TritonServer
 
 MAX_BATCH, MAX_QUEUE, MAX_INPUT, MAX_SEQ = 4, 48, 48, 400  # batch and input length: tiny_reference_repo's

@@ -1,7 +1,7 @@
 """Throughput of each step of head training on this machine, measured in one run (SmolLM2-135M-Instruct, real
 ShareGPT conversations), next to the peers it is set against.
 
-    python scripts/bench_train.py [--conversations 32] [--threads 0] [--precisions float32,bfloat16]
+    python bench/bench_train.py [--conversations 32] [--threads 0] [--precisions float32,bfloat16]
 
 Prints, each in tokens/s (threads = --threads, 0 = all cores):
   machine     fp32 / bf16 matmul GFLOPS (1024^3) and a target forward at that rate: GFLOPS / (2 x body params)

@@ -1,6 +1,6 @@
 """Mutation score of the core modules (mutmut 3), one group of modules at a time with a fast, targeted test selection.
 
-    python scripts/mutation.py [GROUP ...] [--venv /work/venvs/mut] [--jobs 2] [--out build/mutation]
+    python devtools/mutation.py [GROUP ...] [--venv /work/venvs/mut] [--jobs 2] [--out build/mutation]
                                [--mutants GLOB ...] [--report-only]
 
 Not part of `make test`. Each group is run in a scratch copy of the tracked files (mutmut writes `mutants/` there),

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as tritonclient_grpc
 
-from tests.triton_build import MAX_INPUT, MAX_SEQ
+from testkit.triton_build import MAX_INPUT, MAX_SEQ
 
 PROMPT = "The quick brown fox"
 

@@ -1,6 +1,6 @@
 """The data-scaling curve of an EAGLE head recipe: what more conversations, and self-distilled answers, buy.
 
-    python scripts/bench_train_curve.py --sizes 256,1024,4096 --answers dataset,regenerate --out build/curve \
+    python bench/bench_train_curve.py --sizes 256,1024,4096 --answers dataset,regenerate --out build/curve \
         [--config configs/train/smollm2-eagle-sd4k.yaml] [--epochs 256:6,1024:3,4096:2] [--steps train,tau,report]
 
 For every (answers, size) point it trains the recipe on `size` training conversations (+ the recipe's held-out

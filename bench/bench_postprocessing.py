@@ -1,6 +1,6 @@
 """What the postprocessing model can take: requests per second of one instance, with and without a dynamic batcher.
 
-    python scripts/bench_postprocessing.py --repo build/demo/triton_repo [--concurrency 16] [--seconds 20] [--rounds 2]
+    python bench/bench_postprocessing.py --repo build/demo/triton_repo [--concurrency 16] [--seconds 20] [--rounds 2]
 
 Every streamed chunk of an ensemble request is one postprocessing request. The rendered postprocessing model has no
 dynamic batcher, so that the steps of cancelled ensemble streams are answered rather than refused in its queue
@@ -65,7 +65,7 @@ def _load(url: str, concurrency: int, seconds: float) -> float:
 
 
 def run(repo: Path, batching: bool, args: argparse.Namespace) -> float:
-    from tests.triton_servers import metric, server_on
+    from testkit.triton_servers import metric, server_on
 
     with tempfile.TemporaryDirectory() as tmp:
         srv = server_on(_copy(repo, Path(tmp) / "repo", batching), Path(tmp) / "server.log").start(timeout_s=300)

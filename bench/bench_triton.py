@@ -1,7 +1,7 @@
 """Serving overhead of Triton: the demo build through a real tritonserver (ensemble, gRPC streaming) vs the reference
 engine called directly, at concurrency 1, 4 and 8.
 
-    python scripts/bench_triton.py [--config configs/demo.yaml] [--max-tokens 32] [--rounds 2]
+    python bench/bench_triton.py [--config configs/demo.yaml] [--max-tokens 32] [--rounds 2]
 
 Both sides run the same greedy requests (same prompts, end_id -1 so each generates exactly max_tokens) and batch
 the same way, in flight: one engine session of engine.max_batch_size slots, a new request joins at the next step, a

@@ -1,6 +1,6 @@
 """Measure a trained EAGLE head with `measure.verify`: tau and wall-clock speedup over HF `generate`, per tree.
 
-    python scripts/bench_head.py --config configs/demo.yaml --head heads/smollm2-eagle \
+    python bench/bench_head.py --config configs/demo.yaml --head heads/smollm2-eagle \
         --mtbench-every 8 --max-new-tokens 128 --out build/bench-head \
         --trees topk-2-3,eagle-default --dynamic 4,4,20 --tune-budget 25
 

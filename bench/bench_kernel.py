@@ -11,7 +11,7 @@ forward), the median time of all 120 products for M rows, all layouts interleave
 
 Prints ms and GB/s of weights streamed (bytes of the layout / time) per row count.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_kernel.py --rows 1,2,3,4,8,16
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_kernel.py --rows 1,2,3,4,8,16
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Cost of the production metrics: requests/s of the same tiny build served with and without them.
 
-    python scripts/bench_metrics.py [--work DIR] [--seconds 20] [--concurrency 4] [--rounds 2] [--max-tokens 16]
+    python bench/bench_metrics.py [--work DIR] [--seconds 20] [--concurrency 4] [--rounds 2] [--max-tokens 16]
 
-Builds a tiny target + EAGLE-3 head (tests/tiny_models.py) into the `llmapi` layout on the reference engine
+Builds a tiny target + EAGLE-3 head (testkit/tiny_models.py) into the `llmapi` layout on the reference engine
 (trtllm_version 1.4, engine.backend reference, chain-3). "with" serves the Triton repository as rendered. The
 product has no switch that turns the metrics off, so "without" serves a copy this script makes of that repository
 (build/triton_repo_without, next to the original: the repository's paths are relative to it): the same current
@@ -50,7 +50,7 @@ PROMPTS = ["the quick brown fox", "hello world how are you", "one two three four
 # The "without" variant's model.py (see the module docstring). The rendered model imports `spec_metrics` inside
 # initialize() and calls `spec_metrics.SpecMetrics(...)` there, so replacing the module's attribute first is enough;
 # each python model runs in its own stub process, so nothing else sees the swap.
-METRICS_OFF_MODEL = '''"""scripts/bench_metrics.py's baseline: the rendered model with SpecMetrics a no-op."""
+METRICS_OFF_MODEL = '''"""bench/bench_metrics.py's baseline: the rendered model with SpecMetrics a no-op."""
 
 from typing import Any
 
@@ -117,7 +117,7 @@ def check_metrics(srv: TritonServer, expected: bool) -> None:
 
 def build(work: Path) -> Path:
     from builders.build import main as build_main
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     target = tm.make_target(work / "target", layers=4)
     head = tm.make_eagle3_head(work / "eagle3", target)
@@ -138,7 +138,7 @@ def build(work: Path) -> Path:
 
 def run_level(srv: TritonServer, seconds: float, concurrency: int, max_tokens: int) -> float:
     """Closed-loop HTTP clients (POST /v2/models/tensorrt_llm/generate, greedy, max_tokens): requests/s."""
-    from tests.triton_servers import closed_loop_rps
+    from testkit.triton_servers import closed_loop_rps
 
     url = f"http://{srv.http_url}/v2/models/tensorrt_llm/generate"
 
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16)
     args = ap.parse_args(argv)
-    from tests.triton_servers import with_without_rounds
+    from testkit.triton_servers import with_without_rounds
 
     import statistics
 

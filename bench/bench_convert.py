@@ -1,6 +1,6 @@
 """Benchmark: our streaming converter vs ModelOpt's export_tensorrt_llm_checkpoint vs a plain copy.
 
-    python scripts/bench_convert.py [--work-dir /tmp/bench_convert] [--keep]
+    python bench/bench_convert.py [--work-dir /tmp/bench_convert] [--keep]
 
 Writes a synthetic ~1.1B-parameter fp16 Llama (random weights: 22 layers, hidden 2048, intermediate 5632, 32 heads,
 4 KV heads, vocab 32000, untied; ~2.2 GB), then runs, each in its OWN process, in this one run:

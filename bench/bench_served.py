@@ -1,7 +1,7 @@
 """Where served time goes: one build's decoding steps served by a real Triton server against the same steps in
 process.
 
-    python scripts/bench_served.py --build build/demo --prompts FILE.jsonl --out OUT [--concurrency 1] \
+    python bench/bench_served.py --build build/demo --prompts FILE.jsonl --out OUT [--concurrency 1] \
         [--requests 4] [--max-tokens 64] [--rounds 2] [--threads 1]
 
 Each round runs the requests twice, one after the other on the same machine: in process (a session of the build's

@@ -32,7 +32,7 @@ import torch
 
 from core.families import MLA, check_generic, family_of, sliding_window_of
 from core.shapes import reference_kv_width
-from engines.model import KVCache, Step
+from engines.cache import KVCache, Step
 from engines.recurrent import RecurrentStore, RecurrentView
 
 

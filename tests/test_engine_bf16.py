@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def all_logits(engine: ReferenceEngine, ids: list[int]) -> torch.Tensor:
     """Logits at every position of `ids`: next_logits of each prefix would prefill len(ids) times; one prefill and
     the lm_head over every row gives the same rows."""
-    from engines.model import KVCache, Rows
+    from engines.cache import KVCache, Rows
 
     rt = engine._rt
     t, n = rt.target, len(ids)

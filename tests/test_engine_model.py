@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from engines.checkpoint import CheckpointError
-from engines.model import make_step
+from engines.cache import make_step
 from engines.session import Session
 
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 3, 64, 128, 200, 11]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engines.draft import _select
-from engines.model import make_step
+from engines.cache import make_step
 from engines.tree import StaticTree, TreeBatch, ancestor_mask
 from core.trees import DraftTree, DynamicTree, preset
 

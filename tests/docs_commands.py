@@ -38,8 +38,8 @@ def _commands_in(line: str) -> list[tuple[str, list[str]]]:
     for i, w in enumerate(words):
         if re.fullmatch(r"(?:\S*/)?python3?", w) and i + 1 < len(words) and SCRIPT.match(words[i + 1]):
             script, first = words[i + 1], i + 2
-        elif w in COMMANDS and (i == 0 or words[i - 1] in SHELL_ENDS or "=" in words[i - 1]):
-            script, first = w, i + 1
+        elif w.rsplit("/", 1)[-1] in COMMANDS and (i == 0 or words[i - 1] in SHELL_ENDS or "=" in words[i - 1]):
+            script, first = w.rsplit("/", 1)[-1], i + 1  # an installed command, bare or as .venv/bin/eagle-...
         else:
             continue
         args: list[str] = []

@@ -52,6 +52,15 @@ def test_dockerfiles_found() -> None:
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_image_makes_the_project_importable(dockerfile: Path) -> None:
+    """The images copy the project without installing it: PYTHONPATH names it, so docker/serve.py and a package
+    module run as a file (which reruns itself as `python -m`) import it from any working directory."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    home = re.search(r"^ENV .*\bEAGLE_DEPLOY_HOME=(\S+)", text, flags=re.M)
+    assert home and re.search(rf"^ENV .*\bPYTHONPATH={re.escape(home.group(1))}(\s|$)", text, flags=re.M), dockerfile
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_clean(dockerfile: Path) -> None:
     proc = _run([str(VENV_BIN / "hadolint"), "--no-color", "--format", "json", str(dockerfile)])
     findings = json.loads(proc.stdout or "[]")

@@ -80,7 +80,7 @@ def mixed(ranks: Sequence[int | None]) -> Schedule:
 
 
 class OracleDrafter:
-    """A drafter proxy (engines/model.py Drafter interface) that drafts the target's greedy continuation."""
+    """A drafter proxy (engines/heads.py Drafter interface) that drafts the target's greedy continuation."""
 
     def __init__(self, real: Any, greedy: dict[Context, int], schedule: Schedule, hidden: int) -> None:
         self.real = real

@@ -3,7 +3,7 @@ target and real ShareGPT conversations.
 
 Recipe checked against SafeAILab/EAGLE eagle/traineagle3/cnets.py (scandata vocabulary, d2t/t2d, midlayer,
 training-time-test attention, position mask) and main.py (0.8**k step weights); the export is checked by
-builders/convert/eagle3.py (through builders/build.py) and the reference engine (engines/model.py Eagle3Drafter).
+builders/convert/eagle3.py (through builders/build.py) and the reference engine (engines/heads.py Eagle3Drafter).
 """
 
 from __future__ import annotations

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
+# Run as a file (`python builders/build.py`), Python would put builders/ first on sys.path, where a
+# module can shadow an installed package (builders/triton: `triton`): run as the module, as its command does.
+if __name__ == "__main__" and not __package__:
+    os.execv(sys.executable, [sys.executable, "-m", "builders.build", *sys.argv[1:]])
 
 
 from builders import build_dir as owned

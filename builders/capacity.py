@@ -89,7 +89,7 @@ def capacity_problems(cfg: BuildConfig, spec: TargetShape) -> list[str]:
 def capacity_rule(cfg: BuildConfig) -> list[str]:
     """The config's cross-field rule: `capacity_problems` against the target's config.json. An unreadable target is
     the convert preflight's to report, an invalid tree the tree rule's."""
-    from measure.model_source import ModelSourceError, resolve_target
+    from sources.targets import ModelSourceError, resolve_target
 
     if cfg.engine.max_batch_size is None or cfg.engine.max_input_len is None:
         return []

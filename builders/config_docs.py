@@ -1,6 +1,6 @@
 """The config reference pages and JSON Schemas, generated from the pydantic models (the one source of truth).
 
-`python scripts/gen_config_docs.py` writes, for the build config (`builders/config.py` `BuildConfig`) and the
+`python devtools/gen_config_docs.py` writes, for the build config (`builders/config.py` `BuildConfig`) and the
 training config (`training/config.py` `TrainHeadConfig`), a Markdown reference (every field: type, default,
 constraints, description, an example) and a JSON Schema that editors use to validate and complete the YAML
 (`# yaml-language-server: $schema=...`). `--check` compares instead of writing; tests run it.
@@ -23,7 +23,7 @@ from builders.config import BuildConfig
 from training.config import TrainHeadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-REGEN_COMMAND = ".venv/bin/python scripts/gen_config_docs.py"
+REGEN_COMMAND = ".venv/bin/python devtools/gen_config_docs.py"
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 MAX_EXAMPLE_CHARS = 160  # longer example values (explicit trees) make the page unreadable; the next source is used
 
@@ -59,12 +59,12 @@ REFERENCES = (
     ),
     Reference(
         model=TrainHeadConfig,
-        title="Training config reference (`builders/train_head.py`)",
+        title="Training config reference (`training/train_head.py`)",
         doc="docs/train-config.md",
         schema="docs/train-config.schema.json",
         example_glob="configs/train/*.yaml",
-        command="python builders/train_head.py CONFIG.yaml",
-        intro="The YAML that `builders/train_head.py` trains an EAGLE-1/2 or EAGLE-3 head from (see "
+        command="python training/train_head.py CONFIG.yaml",
+        intro="The YAML that `training/train_head.py` trains an EAGLE-1/2 or EAGLE-3 head from (see "
         "[train-a-head.md](train-a-head.md)). Unknown keys are errors; every problem is reported at once. "
         "`--set a.b=value` overrides any field. Relative paths are relative to the config file.",
     ),

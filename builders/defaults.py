@@ -71,7 +71,7 @@ def engine_defaults(backend: str, eagle_max_batch_size: int, model_dir: Path | N
 
 def fill_engine_defaults(data: dict[str, Any], eagle_max_batch_size: int) -> tuple[list[str], dict[str, str]]:
     """Fill the unset engine limits of a raw config mapping in place. Returns (problems, {engine.field: reason})."""
-    from measure.model_source import ModelSourceError, resolve_target
+    from sources.targets import ModelSourceError, resolve_target
     from core.hfconfig import ModelConfigError
 
     engine, target = data.get("engine"), data.get("target")

@@ -30,8 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
+# Run as a file (`python builders/refresh.py`), Python would put builders/ first on sys.path, where a
+# module can shadow an installed package (builders/triton: `triton`): run as the module, as its command does.
+if __name__ == "__main__" and not __package__:
+    os.execv(sys.executable, [sys.executable, "-m", "builders.refresh", *sys.argv[1:]])
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -16,7 +16,7 @@ Method, optimality argument and the speed model: builders/tree_tuning.py.
 
 The build must be a finished build with engine.backend=reference (engine/reference.json is read: its checkpoint,
 dtype, device and draft vocabulary). The prompts file is JSONL with `prompt` or MT-bench `turns` per line
-(measure/data.py read_prompts). `--table` reuses the acceptance table of an earlier `--json` (same build and
+(sources/data.py read_prompts). `--table` reuses the acceptance table of an earlier `--json` (same build and
 prompts) instead of measuring it again, e.g. to tune for speed after tuning for tau.
 
 Inputs:  --build (a finished reference build) and --prompts (JSONL, `prompt` or `turns` per line)
@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository, not builders/, heads the path (builders/triton
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # would otherwise shadow the `triton` package)
+# Run as a file (`python builders/tune_tree.py`), Python would put builders/ first on sys.path, where a
+# module can shadow an installed package (builders/triton: `triton`): run as the module, as its command does.
+if __name__ == "__main__" and not __package__:
+    os.execv(sys.executable, [sys.executable, "-m", "builders.tune_tree", *sys.argv[1:]])
 
 from builders.tree_tuning import (
     AcceptanceTable,
@@ -64,7 +66,7 @@ class Runner:
 
     def __init__(self, build_dir: Path, prompts: list[str], max_new_tokens: int, device: str | None) -> None:
         from engines.api import ReferenceEngine
-        from measure.data import chat_ids
+        from sources.data import chat_ids
 
         self.engine = ReferenceEngine.from_build(build_dir, device)
         tok = self.engine.tokenizer
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from measure.data import DataSourceError, read_prompts
+    from sources.data import DataSourceError, read_prompts
 
     if not 1 <= args.budget <= trees.MAX_DRAFT_LEN_LIMIT:
         print(f"error: --budget {args.budget} must be in 1..{trees.MAX_DRAFT_LEN_LIMIT}", file=sys.stderr)

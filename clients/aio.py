@@ -141,7 +141,7 @@ class AsyncLLMClient:
     async def complete(self, req: Request, stats: GenerationStats) -> str:
         """Send `req` and return its whole text; fills `stats`. The same exchange as `run` without a generator
         layer and a Chunk per response: the load tester's path, where client CPU per request is the overhead
-        scripts/bench_client.py measures. Per response it only keeps the raw text bytes and the arrival time."""
+        bench/bench_client.py measures. Per response it only keeps the raw text bytes and the arrival time."""
         pieces: list[bytes] = []
         last: grpcclient.InferResult | None = None
 

@@ -19,8 +19,10 @@ import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: import from the repository root, not from clients/ itself
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+# Run as a file (`python clients/generate.py`), Python would put clients/ first on sys.path, where a
+# module can shadow an installed package (builders/triton: `triton`): run as the module, as its command does.
+if __name__ == "__main__" and not __package__:
+    os.execv(sys.executable, [sys.executable, "-m", "clients.generate", *sys.argv[1:]])
 
 from clients import schema as sch
 from clients.client import DEFAULT_TIMEOUT_S, GenerationError, GenerationStats, LLMClient, sampling_of

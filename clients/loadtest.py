@@ -25,14 +25,17 @@ import asyncio
 import csv
 import json
 import signal
+import os
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-if __package__ in (None, ""):  # run as a script: import from the repository root, not from clients/ itself
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+# Run as a file (`python clients/loadtest.py`), Python would put clients/ first on sys.path, where a
+# module can shadow an installed package (builders/triton: `triton`): run as the module, as its command does.
+if __name__ == "__main__" and not __package__:
+    os.execv(sys.executable, [sys.executable, "-m", "clients.loadtest", *sys.argv[1:]])
 
 from tqdm import tqdm
 
@@ -151,7 +154,7 @@ async def run_level(
     progress_file: TextIO | None = None,  # None: tqdm writes to sys.stderr
 ) -> LevelResult:
     """One level as the CLI runs it, progress bar included (one update per finished request, not per response);
-    scripts/bench_client.py measures exactly this."""
+    bench/bench_client.py measures exactly this."""
     bar = tqdm(total=spec.requests, desc=f"{spec.mode} {spec.level:g}", unit="req", disable=not progress,
                file=progress_file)
     with bar:

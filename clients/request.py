@@ -125,7 +125,7 @@ def bytes_elements(raw: bytes) -> list[bytes]:
 
 def text_bytes(result: grpcclient.InferResult) -> bytes:
     """UTF-8 bytes of one response's text_output, undecoded. Reads the raw bytes directly: tritonclient's as_numpy
-    builds numpy object arrays and was the largest per-response client cost (scripts/bench_client.py)."""
+    builds numpy object arrays and was the largest per-response client cost (bench/bench_client.py)."""
     resp = result.get_response()
     if resp.raw_output_contents:
         for i, out in enumerate(resp.outputs):  # absent in an empty final response

@@ -48,7 +48,7 @@ class Family:
     symbol: str  # the registration read there
     read: str  # the commit(s) the registration was read at
     reference: str | None  # "native" | "generic" | None: how the reference engine runs it
-    trainer: bool  # builders/train_head.py trains EAGLE-3 heads from its features
+    trainer: bool  # training/train_head.py trains EAGLE-3 heads from its features
     engine_flow: bool = False  # EAGLE-1/2 engine flow (EagleForCausalLM subclasses LLaMAForCausalLM)
     qkv_bias: bool = False  # native forward: q/k/v biases without an o_proj bias
     qk_norm: bool = False  # native forward: per-head q/k RMSNorm before RoPE

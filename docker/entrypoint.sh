@@ -25,6 +25,7 @@ set -euo pipefail
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 home=${EAGLE_DEPLOY_HOME:-$(dirname "$script_dir")}
 py=${EAGLE_DEPLOY_PYTHON:-python3}
+export PYTHONPATH="$home${PYTHONPATH:+:$PYTHONPATH}"  # the project at $home is the one that runs
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # nothing is downloaded at run time
 
 usage() { awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }  # the header

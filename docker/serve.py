@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO))
 
 from builders.config import BuildConfig
 from builders.layout import MANIFEST
@@ -30,11 +28,9 @@ from builders.layout import RESOLVED_CONFIG as RESOLVED
 from builders.resolved import load_resolved
 from builders.startup import startup_problems, trtllm_import_problems
 from builders.versions import installed_trtllm
+from triton_repo.launch import TRITON_PORTS  # re-exported: the image's ports
 
 EXIT_PROBLEM = 2
-# Triton's default ports; the compose file, the Kubernetes manifests and the entrypoint defaults use the same ones
-# (docker/k8s/render.py imports these, tests/test_docker.py checks the others).
-TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
 class ServeError(RuntimeError):

@@ -26,19 +26,10 @@ from safetensors import safe_open
 
 from core.hfconfig import llama_spec
 from core.families import Traits, traits
-from engines.model import (
-    MLP,
-    Attention,
-    DecoderLayer,
-    Eagle1Drafter,
-    Eagle3Drafter,
-    Linear,
-    Llama,
-    LMHead,
-    QKNorm,
-    Rope,
-    RopeConfig,
-)
+from engines.heads import Eagle1Drafter, Eagle3Drafter
+from engines.layers import Attention, DecoderLayer, LMHead, MLP, QKNorm, Rope, RopeConfig
+from engines.linear import Linear
+from engines.model import Llama
 from engines.parallel import TPGroup
 
 if TYPE_CHECKING:

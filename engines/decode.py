@@ -27,7 +27,9 @@ from core.laps import Laps
 from engines import skinny
 from engines.draft import DraftState
 from engines.drafting import Drafting
-from engines.model import Drafter, KVCache, Llama, Rows
+from engines.cache import KVCache, Rows
+from engines.heads import Drafter
+from engines.model import Llama
 from engines.sampling import choose, greedy_node, sampling_node
 from engines.slots import Accepted, Slot
 from engines.tree import TreeBatch

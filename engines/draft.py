@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from core.trees import DynamicTree
-from engines.model import Drafter, KVCache, Rows
+from engines.cache import KVCache, Rows
+from engines.heads import Drafter
 from engines.tree import StaticTree, TreeBatch, ancestor_mask
 
 Lap = Callable[[str], None]  # measure/profile.py Laps.lap: charges the time since the last mark to a part

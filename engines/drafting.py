@@ -14,7 +14,8 @@ import torch
 
 from core.trees import DraftTree, DynamicTree, Tree
 from engines.draft import DraftState, Lap, draft_dynamic, draft_static
-from engines.model import Drafter, KVCache, Rows
+from engines.cache import KVCache, Rows
+from engines.heads import Drafter
 from engines.tree import StaticTree, TreeBatch
 
 

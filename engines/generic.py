@@ -35,7 +35,7 @@ import torch
 
 from core.families import MLA, attention_window_of, check_generic, family_of, text_config
 from core.shapes import reference_kv_width
-from engines.model import KVCache, Step
+from engines.cache import KVCache, Step
 from engines.recurrent import RecurrentStore, RecurrentView
 
 

@@ -20,7 +20,7 @@
   In both 16-bit layouts the input is upcast (exact) and the output rounded to the 16-bit dtype: the numbers of a
   16-bit GEMM with float32 accumulation, up to summation order. Activations, residual stream and KV cache stay 16-bit.
 
-`scripts/bench_engine.py` prints each layout's cost per row count on the machine it runs on.
+`bench/bench_engine.py` prints each layout's cost per row count on the machine it runs on.
 """
 
 from __future__ import annotations

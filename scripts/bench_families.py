@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
@@ -120,7 +119,7 @@ def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
         conf = conf_cls(**keys)
     model = model_cls(conf).to(dtype).eval()
     model.save_pretrained(out)
-    from tests.tiny_models import make_tokenizer
+    from testkit.tiny_models import make_tokenizer
 
     make_tokenizer(out)
     return model

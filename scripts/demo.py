@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -134,7 +132,7 @@ def run(argv: list[str]) -> None:
 
 def extract_target(config: Path) -> Path:
     from builders.config import load_config
-    from measure.model_source import resolve_target
+    from sources.targets import resolve_target
 
     cfg = load_config(config)
     return resolve_target(cfg.target.model)
@@ -163,7 +161,7 @@ def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan, other_tree: An
     `other_tree`, the same weights drafting with that tree too (key `other`)."""
     from engines.api import ReferenceEngine
     from measure.costs import eagle_speedup as measure
-    from measure.data import chat_ids, read_prompts
+    from sources.data import chat_ids, read_prompts
 
     engine = ReferenceEngine.from_build(build_dir)
     tok = engine.tokenizer
@@ -194,7 +192,7 @@ def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None
 
 def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     from builders.config import load_config
-    from measure.data import mtbench_path
+    from sources.data import mtbench_path
     from scripts.spec_sweep import spec_off_copy
     from triton_repo.launch import TritonServer, free_port
 

@@ -18,9 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 FIGURES = ("request_throughput", "output_token_throughput", "request_latency", "output_sequence_length",
            "input_sequence_length", "time_to_first_token", "inter_token_latency")
 

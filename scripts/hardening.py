@@ -39,9 +39,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
 import numpy as np
 import psutil
 import tritonclient.grpc as grpcclient

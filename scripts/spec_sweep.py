@@ -35,8 +35,6 @@ from collections.abc import Callable
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 LLM_MODEL = "tensorrt_llm"
 MODEL_YAML = "model.yaml"

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny models written once per test session (see tests/tiny_models.py)."""
+"""Shared fixtures: tiny models written once per test session (see testkit/tiny_models.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 
 @pytest.fixture(scope="session")
@@ -54,59 +54,16 @@ def eagle3_head(tiny_dir: Path, tiny_target: Path) -> Path:
 # ---- reference engine (issue 3): models whose EAGLE head actually accepts tokens ------------------------------------
 
 
-def _mimic_pair(out: Path, *, vocab: int, seed: int, block_scale: float) -> tuple[Path, Path]:
-    """A target that is close to a bigram model and an EAGLE-1 head constructed to predict that bigram.
-
-    Target: a tiny random Llama whose attention/MLP outputs are scaled by `block_scale` and whose final norm weight is
-    1, so its next token is mostly argmax(lm_head(norm(embed(x)))) but not always. Head: fc = [I, 0] (passes the
-    token embedding through), attention and MLP outputs zeroed, so it drafts exactly argmax(lm_head(embed(x))):
-    acceptance is high but not perfect, which exercises accepted paths, rejections and bonus tokens."""
-    import torch
-    from safetensors.torch import save_file
-
-    cfg = tm.llama_config(vocab=vocab)
-    g = torch.Generator().manual_seed(seed)
-    h = cfg["hidden_size"]
-    t = {"model.embed_tokens.weight": torch.randn(vocab, h, generator=g)}
-    for i in range(cfg["num_hidden_layers"]):
-        t.update(tm._decoder_layer(g, f"model.layers.{i}", cfg, input_norm=True))
-    for k in list(t):
-        if k.endswith(("o_proj.weight", "down_proj.weight")):
-            t[k] = t[k] * block_scale
-    t["model.norm.weight"] = torch.ones(h)
-    t["lm_head.weight"] = torch.randn(vocab, h, generator=g) * 0.5
-    target = out / "target"
-    target.mkdir(parents=True, exist_ok=True)
-    save_file(t, str(target / "model.safetensors"), metadata={"format": "pt"})
-    import json
-
-    (target / "config.json").write_text(json.dumps(cfg, indent=2))
-    (target / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    tm.make_tokenizer(target)  # the converter copies it; its ids need not cover a small model vocabulary
-    hd = {k: v for k, v in tm._decoder_layer(g, "layers.0", cfg, input_norm=False).items()}
-    for k in list(hd):
-        if k.endswith(("o_proj.weight", "down_proj.weight")):
-            hd[k] = torch.zeros_like(hd[k])
-    hd["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], 1)
-    hd["fc.bias"] = torch.zeros(h)
-    hd["embed_tokens.weight"] = t["model.embed_tokens.weight"].clone()
-    head = out / "head"
-    head.mkdir(parents=True, exist_ok=True)
-    save_file(hd, str(head / "model.safetensors"), metadata={"format": "pt"})
-    (head / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=1), indent=2))
-    return target, head
-
-
 @pytest.fixture(scope="session")
 def mimic_pair(tiny_dir: Path) -> tuple[Path, Path]:
     """(target, EAGLE-1 head) with vocab 320 where the head accepts ~1-2 tokens per step (tau ~2)."""
-    return _mimic_pair(tiny_dir / "mimic", vocab=tm.VOCAB, seed=5, block_scale=2.0)
+    return tm.mimic_pair(tiny_dir / "mimic", vocab=tm.VOCAB, seed=5, block_scale=2.0)
 
 
 @pytest.fixture(scope="session")
 def small_vocab_pair(tiny_dir: Path) -> tuple[Path, Path]:
     """(target, EAGLE-1 head) with a 6-token vocabulary, for exact distribution tests of speculative sampling."""
-    return _mimic_pair(tiny_dir / "vocab6", vocab=6, seed=11, block_scale=2.0)
+    return tm.mimic_pair(tiny_dir / "vocab6", vocab=6, seed=11, block_scale=2.0)
 
 
 def convert_eagle_ckpt(target: Path, head: Path, out: Path, *, tp: int = 1, dtype: str = "float32") -> Path:
@@ -172,19 +129,19 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
-# ---- the tiny reference build on a real tritonserver (tests/triton_build.py), shared by the server modules ----------
+# ---- the tiny reference build on a real tritonserver (testkit/triton_build.py), shared by the server modules ------
 
 
 @pytest.fixture(scope="session")
 def triton_build_dir(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, eagle_head: Path) -> Path:
-    from tests import triton_build
+    from testkit import triton_build
 
     return triton_build.build(tmp_path_factory.mktemp("triton_build"), tiny_target, eagle_head)
 
 
 @pytest.fixture(scope="session")
 def triton_server(triton_build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests import triton_build
+    from testkit import triton_build
 
     log_dir = tmp_path_factory.mktemp("triton_log")
     srv = triton_build.start_server(triton_build_dir / "triton_repo", log_dir)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SCRIPT = re.compile(r"^(?:scripts|builders|clients|measure)/[A-Za-z0-9_/]+\.py$")
+SCRIPT = re.compile(r"^(?:scripts|bench|devtools|builders|clients|measure|training|triton_repo)/[A-Za-z0-9_/]+\.py$")
+COMMANDS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 FENCE = re.compile(r"^```.*?$(.*?)^```", re.S | re.M)
 SHELL_ENDS = {"&&", "||", "|", ";", ">", ">>", "2>&1", "&"}
 
@@ -33,15 +35,21 @@ def _commands_in(line: str) -> list[tuple[str, list[str]]]:
     except ValueError:
         return []
     out = []
-    for i, w in enumerate(words[:-1]):
-        if re.fullmatch(r"(?:\S*/)?python3?", w) and SCRIPT.match(words[i + 1]):
-            args: list[str] = []
-            for a in words[i + 2:]:
-                if a in SHELL_ENDS:
-                    break
-                args.append(a)
-            out.append((words[i + 1], args))
+    for i, w in enumerate(words):
+        if re.fullmatch(r"(?:\S*/)?python3?", w) and i + 1 < len(words) and SCRIPT.match(words[i + 1]):
+            script, first = words[i + 1], i + 2
+        elif w.rsplit("/", 1)[-1] in COMMANDS and (i == 0 or words[i - 1] in SHELL_ENDS or "=" in words[i - 1]):
+            script, first = w.rsplit("/", 1)[-1], i + 1  # an installed command, bare or as .venv/bin/eagle-...
+        else:
+            continue
+        args: list[str] = []
+        for a in words[first:]:
+            if a in SHELL_ENDS:
+                break
+            args.append(a)
+        out.append((script, args))
     return out
+
 
 
 def documented_commands() -> list[Command]:
@@ -59,9 +67,11 @@ def documented_commands() -> list[Command]:
     return found
 
 
-# Runs in a subprocess: every command's argv through its script's parser, stopping right after a successful parse.
+# Runs in a subprocess: every command's argv through its script's parser, stopping right after a successful parse. An
+# installed command (`eagle-build`) runs its main() as pip's wrapper does; a module of a package run as a file
+# (`python builders/build.py`) runs as that module, as the file itself would rerun it (`python -m builders.build`).
 HARNESS = r'''
-import argparse, io, json, runpy, sys
+import argparse, importlib, io, json, os, runpy, sys, tomllib
 orig = argparse.ArgumentParser.parse_args
 class Parsed(BaseException):
     pass
@@ -69,13 +79,20 @@ def parse_args(self, args=None, namespace=None):
     ns = orig(self, args, namespace)
     raise Parsed()
 argparse.ArgumentParser.parse_args = parse_args
+commands = tomllib.load(open("pyproject.toml", "rb"))["project"]["scripts"]
 results = []
 for script, args in json.load(sys.stdin):
     sys.argv = [script, *args]
     err = sys.stderr
     sys.stderr = buf = io.StringIO()
     try:
-        runpy.run_path(script, run_name="__main__")
+        if script in commands:
+            module, func = commands[script].split(":")
+            getattr(importlib.import_module(module), func)()
+        elif os.path.isfile(os.path.join(os.path.dirname(script), "__init__.py")):
+            runpy.run_module(script[:-3].replace("/", "."), run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
         outcome = "ran to the end without parsing arguments"
     except Parsed:
         outcome = "ok"

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 LOW = tm.HIDDEN // 2  # dims 0..LOW-1 carry tokens; LOW.. carry what the target's layers write
 
@@ -47,7 +47,7 @@ def copy_head(src: Path, dst: Path, *, cfg: dict | None = None, drop_cfg: tuple[
 def _last_tokens(tok_dir: Path) -> tuple[int, list[int], int]:
     """(last token of every chat-templated doctor prompt, last tokens of the raw ones, eos id)."""
     from builders.doctor.measure import PROMPTS
-    from measure.data import chat_ids
+    from sources.data import chat_ids
     from engines.runtime import load_tokenizer
 
     tok = load_tokenizer(tok_dir)

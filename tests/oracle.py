@@ -30,7 +30,7 @@ import torch
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams
 from core.trees import DraftTree, DynamicTree
 from tests import tiny_families as tf
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 Context = tuple[int, ...]
 Schedule = Callable[[Context], int | None]  # rank at which the greedy next token is drafted (None = nowhere)
@@ -80,7 +80,7 @@ def mixed(ranks: Sequence[int | None]) -> Schedule:
 
 
 class OracleDrafter:
-    """A drafter proxy (engines/model.py Drafter interface) that drafts the target's greedy continuation."""
+    """A drafter proxy (engines/heads.py Drafter interface) that drafts the target's greedy continuation."""
 
     def __init__(self, real: Any, greedy: dict[Context, int], schedule: Schedule, hidden: int) -> None:
         self.real = real

@@ -20,8 +20,8 @@ import pytest
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
 from tests.test_adaptive import mimic3_build  # noqa: F401 (the module fixture)
-from tests.triton_requests import inputs, stream_call
-from tests.triton_servers import STOP_TIMEOUT_S, metric
+from testkit.triton_requests import inputs, stream_call
+from testkit.triton_servers import STOP_TIMEOUT_S, metric
 from triton_repo.launch import TritonServer, free_port
 from triton_repo.models import capture as C
 
@@ -150,7 +150,7 @@ def test_llmapi_layout_serves_a_published_version(tmp_path: Path) -> None:
 
     from builders.adaptive import publish as P
     from builders.build import main as build_main
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     target = tm.make_target(tmp_path / "target", layers=4)
     head = tm.make_eagle3_head(tmp_path / "eagle3", target)

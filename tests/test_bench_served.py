@@ -1,4 +1,4 @@
-"""scripts/bench_served.py on the tiny build: with $EAGLE_DEPLOY_STEP_PROFILE the served models record every step
+"""bench/bench_served.py on the tiny build: with $EAGLE_DEPLOY_STEP_PROFILE the served models record every step
 (triton_repo/models/step_profile.py), and the report sets the served decoding step against the same step in
 process; its arguments are checked before anything loads."""
 
@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
 
-import bench_served
+from bench import bench_served
 
 
 @pytest.mark.server
@@ -22,7 +21,7 @@ def test_the_served_step_against_the_same_step_in_process(triton_build_dir: Path
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "The capital of France is"}) + "\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_served.py"), "--build", str(triton_build_dir),
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_served.py"), "--build", str(triton_build_dir),
                            "--prompts", str(prompts), "--out", str(out), "--requests", "2", "--max-tokens", "8",
                            "--rounds", "1"], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

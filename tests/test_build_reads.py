@@ -14,7 +14,7 @@ import yaml
 
 from builders.build import main as build_main
 from builders.layout import MANIFEST
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from tests.engine_cases import write_build_yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,11 +94,11 @@ def test_shipped_head_recipes_hold_no_absolute_path() -> None:
 
 
 def test_bench_build_outputs_script_on_a_tiny_shape(tmp_path: Path) -> None:
-    """scripts/bench_build_outputs.py (docs/benchmarks.md) on the tiny shape, this checkout."""
+    """bench/bench_build_outputs.py (docs/benchmarks.md) on the tiny shape, this checkout."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_build_outputs.py"), "--work", str(tmp_path),
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_build_outputs.py"), "--work", str(tmp_path),
                            "--shape", "tiny", "--project", f"this={REPO}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "inputs: tiny shape, 8 layers" in proc.stdout and "| this | " in proc.stdout

@@ -25,9 +25,9 @@ import tritonclient.grpc as tritonclient_grpc
 from tritonclient.utils import InferenceServerException
 
 from clients.aio import AsyncLLMClient
-from tests.triton_requests import inputs, stream_call
-from tests.triton_servers import STOP_TIMEOUT_S, metric, tiny_reference_repo
-from tests.triton_servers import server_on as _server
+from testkit.triton_requests import inputs, stream_call
+from testkit.triton_servers import STOP_TIMEOUT_S, metric, tiny_reference_repo
+from testkit.triton_servers import server_on as _server
 from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server

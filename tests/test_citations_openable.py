@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from builders.trtllm import architectures, ledger_docs
+from builders.trtllm import architectures
+
+from builders.ledger import docs as ledger_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 UNOPENABLE = re.compile(r"index (id|ids|copies|commits?|versions?)\b|issues corpus", re.IGNORECASE)

@@ -19,8 +19,8 @@ from clients import schema as sch
 from clients.client import AsyncLLMClient, LLMClient
 from clients.load import INTERRUPTED, LevelResult, LevelSpec
 from clients.tokens import WhitespaceCounter
-from tests.triton_servers import STOP_TIMEOUT_S, metric, tiny_reference_repo
-from tests.triton_servers import server_on as _server
+from testkit.triton_servers import STOP_TIMEOUT_S, metric, tiny_reference_repo
+from testkit.triton_servers import server_on as _server
 from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server

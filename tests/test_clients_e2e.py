@@ -13,7 +13,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.triton_servers import tiny_reference_repo
+from testkit.triton_servers import tiny_reference_repo
 from clients import loadtest
 from clients import schema as sch
 from clients.client import LLMClient

@@ -22,7 +22,7 @@ from clients.load import LevelSpec, poisson_arrivals, prompt_order
 from clients.plots import PLOT_FILES, write_plots
 from clients.prompts import PromptFileError, load_prompts
 from clients.stats import RequestRecord, Summary, aggregate, csv_row, percentile
-from tests.fixtures.echo_repo import render_echo_repo
+from testkit.echo_repo import render_echo_repo
 from triton_repo import contract
 from builders.triton.render import CLIENT_FILE, client_descriptor
 

@@ -1,5 +1,5 @@
 """clients/ against a real tritonserver (the CPU server bundled in nvidia-pytriton) serving the echo model
-(tests/fixtures/echo_repo: the ensemble contract, deterministic output, speculative stats with k=3 tokens/step),
+(testkit/echo_repo: the ensemble contract, deterministic output, speculative stats with k=3 tokens/step),
 (cancellation through a real ensemble: test_clients_cancel.py).
 
 Echo maths: N tokens, k tokens per step -> steps = ceil(N/k), accepted = N - steps, drafted = steps*(k-1),
@@ -28,9 +28,9 @@ from clients import schema as sch
 from clients.client import AsyncLLMClient, GenerationError, GenerationStats, LLMClient, build_request
 from clients.load import LevelResult, LevelSpec
 from clients.tokens import WhitespaceCounter
-from tests.fixtures.echo_repo import render_echo_repo
+from testkit.echo_repo import render_echo_repo
 from triton_repo import contract
-from tests.triton_servers import serve as _serve
+from testkit.triton_servers import serve as _serve
 from triton_repo.launch import TritonServer, free_port
 
 pytestmark = pytest.mark.server
@@ -126,7 +126,7 @@ def test_async_complete_stats_and_non_ascii_text(echo: TritonServer) -> None:
 
 
 def test_run_level_progress_bar_counts_requests(echo: TritonServer) -> None:
-    """run_level (the CLI's level, which scripts/bench_client.py measures) updates the bar once per finished
+    """run_level (the CLI's level, which bench/bench_client.py measures) updates the bar once per finished
     request: it ends at n/n, not at the number of responses."""
     n, max_tokens = 9, 8
     spec = LevelSpec(mode="concurrency", level=3, max_tokens=max_tokens, stream=True, requests=n)

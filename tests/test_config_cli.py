@@ -21,7 +21,7 @@ from builders.config import load_config
 from builders.convert import stage as convert_stage
 from builders.pipeline import MANIFEST, run_stage
 from core.records import resolve_recorded
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from tests.convert_helpers import derive_target, truncate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,7 +143,7 @@ def test_tokenizer_checks(tiny_target: Path, eagle_head: Path, tmp_path: Path, c
     _expect_refused(write_cfg(tmp_path / "c.yaml", no_tok, eagle_head, out), out, capsys,
                     "no tokenizer.json or tokenizer.model; the target directory must include its tokenizer")
     other_tok = derive_target(eagle_head, tmp_path / "other_tok")
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     tm.make_tokenizer(tmp_path / "tok300", vocab_size=300)
     (other_tok / "tokenizer.json").write_bytes((tmp_path / "tok300" / "tokenizer.json").read_bytes())
@@ -323,7 +323,7 @@ REPO_HEAD = CONFIGS.parent / "heads" / "smollm2-eagle"
 
 def test_real_smollm2_demo_config(tmp_path: Path) -> None:
     """configs/demo.yaml on the real SmolLM2-135M target (about 15 s): the checkpoint the reference engine loads."""
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     hf = smollm2_dir()
     out = tmp_path / "demo"

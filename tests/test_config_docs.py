@@ -30,7 +30,7 @@ def test_generated_files_are_current() -> None:
 
 
 def test_check_mode_exit_status() -> None:
-    r = subprocess.run([sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "devtools/gen_config_docs.py", "--check"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "up to date" in r.stdout

@@ -18,7 +18,7 @@ from builders.convert import convert_llama
 from builders.convert.llama import pad_vocab, pp_layer_range
 from builders.convert.weights import WeightFileError, WeightSource, read_safetensors_header
 from core.hfconfig import ModelConfigError
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from tests.convert_helpers import ckpt, derive_target, hf_tensors, reassemble_layer, truncate
 
 H, HD = tm.HIDDEN, tm.HIDDEN // tm.HEADS

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from builders.convert import convert_eagle, convert_eagle3, write_random_head
 from core.hfconfig import ModelConfigError
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from tests.convert_helpers import ckpt, hf_tensors, reassemble_layer
 
 H, HD = tm.HIDDEN, tm.HIDDEN // tm.HEADS

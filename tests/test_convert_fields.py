@@ -27,7 +27,7 @@ import torch
 from builders.convert import convert_eagle, convert_eagle3, convert_llama
 from engines.api import ReferenceEngine
 from core.trees import DraftTree
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 LIMITS = {"max_draft_len": 6, "num_eagle_layers": 3, "max_non_leaves_per_layer": 2}
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -1,6 +1,6 @@
 """The current TensorRT-LLM line (trtllm_version '1.4'): EAGLE-3 heads only, one-model, chains or dynamic trees with
 exactly Eagle3DecodingConfig's fields; EAGLE-1/2 heads, static trees and the engine flow are refused at config
-validation with the reason and the alternatives. The ledger rows are builders/trtllm/ledger_llmapi.py."""
+validation with the reason and the alternatives. The ledger rows are builders/ledger/llmapi.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from builders.engine import llmapi
-from builders.trtllm import ledger, registry
+from builders.trtllm import registry
+from builders.ledger import table as ledger
 from tests.engine_cases import make_cfg
 
 HEAD = Path("/builds/golden/checkpoint/eagle3")
@@ -65,7 +66,7 @@ def test_eagle12_head_is_refused_with_the_alternatives(backend: str) -> None:
     msg = str(e.value)
     assert ("draft.type=eagle (an EAGLE-1/2 head) cannot run on TensorRT-LLM 1.4.0rc4 (trtllm_version '1.4'): it runs "
             "EAGLE-3 heads only") in msg
-    assert "retrain the head as EAGLE-3 with this toolkit's trainer (`python builders/train_head.py CONFIG`" in msg
+    assert "retrain the head as EAGLE-3 with this toolkit's trainer (`python training/train_head.py CONFIG`" in msg
     assert "set trtllm_version: '1.2' (or '1.1', the pinned NGC image) with engine.backend tensorrt" in msg
 
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
 
-import demo
+from scripts import demo
 
 
 def test_commands_are_the_documented_client_invocations(tmp_path: Path) -> None:

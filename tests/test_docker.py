@@ -52,6 +52,15 @@ def test_dockerfiles_found() -> None:
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_image_makes_the_project_importable(dockerfile: Path) -> None:
+    """The images copy the project without installing it: PYTHONPATH names it, so docker/serve.py and a package
+    module run as a file (which reruns itself as `python -m`) import it from any working directory."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    home = re.search(r"^ENV .*\bEAGLE_DEPLOY_HOME=(\S+)", text, flags=re.M)
+    assert home and re.search(rf"^ENV .*\bPYTHONPATH={re.escape(home.group(1))}(\s|$)", text, flags=re.M), dockerfile
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_clean(dockerfile: Path) -> None:
     proc = _run([str(VENV_BIN / "hadolint"), "--no-color", "--format", "json", str(dockerfile)])
     findings = json.loads(proc.stdout or "[]")
@@ -512,7 +521,7 @@ def test_serve_imports_trtllm_before_triton_starts(tmp_path: Path) -> None:
     """docker/serve.py (the container's `serve`) imports TensorRT-LLM in a fresh interpreter before it starts Triton:
     an image where the import fails, or reports another release, does not start."""
     from builders.build import main as build_main
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
     from tests.engine_cases import write_build_yaml
 
     target = tm.make_target(tmp_path / "target", layers=8)
@@ -526,7 +535,8 @@ def test_serve_imports_trtllm_before_triton_starts(tmp_path: Path) -> None:
     upstream.mkdir()
     for name in ("model.py", "helpers.py"):
         (upstream / name).write_text("# upstream's file\n")
-    env = {**os.environ, "PYTHONPATH": str(site), serve.UPSTREAM_LLMAPI_ENV: str(upstream)}
+    # the image's PYTHONPATH names the project (docker/Dockerfile*); the fake wheels come first
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", serve.UPSTREAM_LLMAPI_ENV: str(upstream)}
     argv = [sys.executable, "docker/serve.py", str(tmp_path / "build"), "--print-argv"]
     _fake_trtllm(site, 'raise ImportError("libcuda.so.1: cannot open shared object file")\n')
     proc = _run(argv, env=env)

@@ -1,7 +1,7 @@
 """Every command the documentation shows for the project's scripts (tests/docs_commands.py) parses with the script's
 current arguments, so renaming or removing a flag cannot silently break a documented command. The commands whose
 whole run matters are also run end to end on tiny builds by their own tests (scripts/spec_sweep.py:
-tests/test_spec_sweep.py; scripts/bench_served.py: tests/test_bench_served.py; ...)."""
+tests/test_spec_sweep.py; bench/bench_served.py: tests/test_bench_served.py; ...)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ def _check(commands: list[Command]) -> list[str]:
 def test_the_documented_commands_are_found() -> None:
     cs = documented_commands()
     scripts = {c.script for c in cs}
-    assert {"scripts/spec_sweep.py", "scripts/bench_served.py", "builders/build.py", "clients/loadtest.py"} <= scripts
+    assert {"scripts/spec_sweep.py", "bench/bench_served.py", "builders/build.py", "clients/loadtest.py"} <= scripts
     sweep = [c for c in cs if c.script == "scripts/spec_sweep.py" and c.page == "docs/load-test.md"]
     assert sweep and sweep[0].args[:2] == ("--build", "build/demo")  # continuation lines joined
+    assert {"eagle-build", "eagle-loadtest", "eagle-verify"} <= scripts  # installed commands, next to their files
 
 
 def test_every_documented_command_parses() -> None:

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from builders.doctor.__main__ import main
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from tests.doctor_models import copy_head, make_mimic3
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -345,7 +345,7 @@ HEADS = Path(__file__).resolve().parent.parent / "heads"
 
 
 def test_shipped_heads_static(tmp_path: Path) -> None:
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     for name in ("smollm2-eagle", "smollm2-eagle3"):
         code, rep = run(tmp_path, smollm2_dir(), HEADS / name)
@@ -360,7 +360,7 @@ def test_shipped_heads_static(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_shipped_eagle3_head_measured(tmp_path: Path) -> None:
     """The one SmolLM2 run: the shipped EAGLE-3 head passes every static and measured check."""
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     code, rep = measured(tmp_path, smollm2_dir(), HEADS / "smollm2-eagle3")
     assert code == 0, problems(rep)

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from builders.doctor.__main__ import main
 from core.records import resolve_recorded
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SPECULATORS_VENV = Path(__file__).resolve().parents[1] / ".venv-speculators"
@@ -190,7 +190,7 @@ def test_build_converts_a_speculators_head_like_its_flat_twin(tmp_path: Path, pa
     assert not list(Path(tempfile.gettempdir()).glob("eagle3-flat-*")), "the flat view is removed"
     rep = doctor(target, tmp_path / "spec", "reference", tmp_path)
     assert rep["layout"] == "speculators" and rep["compatibility"]["reference"] == "loads as it is"
-    from builders import ledger_check  # every key the converter wrote for it is cited
+    from builders.ledger import check as ledger_check  # every key the converter wrote for it is cited
 
     assert ledger_check.main([str(tmp_path / "spec.yaml")]) == 0
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def all_logits(engine: ReferenceEngine, ids: list[int]) -> torch.Tensor:
     """Logits at every position of `ids`: next_logits of each prefix would prefill len(ids) times; one prefill and
     the lm_head over every row gives the same rows."""
-    from engines.model import KVCache, Rows
+    from engines.cache import KVCache, Rows
 
     rt = engine._rt
     t, n = rt.target, len(ids)
@@ -127,7 +127,7 @@ def test_bfloat16_eagle_agrees_with_bfloat16_target_only_on_a_tiny_model(mimic_c
 def test_smollm2_bfloat16_logits_match_hf_bfloat16(tmp_path: Path) -> None:
     """A bfloat16 checkpoint, as a `target.dtype: bfloat16` build converts it."""
     from builders.convert import convert_llama
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
     from engines.runtime import load_tokenizer
 
     convert_llama(smollm2_dir(), tmp_path / "ckpt", dtype="bfloat16")

@@ -1,4 +1,4 @@
-"""Prompt sources (measure/data.py): MT-bench questions and ShareGPT conversations from their pip distributions,
+"""Prompt sources (sources/data.py): MT-bench questions and ShareGPT conversations from their pip distributions,
 JSONL prompt files, chat templating."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from measure.data import (
+from sources.data import (
     DataSourceError,
     chat_ids,
     distribution_file,

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from core.trees import DraftTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from engines.checkpoint import CheckpointError
-from engines.model import fake_quant_fp8
+from engines.linear import fake_quant_fp8
 
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 ACT_SCALE = 6.0 / 448  # covers |x| <= 6: RMS-normed inputs of the tiny model

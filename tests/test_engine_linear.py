@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from engines import skinny
 from engines.api import ReferenceEngine
 from engines.linear import Linear, fuse_rows, layout_for, native_16bit, prepare_linears
-from engines.model import MLP
+from engines.layers import MLP
 from engines.parallel import TPGroup
 
 

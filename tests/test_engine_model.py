@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from engines.checkpoint import CheckpointError
-from engines.model import make_step
+from engines.cache import make_step
 from engines.session import Session
 
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 3, 64, 128, 200, 11]
@@ -91,7 +91,7 @@ def test_target_only_greedy_matches_hf_generate_and_batching(tiny_target: Path, 
 @pytest.mark.slow
 def test_smollm2_logits_match_hf(tmp_path: Path) -> None:
     from builders.convert import convert_llama
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     hf_dir = smollm2_dir()
     convert_llama(hf_dir, tmp_path / "ckpt", dtype="float32")

@@ -21,10 +21,11 @@ from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, Sa
 from core.trees import DraftTree, DynamicTree, preset
 from engines.draft import DraftState, Lap, draft_static
 from engines.drafting import DynamicDrafting, StaticDrafting
-from engines.model import Drafter, KVCache, Rows
+from engines.cache import KVCache, Rows
+from engines.heads import Drafter
 from engines.tree import StaticTree, TreeBatch
 from tests import oracle
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

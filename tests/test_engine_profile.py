@@ -56,7 +56,7 @@ def test_cycle_parts_add_up_to_the_cycle(mimic_ckpt: Path, tree, levels: list[st
     assert prof.tokens == agg.generated_tokens - len(reqs)
     assert [r.output_ids for r in prof.results] == [r.output_ids for r in expected]
     # The parts are contiguous (each lap is charged from the previous mark) and lie inside the steps' wall time as
-    # measured around Session.step(). How much of it they cover is a figure (scripts/bench_engine.py --profile), not
+    # measured around Session.step(). How much of it they cover is a figure (bench/bench_engine.py --profile), not
     # asserted: a loaded machine can pause between the call and the step's first mark.
     assert 0 < prof.laps.total <= prof.decode_s
     assert session.laps is NO_LAPS and session.done  # profiling leaves the session as it found it

@@ -169,7 +169,7 @@ def test_bench_kernel_prints_every_layout_per_row_count() -> None:
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "scripts/bench_kernel.py"), "--rows", "1,3", "--repeats", "1",
+    out = subprocess.run([sys.executable, str(root / "bench/bench_kernel.py"), "--rows", "1,3", "--repeats", "1",
                           "--layers", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
     head, names, one, three = out.strip().splitlines()
     assert head.startswith("1 layers x 4 products (SmolLM2-135M layer shapes), cold weights, 1 thread(s), median of 1")

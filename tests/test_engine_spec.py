@@ -217,7 +217,7 @@ def test_a_speculative_step_before_any_prefill_is_refused(mimic_ckpt: Path) -> N
     """engines/decode.py `draft`: the drafter has no state until a prefill has run; drafting before one says so."""
     from core.laps import NO_LAPS
     from engines import decode
-    from engines.model import Rows
+    from engines.cache import Rows
 
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
     session = engine.session(capacity=1, max_len=16)

@@ -88,7 +88,7 @@ def test_verify_fails_when_the_checkpoint_differs_from_the_target(
     """Point the build at another HF target (same shapes and tokenizer, different weights): outputs must differ."""
     import shutil
 
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     other = tm.make_target(tmp_path / "other_target", seed=9)
     tampered = tmp_path / "build"

@@ -1,5 +1,5 @@
 """Serving targets beyond Llama: stop tokens from generation_config.json, the chat template's thinking switch in the
-clients, and (server) a tiny Qwen3 target with an EAGLE-3 head trained by builders/train_head.py, built for the
+clients, and (server) a tiny Qwen3 target with an EAGLE-3 head trained by training/train_head.py, built for the
 current line on the reference backend, served by the llmapi model on the real CPU Triton server, answering exactly
 what transformers' greedy `generate` answers."""
 
@@ -59,7 +59,7 @@ N = 16
 def _train_head(target: Path, root: Path) -> Path:
     import yaml
 
-    from builders import train_head
+    from training import train_head
     from tests.test_train_eagle3 import tiny_cfg3
 
     cfg = tiny_cfg3(root, target, epochs=1)
@@ -155,7 +155,7 @@ def test_two_model_families_build_for_the_older_lines(family: str, tmp_path: Pat
 @pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss", *GENERIC_FAMILIES,
                                     *RECURRENT_FAMILIES])
 def test_trainer_heads_for_other_families_load_as_published_heads(family: str, tmp_path: Path) -> None:
-    """builders/train_head.py on a Qwen2 / Mistral / Qwen3-MoE / gpt-oss target: the head's config is the published
+    """training/train_head.py on a Qwen2 / Mistral / Qwen3-MoE / gpt-oss target: the head's config is the published
     layout (Llama keys, model_type llama, none of the target's stack or expert keys), which transformers loads as a
     1-layer LlamaConfig."""
     from transformers import AutoConfig
@@ -177,7 +177,7 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
 def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
     """A Qwen3-MoE, DeepSeek-V3 (MLA), DeepSeek-V3.2 (MLA + sparse-attention indexer), Qwen3-Next (gated delta-net,
     chain drafts) or Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers) target
-    (transformers' own model class in the reference engine) with an EAGLE-3 head trained by builders/train_head.py,
+    (transformers' own model class in the reference engine) with an EAGLE-3 head trained by training/train_head.py,
     built for the current line and served by the llmapi model on the real Triton server: the answers are HF
     generate's."""
     from clients import schema as sch

@@ -227,7 +227,7 @@ def test_base_model_without_chat_template_calibrates_on_raw_text(tmp_path: Path,
 
 
 def test_fp8_drafter_variant_decodes_loads_and_stays_lossless(fp8_build: dict, tmp_path: Path) -> None:
-    """The measurement-only FP8 drafter (scripts/bench_fp8_drafter.py): drafter amax observed on the 16-bit
+    """The measurement-only FP8 drafter (bench/bench_fp8_drafter.py): drafter amax observed on the 16-bit
     checkpoint, linears rewritten as FP8Linear tensors that decode to the 16-bit weights, exclude_modules narrowed to
     the lm_heads in both quantization blocks, and the reference engine runs it losslessly."""
     import shutil

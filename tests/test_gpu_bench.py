@@ -25,7 +25,7 @@ def test_plan_runs_every_stage_on_cuda_with_the_recipe(tmp_path: Path) -> None:
     steps = gpu_bench.plan(args)
     assert list(steps) == ["data", "target", "train", "engine"]  # the engine measures the trained head
     assert steps["data"][-2:] == ["--write-data", str(gpu_bench.DATA_FILE)]
-    assert steps["target"][1:] == ["-m", "measure.model_source"]
+    assert steps["target"][1:] == ["-m", "sources.targets"]
     eng = steps["engine"]
     for name, value in (("--device", "cuda"), ("--forward-ts", "1,2,4,8,16,64"), ("--dtypes", "float32,bfloat16"),
                         ("--questions", "5"), ("--json", str(tmp_path / "engine.json")),
@@ -33,7 +33,7 @@ def test_plan_runs_every_stage_on_cuda_with_the_recipe(tmp_path: Path) -> None:
         assert flag(eng, name) == value
     assert "--eagle-head" not in eng  # the committed EAGLE-1 head
     train = steps["train"]
-    assert train[1:3] == [str(REPO / "builders/train_head.py"), str(REPO / "configs/train/smollm2-eagle3-h200.yaml")]
+    assert train[1:3] == [str(REPO / "training/train_head.py"), str(REPO / "configs/train/smollm2-eagle3-h200.yaml")]
     sets = [train[i + 1] for i, a in enumerate(train) if a == "--set"]
     assert sets == [f"data.path={gpu_bench.DATA_FILE}", f"work_dir={REPO / 'build/gpu/work'}",
                     f"output_dir={tmp_path / 'head'}"]

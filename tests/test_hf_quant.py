@@ -1,5 +1,5 @@
 """FP8 / NVFP4 targets on the current line (trtllm_version 1.4): ModelOpt's Hugging Face export of a tiny random
-target, checked against the loader rules cited in the ledger (builders/trtllm/ledger_hf_quant.py: hf_quant_config.json
+target, checked against the loader rules cited in the ledger (builders/ledger/hf_quant.py: hf_quant_config.json
 keys, tensor names and dtypes, excluded modules, K/V scales), pointed at by the LLM API options and the llmapi model;
 the reference backend's copy holds the weights exactly as the PyTorch backend's loader leaves them (fused q/k/v and
 gate/up requantized to the largest scale), is served through the real Triton server, and its acceptance is compared
@@ -17,11 +17,11 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from builders import ledger_check
+from builders.ledger import check as ledger_check
 from builders.build import main as build_main
 from builders.config import load_config
 from builders.convert import hf_quant
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from tests.engine_cases import make_cfg, write_build_yaml
 
 QUANT = {"weights": "fp8", "kv_cache": "fp8", "calibration": {"num_samples": 4, "max_length": 64}}
@@ -185,14 +185,14 @@ def test_nvfp4_export_dequantizes_and_is_refused_off_the_current_line(tmp_path: 
 
 
 def test_bench_quant_tau_script(tmp_path: Path, pair: tuple[Path, Path]) -> None:
-    """scripts/bench_quant_tau.py (docs/fp8.md) on the tiny pair: 16-bit and FP8 builds, tau on held-out prompts."""
+    """bench/bench_quant_tau.py (docs/fp8.md) on the tiny pair: 16-bit and FP8 builds, tau on held-out prompts."""
     import subprocess
     import sys
 
     cfg = write_build_yaml(tmp_path / "c.yaml", output_dir=tmp_path / "unused", target=pair[0], head=pair[1],
                            draft="eagle3", backend="pytorch", tree="chain-3", name="tau", version="1.4",
                            quantization=QUANT)
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_quant_tau.py"
+    script = Path(__file__).resolve().parent.parent / "bench" / "bench_quant_tau.py"
     proc = subprocess.run([sys.executable, str(script), str(cfg), "--out", str(tmp_path / "out"), "--prompts", "2",
                            "--max-new-tokens", "4", "--set", "engine.device=cpu", "--set", "engine.max_batch_size=2"],
                           capture_output=True, text=True)

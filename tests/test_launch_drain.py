@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.triton_requests import inputs
-from tests.triton_servers import tiny_reference_repo
+from testkit.triton_requests import inputs
+from testkit.triton_servers import tiny_reference_repo
 from triton_repo import launch
 
 pytestmark = pytest.mark.server

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from builders.config import ConfigError, load_config
-from tests.fixtures.echo_repo import render_echo_repo
+from testkit.echo_repo import render_echo_repo
 from tests.test_config_cli import write_cfg
 from triton_repo.launch import LaunchError, TritonServer, free_port
 

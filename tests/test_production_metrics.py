@@ -19,8 +19,8 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
 from builders.build import main as build_main
 from tests.prometheus_server import Prometheus
-from tests.triton_requests import inputs, stream_call
-from tests.triton_servers import STOP_TIMEOUT_S, metric, server_on
+from testkit.triton_requests import inputs, stream_call
+from testkit.triton_servers import STOP_TIMEOUT_S, metric, server_on
 from triton_repo.launch import TritonServer
 from triton_repo.models.spec_metrics import BASELINE_FILE
 
@@ -231,7 +231,7 @@ def test_drift_alert_quiet_for_the_matching_head_and_fires_for_a_degraded_one(
 @pytest.fixture(scope="module")
 def llmapi_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, Path]]:
     """The `llmapi` layout (trtllm_version 1.4) on the reference engine: a tiny target + EAGLE-3 head, chain-3."""
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     root = tmp_path_factory.mktemp("prod_metrics_llmapi")
     target = tm.make_target(root / "target", layers=4)
@@ -341,7 +341,7 @@ def test_llmapi_bridge_exports_upstreams_iteration_stats_and_in_flight(
     serve's own copy step) counts the LLM API's iteration statistics and upstream's in-flight count."""
     import urllib.request
 
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
     from tests.deploy_files import serve
 
     root = tmp_path_factory.mktemp("prod_metrics_bridge")

@@ -18,9 +18,7 @@ from clients.loadtest import write_comparison
 from clients.stats import LevelReport, RequestRecord, aggregate
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-
-import spec_sweep
+from scripts import spec_sweep
 
 
 def _cfg(path: Path) -> mc.ModelConfig:
@@ -166,7 +164,7 @@ def test_sweep_runs_end_to_end_with_out_outside_the_build(triton_build_dir: Path
 @pytest.mark.server
 def test_sweep_runs_on_the_llmapi_layout(tmp_path: Path) -> None:
     from builders.build import main as build_main
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     target = tm.make_target(tmp_path / "target", layers=4)  # three distinct layers to capture (the LLM API's set)
     head = tm.make_eagle3_head(tmp_path / "eagle3", target)

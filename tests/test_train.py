@@ -1,4 +1,4 @@
-"""EAGLE head trainer (builders/train_head.py, training/) on the tiny fixtures and real ShareGPT data.
+"""EAGLE head trainer (training/train_head.py, training/) on the tiny fixtures and real ShareGPT data.
 
 Recipe checked against SafeAILab/EAGLE eagle/train/main.py (loss, noise, clipping, shift by one) and
 eagle/model/cnets1.py (head layout: fc over [embedding; feature], layer 0 without input_layernorm).
@@ -93,7 +93,7 @@ def test_real_sharegpt_first_conversation() -> None:
 
 
 def test_prompt_ids_are_what_engines_verify_feeds(tiny_target: Path) -> None:
-    from measure.data import chat_ids
+    from sources.data import chat_ids
 
     _, tok = _load(tiny_target)
     text = "What is the capital of France?"
@@ -289,7 +289,7 @@ def test_config_errors_name_field_and_fix(tmp_path: Path) -> None:
 def test_cli_output_converts_and_runs_in_reference_engine(tiny_target: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
 
-    from builders import train_head
+    from training import train_head
     from builders.convert.eagle import convert_eagle
     from core.trees import DraftTree, preset
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
@@ -364,7 +364,7 @@ HEAD = REPO / "heads" / "smollm2-eagle"
 def test_committed_head_layout_and_recipe() -> None:
     from safetensors import safe_open
 
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     target = json.loads((smollm2_dir() / "config.json").read_text())
     cfg = json.loads((HEAD / "config.json").read_text())
@@ -378,7 +378,7 @@ def test_committed_head_layout_and_recipe() -> None:
     recipe = yaml.safe_load((HEAD / "recipe.yaml").read_text())["config"]
     committed = load_train_config(REPO / "configs/train/smollm2-eagle-sd4k.yaml")
     # The head was trained with this recipe, one thread (`compute.threads=1`; the recipe's default is all cores), the
-    # work and output directories of scripts/bench_train_curve.py's 4,096-conversation point; everything else must
+    # work and output directories of bench/bench_train_curve.py's 4,096-conversation point; everything else must
     # match.
     assert recipe["name"] == committed.name and recipe["head"] == committed.head == "eagle"
     # `data.path` came after the head (None with `source: sharegpt`, and left out of the cache key when None)
@@ -401,7 +401,7 @@ def test_committed_head_drafts_smollm2_greedy_tokens() -> None:
     """The trained head on the real target: chain acceptance on a fresh greedy answer beats a random head's."""
     from safetensors.torch import load_file
 
-    from measure.model_source import smollm2_dir
+    from sources.targets import smollm2_dir
 
     model, tok = _load(smollm2_dir())
     prompt = tdata.prompt_ids(tok, [{"role": "user", "content": "Give me three tips for staying healthy."}])

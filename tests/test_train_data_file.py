@@ -87,7 +87,7 @@ def test_cli_trains_on_the_file_and_refuses_its_cache_once_the_file_changes(tmp_
                                                                             tiny_target: Path) -> None:
     data = write(tmp_path / "mine.jsonl.gz", items(8, chat_style=True), True)
     config = recipe(tmp_path, tiny_target, "mine.jsonl.gz", responses="regenerate")
-    cmd = [sys.executable, str(REPO / "builders/train_head.py"), str(config)]
+    cmd = [sys.executable, str(REPO / "training/train_head.py"), str(config)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "head" / "model.safetensors").is_file()

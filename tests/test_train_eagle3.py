@@ -1,9 +1,9 @@
-"""EAGLE-3 head trainer (head: eagle3 in builders/train_head.py; training/eagle3_*.py) on a tiny 4-layer
+"""EAGLE-3 head trainer (head: eagle3 in training/train_head.py; training/eagle3_*.py) on a tiny 4-layer
 target and real ShareGPT conversations.
 
 Recipe checked against SafeAILab/EAGLE eagle/traineagle3/cnets.py (scandata vocabulary, d2t/t2d, midlayer,
 training-time-test attention, position mask) and main.py (0.8**k step weights); the export is checked by
-builders/convert/eagle3.py (through builders/build.py) and the reference engine (engines/model.py Eagle3Drafter).
+builders/convert/eagle3.py (through builders/build.py) and the reference engine (engines/heads.py Eagle3Drafter).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from training.eagle3_train import examples3_of, setup3, train3
 from training.eagle3_vocab import VocabError, answer_token_counts, build_draft_vocab
 from training.features import FeatureSpec, build_features, sequence_features
 from training.runner import TrainError, cached_features, make_samples
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 
 REPO = Path(__file__).resolve().parent.parent
 LAYER_IDS = [1, 2, 3]  # the 4-layer target: inputs of layers 1..3 (SafeAILab's [2, L//2, L-3] needs L >= 5)
@@ -288,7 +288,7 @@ def build_and_generate(head_dir: Path, target: Path, out: Path, prompts: list[li
 def test_cli_output_converts_via_build_and_is_lossless(target4: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
 
-    from builders import train_head
+    from training import train_head
 
     cfg = tiny_cfg3(tmp_path, target4, epochs=1)
     cfg_file = tmp_path / "train.yaml"
@@ -333,7 +333,7 @@ def test_cli_output_converts_via_build_and_is_lossless(target4: Path, tmp_path: 
 def test_self_distilled_head_accepts_drafts(target4: Path, tmp_path: Path) -> None:
     """Trained on the tiny target's own greedy answers, the head's drafts are accepted by the reference engine on
     those prompts (tau > 1), and its offline chain estimate agrees that it drafts better than chance."""
-    from builders import train_head
+    from training import train_head
 
     cfg = tiny_cfg3(tmp_path, target4, data=dict(responses="regenerate", max_new_tokens=24), epochs=40, lr=5e-3,
                     warmup_steps=4, checkpoint_every=1000, eval_every=1000, e3=dict(draft_vocab_size=16))
@@ -359,7 +359,7 @@ def test_self_distilled_head_accepts_drafts(target4: Path, tmp_path: Path) -> No
 def test_cuda_bf16_self_distilled_eagle3_run_trains_and_converts_losslessly(target4: Path, tmp_path: Path) -> None:
     """compute.device cuda, precision bfloat16: answers, features and training-time test on the GPU; the loss falls,
     and the export builds and decodes losslessly in the reference engine on the CPU."""
-    from builders import train_head
+    from training import train_head
 
     cfg = tiny_cfg3(tmp_path, target4, data=dict(responses="regenerate", max_new_tokens=24), epochs=12, lr=5e-3,
                     warmup_steps=2, checkpoint_every=1000, eval_every=1000, e3=dict(draft_vocab_size=16))

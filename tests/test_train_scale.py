@@ -134,10 +134,10 @@ def share_data(src: Path, dst: Path) -> None:
 def train_cli(cfg: Path, ranks: int, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     if ranks == 1:
-        argv = [sys.executable, str(REPO / "builders/train_head.py"), str(cfg), *extra]
+        argv = [sys.executable, str(REPO / "training/train_head.py"), str(cfg), *extra]
     else:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                str(REPO / "builders/train_head.py"), str(cfg), *extra]
+                str(REPO / "training/train_head.py"), str(cfg), *extra]
     out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
@@ -370,7 +370,7 @@ def test_cuda_bf16_run_trains_exports_and_matches_online(tiny_target: Path, tmp_
 
 def test_two_gloo_ranks_train_the_same_eagle3_head(tmp_path: Path) -> None:
     """The EAGLE-3 loss (TTT steps, per-step position subsets, draft vocabulary) splits over ranks the same way."""
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     target = tm.make_target(tmp_path / "t4", layers=4)
     cfgs = {}
@@ -410,8 +410,7 @@ def test_recipes_validate_and_the_held_out_set_does_not_depend_on_the_slice_size
 
 
 def test_curve_commands_share_one_cache_per_answer_type(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "scripts"))
-    import bench_train_curve as tc
+    from bench import bench_train_curve as tc
 
     cfg = REPO / "configs/train/smollm2-eagle-sd4k.yaml"
     assert tc.cache_dir(cfg, "regenerate") == (REPO / ".cache/train/smollm2-eagle-sd").resolve()
@@ -431,7 +430,7 @@ def test_curve_commands_share_one_cache_per_answer_type(tmp_path: Path) -> None:
 def test_bench_train_rejects_bad_arguments(argv: list[str], message: str, capsys) -> None:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts/bench_train.py")
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench/bench_train.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     with pytest.raises(SystemExit) as e:

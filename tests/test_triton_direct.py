@@ -21,9 +21,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException
 
-from tests.triton_build import MAX_INPUT, MAX_SEQ
-from tests.triton_requests import infer_input, stream_call
-from tests.triton_servers import metric
+from testkit.triton_build import MAX_INPUT, MAX_SEQ
+from testkit.triton_requests import infer_input, stream_call
+from testkit.triton_servers import metric
 from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server

@@ -18,9 +18,9 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException
 
 from clients.client import GenerationError
-from tests import triton_build
-from tests.triton_build import MAX_SEQ
-from tests.triton_requests import BAD_REQUESTS, PROMPT, inputs, stream_call
+from testkit import triton_build
+from testkit.triton_build import MAX_SEQ
+from testkit.triton_requests import BAD_REQUESTS, PROMPT, inputs, stream_call
 from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server

@@ -2,7 +2,7 @@
 false): a client's direct call to the python LLM model is refused, whatever it sends (a generate request without
 a token, a forged token, a token preprocessing gave for other inputs), while ensemble and BLS streams keep working
 and stay identical to solo runs; the per-start secret appears in no response, log line or repository file.
-The exposed build (tests/triton_build.py, the shared server) is called directly by tests/test_triton_direct.py."""
+The exposed build (testkit/triton_build.py, the shared server) is called directly by tests/test_triton_direct.py."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException
 
-from tests import triton_build
-from tests.triton_requests import infer_input, inputs, stream_call, text_of
-from tests.triton_servers import tiny_reference_repo
+from testkit import triton_build
+from testkit.triton_requests import infer_input, inputs, stream_call, text_of
+from testkit.triton_servers import tiny_reference_repo
 from triton_repo.launch import INTERNAL_KEY_ENV, TritonServer
 
 pytestmark = pytest.mark.server

@@ -1,4 +1,4 @@
-"""Hostile requests on the real tritonserver (the shared tiny reference build, tests/triton_build.py): every input is
+"""Hostile requests on the real tritonserver (the shared tiny reference build, testkit/triton_build.py): every input is
 bounded before any work (triton_repo/models/bounds.py), every malformed request gets INVALID_ARGUMENT naming what
 was wrong and never a traceback, a stop request reaches only requests sent with its id and stop_key, and good
 streams decoding meanwhile get exactly their solo output."""
@@ -20,9 +20,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.test_triton_isolation import _call, llm_inputs, solo_ids
 from tests.test_triton_server import _stop_inputs, _wait_idle
-from tests.triton_build import MAX_INPUT
-from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of
-from tests.triton_servers import metric
+from testkit.triton_build import MAX_INPUT
+from testkit.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of
+from testkit.triton_servers import metric
 from triton_repo.launch import TritonServer
 from triton_repo.models import bounds, ownership
 

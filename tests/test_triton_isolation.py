@@ -1,7 +1,7 @@
 """One bad request never hurts another, on the real tritonserver (the shared tiny reference build,
-tests/triton_build.py): bad parameters and token ids are refused before they join a batch, required inputs are required
-through every entry model, a server-side deadline ends what a vanished client leaves behind, and the LLM model's custom
-metrics (in flight, queued, accepted / drafted tokens) have the right values."""
+testkit/triton_build.py): bad parameters and token ids are refused before they join a batch, required inputs are
+required through every entry model, a server-side deadline ends what a vanished client leaves behind, and the LLM
+model's custom metrics (in flight, queued, accepted / drafted tokens) have the right values."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException
 
-from tests import triton_build
+from testkit import triton_build
 from tests.test_triton_server import _stop_inputs, _wait_idle
-from tests.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of
-from tests.triton_servers import metric
+from testkit.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of
+from testkit.triton_servers import metric
 from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server

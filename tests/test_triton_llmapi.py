@@ -133,7 +133,7 @@ def test_raw_wire_is_upstreams(server: Any) -> None:
 def test_upstreams_lora_inputs_are_refused_by_name_and_image_url_by_triton(server: Any) -> None:
     """Upstream's config.pbtxt declares lora_* and image_url: the reference engine serves neither. lora_* are declared
     here to be refused naming them (INVALID_ARGUMENT, models/llmapi_refusals.py); image_url is not declared
-    (builders/trtllm/ledger_llmapi.py NOT_DECLARED), so Triton refuses it, as the named logits post-processor input
+    (builders/ledger/llmapi.py NOT_DECLARED), so Triton refuses it, as the named logits post-processor input
     of newer upstream helpers. Either way no text comes back."""
     import queue
 
@@ -292,7 +292,7 @@ def test_each_limit_is_refused_by_name_and_a_running_stream_is_unaffected(
     answers with its own message while a stream that was already running goes on to the target-only greedy text."""
     import queue
 
-    from tests.triton_requests import stream_call
+    from testkit.triton_requests import stream_call
 
     def inp(name: str, value: Any, dt: str) -> Any:
         arr = np.array([value], dtype={"BYTES": object, "INT32": np.int32, "BOOL": bool, "FP32": np.float32}[dt])
@@ -369,7 +369,7 @@ def test_a_plain_grpc_cancel_frees_the_llmapi_request_and_the_next_request_is_se
     import queue
     import time
 
-    from tests.triton_servers import metric
+    from testkit.triton_servers import metric
 
     def wait_in_flight(n: int) -> None:
         deadline = time.time() + 120

@@ -26,8 +26,8 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
 from builders.build import main as build_main
 from tests.engine_cases import write_build_yaml
-from tests.triton_requests import inputs, stream_call
-from tests.triton_servers import server_on
+from testkit.triton_requests import inputs, stream_call
+from testkit.triton_servers import server_on
 
 pytestmark = pytest.mark.server
 STANDIN = Path(__file__).parent / "fixtures" / "llmapi_standin"
@@ -37,7 +37,7 @@ PROMPT = "the quick brown fox"
 @pytest.fixture(scope="module")
 def llmapi_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pytorch-backend build of a tiny 4-layer target + EAGLE-3 head (as tests/test_triton_render.py), all stages."""
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     root = tmp_path_factory.mktemp("llmapi_model")
     target = tm.make_target(root / "target", layers=4)
@@ -134,7 +134,7 @@ def test_client_stop_aborts_a_non_streaming_llm_api_request_at_once(llmapi_serve
 
 
 def _wait_in_flight(srv: Any, n: int) -> None:
-    from tests.triton_servers import metric
+    from testkit.triton_servers import metric
 
     deadline = time.time() + 30
     while metric(srv, "eagle_llm_requests_in_flight", model="tensorrt_llm") != n:
@@ -172,7 +172,7 @@ def test_plain_grpc_cancel_of_an_ensemble_stream_is_relayed_only_with_a_stop_key
 def test_llm_api_models_speculative_counters_equal_its_perf_outputs(llmapi_server: Any) -> None:
     """The counters on /metrics (triton_repo/models/spec_metrics.py) move by the request's perf outputs; forwards =
     tokens - 1 - accepted (the LLM API reports no forward count); nothing stays in flight."""
-    from tests.triton_servers import metric
+    from testkit.triton_servers import metric
 
     srv, _log = llmapi_server
     names = ("eagle_llm_accepted_draft_tokens_total", "eagle_llm_draft_tokens_total", "eagle_llm_target_forwards_total")

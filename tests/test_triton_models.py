@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from core.types import Limits, SamplingParams
 from engines.api import GenerationRequest
-from tests import tiny_models as tm
+from testkit import tiny_models as tm
 from triton_repo.models import batcher, common, llm_io
 
 # ---- request helpers -----------------------------------------------------------------------------------------

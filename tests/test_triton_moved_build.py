@@ -14,8 +14,8 @@ import pytest
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
-from tests.triton_requests import PROMPT, inputs, stream_call, text_of
-from tests.triton_servers import STOP_TIMEOUT_S, server_on, tiny_reference_repo
+from testkit.triton_requests import PROMPT, inputs, stream_call, text_of
+from testkit.triton_servers import STOP_TIMEOUT_S, server_on, tiny_reference_repo
 from triton_repo.models import bootstrap
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

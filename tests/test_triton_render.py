@@ -69,14 +69,14 @@ def tensorrt_build(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, 
 @pytest.fixture(scope="module")
 def target4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4-layer target: TensorRT-LLM's EAGLE-3 needs 3 distinct captured layers in 1..L-1 (builders/engine/llmapi.py)."""
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     return tm.make_target(tmp_path_factory.mktemp("target4") / "target", layers=4)
 
 
 @pytest.fixture(scope="module")
 def pytorch_build(tmp_path_factory: pytest.TempPathFactory, target4: Path) -> tuple[Any, Path]:
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     root = tmp_path_factory.mktemp("render_pt")
     head = tm.make_eagle3_head(root / "eagle3", target4)

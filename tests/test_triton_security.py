@@ -26,7 +26,7 @@ from tests import test_triton_server
 from tests.test_triton_server import start_server
 
 build_dir = test_triton_server.build_dir  # the module fixture its tests request by name
-from tests.triton_requests import PROMPT, infer_input, inputs, stream_call
+from testkit.triton_requests import PROMPT, infer_input, inputs, stream_call
 
 pytestmark = pytest.mark.server
 REPO_ROOT = Path(__file__).resolve().parent.parent

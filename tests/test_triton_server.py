@@ -17,10 +17,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException
 
-from tests import triton_build
-from tests.triton_build import MAX_BATCH, MAX_QUEUE
-from tests.triton_requests import BAD_REQUESTS, PROMPT, infer_input, inputs, stream_call, text_of
-from tests.triton_servers import metric
+from testkit import triton_build
+from testkit.triton_build import MAX_BATCH, MAX_QUEUE
+from testkit.triton_requests import BAD_REQUESTS, PROMPT, infer_input, inputs, stream_call, text_of
+from testkit.triton_servers import metric
 from triton_repo.launch import TritonServer
 
 pytestmark = pytest.mark.server

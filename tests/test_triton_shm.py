@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.echo_repo import render_echo_repo
+from testkit.echo_repo import render_echo_repo
 from triton_repo import shm
 from triton_repo.launch import LaunchError, LaunchInterrupted, TritonServer, free_port
 

@@ -10,7 +10,8 @@ import pytest
 
 from builders.config import ConfigError, load_config
 from builders.engine import llmapi
-from builders.trtllm import ledger, ledger_rows, registry
+from builders.trtllm import registry
+from builders.ledger import table as ledger, rows as ledger_rows
 from builders.trtllm.rules import PYTORCH_FLOAT32, trtllm_problems
 from tests.engine_cases import make_cfg
 
@@ -115,7 +116,7 @@ def _transformers5_target(root: Path) -> Path:
     (llama3 scaling, base 500000), `dtype` without `torch_dtype`, tokenizer class TokenizersBackend."""
     import json
 
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
 
     target = tm.make_target(root / "target", layers=8)
     cfg = json.loads((target / "config.json").read_text())
@@ -157,10 +158,10 @@ def _handed_to_trtllm(build: Path) -> dict[str, Path]:
 def test_every_directory_handed_to_trtllm_is_readable_by_its_transformers(version: str, tmp_path: Path) -> None:
     import json
 
-    from builders import ledger_check
+    from builders.ledger import check as ledger_check
     from builders.build import main as build_main
     from builders.convert.hf_compat import transformers4_problems
-    from tests import tiny_models as tm
+    from testkit import tiny_models as tm
     from tests.engine_cases import write_build_yaml
 
     target = _transformers5_target(tmp_path)

@@ -1,5 +1,5 @@
 """Tiny random targets of the families beyond Llama, written by transformers' own classes (so the weights, names and
-config keys are exactly what `from_pretrained` reads), with the shared test tokenizer (tests/tiny_models.py).
+config keys are exactly what `from_pretrained` reads), with the shared test tokenizer (testkit/tiny_models.py).
 
 `make_family_target(dir, family, **options)`: family is one of FAMILIES; every parameter is drawn from a seeded
 normal (biases and q/k norm weights included, so a missing bias or norm changes the logits). Options cover what the
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from core.families import text_config
-from tests.tiny_models import HIDDEN, INTER, VOCAB, make_tokenizer
+from testkit.tiny_models import HIDDEN, INTER, VOCAB, make_tokenizer
 
 FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session fixture `family_targets` builds these
 # The rows added with the family table (core/families.py), built where a test needs them: the generic ones run on

@@ -102,7 +102,7 @@ def load_target(target: str, c: Compute) -> tuple[PreTrainedModel, PreTrainedTok
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from core.config_input import ConfigError
-    from measure.model_source import resolve_target
+    from sources.targets import resolve_target
 
     target_dir = resolve_target(target)
     tok = AutoTokenizer.from_pretrained(target_dir)

@@ -1,4 +1,4 @@
-"""The strict training config (`python builders/train_head.py CONFIG.yaml`): one object passed down explicitly.
+"""The strict training config (`python training/train_head.py CONFIG.yaml`): one object passed down explicitly.
 
 Defaults follow SafeAILab/EAGLE eagle/train/main.py (p_w 0.1, v_w 1.0, AdamW betas (0.9, 0.95), grad value clip 0.5,
 uniform feature noise std 0.2) except the learning rate and schedule, which are sized for a short CPU run
@@ -112,7 +112,7 @@ class ComputeConfig(Strict):
         description="`bfloat16` = the target is loaded in bf16 and the head trains under bf16 autocast (float32 "
         "master weights and optimizer state); `float32` = full precision (TF32 matmuls on CUDA if `tf32`); `auto` = "
         "bfloat16 on a GPU that supports it and on a CPU with native bf16 (AVX512-BF16 or AMX), else float32 (CPUs "
-        "without it emulate bf16 matmuls far slower than float32; scripts/bench_train.py measures both)."
+        "without it emulate bf16 matmuls far slower than float32; bench/bench_train.py measures both)."
     )
     tf32: bool = Field(description="CUDA only: allow TF32 for float32 matmuls (Ampere and newer).")
     threads: int = Field(
@@ -143,7 +143,7 @@ class FeaturesConfig(Strict):
         ge=16, description="Tokens per length-bucketed target forward (rows x padded length): sequences are sorted "
         "by length and packed into batches up to this budget, so padding wastes little. GPUs want large batches "
         "(tens of thousands of tokens); on a CPU about 1024 ran faster (docs/benchmarks.md; "
-        "`scripts/bench_train.py --batch-tokens` times several). Self-distilled answers (`data.responses: "
+        "`bench/bench_train.py --batch-tokens` times several). Self-distilled answers (`data.responses: "
         "regenerate`) bring their features, so it applies to them only with `storage: online`."
     )
 

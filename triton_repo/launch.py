@@ -43,8 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run as a file (`python triton_repo/launch.py`), Python would put triton_repo/ first on sys.path, where a
+# module can shadow an installed package (builders/triton: `triton`): run as the module, as its command does.
+if __name__ == "__main__" and not __package__:
+    os.execv(sys.executable, [sys.executable, "-m", "triton_repo.launch", *sys.argv[1:]])
 
 from triton_repo import shm
 from triton_repo.server_binary import (  # `name as name`: re-exported, where launch.py's users look
@@ -71,6 +73,9 @@ from triton_repo.exposure import (  # re-exported: the launcher's public names
 )
 from triton_repo.models.bootstrap import HOME_ENV
 
+# Triton's default ports; docker/serve.py, the compose file, the Kubernetes manifests (docker/k8s/render.py) and the
+# entrypoint's defaults use the same ones (tests/test_docker.py checks the files that cannot import this).
+TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 PROJECT_HOME = Path(__file__).resolve().parent.parent  # the checkout (or installation) the served models import
 
 __all__ = ["ADMIN_GRPC_HEADER", "ADMIN_HEADER", "ADMIN_KEY_ENV", "RESTRICTED_APIS", "SHELL_UNSAFE", "LaunchError",
@@ -393,9 +398,12 @@ def main(argv: list[str] | None = None) -> int:
         "Guide:   docs/deploy.md",
     )
     ap.add_argument("--repo", required=True, type=Path, help="model repository (<build>/triton_repo)")
-    ap.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
-    ap.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000)")
-    ap.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (default 8002)")
+    ap.add_argument("--grpc-port", type=int, default=TRITON_PORTS["grpc"],
+                    help=f"gRPC port (default {TRITON_PORTS['grpc']})")
+    ap.add_argument("--http-port", type=int, default=TRITON_PORTS["http"],
+                    help=f"HTTP port (default {TRITON_PORTS['http']})")
+    ap.add_argument("--metrics-port", type=int, default=TRITON_PORTS["metrics"],
+                    help=f"Prometheus metrics port (default {TRITON_PORTS['metrics']})")
     ap.add_argument("--world-size", type=int, default=1, help="ranks (TP*PP) of a TensorRT-LLM engine: mpirun form")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     ap.add_argument("--llm-model", default="tensorrt_llm", help="LLM model that ranks > 0 load (--world-size > 1)")

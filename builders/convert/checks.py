@@ -17,7 +17,7 @@ from builders.convert.head_layout import flat_head, named_as_given
 from builders.convert.llama import check_parallel
 from builders.convert.shapes import shape_problems, target_shapes
 from builders.convert.weights import WeightFileError, WeightSource
-from measure.model_source import ModelSourceError, resolve_target
+from sources.targets import ModelSourceError, resolve_target
 from builders.trtllm import architectures
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
 from core.families import LINEAR, MAMBA, NATIVE, family_of

@@ -80,9 +80,9 @@ def prompt_format(tokenizer: Any) -> str:
 
 
 def encode_prompts(tokenizer: Any, prompts: list[str], max_length: int) -> list[torch.Tensor]:
-    """Truncated token ids of what the target sees in serving: chat-formatted (measure.data.chat_ids) for a tokenizer
+    """Truncated token ids of what the target sees in serving: chat-formatted (sources.data.chat_ids) for a tokenizer
     with a chat template, the raw text (with the tokenizer's special tokens, as preprocessing adds them) otherwise."""
-    from measure.data import chat_ids
+    from sources.data import chat_ids
 
     if prompt_format(tokenizer) == "chat":
         ids = [chat_ids(tokenizer, p) for p in prompts]
@@ -93,7 +93,7 @@ def encode_prompts(tokenizer: Any, prompts: list[str], max_length: int) -> list[
 
 def calibration_prompts(cfg: BuildConfig) -> list[str]:
     """`quantization.calibration.num_samples` prompts from MT-bench (first turns) or ShareGPT (first human turns)."""
-    from measure import data
+    from sources import data
 
     c = cfg.quantization.calibration
     if c.dataset == "mtbench":

@@ -57,7 +57,7 @@ def preflight_problems(cfg: BuildConfig, target_architecture: str) -> list[str]:
 
 def prompt_sets(cfg: BuildConfig) -> tuple[list[str], list[str]]:
     """(calibration prompts, held-out prompts): the first num_samples of the dataset, then up to TAU_PROMPTS more."""
-    from measure import data
+    from sources import data
 
     c = cfg.quantization.calibration
     n = c.num_samples + TAU_PROMPTS

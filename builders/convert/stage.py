@@ -26,7 +26,7 @@ from builders.convert.head_layout import flat_head, named_as_given
 from builders.convert.hf_quant_stage import HF_QUANTIZED, current_line, quantizes, run_hf_quant
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
-from measure.model_source import ModelSourceError, resolve_target
+from sources.targets import ModelSourceError, resolve_target
 from builders.convert.hf_compat import needs_transformers4_copy, write_transformers4_copy
 from builders.layout import CHECKPOINT, HF_MODEL, HF_TARGET_NOTE, TRTLLM_MODEL_NOTE
 from builders.pipeline import Output, Stage, StageContext, StageError
@@ -73,7 +73,7 @@ def plan_outputs(cfg: BuildConfig) -> list[Output]:
     else:
         out = [Output("config.json", f"the target's shape ({arch}); no weights: TensorRT-LLM's PyTorch backend loads "
                       "the Hugging Face target", "the engine stage (architecture, layer count for "
-                      "eagle3_layers_to_capture), python -m builders.ledger_check")]
+                      "eagle3_layers_to_capture), python -m builders.ledger.check")]
     tok_reader = backend.tokenizer_reader
     out.append(Output("tokenizer/", "the target's tokenizer", tok_reader))
     if cfg.draft.kind.eagle3:

@@ -105,7 +105,7 @@ def check_limits(max_new_tokens: int, max_seq_len: int | None) -> None:
 
 
 def read_prompts(path: Path) -> list[str]:
-    """Prompts from a JSONL file (`prompt` or MT-bench `turns`, as measure.data.read_prompts), bounded: the file,
+    """Prompts from a JSONL file (`prompt` or MT-bench `turns`, as sources.data.read_prompts), bounded: the file,
     each line and the number of prompts; each line is refused by its length before it is parsed or tokenized."""
     out: list[str] = []
     try:

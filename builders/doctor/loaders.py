@@ -14,7 +14,7 @@ wrong when that engine loads this head unchanged (empty = it loads as it is). So
     eagle/model/modeling_llama_kv.py `LlamaModel.forward`: captures the inputs of layers 2, L//2, L-3 (hard-coded;
       no config field is read).
     eagle/model/cnets1.py `Model` (EAGLE-1/2): fc bias from `bias`, embed_tokens from the target.
-- trtllm-1.4 (PyTorch backend; 1.1/1.2 read the same fields, builders/trtllm/ledger_checkpoint.py EAGLE3_HEAD):
+- trtllm-1.4 (PyTorch backend; 1.1/1.2 read the same fields, builders/ledger/checkpoint.py EAGLE3_HEAD):
   NVIDIA/TensorRT-LLM@00679c66c3e38f6d2651ad0a5bef0f94d862e36c tensorrt_llm/_torch/models/modeling_speculative.py
     `Eagle3DraftModel.__init__`: `target_hidden_size` (else hidden_size), fc bias = config `bias` (default False),
       `d2t` parameter only when draft_vocab_size != vocab_size, embed_tokens its own only when target_hidden_size !=

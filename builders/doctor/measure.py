@@ -202,7 +202,7 @@ def chat_experiment(st: Setup) -> list[Experiment]:
 # ---- setup ----------------------------------------------------------------------------------------------------------
 def _prompt_ids(target_dir: Path, prompts: list[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
     from engines.api import load_tokenizer
-    from measure.data import chat_ids
+    from sources.data import chat_ids
 
     tok = load_tokenizer(target_dir)
     raw = [tok(p, add_special_tokens=True)["input_ids"] for p in prompts]

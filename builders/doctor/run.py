@@ -71,11 +71,11 @@ def _diagnose(target_dir: Path, head_dir: Path, *, engine: str, draft_type: str 
 
 
 def resolve(target: Path) -> Path:
-    """An HF directory as it is; a `.gguf` file or `pip:<distribution>` through measure.model_source (extracted
+    """An HF directory as it is; a `.gguf` file or `pip:<distribution>` through sources.targets (extracted
     once, cached), as the build's target.model accepts them."""
     if Path(target).is_dir():
         return Path(target)
-    from measure.model_source import ModelSourceError, resolve_target
+    from sources.targets import ModelSourceError, resolve_target
 
     try:
         return resolve_target(str(target))

@@ -262,7 +262,7 @@ def loader_checks(head: Head, target: LlamaSpec, engine: str) -> tuple[list[Find
 def random_head_check(head: Head) -> list[Finding]:
     if (head.cfg.get("eagle_deploy") or {}).get("random_head"):
         return [Finding("head", "error", "the head is marked randomly initialized (eagle_deploy.random_head): it "
-                        "accepts nothing", fix="train a head: python builders/train_head.py CONFIG")]
+                        "accepts nothing", fix="train a head: python training/train_head.py CONFIG")]
     return []
 
 

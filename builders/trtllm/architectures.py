@@ -4,7 +4,7 @@ which target architectures (a Hugging Face config.json's `architectures[0]`) eac
 
 - the convert stage's preflight refuses a target outside it before anything is written (`problems`), naming the
   architecture, what it supports and the way out;
-- docs/contracts.md renders it ("Target architectures", builders/trtllm/ledger_docs.py);
+- docs/contracts.md renders it ("Target architectures", builders/ledger/docs.py);
 - tests/test_ledger.py checks every row (citations well formed, each version's claim backed by a source, the
   reference engine's families match core/families.py).
 
@@ -18,7 +18,7 @@ Columns:
   `eagle3_one_model` field); absent = not served;
 - reference engine (engines/): `native` (engines' own forward for the family) or `generic` (transformers' own model
   class, engines/generic.py); absent = the reference engine cannot run it;
-- trainer (builders/train_head.py): EAGLE-3 heads from this family's features.
+- trainer (training/train_head.py): EAGLE-3 heads from this family's features.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from builders.kinds import BACKENDS, DRAFT_KINDS
 from builders.trtllm import registry
-from builders.trtllm.ledger_rows import Source
+from builders.trtllm.citation import Source
 from core import families
 from core.families import ONE as ONE  # re-exported: the mode names the rows use
 from core.families import TRT, TWO
@@ -43,7 +43,7 @@ class Architecture:
     engine_flow: bool  # EAGLE-1/2 engine flow (1.1 / 1.2)
     eagle3: str  # ONE | TWO: how the target class runs EAGLE-3 on the PyTorch backend (see `pytorch_mode`)
     reference: str | None  # "native" | "generic" | None
-    trainer: bool  # builders/train_head.py trains EAGLE-3 heads for it
+    trainer: bool  # training/train_head.py trains EAGLE-3 heads for it
     source: Source  # the registration that establishes the PyTorch column
     read: str  # the versions read, by commit (dated by their content where no tag was read)
     note: str = ""
@@ -142,7 +142,7 @@ def _way_out(a: Architecture) -> str:
     if a.pytorch:
         versions = ", ".join(f"'{v}'" for v, _ in a.pytorch)
         where = "engine.backend pytorch (GPU) or reference (CPU)" if a.reference else "engine.backend pytorch (GPU)"
-        head = ("train an EAGLE-3 head with builders/train_head.py (head: eagle3) if you have none" if a.trainer
+        head = ("train an EAGLE-3 head with training/train_head.py (head: eagle3) if you have none" if a.trainer
                 else "bring a published EAGLE-3 head for it (the trainer does not train its heads)")
         return f"draft.type eagle3 with {where} and trtllm_version {versions}; {head}"
     return "none on TensorRT-LLM; use a listed architecture"

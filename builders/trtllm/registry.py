@@ -1,6 +1,6 @@
 """The TensorRT-LLM versions this toolkit writes for, as a table of capabilities.
 
-Adding a version = one `TrtllmVersion` entry here + its rows in the ledger (builders/trtllm/ledger_*.py). Every
+Adding a version = one `TrtllmVersion` entry here + its rows in the ledger (builders/ledger/*.py). Every
 rule that depends on the version (builders/trtllm/rules.py) and every output that differs by version (LLM API YAML,
 Triton model repository) reads these fields, never a version number.
 

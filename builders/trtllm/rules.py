@@ -71,7 +71,7 @@ def _eagle3_only(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
         p.append(f"draft.type=eagle (an EAGLE-1/2 head) cannot run on {where}: it runs EAGLE-3 heads only "
                  "(speculative_config.decoding_type Eagle3 on the PyTorch backend; EAGLE-1/2 checkpoints are "
                  "incompatible and the engine flow that ran them was removed). Either retrain the head as EAGLE-3 with "
-                 "this toolkit's trainer (`python builders/train_head.py CONFIG` with `head: eagle3`, e.g. "
+                 "this toolkit's trainer (`python training/train_head.py CONFIG` with `head: eagle3`, e.g. "
                  f"configs/train/smollm2-eagle3.yaml) and set draft.type=eagle3, or {_OLDER_LINES}")
     if cfg.tree.choices is not None and not v.static_trees:
         try:

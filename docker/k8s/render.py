@@ -28,13 +28,10 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-for p in (REPO, REPO / "docker"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 
 from builders.config import BuildConfig, ConfigError, load_config
 from builders.versions import CURRENT_GPU_IMAGE, GPU_IMAGE
-from serve import TRITON_PORTS  # docker/serve.py
+from triton_repo.launch import TRITON_PORTS
 
 Manifest = dict[str, Any]
 IMAGE_HOME = "/opt/eagle-deploy"  # WORKDIR of docker/Dockerfile: configs/ live under it

@@ -13,7 +13,7 @@ request appends one JSON line per unit of its work to `<dir>/<model>-<pid>.jsonl
   drafter catch-up, target step);
 - preprocessing and postprocessing (ensemble layout), one line per execute(): `requests`, `ms`.
 
-scripts/bench_served.py reads these files and sets the same step against the engine in process.
+bench/bench_served.py reads these files and sets the same step against the engine in process.
 """
 
 from __future__ import annotations

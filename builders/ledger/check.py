@@ -1,0 +1,234 @@
+"""Check a build directory against the contract ledger: every emitted name has a row for the config's TensorRT-LLM
+version, and every required row is present.
+
+    python -m builders.ledger.check CONFIG.yaml [--set k=v ...]
+    python -m builders.ledger.check --upstream-report [--version V]
+
+reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
+problems (exit 1) or "ledger: N names checked, all cited" (exit 0). tests/test_ledger.py runs the same functions on
+real builds of every backend and version. --upstream-report lists, per supported version, each row's upstream
+citation and when it was last read, oldest first (builders/ledger/report.py): where the next reading starts.
+
+Inputs:  CONFIG.yaml of a finished build (its output_dir is read); nothing for --upstream-report
+Outputs: the problems found (exit 1) or the number of names checked (exit 0); the report (exit 0)
+Guide:   docs/contracts.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from builders import layout
+from builders.config import ConfigError, load_config
+from builders.convert.head_layout import flat_config, is_speculators
+from builders.engine import llmapi, stage, trtllm_build
+from builders.trtllm import registry
+from builders.ledger import table as ledger
+
+Emitted = dict[str, set[str]]
+
+
+def _add(out: Emitted, surface: str, names: set[str]) -> None:
+    out.setdefault(surface, set()).update(names)
+
+
+def checkpoint_names(ckpt: Path) -> Emitted:
+    """config.json keys (top level, eagle_net_config, quantization, mapping) and rank-file tensor patterns."""
+    from safetensors import safe_open
+
+    conf = json.loads((ckpt / "config.json").read_text())
+    out: Emitted = {}
+    _add(out, "checkpoint.config", set(conf))
+    for block in (conf, conf.get("eagle_net_config") or {}):
+        _add(out, "checkpoint.quantization", set(block.get("quantization") or {}))
+        _add(out, "checkpoint.mapping", set(block.get("mapping") or {}))
+    if "eagle_net_config" in conf:
+        _add(out, "checkpoint.eagle_net_config", set(conf["eagle_net_config"]))
+    for f in sorted(ckpt.glob("rank*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            names = st.keys()  # a safetensors file handle, not a dict: it is not iterable
+            _add(out, "checkpoint.tensor", {ledger.tensor_pattern(k) for k in names})
+    return out
+
+
+def eagle3_names(written: dict[str, Any], source: dict[str, Any], surface: str = "eagle3.config") -> Emitted:
+    """Keys the converter adds to or changes in the head's (or target's) own config.json (the rest is passed on)."""
+    ours = {k for k, v in written.items() if k not in source or source[k] != v}
+    return {surface: ours}
+
+
+def pbtxt_fields(msg: Any, prefix: str = "") -> set[str]:
+    """Dotted paths of the fields set in a protobuf message (map fields are leaves)."""
+    out: set[str] = set()
+    for fd, value in msg.ListFields():
+        path = prefix + fd.name
+        out.add(path)
+        if fd.message_type is None or (fd.message_type.GetOptions().map_entry):
+            continue
+        items = value if fd.is_repeated else [value]
+        for item in items:
+            out |= pbtxt_fields(item, path + ".")
+    return out
+
+
+def triton_names(repo: Path, roles: dict[str, str], ensemble_layout: bool = True) -> Emitted:
+    """Every config.pbtxt under `repo`; `roles` maps model name -> role (preprocessing, postprocessing, bls, llm,
+    ensemble). The llm is the C++ backend when its config says backend tensorrtllm; `ensemble_layout` False = the
+    repository is the llmapi layout (its one model is upstream's `tensorrt_llm` llmapi model)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    out: Emitted = {}
+    for f in sorted(repo.glob("*/config.pbtxt")):
+        cfg = text_format.Parse(f.read_text(), mc.ModelConfig())
+        _add(out, "triton.model_config", pbtxt_fields(cfg))
+        role = roles.get(cfg.name, "?")
+        io = {t.name for t in cfg.input} | {t.name for t in cfg.output}
+        if (f.parent / "1" / "model.yaml").is_file() and role == "llm" and not ensemble_layout:
+            _add(out, "triton.llmapi.input", {t.name for t in cfg.input})
+            _add(out, "triton.llmapi.output", {t.name for t in cfg.output})
+            if cfg.parameters:
+                _add(out, "triton.llmapi.parameter", set(cfg.parameters))
+            continue
+        if cfg.backend == "tensorrtllm":
+            _add(out, "triton.tensorrt_llm.parameter", set(cfg.parameters))
+            _add(out, "triton.tensorrt_llm.input", {t.name for t in cfg.input})
+            _add(out, "triton.tensorrt_llm.output", {t.name for t in cfg.output})
+            continue
+        _add(out, "triton.python.tensor", io)
+        surface = {"llm": "triton.python_llm.parameter"}.get(role, f"triton.{role}.parameter")
+        if cfg.parameters:
+            _add(out, surface, set(cfg.parameters))
+    model_yaml = next(iter(repo.glob("*/1/model.yaml")), None)
+    if model_yaml is not None:
+        doc = yaml.safe_load(model_yaml.read_text())
+        _add(out, "llmapi.model_yaml", ({"model", "backend"} & set(doc))
+             | ledger.flat_keys({"triton_config": doc["triton_config"]}))
+        _add(out, "llmapi.option", ledger.flat_keys({k: v for k, v in doc.items()
+                                                     if k not in ("model", "backend", "triton_config")}))
+    return out
+
+
+def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
+    conf = json.loads((ckpt / "config.json").read_text())
+    tree = cfg.static_tree()
+    return ledger.flags_of(
+        eagle=cfg.draft.type == "eagle", w_fp8=cfg.quantization.weights == "fp8",
+        kv_fp8=cfg.quantization.kv_cache == "fp8", perf=True, tree=tree is not None and not tree.is_chain(),
+        dynamic=cfg.tree.dynamic is not None,
+        drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
+        reference=cfg.engine.backend == "reference", pytorch=cfg.engine.backend == "pytorch",
+        schedule=cfg.tree.draft_len_schedule is not None, max_concurrency=cfg.tree.max_concurrency is not None,
+        acceptance=bool(cfg.tree.acceptance_rate_window_size), penalty=cfg.tree.enable_penalty,
+        w_quant=cfg.quantization.weights != "none", w_nvfp4=cfg.quantization.weights == "nvfp4",
+        qk_norm=conf.get("architecture") == "Qwen3ForCausalLM",
+    )
+
+
+def hf_quant_names(export: Path) -> Emitted:
+    """What a quantized current-line target (checkpoint/hf_quantized/) holds for TensorRT-LLM's loader."""
+    from safetensors import safe_open
+
+    out: Emitted = {"hf_quant.config": ledger.flat_keys(json.loads((export / "hf_quant_config.json").read_text()))}
+    inline = json.loads((export / "config.json").read_text()).get("quantization_config")
+    if isinstance(inline, dict):
+        out["hf_quant.inline"] = set(inline)
+    names: set[str] = set()
+    for f in sorted(export.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            names |= {ledger.tensor_pattern(k) for k in st.keys()}  # noqa: SIM118 (a safetensors handle)
+    out["hf_quant.tensor"] = names
+    return out
+
+
+def check_emitted(emitted: Emitted, version: str, flags: frozenset[str]) -> list[str]:
+    return [p for surface, names in sorted(emitted.items()) for p in ledger.check(surface, version, names, flags)]
+
+
+def build_names(cfg: Any, build: Path) -> Emitted:
+    """Everything a finished build directory emitted for TensorRT-LLM and Triton."""
+    version = registry.get(cfg.trtllm_version)
+    ckpt = build / "checkpoint"
+    # Without the engine flow, TensorRT-LLM never reads the TRT-LLM checkpoint (only the reference engine does).
+    out = checkpoint_names(ckpt) if version.engine_flow else {}
+    head_config = Path(cfg.draft.model, "config.json")
+    if (ckpt / "eagle3" / "config.json").is_file() and head_config.is_file():
+        written = json.loads((ckpt / "eagle3" / "config.json").read_text())
+        source = json.loads(head_config.read_text())
+        if is_speculators(source):  # the converter read its flat form (builders/convert/head_layout.py)
+            source = flat_config(source, head_config)
+        out.update(eagle3_names(written, source))
+    for tok in (ckpt / layout.TOKENIZER / "tokenizer_config.json", ckpt / layout.HF_MODEL / "tokenizer_config.json"):
+        if tok.is_file():
+            _add(out, "tokenizer.config", {"tokenizer_class"} & set(json.loads(tok.read_text())))
+    if (ckpt / layout.HF_QUANTIZED / "hf_quant_config.json").is_file():
+        out.update(hf_quant_names(ckpt / layout.HF_QUANTIZED))
+    hf_model = ckpt / layout.HF_MODEL / "config.json"
+    if hf_model.is_file():  # the keys the transformers-4 copy adds to or changes in the target's own config
+        out.update(eagle3_names(json.loads(hf_model.read_text()),
+                                json.loads((layout.hf_target_dir(build) / "config.json").read_text()),
+                                surface="hf_model.config"))
+    if cfg.engine.backend == "tensorrt":
+        _add(out, "trtllm-build.flag", ledger.argv_flags(trtllm_build.trtllm_build_argv(cfg, ckpt, build / "engine")))
+    if cfg.engine.backend == "pytorch":
+        _add(
+            out, "llmapi.option", ledger.flat_keys(yaml.safe_load((build / "engine" / llmapi.OPTIONS_FILE).read_text()))
+        )
+        serve = json.loads((build / "engine" / stage.SERVE_FILE).read_text())["argv"]
+        _add(out, "trtllm-serve.flag", ledger.argv_flags(serve))
+    t = cfg.triton
+    roles = {t.preprocessing_model: "preprocessing", t.postprocessing_model: "postprocessing", t.bls_model: "bls",
+             t.llm_model: "llm", t.ensemble_model: "ensemble"}
+    if (build / "triton_repo").is_dir():
+        llmapi_layout = version.triton_layout == "llmapi"
+        for surface, names in triton_names(build / "triton_repo", roles, not llmapi_layout).items():
+            _add(out, surface, names)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m builders.ledger.check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?", help="the build config (not with --upstream-report)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--upstream-report", action="store_true",
+                    help="per version, every row's upstream citation and when it was last read, oldest first")
+    ap.add_argument("--version", action="append", choices=list(registry.VERSIONS),
+                    help="with --upstream-report: only this trtllm_version (repeatable)")
+    args = ap.parse_args(argv)
+    if args.upstream_report:
+        from builders.ledger import report as ledger_report
+
+        if args.config is not None:
+            ap.error("--upstream-report reads the ledger, not a build: leave out CONFIG")
+        print(ledger_report.render(args.version))
+        return 0
+    if args.config is None:
+        ap.error("give the build CONFIG (or --upstream-report)")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    build = Path(cfg.output_dir)
+    if not (build / "checkpoint" / "config.json").is_file():
+        print(f"error: {build}/checkpoint/config.json not found: run the build first", file=sys.stderr)
+        return 2
+    emitted = build_names(cfg, build)
+    problems = check_emitted(emitted, cfg.trtllm_version, build_flags(cfg, build / "checkpoint"))
+    for p in problems:
+        print(p)
+    n = sum(len(v) for v in emitted.values())
+    print(f"ledger ({cfg.trtllm_version}): {n} names checked, "
+          + (f"{len(problems)} problem(s)" if problems else "all cited"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Ledger rows: a quantized target on the current line, ModelOpt's Hugging Face export in `checkpoint/hf_quantized/`
+(builders/convert/hf_quant.py), as TensorRT-LLM's PyTorch backend loads it.
+
+- `hf_quant.config`: hf_quant_config.json, which ModelConfig.from_pretrained reads first and treats as authoritative
+  (quant_algo, kv_cache_quant_algo, group_size, exclude_modules);
+- `hf_quant.inline`: config.json's `quantization_config` (ModelOpt writes it too): read only when there is no
+  hf_quant_config.json, compared with the file otherwise (a warning when they differ);
+- `hf_quant.tensor`: the tensors per decoder layer (HF names; upstream fuses q/k/v and gate/up at load).
+Flags (`when`): w_fp8 / w_nvfp4 = FP8 / NVFP4 weights, kv_fp8 = FP8 KV cache, qk_norm = a Qwen3 target.
+"""
+
+from __future__ import annotations
+
+from builders.ledger.rows import LLMAPI_LAYOUT, Row, Source, rows_of
+
+TRT = "NVIDIA/TensorRT-LLM"
+FROM_PRETRAINED = Source(TRT, "tensorrt_llm/_torch/model_config.py",
+                         "ModelConfig.from_pretrained (hf_quant_config.json first) / _build_modelopt_quant_config")
+INLINE = Source(TRT, "tensorrt_llm/_torch/model_config.py",
+                "ModelConfig.from_pretrained (warn_if_inline_diverges; load_hf_quant_config without the file)")
+FP8_LINEAR = Source(TRT, "tensorrt_llm/_torch/modules/linear.py",
+                    "FP8QDQLinearMethod (load_weight_scales; rescale_fused_weights for q/k/v and gate/up)")
+NVFP4_LINEAR = Source(TRT, "tensorrt_llm/_torch/modules/linear.py",
+                      "NVFP4LinearMethod (create_weights; load_weight_scales: input_scale / weight_scale_2 shared)")
+KV_SCALES = Source(TRT, "tensorrt_llm/_torch/modules/linear.py", "FP8QDQLinearMethod.load_kv_scales (k_scale, v_scale)")
+# The Hugging Face parameter names are the model's own, as ModelOpt's export writes them; which upstream mapper fuses
+# them (q/k/v -> qkv_proj, gate/up -> gate_up_proj) was not read at a commit (docs/contracts.md, "Not verified").
+LLAMA = Source("eagle-deploy", "builders/convert/hf_quant.py", "LINEARS (the HF names ModelOpt's export keeps)")
+PRODUCER = Source("eagle-deploy", "builders/convert/hf_quant.py", "export_quantized (ModelOpt export_hf_checkpoint)")
+
+V = LLMAPI_LAYOUT
+_LAYER = "model.layers.{i}."
+_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+            "mlp.up_proj", "mlp.down_proj")
+_NOTE_FUSED = ("q/k/v and gate/up are fused at load: each part is requantized to the group's largest weight_scale, "
+               "the group's largest input_scale is used (the reference engine's copy does the same)")
+
+ROWS: list[Row] = (
+    rows_of("hf_quant.config", ("quantization", "quantization.quant_algo"), FROM_PRETRAINED, versions=V,
+            type="dict / 'FP8' | 'NVFP4' | null (QuantAlgo)", required=True)
+    + rows_of("hf_quant.config", ("quantization.kv_cache_quant_algo",), FROM_PRETRAINED, versions=V,
+              type="'FP8' | null (QuantAlgo)")
+    + rows_of("hf_quant.config", ("quantization.exclude_modules",), FROM_PRETRAINED, versions=V,
+              type="list[str] (module names / fnmatch patterns kept 16-bit)",
+              note="ModelOpt lists lm_head and model.embed_tokens")
+    + rows_of("hf_quant.config", ("quantization.group_size",), FROM_PRETRAINED, versions=V, type="int (16 for NVFP4)",
+              when=("w_nvfp4",), required=True)
+    + rows_of("hf_quant.config", ("producer", "producer.name", "producer.version"), PRODUCER, versions=V,
+              type="dict / str (ModelOpt's record)", note="not read by TensorRT-LLM")
+    + rows_of("hf_quant.inline", ("quant_method", "quant_algo", "config_groups", "ignore", "kv_cache_scheme",
+                                  "producer"), INLINE, versions=V, type="ModelOpt's inline copy",
+              note="TensorRT-LLM reads hf_quant_config.json; the inline copy is compared with it")
+    + rows_of("hf_quant.tensor", ("model.embed_tokens.weight", "model.norm.weight",
+                                  f"{_LAYER}input_layernorm.weight", f"{_LAYER}post_attention_layernorm.weight"),
+              LLAMA, versions=V, type="16-bit", required=True)
+    + rows_of("hf_quant.tensor", ("lm_head.weight",), LLAMA, versions=V, type="16-bit",
+              note="absent with tie_word_embeddings (the embedding is used)")
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight" for m in _LINEARS), LLAMA, versions=V,
+              type="float8_e4m3fn (FP8) / uint8, two e2m1 per byte (NVFP4) / 16-bit (excluded)", required=True)
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.{s}" for m in _LINEARS for s in ("weight_scale", "input_scale")),
+              FP8_LINEAR, versions=V, type="float32 scalar (FP8) / float8_e4m3fn [out, in/16] weight_scale (NVFP4)",
+              required=True, when=("w_quant",), note=_NOTE_FUSED)
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight_scale_2" for m in _LINEARS), NVFP4_LINEAR, versions=V,
+              type="float32 scalar (global weight scale, equal across a fused group)", required=True,
+              when=("w_nvfp4",))
+    + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.k_proj.k_scale", f"{_LAYER}self_attn.v_proj.v_scale"),
+              KV_SCALES, versions=V, type="float32 scalar", required=True, when=("kv_fp8",),
+              note="loaded as the attention's kv_scales; the reference engine applies max(k_scale, v_scale)")
+    + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.q_norm.weight", f"{_LAYER}self_attn.k_norm.weight"),
+              LLAMA,
+              versions=V, type="16-bit", when=("qk_norm",), required=True)
+)

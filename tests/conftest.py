@@ -150,13 +150,13 @@ def triton_server(triton_build_dir: Path, tmp_path_factory: pytest.TempPathFacto
     assert code == 0, f"tritonserver did not stop cleanly (exit {code}); log {log_dir / 'tritonserver.log'}"
 
 
-# ---- targets beyond Llama (tests/tiny_families.py) -----------------------------------------------------------------
+# ---- targets beyond Llama (testkit/tiny_families.py) -----------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def family_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One tiny random target per family beyond Llama (GQA, untied, rope_theta 1e6), written by transformers."""
-    from tests.tiny_families import FAMILIES, make_family_target
+    from testkit.tiny_families import FAMILIES, make_family_target
 
     root = tmp_path_factory.mktemp("families")
     return {f: make_family_target(root / f, f) for f in FAMILIES}

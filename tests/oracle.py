@@ -29,7 +29,7 @@ import torch
 
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams
 from core.trees import DraftTree, DynamicTree
-from tests import tiny_families as tf
+from testkit import tiny_families as tf
 from testkit import tiny_models as tm
 
 Context = tuple[int, ...]

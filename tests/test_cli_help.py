@@ -47,7 +47,7 @@ ENTRY_POINTS = {
     "bench/bench_client.py": ["bench/bench_client.py"],
     "bench/bench_convert.py": ["bench/bench_convert.py"],
     "bench/bench_engine.py": ["bench/bench_engine.py"],
-    "scripts/bench_families.py": ["scripts/bench_families.py"],
+    "bench/bench_families.py": ["bench/bench_families.py"],
     "bench/bench_head.py": ["bench/bench_head.py"],
     "bench/bench_kernel.py": ["bench/bench_kernel.py"],
     "bench/bench_metrics.py": ["bench/bench_metrics.py"],
@@ -124,7 +124,6 @@ NOT_COMMANDS = {
     "devtools/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
     "devtools/mutation.py": "developer tool: mutation score",
     "scripts/bench_adaptive.py": "benchmark",
-    "scripts/bench_families.py": "benchmark",
 }
 
 

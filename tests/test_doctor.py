@@ -421,9 +421,9 @@ def test_random_heads_collapse(tmp_path: Path, tiny_target: Path, eagle3_head: P
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])  # a native family and one through the generic path
 def test_measured_other_families(family: str, tmp_path: Path) -> None:
-    """A near-bigram target of another family with a head that drafts what it says next (tests/tiny_families.py):
+    """A near-bigram target of another family with a head that drafts what it says next (testkit/tiny_families.py):
     healthy passes with real acceptance; the same head with every d2t entry shifted by one is named by d2t."""
-    from tests.tiny_families import make_family_target, make_mimic_eagle3_head
+    from testkit.tiny_families import make_family_target, make_mimic_eagle3_head
 
     target = make_family_target(tmp_path / "target", family, block_scale=0.3)
     healthy = make_mimic_eagle3_head(tmp_path / "head", target)
@@ -444,7 +444,7 @@ def test_measured_other_families(family: str, tmp_path: Path) -> None:
 def test_measured_eagle1_refused_on_other_families(tmp_path: Path, mimic_pair: tuple[Path, Path]) -> None:
     """EAGLE-1/2 drafting is Llama-only (TensorRT-LLM's EagleForCausalLM): on a Qwen3 target the measured checks say
     they did not run, and why."""
-    from tests.tiny_families import make_family_target
+    from testkit.tiny_families import make_family_target
 
     target = make_family_target(tmp_path / "target", "qwen3", block_scale=0.3)
     code, rep = measured(tmp_path, target, mimic_pair[1])

@@ -139,7 +139,7 @@ def test_speculators_package_loads_export(tmp_path: Path, pair: tuple[Path, Path
 def test_speculators_verifier_is_the_target(tmp_path: Path, name: str | None, written: str | None) -> None:
     """verifier.architectures is the target's own (a Qwen3 target here) and name_or_path its hub id, never a local
     path (speculators/config.py VerifierConfig.from_config takes both from the verifier's config)."""
-    from tests import tiny_families as tf
+    from testkit import tiny_families as tf
 
     target = tf.make_family_target(tmp_path / "qwen3", "qwen3")
     cfg = json.loads((target / "config.json").read_text())

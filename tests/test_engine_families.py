@@ -1,6 +1,6 @@
 """Native families beyond Llama in the reference engine (core/families.py): Qwen3 (per-head q/k RMSNorm, head_dim
 independent of hidden_size / heads), Qwen2 / Qwen2.5 (q/k/v biases), Mistral (sliding window refused beyond it).
-Tiny random targets written by transformers (tests/tiny_families.py), converted by builders/convert, decoded by the
+Tiny random targets written by transformers (testkit/tiny_families.py), converted by builders/convert, decoded by the
 engine: greedy outputs equal transformers' greedy `generate` in float32 — target-only, chain, static and dynamic
 trees, a batch and alone, with and without the AVX2 kernel, tp=2 — with an EAGLE-3 head that accepts part of each
 tree. Variants cover GQA ratios, tied and untied embeddings, odd head_dim, rope_theta 1e6 and YaRN."""
@@ -21,7 +21,7 @@ from engines import skinny
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from engines.parallel import spawn
 from core.trees import DraftTree, DynamicTree
-from tests.tiny_families import YARN, make_family_target, make_mimic_eagle3_head
+from testkit.tiny_families import YARN, make_family_target, make_mimic_eagle3_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

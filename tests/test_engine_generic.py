@@ -21,7 +21,7 @@ from engines.session import generate
 from engines.runtime import Runtime, load_tokenizer
 from core.trees import DraftTree, DynamicTree
 from core.types import GenerationRequest, SamplingParams
-from tests.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target, make_mimic_eagle3_head
+from testkit.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target, make_mimic_eagle3_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,7 +19,7 @@ from builders.trtllm import architectures
 from core.families import BY_NAME, FAMILIES
 from core.shapes import ShapeError, shape_of_config
 from core.types import GenerationRequest, SamplingParams
-from tests.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, NOT_ROW_FAMILIES,
+from testkit.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, NOT_ROW_FAMILIES,
                                  RECURRENT_FAMILIES, TINY, make_family_target, make_mimic_eagle3_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,7 +30,7 @@ NEW = 16
 
 
 def test_every_row_has_a_tiny_family() -> None:
-    assert set(TINY) == set(BY_NAME), "a family is one table row plus its tiny model (tests/tiny_families.py TINY)"
+    assert set(TINY) == set(BY_NAME), "a family is one table row plus its tiny model (testkit/tiny_families.py TINY)"
     for f in FAMILIES:
         tiny = TINY[f.name]
         assert tiny == "llama" or tiny in _CLASSES

@@ -12,7 +12,7 @@ import pytest
 
 from clients import generate
 from core.stops import StopTokenError, generation_eos_ids, stop_token_ids
-from tests.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target
+from testkit.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_two_model_families_build_for_the_older_lines(family: str, tmp_path: Pat
     table), so they build for 1.2 (eagle3_one_model false in the LLM API options of engine.backend pytorch) and the
     reference engine of that build decodes them losslessly."""
     from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-    from tests.tiny_families import make_mimic_eagle3_head
+    from testkit.tiny_families import make_mimic_eagle3_head
 
     opts = {"sliding_window": 96} if family == "mistral" else {"tie": True}
     target = make_family_target(tmp_path / "target", family, block_scale=0.3, **opts)

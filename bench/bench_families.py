@@ -1,6 +1,6 @@
 """Reference-engine step cost per target family next to HF eager, in one run.
 
-    python scripts/bench_families.py [--families llama,qwen3,qwen2,mistral,qwen3_moe] [--ts 1,4] [--repeats 20]
+    python bench/bench_families.py [--families llama,qwen3,qwen2,mistral,qwen3_moe] [--ts 1,4] [--repeats 20]
         [--threads 1] [--dtype float32] [--json FILE]
 
 Each family is a random model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, MLP 1536, vocab
@@ -112,7 +112,7 @@ def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
     torch.manual_seed(0)
     keys = {**SHAPE, **EXTRA.get(family, {})}
     if family == "llama4":  # the text model in text_config, a small vision tower beside it (not run)
-        from tests.tiny_families import _LLAMA4_VISION
+        from testkit.tiny_families import _LLAMA4_VISION
 
         conf = conf_cls(text_config=keys, vision_config=_LLAMA4_VISION, tie_word_embeddings=True)
     else:

@@ -8,7 +8,7 @@ For each tree it builds the config's checkpoint + engine stages with the head (`
 --only checkpoint engine`), runs `python -m measure.verify` (greedy; HF generate is the oracle and the baseline)
 and prints one table row: tree, nodes, tau, HF tok/s, engine tok/s, speedup. HF runs once, with the first tree; the
 other trees reuse its outputs and speeds (`measure.verify --reuse-hf`; `--hf-every-tree` reruns it).
-`--tune-budget N` also runs `builders/tune_tree.py` on the first build and measures the tuned N-node tree.
+`--tune-budget N` also runs `measure/tune_tree.py` on the first build and measures the tuned N-node tree.
 `--target-only` also times the engine's own target-only decoding (same build, same prompts, one at a time, checked
 identical to HF) and adds the speedup over it. Everything measured in this one run is written to OUT/results.json; the
 markdown table is printed (the model card quotes it).
@@ -59,7 +59,7 @@ def verify_argv(
 def tune_argv(
     build: Path, prompts: Path, budget: int, max_new_tokens: int, out: Path, num_prompts: int | None
 ) -> list[str]:
-    argv = [sys.executable, str(REPO / "builders/tune_tree.py"), "--build", str(build), "--prompts", str(prompts),
+    argv = [sys.executable, str(REPO / "measure/tune_tree.py"), "--build", str(build), "--prompts", str(prompts),
             "--budget", str(budget), "--max-new-tokens", str(max_new_tokens), "--out", str(out), "--presets", ""]
     return argv + (["--num-prompts", str(num_prompts)] if num_prompts else [])
 

@@ -29,7 +29,7 @@ class LoadAwareFields(BaseModel):
         description="Load-aware speculation: batch-size threshold -> draft length (tree levels) per step. A step of B "
         "sequences drafts the length of the smallest threshold >= B; above the largest one it drafts nothing "
         "(speculation off). Must hold 1: <tree depth>. `auto` = the schedule measured by `python "
-        "builders/tune_tree.py --objective schedule --json FILE` (give FILE in tree.schedule_file). Written as "
+        "measure/tune_tree.py --objective schedule --json FILE` (give FILE in tree.schedule_file). Written as "
         "speculative_config.draft_len_schedule for the versions that have it; the reference engine follows it on "
         "every version. None = always the whole tree.",
     )
@@ -91,7 +91,7 @@ def read_schedule(path: Path) -> dict[int, int]:
         raw = data[SCHEDULE_KEY]["draft_len_schedule"]
         schedule = {int(k): int(v) for k, v in raw.items()}
     except OSError as e:
-        raise ValueError(f"cannot read it ({e.strerror}); write it with `python builders/tune_tree.py --objective "
+        raise ValueError(f"cannot read it ({e.strerror}); write it with `python measure/tune_tree.py --objective "
                          "schedule --json FILE`") from None
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ValueError("not a `tune_tree.py --objective schedule --json` file (no schedule.draft_len_schedule "
@@ -107,7 +107,7 @@ def speculation_problems(cfg: Any) -> list[str]:  # a builders.config.BuildConfi
     p: list[str] = []
     if t.draft_len_schedule == "auto" and t.schedule_file is None:
         p.append("tree.draft_len_schedule=auto needs tree.schedule_file: the --json output of `python "
-                 "builders/tune_tree.py --build BUILD --prompts FILE --objective schedule --json FILE`")
+                 "measure/tune_tree.py --build BUILD --prompts FILE --objective schedule --json FILE`")
     if t.schedule_file is not None and t.draft_len_schedule != "auto":
         p.append(f"tree.schedule_file={t.schedule_file!r} is read only with tree.draft_len_schedule: auto; set it or "
                  "remove tree.schedule_file")

@@ -14,7 +14,7 @@
    over target-only decoding with the same engine on the same prompts, next to tau).
 
 The demo serves the draft tree tuned for the device it runs on (`DEVICE_TREES`: the fastest tree found by
-builders/tune_tree.py --objective speed for the demo head on a CPU, per dtype); the config's own tree, shaped for a
+measure/tune_tree.py --objective speed for the demo head on a CPU, per dtype); the config's own tree, shaped for a
 GPU (many nodes verified in one memory-bound pass), is measured beside it. `--tree config` serves the config's tree.
 
 `--quick` shortens the answer and the load test (the tests run the demo on tiny models with it).
@@ -273,7 +273,7 @@ def print_summary(r: dict) -> None:
               f"{c['identical']}/{c['prompts']} outputs identical)")
     if s["ratio"] < 1.0:
         print("  slower than target-only here: a smaller tree verifies cheaper on this device; find the fastest with "
-              "builders/tune_tree.py --objective speed (docs/tune-tree.md)")
+              "measure/tune_tree.py --objective speed (docs/tune-tree.md)")
     print(f"  total {r['wall_s']:.0f} s (summary: {r['summary']})")
 
 

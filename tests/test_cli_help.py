@@ -27,7 +27,7 @@ ENTRY_POINTS = {
     "builders/build.py": ["builders/build.py"],
     "training/train_head.py": ["training/train_head.py"],
     "builders/refresh.py": ["builders/refresh.py"],
-    "builders/tune_tree.py": ["builders/tune_tree.py"],
+    "measure/tune_tree.py": ["measure/tune_tree.py"],
     "sources/targets.py": ["-m", "sources.targets"],
     "builders/ledger/check.py": ["-m", "builders.ledger.check"],
     "builders/doctor/__main__.py": ["-m", "builders.doctor"],

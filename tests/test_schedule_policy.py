@@ -1,4 +1,4 @@
-"""`draft_len_schedule: auto` (builders/schedule_policy.py, tune_tree.py --objective schedule): the draft length per
+"""`draft_len_schedule: auto` (measure/schedule_policy.py, tune_tree.py --objective schedule): the draft length per
 batch size from the expected tau of the cut tree and measured step costs, in upstream's schedule form; the CLI on a
 tiny build writes the schedule a config's tree.schedule_file reads back."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builders import tune_tree
+from measure import tune_tree
 from builders.convert.stage import CONVERT_STAGE
 from builders.engine.stage import ENGINE_STAGE
 from builders.pipeline import run_stage
-from builders.schedule_policy import ScheduleResult
+from measure.schedule_policy import ScheduleResult
 from builders.speculation import read_schedule, schedule_problems
 from core.speculation import draft_len_for
 from core.trees import DraftTree
@@ -118,7 +118,7 @@ def test_cli_schedule_errors(tiny_build: Path, tmp_path: Path, capsys: pytest.Ca
 def test_gpu_model_regimes() -> None:
     """Small batches are bound by reading the weights (a wider verification is almost free: speedup ~ tau), large
     ones by arithmetic (speedup ~ tau / tokens verified): the model must show both and the crossing between."""
-    from builders import gpu_cost_model as gm
+    from measure import gpu_cost_model as gm
 
     shape = gm.ModelShape(hidden=4096, layers=32, intermediate=14336, vocab=128256, heads=32, kv_heads=8, head_dim=128)
     assert 7.5e9 < shape.params() < 8.5e9  # a Llama-3.1-8B shape

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builders import tune_tree
+from measure import tune_tree
 from builders.convert.stage import CONVERT_STAGE
 from builders.engine.stage import ENGINE_STAGE
 from builders.pipeline import run_stage
-from builders.tree_tuning import AcceptanceTable, chain, optimal_tree, snippet_yaml
+from measure.tree_tuning import AcceptanceTable, chain, optimal_tree, snippet_yaml
 from core.trees import DraftTree
 from tests.engine_cases import make_cfg
 
@@ -125,7 +125,7 @@ def test_cli_errors(tiny_build: Path, tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_speed_model_picks_the_fastest_size() -> None:
-    from builders.tree_tuning import SizeCost, fastest, nested_trees
+    from measure.tree_tuning import SizeCost, fastest, nested_trees
 
     t = AcceptanceTable([[100, 60, 30], [100, 20, 0]])
     sizes = nested_trees(t, 3)
@@ -222,7 +222,7 @@ def test_shipped_tree_snippets_load_into_a_config(path: Path) -> None:
 def test_arguments_are_refused_before_anything_is_loaded(args: list[str], says: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """Neither the build nor the prompts exist: the argument's own error comes first, so nothing was loaded."""
-    from builders.tune_tree import main
+    from measure.tune_tree import main
 
     code = main(["--build", str(tmp_path / "no-build"), "--prompts", str(tmp_path / "no.jsonl"), "--objective",
                  "schedule", "--budget", "8", *args])

@@ -1,7 +1,7 @@
 """Measured checks: tau and acceptance per draft position on the reference engine, then experiments that name the
 cause when acceptance is low, each measured on the same prompts.
 
-Every run decodes the prompts greedily with a chain of `depth` rank-0 drafts (builders/tree_tuning.py `chain`), so a
+Every run decodes the prompts greedily with a chain of `depth` rank-0 drafts (measure/tree_tuning.py `chain`), so a
 step's accepted length is the number of leading drafts equal to the target's continuation, and
 p[d] = P(draft d accepted | drafts < d accepted) = reach(d) / reach(d-1), reach(0) = decoding steps
 (core.types RequestStats.acceptance_by_depth). Greedy decoding is lossless: every run emits the same text, so
@@ -33,7 +33,7 @@ from builders.doctor.findings import Finding, Report, Severity
 from builders.doctor.head import Head
 from builders.doctor.loaders import safeailab_default_ids
 from builders.doctor.static import chat_template_of
-from builders.tree_tuning import AcceptanceTable, chain
+from measure.tree_tuning import AcceptanceTable, chain
 from core.hfconfig import LlamaSpec, ModelConfigError
 from engines.api import (
     GenerationRequest,

@@ -71,7 +71,7 @@ def alerting_rules(m: MonitoringConfig) -> list[dict[str, Any]]:
                f"({keep_pos} * max by ({BY}, position) (eagle_llm_baseline_position_acceptance_ratio))", m,
                "{{ $labels.model }} on {{ $labels.instance }}: acceptance at draft position {{ $labels.position }} "
                f"fell more than {m.position_collapse_fraction:.0%} below its baseline",
-               "One depth of the tree stopped paying: retune the tree (builders/tune_tree.py) on prompts like the "
+               "One depth of the tree stopped paying: retune the tree (measure/tune_tree.py) on prompts like the "
                "current traffic; if position 1 collapsed, the head itself no longer fits (retrain it).",
                "position-acceptance-collapsed"),
         _alert("EagleSpeculationOff",

@@ -1,4 +1,4 @@
-"""`python builders/tune_tree.py --build OUT_DIR --prompts FILE --budget N [--objective tau|speed] [--out snippet.yaml]`
+"""`python measure/tune_tree.py --build OUT_DIR --prompts FILE --budget N [--objective tau|speed] [--out snippet.yaml]`
 
 Measures per-(depth, rank) acceptance with the reference engine on the build's checkpoint and writes a tree as a
 config snippet:
@@ -8,11 +8,11 @@ config snippet:
   drafting each depth 0..D of a tree (the build's, or --tree FILE) and target-only decoding, for each --batch-sizes B,
   and writes the draft length per batch size with the largest expected speedup (tau of the cut tree from the
   acceptance table, over the measured step cost), the expected speedup table and --plot; --json holds the schedule
-  `tree.schedule_file` reads (builders/schedule_policy.py).
+  `tree.schedule_file` reads (measure/schedule_policy.py).
 - `--objective speed`: also times one decoding step with the optimal tree of every size 1..N and with target-only
   decoding on this device, and writes the tree with the largest predicted speedup over target-only decoding; then
   measures that tree's real speedup on the prompts (each prompt decoded both ways, back to back).
-Method, optimality argument and the speed model: builders/tree_tuning.py.
+Method, optimality argument and the speed model: measure/tree_tuning.py.
 
 The build must be a finished build with engine.backend=reference (engine/reference.json is read: its checkpoint,
 dtype, device and draft vocabulary). The prompts file is JSONL with `prompt` or MT-bench `turns` per line
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Run as a file (`python builders/tune_tree.py`), Python would put builders/ first on sys.path, where a
+# Run as a file (`python measure/tune_tree.py`), Python would put builders/ first on sys.path, where a
 # module can shadow an installed package (builders/triton: `triton`): run as the module, as its command does.
 if __name__ == "__main__" and not __package__:
-    os.execv(sys.executable, [sys.executable, "-m", "builders.tune_tree", *sys.argv[1:]])
+    os.execv(sys.executable, [sys.executable, "-m", "measure.tune_tree", *sys.argv[1:]])
 
-from builders.tree_tuning import (
+from measure.tree_tuning import (
     AcceptanceTable,
     SizeCost,
     chain,
@@ -121,7 +121,7 @@ def read_table(path: Path) -> AcceptanceTable:
 def tune_for_speed(runner: Runner, table: AcceptanceTable, budget: int, cost_prompts: int,
                    rounds: int) -> tuple[list[SizeCost], float]:
     """The step cost of the optimal tree of each size 1..budget and of target-only decoding (builders/tree_costs)."""
-    from builders.tree_costs import step_ms
+    from measure.tree_costs import step_ms
 
     candidates = nested_trees(table, budget)
     engines: dict[int, tuple[Any, bool]] = {0: (runner.engine, False)}
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, default=None, help="schedule: write the expected-speedup plot (PNG) here")
     ap.add_argument("--cost-model", default=None,
                     help="schedule: take step costs from the roofline MODEL of a named GPU instead of timing this "
-                         "device (builders/gpu_cost_model.py: H100-SXM, H200-SXM, A100-SXM-80GB, L40S); the acceptance "
+                         "device (measure/gpu_cost_model.py: H100-SXM, H200-SXM, A100-SXM-80GB, L40S); the acceptance "
                          "table is still measured here. Default batch sizes then 1..256")
     ap.add_argument(
         "--context",
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if deeper:
         print(f"note: {', '.join(deeper)} reach beyond the measured depth/ranks; their expected tau counts those "
               "nodes as 0")
-    comment = (f"tree tuned by builders/tune_tree.py on {args.prompts} ({len(prompts)} prompts, "
+    comment = (f"tree tuned by measure/tune_tree.py on {args.prompts} ({len(prompts)} prompts, "
                f"{args.max_new_tokens} new tokens each), budget {args.budget}\n"
                f"expected tau {results[0]['expected_tau']:.3f}, measured tau {results[0]['measured_tau']:.3f}")
     finish(args, runner, table, tuned, comment, {"objective": "tau", "results": results})
@@ -267,7 +267,7 @@ def tune_speed(args: argparse.Namespace, runner: Runner, table: AcceptanceTable,
         print(f"note: no tree of at most {args.budget} nodes is predicted to beat target-only decoding on this "
               f"device (best {best.speedup(target_ms):.2f}x): with this head, decode without EAGLE here, or train a "
               "head that accepts more (docs/train-a-head.md)")
-    comment = (f"fastest tree found by builders/tune_tree.py --objective speed on {args.prompts} ({num_prompts} "
+    comment = (f"fastest tree found by measure/tune_tree.py --objective speed on {args.prompts} ({num_prompts} "
                f"prompts, {args.max_new_tokens} new tokens each), sizes 1..{args.budget}, on {runner.engine.device} "
                f"in {str(runner.engine.dtype).removeprefix('torch.')}\n"
                f"expected tau {best.expected_tau:.3f}, measured tau {got.tau:.3f}; predicted speedup over "
@@ -326,7 +326,7 @@ def batch_sizes(args: argparse.Namespace, runner: Runner) -> list[int]:
 
 
 def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTable) -> int:
-    from builders.schedule_policy import measure, plot, print_result
+    from measure.schedule_policy import measure, plot, print_result
     from core.speculation import truncate
 
     tree = schedule_tree(args, runner)
@@ -334,8 +334,8 @@ def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTab
     sizes = batch_sizes(args, runner)
     device, dtype = runner.engine.device, str(runner.engine.dtype).removeprefix("torch.")
     if args.cost_model:
-        from builders import gpu_cost_model as gm
-        from builders.schedule_policy import ScheduleResult
+        from measure import gpu_cost_model as gm
+        from measure.schedule_policy import ScheduleResult
 
         if args.cost_model not in gm.GPUS:
             raise ValueError(f"--cost-model {args.cost_model}: use one of {', '.join(gm.GPUS)}")
@@ -353,7 +353,7 @@ def tune_schedule(args: argparse.Namespace, runner: Runner, table: AcceptanceTab
     sched = r.schedule()
     cut = truncate(tree, sched[1]) if sched else tree
     how = "step costs modelled" if args.cost_model else f"{args.steps} steps x {args.cost_rounds} rounds"
-    comment = (f"load-aware schedule by builders/tune_tree.py --objective schedule on {args.prompts}, batch sizes "
+    comment = (f"load-aware schedule by measure/tune_tree.py --objective schedule on {args.prompts}, batch sizes "
                f"{','.join(map(str, sizes))}, {how}, on {device} in {dtype}\n"
                f"draft_len_schedule {sched or 'none: EAGLE does not beat target-only decoding here'}")
     finish(args, runner, table, cut, comment, {"objective": "schedule", "device": device, "dtype": dtype,

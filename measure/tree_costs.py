@@ -1,4 +1,4 @@
-"""What a decoding step costs with each candidate tree on this device (the `speed` objective of builders/tune_tree.py).
+"""What a decoding step costs with each candidate tree on this device (the `speed` objective of measure/tune_tree.py).
 
 A step's wall time is measured around `Session.step()` (measure/costs.py `profile_cycles`), the prefill excluded, and
 divided by the target forwards it made: one per step, each verifying the whole tree. The candidates and target-only

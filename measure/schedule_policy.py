@@ -1,4 +1,4 @@
-"""`draft_len_schedule: auto`: the draft length per batch size from measurement (builders/tune_tree.py
+"""`draft_len_schedule: auto`: the draft length per batch size from measurement (measure/tune_tree.py
 --objective schedule).
 
 The policy. A step of B sequences drafting d levels of the tree (engines/schedule.py truncate) yields tau_d tokens per

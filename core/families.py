@@ -172,6 +172,15 @@ FAMILIES: tuple[Family, ...] = (
                 "(upstream also drops the chunking for speculative decoding before Blackwell and on non-TRTLLM "
                 "attention backends)",
            versions=CURRENT),
+    Family("LagunaForCausalLM", "Laguna", "laguna", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_laguna.py",
+           "@register_auto_model('LagunaForCausalLM') class LagunaForCausalLM("
+           "SpecDecOneEngineForCausalLM[LagunaModel, PretrainedConfig])",
+           "commit 01dcc21a28bd9b95e15ebc1aa56b60bca128123c", "generic", True,
+           note="GQA with a per-layer head count (num_attention_heads_per_layer), q/k norms and a softplus output "
+                "gate per head (g_proj), sliding-window layers (reference engine: sequences up to the window) with "
+                "their own RoPE, sigmoid-routed experts + a shared expert after dense layers (mlp_layer_types)",
+           versions=CURRENT),
 )
 
 # Registrations read upstream that subclass SpecDecOneEngineForCausalLM but do not run EAGLE-3 there: not rows of the

@@ -296,7 +296,10 @@ _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "nu
                 "no_rope_layer_interval", "attention_chunk_size", "attn_temperature_tuning", "floor_scale",
                 "attn_scale", "router_jitter_noise",
                 # DeepSeek-V3.2 / GLM-5 sparse attention
-                "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
+                "index_topk", "index_head_dim", "index_n_heads", "indexer_types",
+                # Laguna: per-layer query heads, attention output gates, its router's options
+                "num_attention_heads_per_layer", "gating", "moe_routed_scaling_factor",
+                "moe_apply_router_weight_on_input", "moe_router_logit_softcapping")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -309,6 +312,12 @@ def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
     out["hidden_act"] = "silu"  # the head's MLP is SwiGLU whatever the target's (training/model.py, engines/model.py)
     if "use_sliding_window" in out or "sliding_window" in out:
         out.update(use_sliding_window=False, sliding_window=None)
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+        # RoPE per layer type (Laguna): the head is one full-attention layer, rotating its whole head_dim
+        out["rope_parameters"] = {k: v for k, v in rope["full_attention"].items() if k != "partial_rotary_factor"}
+        if "rope_theta" in out:
+            out["rope_theta"] = out["rope_parameters"].get("rope_theta", out["rope_theta"])
     return out
 
 

@@ -250,3 +250,16 @@ def test_llama4_chunks_shorter_than_the_sequences_are_refused_by_the_build(tmp_p
     assert "attention_chunk_size=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
     assert build.main([str(_cfg(tmp_path, "short", target, head, "reference", max_input_len=16,
                                 max_seq_len=32)), "--dry-run"]) == 0
+
+
+def test_laguna_windows_shorter_than_the_sequences_are_refused_by_the_build(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    """Laguna's sliding-window layers are not computed as full attention silently: a build whose engine.max_seq_len
+    exceeds sliding_window is refused by --dry-run, naming both; within the window it is accepted."""
+    target = make_family_target(tmp_path / "target", "laguna", sliding_window=32)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+    assert build.main([str(_cfg(tmp_path, "long", target, head, "reference")), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "sliding_window=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
+    assert build.main([str(_cfg(tmp_path, "short", target, head, "reference", max_input_len=16,
+                                max_seq_len=32)), "--dry-run"]) == 0

@@ -113,6 +113,7 @@ def family_config(family: str, *, tie: bool = False, head_dim: int | None = None
         cfg["num_attention_heads_per_layer"] = [heads, kv_heads, heads] + [heads] * (layers - 3)
         cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
         cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
+        cfg["sliding_window"] = sliding_window or 128
     if family == "exaone_moe":
         cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
         cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
@@ -145,7 +146,7 @@ _NEW: dict[str, dict[str, Any]] = {
     # Laguna: per-head softplus output gates, sigmoid-routed experts + a shared expert, full-attention layers with
     # partial RoPE (their own theta) and sliding-window layers with full RoPE, as the published config has them
     "laguna": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                   sliding_window=128, gating=True, moe_routed_scaling_factor=2.5,
+                   gating=True, moe_routed_scaling_factor=2.5,
                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e5,
                                                        "partial_rotary_factor": 0.5},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
@@ -217,8 +218,9 @@ def make_family_target(out: Path, family: str, *, seed: int = 0, tokenizer: bool
     model = _model(family, family_config(family, **options))
     _randomize(model, seed, block_scale)
     model.to(torch.float32).save_pretrained(out, safe_serialization=True)
-    _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"),
-                        _ARCH.get(family))
+    if family != "laguna":  # Laguna's RoPE is per layer type (rope_parameters), which a top-level theta would blur
+        _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"),
+                            _ARCH.get(family))
     if family == "nemotron_h":  # published Nemotron-H configs carry both; transformers 5 saves layers_block_type only
         cfg = json.loads((out / "config.json").read_text())
         built = family_config(family, **options)

@@ -225,6 +225,68 @@ NOT_ROWS: dict[str, tuple[str, str, str, str]] = {
         "minimax_m3_vl_text, which the reference engine could run once upstream serves it)"),
 }
 
+_NOT_ONE_MODEL = ("at the commit read it is not a SpecDecOneEngineForCausalLM, and the current line runs EAGLE-3 "
+                  "one-model only, so no version claimed here serves it with an EAGLE-3 head (whether an older line "
+                  "ran it two-model was not established: those tags were not opened)")
+
+
+def _decoder_model(name: str, module: str, model: str, conf: str, commit: str,
+                   cls: str | None = None) -> tuple[str, str, str, str]:
+    """A NOT_ROWS entry for a registration read as a DecoderModelForCausalLM (not one-model)."""
+    return (f"tensorrt_llm/_torch/models/{module}.py",
+            f"@register_auto_model('{name}') class {cls or name}(DecoderModelForCausalLM[{model}, {conf}])",
+            f"commit {commit}", _NOT_ONE_MODEL)
+
+
+NOT_ROWS.update({
+    "DeepseekV4ForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_deepseekv4.py",
+        "@register_auto_model('DeepseekV4ForCausalLM') class DeepseekV4ForCausalLM(SpecDecOneEngineForCausalLM"
+        "[DeepseekV4Model, PretrainedConfig]) (one-model upstream)",
+        "commit 02586bf0b0f59d29967bf4aa27d5714a0b4788f6",
+        "its layers carry the residual as hc_mult parallel streams (manifold hyper-connections, an HCHead before the "
+        "final norm), with compressed attention and optional Engram n-gram embeddings; the memory check (core/"
+        "shapes.py) sizes none of these and the reference engine's cache was not proven against them, so it is "
+        "refused rather than sized or served wrongly (transformers 5.25 has DeepseekV4ForCausalLM, so it can "
+        "become a row once sized and tested)"),
+    "MistralLarge3ForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_mistral_large3.py",
+        "@register_auto_model('MistralLarge3ForCausalLM') class MistralLarge3ForCausalLM(DeepseekV3ForCausalLM) "
+        "(DeepseekV3ForCausalLM is a SpecDecOneEngineForCausalLM: one-model upstream), loading its weights through "
+        "MistralLarge3WeightMapper (Mistral's own checkpoint names)",
+        "commit 130fae99b7a5696321372d918e62fa14d9879ad6",
+        "transformers 5.25 has no model for it (no MistralLarge3 config or causal LM), so neither the reference "
+        "engine nor a tiny model can prove its sizing or serving here, and its checkpoints use Mistral's own "
+        "weight names, not the Hugging Face layout the converter reads"),
+    "Glm5NextForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_glm5_next.py",
+        "@register_auto_model('Glm5NextForCausalLM') class Glm5NextForCausalLM(SpecDecOneEngineForCausalLM), "
+        "documented there as the GLM-5.3-Flash decoder with an optional one-model MTP drafter",
+        "commit eaf9e324db070ee364b83361ad323a7366ea9ade",
+        "its stack mixes KDA linear-attention layers (recurrent state), sparse latent-attention layers with a pooled "
+        "indexer, hyper-connections and 288 routed experts; the memory check sizes none of these layers and the "
+        "reference engine's state roll-back was not proven on them, and whether upstream runs an EAGLE-3 head on it "
+        "(not only its MTP drafter) was not established, so it is refused rather than sized or served wrongly"),
+    "Exaone4ForCausalLM": _decoder_model("Exaone4ForCausalLM", "modeling_exaone4", "Exaone4Model", "Exaone4Config",
+                                         "fbbc05dd1445fb8545148cfcb51b8e2bdcf28cfa"),
+    "Gemma3ForCausalLM": _decoder_model("Gemma3ForCausalLM", "modeling_gemma3", "Gemma3TextModel", "Gemma3TextConfig",
+                                        "00e7d1037d247c72af2da216998cd7cf9e846461"),
+    "Gemma4ForCausalLM": _decoder_model("Gemma4ForCausalLM", "modeling_gemma4", "Gemma4TextModel", "Gemma4TextConfig",
+                                        "00e7d1037d247c72af2da216998cd7cf9e846461"),
+    "HunYuanDenseV1ForCausalLM": _decoder_model("HunYuanDenseV1ForCausalLM", "modeling_hunyuan_dense", "HunYuanModel",
+                                                "HunYuanPretrainedConfig", "06d811a99520bd18b2aa9d74d5c8bb43814909f2"),
+    "HunYuanMoEV1ForCausalLM": _decoder_model("HunYuanMoEV1ForCausalLM", "modeling_hunyuan_moe", "HunYuanModel",
+                                              "PretrainedConfig", "047098b74c51f488abcfcd72f7d4a988a56442f6"),
+    "AfmoeForCausalLM": _decoder_model("AfmoeForCausalLM", "modeling_afmoe", "AfmoeModel", "PretrainedConfig",
+                                       "038cc86ca4df367639fa3db671b12d662e6e5863"),
+    "Cohere2ForCausalLM": _decoder_model("Cohere2ForCausalLM", "modeling_cohere2", "Cohere2Model", "Cohere2Config",
+                                         "231ddefa1215531eb32e5da040d9dae0cd88dc89"),
+    "MiniMaxM2ForCausalLM": _decoder_model("MiniMaxM2ForCausalLM", "modeling_minimaxm2", "MiniMaxM2Model",
+                                           "PretrainedConfig", "005927171bae79bf65f790a98d1f398419c8fefe"),
+    "MixtralForCausalLM": _decoder_model("MixtralForCausalLM", "modeling_mixtral", "MixtralModel", "PretrainedConfig",
+                                         "000a01de66f0eab4ab05640711f0253f50f5209c"),
+})
+
 BY_NAME = {f.name: f for f in FAMILIES}
 NATIVE = tuple(sorted(f.name for f in FAMILIES if f.reference == "native"))
 QKV_BIAS = frozenset(f.name for f in FAMILIES if f.qkv_bias)

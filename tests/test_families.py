@@ -210,6 +210,19 @@ def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() 
     assert "not a SpecDecOneEngineForCausalLM" in p and "runs EAGLE-3 one-model only" in p
     rendered = "\n".join(architectures.markdown())
     assert "- Not a row: `Step3p5ForCausalLM`" in rendered and "- Not a row: `MiniMaxM3SparseForCausalLM`" in rendered
+    # registrations read as DecoderModelForCausalLM (not one-model) on the current line: EXAONE 4, Gemma 3 / 4, ...
+    for name, commit in (("Exaone4ForCausalLM", "fbbc05dd"), ("Gemma3ForCausalLM", "00e7d103"),
+                         ("Gemma4ForCausalLM", "00e7d103"), ("MixtralForCausalLM", "000a01de")):
+        [p] = architectures.problems(name, version="1.4", backend="pytorch", draft_type="eagle3", where="t")
+        assert f"class {name}(DecoderModelForCausalLM[" in p and commit in p and "runs EAGLE-3 one-model only" in p
+        assert f"- Not a row: `{name}`" in rendered
+    # one-model upstream, but what they compute is not sized or proven here
+    [p] = architectures.problems("DeepseekV4ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "DeepseekV4ForCausalLM(SpecDecOneEngineForCausalLM" in p and "02586bf0" in p and "hc_mult" in p
+    [p] = architectures.problems("MistralLarge3ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "MistralLarge3ForCausalLM(DeepseekV3ForCausalLM)" in p and "no model for it" in p
 
 
 def test_kimi_k2_checkpoints_build_for_pytorch_and_are_refused_by_the_reference_engine(

@@ -267,6 +267,16 @@ NOT_ROWS.update({
         "indexer, hyper-connections and 288 routed experts; the memory check sizes none of these layers and the "
         "reference engine's state roll-back was not proven on them, and whether upstream runs an EAGLE-3 head on it "
         "(not only its MTP drafter) was not established, so it is refused rather than sized or served wrongly"),
+    "Qwen4ExpForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_qwen4_exp.py",
+        "@register_auto_model('Qwen4ExpForCausalLM') class Qwen4ExpForCausalLM(SpecDecOneEngineForCausalLM"
+        "[Qwen4ExpModel, PretrainedConfig]) (one-model upstream; its load_weights names Gated-DeltaNet, MoE, PLE "
+        "and Hyper-Connection tensors)",
+        "commit 306f9922550919a8c5f6271d4586b46b093cdaca",
+        "besides Qwen3-Next-style gated delta-net layers it has per-layer n-gram embeddings (PLE, a recurrent side "
+        "state upstream rolls back on acceptance), a hyper-connection mixer and sparse attention (QSA); the memory "
+        "check sizes none of these and the reference engine does not roll the PLE state back, so it is refused "
+        "rather than sized or served wrongly"),
     "Exaone4ForCausalLM": _decoder_model("Exaone4ForCausalLM", "modeling_exaone4", "Exaone4Model", "Exaone4Config",
                                          "fbbc05dd1445fb8545148cfcb51b8e2bdcf28cfa"),
     "Gemma3ForCausalLM": _decoder_model("Gemma3ForCausalLM", "modeling_gemma3", "Gemma3TextModel", "Gemma3TextConfig",

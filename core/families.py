@@ -395,7 +395,8 @@ def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
         out.update(use_sliding_window=False, sliding_window=None)
     rope = out.get("rope_parameters")
     if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
-        # RoPE per layer type (Laguna): the head is one full-attention layer, rotating its whole head_dim
+        # RoPE per layer type (Laguna): the head is one full-attention layer (their base and scaling, e.g. YaRN),
+        # rotating its whole head_dim
         out["rope_parameters"] = {k: v for k, v in rope["full_attention"].items() if k != "partial_rotary_factor"}
         if "rope_theta" in out:
             out["rope_theta"] = out["rope_parameters"].get("rope_theta", out["rope_theta"])

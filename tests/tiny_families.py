@@ -143,13 +143,14 @@ _NEW: dict[str, dict[str, Any]] = {
                      attention_bias=True),
     "exaone_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
                        sliding_window=128, first_k_dense_replace=1),
-    # Laguna: per-head softplus output gates, sigmoid-routed experts + a shared expert, full-attention layers with
-    # partial RoPE (their own theta) and sliding-window layers with full RoPE, as the published config has them
+    # Laguna: per-head softplus output gates, sigmoid-routed experts + a shared expert, RoPE per layer type as upstream
+    # reads the published config (modeling_laguna.py: global = YaRN on half the head_dim, SWA = linear on all of it)
     "laguna": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                    gating=True, moe_routed_scaling_factor=2.5,
-                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e5,
+                   rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0,
+                                                       "original_max_position_embeddings": 128,
                                                        "partial_rotary_factor": 0.5},
-                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                    "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
                                                           "partial_rotary_factor": 1.0}}),
     "seed_oss": dict(attention_bias=True, attention_out_bias=False),
     "apertus": dict(hidden_act="xielu", rope_parameters={"rope_type": "default", "rope_theta": 1e6}),

@@ -474,6 +474,11 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
             f"model_type {row.model_type!r} (the row's); a checkpoint of another model_type (e.g. Kimi-K2's "
             "'kimi_k2', which ships its own modeling code through auto_map) is not what that class computes, and "
             "the reference engine runs no checkpoint code. Use engine.backend pytorch for it")
+    if row is not None and row.model_type == "laguna" and hf_config.get("attention_bias"):
+        raise GenericTargetError(
+            f"{where}: LagunaForCausalLM with attention_bias true: transformers then gives o_proj a bias, "
+            "TensorRT-LLM's LagunaAttention builds o_proj without one (dense_bias=False, modeling_laguna.py at "
+            "01dcc21a), so the reference engine would not compute what the served model does")
     recurrent = row is not None and row.attention in (LINEAR, MAMBA)
     kinds = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
              *(("linear_attention",) if recurrent else ()))

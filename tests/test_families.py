@@ -276,3 +276,16 @@ def test_laguna_windows_shorter_than_the_sequences_are_refused_by_the_build(tmp_
     assert "sliding_window=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
     assert build.main([str(_cfg(tmp_path, "short", target, head, "reference", max_input_len=16,
                                 max_seq_len=32)), "--dry-run"]) == 0
+
+
+def test_laguna_with_attention_biases_is_refused_by_the_reference_engine(tmp_path: Path) -> None:
+    """transformers gives Laguna's o_proj a bias when attention_bias is set; upstream's LagunaAttention has none:
+    the reference engine refuses it rather than compute something the served model does not."""
+    from core.families import GenericTargetError, check_generic
+    from tests.tiny_families import family_config
+
+    cfg = family_config("laguna", attention_bias=True)
+    cfg.update(architectures=["LagunaForCausalLM"], model_type="laguna")
+    with pytest.raises(GenericTargetError, match=r"attention_bias true.*dense_bias=False"):
+        check_generic(cfg, tmp_path, max_seq_len=64)
+    check_generic({**cfg, "attention_bias": False}, tmp_path, max_seq_len=64)

@@ -54,7 +54,8 @@ CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config"
            "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
            "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
            "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
-           "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM")}
+           "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM"),
+           "laguna": ("LagunaConfig", "LagunaForCausalLM")}
 MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "decoder_sparse_step": 1,
        "norm_topk_prob": True, "mlp_only_layers": []}
 _ROUTED = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 256,
@@ -91,6 +92,15 @@ EXTRA: dict[str, dict[str, Any]] = {
         {"M": "mamba", "-": "mlp", "*": "attention"}[c] for c in _PATTERN], "mamba_num_heads": 18,
         "mamba_head_dim": 64, "n_groups": 1, "ssm_state_size": 64, "conv_kernel": 4, "layer_norm_epsilon": 1e-5,
         "mlp_hidden_act": "relu2"},
+    # Laguna: three sliding-window layers per full-attention layer (RoPE per layer type, partial on the full ones),
+    # per-head output gates, 8 sigmoid-routed experts of 256 (2 per token) and a shared expert after a dense layer
+    "laguna": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+               "shared_expert_intermediate_size": 256, "sliding_window": 4096, "gating": True,
+               "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 7
+               + ["sliding_attention", "full_attention"], "mlp_layer_types": ["dense"] + ["sparse"] * 29,
+               "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e5,
+                                                      "partial_rotary_factor": 0.5},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
     "apertus": {"hidden_act": "xielu", "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}},
 }
 

@@ -172,6 +172,15 @@ FAMILIES: tuple[Family, ...] = (
                 "(upstream also drops the chunking for speculative decoding before Blackwell and on non-TRTLLM "
                 "attention backends)",
            versions=CURRENT),
+    Family("LagunaForCausalLM", "Laguna", "laguna", DENSE, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_laguna.py",
+           "@register_auto_model('LagunaForCausalLM') class LagunaForCausalLM("
+           "SpecDecOneEngineForCausalLM[LagunaModel, PretrainedConfig])",
+           "commit 01dcc21a28bd9b95e15ebc1aa56b60bca128123c", "generic", True,
+           note="GQA with a per-layer head count (num_attention_heads_per_layer), q/k norms and a softplus output "
+                "gate per head (g_proj), sliding-window layers (reference engine: sequences up to the window) with "
+                "their own RoPE, sigmoid-routed experts + a shared expert after dense layers (mlp_layer_types)",
+           versions=CURRENT),
 )
 
 # Registrations read upstream that subclass SpecDecOneEngineForCausalLM but do not run EAGLE-3 there: not rows of the
@@ -215,6 +224,87 @@ NOT_ROWS: dict[str, tuple[str, str, str, str]] = {
         "serves it with an EAGLE-3 head (transformers 5.25 has its text model, MiniMaxM3VLForCausalLM of model_type "
         "minimax_m3_vl_text, which the reference engine could run once upstream serves it)"),
 }
+
+_NOT_ONE_MODEL = ("at the commit read it is not a SpecDecOneEngineForCausalLM, and the current line runs EAGLE-3 "
+                  "one-model only, so no version claimed here serves it with an EAGLE-3 head (whether an older line "
+                  "ran it two-model was not established: those tags were not opened)")
+
+
+def _decoder_model(name: str, module: str, model: str, conf: str, commit: str,
+                   cls: str | None = None) -> tuple[str, str, str, str]:
+    """A NOT_ROWS entry for a registration read as a DecoderModelForCausalLM (not one-model)."""
+    return (f"tensorrt_llm/_torch/models/{module}.py",
+            f"@register_auto_model('{name}') class {cls or name}(DecoderModelForCausalLM[{model}, {conf}])",
+            f"commit {commit}", _NOT_ONE_MODEL)
+
+
+NOT_ROWS.update({
+    "DeepseekV4ForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_deepseekv4.py",
+        "@register_auto_model('DeepseekV4ForCausalLM') class DeepseekV4ForCausalLM(SpecDecOneEngineForCausalLM"
+        "[DeepseekV4Model, PretrainedConfig]) (one-model upstream)",
+        "commit 02586bf0b0f59d29967bf4aa27d5714a0b4788f6",
+        "its layers carry the residual as hc_mult parallel streams (manifold hyper-connections, an HCHead before the "
+        "final norm), with compressed attention and optional Engram n-gram embeddings; the memory check (core/"
+        "shapes.py) sizes none of these and the reference engine's cache was not proven against them, so it is "
+        "refused rather than sized or served wrongly (transformers 5.25 has DeepseekV4ForCausalLM, so it can "
+        "become a row once sized and tested)"),
+    "MistralLarge3ForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_mistral_large3.py",
+        "@register_auto_model('MistralLarge3ForCausalLM') class MistralLarge3ForCausalLM(DeepseekV3ForCausalLM) "
+        "(DeepseekV3ForCausalLM is a SpecDecOneEngineForCausalLM: one-model upstream), loading its weights through "
+        "MistralLarge3WeightMapper (Mistral's own checkpoint names)",
+        "commit 130fae99b7a5696321372d918e62fa14d9879ad6",
+        "transformers 5.25 has no model for it (no MistralLarge3 config or causal LM), so neither the reference "
+        "engine nor a tiny model can prove its sizing or serving here, and its checkpoints use Mistral's own "
+        "weight names, not the Hugging Face layout the converter reads"),
+    "Glm5NextForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_glm5_next.py",
+        "@register_auto_model('Glm5NextForCausalLM') class Glm5NextForCausalLM(SpecDecOneEngineForCausalLM), "
+        "documented there as the GLM-5.3-Flash decoder with an optional one-model MTP drafter",
+        "commit eaf9e324db070ee364b83361ad323a7366ea9ade",
+        "its stack mixes KDA linear-attention layers (recurrent state), sparse latent-attention layers with a pooled "
+        "indexer, hyper-connections and 288 routed experts; the memory check sizes none of these layers and the "
+        "reference engine's state roll-back was not proven on them, and whether upstream runs an EAGLE-3 head on it "
+        "(not only its MTP drafter) was not established, so it is refused rather than sized or served wrongly"),
+    "Qwen4ExpForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_qwen4_exp.py",
+        "@register_auto_model('Qwen4ExpForCausalLM') class Qwen4ExpForCausalLM(SpecDecOneEngineForCausalLM"
+        "[Qwen4ExpModel, PretrainedConfig]) (one-model upstream; its load_weights names Gated-DeltaNet, MoE, PLE "
+        "and Hyper-Connection tensors)",
+        "commit 306f9922550919a8c5f6271d4586b46b093cdaca",
+        "besides Qwen3-Next-style gated delta-net layers it has per-layer n-gram embeddings (PLE, a recurrent side "
+        "state upstream rolls back on acceptance), a hyper-connection mixer and sparse attention (QSA); the memory "
+        "check sizes none of these and the reference engine does not roll the PLE state back, so it is refused "
+        "rather than sized or served wrongly"),
+    "KimiK25ForConditionalGeneration": (
+        "tensorrt_llm/_torch/models/modeling_kimi_k25.py",
+        "@register_auto_model('KimiK25ForConditionalGeneration') class KimiK25ForConditionalGeneration("
+        "PreTrainedModel), a MoonViT3d vision encoder beside a DeepseekV3ForCausalLM text model (a "
+        "SpecDecOneEngineForCausalLM) to which it forwards draft_config, draft_model and load_draft_weights",
+        "commit 010373d3b4e9165d22f253d981df48484877336f",
+        "the memory check does not size its MoonViT3d vision encoder and patch-merger projector (which upstream "
+        "loads beside the text model), so its weights would be under-counted, and no tiny Kimi-K2.5 model proves "
+        "its serving here yet (transformers 5.25 has KimiK25ForConditionalGeneration, so it can become a row)"),
+    "Exaone4ForCausalLM": _decoder_model("Exaone4ForCausalLM", "modeling_exaone4", "Exaone4Model", "Exaone4Config",
+                                         "fbbc05dd1445fb8545148cfcb51b8e2bdcf28cfa"),
+    "Gemma3ForCausalLM": _decoder_model("Gemma3ForCausalLM", "modeling_gemma3", "Gemma3TextModel", "Gemma3TextConfig",
+                                        "00e7d1037d247c72af2da216998cd7cf9e846461"),
+    "Gemma4ForCausalLM": _decoder_model("Gemma4ForCausalLM", "modeling_gemma4", "Gemma4TextModel", "Gemma4TextConfig",
+                                        "00e7d1037d247c72af2da216998cd7cf9e846461"),
+    "HunYuanDenseV1ForCausalLM": _decoder_model("HunYuanDenseV1ForCausalLM", "modeling_hunyuan_dense", "HunYuanModel",
+                                                "HunYuanPretrainedConfig", "06d811a99520bd18b2aa9d74d5c8bb43814909f2"),
+    "HunYuanMoEV1ForCausalLM": _decoder_model("HunYuanMoEV1ForCausalLM", "modeling_hunyuan_moe", "HunYuanModel",
+                                              "PretrainedConfig", "047098b74c51f488abcfcd72f7d4a988a56442f6"),
+    "AfmoeForCausalLM": _decoder_model("AfmoeForCausalLM", "modeling_afmoe", "AfmoeModel", "PretrainedConfig",
+                                       "038cc86ca4df367639fa3db671b12d662e6e5863"),
+    "Cohere2ForCausalLM": _decoder_model("Cohere2ForCausalLM", "modeling_cohere2", "Cohere2Model", "Cohere2Config",
+                                         "231ddefa1215531eb32e5da040d9dae0cd88dc89"),
+    "MiniMaxM2ForCausalLM": _decoder_model("MiniMaxM2ForCausalLM", "modeling_minimaxm2", "MiniMaxM2Model",
+                                           "PretrainedConfig", "005927171bae79bf65f790a98d1f398419c8fefe"),
+    "MixtralForCausalLM": _decoder_model("MixtralForCausalLM", "modeling_mixtral", "MixtralModel", "PretrainedConfig",
+                                         "000a01de66f0eab4ab05640711f0253f50f5209c"),
+})
 
 BY_NAME = {f.name: f for f in FAMILIES}
 NATIVE = tuple(sorted(f.name for f in FAMILIES if f.reference == "native"))
@@ -287,7 +377,10 @@ _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "nu
                 "no_rope_layer_interval", "attention_chunk_size", "attn_temperature_tuning", "floor_scale",
                 "attn_scale", "router_jitter_noise",
                 # DeepSeek-V3.2 / GLM-5 sparse attention
-                "index_topk", "index_head_dim", "index_n_heads", "indexer_types")
+                "index_topk", "index_head_dim", "index_n_heads", "indexer_types",
+                # Laguna: per-layer query heads, attention output gates, its router's options
+                "num_attention_heads_per_layer", "gating", "moe_routed_scaling_factor",
+                "moe_apply_router_weight_on_input", "moe_router_logit_softcapping")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -300,6 +393,13 @@ def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
     out["hidden_act"] = "silu"  # the head's MLP is SwiGLU whatever the target's (training/model.py, engines/model.py)
     if "use_sliding_window" in out or "sliding_window" in out:
         out.update(use_sliding_window=False, sliding_window=None)
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+        # RoPE per layer type (Laguna): the head is one full-attention layer (their base and scaling, e.g. YaRN),
+        # rotating its whole head_dim
+        out["rope_parameters"] = {k: v for k, v in rope["full_attention"].items() if k != "partial_rotary_factor"}
+        if "rope_theta" in out:
+            out["rope_theta"] = out["rope_parameters"].get("rope_theta", out["rope_theta"])
     return out
 
 
@@ -374,6 +474,11 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
             f"model_type {row.model_type!r} (the row's); a checkpoint of another model_type (e.g. Kimi-K2's "
             "'kimi_k2', which ships its own modeling code through auto_map) is not what that class computes, and "
             "the reference engine runs no checkpoint code. Use engine.backend pytorch for it")
+    if row is not None and row.model_type == "laguna" and hf_config.get("attention_bias"):
+        raise GenericTargetError(
+            f"{where}: LagunaForCausalLM with attention_bias true: transformers then gives o_proj a bias, "
+            "TensorRT-LLM's LagunaAttention builds o_proj without one (dense_bias=False, modeling_laguna.py at "
+            "01dcc21a), so the reference engine would not compute what the served model does")
     recurrent = row is not None and row.attention in (LINEAR, MAMBA)
     kinds = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
              *(("linear_attention",) if recurrent else ()))

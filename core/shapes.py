@@ -77,8 +77,10 @@ def _layer_kinds(fam: Family, cfg: dict[str, Any], n: int) -> list[str]:
     return ["attention"] * n
 
 
-def _dense_attention(fam: Family, cfg: dict[str, Any], h: int) -> tuple[int, int]:
+def _dense_attention(fam: Family, cfg: dict[str, Any], h: int, j: int = 0) -> tuple[int, int]:
     heads = int(cfg["num_attention_heads"])
+    if isinstance(cfg.get("num_attention_heads_per_layer"), list):  # Laguna: query heads per layer
+        heads = int(cfg["num_attention_heads_per_layer"][j])
     kvh = int(cfg.get("num_key_value_heads") or heads)
     hd = int(cfg.get("head_dim") or h // heads)
     q, kv = heads * hd, kvh * hd
@@ -87,8 +89,10 @@ def _dense_attention(fam: Family, cfg: dict[str, Any], h: int) -> tuple[int, int
     if cfg.get("attention_bias") or fam.qkv_bias:
         out_bias = cfg.get("attention_out_bias", False) if fam.model_type == "seed_oss" else fam.model_type == "gpt_oss"
         p += q * gate + 2 * kv + (h if out_bias else 0)
+    if fam.model_type == "laguna":  # softplus output gate per head (gating true / "per-head") or per channel
+        p += h * (heads if cfg.get("gating", True) in (True, "per-head") else q)
     if fam.model_type in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "apertus",
-                          "exaone_moe"):
+                          "exaone_moe", "laguna"):
         p += 2 * hd  # per-head q/k RMSNorm
     if fam.model_type == "glm4_moe" and cfg.get("use_qk_norm"):
         p += 2 * hd
@@ -176,6 +180,8 @@ def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
         shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
         return p + 2 * h * shared * int(cfg.get("n_shared_experts") or 1) if shared else p
     p = experts * 3 * h * inter + experts * h
+    if fam.model_type == "laguna":  # router + its score-correction bias, a shared expert with no output gate
+        return p + experts + 3 * h * int(cfg.get("shared_expert_intermediate_size") or inter)
     if fam.model_type in ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "exaone_moe"):
         p += experts  # e_score_correction_bias
         p += int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * 3 * h * inter
@@ -223,6 +229,8 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
     for j, kind in enumerate(_layer_kinds(fam, cfg, n)):
         norms = h if fam.model_type == "nemotron_h" else 2 * h
         if kind == "attention":
+            if fam.model_type == "laguna":
+                attn, kv_layer = _dense_attention(fam, cfg, h, j)
             p_index, kv_index = _indexer(fam, cfg, h, j)
             params += attn + p_index
             kv += kv_layer + kv_index

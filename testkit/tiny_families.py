@@ -22,7 +22,8 @@ FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session 
 # The rows added with the family table (core/families.py), built where a test needs them: the generic ones run on
 # the reference engine (the recurrent ones, gated delta-net or Mamba-2 layers, with chain drafts); a build-only one
 # would be sized and built for the PyTorch backend but not run there (none is).
-GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus", "llama4", "deepseek_v32")
+GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus", "llama4", "deepseek_v32",
+                    "laguna")
 RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
 BUILD_ONLY_FAMILIES: tuple[str, ...] = ()
 
@@ -44,6 +45,7 @@ _CLASSES = {
     "llama4": ("Llama4Config", "Llama4ForConditionalGeneration"),  # text_config + a vision tower, as published
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM"),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),
+    "laguna": ("LagunaConfig", "LagunaForCausalLM"),
 }
 # Every row of the family table (core/families.py FAMILIES) and the tiny family that stands for it.
 TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2",
@@ -51,7 +53,8 @@ TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausa
         "DeepseekV3ForCausalLM": "deepseek_v3", "Glm4MoeForCausalLM": "glm4_moe", "ExaoneMoEForCausalLM": "exaone_moe",
         "SeedOssForCausalLM": "seed_oss", "ApertusForCausalLM": "apertus", "Qwen3NextForCausalLM": "qwen3_next",
         "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "NemotronHForCausalLM": "nemotron_h",
-        "Llama4ForConditionalGeneration": "llama4", "DeepseekV32ForCausalLM": "deepseek_v32"}
+        "Llama4ForConditionalGeneration": "llama4", "DeepseekV32ForCausalLM": "deepseek_v32",
+        "LagunaForCausalLM": "laguna"}
 # Tiny models of architectures transformers implements that are not rows yet (core/families.py NOT_ROWS says why):
 # ready for their row, not built or served by the tests.
 NOT_ROW_FAMILIES = ("glm_moe_dsa",)
@@ -106,6 +109,11 @@ def family_config(family: str, *, tie: bool = False, head_dim: int | None = None
             {"M": "mamba", "-": "mlp", "*": "attention"}[c] for c in pattern])
     if family == "glm_moe_dsa":  # every second layer reuses the previous layer's selection
         cfg["indexer_types"] = ["shared" if j % 2 else "full" for j in range(layers)]
+    if family == "laguna":  # query heads per layer, sliding layers then a full one, a dense first layer
+        cfg["num_attention_heads_per_layer"] = [heads, kv_heads, heads] + [heads] * (layers - 3)
+        cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+        cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
+        cfg["sliding_window"] = sliding_window or 128
     if family == "exaone_moe":
         cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
         cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
@@ -135,6 +143,15 @@ _NEW: dict[str, dict[str, Any]] = {
                      attention_bias=True),
     "exaone_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
                        sliding_window=128, first_k_dense_replace=1),
+    # Laguna: per-head softplus output gates, sigmoid-routed experts + a shared expert, RoPE per layer type as upstream
+    # reads the published config (modeling_laguna.py: global = YaRN on half the head_dim, SWA = linear on all of it)
+    "laguna": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                   gating=True, moe_routed_scaling_factor=2.5,
+                   rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0,
+                                                       "original_max_position_embeddings": 128,
+                                                       "partial_rotary_factor": 0.5},
+                                    "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
+                                                          "partial_rotary_factor": 1.0}}),
     "seed_oss": dict(attention_bias=True, attention_out_bias=False),
     "apertus": dict(hidden_act="xielu", rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     "qwen3_next": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -202,8 +219,9 @@ def make_family_target(out: Path, family: str, *, seed: int = 0, tokenizer: bool
     model = _model(family, family_config(family, **options))
     _randomize(model, seed, block_scale)
     model.to(torch.float32).save_pretrained(out, safe_serialization=True)
-    _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"),
-                        _ARCH.get(family))
+    if family != "laguna":  # Laguna's RoPE is per layer type (rope_parameters), which a top-level theta would blur
+        _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"),
+                            _ARCH.get(family))
     if family == "nemotron_h":  # published Nemotron-H configs carry both; transformers 5 saves layers_block_type only
         cfg = json.loads((out / "config.json").read_text())
         built = family_config(family, **options)

@@ -210,6 +210,19 @@ def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() 
     assert "not a SpecDecOneEngineForCausalLM" in p and "runs EAGLE-3 one-model only" in p
     rendered = "\n".join(architectures.markdown())
     assert "- Not a row: `Step3p5ForCausalLM`" in rendered and "- Not a row: `MiniMaxM3SparseForCausalLM`" in rendered
+    # registrations read as DecoderModelForCausalLM (not one-model) on the current line: EXAONE 4, Gemma 3 / 4, ...
+    for name, commit in (("Exaone4ForCausalLM", "fbbc05dd"), ("Gemma3ForCausalLM", "00e7d103"),
+                         ("Gemma4ForCausalLM", "00e7d103"), ("MixtralForCausalLM", "000a01de")):
+        [p] = architectures.problems(name, version="1.4", backend="pytorch", draft_type="eagle3", where="t")
+        assert f"class {name}(DecoderModelForCausalLM[" in p and commit in p and "runs EAGLE-3 one-model only" in p
+        assert f"- Not a row: `{name}`" in rendered
+    # one-model upstream, but what they compute is not sized or proven here
+    [p] = architectures.problems("DeepseekV4ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "DeepseekV4ForCausalLM(SpecDecOneEngineForCausalLM" in p and "02586bf0" in p and "hc_mult" in p
+    [p] = architectures.problems("MistralLarge3ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "MistralLarge3ForCausalLM(DeepseekV3ForCausalLM)" in p and "no model for it" in p
 
 
 def test_kimi_k2_checkpoints_build_for_pytorch_and_are_refused_by_the_reference_engine(
@@ -250,3 +263,29 @@ def test_llama4_chunks_shorter_than_the_sequences_are_refused_by_the_build(tmp_p
     assert "attention_chunk_size=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
     assert build.main([str(_cfg(tmp_path, "short", target, head, "reference", max_input_len=16,
                                 max_seq_len=32)), "--dry-run"]) == 0
+
+
+def test_laguna_windows_shorter_than_the_sequences_are_refused_by_the_build(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    """Laguna's sliding-window layers are not computed as full attention silently: a build whose engine.max_seq_len
+    exceeds sliding_window is refused by --dry-run, naming both; within the window it is accepted."""
+    target = make_family_target(tmp_path / "target", "laguna", sliding_window=32)
+    head = make_mimic_eagle3_head(tmp_path / "head", target)
+    assert build.main([str(_cfg(tmp_path, "long", target, head, "reference")), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "sliding_window=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
+    assert build.main([str(_cfg(tmp_path, "short", target, head, "reference", max_input_len=16,
+                                max_seq_len=32)), "--dry-run"]) == 0
+
+
+def test_laguna_with_attention_biases_is_refused_by_the_reference_engine(tmp_path: Path) -> None:
+    """transformers gives Laguna's o_proj a bias when attention_bias is set; upstream's LagunaAttention has none:
+    the reference engine refuses it rather than compute something the served model does not."""
+    from core.families import GenericTargetError, check_generic
+    from testkit.tiny_families import family_config
+
+    cfg = family_config("laguna", attention_bias=True)
+    cfg.update(architectures=["LagunaForCausalLM"], model_type="laguna")
+    with pytest.raises(GenericTargetError, match=r"attention_bias true.*dense_bias=False"):
+        check_generic(cfg, tmp_path, max_seq_len=64)
+    check_generic({**cfg, "attention_bias": False}, tmp_path, max_seq_len=64)

@@ -173,10 +173,11 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna"])
 def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
     """A Qwen3-MoE, DeepSeek-V3 (MLA), DeepSeek-V3.2 (MLA + sparse-attention indexer), Qwen3-Next (gated delta-net,
-    chain drafts) or Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers) target
+    chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers) or Laguna (per-layer
+    heads, gated attention, RoPE per layer type) target
     (transformers' own model class in the reference engine) with an EAGLE-3 head trained by training/train_head.py,
     built for the current line and served by the llmapi model on the real Triton server: the answers are HF
     generate's."""

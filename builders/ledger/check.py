@@ -119,11 +119,11 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
     conf = json.loads((ckpt / "config.json").read_text())
     tree = cfg.static_tree()
     return ledger.flags_of(
-        eagle=cfg.draft.type == "eagle", w_fp8=cfg.quantization.weights == "fp8",
+        eagle=not cfg.draft.kind.eagle3, w_fp8=cfg.quantization.weights == "fp8",
         kv_fp8=cfg.quantization.kv_cache == "fp8", perf=True, tree=tree is not None and not tree.is_chain(),
         dynamic=cfg.tree.dynamic is not None,
         drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
-        reference=cfg.engine.backend == "reference", pytorch=cfg.engine.backend == "pytorch",
+        reference=cfg.engine.kind.reference_engine, pytorch=cfg.engine.kind.llmapi_model,
         schedule=cfg.tree.draft_len_schedule is not None, max_concurrency=cfg.tree.max_concurrency is not None,
         acceptance=bool(cfg.tree.acceptance_rate_window_size), penalty=cfg.tree.enable_penalty,
         w_quant=cfg.quantization.weights != "none", w_nvfp4=cfg.quantization.weights == "nvfp4",
@@ -174,9 +174,9 @@ def build_names(cfg: Any, build: Path) -> Emitted:
         out.update(eagle3_names(json.loads(hf_model.read_text()),
                                 json.loads((layout.hf_target_dir(build) / "config.json").read_text()),
                                 surface="hf_model.config"))
-    if cfg.engine.backend == "tensorrt":
+    if cfg.engine.kind.engine_flow:
         _add(out, "trtllm-build.flag", ledger.argv_flags(trtllm_build.trtllm_build_argv(cfg, ckpt, build / "engine")))
-    if cfg.engine.backend == "pytorch":
+    if cfg.engine.kind.llmapi_model:
         _add(
             out, "llmapi.option", ledger.flat_keys(yaml.safe_load((build / "engine" / llmapi.OPTIONS_FILE).read_text()))
         )

@@ -175,7 +175,7 @@ def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan, other_tree: An
         s = measure(eng, ids, plan.speedup_tokens, [int(tok.eos_token_id)])
         out[key] = {"ratio": s.ratio, "eagle_tokens_per_s": s.eagle_tps, "target_only_tokens_per_s": s.target_tps,
                     "tau": s.tau, "identical": s.identical, "prompts": s.prompts, "tokens": plan.speedup_tokens,
-                    "tree": eng.describe_tree()}
+                    "tree": eng.describe_tree(), "kernels": list(eng.kernels)}
     return out
 
 
@@ -268,6 +268,8 @@ def print_summary(r: dict) -> None:
           f"({s['eagle_tokens_per_s']:.1f} vs {s['target_only_tokens_per_s']:.1f} tokens/s, reference engine, "
           f"{s['prompts']} prompts x {s['tokens']} tokens, {s['identical']}/{s['prompts']} outputs identical)")
     print(f"    served tree: {s['tree']} ({s['served_tree']})")
+    for line in s["kernels"]:
+        print(f"    kernels: {line}")
     c = r.get("config_tree")
     if c is not None:
         print(f"  the config's tree, shaped for a GPU ({c['tree']}): {c['ratio']:.2f}x at tau {c['tau']:.2f} "

@@ -78,6 +78,10 @@ def test_demo_end_to_end_on_tiny_models(tiny_target: Path, eagle_head: Path, tmp
     s = summary["speedup"]
     assert f"EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f}" in out
     assert ("tune_tree.py --objective speed" in out) == (s["ratio"] < 1.0)  # the hint only where EAGLE is slower
+    assert s["kernels"] and all(f"    kernels: {line}\n" in out for line in s["kernels"])  # engines/linear.py
+    assert "float32 kernels: MKL on W^T for one row" in s["kernels"][0]  # the demo runs in float32
+    log = (tmp_path / "build/demo_results/tritonserver.log").read_text()
+    assert f"[eagle] tensorrt_llm: kernels: {s['kernels'][0]}" in log  # the engine says it at load
 
 
 def test_demo_serves_the_tree_tuned_for_the_device(tmp_path: Path) -> None:

@@ -141,7 +141,8 @@ def test_what_the_reference_engine_does_on_the_engine_flow_line_is_labelled_ours
     assert (fields["acceptance_switch_per_sequence"].description or "").startswith("Ours, beyond TensorRT-LLM")
     from core.speculation import SpeculationPolicy
 
-    assert SpeculationPolicy(max_concurrency=1).describe() == "no speculation above 1 sequence (tree.max_concurrency: 1)"
+    one = SpeculationPolicy(max_concurrency=1)
+    assert one.describe() == "no speculation above 1 sequence (tree.max_concurrency: 1)"
     assert SpeculationPolicy(acceptance_rate_window_size=4, acceptance_rate_threshold=0.5,
                              per_sequence_switch=True).describe() == (
         "speculation off for each sequence on its own once the acceptance rate over 4 steps is below 0.5")

@@ -128,7 +128,8 @@ def identical(round_dir: Path, level: float) -> dict[str, Any]:
     a, b = answers(round_dir).get(level, {}), answers(round_dir / "baseline").get(level, {})
     both = sorted(set(a) & set(b))
     differ = [p for p in both if len(a[p] | b[p]) != 1]
-    return {"prompts": len(both), "identical": len(both) - len(differ), "differ": differ}
+    empty = [p for p in both if a[p] | b[p] == {""}]  # the model ended at once on both: identical, but say so
+    return {"prompts": len(both), "identical": len(both) - len(differ), "differ": differ, "empty": empty}
 
 
 def summarize(rounds: list[Path]) -> dict[str, Any]:
@@ -148,8 +149,9 @@ def summarize(rounds: list[Path]) -> dict[str, Any]:
         same = [identical(r, float(level)) for r in rounds]
         out.append({"level": level, "ratios": ratios, "median_ratio": statistics.median(ratios) if ratios else None,
                     "on_tokens_per_s": on, "off_tokens_per_s": off, "outputs": same,
-                    "outputs_identical": sum(x["identical"] for x in same), "outputs_compared": sum(x["prompts"]
-                                                                                                   for x in same)})
+                    "outputs_identical": sum(x["identical"] for x in same),
+                    "outputs_compared": sum(x["prompts"] for x in same),
+                    "outputs_empty": sum(len(x["empty"]) for x in same)})
     return {"rounds": [str(r) for r in rounds], "off_first": [off_first(k) for k in range(len(rounds))],
             "levels": out}
 
@@ -227,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         ratios = " ".join(f"{r:.2f}x" for r in row["ratios"]) or "-"
         median = "-" if row["median_ratio"] is None else f"{row['median_ratio']:.2f}x"
         print(f"concurrency {row['level']}: on/off {ratios} (median {median}); answers identical on and off: "
-              f"{row['outputs_identical']}/{row['outputs_compared']} prompts", flush=True)
+              f"{row['outputs_identical']}/{row['outputs_compared']} prompts ({row['outputs_empty']} of them empty "
+              "on both)", flush=True)
     return 0
 
 

@@ -30,8 +30,10 @@ class LoadAwareFields(BaseModel):
         "sequences drafts the length of the smallest threshold >= B; above the largest one it drafts nothing "
         "(speculation off). Must hold 1: <tree depth>. `auto` = the schedule measured by `python "
         "measure/tune_tree.py --objective schedule --json FILE` (give FILE in tree.schedule_file). Written as "
-        "speculative_config.draft_len_schedule for the versions that have it; the reference engine follows it on "
-        "every version. None = always the whole tree.",
+        "speculative_config.draft_len_schedule for the versions that have it (1.4); the reference engine follows it "
+        "on every version. Ours on trtllm_version 1.1/1.2: TensorRT-LLM has no such field there (the engine flow's "
+        "C++ runtime drafts the whole tree at every batch size), so there it is the reference engine's own "
+        "behaviour, not upstream's. None = always the whole tree.",
     )
     schedule_file: str | None = Field(
         default=None,
@@ -40,17 +42,21 @@ class LoadAwareFields(BaseModel):
     )
     max_concurrency: PositiveInt | None = Field(
         default=None,
-        description="No speculation when more than this many sequences decode together (TensorRT-LLM turns it into "
-        "{N: max_draft_len}); exclusive with draft_len_schedule. None = speculation at every batch size.",
+        description="No speculation when more than this many sequences decode together (TensorRT-LLM 1.4 turns it "
+        "into {N: max_draft_len}); exclusive with draft_len_schedule. Ours on trtllm_version 1.1/1.2: TensorRT-LLM "
+        "has no such field there, so on that line it is the reference engine's own behaviour. None = speculation "
+        "at every batch size.",
     )
     acceptance_rate_window_size: NonNegativeInt | None = Field(
         default=None,
         description="Steps (that speculate) in the rolling window of acceptance rates (accepted / drafted tokens); "
-        "set together with acceptance_rate_threshold. None or 0 = no acceptance switch.",
+        "set together with acceptance_rate_threshold (TensorRT-LLM 1.4's acceptance switch; ours on "
+        "trtllm_version 1.1/1.2, where TensorRT-LLM has no such switch). None or 0 = no acceptance switch.",
     )
     acceptance_rate_threshold: float | None = Field(
         default=None, ge=0, le=1,
-        description="Speculation turns off for good once the window's mean acceptance rate drops below this.",
+        description="Speculation turns off for good once the window's mean acceptance rate drops below this "
+        "(TensorRT-LLM 1.4's switch; ours on trtllm_version 1.1/1.2).",
     )
     acceptance_switch_per_sequence: bool = Field(
         default=False,

@@ -117,7 +117,8 @@ class LevelRunner:
                 req = self._build(p)
             stats = GenerationStats(start=time.perf_counter(), streamed=self.spec.stream)
             rec.start = stats.start  # the clock starts after the (first-use) build, as a bare client's would
-            rec.output_tokens = self.counter.count(await self.client.complete(req, stats))
+            rec.text = await self.client.complete(req, stats)
+            rec.output_tokens = self.counter.count(rec.text)
         except asyncio.CancelledError as e:
             # complete() ended the request on the server before this propagates (stop + drain for an ensemble); a
             # failure to end it comes chained as the cause and belongs in the record

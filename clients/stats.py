@@ -81,6 +81,7 @@ class RequestRecord:
     accepted_draft_tokens: int | None = None
     draft_tokens: int | None = None
     error: str | None = None
+    text: str | None = None  # the answer's text (a request that completed): compared across deployments
 
     @property
     def ok(self) -> bool:

@@ -83,3 +83,17 @@ class SpeculationPolicy:
         if self.max_concurrency is not None and batch > self.max_concurrency:
             return 0
         return depth
+
+    def describe(self) -> str:
+        """What the policy does, in a line (the demo prints it)."""
+        parts = []
+        if self.draft_len_schedule is not None:
+            parts.append(f"draft length per batch size {self.draft_len_schedule} (tree.draft_len_schedule)")
+        if self.max_concurrency is not None:
+            n = self.max_concurrency
+            parts.append(f"no speculation above {n} sequence{'s' if n > 1 else ''} (tree.max_concurrency: {n})")
+        if self.acceptance_rate_window_size and self.acceptance_rate_threshold is not None:
+            who = "each sequence on its own" if self.per_sequence_switch else "the whole batch"
+            parts.append(f"speculation off for {who} once the acceptance rate over {self.acceptance_rate_window_size} "
+                         f"steps is below {self.acceptance_rate_threshold}")
+        return "; ".join(parts) or "the whole tree at every step"

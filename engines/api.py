@@ -117,6 +117,12 @@ class ReferenceEngine:
         return self._rt.tokenizer
 
     @property
+    def kernels(self) -> tuple[str, ...]:
+        """What multiplies the weights on this machine, one line per layout (per shape where chosen by measurement
+        at load: engines/kernel_choice.py)."""
+        return self._rt.kernels
+
+    @property
     def device(self) -> str:
         return str(self._rt.device)
 

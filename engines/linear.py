@@ -4,7 +4,10 @@
 
 - CUDA, and CPUs whose oneDNN multiplies 16-bit types natively (`torch.ops.mkldnn._is_mkldnn_bf16_supported()`:
   AVX512-BF16 / AMX; `_is_mkldnn_fp16_supported()`: AVX512-FP16 / AMX-FP16), for 16-bit dtypes: the weight as
-  stored, through `F.linear` (cuBLAS / oneDNN; 16-bit products accumulate in float32).
+  stored, through `F.linear` (cuBLAS / oneDNN; 16-bit products accumulate in float32), except:
+- CPU bfloat16 with native bf16 where the AVX2 kernel also builds: per weight shape, whichever of oneDNN's bf16 GEMM
+  and the AVX2 kernel (bf16 panels, below) a short measurement at load found faster, per row count
+  (engines/kernel_choice.py: cached per shape and machine, so the same machine always multiplies alike).
 - CPU float32: W^T contiguous for one-row inputs (x @ W^T streams W row by row; ATen's GEMV on the (N, K) layout is
   slower on this project's CPUs), and for multi-row inputs the weight packed in panels for the AVX2 kernel
   (engines/skinny.py: each loaded weight serves every row), or, without AVX2 or a C compiler, reordered once for
@@ -33,11 +36,11 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from engines import skinny
+from engines import kernel_choice, skinny
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
-Layout = Literal["as stored", "float32 kernels", "bf16 panels"]
+Layout = Literal["as stored", "float32 kernels", "bf16 panels", "bf16 measured"]
 
 
 def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -59,6 +62,7 @@ class Linear:
     packed: torch.Tensor | None = None
     weight_t: torch.Tensor | None = None
     panels: torch.Tensor | None = None
+    choice: kernel_choice.Choice | None = None  # "bf16 measured": panels up to choice.kernel_rows rows, oneDNN above
 
     @property
     def out_features(self) -> int:
@@ -70,6 +74,8 @@ class Linear:
         if self.weight_t is None and self.panels is None:
             return F.linear(x, self.weight, self.bias)
         dtype, k = x.dtype, x.shape[-1]
+        if self.choice is not None and x.numel() // k > self.choice.kernel_rows:
+            return F.linear(x, self.weight, None if self.bias is None else self.bias.to(dtype))  # exact: bf16 bias
         xf = x.float().reshape(-1, k)  # no-op for float32; exact upcast for 16-bit inputs
         if self.weight_t is not None and xf.shape[0] == 1:  # one row: MKL streams W^T
             y = torch.mm(xf, self.weight_t)
@@ -86,7 +92,8 @@ class Linear:
 def fuse_rows(parts: list[Linear]) -> Linear | None:
     """One Linear computing [parts[0](x), parts[1](x), ...] (weights stacked by rows), or None when the parts
     cannot share a product (FP8 activation scales, bias on some only, already prepared)."""
-    if any(p.act_scale is not None or p.weight_t is not None or p.panels is not None for p in parts):
+    if any(p.act_scale is not None or p.weight_t is not None or p.panels is not None or p.choice is not None
+           for p in parts):
         return None
     if len({p.bias is None for p in parts}) != 1 or len({(p.weight.dtype, p.weight.device) for p in parts}) != 1:
         return None
@@ -108,6 +115,8 @@ def native_16bit(dtype: torch.dtype) -> bool:
 def layout_for(device: torch.device, dtype: torch.dtype) -> Layout:
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return "as stored"
+    if dtype == torch.bfloat16 and native_16bit(dtype) and skinny.unavailable() is None:
+        return "bf16 measured"
     if dtype != torch.float32 and native_16bit(dtype):
         return "as stored"
     if dtype == torch.bfloat16 and skinny.unavailable() is None:
@@ -136,11 +145,10 @@ def to_bf16_panels(lin: Linear) -> None:
     lin.bias = None if lin.bias is None else lin.bias.float().contiguous()
 
 
-def prepare_linears(*roots: object) -> int:
-    """Give every `Linear` reachable from `roots` (dataclass fields and lists) the layout `layout_for` picks for its
-    weight's device and dtype. Returns how many linears got a CPU kernel layout (float32 kernels or bf16 panels)."""
+def linears(*roots: object) -> list[Linear]:
+    """Every `Linear` reachable from `roots` (dataclass fields and lists), once each."""
     seen: set[int] = set()
-    prepared = 0
+    found: list[Linear] = []
     stack = list(roots)
     while stack:
         obj = stack.pop()
@@ -148,21 +156,54 @@ def prepare_linears(*roots: object) -> int:
             continue
         seen.add(id(obj))
         if isinstance(obj, Linear):
-            w = obj.weight
-            layout = layout_for(w.device, w.dtype)
-            if obj.weight_t is not None or obj.panels is not None or layout == "as stored":
-                continue
-            if layout == "bf16 panels":
-                to_bf16_panels(obj)
-            else:
-                warn_no_kernel()
-                to_float32_kernels(obj)
-            prepared += 1
+            found.append(obj)
         elif isinstance(obj, list):
             stack.extend(obj)
         elif hasattr(obj, "__dataclass_fields__"):
             stack.extend(getattr(obj, f) for f in obj.__dataclass_fields__)
+    return found
+
+
+def prepare_linears(*roots: object, timer: kernel_choice.Timer = kernel_choice.measure) -> int:
+    """Give every `Linear` reachable from `roots` the layout `layout_for` picks for its weight's device and dtype
+    (`timer` times the candidates of "bf16 measured": engines/kernel_choice.py). Returns how many linears got a CPU
+    kernel layout (float32 kernels, bf16 panels or a measured choice)."""
+    prepared = 0
+    for lin in linears(*roots):
+        w = lin.weight
+        layout = layout_for(w.device, w.dtype)
+        if lin.weight_t is not None or lin.panels is not None or lin.choice is not None or layout == "as stored":
+            continue
+        if layout == "bf16 measured":
+            lin.choice = kernel_choice.choose(w.shape[0], w.shape[1], timer=timer)
+            if lin.choice.kernel_rows > 0:
+                to_bf16_panels(lin)
+        elif layout == "bf16 panels":
+            to_bf16_panels(lin)
+        else:
+            warn_no_kernel()
+            to_float32_kernels(lin)
+        prepared += 1
     return prepared
+
+
+def describe_layouts(*roots: object) -> list[str]:
+    """What multiplies the weights of `roots`, one line per layout (and per shape for measured choices)."""
+    lines: dict[str, None] = {}
+    for lin in linears(*roots):
+        if lin.choice is not None:
+            lines[f"bf16, chosen at load by measurement ({kernel_choice.cache_file()}): {lin.choice.describe()}"] = None
+        elif lin.panels is not None and lin.panels.dtype == torch.bfloat16:
+            lines["bf16: the AVX2 kernel on bf16 panels (no native bf16 on this CPU)"] = None
+        elif lin.weight_t is not None:
+            multi = "the AVX2 kernel on float32 panels" if lin.panels is not None else (
+                "oneDNN on its packed weight" if lin.packed is not None else "ATen")
+            lines[f"{str(lin.weight_t.dtype).removeprefix('torch.')} kernels: MKL on W^T for one row, {multi} for "
+                  "more"] = None
+        else:
+            lines[f"{str(lin.weight.dtype).removeprefix('torch.')} on {lin.weight.device.type}: the weight as stored "
+                  "(F.linear)"] = None
+    return sorted(lines)
 
 
 @functools.lru_cache(maxsize=1)

@@ -35,7 +35,7 @@ from engines.checkpoint import (
     require,
 )
 from engines.drafting import Drafting, StaticDrafting, drafting_for
-from engines.linear import prepare_linears
+from engines.linear import describe_layouts, prepare_linears
 from core.families import NATIVE, traits
 from engines.generic import GenericTarget, load_generic
 from engines.heads import Drafter, Eagle1Drafter
@@ -77,6 +77,7 @@ class Runtime:
     window: int | None = None  # the target's sliding window: longer sequences would be computed wrongly, refused
     window_key: str = "sliding_window"  # the config key of `window` (attention_chunk_size: Llama 4's chunks)
     policy: SpeculationPolicy | None = None  # draft length per step (engines/schedule.py); None = the whole tree
+    kernels: tuple[str, ...] = ()  # what multiplies the weights (engines/linear.py describe_layouts), set at load
 
     def __post_init__(self) -> None:
         recurrent = isinstance(self.target, GenericTarget) and self.target.recurrent is not None
@@ -135,7 +136,7 @@ class Runtime:
         window = target.window if isinstance(target, GenericTarget) else traits(cfg).sliding_window
         key = target.window_key if isinstance(target, GenericTarget) else "sliding_window"
         return cls(target, drafter, drafting, tok, dev, DTYPES[dtype], random_head, group, window=window,
-                   window_key=key)
+                   window_key=key, kernels=tuple(describe_layouts(target, drafter)))
 
     def check_window(self, length: int) -> None:
         if self.window is not None and length > self.window:
@@ -161,7 +162,7 @@ class Runtime:
         prepare_linears(drafter.lm_head)
         if self.drafting is not None:
             check_tree_fits(self.drafting.tree, drafter)
-        return dataclasses.replace(self, drafter=drafter)
+        return dataclasses.replace(self, drafter=drafter, kernels=tuple(describe_layouts(self.target, drafter)))
 
 
 def _target(cfg: dict[str, Any], ckpt: Path, group: TPGroup, dev: torch.device,

@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         f"verify {build}: {engine.describe_tree()}{label}, temperature {args.temperature}, "
         f"device {engine.device}{source}"
     )
+    for line in engine.kernels:
+        print(f"  kernels: {line}")
     reports, results = [], []
     for i, ids in enumerate(prompts):
         if reused is not None:
@@ -168,6 +170,11 @@ def run(args: argparse.Namespace) -> int:
     agg = aggregate_stats([r.stats for r in results])
     differ = [r.index for r in reports if not r.identical]
     print(f"{len(reports) - len(differ)}/{len(reports)} identical; aggregate tau {agg.tau:.3f}")
+    hf_tps, our_tps = (sum(n) / sum(a / b for a, b in zip(n, tps)) for n, tps in (
+        ([r.hf_tokens for r in reports], [r.hf_tokens_per_s for r in reports]),
+        ([r.engine_tokens for r in reports], [r.engine_tokens_per_s for r in reports])))
+    print(f"engine {our_tps:.1f} tok/s vs HF generate {hf_tps:.1f} tok/s ({our_tps / hf_tps:.2f}x, all prompts' "
+          f"tokens over their time{'; HF speeds reused' if reused else ''})")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -178,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
                     "eos_token_ids": eos,
                     "temperature": args.temperature,
                     "random_head": engine.random_head,
+                    "kernels": list(engine.kernels),
                     "hf_reused_from": args.reuse_hf,
                     "prompts": [asdict(r) for r in reports],
                     "aggregate": stats_dict(agg),

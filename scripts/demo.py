@@ -173,8 +173,22 @@ def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan, other_tree: An
         s = measure(eng, ids, plan.speedup_tokens, [int(tok.eos_token_id)])
         out[key] = {"ratio": s.ratio, "eagle_tokens_per_s": s.eagle_tps, "target_only_tokens_per_s": s.target_tps,
                     "tau": s.tau, "identical": s.identical, "prompts": s.prompts, "tokens": plan.speedup_tokens,
-                    "tree": eng.describe_tree()}
+                    "tree": eng.describe_tree(), "kernels": list(eng.kernels),
+                    "policy": None if eng.policy is None else eng.policy.describe()}
     return out
+
+
+def policy_line(policy: str | None, trtllm_version: str) -> str | None:
+    """The build's load-aware speculation, and whose it is on the build's TensorRT-LLM line."""
+    from builders.trtllm import registry
+
+    if policy is None:
+        return None
+    if registry.get(trtllm_version).load_aware_speculation:
+        return f"load-aware speculation: {policy} (TensorRT-LLM {trtllm_version}'s speculative_config)"
+    return (f"load-aware speculation: {policy} -- ours: TensorRT-LLM {trtllm_version} has no such field (its engine "
+            "flow drafts the whole tree at every batch size); the reference engine follows it, as TensorRT-LLM "
+            "1.4's speculative_config does on the current line")
 
 
 def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None, str]:
@@ -230,7 +244,8 @@ def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     served = served_on_off(load_out / "comparison.json")
     banner("what EAGLE buys: the same engine with and without its head (in-process)")
     speedups = eagle_speedup(build_dir, prompts, plan, None if tree is None else cfg.draft_tree)
-    speedup = {**speedups["served"], "served_tree": why}
+    speedup = {**speedups["served"], "served_tree": why,
+               "policy_line": policy_line(speedups["served"]["policy"], cfg.trtllm_version)}
     result = {
         "build_dir": str(build_dir), "checkpoint": str(build_dir / "checkpoint"), "engine": str(build_dir / "engine"),
         "triton_repo": str(repo), "server_log": str(server.log_path), "loadtest": str(load_out),
@@ -262,10 +277,14 @@ def print_summary(r: dict) -> None:
         ratio = "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}x"
         print(f"    {level}: {v['eagle_tokens_per_s']:.1f} vs {v['off_tokens_per_s']:.1f} tokens/s = {ratio}")
     s = r["speedup"]
+    if s["policy_line"] is not None:
+        print(f"    {s['policy_line']}")
     print(f"  in process, EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f} "
           f"({s['eagle_tokens_per_s']:.1f} vs {s['target_only_tokens_per_s']:.1f} tokens/s, reference engine, "
           f"{s['prompts']} prompts x {s['tokens']} tokens, {s['identical']}/{s['prompts']} outputs identical)")
     print(f"    served tree: {s['tree']} ({s['served_tree']})")
+    for line in s["kernels"]:
+        print(f"    kernels: {line}")
     c = r.get("config_tree")
     if c is not None:
         print(f"  the config's tree, shaped for a GPU ({c['tree']}): {c['ratio']:.2f}x at tau {c['tau']:.2f} "

@@ -13,7 +13,9 @@ two throughput curves and their ratio (speculation_on_off.png, comparison.json) 
 --rounds R > 1 each round goes to OUT/round-K/, every second round runs speculation off first at each level (its
 report then has the speculation-off server as `url` and EAGLE as the baseline), and OUT/sweep.json holds every
 round's EAGLE / speculation-off ratio per level and their median: on a machine whose load changes, the median of
-rounds in both orders is the figure to read.
+rounds in both orders is the figure to read. It also compares the answers (the load tester records each request's
+text): per level, the prompts whose answers with speculation are the same text as without it (greedy decoding is
+lossless: every one should be; a difference is listed by prompt index in sweep.json).
 
 Inputs:  a finished build with engine.backend reference (either layout)
 Outputs: OUT[/round-K]/report.json (EAGLE), .../baseline/report.json (speculation off), .../comparison.json, the
@@ -108,9 +110,29 @@ def off_first(k: int) -> bool:
     return k % 2 == 1
 
 
+def answers(report_dir: Path) -> dict[float, dict[int, set[str]]]:
+    """level -> prompt index -> the texts its completed requests answered (loadtest's requests.jsonl)."""
+    out: dict[float, dict[int, set[str]]] = {}
+    for line in (report_dir / "requests.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["status"] == "OK" and rec.get("text") is not None:
+            out.setdefault(float(rec["level"]), {}).setdefault(int(rec["prompt_index"]), set()).add(rec["text"])
+    return out
+
+
+def identical(round_dir: Path, level: float) -> dict[str, Any]:
+    """Per level of one round: the prompts whose every answer with speculation equals every answer without it
+    (one and the same text on both servers), and those that differ."""
+    a, b = answers(round_dir).get(level, {}), answers(round_dir / "baseline").get(level, {})
+    both = sorted(set(a) & set(b))
+    differ = [p for p in both if len(a[p] | b[p]) != 1]
+    empty = [p for p in both if a[p] | b[p] == {""}]  # the model ended at once on both: identical, but say so
+    return {"prompts": len(both), "identical": len(both) - len(differ), "differ": differ, "empty": empty}
+
+
 def summarize(rounds: list[Path]) -> dict[str, Any]:
     """Every round's EAGLE / speculation-off ratio per level (comparison.json; the rounds run off first are read
-    the other way round) and their median."""
+    the other way round), their median, and per round whether the answers on and off were the same texts."""
     docs = [json.loads((r / "comparison.json").read_text()) for r in rounds]
     levels = [row["level"] for row in docs[0]["levels"]]
     out = []
@@ -122,8 +144,12 @@ def summarize(rounds: list[Path]) -> dict[str, Any]:
             on.append(b if off_first(k) else a)
             off.append(a if off_first(k) else b)
         ratios = [a / b for a, b in zip(on, off, strict=True) if b]
+        same = [identical(r, float(level)) for r in rounds]
         out.append({"level": level, "ratios": ratios, "median_ratio": statistics.median(ratios) if ratios else None,
-                    "on_tokens_per_s": on, "off_tokens_per_s": off})
+                    "on_tokens_per_s": on, "off_tokens_per_s": off, "outputs": same,
+                    "outputs_identical": sum(x["identical"] for x in same),
+                    "outputs_compared": sum(x["prompts"] for x in same),
+                    "outputs_empty": sum(len(x["empty"]) for x in same)})
     return {"rounds": [str(r) for r in rounds], "off_first": [off_first(k) for k in range(len(rounds))],
             "levels": out}
 
@@ -200,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in summary["levels"]:
         ratios = " ".join(f"{r:.2f}x" for r in row["ratios"]) or "-"
         median = "-" if row["median_ratio"] is None else f"{row['median_ratio']:.2f}x"
-        print(f"concurrency {row['level']}: on/off {ratios} (median {median})", flush=True)
+        print(f"concurrency {row['level']}: on/off {ratios} (median {median}); answers identical on and off: "
+              f"{row['outputs_identical']}/{row['outputs_compared']} prompts ({row['outputs_empty']} of them empty "
+              "on both)", flush=True)
     return 0
 
 

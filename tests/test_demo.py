@@ -43,7 +43,7 @@ def test_demo_end_to_end_on_tiny_models(tiny_target: Path, eagle_head: Path, tmp
         f"name: tiny-demo\ntrtllm_version: '1.1'\noutput_dir: {tmp_path / 'build'}\n"
         f"target: {{model: {tiny_target}, dtype: float32}}\n"
         f"draft: {{type: eagle, model: {eagle_head}}}\n"
-        "tree: {choices: topk-2-2}\n"
+        "tree: {choices: topk-2-2, max_concurrency: 1}\n"
         "engine: {backend: reference, device: cpu, max_batch_size: 2, max_input_len: 128, max_seq_len: 256}\n"
     )
     prompts = tmp_path / "prompts.jsonl"
@@ -77,6 +77,13 @@ def test_demo_end_to_end_on_tiny_models(tiny_target: Path, eagle_head: Path, tmp
     s = summary["speedup"]
     assert f"EAGLE speedup over target-only decoding: {s['ratio']:.2f}x at tau {s['tau']:.2f}" in out
     assert ("tune_tree.py --objective speed" in out) == (s["ratio"] < 1.0)  # the hint only where EAGLE is slower
+    # load-aware speculation on the 1.1 line is the reference engine's own: labelled as ours
+    assert ("    load-aware speculation: no speculation above 1 sequence (tree.max_concurrency: 1) -- ours: "
+            "TensorRT-LLM 1.1 has no such field") in out
+    assert s["kernels"] and all(f"    kernels: {line}\n" in out for line in s["kernels"])  # engines/linear.py
+    assert "float32 kernels: MKL on W^T for one row" in s["kernels"][0]  # the demo runs in float32
+    log = (tmp_path / "build/demo_results/tritonserver.log").read_text()
+    assert f"[eagle] tensorrt_llm: kernels: {s['kernels'][0]}" in log  # the engine says it at load
 
 
 def test_demo_serves_the_tree_tuned_for_the_device(tmp_path: Path) -> None:
@@ -91,6 +98,11 @@ def test_demo_serves_the_tree_tuned_for_the_device(tmp_path: Path) -> None:
     assert argv[argv.index("--set") + 1] == "tree.dynamic=null"
     assert argv[-1] == "tree.choices=" + json.dumps(tree)
     assert demo.build_argv(tmp_path / "c.yaml")[2:] == [str(tmp_path / "c.yaml")]  # no tree: the config's
+    assert demo.policy_line(None, "1.1") is None
+    assert demo.policy_line("no speculation above 2 sequences (tree.max_concurrency: 2)", "1.4") == (
+        "load-aware speculation: no speculation above 2 sequences (tree.max_concurrency: 2) (TensorRT-LLM 1.4's "
+        "speculative_config)")
+    assert "-- ours: TensorRT-LLM 1.2 has no such field" in demo.policy_line("x", "1.2")
     for key in (
         ("smollm2-eagle", "cuda", "float32"),
         ("smollm2-eagle", "cpu", "bfloat16"),

@@ -93,7 +93,7 @@ def test_bf16_linear_gets_panels_and_16bit_gemm_numbers() -> None:
     """A bf16 Linear on an AVX2 CPU multiplies through the kernel: weight kept as stored (bf16), panels bf16, bias
     float32; the output is the exact product rounded once to bf16 (plus float32 accumulation error)."""
     if native_16bit(torch.bfloat16):
-        pytest.skip("this CPU multiplies bf16 natively: the weight stays as stored")
+        pytest.skip("this CPU multiplies bf16 natively: chosen per shape by measurement (tests/test_kernel_choice.py)")
     assert layout_for(torch.device("cpu"), torch.bfloat16) == "bf16 panels"
     g = torch.Generator().manual_seed(3)
     w16, b16 = torch.randn(200, 64, generator=g).bfloat16(), torch.randn(200, generator=g).bfloat16()

@@ -125,6 +125,27 @@ def test_reference_engine_takes_the_schedule_on_every_version(version: str) -> N
     policy = spec.policy()
     assert policy is not None and [policy.draft_len(b, 3) for b in (1, 2, 3, 4, 5)] == [3, 2, 1, 1, 0]
     assert (policy.acceptance_rate_window_size, policy.acceptance_rate_threshold) == (8, 0.2)
+    assert policy.describe() == ("draft length per batch size {1: 3, 2: 2, 4: 1} (tree.draft_len_schedule); "
+                                 "speculation off for the whole batch once the acceptance rate over 8 steps is below "
+                                 "0.2")
+
+
+def test_what_the_reference_engine_does_on_the_engine_flow_line_is_labelled_ours() -> None:
+    """TensorRT-LLM 1.1/1.2 have no load-aware fields; the config says the reference engine's behaviour there is ours
+    (docs/config.md is generated from these descriptions)."""
+    from builders.speculation import LoadAwareFields
+
+    fields = LoadAwareFields.model_fields
+    for name in ("draft_len_schedule", "max_concurrency", "acceptance_rate_window_size", "acceptance_rate_threshold"):
+        assert "ours on trtllm_version 1.1/1.2" in (fields[name].description or "").lower(), name
+    assert (fields["acceptance_switch_per_sequence"].description or "").startswith("Ours, beyond TensorRT-LLM")
+    from core.speculation import SpeculationPolicy
+
+    one = SpeculationPolicy(max_concurrency=1)
+    assert one.describe() == "no speculation above 1 sequence (tree.max_concurrency: 1)"
+    assert SpeculationPolicy(acceptance_rate_window_size=4, acceptance_rate_threshold=0.5,
+                             per_sequence_switch=True).describe() == (
+        "speculation off for each sequence on its own once the acceptance rate over 4 steps is below 0.5")
 
 
 def test_auto_reads_the_measured_schedule(tmp_path: Path) -> None:

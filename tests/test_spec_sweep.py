@@ -153,6 +153,26 @@ def _check_sweep(doc: dict, out: Path) -> None:
         assert all(lv["draft_tokens"] > 0 for lv in on)  # speculation on ...
         assert all(not lv["draft_tokens"] for lv in off)  # ... and off
     assert doc["off_first"] == [False, True]
+    for row in doc["levels"]:  # greedy: the same texts with and without speculation, prompt by prompt, every round
+        assert [{k: v for k, v in x.items() if k != "empty"} for x in row["outputs"]] == [
+            {"prompts": 2, "identical": 2, "differ": []}] * 2
+        assert (row["outputs_identical"], row["outputs_compared"]) == (4, 4)
+        assert row["outputs_empty"] == sum(len(x["empty"]) for x in row["outputs"])
+    texts = [json.loads(x)["text"] for x in (out / "round-1" / "requests.jsonl").read_text().splitlines()]
+    assert len(texts) == 4 and all(isinstance(t, str) for t in texts)  # the load tester records each answer
+
+
+def test_outputs_that_differ_are_listed_by_prompt(tmp_path: Path) -> None:
+    def write(d: Path, rows: list[tuple[int, int, str]]) -> None:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "requests.jsonl").write_text("".join(json.dumps({"level": lv, "prompt_index": p, "status": "OK",
+                                                              "text": t}) + "\n" for lv, p, t in rows))
+
+    write(tmp_path, [(1, 0, "a"), (1, 1, "b"), (2, 0, ""), (2, 1, "b"), (2, 1, "b")])
+    write(tmp_path / "baseline", [(1, 0, "a"), (1, 1, "c"), (2, 0, ""), (2, 1, "b"), (2, 2, "z")])
+    assert spec_sweep.identical(tmp_path, 1.0) == {"prompts": 2, "identical": 1, "differ": [1], "empty": []}
+    # prompt 2 answered by one server only: not compared; prompt 0 empty on both: identical, and reported as empty
+    assert spec_sweep.identical(tmp_path, 2.0) == {"prompts": 2, "identical": 2, "differ": [], "empty": [0]}
 
 
 @pytest.mark.server

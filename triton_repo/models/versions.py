@@ -44,7 +44,18 @@ def check_llmapi_yaml(options: dict[str, Any], head: Path, repository: str) -> N
 
 
 def engine_for(args: dict[str, Any], build_dir: Path) -> ReferenceEngine:
-    """The reference engine of this version: the build's, with this version's published head when it has one."""
+    """The reference engine of this version: the build's, with this version's published head when it has one.
+    Prints what multiplies its weights on this machine (the server log): `kernel_lines`."""
+    engine = _load(args, build_dir)
+    print("\n".join(kernel_lines(args["model_name"], engine.kernels)), flush=True)
+    return engine
+
+
+def kernel_lines(model_name: str, kernels: tuple[str, ...]) -> list[str]:
+    return [f"[eagle] {model_name}: kernels: {line}" for line in kernels]
+
+
+def _load(args: dict[str, Any], build_dir: Path) -> ReferenceEngine:
     from core.spec import read_spec
     from engines.api import ReferenceEngine
 

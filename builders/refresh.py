@@ -80,6 +80,7 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     from builders.adaptive import dataset as D
     from builders.adaptive import finetune as F
     from builders.adaptive.publish import served_head
+    from builders.adaptive.replay import replay_gate
     from builders.adaptive.settings import store_dir
     from builders.doctor.gate import gate
     from core.spec import read_spec
@@ -99,7 +100,7 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
         D.write_jsonl(run / "held_out.jsonl", held)
         D.write_jsonl(run / "train.jsonl", train)
     served = F.read_served(served_head(build_dir, cfg.triton.llm_model))
-    compute = resolve_compute(F.COMPUTE)
+    compute = resolve_compute(F.compute_config(rc.threads))
     apply_compute(compute, False)
     model, tok, target_dir = F.load_target(layout.hf_target_dir(build_dir), compute)
     fspec = FeatureSpec(tuple(served.layer_ids), F.FEATURE_DTYPE)
@@ -114,19 +115,26 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     head, lm_sub = F.load_head(served, model)
     tcfg = F.train_config(rc, served, target_dir, work, run / "head", len(train_s), spec.tree.depth)
     head, lm_sub = head.to(compute.device), lm_sub.to(compute.device, compute.target_dtype)
-    fit = F.finetune(tcfg, head, lm_sub, train_s, held_s, compute, rc.patience)
+    fit = F.finetune(tcfg, head, lm_sub, train_s, held_s, compute, rc.patience, rc.train_seconds)
     F.export(head.cpu(), tcfg, json.loads((target_dir / "config.json").read_text()), run / "head", fit["log"])
     t_train = time.monotonic() - t0 - t_features
     del model, head
-    g = gate(build_dir, served.dir, run / "head", [c.raw for c in held], margin=rc.gate_margin,
-             max_new_tokens=rc.gate_max_new_tokens)
+    if rc.gate == "replay":
+        g = replay_gate(build_dir, served.dir, run / "head", held, D.aux_of(held_s),
+                        margin=rc.gate_margin, max_new_tokens=rc.gate_max_new_tokens,
+                        engine_requests=rc.gate_engine_requests)
+    else:
+        g = gate(build_dir, served.dir, run / "head", [c.raw for c in held], margin=rc.gate_margin,
+                 max_new_tokens=rc.gate_max_new_tokens)
     return {
         "run": run.name, "build": str(build_dir), "store": str(store_dir(cfg)), "served_head": str(served.dir),
         "candidate": str(run / "head"), "published": None, "publishable": g["publishable"],
         "tau_before": g["current"]["tau"], "tau_after": g["candidate"]["tau"], "lossless": g["lossless"],
         "sizes": {"captured_train": len(train), "held_out": len(held), "original": len(orig),
                   "train_tokens": int(sum(int(s.loss_mask.sum()) for s in train_s))},
-        "chain_tau": {"before": fit["before"], "by_epoch": fit["by_epoch"], "best_epoch": fit["best_epoch"]},
+        "chain_tau": {"before": fit["before"], "by_epoch": fit["by_epoch"], "best_epoch": fit["best_epoch"],
+                      "stopped": fit["stopped"], "epoch_seconds": fit["epoch_seconds"]},
+        "threads": compute.threads,
         "seconds": {"features": round(t_features, 1), "train": round(t_train, 1),
                     "gate": round(time.monotonic() - t0 - t_features - t_train, 1),
                     "total": round(time.monotonic() - t0, 1)},

@@ -118,3 +118,63 @@ def replay_figures(rt: Runtime, requests: list[Replayable], max_new_tokens: int,
 
     s = aggregate_stats([replay_one(rt, r, max_new_tokens, eos).stats for r in requests])
     return summary(s.target_forwards, s.accepted_draft_tokens, s.draft_tokens, list(s.acceptance_by_depth))
+
+
+def lossless_check(rt: Runtime, requests: list[Replayable], max_new_tokens: int, eos: list[int]
+                   ) -> tuple[bool, int]:
+    """(candidate = target alone on every request, how many also reproduce the captured output): `requests` decoded
+    on the reference engine with rt's head and without it, in batches of the engine's max_batch_size."""
+    from engines.api import ReferenceEngine
+
+    eng = ReferenceEngine(rt)
+    b = eng.limits.max_batch_size
+    reqs = [GenerationRequest(r.prompt_ids, min(max_new_tokens, len(r.output_ids)), SamplingParams(), eos)
+            for r in requests]
+    same, reproduced = True, 0
+    for i in range(0, len(reqs), b):
+        alone = eng.generate(reqs[i:i + b], speculative=False)
+        spec = eng.generate(reqs[i:i + b], speculative=True)
+        for r, a, s in zip(requests[i:i + b], alone, spec):
+            same &= a.output_ids == s.output_ids
+            reproduced += a.output_ids == r.output_ids[: len(a.output_ids)]
+    return same, reproduced
+
+
+def replay_gate(build_dir: Path, current: Path, candidate: Path, records: list[Captured], aux: list[torch.Tensor],
+                *, margin: float, max_new_tokens: int, engine_requests: int) -> dict[str, Any]:
+    """The gate's verdict (builders/doctor/gate.py, same keys) with both heads' figures replayed on the held-out
+    requests and losslessness checked on the engine for the first `engine_requests` of them."""
+    import tempfile
+
+    from builders.doctor.findings import UnusableInput
+    from builders.doctor.gate import COLLAPSED, healthy_findings, normalize
+    from engines.api import ReferenceEngine
+
+    problems = healthy_findings(build_dir, candidate)
+    with tempfile.TemporaryDirectory(prefix="gate-") as tmp:
+        rt = runtime_for(build_dir, normalize(current, build_dir, Path(tmp) / "current"))
+        limits, tok = ReferenceEngine(rt).limits, rt.tokenizer
+        n = max(1, min(max_new_tokens, limits.max_seq_len - limits.max_input_len))
+        eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        reqs, left = replayable(records, aux, limits.max_input_len)
+        if not reqs:
+            raise UnusableInput(f"none of the {len(records)} held-out requests is greedy with a prompt of at most "
+                                f"{limits.max_input_len} tokens: nothing to replay (refresh.gate: engine measures "
+                                "sampled requests too)")
+        f_cur = replay_figures(rt, reqs, n, eos)
+        del rt
+        rt = runtime_for(build_dir, normalize(candidate, build_dir, Path(tmp) / "candidate"))
+        f_cand = replay_figures(rt, reqs, n, eos)
+        checked = reqs[:engine_requests]
+        lossless, reproduced = lossless_check(rt, checked, n, eos)
+    if f_cand["position_acceptance"] and f_cand["position_acceptance"][0] < COLLAPSED:
+        problems.append(f"first-position acceptance {f_cand['position_acceptance'][0]:.3f} < {COLLAPSED}: collapsed")
+    better = f_cand["tau"] >= f_cur["tau"] + margin
+    return {
+        "publishable": not problems and lossless and better, "healthy": not problems, "problems": problems,
+        "lossless": lossless, "better": better, "margin": margin, "requests": len(reqs), "max_new_tokens": n,
+        "method": "replay", "left_out": left, "lossless_requests": len(checked),
+        "captured_greedy": len(checked), "captured_outputs_reproduced": reproduced,
+        "current": dict(f_cur, head=str(current)), "candidate": dict(f_cand, head=str(candidate)),
+        "tau_gain": f_cand["tau"] - f_cur["tau"],
+    }

@@ -87,7 +87,7 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     from training.compute import apply_compute, resolve_compute
     from training.features import FeatureSpec
 
-    t0, rc = time.monotonic(), cfg.refresh
+    t0, c0, rc = time.monotonic(), time.process_time(), cfg.refresh
     if cfg.draft.type != "eagle3" or cfg.engine.backend != "reference":
         raise RefreshInputError(f"draft.type={cfg.draft.type}, engine.backend={cfg.engine.backend}: a refresh "
                                 "fine-tunes an EAGLE-3 head of an engine.backend=reference build (docs/adaptive.md)")
@@ -111,13 +111,13 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     train_s = D.feature_samples(model, seqs, fspec, work / "features", "train", F.FEATURES.batch_tokens)
     held_s = D.feature_samples(model, [D.captured_sequence(c, rc.max_seq_len) for c in held], fspec,
                                work / "features", "held_out", F.FEATURES.batch_tokens)
-    t_features = time.monotonic() - t0
+    t_features, c_features = time.monotonic() - t0, time.process_time() - c0
     head, lm_sub = F.load_head(served, model)
     tcfg = F.train_config(rc, served, target_dir, work, run / "head", len(train_s), spec.tree.depth)
     head, lm_sub = head.to(compute.device), lm_sub.to(compute.device, compute.target_dtype)
     fit = F.finetune(tcfg, head, lm_sub, train_s, held_s, compute, rc.patience, rc.train_seconds)
     F.export(head.cpu(), tcfg, json.loads((target_dir / "config.json").read_text()), run / "head", fit["log"])
-    t_train = time.monotonic() - t0 - t_features
+    t_train, c_train = time.monotonic() - t0 - t_features, time.process_time() - c0 - c_features
     del model, head
     if rc.gate == "replay":
         g = replay_gate(build_dir, served.dir, run / "head", held, D.aux_of(held_s),
@@ -138,6 +138,10 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
         "seconds": {"features": round(t_features, 1), "train": round(t_train, 1),
                     "gate": round(time.monotonic() - t0 - t_features - t_train, 1),
                     "total": round(time.monotonic() - t0, 1)},
+        # CPU time of this process (all its threads): the wall time it would take on free cores
+        "cpu_seconds": {"features": round(c_features, 1), "train": round(c_train, 1),
+                        "gate": round(time.process_time() - c0 - c_features - c_train, 1),
+                        "total": round(time.process_time() - c0, 1)},
         "gate": g, "gate_command": f"python -m builders.doctor gate --build {build_dir} --current {served.dir} "
         f"--candidate {run / 'head'} --requests {run / 'held_out.jsonl'} --margin {rc.gate_margin} "
         f"--max-new-tokens {rc.gate_max_new_tokens}",

@@ -43,9 +43,54 @@ def test_replayed_tau_equals_the_engines(mimic3_build: Path, tree: str) -> None:
     rt = runtime_for(build, build / "checkpoint" / "eagle3")
     if tree == "dynamic":
         rt = rt.with_tree(DynamicTree(top_k=2, depth=3, total_draft_tokens=5))
-    reqs, left = replayable(recs, aux, rt.limits.max_input_len)
+    reqs, left = replayable(recs, aux, ReferenceEngine(rt).limits.max_input_len)
     assert left == 0 and len(reqs) == 6
     got = replay_figures(rt, reqs, 12, [])
     want = figures(decode(ReferenceEngine(rt), [c.prompt_ids for c in recs], 12, [], True, "engine"))
     assert got == want, json.dumps({"replayed": got, "engine": want})
     assert got["target_forwards"] < 6 * 11 and got["accepted_draft_tokens"] > 0  # the head accepts: not trivial
+
+
+def set_refresh(build: Path, **kw: object) -> None:
+    """Change the refresh section of a finished build's config (what builders/refresh.py reads)."""
+    import yaml
+
+    f = build / "config.resolved.yaml"
+    data = yaml.safe_load(f.read_text())
+    data["refresh"].update(kw)
+    f.write_text(yaml.safe_dump(data))
+
+
+def test_refresh_stops_at_its_budget_resumes_and_gates_by_replay(mimic3_build: Path) -> None:  # noqa: F811
+    from builders.refresh import main
+    from triton_repo.models import capture as C
+
+    build = mimic3_build
+    records = [json.loads(x) for x in held_out(build, 12).read_text().splitlines()]
+    w = C.Writer(build / "capture", C.Settings(dir="capture", max_bytes=1 << 20, sample_rate=1.0, segment_records=4,
+                                               segment_seconds=60.0, queue_size=64))
+    for r in records:
+        assert w.offer(r)
+    w.close()
+    run = build / "refresh" / "budget"
+    # a budget the first epoch already spends: no second epoch starts
+    set_refresh(build, epochs=3, patience=3, train_seconds=1e-6, threads=1, gate_engine_requests=2)
+    assert main(["--build", str(build), "--run", "budget"]) in (0, 1)
+    rep = json.loads((run / "report.json").read_text())
+    assert rep["chain_tau"]["stopped"] == "budget" and len(rep["chain_tau"]["by_epoch"]) == 1
+    assert len(rep["chain_tau"]["epoch_seconds"]) == 1 and rep["threads"] == 1
+    g = rep["gate"]
+    assert g["method"] == "replay" and g["requests"] == rep["sizes"]["held_out"] and g["lossless_requests"] == 2
+    assert g["lossless"] and g["captured_outputs_reproduced"] == 2 and g["left_out"] == 0
+    assert set(rep["cpu_seconds"]) == {"features", "train", "gate", "total"}
+    # interrupted after the first epoch: the same command resumes (split and features kept) and trains on
+    shards = {p: p.stat().st_mtime_ns for p in (run / "work" / "features").iterdir()}
+    (run / "report.json").unlink()
+    set_refresh(build, train_seconds=3600.0)
+    assert main(["--build", str(build), "--run", "budget"]) in (0, 1)
+    rep = json.loads((run / "report.json").read_text())
+    assert rep["chain_tau"]["stopped"] in ("epochs", "patience") and len(rep["chain_tau"]["by_epoch"]) == 3
+    assert {p: p.stat().st_mtime_ns for p in (run / "work" / "features").iterdir()} == shards
+    steps = [r["step"] for r in map(json.loads, (run / "work" / "checkpoints" / "train_log.jsonl").read_text()
+                                    .splitlines()) if "loss" in r]
+    assert steps == list(range(1, len(steps) + 1))  # one trajectory: the resumed epochs continue the first

@@ -7,9 +7,11 @@ The head learns from the traffic it serves (docs/adaptive.md). A refresh reads t
 newest refresh.max_requests requests), splits it by request into train and held-out, computes the target's features
 of the captured sequences (the outputs are the target's own: one forward each, no generation), mixes in
 refresh.original_share of the head's original training conversations, fine-tunes a candidate from the served head
-(early stop on held-out chain acceptance), and gates it with the doctor (python -m builders.doctor gate: both heads
-on the held-out requests, tau, per-position acceptance, lossless vs the target alone, better by refresh.gate_margin).
-Rerunning the same command resumes an unfinished run (its split, features and checkpoints are kept).
+(early stop on held-out chain acceptance, at most refresh.epochs, within refresh.train_seconds), and gates it: both
+heads' tau and per-position acceptance on the held-out requests, replayed from their features (refresh.gate:
+replay) or decoded on the engine (engine: python -m builders.doctor gate), lossless vs the target alone, better by
+refresh.gate_margin. Rerunning the same command resumes an unfinished run (its split, features and checkpoints are
+kept).
 
 Exit status: 0 the candidate passed the gate (or the publish / rollback / purge was done); 1 the gate refused it (or
 the server refused the load); 2 unusable input (no store, too few requests, not an EAGLE-3 reference build).

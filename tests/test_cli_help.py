@@ -59,6 +59,7 @@ ENTRY_POINTS = {
     "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
     "scripts/mutation.py": ["scripts/mutation.py"],
     "scripts/bench_adaptive.py": ["scripts/bench_adaptive.py"],
+    "scripts/bench_refresh_threads.py": ["scripts/bench_refresh_threads.py"],
 }
 
 

@@ -1,6 +1,7 @@
-"""The refresh's offline gate (builders/adaptive/replay.py): a head's tau replayed from the target's features of the
-captured requests equals what the doctor's gate measures by decoding them on the reference engine, on a tiny model
-(features in the engine's dtype), for the build's static tree and for a dynamic (EAGLE-2) tree."""
+"""The refresh's offline gate (measure/replay.py, builders/adaptive/replay.py): a head's tau replayed from the
+target's features of the captured requests equals what the doctor's gate measures by decoding them on the reference
+engine, on a tiny model (features in the engine's dtype), for the build's static tree and for a dynamic (EAGLE-2)
+tree; and the refresh's time budget, resume and replayed gate."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def replay_inputs(build: Path, records_file: Path) -> tuple[list, list[torch.Ten
 
 @pytest.mark.parametrize("tree", ["build", "dynamic"])
 def test_replayed_tau_equals_the_engines(mimic3_build: Path, tree: str) -> None:  # noqa: F811
-    from builders.adaptive.replay import replay_figures, replayable, runtime_for
+    from builders.adaptive.replay import replay_figures, replayable
+    from measure.replay import runtime_for
     from builders.doctor.gate import decode, figures
     from core.trees import DynamicTree
     from engines.api import ReferenceEngine

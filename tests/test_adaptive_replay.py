@@ -6,12 +6,14 @@ tree; and the refresh's time budget, resume and replayed gate."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_adaptive import held_out, mimic3_build  # noqa: F401  (module-scoped fixture)
+from tests.test_adaptive import ROOT, held_out, mimic3_build  # noqa: F401  (module-scoped fixture)
 
 
 def replay_inputs(build: Path, records_file: Path) -> tuple[list, list[torch.Tensor]]:
@@ -96,3 +98,8 @@ def test_refresh_stops_at_its_budget_resumes_and_gates_by_replay(mimic3_build: P
     steps = [r["step"] for r in map(json.loads, (run / "work" / "checkpoints" / "train_log.jsonl").read_text()
                                     .splitlines()) if "loss" in r]
     assert steps == list(range(1, len(steps) + 1))  # one trajectory: the resumed epochs continue the first
+    # the threads A/B the guide shows, on this run
+    p = subprocess.run([sys.executable, "scripts/bench_refresh_threads.py", "--build", str(build), "--run", str(run),
+                        "--rounds", "1", "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [r["threads"] for r in json.loads(p.stdout)["rows"]] == [1, 2]

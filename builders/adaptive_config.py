@@ -64,7 +64,7 @@ class RefreshConfig(_Strict):
         description="Passes over the refresh training set the learning-rate schedule decays over (warmup, then "
         "linear to 0 at the last); the fine-tune may stop earlier (patience, train_seconds).")
     train_seconds: float = Field(
-        default=360.0, gt=0, le=1e7,
+        default=420.0, gt=0, le=1e7,
         description="Time budget of the fine-tune (seconds, wall clock): no epoch after the first starts when the "
         "last epoch's duration would take it past this; the best epoch so far is the candidate. A resumed run gets "
         "the budget again.")

@@ -77,7 +77,7 @@ class RefreshConfig(_Strict):
         description="Stop after this many epochs without a better held-out acceptance (chain tau); the best epoch's "
         "head is the candidate.",
     )
-    lr: float = Field(default=3e-4, gt=0, le=1, description="Peak learning rate of the fine-tune (AdamW).")
+    lr: float = Field(default=6e-4, gt=0, le=1, description="Peak learning rate of the fine-tune (AdamW).")
     batch_size: int = Field(default=4, ge=1, le=4096, description="Sequences per optimizer step.")
     max_seq_len: int = Field(
         default=512, ge=16, le=1 << 17, description="Captured sequences (prompt + output) are cut to this many tokens.")

@@ -5,7 +5,7 @@ own module so builders.adaptive can import the sections without a cycle through 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -59,19 +59,44 @@ class RefreshConfig(_Strict):
         description="Conversations of the head's original training data (its recipe.yaml `data` section) mixed in "
         "per captured training request, against forgetting. 0 = captured traffic only.",
     )
-    epochs: int = Field(default=8, ge=1, le=1000, description="Most passes over the refresh training set.")
+    epochs: int = Field(
+        default=4, ge=1, le=1000,
+        description="Passes over the refresh training set the learning-rate schedule decays over (warmup, then "
+        "linear to 0 at the last); the fine-tune may stop earlier (patience, train_seconds).")
+    train_seconds: float = Field(
+        default=420.0, gt=0, le=1e7,
+        description="Time budget of the fine-tune (seconds, wall clock): no epoch after the first starts when the "
+        "last epoch's duration would take it past this; the best epoch so far is the candidate. A resumed run gets "
+        "the budget again.")
+    threads: int = Field(
+        default=0, ge=0, le=4096,
+        description="CPU threads of the refresh (features, fine-tune, gate); 0 = every core this process may use. "
+        "A refresh is an offline job: on a machine that also serves, give it fewer.")
     patience: int = Field(
         default=2, ge=1, le=1000,
         description="Stop after this many epochs without a better held-out acceptance (chain tau); the best epoch's "
         "head is the candidate.",
     )
-    lr: float = Field(default=3e-4, gt=0, le=1, description="Peak learning rate of the fine-tune (AdamW).")
+    lr: float = Field(default=6e-4, gt=0, le=1, description="Peak learning rate of the fine-tune (AdamW).")
     batch_size: int = Field(default=4, ge=1, le=4096, description="Sequences per optimizer step.")
     max_seq_len: int = Field(
         default=512, ge=16, le=1 << 17, description="Captured sequences (prompt + output) are cut to this many tokens.")
     gate_max_new_tokens: int = Field(
         default=64, ge=2, le=1 << 16,
         description="Tokens the gate decodes per held-out request (greedy) with each head and the target alone.")
+    gate: Literal["replay", "engine"] = Field(
+        default="replay",
+        description="How the gate measures both heads on the held-out captured requests. replay: from the target's "
+        "features the refresh already computed (the captured outputs are the target's greedy outputs, so each "
+        "draft tree's accepted length is known without running the target; the same figures as engine when the "
+        "features are computed in the engine's dtype), plus gate_engine_requests requests decoded on the engine "
+        "(candidate head vs the target alone) for losslessness. engine: every held-out request decoded on the "
+        "reference engine with each head and with the target alone (python -m builders.doctor gate; slower).",
+    )
+    gate_engine_requests: int = Field(
+        default=4, ge=1, le=1 << 20,
+        description="gate: replay only. Held-out greedy requests decoded on the reference engine with the candidate "
+        "head and with the target alone: the candidate is lossless only if the outputs are identical.")
     gate_margin: float = Field(
         default=0.05, ge=0, le=10,
         description="The candidate is publishable only when its tau on the held-out captured requests beats the "

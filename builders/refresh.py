@@ -7,9 +7,11 @@ The head learns from the traffic it serves (docs/adaptive.md). A refresh reads t
 newest refresh.max_requests requests), splits it by request into train and held-out, computes the target's features
 of the captured sequences (the outputs are the target's own: one forward each, no generation), mixes in
 refresh.original_share of the head's original training conversations, fine-tunes a candidate from the served head
-(early stop on held-out chain acceptance), and gates it with the doctor (python -m builders.doctor gate: both heads
-on the held-out requests, tau, per-position acceptance, lossless vs the target alone, better by refresh.gate_margin).
-Rerunning the same command resumes an unfinished run (its split, features and checkpoints are kept).
+(early stop on held-out chain acceptance, at most refresh.epochs, within refresh.train_seconds), and gates it: both
+heads' tau and per-position acceptance on the held-out requests, replayed from their features (refresh.gate:
+replay) or decoded on the engine (engine: python -m builders.doctor gate), lossless vs the target alone, better by
+refresh.gate_margin. Rerunning the same command resumes an unfinished run (its split, features and checkpoints are
+kept).
 
 Exit status: 0 the candidate passed the gate (or the publish / rollback / purge was done); 1 the gate refused it (or
 the server refused the load); 2 unusable input (no store, too few requests, not an EAGLE-3 reference build).
@@ -79,13 +81,14 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     from builders.adaptive import dataset as D
     from builders.adaptive import finetune as F
     from builders.adaptive.publish import served_head
+    from builders.adaptive.replay import replay_gate
     from builders.adaptive.settings import store_dir
     from builders.doctor.gate import gate
     from core.spec import read_spec
     from training.compute import apply_compute, resolve_compute
     from training.features import FeatureSpec
 
-    t0, rc = time.monotonic(), cfg.refresh
+    t0, c0, rc = time.monotonic(), time.process_time(), cfg.refresh
     if not cfg.draft.kind.eagle3 or not cfg.engine.kind.reference_engine:
         raise RefreshInputError(f"draft.type={cfg.draft.type}, engine.backend={cfg.engine.backend}: a refresh "
                                 "fine-tunes an EAGLE-3 head of an engine.backend=reference build (docs/adaptive.md)")
@@ -98,7 +101,7 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
         D.write_jsonl(run / "held_out.jsonl", held)
         D.write_jsonl(run / "train.jsonl", train)
     served = F.read_served(served_head(build_dir, cfg.triton.llm_model))
-    compute = resolve_compute(F.COMPUTE)
+    compute = resolve_compute(F.compute_config(rc.threads))
     apply_compute(compute, False)
     model, tok, target_dir = F.load_target(layout.hf_target_dir(build_dir), compute)
     fspec = FeatureSpec(tuple(served.layer_ids), F.FEATURE_DTYPE)
@@ -109,26 +112,37 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     train_s = D.feature_samples(model, seqs, fspec, work / "features", "train", F.FEATURES.batch_tokens)
     held_s = D.feature_samples(model, [D.captured_sequence(c, rc.max_seq_len) for c in held], fspec,
                                work / "features", "held_out", F.FEATURES.batch_tokens)
-    t_features = time.monotonic() - t0
+    t_features, c_features = time.monotonic() - t0, time.process_time() - c0
     head, lm_sub = F.load_head(served, model)
     tcfg = F.train_config(rc, served, target_dir, work, run / "head", len(train_s), spec.tree.depth)
     head, lm_sub = head.to(compute.device), lm_sub.to(compute.device, compute.target_dtype)
-    fit = F.finetune(tcfg, head, lm_sub, train_s, held_s, compute, rc.patience)
+    fit = F.finetune(tcfg, head, lm_sub, train_s, held_s, compute, rc.patience, rc.train_seconds)
     F.export(head.cpu(), tcfg, json.loads((target_dir / "config.json").read_text()), run / "head", fit["log"])
-    t_train = time.monotonic() - t0 - t_features
+    t_train, c_train = time.monotonic() - t0 - t_features, time.process_time() - c0 - c_features
     del model, head
-    g = gate(build_dir, served.dir, run / "head", [c.raw for c in held], margin=rc.gate_margin,
-             max_new_tokens=rc.gate_max_new_tokens)
+    if rc.gate == "replay":
+        g = replay_gate(build_dir, served.dir, run / "head", held, D.aux_of(held_s),
+                        margin=rc.gate_margin, max_new_tokens=rc.gate_max_new_tokens,
+                        engine_requests=rc.gate_engine_requests)
+    else:
+        g = gate(build_dir, served.dir, run / "head", [c.raw for c in held], margin=rc.gate_margin,
+                 max_new_tokens=rc.gate_max_new_tokens)
     return {
         "run": run.name, "build": str(build_dir), "store": str(store_dir(cfg)), "served_head": str(served.dir),
         "candidate": str(run / "head"), "published": None, "publishable": g["publishable"],
         "tau_before": g["current"]["tau"], "tau_after": g["candidate"]["tau"], "lossless": g["lossless"],
         "sizes": {"captured_train": len(train), "held_out": len(held), "original": len(orig),
                   "train_tokens": int(sum(int(s.loss_mask.sum()) for s in train_s))},
-        "chain_tau": {"before": fit["before"], "by_epoch": fit["by_epoch"], "best_epoch": fit["best_epoch"]},
+        "chain_tau": {"before": fit["before"], "by_epoch": fit["by_epoch"], "best_epoch": fit["best_epoch"],
+                      "stopped": fit["stopped"], "epoch_seconds": fit["epoch_seconds"]},
+        "threads": compute.threads,
         "seconds": {"features": round(t_features, 1), "train": round(t_train, 1),
                     "gate": round(time.monotonic() - t0 - t_features - t_train, 1),
                     "total": round(time.monotonic() - t0, 1)},
+        # CPU time of this process (all its threads): the wall time it would take on free cores
+        "cpu_seconds": {"features": round(c_features, 1), "train": round(c_train, 1),
+                        "gate": round(time.process_time() - c0 - c_features - c_train, 1),
+                        "total": round(time.process_time() - c0, 1)},
         "gate": g, "gate_command": f"python -m builders.doctor gate --build {build_dir} --current {served.dir} "
         f"--candidate {run / 'head'} --requests {run / 'held_out.jsonl'} --margin {rc.gate_margin} "
         f"--max-new-tokens {rc.gate_max_new_tokens}",

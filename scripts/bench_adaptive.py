@@ -147,6 +147,16 @@ def under_load(srv: TritonServer, texts: list[str], argv: list[str], env: dict[s
             "stdout": proc.stdout.strip()[-600:], **load.close()}
 
 
+def write_requests(build: Path, texts: list[str], dest: Path) -> None:
+    """Request records (no outputs: the gate decodes them) of `texts`, tokenized as the build's server does."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(build / "checkpoint" / "tokenizer")
+    dest.write_text("".join(json.dumps({"id": f"held-{i}", "prompt_ids": tok.encode(t), "output_ids": [],
+                                        "sampling": {"temperature": 0.0}}) + "\n" for i, t in enumerate(texts)))
+    print(f"wrote {len(texts)} held-out requests to {dest}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "adaptive-bench")
@@ -155,11 +165,17 @@ def main() -> int:
     ap.add_argument("--held-out-problems", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--held-out-requests", type=Path, metavar="JSONL",
+                    help="only write the held-out problems as request records (prompt token ids by the --out build's "
+                    "tokenizer, as the server encodes them) for python -m builders.doctor gate --requests, and exit")
     args = ap.parse_args()
     py, out = sys.executable, args.out.resolve()
     probs = problems()
     held_p, train_p = probs[-args.held_out_problems:], probs[: args.train_problems]  # disjoint problems
     held = [INSTRUCTIONS[0].format(p=p["prompt"]) for p in held_p]
+    if args.held_out_requests is not None:
+        write_requests(out, held, args.held_out_requests)
+        return 0
     train = [INSTRUCTIONS[k].format(p=p["prompt"]) for p in train_p for k in range(args.instructions)][:200]
     res: dict[str, Any] = {"load_average_start": os.getloadavg(), "train_requests": len(train),
                            "held_out_requests": len(held), "cpu": os.cpu_count()}

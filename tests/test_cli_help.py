@@ -67,6 +67,7 @@ ENTRY_POINTS = {
     "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
     "devtools/mutation.py": ["devtools/mutation.py"],
     "scripts/bench_adaptive.py": ["scripts/bench_adaptive.py"],
+    "scripts/bench_refresh_threads.py": ["scripts/bench_refresh_threads.py"],
 }
 
 

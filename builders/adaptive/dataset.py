@@ -135,3 +135,13 @@ def feature_samples(model: Any, seqs: list[tuple[torch.Tensor, torch.Tensor]], s
     if len(feats) != len(seqs):
         raise RefreshInputError(f"{work} holds features of {len(feats)} sequences, not {len(seqs)}: delete it")
     return [Sample(ids, mask, f) for (ids, mask), f in zip(seqs, feats)]
+
+
+def aux_of(samples: list[Sample]) -> list[torch.Tensor]:
+    """The captured target layer inputs of each sample (its cached EAGLE-3 features)."""
+    out = []
+    for s in samples:
+        if s.features is None or "aux" not in s.features:
+            raise RefreshInputError("a refresh sample without its EAGLE-3 features (aux): delete the run's work/")
+        out.append(s.features["aux"])
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,14 @@ from training.runner import CKPT_DIR, Sample
 from training.shards import atomic_save
 
 BEST = "best.pt"
-COMPUTE = ComputeConfig(device="auto", precision="auto", tf32=False, threads=0, target_device_map="none")
+
+
+def compute_config(threads: int) -> ComputeConfig:
+    """The refresh's compute: the GPU when there is one, bf16 where the device has it, `threads` CPU threads (0 =
+    every usable core: a refresh is an offline job)."""
+    return ComputeConfig(device="auto", precision="auto", tf32=False, threads=threads, target_device_map="none")
+
+
 FEATURES = FeaturesConfig(storage="shards", dtype="bfloat16", batch_tokens=2048)
 FEATURE_DTYPE = torch.bfloat16  # = FEATURES.dtype
 
@@ -95,7 +103,7 @@ def train_config(rc: RefreshConfig, served: Served, target: Path, work: Path, ou
         data=DataConfig(source="file", path=str(work / "train.jsonl"), offset=0, num_conversations=n_train + 1,
                         num_eval=1, held_out="last", turns="first", responses="dataset", max_prompt_tokens=8,
                         max_new_tokens=1, max_seq_len=max(rc.max_seq_len, 16), generate_batch_size=1, shard_size=64),
-        features=FEATURES, compute=COMPUTE,
+        features=FEATURES, compute=compute_config(rc.threads),
         train=TrainConfig(seed=rc.seed, epochs=rc.epochs, batch_size=rc.batch_size, lr=rc.lr, betas=(0.9, 0.95),
                           weight_decay=0.0, warmup_steps=min(10, per_epoch), grad_clip_value=0.5, v_weight=0.0,
                           p_weight=1.0, p_loss_positions=48, noise_std=0.0, checkpoint_every=per_epoch,
@@ -111,9 +119,12 @@ def evals(log: list[dict[str, Any]]) -> list[float]:
 
 
 def finetune(cfg: TrainHeadConfig, head: Eagle3Head, lm_sub: torch.Tensor, train: list[Sample],
-             held: list[Sample], compute: Compute, patience: int) -> dict[str, Any]:
+             held: list[Sample], compute: Compute, patience: int, seconds: float) -> dict[str, Any]:
     """Train epoch by epoch (resuming from the work directory's checkpoints); the best epoch's weights stay in
-    `head`. Returns {before, by_epoch, best_epoch, log}: before = the served head's held-out chain tau."""
+    `head`. No epoch after the first starts when the last one's duration would take the fine-tune past `seconds`
+    (counted in this process: a resumed run gets its budget again). Returns {before, by_epoch, best_epoch, log,
+    stopped, epoch_seconds}: before = the served head's held-out chain tau; stopped = why it ended (epochs,
+    patience, budget)."""
     from training.eagle3_train import evaluate3, examples3_of, train3
     from training.runner import cached_features
 
@@ -124,17 +135,26 @@ def finetune(cfg: TrainHeadConfig, head: Eagle3Head, lm_sub: torch.Tensor, train
     best: dict[str, Any] = torch.load(best_path, weights_only=True) if best_path.is_file() else {
         "epoch": 0, "chain_tau": before, "head": {k: v.clone() for k, v in head.state_dict().items()}}
     log: list[dict[str, Any]] = []
+    t0, stopped = time.monotonic(), "epochs"
+    took: list[float] = []
     for epoch in tqdm(range(1, tc.epochs + 1), desc="refresh epochs", unit="epoch"):
+        if took and time.monotonic() - t0 + took[-1] > seconds:
+            stopped = "budget"
+            break
+        start = time.monotonic()
         log = train3(cfg, head, lm_sub, train, held, work / CKPT_DIR, stop_at=epoch * per_epoch, compute=compute)
         by_epoch = evals(log)
         if len(by_epoch) >= epoch and by_epoch[epoch - 1] > best["chain_tau"]:
             best = {"epoch": epoch, "chain_tau": by_epoch[epoch - 1],
                     "head": {k: v.clone() for k, v in head.state_dict().items()}}
             atomic_save(best, best_path)
+        took.append(time.monotonic() - start)
         if epoch - best["epoch"] >= patience:
+            stopped = "patience"
             break
     head.load_state_dict(best["head"])
-    return {"before": before, "by_epoch": evals(log), "best_epoch": best["epoch"], "log": log}
+    return {"before": before, "by_epoch": evals(log), "best_epoch": best["epoch"], "log": log, "stopped": stopped,
+            "epoch_seconds": [round(t, 1) for t in took]}
 
 
 def export(head: Eagle3Head, cfg: TrainHeadConfig, target_cfg: dict[str, Any], out: Path,

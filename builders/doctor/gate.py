@@ -134,10 +134,15 @@ def gate(build_dir: Path, current: Path, candidate: Path, records: list[dict[str
 
 def verdict_text(g: dict[str, Any]) -> str:
     c, k = g["current"], g["candidate"]
-    lines = [f"gate on {g['requests']} held-out captured requests ({g['max_new_tokens']} tokens each, greedy):",
+    replay = g.get("method") == "replay"
+    how = (f"replayed from the target's features, up to {g['max_new_tokens']} tokens each" if replay
+           else f"{g['max_new_tokens']} tokens each, greedy")
+    lossless = (f"  lossless (candidate = target only on {g['lossless_requests']} requests decoded on the engine): "
+                if replay else "  lossless (both heads = target only): ")
+    lines = [f"gate on {g['requests']} held-out captured requests ({how}):",
              *(f"  {name:<9} tau {f['tau']:.3f}  acceptance per position "
                f"{[round(p, 3) for p in f['position_acceptance']]}" for name, f in (("current", c), ("candidate", k))),
-             f"  lossless (both heads = target only): {g['lossless']}; captured greedy outputs reproduced: "
+             f"{lossless}{g['lossless']}; captured greedy outputs reproduced: "
              f"{g['captured_outputs_reproduced']}/{g['captured_greedy']}",
              f"  healthy: {g['healthy']}" + "".join(f"\n    - {p}" for p in g["problems"])]
     need = c["tau"] + g["margin"]

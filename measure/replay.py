@@ -24,7 +24,8 @@ import torch
 
 from core.types import GenerationRequest, RequestStats, SamplingParams
 from engines.decode import DraftBatch, update_drafter
-from engines.model import Eagle3Drafter, KVCache, Rows
+from engines.cache import KVCache, Rows
+from engines.heads import Eagle3Drafter
 from engines.runtime import Runtime
 from engines.sampling import greedy_node
 from engines.slots import Accepted, Slot

@@ -99,13 +99,13 @@ def test_refresh_stops_at_its_budget_resumes_and_gates_by_replay(mimic3_build: P
                                     .splitlines()) if "loss" in r]
     assert steps == list(range(1, len(steps) + 1))  # one trajectory: the resumed epochs continue the first
     # the threads A/B the guide shows, on this run
-    p = subprocess.run([sys.executable, "scripts/bench_refresh_threads.py", "--build", str(build), "--run", str(run),
+    p = subprocess.run([sys.executable, "bench/bench_refresh_threads.py", "--build", str(build), "--run", str(run),
                         "--rounds", "1", "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert [r["threads"] for r in json.loads(p.stdout)["rows"]] == [1, 2]
     # the held-out problems of the guide's measurement as request records for the doctor's gate
     f = build / "held_problems.jsonl"
-    p = subprocess.run([sys.executable, "scripts/bench_adaptive.py", "--out", str(build), "--held-out-problems", "3",
+    p = subprocess.run([sys.executable, "bench/bench_adaptive.py", "--out", str(build), "--held-out-problems", "3",
                         "--held-out-requests", str(f)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     held = [json.loads(x) for x in f.read_text().splitlines()]

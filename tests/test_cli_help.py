@@ -66,8 +66,8 @@ ENTRY_POINTS = {
     "scripts/genai_perf_check.py": ["scripts/genai_perf_check.py"],
     "scripts/gpu_bench.py": ["scripts/gpu_bench.py"],
     "devtools/mutation.py": ["devtools/mutation.py"],
-    "scripts/bench_adaptive.py": ["scripts/bench_adaptive.py"],
-    "scripts/bench_refresh_threads.py": ["scripts/bench_refresh_threads.py"],
+    "bench/bench_adaptive.py": ["bench/bench_adaptive.py"],
+    "bench/bench_refresh_threads.py": ["bench/bench_refresh_threads.py"],
 }
 
 
@@ -124,7 +124,6 @@ NOT_COMMANDS = {
     "docker/k8s/render.py": "renders the checked-in Kubernetes manifests from a checkout",
     "devtools/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
     "devtools/mutation.py": "developer tool: mutation score",
-    "scripts/bench_adaptive.py": "benchmark",
 }
 
 

@@ -1,7 +1,7 @@
 """Refresh threads A/B on this machine (docs/adaptive.md, "Refresh"): one process alternates between 1 and N torch
 threads, timing a fine-tune step and the target's features of a sequence, so both see the same load.
 
-    python scripts/bench_refresh_threads.py --build BUILD --run BUILD/refresh/<run> [--threads 2] [--rounds 2]
+    python bench/bench_refresh_threads.py --build BUILD --run BUILD/refresh/<run> [--threads 2] [--rounds 2]
 
 The steps train the served head on the run's held-out samples (their cached features; a scratch copy, nothing is
 written); the features are recomputed for 4 held-out sequences. Prints one JSON document: per round and thread
@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The adaptive loop measured end to end on this machine (docs/adaptive.md, "Measured"):
 
-    python scripts/bench_adaptive.py [--out build/adaptive-bench] [--train-problems 100] [--held-out-problems 40]
+    python bench/bench_adaptive.py [--out build/adaptive-bench] [--train-problems 100] [--held-out-problems 40]
 
 1. builds configs/smollm2-eagle3-current.yaml (the demo target with its shipped EAGLE-3 head, the llmapi layout) with
    capture on, and serves it on a real Triton server (`--model-control explicit`);

@@ -60,7 +60,7 @@ class RefreshConfig(_Strict):
         "per captured training request, against forgetting. 0 = captured traffic only.",
     )
     epochs: int = Field(
-        default=4, ge=1, le=1000,
+        default=8, ge=1, le=1000,
         description="Passes over the refresh training set the learning-rate schedule decays over (warmup, then "
         "linear to 0 at the last); the fine-tune may stop earlier (patience, train_seconds).")
     train_seconds: float = Field(

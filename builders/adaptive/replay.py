@@ -42,7 +42,7 @@ def replay_gate(build_dir: Path, current: Path, candidate: Path, records: list[C
     import tempfile
 
     from builders.doctor.findings import UnusableInput
-    from builders.doctor.gate import COLLAPSED, healthy_findings, normalize
+    from builders.doctor.gate import healthy_findings, normalize, verdict
     from engines.api import ReferenceEngine
 
     problems = healthy_findings(build_dir, candidate)
@@ -62,14 +62,6 @@ def replay_gate(build_dir: Path, current: Path, candidate: Path, records: list[C
         f_cand = replay_figures(rt, reqs, n, eos)
         checked = reqs[:engine_requests]
         lossless, reproduced = lossless_check(rt, checked, n, eos)
-    if f_cand["position_acceptance"] and f_cand["position_acceptance"][0] < COLLAPSED:
-        problems.append(f"first-position acceptance {f_cand['position_acceptance'][0]:.3f} < {COLLAPSED}: collapsed")
-    better = f_cand["tau"] >= f_cur["tau"] + margin
-    return {
-        "publishable": not problems and lossless and better, "healthy": not problems, "problems": problems,
-        "lossless": lossless, "better": better, "margin": margin, "requests": len(reqs), "max_new_tokens": n,
-        "method": "replay", "left_out": left, "lossless_requests": len(checked),
-        "captured_greedy": len(checked), "captured_outputs_reproduced": reproduced,
-        "current": dict(f_cur, head=str(current)), "candidate": dict(f_cand, head=str(candidate)),
-        "tau_gain": f_cand["tau"] - f_cur["tau"],
-    }
+    return verdict(problems, lossless, f_cur, f_cand, current, candidate, margin=margin) | {
+        "requests": len(reqs), "max_new_tokens": n, "method": "replay", "left_out": left,
+        "lossless_requests": len(checked), "captured_greedy": len(checked), "captured_outputs_reproduced": reproduced}

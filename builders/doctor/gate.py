@@ -119,14 +119,23 @@ def gate(build_dir: Path, current: Path, candidate: Path, records: list[dict[str
     greedy = [(r, w) for r, w in zip(records, want) if float(r.get("sampling", {}).get("temperature", 0)) == 0.0
               and len(r["prompt_ids"]) <= limits.max_input_len]
     reproduced = sum(1 for r, w in greedy if [int(t) for t in r["output_ids"]][: len(w)] == w[: len(r["output_ids"])])
-    f_cur, f_cand = figures(got_cur), figures(got_cand)
+    return verdict(problems, lossless, figures(got_cur), figures(got_cand), current, candidate, margin=margin) | {
+        "requests": len(records), "max_new_tokens": n, "captured_greedy": len(greedy),
+        "captured_outputs_reproduced": reproduced}
+
+
+def verdict(problems: list[str], lossless: bool, f_cur: dict[str, Any], f_cand: dict[str, Any], current: Path,
+            candidate: Path, *, margin: float) -> dict[str, Any]:
+    """The rule both gates apply (measured on the engine here, replayed in builders/adaptive/replay.py): publishable
+    when the candidate is healthy (its first position has not collapsed), lossless, and beats the current head's tau
+    by `margin`."""
+    problems = list(problems)
     if f_cand["position_acceptance"] and f_cand["position_acceptance"][0] < COLLAPSED:
         problems.append(f"first-position acceptance {f_cand['position_acceptance'][0]:.3f} < {COLLAPSED}: collapsed")
     better = f_cand["tau"] >= f_cur["tau"] + margin
     return {
         "publishable": not problems and lossless and better, "healthy": not problems, "problems": problems,
-        "lossless": lossless, "better": better, "margin": margin, "requests": len(records), "max_new_tokens": n,
-        "captured_greedy": len(greedy), "captured_outputs_reproduced": reproduced,
+        "lossless": lossless, "better": better, "margin": margin,
         "current": dict(f_cur, head=str(current)), "candidate": dict(f_cand, head=str(candidate)),
         "tau_gain": f_cand["tau"] - f_cur["tau"],
     }

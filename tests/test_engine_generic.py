@@ -7,6 +7,7 @@ the sequences are refused with the reason."""
 from __future__ import annotations
 
 import json
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,29 @@ def test_recurrent_target_keeps_only_the_accepted_state(family: str, tmp_path: P
             Runtime(tgt, head, drafting_for(TREES[name], dev), tok, dev, dt, False, TPGroup(0, 1))
 
 
+def _variant(target: Path, out: Path, config: dict[str, Any]) -> Path:
+    """A copy of `target` with another config.json (the same weights)."""
+    out.mkdir()
+    for f in target.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def _trees_equal_hf(tgt: Any, head: Any, tok: Any, reqs: list[Any], want: list[list[int]],
+                    alone: bool = False) -> None:
+    """Chain, static and dynamic trees, batched (and `alone`: the second request by itself), give HF greedy's
+    tokens with drafts accepted."""
+    dev, dt = torch.device("cpu"), torch.float32
+    for name, tree in TREES.items():
+        rt = Runtime(tgt, head, drafting_for(tree, dev), tok, dev, dt, False, TPGroup(0, 1))
+        res = generate(rt, reqs, speculative=True, on_tokens=None)
+        assert [r.output_ids for r in res] == want, name
+        if alone:
+            assert generate(rt, reqs[1:2], speculative=True, on_tokens=None)[0].output_ids == want[1], name
+        assert sum(r.stats.accepted_draft_tokens for r in res) > 0, name
+
+
 def test_llama4_temperature_by_tree_positions_and_chunks_refused(tmp_path: Path) -> None:
     """Llama 4 (interleaved MoE with a shared expert, RoPE layers with q/k norm and chunked attention, NoPE layers
     with attention temperature tuning; floor_scale 8 so the temperature changes within these sequences): with every
@@ -172,25 +196,16 @@ def test_llama4_temperature_by_tree_positions_and_chunks_refused(tmp_path: Path)
     target = make_family_target(tmp_path / "target", "llama4")
     head_dir = make_mimic_eagle3_head(tmp_path / "head", target)
     want = _hf_greedy(target)
-    flat = tmp_path / "no-temperature"
-    flat.mkdir()
-    for f in target.iterdir():
-        (flat / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((target / "config.json").read_text())
-    (flat / "config.json").write_text(json.dumps({**cfg, "text_config": {**cfg["text_config"],
-                                                                          "attn_temperature_tuning": False}}))
+    flat = _variant(target, tmp_path / "no-temperature",
+                    {**cfg, "text_config": {**cfg["text_config"], "attn_temperature_tuning": False}})
     assert _hf_greedy(flat) != want
     dev, dt = torch.device("cpu"), torch.float32
     tgt = load_generic(target, dt, dev, max_seq_len=64)
     assert tgt.temperature is not None and (tgt.window, tgt.window_key) == (128, "attention_chunk_size")
-    head = load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev)
     tok = load_tokenizer(target)
     reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
-    for name, tree in TREES.items():
-        rt = Runtime(tgt, head, drafting_for(tree, dev), tok, dev, dt, False, TPGroup(0, 1))
-        res = generate(rt, reqs, speculative=True, on_tokens=None)
-        assert [r.output_ids for r in res] == want, name
-        assert sum(r.stats.accepted_draft_tokens for r in res) > 0, name
+    _trees_equal_hf(tgt, load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev), tok, reqs, want)
 
     cfg["text_config"]["attention_chunk_size"] = 16
     (flat / "config.json").write_text(json.dumps(cfg))
@@ -213,22 +228,12 @@ def test_sparse_attention_indexer_selects_like_hf_in_trees(family: str, tmp_path
     target = make_family_target(tmp_path / "target", family)
     head_dir = make_mimic_eagle3_head(tmp_path / "head", target)
     want = _hf_greedy(target)
-    dense = tmp_path / "dense"
-    dense.mkdir()
-    for f in target.iterdir():
-        (dense / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((target / "config.json").read_text())
-    (dense / "config.json").write_text(json.dumps({**cfg, "index_topk": 2048}))
+    dense = _variant(target, tmp_path / "dense", {**cfg, "index_topk": 2048})
     assert cfg["index_topk"] == 4 and _hf_greedy(dense) != want
     dev, dt = torch.device("cpu"), torch.float32
     tgt = load_generic(target, dt, dev, max_seq_len=64)
     assert tgt.indexer_at == cfg["qk_rope_head_dim"]
-    head = load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev)
     tok = load_tokenizer(target)
     reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
-    for name, tree in TREES.items():
-        rt = Runtime(tgt, head, drafting_for(tree, dev), tok, dev, dt, False, TPGroup(0, 1))
-        res = generate(rt, reqs, speculative=True, on_tokens=None)
-        assert [r.output_ids for r in res] == want, name
-        assert generate(rt, reqs[1:2], speculative=True, on_tokens=None)[0].output_ids == want[1], name
-        assert sum(r.stats.accepted_draft_tokens for r in res) > 0, name
+    _trees_equal_hf(tgt, load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev), tok, reqs, want, alone=True)

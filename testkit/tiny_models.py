@@ -252,3 +252,14 @@ def mimic_pair(out: Path, *, vocab: int, seed: int, block_scale: float) -> tuple
     save_file(hd, str(head / "model.safetensors"), metadata={"format": "pt"})
     (head / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=1), indent=2))
     return target, head
+
+
+def make_llmapi_pair(tmp: Path) -> tuple[Path, Path]:
+    """A 4-layer target and an EAGLE-3 head capturing its layers 1, 2, 3 (three distinct layers: the LLM API's set),
+    the pair the current line's llmapi model serves in tests."""
+    target = make_target(tmp / "target", layers=4)
+    head = make_eagle3_head(tmp / "eagle3", target)
+    cfg = json.loads((head / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
+    (head / "config.json").write_text(json.dumps(cfg))
+    return target, head

@@ -152,11 +152,7 @@ def test_llmapi_layout_serves_a_published_version(tmp_path: Path) -> None:
     from builders.build import main as build_main
     from testkit import tiny_models as tm
 
-    target = tm.make_target(tmp_path / "target", layers=4)
-    head = tm.make_eagle3_head(tmp_path / "eagle3", target)
-    cfg_h = json.loads((head / "config.json").read_text())
-    cfg_h["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
-    (head / "config.json").write_text(json.dumps(cfg_h))
+    target, head = tm.make_llmapi_pair(tmp_path)
     cfg = tmp_path / "b.yaml"
     cfg.write_text(f"name: l\ntrtllm_version: '1.4'\noutput_dir: {tmp_path / 'build'}\n"
                    f"target: {{model: {target}, dtype: float32}}\ndraft: {{type: eagle3, model: {head}}}\n"

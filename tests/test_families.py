@@ -185,7 +185,7 @@ def test_the_guides_regeneration_command_writes_what_is_committed(tmp_path: Path
 def test_a_registration_that_blocks_eagle_is_refused_with_upstreams_reason() -> None:
     """Subclassing SpecDecOneEngineForCausalLM is not enough: upstream's Kimi-Linear class asserts that only SA or
     DFlash speculation runs on it, so it is not a row, and its refusal says why."""
-    from core.families import NOT_EAGLE3
+    from core.family_survey import NOT_EAGLE3
 
     assert not set(NOT_EAGLE3) & set(BY_NAME)
     [p] = architectures.problems("KimiLinearForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
@@ -198,7 +198,7 @@ def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() 
     """Step-3.5 is one-model upstream but transformers here has no causal LM for it (nothing can prove its sizing or
     serving); MiniMax-M3's class at the commit read is not one-model: both are refused naming the upstream class and
     the reason, and the generated table lists them."""
-    from core.families import NOT_ROWS
+    from core.family_survey import NOT_ROWS
 
     assert not set(NOT_ROWS) & set(BY_NAME)
     [p] = architectures.problems("Step3p5ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from builders.kinds import BACKENDS, DRAFT_KINDS
 from builders.trtllm import registry
 from builders.trtllm.citation import Source
-from core import families
+from core import families, family_survey
 from core.families import ONE as ONE  # re-exported: the mode names the rows use
 from core.families import TRT, TWO
 
@@ -105,12 +105,12 @@ def problems(arch: str | None, *, version: str, backend: str, draft_type: str, w
     """Why this target architecture cannot take this path (empty = it can). `where` names the target."""
     v = registry.get(version)
     a = BY_NAME.get(arch or "")
-    if a is None and (arch or "") in families.NOT_EAGLE3:
-        path, what, read = families.NOT_EAGLE3[arch or ""]
+    if a is None and (arch or "") in family_survey.NOT_EAGLE3:
+        path, what, read = family_survey.NOT_EAGLE3[arch or ""]
         return [f"target.model {where}: {arch} is registered by TensorRT-LLM ({path}) but does not run EAGLE-3 there: "
                 f"{what} (read at {read}); it is not in the architecture table, which lists {_listing()}"]
-    if a is None and (arch or "") in families.NOT_ROWS:
-        path, what, read, why = families.NOT_ROWS[arch or ""]
+    if a is None and (arch or "") in family_survey.NOT_ROWS:
+        path, what, read, why = family_survey.NOT_ROWS[arch or ""]
         return [f"target.model {where}: {arch} is registered by TensorRT-LLM ({path}: {what}; read at {read}) but is "
                 f"not a row of the architecture table: {why}. The table lists {_listing()}"]
     if a is None:
@@ -160,9 +160,9 @@ def markdown() -> list[str]:
         out.append(f"| `{a.name}` | {a.family} | {'yes' if a.engine_flow else 'no'} | " + " | ".join(cols)
                    + f" | {a.reference or 'no'} | {'yes' if a.trainer else 'no'} | {cite} | {a.note} |")
     out += [""] + [f"- Not a row: `{name}` ({TRT}:{path} at {read}): {what}."
-                   for name, (path, what, read) in families.NOT_EAGLE3.items()]
+                   for name, (path, what, read) in family_survey.NOT_EAGLE3.items()]
     out += [f"- Not a row: `{name}` ({TRT}:{path} at {read}: {what}): {why}."
-            for name, (path, what, read, why) in families.NOT_ROWS.items()]
+            for name, (path, what, read, why) in family_survey.NOT_ROWS.items()]
     out += ["", f"Engine flow: {EAGLE_FLOW.repo}:{EAGLE_FLOW.path} `{EAGLE_FLOW.symbol}` (read: commit 89fd9b74). "
             f"Two-model EAGLE-3 on the current line: {TWO_MODEL_REMOVED.repo} {TWO_MODEL_REMOVED.path} "
             f"{TWO_MODEL_REMOVED.symbol}; the current line's Eagle3DecodingConfig has no eagle3_one_model field "

@@ -26,6 +26,7 @@ if __name__ == "__main__" and not __package__:
 
 from clients import schema as sch
 from clients.client import DEFAULT_TIMEOUT_S, GenerationError, GenerationStats, LLMClient, sampling_of
+from clients.prompts import chat_prompt
 from clients.tokens import TokenCounter, make_counter
 
 
@@ -51,31 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stop", action="append", default=None, help="stop word (repeatable)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="request deadline in seconds")
     return ap
-
-
-THINKING_SWITCH = "enable_thinking"  # the variable Qwen3's chat template reads (its model card: enable_thinking)
-
-
-def chat_prompt(tokenizer_dir: str | None, prompt: str, thinking: str | None = None) -> str:
-    """The prompt inside the model's chat template (the server applies none: contract.text_input). `thinking` on/off
-    sets the template's thinking switch; a template without one is refused rather than silently ignored."""
-    if tokenizer_dir is None or tokenizer_dir == "whitespace":
-        raise ValueError("--chat needs the model's tokenizer: pass --tokenizer DIR (the repository names none)")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    if not tok.chat_template:
-        raise ValueError(f"--chat: the tokenizer in {tokenizer_dir} has no chat template; drop --chat")
-    extra = {}
-    if thinking is not None:
-        if THINKING_SWITCH not in str(tok.chat_template):
-            raise ValueError(f"--thinking: the chat template in {tokenizer_dir} has no `{THINKING_SWITCH}` switch "
-                             "(Qwen3's templates have one); drop --thinking")
-        extra[THINKING_SWITCH] = thinking == "on"
-    messages = [{"role": "user", "content": prompt}]
-    text: str = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
-    return text
 
 
 def stats_lines(text: str, stats: GenerationStats, counter: TokenCounter | None) -> list[str]:

@@ -43,7 +43,7 @@ from clients import schema as sch
 from clients.client import DEFAULT_TIMEOUT_S, AsyncLLMClient, sampling_of
 from clients.load import LevelResult, LevelRunner, LevelSpec
 from clients.plots import COMPARISON_FILE, plot_speculation_comparison, write_plots
-from clients.prompts import PromptFileError, load_prompts
+from clients.prompts import PromptFileError, chat_template, load_prompts
 from clients.stats import CSV_COLUMNS, LevelReport, Summary, aggregate, csv_row
 from clients.tokens import TokenCounter, make_counter
 
@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: server's)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: server's)")
     ap.add_argument("--top-k", type=int, default=None, help="top-k (default: server's)")
+    ap.add_argument("--chat", action="store_true",
+                    help="send every prompt inside the model's chat template (as a chat client does; the tokenizer is "
+                         "--tokenizer or the repository's): an instruct model answers a bare question briefly or not "
+                         "at all")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--baseline-url", default=None,
                     help="gRPC endpoint of the same deployment with speculation off (e.g. the same build served with "
@@ -182,12 +186,15 @@ async def run(args: argparse.Namespace) -> int:
     client = await _connect(args, args.url)
     baseline = None if args.baseline_url is None else await _connect(args, args.baseline_url)
     counter = make_counter(args.tokenizer or client.schema.tokenizer)
+    if args.chat:
+        wrap = chat_template(args.tokenizer or client.schema.tokenizer)
+        prompts = [wrap(p) for p in prompts]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     meta = {
         "argv": sys.argv, "url": args.url, "model": client.schema.model, "schema_source": client.schema.source,
-        "prompts_file": str(args.prompts), "prompts": len(prompts), "tokenizer": counter.name,
+        "prompts_file": str(args.prompts), "prompts": len(prompts), "chat": args.chat, "tokenizer": counter.name,
         "max_tokens": args.max_tokens, "stream": args.stream, "seed": args.seed, "warmup": args.warmup,
         "requests_per_level": args.requests, "duration_per_level_s": args.duration, "timeout_s": args.timeout,
         "sampling": specs[0].sampling, "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
+
+THINKING_SWITCH = "enable_thinking"  # the variable Qwen3's chat template reads (its model card: enable_thinking)
 
 
 class PromptFileError(ValueError):
@@ -43,3 +47,35 @@ def load_prompts(path: Path) -> list[str]:
     if not prompts:
         raise PromptFileError(f"prompt file {path} holds no prompts")
     return prompts
+
+
+def chat_template(tokenizer_dir: str | None, thinking: str | None = None) -> Callable[[str], str]:
+    """prompt -> the prompt inside the model's chat template, as one user turn with the generation prompt (the server
+    applies none: contract.text_input). `thinking` on/off sets the template's thinking switch; a template without
+    one is refused rather than silently ignored. The tokenizer is loaded once."""
+    if tokenizer_dir is None or tokenizer_dir == "whitespace":
+        raise ValueError("--chat needs the model's tokenizer: pass --tokenizer DIR (the repository names none)")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if not tok.chat_template:
+        raise ValueError(f"--chat: the tokenizer in {tokenizer_dir} has no chat template; drop --chat")
+    extra = {}
+    if thinking is not None:
+        if THINKING_SWITCH not in str(tok.chat_template):
+            raise ValueError(f"--thinking: the chat template in {tokenizer_dir} has no `{THINKING_SWITCH}` switch "
+                             "(Qwen3's templates have one); drop --thinking")
+        extra[THINKING_SWITCH] = thinking == "on"
+
+    def wrap(prompt: str) -> str:
+        text: str = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                            add_generation_prompt=True, **extra)
+        return text
+
+    return wrap
+
+
+def chat_prompt(tokenizer_dir: str | None, prompt: str, thinking: str | None = None) -> str:
+    """One prompt inside the model's chat template (`chat_template`)."""
+    return chat_template(tokenizer_dir, thinking)(prompt)

@@ -111,8 +111,9 @@ def loadtest_argv(url: str, repo: Path, prompts: Path, out: Path, plan: DemoPlan
     return [
         sys.executable, str(REPO / "clients" / "loadtest.py"), "--url", url, "--repo", str(repo),
         "--prompts", str(prompts), "--out", str(out), "--concurrency", plan.load_concurrency,
-        "--requests", str(plan.load_requests), "--max-tokens", str(plan.load_tokens), "--stream", "--no-progress",
-        "--timeout", str(REQUEST_TIMEOUT_S), *([] if baseline_url is None else ["--baseline-url", baseline_url]),
+        "--requests", str(plan.load_requests), "--max-tokens", str(plan.load_tokens), "--stream", "--chat",
+        "--no-progress", "--timeout", str(REQUEST_TIMEOUT_S),
+        *([] if baseline_url is None else ["--baseline-url", baseline_url]),
     ]
 
 

@@ -1,7 +1,7 @@
 """Concurrency sweep with speculation on and off, on one reference build served by two Triton servers.
 
     python scripts/spec_sweep.py --build build/demo --prompts FILE.jsonl --out OUT --concurrency 1,2,4 \
-        --requests 8 --max-tokens 64 [--threads 1] [--rounds 3]
+        --requests 8 --max-tokens 64 [--threads 1] [--rounds 3] [--chat]
 
 The build's repository is served as it is (EAGLE) and, from a copy in OUT/triton_repo_spec_off, without speculation:
 the same engine, weights and batcher. In the ensemble layout (TensorRT-LLM 1.1/1.2 line) the copy's reference LLM
@@ -101,7 +101,7 @@ def loadtest_argv(url: str, baseline_url: str, repo: Path, out: Path, args: argp
         sys.executable, str(REPO / "clients" / "loadtest.py"), "--url", url, "--baseline-url", baseline_url,
         "--model", served_model(repo), "--repo", str(repo), "--prompts", str(args.prompts), "--out", str(out),
         "--concurrency", ",".join(map(str, args.concurrency)), "--requests", str(args.requests), "--max-tokens",
-        str(args.max_tokens), "--stream", "--no-progress", "--timeout", "900",
+        str(args.max_tokens), "--stream", "--no-progress", "--timeout", "900", *(["--chat"] if args.chat else []),
     ]
 
 
@@ -190,6 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="repeat the whole sweep on the same two servers (default 1); ratios per round in sweep.json")
     ap.add_argument("--threads", type=_positive("--threads"), default=None,
                     help="OMP_NUM_THREADS for the servers and the client")
+    ap.add_argument("--chat", action="store_true",
+                    help="send the prompts inside the model's chat template (loadtest.py --chat), as chat clients do")
     args = ap.parse_args(argv)
     # everything that can be checked is checked before a server loads anything
     if not args.prompts.is_file():

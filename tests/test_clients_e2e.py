@@ -100,6 +100,30 @@ def test_loadtest_through_the_ensemble(repo: Path, server: TritonServer, tmp_pat
     assert lv["ttft_s"]["count"] == n and lv["e2e_s"]["p99"] >= lv["ttft_s"]["p99"]
 
 
+def test_loadtest_chat_sends_the_chat_template(repo: Path, server: TritonServer, tmp_path: Path) -> None:
+    """--chat: every request is the prompt inside the repository tokenizer's chat template, so the report's tokens
+    are n times those of one request sent already wrapped; a tokenizer that cannot template is refused up front."""
+    from clients.prompts import chat_prompt
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hi there"}) + "\n")
+    schema = sch.from_descriptor(repo)
+    wrapped = chat_prompt(schema.tokenizer, "Hi there")
+    with LLMClient(server.grpc_url) as c:
+        one = c.generate(wrapped, 6, stream=True, **GREEDY)
+    out, n = tmp_path / "out", 2
+    argv = ["--url", server.grpc_url, "--repo", str(repo), "--prompts", str(prompts), "--concurrency", "1",
+            "--requests", str(n), "--max-tokens", "6", "--stream", "--top-k", "0", "--top-p", "0", "--no-progress",
+            "--chat"]
+    assert loadtest.main([*argv, "--out", str(out)]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["meta"]["chat"] is True
+    assert doc["levels"][0]["output_tokens"] == n * make_counter(schema.tokenizer).count(one.text)
+    texts = [json.loads(line)["text"] for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert texts == [one.text] * n
+    assert loadtest.main([*argv, "--out", str(tmp_path / "o2"), "--tokenizer", "whitespace"]) == 2
+
+
 def test_generate_cli_chat_with_the_repository_tokenizer(
     repo: Path, server: TritonServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -25,6 +25,7 @@ def test_commands_are_the_documented_client_invocations(tmp_path: Path) -> None:
     lt = demo.loadtest_argv("127.0.0.1:9", tmp_path / "repo", tmp_path / "p.jsonl", tmp_path / "out", plan)
     assert lt[lt.index("--concurrency") + 1] == "1" and lt[lt.index("--requests") + 1] == "2"
     assert lt[lt.index("--out") + 1] == str(tmp_path / "out")
+    assert "--chat" in lt  # the load test sends what a chat client sends, as the streamed answer does
     full = demo.plan_for(tmp_path / "c.yaml", quick=False, prompt="x")
     assert (full.answer_tokens, full.load_concurrency, full.load_prompts) == (96, "1,2,4", None)
     assert "--baseline-url" not in lt

@@ -135,7 +135,7 @@ def _sweep(build: Path, out: Path, tmp_path: Path) -> dict:
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("The capital of France is", "One, two,")))
     rc = subprocess.run([sys.executable, str(REPO / "scripts" / "spec_sweep.py"), "--build", str(build), "--prompts",
                          str(prompts), "--out", str(out), "--concurrency", "1,2", "--requests", "2", "--max-tokens",
-                         "6", "--rounds", "2", "--threads", "1"], cwd=tmp_path, check=False).returncode
+                         "6", "--rounds", "2", "--threads", "1", "--chat"], cwd=tmp_path, check=False).returncode
     assert rc == 0
     return json.loads((out / "sweep.json").read_text())
 
@@ -145,6 +145,7 @@ def _check_sweep(doc: dict, out: Path) -> None:
     for row in doc["levels"]:
         assert len(row["ratios"]) == 2 and row["median_ratio"] > 0
     for k in (1, 2):
+        assert json.loads((out / f"round-{k}" / "report.json").read_text())["meta"]["chat"] is True
         on = json.loads((out / f"round-{k}" / "report.json").read_text())["levels"]
         off = json.loads((out / f"round-{k}" / "baseline" / "report.json").read_text())["levels"]
         assert [(lv["requests_ok"], lv["errors"]) for lv in on + off] == [(2, {})] * 4

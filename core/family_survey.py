@@ -36,7 +36,7 @@ NOT_EAGLE3: dict[str, tuple[str, str, str]] = {
         f"({_EAGLE3_CAPTURE}) are never written, and the only capture left, {_LAST_CAPTURE}, is here the "
         "hc_count x hidden_size hyper-connection bundle, wider than the hidden_size slot it is copied into; its PLE "
         "and QSA-indexer roll-back handlers (_register_auxiliary_speculative_state_handlers) are registered only "
-        f"when spec_dec_mode.is_mtp_one_model(), which is MTP or MTP_EAGLE_ONE_MODEL, not EAGLE3_ONE_MODEL "
+        "when spec_dec_mode.is_mtp_one_model(), which is MTP or MTP_EAGLE_ONE_MODEL, not EAGLE3_ONE_MODEL "
         f"({_MODES})",
         "commit 306f9922550919a8c5f6271d4586b46b093cdaca"),
     "Glm5NextForCausalLM": (

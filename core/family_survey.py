@@ -7,6 +7,19 @@ its entry moves to `FAMILIES` and tests/test_families.py checks that no name is 
 
 from __future__ import annotations
 
+# Where one-model EAGLE-3 gets its head's features upstream: the target's own decoder layers write them with
+# spec_metadata.maybe_capture_hidden_states (e.g. modeling_qwen3_next.py, modeling_llama.py); the base class adds
+# only the model's output (layer -1).
+_EAGLE3_CAPTURE = ("Eagle3OneModelSpecMetadata.layers_to_capture, by default (1, num_layers // 2 - 1, num_layers - 4), "
+                   "whose hidden_states buffer only maybe_capture_hidden_states fills and "
+                   "Eagle3OneModelWorker.prepare_1st_drafter_inputs reads: tensorrt_llm/_torch/speculative/eagle3.py "
+                   "at commit f933a608045a46426792263617475b359d568043")
+_LAST_CAPTURE = ("layer -1, the model's output, which SpecDecOneEngineForCausalLM.forward captures itself "
+                 "(tensorrt_llm/_torch/models/modeling_speculative.py at commit "
+                 "00679c66c3e38f6d2651ad0a5bef0f94d862e36c)")
+_MODES = ("SpeculativeDecodingMode.is_mtp_one_model, tensorrt_llm/_torch/speculative/interface.py at commit "
+          "b35ac1b64368513d215c57d2ed01d62d910df8da")
+
 # Registrations read upstream that subclass SpecDecOneEngineForCausalLM but do not run EAGLE-3 there: not rows of the
 # table (a target of these architectures is refused with this reason). name -> (modeling file, what was read, commit).
 NOT_EAGLE3: dict[str, tuple[str, str, str]] = {
@@ -15,6 +28,27 @@ NOT_EAGLE3: dict[str, tuple[str, str, str]] = {
         "KimiLinearForCausalLM(SpecDecOneEngineForCausalLM).__init__ asserts 'Kimi K3 supports speculative decoding "
         "only with SA or DFlash' (modes needing draft heads, MTP / Eagle, are blocked)",
         "commit 000a860db1d1b990742ff55e8230d1ddc5672e39"),
+    "Qwen4ExpForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_qwen4_exp.py",
+        "Qwen4ExpForCausalLM(SpecDecOneEngineForCausalLM[Qwen4ExpModel, PretrainedConfig]) 'supports the "
+        "checkpoint's single recurrent one-model MTP layer'; neither Qwen4ExpDecoderLayer.forward nor "
+        "Qwen4ExpModel.forward calls spec_metadata.maybe_capture_hidden_states, so the layers an EAGLE-3 head reads "
+        f"({_EAGLE3_CAPTURE}) are never written, and the only capture left, {_LAST_CAPTURE}, is here the "
+        "hc_count x hidden_size hyper-connection bundle, wider than the hidden_size slot it is copied into; its PLE "
+        "and QSA-indexer roll-back handlers (_register_auxiliary_speculative_state_handlers) are registered only "
+        "when spec_dec_mode.is_mtp_one_model(), which is MTP or MTP_EAGLE_ONE_MODEL, not EAGLE3_ONE_MODEL "
+        f"({_MODES})",
+        "commit 306f9922550919a8c5f6271d4586b46b093cdaca"),
+    "Glm5NextForCausalLM": (
+        "tensorrt_llm/_torch/models/modeling_glm5_next.py",
+        "Glm5NextForCausalLM(SpecDecOneEngineForCausalLM), the 'GLM-5.3-Flash decoder with an optional one-model "
+        "MTP drafter': neither Glm5NextDecoderLayer.forward nor Glm5NextModel.forward calls "
+        "spec_metadata.maybe_capture_hidden_states (only its MTP layer Glm5NextMTP does, for itself), so the layers "
+        f"an EAGLE-3 head reads ({_EAGLE3_CAPTURE}) are never written; only a head reading nothing but "
+        f"{_LAST_CAPTURE}, here the collapsed and normed hidden state, would get features, and the heads this "
+        "toolkit builds and trains read three decoder layers; Glm5NextMTP refuses a separate draft engine "
+        "('glm5_next MTP runs one-model speculative decoding only (MTP / MTP_EAGLE_ONE_MODEL)')",
+        "commit eaf9e324db070ee364b83361ad323a7366ea9ade"),
 }
 
 # Registrations read upstream that are not rows here: name -> (modeling file, what was read, commit, why not a row).
@@ -82,25 +116,6 @@ NOT_ROWS.update({
         "transformers 5.25 has no model for it (no MistralLarge3 config or causal LM), so neither the reference "
         "engine nor a tiny model can prove its sizing or serving here, and its checkpoints use Mistral's own "
         "weight names, not the Hugging Face layout the converter reads"),
-    "Glm5NextForCausalLM": (
-        "tensorrt_llm/_torch/models/modeling_glm5_next.py",
-        "@register_auto_model('Glm5NextForCausalLM') class Glm5NextForCausalLM(SpecDecOneEngineForCausalLM), "
-        "documented there as the GLM-5.3-Flash decoder with an optional one-model MTP drafter",
-        "commit eaf9e324db070ee364b83361ad323a7366ea9ade",
-        "its stack mixes KDA linear-attention layers (recurrent state), sparse latent-attention layers with a pooled "
-        "indexer, hyper-connections and 288 routed experts; the memory check sizes none of these layers and the "
-        "reference engine's state roll-back was not proven on them, and whether upstream runs an EAGLE-3 head on it "
-        "(not only its MTP drafter) was not established, so it is refused rather than sized or served wrongly"),
-    "Qwen4ExpForCausalLM": (
-        "tensorrt_llm/_torch/models/modeling_qwen4_exp.py",
-        "@register_auto_model('Qwen4ExpForCausalLM') class Qwen4ExpForCausalLM(SpecDecOneEngineForCausalLM"
-        "[Qwen4ExpModel, PretrainedConfig]) (one-model upstream; its load_weights names Gated-DeltaNet, MoE, PLE "
-        "and Hyper-Connection tensors)",
-        "commit 306f9922550919a8c5f6271d4586b46b093cdaca",
-        "besides Qwen3-Next-style gated delta-net layers it has per-layer n-gram embeddings (PLE, a recurrent side "
-        "state upstream rolls back on acceptance), a hyper-connection mixer and sparse attention (QSA); the memory "
-        "check sizes none of these and the reference engine does not roll the PLE state back, so it is refused "
-        "rather than sized or served wrongly"),
     "KimiK25ForConditionalGeneration": (
         "tensorrt_llm/_torch/models/modeling_kimi_k25.py",
         "@register_auto_model('KimiK25ForConditionalGeneration') class KimiK25ForConditionalGeneration("

@@ -194,6 +194,27 @@ def test_a_registration_that_blocks_eagle_is_refused_with_upstreams_reason() -> 
     assert "Not a row: `KimiLinearForCausalLM`" in "\n".join(architectures.markdown())
 
 
+def test_one_model_classes_that_feed_no_eagle3_head_are_refused_with_where_upstream_captures() -> None:
+    """Qwen4-Exp and GLM-5-Next subclass SpecDecOneEngineForCausalLM for their own MTP layers, but their decoder
+    layers never write the hidden states an EAGLE-3 head reads (and Qwen4-Exp rolls its side states back only under
+    MTP): both are refused as not running EAGLE-3 upstream, each naming the commits read."""
+    from core.family_survey import NOT_EAGLE3, NOT_ROWS
+
+    assert {"Qwen4ExpForCausalLM", "Glm5NextForCausalLM"} <= set(NOT_EAGLE3) - set(NOT_ROWS)
+    rendered = "\n".join(architectures.markdown())
+    for name, commit in (("Qwen4ExpForCausalLM", "306f9922"), ("Glm5NextForCausalLM", "eaf9e324")):
+        [p] = architectures.problems(name, version="1.4", backend="pytorch", draft_type="eagle3", where="t")
+        assert "does not run EAGLE-3 there" in p and commit in p
+        assert "maybe_capture_hidden_states" in p and "eagle3.py at commit f933a608" in p
+        assert f"Not a row: `{name}`" in rendered
+    [p] = architectures.problems("Qwen4ExpForCausalLM", version="1.4", backend="reference", draft_type="eagle3",
+                                 where="t")
+    assert "is_mtp_one_model()" in p and "not EAGLE3_ONE_MODEL" in p and "b35ac1b6" in p
+    [p] = architectures.problems("Glm5NextForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "MTP / MTP_EAGLE_ONE_MODEL" in p
+
+
 def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() -> None:
     """Step-3.5 is one-model upstream but transformers here has no causal LM for it (nothing can prove its sizing or
     serving); MiniMax-M3's class at the commit read is not one-model: both are refused naming the upstream class and

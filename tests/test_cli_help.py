@@ -68,6 +68,7 @@ ENTRY_POINTS = {
     "devtools/mutation.py": ["devtools/mutation.py"],
     "bench/bench_adaptive.py": ["bench/bench_adaptive.py"],
     "bench/bench_refresh_threads.py": ["bench/bench_refresh_threads.py"],
+    "bench/bench_switch.py": ["bench/bench_switch.py"],
 }
 
 

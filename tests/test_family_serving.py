@@ -173,11 +173,12 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna",
+                                    "glm_moe_dsa"])
 def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
     """A Qwen3-MoE, DeepSeek-V3 (MLA), DeepSeek-V3.2 (MLA + sparse-attention indexer), Qwen3-Next (gated delta-net,
-    chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers) or Laguna (per-layer
-    heads, gated attention, RoPE per layer type) target
+    chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers), Laguna (per-layer
+    heads, gated attention, RoPE per layer type) or GLM-5 (DeepSeek-V3.2's indexer, layers sharing a selection) target
     (transformers' own model class in the reference engine) with an EAGLE-3 head trained by training/train_head.py,
     built for the current line and served by the llmapi model on the real Triton server: the answers are HF
     generate's."""

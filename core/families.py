@@ -191,7 +191,8 @@ FAMILIES: tuple[Family, ...] = (
            "NVIDIA/TensorRT-LLM (the decorators); NVIDIA/TensorRT-LLM commit "
            "065ff9e93780bc0bdbfdbc7156a306ca14f5850c, tensorrt_llm/_torch/models/_arch_index.py: "
            "MODEL_ARCH_TO_MODULE['GlmMoeDsaForCausalLM'] = 'modeling_deepseekv3', whose one public class is "
-           "DeepseekV3ForCausalLM (the table test_lazy_model_zoo.py checks against the decorators)",
+           "DeepseekV3ForCausalLM (a table that, its docstring says, test_lazy_model_zoo.py checks against the "
+           "decorators)",
            "generic", True,
            note="DeepSeek-V3.2's MLA, experts and sparse-attention indexer, where indexer_types 'shared' layers "
                 "reuse the previous 'full' layer's selection and have no indexer of their own (KV cache: the MLA "

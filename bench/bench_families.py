@@ -5,9 +5,10 @@
 
 Each family is a random model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, MLP 1536, vocab
 49,152; MoE families: 8 experts of 256, 2 per token, and one shared expert where the family has them; DeepSeek-V3 /
-V3.2: MLA with q_lora_rank 192, kv_lora_rank 64, V3.2's indexer keeping 64 keys; Llama 4: experts every second
-layer, every fourth layer NoPE; Qwen3-Next / Qwen3.5: three gated delta-net layers per attention layer; Nemotron-H:
-Mamba-2 and MLP layers, one attention layer in seven), written by transformers. The families the table marks native
+V3.2 / GLM-5: MLA with q_lora_rank 192, kv_lora_rank 64, V3.2's indexer keeping 64 keys (GLM-5: 9 indexer layers
+of 30, the others reusing a selection); Llama 4: experts every second layer, every fourth layer NoPE; Qwen3-Next /
+Qwen3.5: three gated delta-net layers per attention layer; Nemotron-H: Mamba-2 and MLP layers, one attention layer
+in seven), written by transformers. The families the table marks native
 are converted (builders/convert) and run by the engine's own forward; the generic ones run through the generic
 target (transformers' own model class, engines/generic.py). For T in --ts: one forward with T new tokens after a
 200-token context plus the lm_head at the last position, the engine and HF eager (transformers, no compile,
@@ -50,6 +51,7 @@ CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config"
            "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM"),
            "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"), "apertus": ("ApertusConfig", "ApertusForCausalLM"),
            "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM"),
+           "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),
            "llama4": ("Llama4Config", "Llama4ForConditionalGeneration"),
            "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
            "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
@@ -78,6 +80,11 @@ EXTRA: dict[str, dict[str, Any]] = {
     "deepseek_v32": {**_ROUTED, "num_key_value_heads": 9, "q_lora_rank": 192, "kv_lora_rank": 64,
                      "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64, "index_topk": 64,
                      "index_head_dim": 64, "index_n_heads": 8},
+    # GLM-5: DeepSeek-V3.2's shape above, where after the third layer three layers of four reuse the previous full
+    # layer's selection (transformers' index_topk_freq 4 / index_skip_topk_offset 3: 9 indexers of 30)
+    "glm_moe_dsa": {**_ROUTED, "num_key_value_heads": 9, "q_lora_rank": 192, "kv_lora_rank": 64,
+                    "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64, "index_topk": 64,
+                    "index_head_dim": 64, "index_n_heads": 8, "index_topk_freq": 4, "index_skip_topk_offset": 3},
     # Llama 4: MoE every second layer (a shared expert), every fourth layer NoPE, chunks of 8192
     "llama4": {"intermediate_size": 256, "intermediate_size_mlp": 1536, "num_local_experts": 8,
                "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "attention_chunk_size": 8192},

@@ -181,6 +181,23 @@ FAMILIES: tuple[Family, ...] = (
                 "gate per head (g_proj), sliding-window layers (reference engine: sequences up to the window) with "
                 "their own RoPE, sigmoid-routed experts + a shared expert after dense layers (mlp_layer_types)",
            versions=CURRENT),
+    Family("GlmMoeDsaForCausalLM", "GLM-5", "glm_moe_dsa", MLA, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_deepseekv3.py",
+           "@register_auto_model('GlmMoeDsaForCausalLM') @register_auto_model('DeepseekV32ForCausalLM') "
+           "@register_auto_model('DeepseekV3ForCausalLM') class DeepseekV3ForCausalLM(SpecDecOneEngineForCausalLM"
+           "[DeepseekV3Model, PretrainedConfig]) (its __init__ reads model_type glm_moe_dsa as deepseek_v32; "
+           "DeepseekV3DecoderLayer.forward: spec_metadata.maybe_capture_hidden_states)",
+           "commit 5d5bb2cb3914279edd289a25d787e05ad637073a of michaelfeil/TensorRT-LLM, a fork of "
+           "NVIDIA/TensorRT-LLM (the decorators); NVIDIA/TensorRT-LLM commit "
+           "065ff9e93780bc0bdbfdbc7156a306ca14f5850c, tensorrt_llm/_torch/models/_arch_index.py: "
+           "MODEL_ARCH_TO_MODULE['GlmMoeDsaForCausalLM'] = 'modeling_deepseekv3', whose one public class is "
+           "DeepseekV3ForCausalLM (a table that, its docstring says, test_lazy_model_zoo.py checks against the "
+           "decorators)",
+           "generic", True,
+           note="DeepSeek-V3.2's MLA, experts and sparse-attention indexer, where indexer_types 'shared' layers "
+                "reuse the previous 'full' layer's selection and have no indexer of their own (KV cache: the MLA "
+                "latents per layer + index_head_dim indexer keys per 'full' layer per token)",
+           versions=CURRENT),
 )
 
 BY_NAME = {f.name: f for f in FAMILIES}

@@ -62,17 +62,6 @@ NOT_ROWS: dict[str, tuple[str, str, str, str]] = {
         "transformers 5.25 (the reference engine, the trainer's features and the sizing tests) has no causal LM for "
         "model_type step3p5 (only Step3p7TextConfig and the multimodal Step3p7ForConditionalGeneration), so no tiny "
         "model can prove its sizing or its serving here"),
-    "GlmMoeDsaForCausalLM": (
-        "tensorrt_llm/_torch/models/modeling_deepseekv3.py",
-        "MODEL_ARCH_TO_MODULE['GlmMoeDsaForCausalLM'] = 'modeling_deepseekv3' in tensorrt_llm/_torch/models/"
-        "_arch_index.py (commit 065ff9e93780bc0bdbfdbc7156a306ca14f5850c), a table that mirrors the modules' "
-        "@register_auto_model decorators",
-        "commit a43cf9e363d5657061b5ce0e12f3d993a08d8158 (modeling_deepseekv3.py, before the GLM-5 alias)",
-        "the decorator itself was not read: the stored modeling_deepseekv3.py registers DeepseekV3ForCausalLM and "
-        "DeepseekV32ForCausalLM only, and no version with the GLM-5 alias could be opened here, so which class "
-        "serves it (and whether one-model) is not established; transformers implements it (GlmMoeDsaForCausalLM, "
-        "DeepSeek-V3.2's sparse attention with layers sharing a selection), so it can become a row once the "
-        "registration is read"),
     "MiniMaxM3SparseForCausalLM": (
         "tensorrt_llm/_torch/models/modeling_minimaxm3.py",
         "@register_auto_model('MiniMaxM3SparseForCausalLM') class MiniMaxM3ForCausalLM(DecoderModelForCausalLM"

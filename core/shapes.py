@@ -116,11 +116,27 @@ def _indexer(fam: Family, cfg: dict[str, Any], h: int, j: int) -> tuple[int, int
     indexer keys it caches per token; GLM-5's 'shared' layers reuse the previous selection and have none."""
     if fam.model_type not in ("deepseek_v32", "glm_moe_dsa"):
         return 0, 0
-    types = cfg.get("indexer_types")
-    if isinstance(types, list) and types[j] != "full":
+    if fam.model_type == "glm_moe_dsa" and _glm_indexer_types(cfg)[j] != "full":
         return 0, 0
     ql, heads, dim = _need(cfg, "q_lora_rank", "index_n_heads", "index_head_dim")
     return ql * heads * dim + h * dim + 2 * dim + h * heads, dim
+
+
+def _glm_indexer_types(cfg: dict[str, Any]) -> list[str]:
+    """GLM-5's indexer per layer as transformers' GlmMoeDsaConfig reads it: `indexer_types`, else the pattern
+    `index_topk_pattern` ("F" full, "S" shared), else layer i is full where max(i - index_skip_topk_offset + 1, 0)
+    is a multiple of index_topk_freq (defaults 2 and 1: every layer full)."""
+    n = int(cfg["num_hidden_layers"])
+    types = cfg.get("indexer_types")
+    if types is None and cfg.get("index_topk_pattern") is not None:
+        pattern = cfg["index_topk_pattern"]
+        types = [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
+    if types is None:
+        freq, offset = max(int(cfg.get("index_topk_freq", 1)), 1), int(cfg.get("index_skip_topk_offset", 2))
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    if len(types) != n or not set(types) <= {"full", "shared"}:
+        raise ShapeError(f"indexer_types must give 'full' or 'shared' for each of the {n} layers, got {types!r}")
+    return list(types)
 
 
 def _linear_mixer(cfg: dict[str, Any], h: int) -> tuple[int, int]:

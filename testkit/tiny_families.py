@@ -23,7 +23,7 @@ FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session 
 # the reference engine (the recurrent ones, gated delta-net or Mamba-2 layers, with chain drafts); a build-only one
 # would be sized and built for the PyTorch backend but not run there (none is).
 GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus", "llama4", "deepseek_v32",
-                    "laguna")
+                    "laguna", "glm_moe_dsa")
 RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
 BUILD_ONLY_FAMILIES: tuple[str, ...] = ()
 
@@ -54,10 +54,10 @@ TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausa
         "SeedOssForCausalLM": "seed_oss", "ApertusForCausalLM": "apertus", "Qwen3NextForCausalLM": "qwen3_next",
         "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "NemotronHForCausalLM": "nemotron_h",
         "Llama4ForConditionalGeneration": "llama4", "DeepseekV32ForCausalLM": "deepseek_v32",
-        "LagunaForCausalLM": "laguna"}
+        "LagunaForCausalLM": "laguna", "GlmMoeDsaForCausalLM": "glm_moe_dsa"}
 # Tiny models of architectures transformers implements that are not rows yet (core/families.py NOT_ROWS says why):
 # ready for their row, not built or served by the tests.
-NOT_ROW_FAMILIES = ("glm_moe_dsa",)
+NOT_ROW_FAMILIES: tuple[str, ...] = ()
 # The architecture name upstream TensorRT-LLM registers, where transformers' class is spelled differently.
 _ARCH = {"exaone_moe": "ExaoneMoEForCausalLM"}
 _LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,

@@ -220,11 +220,11 @@ def test_llama4_temperature_by_tree_positions_and_chunks_refused(tmp_path: Path)
         generate(rt, reqs, speculative=False, on_tokens=None)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v32"])
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
 def test_sparse_attention_indexer_selects_like_hf_in_trees(family: str, tmp_path: Path) -> None:
-    """DeepSeek-V3.2: the indexer keeps each query's top 4 keys, which changes HF's tokens against a dense
-    selection; its keys live in the engine's cache slots and move with compaction, so chain, static and dynamic
-    trees, batched and alone, give HF greedy's tokens."""
+    """DeepSeek-V3.2 / GLM-5 (whose second layer reuses the first one's selection): the indexer keeps each query's
+    top 4 keys, which changes HF's tokens against a dense selection; its keys live in the engine's cache slots and
+    move with compaction, so chain, static and dynamic trees, batched and alone, give HF greedy's tokens."""
     target = make_family_target(tmp_path / "target", family)
     head_dir = make_mimic_eagle3_head(tmp_path / "head", target)
     want = _hf_greedy(target)

@@ -173,11 +173,12 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna",
+                                    "glm_moe_dsa"])
 def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
     """A Qwen3-MoE, DeepSeek-V3 (MLA), DeepSeek-V3.2 (MLA + sparse-attention indexer), Qwen3-Next (gated delta-net,
-    chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers) or Laguna (per-layer
-    heads, gated attention, RoPE per layer type) target
+    chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers), Laguna (per-layer
+    heads, gated attention, RoPE per layer type) or GLM-5 (DeepSeek-V3.2's indexer, layers sharing a selection) target
     (transformers' own model class in the reference engine) with an EAGLE-3 head trained by training/train_head.py,
     built for the current line and served by the llmapi model on the real Triton server: the answers are HF
     generate's."""
@@ -204,11 +205,12 @@ def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: 
     assert stats.draft_tokens > 0
 
 
-def test_deepseek_v3_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
-    """A DeepSeek-V3-shaped target with DeepSeek's 129,280-token vocabulary and an MTP layer in its checkpoint
-    (`num_nextn_predict_layers: 1`, the layer's tensors after the decoder layers, as published): the trainer maps a
-    32-token draft vocabulary into the full one (d2t), captures decoder layers only, and the built target serves
-    HF greedy's tokens; the MTP tensors are not a decoder layer anywhere."""
+@pytest.mark.parametrize(("family", "vocab"), [("deepseek_v3", 129280), ("glm_moe_dsa", 154880)])
+def test_large_vocabulary_and_mtp_layer(family: str, vocab: int, tmp_path: Path) -> None:
+    """A DeepSeek-V3-shaped target with DeepSeek's 129,280-token vocabulary, or a GLM-5-shaped one with 154,880
+    tokens, and an MTP layer in its checkpoint (`num_nextn_predict_layers: 1`, the layer's tensors after the decoder
+    layers, as published): the trainer maps a 32-token draft vocabulary into the full one (d2t), captures decoder
+    layers only, and the built target serves HF greedy's tokens; the MTP tensors are not a decoder layer anywhere."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
@@ -216,18 +218,21 @@ def test_deepseek_v3_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
     from core.types import GenerationRequest, SamplingParams
     from engines.api import ReferenceEngine
 
-    target = make_family_target(tmp_path / "target", "deepseek_v3", layers=4, block_scale=0.3, vocab_size=129280)
+    target = make_family_target(tmp_path / "target", family, layers=4, block_scale=0.3, vocab_size=vocab,
+                                num_nextn_predict_layers=1)
     weights = load_file(str(target / "model.safetensors"))
-    h = json.loads((target / "config.json").read_text())["hidden_size"]
+    tcfg = json.loads((target / "config.json").read_text())
+    h = tcfg["hidden_size"]
+    assert tcfg["num_hidden_layers"] == 4 and tcfg["num_nextn_predict_layers"] == 1
     weights |= {"model.layers.4.eh_proj.weight": torch.zeros(h, 2 * h), "model.layers.4.enorm.weight": torch.ones(h),
-                "model.layers.4.hnorm.weight": torch.ones(h)}  # the MTP layer's own tensors (DeepSeek-V3 layout)
+                "model.layers.4.hnorm.weight": torch.ones(h)}  # the MTP layer's own tensors (DeepSeek-V3's layout)
     save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
     head = _train_head(target, tmp_path)
     cfg = json.loads((head / "config.json").read_text())
-    assert cfg["draft_vocab_size"] == 32 and cfg["vocab_size"] == 129280
+    assert cfg["draft_vocab_size"] == 32 and cfg["vocab_size"] == vocab
     assert max(cfg["eagle_aux_hidden_state_layer_ids"]) < 4 and "num_nextn_predict_layers" not in cfg
     d2t = load_file(str(head / "model.safetensors"))["d2t"]
-    assert d2t.shape == (32,) and int((torch.arange(32) + d2t).max()) < 129280
+    assert d2t.shape == (32,) and int((torch.arange(32) + d2t).max()) < vocab
     build = _build(target, head, tmp_path / "build", "1.4", {"dynamic": {"top_k": 2, "depth": 3,
                                                                          "total_draft_tokens": 6}})
     prompts = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7]]

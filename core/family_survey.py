@@ -101,15 +101,6 @@ NOT_ROWS.update({
         "state upstream rolls back on acceptance), a hyper-connection mixer and sparse attention (QSA); the memory "
         "check sizes none of these and the reference engine does not roll the PLE state back, so it is refused "
         "rather than sized or served wrongly"),
-    "KimiK25ForConditionalGeneration": (
-        "tensorrt_llm/_torch/models/modeling_kimi_k25.py",
-        "@register_auto_model('KimiK25ForConditionalGeneration') class KimiK25ForConditionalGeneration("
-        "PreTrainedModel), a MoonViT3d vision encoder beside a DeepseekV3ForCausalLM text model (a "
-        "SpecDecOneEngineForCausalLM) to which it forwards draft_config, draft_model and load_draft_weights",
-        "commit 010373d3b4e9165d22f253d981df48484877336f",
-        "the memory check does not size its MoonViT3d vision encoder and patch-merger projector (which upstream "
-        "loads beside the text model), so its weights would be under-counted, and no tiny Kimi-K2.5 model proves "
-        "its serving here yet (transformers 5.25 has KimiK25ForConditionalGeneration, so it can become a row)"),
     "Exaone4ForCausalLM": _decoder_model("Exaone4ForCausalLM", "modeling_exaone4", "Exaone4Model", "Exaone4Config",
                                          "fbbc05dd1445fb8545148cfcb51b8e2bdcf28cfa"),
     "Gemma3ForCausalLM": _decoder_model("Gemma3ForCausalLM", "modeling_gemma3", "Gemma3TextModel", "Gemma3TextConfig",

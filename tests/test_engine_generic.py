@@ -22,7 +22,8 @@ from engines.session import generate
 from engines.runtime import Runtime, load_tokenizer
 from core.trees import DraftTree, DynamicTree
 from core.types import GenerationRequest, SamplingParams
-from testkit.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target, make_mimic_eagle3_head
+from testkit.tiny_families import (GENERIC_FAMILIES, RECURRENT_FAMILIES, hf_model, make_family_target,
+                                   make_mimic_eagle3_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,9 +44,7 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def _hf_greedy(target: Path) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    hf = hf_model(target)  # transformers' own class (Kimi-K2.5: the image-text-to-text wrapper)
     return [hf.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
                         pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
 

@@ -224,6 +224,34 @@ def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() 
     assert "MistralLarge3ForCausalLM(DeepseekV3ForCausalLM)" in p and "no model for it" in p
 
 
+def test_multimodal_wrappers_that_do_not_hand_drafts_to_their_text_model_are_refused() -> None:
+    """Qwen3-VL, Qwen2.5-VL, Mistral 3, Gemma 3, LLaVA-NeXT and Nemotron Nano VL wrap a text model whose forward they
+    call without the speculative metadata (read at their commits); Kimi-K3 wraps Kimi-Linear, which blocks EAGLE;
+    Inkling's class is not one-model; architectures known from upstream's module index only say so. Each is refused
+    naming its upstream class, commit and reason, and the generated table lists it."""
+    from core.family_survey import NOT_EAGLE3, NOT_ROWS
+
+    rendered = "\n".join(architectures.markdown())
+    for name, commit in (("Qwen3VLForConditionalGeneration", "f4faed18"), ("Qwen2_5_VLForConditionalGeneration",
+                                                                          "c666e7ea"),
+                         ("Mistral3ForConditionalGeneration", "0dcfa87b"), ("Gemma3ForConditionalGeneration",
+                                                                           "a98a9061"),
+                         ("LlavaNextForConditionalGeneration", "b35ac1b6"), ("NemotronH_Nano_VL_V2", "9ece86aa")):
+        [p] = architectures.problems(name, version="1.4", backend="pytorch", draft_type="eagle3", where="t")
+        assert commit in p and "self.llm.forward with fixed arguments (no **kwargs, so no spec_metadata)" in p, p
+        assert f"- Not a row: `{name}`" in rendered
+    [p] = architectures.problems("KimiK3ForConditionalGeneration", version="1.4", backend="pytorch",
+                                 draft_type="eagle3", where="t")
+    assert "does not run EAGLE-3 there" in p and "KimiLinearForCausalLM" in p and "c02d8ec7" in p
+    [p] = architectures.problems("InklingForConditionalGeneration", version="1.4", backend="pytorch",
+                                 draft_type="eagle3", where="t")
+    assert "InklingForCausalLM(DecoderModelForCausalLM[" in p and "581fc445" in p
+    for name in ("Qwen3_5MoeForConditionalGeneration", "NemotronHPuzzleForCausalLM", "Cosmos3ForConditionalGeneration"):
+        [p] = architectures.problems(name, version="1.4", backend="pytorch", draft_type="eagle3", where="t")
+        assert f"MODEL_ARCH_TO_MODULE['{name}']" in p and "065ff9e9" in p and "not established" in p, p
+    assert not (set(NOT_ROWS) | set(NOT_EAGLE3)) & set(BY_NAME) and not set(NOT_ROWS) & set(NOT_EAGLE3)
+
+
 def test_kimi_k2_checkpoints_build_for_pytorch_and_are_refused_by_the_reference_engine(
         tmp_path: Path, eagle3_head: Path, capsys: pytest.CaptureFixture) -> None:
     """Kimi-K2 checkpoints name DeepSeek-V3's architecture with model_type kimi_k2 and their own code (auto_map):

@@ -6,9 +6,10 @@
 Each family is a random model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, MLP 1536, vocab
 49,152; MoE families: 8 experts of 256, 2 per token, and one shared expert where the family has them; DeepSeek-V3 /
 V3.2 / GLM-5: MLA with q_lora_rank 192, kv_lora_rank 64, V3.2's indexer keeping 64 keys (GLM-5: 9 indexer layers
-of 30, the others reusing a selection); Llama 4: experts every second layer, every fourth layer NoPE; Qwen3-Next /
-Qwen3.5: three gated delta-net layers per attention layer; Nemotron-H: Mamba-2 and MLP layers, one attention layer
-in seven), written by transformers. The families the table marks native
+of 30, the others reusing a selection); Kimi-K2.5: DeepSeek-V3's shape as the text model of the multimodal wrapper,
+a one-layer vision encoder beside it (not run); Llama 4: experts every second layer, every fourth layer NoPE;
+Qwen3-Next / Qwen3.5: three gated delta-net layers per attention layer; Nemotron-H: Mamba-2 and MLP layers, one
+attention layer in seven), written by transformers. The families the table marks native
 are converted (builders/convert) and run by the engine's own forward; the generic ones run through the generic
 target (transformers' own model class, engines/generic.py). For T in --ts: one forward with T new tokens after a
 200-token context plus the lm_head at the last position, the engine and HF eager (transformers, no compile,
@@ -57,7 +58,8 @@ CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config"
            "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
            "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
            "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM"),
-           "laguna": ("LagunaConfig", "LagunaForCausalLM")}
+           "laguna": ("LagunaConfig", "LagunaForCausalLM"),
+           "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration")}
 MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "decoder_sparse_step": 1,
        "norm_topk_prob": True, "mlp_only_layers": []}
 _ROUTED = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 256,
@@ -110,13 +112,15 @@ EXTRA: dict[str, dict[str, Any]] = {
                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
     "apertus": {"hidden_act": "xielu", "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}},
 }
+EXTRA["kimi_k25"] = EXTRA["deepseek_v3"]  # Kimi-K2.5: DeepSeek-V3's text model (text_config) beside MoonViT3d
+_UPSTREAM = {"exaone_moe": "ExaoneMoEForCausalLM", "kimi_k25": "KimiK25ForConditionalGeneration"}  # upstream's spelling
 
 
 def reference_path(family: str) -> str:
     """native / generic, from the family table's row of this class (core/families.py)."""
     from core.families import BY_NAME
 
-    row = BY_NAME.get({"exaone_moe": "ExaoneMoEForCausalLM"}.get(family, CLASSES[family][1]))  # upstream's spelling
+    row = BY_NAME.get(_UPSTREAM.get(family, CLASSES[family][1]))
     if row is None or row.reference is None:
         raise SystemExit(f"error: {family}: the family table has no reference-engine path for it")
     return row.reference
@@ -132,10 +136,18 @@ def write_model(family: str, out: Path, dtype: torch.dtype) -> Any:
         from testkit.tiny_families import _LLAMA4_VISION
 
         conf = conf_cls(text_config=keys, vision_config=_LLAMA4_VISION, tie_word_embeddings=True)
+    elif family == "kimi_k25":  # the text model in text_config, a one-layer MoonViT3d beside it (not run)
+        from testkit.tiny_families import KIMI_K25_VISION
+
+        conf = conf_cls(text_config={**keys, "model_type": "deepseek_v3"}, vision_config=KIMI_K25_VISION,
+                        projection_hidden_size=KIMI_K25_VISION["hidden_size"], tie_word_embeddings=True)
     else:
         conf = conf_cls(**keys)
     model = model_cls(conf).to(dtype).eval()
     model.save_pretrained(out)
+    if family in _UPSTREAM:  # the architecture name upstream registers (the family table's row)
+        cfg = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**cfg, "architectures": [_UPSTREAM[family]]}))
     from testkit.tiny_models import make_tokenizer
 
     make_tokenizer(out)

@@ -56,6 +56,8 @@ class Family:
     note: str = ""  # what differs (docs); for reference None: why the reference engine cannot run it
     versions: tuple[str, ...] | None = None  # trtllm_version keys it is claimed for (None: every version whose
     # PyTorch backend runs EAGLE-3, as established for the first rows); rows read on main only claim the current line
+    text_model: str | None = None  # transformers' class is an image-text-to-text wrapper (AutoModelForCausalLM does
+    # not map its model_type): its text model is `model.<text_model>` (engines/text_model.py loads that one)
 
 
 CURRENT = ("1.4",)  # rows read on main: claimed for the current line only; earlier releases were not opened for them
@@ -198,6 +200,18 @@ FAMILIES: tuple[Family, ...] = (
                 "reuse the previous 'full' layer's selection and have no indexer of their own (KV cache: the MLA "
                 "latents per layer + index_head_dim indexer keys per 'full' layer per token)",
            versions=CURRENT),
+    Family("KimiK25ForConditionalGeneration", "Kimi-K2.5", "kimi_k25", MLA, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_kimi_k25.py",
+           "@register_auto_model('KimiK25ForConditionalGeneration') class KimiK25ForConditionalGeneration("
+           "PreTrainedModel): self.llm = DeepseekV3ForCausalLM(text_model_config) (a SpecDecOneEngineForCausalLM, "
+           "built from config.text_config), draft_config / draft_model / load_draft_weights forwarded to it, "
+           "forward ends in self.llm.forward(attn_metadata, input_ids, ..., **kwargs); a MoonViT3d vision encoder "
+           "(KimiK25VisionModel) + PatchMergerMLP projector beside it",
+           "commit 010373d3b4e9165d22f253d981df48484877336f", "generic", True,
+           note="DeepSeek-V3's MLA and experts as the text model in text_config (text_config.model_type kimi_k2), a "
+                "MoonViT3d vision encoder and patch-merger projector beside it (sized, not run: the reference engine "
+                "loads the wrapper and serves its text model on token ids)",
+           versions=CURRENT, text_model="language_model"),
 )
 
 BY_NAME = {f.name: f for f in FAMILIES}

@@ -105,15 +105,6 @@ NOT_ROWS.update({
         "transformers 5.25 has no model for it (no MistralLarge3 config or causal LM), so neither the reference "
         "engine nor a tiny model can prove its sizing or serving here, and its checkpoints use Mistral's own "
         "weight names, not the Hugging Face layout the converter reads"),
-    "KimiK25ForConditionalGeneration": (
-        "tensorrt_llm/_torch/models/modeling_kimi_k25.py",
-        "@register_auto_model('KimiK25ForConditionalGeneration') class KimiK25ForConditionalGeneration("
-        "PreTrainedModel), a MoonViT3d vision encoder beside a DeepseekV3ForCausalLM text model (a "
-        "SpecDecOneEngineForCausalLM) to which it forwards draft_config, draft_model and load_draft_weights",
-        "commit 010373d3b4e9165d22f253d981df48484877336f",
-        "the memory check does not size its MoonViT3d vision encoder and patch-merger projector (which upstream "
-        "loads beside the text model), so its weights would be under-counted, and no tiny Kimi-K2.5 model proves "
-        "its serving here yet (transformers 5.25 has KimiK25ForConditionalGeneration, so it can become a row)"),
     "Exaone4ForCausalLM": _decoder_model("Exaone4ForCausalLM", "modeling_exaone4", "Exaone4Model", "Exaone4Config",
                                          "fbbc05dd1445fb8545148cfcb51b8e2bdcf28cfa"),
     "Gemma3ForCausalLM": _decoder_model("Gemma3ForCausalLM", "modeling_gemma3", "Gemma3TextModel", "Gemma3TextConfig",
@@ -133,3 +124,124 @@ NOT_ROWS.update({
     "MixtralForCausalLM": _decoder_model("MixtralForCausalLM", "modeling_mixtral", "MixtralModel", "PretrainedConfig",
                                          "000a01de66f0eab4ab05640711f0253f50f5209c"),
 })
+
+# Multimodal wrappers: TensorRT-LLM builds the text model as `self.llm` beside a vision encoder. A wrapper serves
+# one-model EAGLE-3 only where it hands the speculative metadata to `self.llm.forward` and forwards draft_config /
+# draft_model / load_draft_weights (Kimi-K2.5 does: a row); these, at the commits read, do neither, or wrap a text
+# model that is not one-model.
+_NO_SPEC_FORWARD = ("the wrapper's forward calls self.llm.forward with fixed arguments (no **kwargs, so no "
+                    "spec_metadata) and it forwards no draft_config / draft_model, so at the commit read it does not "
+                    "run one-model EAGLE-3 through its text model, and the current line runs EAGLE-3 one-model only")
+_WRAPPERS = "tensorrt_llm/_torch/models/"
+NOT_ROWS.update({
+    "Qwen3VLForConditionalGeneration": (
+        _WRAPPERS + "modeling_qwen3vl.py",
+        "@register_auto_model('Qwen3VLForConditionalGeneration') class Qwen3VLModel(Qwen3VLModelBase); "
+        "Qwen3VLModelBase(PreTrainedModel) builds self.llm = AutoModelForCausalLM.from_config(text_config as "
+        "Qwen3ForCausalLM) and its forward returns self.llm.forward(attn_metadata=..., input_ids=..., "
+        "position_ids=..., inputs_embeds=..., return_context_logits=..., deepstack_embeds=..., mrope_config=...)",
+        "commit f4faed18a1a35ff6a29c29e91650faa70a793bff", _NO_SPEC_FORWARD),
+    "Qwen3VLMoeForConditionalGeneration": (
+        _WRAPPERS + "modeling_qwen3vl_moe.py",
+        "@register_auto_model('Qwen3VLMoeForConditionalGeneration') class Qwen3MoeVLModel(Qwen3VLModelBase) (the "
+        "base class as read in modeling_qwen3vl.py at f4faed18: text model Qwen3MoeForCausalLM, forward without the "
+        "speculative metadata)",
+        "commit 52e708d0cce4da93ed7978520333895290e85ae3", _NO_SPEC_FORWARD),
+    "Qwen2VLForConditionalGeneration": (
+        _WRAPPERS + "modeling_qwen2vl.py",
+        "@register_auto_model('Qwen2VLForConditionalGeneration') class Qwen2VLModel(Qwen2VLModelBase); "
+        "Qwen2VLModelBase(PreTrainedModel) builds self.llm from text_config as Qwen2ForCausalLM (a "
+        "DecoderModelForCausalLM) and calls self.llm.forward(..., mrope_config=mrope_config)",
+        "commit c666e7ea1ea841ed9f374068014ec365878a94b7",
+        "its text model is Qwen2's, which is not one-model, and " + _NO_SPEC_FORWARD),
+    "Qwen2_5_VLForConditionalGeneration": (
+        _WRAPPERS + "modeling_qwen2vl.py",
+        "@register_auto_model('Qwen2_5_VLForConditionalGeneration') class Qwen2_5_VLModel(Qwen2VLModelBase) (text "
+        "model Qwen2ForCausalLM, forward without the speculative metadata)",
+        "commit c666e7ea1ea841ed9f374068014ec365878a94b7",
+        "its text model is Qwen2's, which is not one-model, and " + _NO_SPEC_FORWARD),
+    "Mistral3ForConditionalGeneration": (
+        _WRAPPERS + "modeling_mistral.py",
+        "@register_auto_model('Mistral3ForConditionalGeneration') class Mistral3VLM(PreTrainedModel): self.llm = "
+        "MistralForCausalLM(text_config) (a DecoderModelForCausalLM), forward returns self.llm.forward(attn_metadata="
+        "..., input_ids=..., position_ids=..., inputs_embeds=..., return_context_logits=...)",
+        "commit 0dcfa87b9636e749e3656c1e1e6ee61e4d090a5f",
+        "its text model is Mistral's, which is not one-model, and " + _NO_SPEC_FORWARD),
+    "Gemma3ForConditionalGeneration": (
+        _WRAPPERS + "modeling_gemma3vl.py",
+        "@register_auto_model('Gemma3ForConditionalGeneration') class Gemma3VLM(PreTrainedModel): self.llm = "
+        "Gemma3ForCausalLM(text_config) (a DecoderModelForCausalLM), forward calls self.llm.forward(..., "
+        "image_token_mask=..., lora_params=...)",
+        "commit a98a9061d72f6fd39f5d055ebdd2c6878a100e2c",
+        "its text model is Gemma 3's, which is not one-model, and " + _NO_SPEC_FORWARD),
+    "LlavaNextForConditionalGeneration": (
+        _WRAPPERS + "modeling_llava_next.py",
+        "@register_auto_model('LlavaNextForConditionalGeneration') class LlavaNextModel(PreTrainedModel): self.llm = "
+        "AutoModelForCausalLM.from_config(text_config), forward returns self.llm.forward(attn_metadata, input_ids, "
+        "position_ids, inputs_embeds, return_context_logits)",
+        "commit b35ac1b64368513d215c57d2ed01d62d910df8da", _NO_SPEC_FORWARD),
+    "NemotronH_Nano_VL_V2": (
+        _WRAPPERS + "modeling_nemotron_nano.py",
+        "@register_auto_model('NemotronH_Nano_VL_V2') class NemotronH_Nano_VL_V2(transformers.PreTrainedModel): "
+        "self.llm = AutoModelForCausalLM.from_config(llm_config), forward calls self.llm.forward(..., "
+        "lora_params=...)",
+        "commit 9ece86aad1f57c3d7f4da741b8441b830c506d6a", _NO_SPEC_FORWARD),
+    "InklingForConditionalGeneration": (
+        _WRAPPERS + "modeling_inkling.py",
+        "@register_auto_model('InklingForConditionalGeneration') class InklingForConditionalGeneration("
+        "InklingForCausalLM), InklingForCausalLM(DecoderModelForCausalLM[InklingModel, InklingTextConfig]) (text "
+        "tower only; short-convolution state per layer)",
+        "commit 581fc44550636b7dc28b96801ab6de17554bc84b",
+        "at the commit read it is not a SpecDecOneEngineForCausalLM, and the current line runs EAGLE-3 one-model only "
+        "(other copies of the file seen subclass SpecDecOneEngineForCausalLM, but none pinned to a commit of "
+        "NVIDIA/TensorRT-LLM was read); its layers also keep a short-convolution state that the memory check does "
+        "not size"),
+})
+
+NOT_EAGLE3["KimiK3ForConditionalGeneration"] = (
+    _WRAPPERS + "modeling_kimi_k3_vl.py",
+    "@register_auto_model('KimiK3ForConditionalGeneration') class KimiK3ForConditionalGeneration("
+    "KimiK25ForConditionalGeneration) with self.llm = KimiLinearForCausalLM(text_config), whose __init__ asserts "
+    "that Kimi K3 supports speculative decoding only with SA or DFlash (modeling_kimi_linear.py at 000a860d)",
+    "commit c02d8ec7e77627c45aba33062a8b3a7e30fc991d")
+
+_INDEX_ONLY = ("only the module index was read for it (the registration itself was not opened at a pinned commit), "
+               "so whether its class runs one-model EAGLE-3 is not established and no version claimed here serves it")
+
+
+def _indexed(name: str, module: str, note: str = "") -> tuple[str, tuple[str, str, str, str]]:
+    """A NOT_ROWS entry for an architecture known from upstream's module index only."""
+    return name, ("tensorrt_llm/_torch/models/_arch_index.py",
+                  f"MODEL_ARCH_TO_MODULE['{name}'] = '{module}', a table that mirrors the modules' "
+                  "@register_auto_model decorators", "commit 065ff9e93780bc0bdbfdbc7156a306ca14f5850c",
+                  _INDEX_ONLY + (f"; {note}" if note else ""))
+
+
+_QWEN3_5 = ("the stored modeling_qwen3_5.py (commit 2478158cfbcc84d8d74af859a47e1311c2da98a8) registers only the "
+            "text classes Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM, which are rows")
+NOT_ROWS.update(dict([
+    _indexed("Qwen3_5ForConditionalGeneration", "modeling_qwen3_5", _QWEN3_5),
+    _indexed("Qwen3_5MoeForConditionalGeneration", "modeling_qwen3_5", _QWEN3_5),
+    _indexed("NemotronHPuzzleForCausalLM", "modeling_nemotron_h",
+             "the stored modeling_nemotron_h.py (commit d513eeaf417df794bbbd59552210eae0c1ce7299) does not register "
+             "it; its checkpoints configure each layer on its own (heterogeneous blocks), which neither the memory "
+             "check nor transformers 5.25's NemotronH reads"),
+    _indexed("PixtralForConditionalGeneration", "modeling_mistral",
+             "modeling_mistral.py at 0dcfa87b registers only Mistral3ForConditionalGeneration and MistralForCausalLM, "
+             "whose text model is not one-model"),
+    _indexed("Cosmos3ForConditionalGeneration", "modeling_cosmos3"),
+    _indexed("Exaone4_5_ForConditionalGeneration", "modeling_exaone4_5"),
+    _indexed("Gemma4ForConditionalGeneration", "modeling_gemma4mm",
+             "Gemma4ForCausalLM was read as a DecoderModelForCausalLM at 00e7d103 (not one-model)"),
+    _indexed("Gemma4UnifiedForConditionalGeneration", "modeling_gemma4_unified"),
+    _indexed("HCXVisionForCausalLM", "modeling_hyperclovax"),
+    _indexed("MiniCPMV4_6ForConditionalGeneration", "modeling_minicpmv4_6"),
+    _indexed("MiniMaxM3SparseForConditionalGeneration", "modeling_minimaxm3",
+             "MiniMaxM3SparseForCausalLM was read as a DecoderModelForCausalLM at c0261efa (not one-model)"),
+    _indexed("MllamaForConditionalGeneration", "modeling_mllama"),
+    _indexed("LlavaLlamaModel", "modeling_vila"),
+    _indexed("Phi4MMForCausalLM", "modeling_phi4mm"),
+    _indexed("Step3p7ForConditionalGeneration", "modeling_step3p7vl"),
+    _indexed("NemotronH_Nano_Omni_Reasoning_V3", "modeling_nemotron_nano"),
+    _indexed("QwenImageBenchForConditionalGeneration", "modeling_qwen_image_bench"),
+]))

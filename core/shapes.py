@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.families import LINEAR, MAMBA, MLA, Family, text_config
+from core.vision_towers import VisionShapeError, kimi_k25_vision
 
 
 class ShapeError(ValueError):
@@ -198,7 +199,7 @@ def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
     p = experts * 3 * h * inter + experts * h
     if fam.model_type == "laguna":  # router + its score-correction bias, a shared expert with no output gate
         return p + experts + 3 * h * int(cfg.get("shared_expert_intermediate_size") or inter)
-    if fam.model_type in ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "exaone_moe"):
+    if fam.model_type in ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "exaone_moe", "kimi_k25"):
         p += experts  # e_score_correction_bias
         p += int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * 3 * h * inter
     shared = int(cfg.get("shared_expert_intermediate_size") or 0)
@@ -228,8 +229,8 @@ def _is_moe_layer(fam: Family, cfg: dict[str, Any], j: int) -> bool:
 
 def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
     """Size a target of family `fam` from its config.json (a `text_config` block is read where the model nests it;
-    a `vision_config` beside it is sized as Llama 4's vision tower)."""
-    vision = cfg.get("vision_config") if fam.model_type == "llama4" else None
+    a `vision_config` beside it is sized as Llama 4's or Kimi-K2.5's vision tower)."""
+    vision = cfg.get("vision_config") if fam.model_type in ("llama4", "kimi_k25") else None
     cfg = text_config(cfg)
     if cfg.get("num_hidden_layers") is None and fam.attention == MAMBA:  # transformers 5 derives it from the blocks
         blocks = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")
@@ -269,8 +270,11 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
             params += _mlp(fam, cfg, h, int(cfg.get("intermediate_size_mlp") or cfg["intermediate_size"])
                            if fam.model_type == "llama4" else int(cfg["intermediate_size"]))
         params += norms
-    if isinstance(vision, dict):
-        params += _vision(vision, h)
+    if isinstance(vision, dict):  # Kimi-K2.5: MoonViT3d and its projector (core/vision_towers.py)
+        try:
+            params += kimi_k25_vision(vision, h) if fam.model_type == "kimi_k25" else _vision(vision, h)
+        except VisionShapeError as e:
+            raise ShapeError(str(e)) from None
     window = int(cfg["sliding_window"]) if window_layers else None
     return TargetShape(fam.name, vocab, h, n, params, kv, state, tuple(window_layers), window, kv_layer,
                        2 * n * reference_kv_width(fam, cfg))

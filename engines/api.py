@@ -32,6 +32,7 @@ from core.types import (
 )
 from engines.runtime import Runtime, load_tokenizer, runtime_from_spec
 from engines.session import Session, generate, open_session
+from engines.text_model import load_causal_lm, text_model_of
 
 __all__ = [
     "FinishReason",
@@ -43,8 +44,10 @@ __all__ = [
     "RequestStats",
     "SamplingParams",
     "aggregate_stats",
+    "load_causal_lm",
     "load_tokenizer",
     "stats_dict",
+    "text_model_of",
 ]
 
 

@@ -17,6 +17,7 @@ session, the decoding loop, verify, the doctor and the trainer's features do not
 - Llama 4's NoPE layers scale q by each token's position (`_Temperature`, the engine's positions, not an arange)
   and its chunked layers take the engine's mask (exact while a sequence fits one chunk: `check_generic`);
   DeepSeek-V3.2's sparse-attention indexer keeps its keys in the engine's cache slots (`_SlotCache.update_indexer`).
+- a multimodal wrapper (Kimi-K2.5) runs its text model: engines/text_model.py loads the class the family row names.
 A model whose attention ignores the mask (or builds its own, e.g. sliding-window layers) would be computed wrongly:
 `check_generic` (core/families.py) refuses sliding windows shorter than the sequences and layer kinds that take no
 mask (a family table row without a reference path says why), and
@@ -26,7 +27,6 @@ tests/test_engine_generic.py proves token identity per family against transforme
 from __future__ import annotations
 
 import inspect
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from core.families import MLA, attention_window_of, check_generic, family_of, te
 from core.shapes import reference_kv_width
 from engines.cache import KVCache, Step
 from engines.recurrent import RecurrentStore, RecurrentView
+from engines.text_model import load_causal_lm
 
 
 class _SlotCache:
@@ -199,12 +200,10 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     sequences of at most `max_seq_len` tokens (None: any, the engine then refuses requests beyond a sliding window)."""
     import json
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM
-
     cfg = text_config(json.loads((hf_dir / "config.json").read_text()))
     check_generic(cfg, hf_dir / "config.json", max_seq_len)
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, attn_implementation="eager")
+    # AutoModelForCausalLM, or a multimodal wrapper's text model where the row names it (engines/text_model.py)
+    model = load_causal_lm(hf_dir, dtype=dtype, attn_implementation="eager")
     model.to(device).eval()
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     fam = family_of((cfg.get("architectures") or [None])[0])

@@ -23,7 +23,7 @@ FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session 
 # the reference engine (the recurrent ones, gated delta-net or Mamba-2 layers, with chain drafts); a build-only one
 # would be sized and built for the PyTorch backend but not run there (none is).
 GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus", "llama4", "deepseek_v32",
-                    "laguna", "glm_moe_dsa")
+                    "laguna", "glm_moe_dsa", "kimi_k25")
 RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
 BUILD_ONLY_FAMILIES: tuple[str, ...] = ()
 
@@ -46,6 +46,7 @@ _CLASSES = {
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM"),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),
     "laguna": ("LagunaConfig", "LagunaForCausalLM"),
+    "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),  # text_config + MoonViT3d, as published
 }
 # Every row of the family table (core/families.py FAMILIES) and the tiny family that stands for it.
 TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2",
@@ -54,12 +55,13 @@ TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausa
         "SeedOssForCausalLM": "seed_oss", "ApertusForCausalLM": "apertus", "Qwen3NextForCausalLM": "qwen3_next",
         "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "NemotronHForCausalLM": "nemotron_h",
         "Llama4ForConditionalGeneration": "llama4", "DeepseekV32ForCausalLM": "deepseek_v32",
-        "LagunaForCausalLM": "laguna", "GlmMoeDsaForCausalLM": "glm_moe_dsa"}
+        "LagunaForCausalLM": "laguna", "GlmMoeDsaForCausalLM": "glm_moe_dsa",
+        "KimiK25ForConditionalGeneration": "kimi_k25"}
 # Tiny models of architectures transformers implements that are not rows yet (core/families.py NOT_ROWS says why):
 # ready for their row, not built or served by the tests.
 NOT_ROW_FAMILIES: tuple[str, ...] = ()
 # The architecture name upstream TensorRT-LLM registers, where transformers' class is spelled differently.
-_ARCH = {"exaone_moe": "ExaoneMoEForCausalLM"}
+_ARCH = {"exaone_moe": "ExaoneMoEForCausalLM", "kimi_k25": "KimiK25ForConditionalGeneration"}
 _LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
                linear_conv_kernel_dim=4)
 
@@ -168,11 +170,17 @@ _NEW: dict[str, dict[str, Any]] = {
     "nemotron_h": dict(mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4,
                        layer_norm_epsilon=1e-6, mlp_hidden_act="relu2"),
 }
+_NEW["kimi_k25"] = _NEW["deepseek_v3"]  # Kimi-K2.5's text model is DeepSeek-V3's (text_config)
 
 
 _LLAMA4_VISION = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=28,
                       patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32,
                       pixel_shuffle_ratio=0.5)
+
+
+# Kimi-K2.5's MoonViT3d in transformers' spelling (published: vt_hidden_size, init_pos_emb_height, ...), one layer
+KIMI_K25_VISION = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, patch_size=14,
+                       pos_emb_height=4, pos_emb_width=4, pos_emb_time=2, merge_kernel_size=[2, 2])
 
 
 def _model(family: str, cfg: dict[str, Any]) -> Any:
@@ -181,6 +189,10 @@ def _model(family: str, cfg: dict[str, Any]) -> Any:
     conf_cls, model_cls = (getattr(transformers, n) for n in _CLASSES[family])
     if family == "llama4":  # the text model's keys in text_config, a one-layer vision tower beside it
         conf = conf_cls(text_config=cfg, vision_config=_LLAMA4_VISION, tie_word_embeddings=cfg["tie_word_embeddings"])
+    elif family == "kimi_k25":  # DeepSeek-V3 keys in text_config, MoonViT3d + projector beside it
+        conf = conf_cls(text_config={**cfg, "model_type": "deepseek_v3"}, vision_config=KIMI_K25_VISION,
+                        projection_hidden_size=KIMI_K25_VISION["hidden_size"],
+                        tie_word_embeddings=cfg["tie_word_embeddings"])
     else:
         conf = conf_cls(**cfg)
     torch.manual_seed(0)
@@ -228,12 +240,40 @@ def make_family_target(out: Path, family: str, *, seed: int = 0, tokenizer: bool
         cfg.update(num_hidden_layers=built["num_hidden_layers"],
                    hybrid_override_pattern=built["hybrid_override_pattern"])
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if family == "kimi_k25":
+        _kimi_k25_as_published(out)
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0]}))
     if tokenizer:
         make_tokenizer(out)
         if family.startswith("qwen3"):
             _set_chat_template(out, QWEN3_TEMPLATE)
     return out
+
+
+def _kimi_k25_as_published(out: Path) -> None:
+    """transformers 5.25 saves Kimi-K2.5 by reversing its load-time renames, and its vision rename blocks -> layers
+    reverses onto the text model too (`language_model.model.blocks.N`); the published checkpoints (and TensorRT-LLM's
+    loader, which strips `language_model.`) have `language_model.model.layers.N`, which transformers reads back to
+    the same model. Their text_config says model_type kimi_k2, which transformers reads as deepseek_v3."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(out / "model.safetensors"))
+    renamed = {k.replace("language_model.model.blocks.", "language_model.model.layers."): v for k, v in weights.items()}
+    save_file(renamed, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["text_config"]["model_type"] = "kimi_k2"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def hf_model(target: Path) -> Any:
+    """transformers' own model of a target directory, float32, for its greedy `generate`: AutoModelForCausalLM, or
+    the image-text-to-text wrapper where the family row names one (Kimi-K2.5; AutoModelForCausalLM does not map it)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from engines.api import text_model_of
+
+    cls = AutoModelForCausalLM if text_model_of(target) is None else AutoModelForImageTextToText
+    return cls.from_pretrained(str(target), dtype=torch.float32)
 
 
 def _set_chat_template(out: Path, template: str) -> None:
@@ -268,11 +308,12 @@ def make_mimic_eagle3_head(out: Path, target_dir: Path) -> Path:
     argmax(lm_head(norm(embed(x)))) = B(B(x)) for most x. B is read from the target itself (transformers, one token
     at position 0). Draft vocabulary = the full vocabulary (d2t = 0)."""
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
+
+    from engines.api import load_causal_lm
 
     out.mkdir(parents=True, exist_ok=True)
     tcfg = text_config(json.loads((target_dir / "config.json").read_text()))
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+    model = load_causal_lm(target_dir, dtype=torch.float32)
     vocab, h = int(tcfg["vocab_size"]), int(tcfg["hidden_size"])
     with torch.no_grad():
         ids = torch.arange(vocab)[:, None]

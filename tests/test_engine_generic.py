@@ -22,7 +22,8 @@ from engines.session import generate
 from engines.runtime import Runtime, load_tokenizer
 from core.trees import DraftTree, DynamicTree
 from core.types import GenerationRequest, SamplingParams
-from testkit.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target, make_mimic_eagle3_head
+from testkit.tiny_families import (GENERIC_FAMILIES, RECURRENT_FAMILIES, hf_model, make_family_target,
+                                   make_mimic_eagle3_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,9 +44,7 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def _hf_greedy(target: Path) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    hf = hf_model(target)  # transformers' own class (Kimi-K2.5: the image-text-to-text wrapper)
     return [hf.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
                         pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
 
@@ -237,3 +236,28 @@ def test_sparse_attention_indexer_selects_like_hf_in_trees(family: str, tmp_path
     tok = load_tokenizer(target)
     reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
     _trees_equal_hf(tgt, load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev), tok, reqs, want, alone=True)
+
+
+def test_kimi_k25_embeds_media_placeholder_ids_as_tensorrt_llm_does(tmp_path: Path) -> None:
+    """Kimi-K2.5's text model runs on the request's ids as given, as TensorRT-LLM's wrapper does for a request with no
+    image (fuse_input_embeds returns the ids unchanged); transformers' own generate maps image_token_id /
+    video_token_id to id 0 first. With a placeholder id inside the tiny vocabulary, the engine equals greedy decoding
+    of the text model on the ids as given, and not HF's generate."""
+    target = make_family_target(tmp_path / "target", "kimi_k25")
+    cfg = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**cfg, "image_token_id": 7, "video_token_id": 8}))
+    dev, dt = torch.device("cpu"), torch.float32
+    tgt = load_generic(target, dt, dev, max_seq_len=64)
+    prompt = [5, 7, 17, 9, 7]
+    rt = Runtime(tgt, None, None, load_tokenizer(target), dev, dt, False, TPGroup(0, 1))
+    [res] = generate(rt, [GenerationRequest(prompt, NEW, SamplingParams(), [])], speculative=False, on_tokens=None)
+    hf = hf_model(target)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(NEW):
+            hidden = hf.model.language_model(input_ids=torch.tensor([ids])).last_hidden_state
+            ids.append(int(hf.lm_head(hidden)[0, -1].argmax()))
+    assert res.output_ids == ids[len(prompt):]
+    zeroed = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)[0, len(prompt):].tolist()
+    assert zeroed[0] != res.output_ids[0]

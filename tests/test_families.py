@@ -20,7 +20,7 @@ from core.families import BY_NAME, FAMILIES
 from core.shapes import ShapeError, shape_of_config
 from core.types import GenerationRequest, SamplingParams
 from testkit.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, NOT_ROW_FAMILIES,
-                                 RECURRENT_FAMILIES, TINY, make_family_target, make_mimic_eagle3_head)
+                                 RECURRENT_FAMILIES, TINY, hf_model, make_family_target, make_mimic_eagle3_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -145,7 +145,6 @@ def test_generic_rows_build_and_serve_like_hf_greedy(family: str, tmp_path: Path
 
 def _serves_like_hf(target: Path, cfg: Path, out: Path, family: str) -> None:
     import torch
-    from transformers import AutoModelForCausalLM
 
     from engines.api import ReferenceEngine
 
@@ -154,7 +153,7 @@ def _serves_like_hf(target: Path, cfg: Path, out: Path, family: str) -> None:
     assert ckpt["architecture"] == json.loads((target / "config.json").read_text())["architectures"][0]
     engine = ReferenceEngine.from_build(out, device="cpu")
     res = engine.generate([GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS])
-    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    hf = hf_model(target)  # transformers' own class (Kimi-K2.5: the image-text-to-text wrapper)
     want = [hf.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
                         pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     assert [r.output_ids for r in res] == want, family
@@ -246,6 +245,34 @@ def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() 
     assert "MistralLarge3ForCausalLM(DeepseekV3ForCausalLM)" in p and "no model for it" in p
 
 
+def test_multimodal_wrappers_that_do_not_hand_drafts_to_their_text_model_are_refused() -> None:
+    """Qwen3-VL, Qwen2.5-VL, Mistral 3, Gemma 3, LLaVA-NeXT and Nemotron Nano VL wrap a text model whose forward they
+    call without the speculative metadata (read at their commits); Kimi-K3 wraps Kimi-Linear, which blocks EAGLE;
+    Inkling's class is not one-model; architectures known from upstream's module index only say so. Each is refused
+    naming its upstream class, commit and reason, and the generated table lists it."""
+    from core.family_survey import NOT_EAGLE3, NOT_ROWS
+
+    rendered = "\n".join(architectures.markdown())
+    for name, commit in (("Qwen3VLForConditionalGeneration", "f4faed18"), ("Qwen2_5_VLForConditionalGeneration",
+                                                                          "c666e7ea"),
+                         ("Mistral3ForConditionalGeneration", "0dcfa87b"), ("Gemma3ForConditionalGeneration",
+                                                                           "a98a9061"),
+                         ("LlavaNextForConditionalGeneration", "b35ac1b6"), ("NemotronH_Nano_VL_V2", "9ece86aa")):
+        [p] = architectures.problems(name, version="1.4", backend="pytorch", draft_type="eagle3", where="t")
+        assert commit in p and "self.llm.forward with fixed arguments (no **kwargs, so no spec_metadata)" in p, p
+        assert f"- Not a row: `{name}`" in rendered
+    [p] = architectures.problems("KimiK3ForConditionalGeneration", version="1.4", backend="pytorch",
+                                 draft_type="eagle3", where="t")
+    assert "does not run EAGLE-3 there" in p and "KimiLinearForCausalLM" in p and "c02d8ec7" in p
+    [p] = architectures.problems("InklingForConditionalGeneration", version="1.4", backend="pytorch",
+                                 draft_type="eagle3", where="t")
+    assert "InklingForCausalLM(DecoderModelForCausalLM[" in p and "581fc445" in p
+    for name in ("Qwen3_5MoeForConditionalGeneration", "NemotronHPuzzleForCausalLM", "Cosmos3ForConditionalGeneration"):
+        [p] = architectures.problems(name, version="1.4", backend="pytorch", draft_type="eagle3", where="t")
+        assert f"MODEL_ARCH_TO_MODULE['{name}']" in p and "065ff9e9" in p and "not established" in p, p
+    assert not (set(NOT_ROWS) | set(NOT_EAGLE3)) & set(BY_NAME) and not set(NOT_ROWS) & set(NOT_EAGLE3)
+
+
 def test_kimi_k2_checkpoints_build_for_pytorch_and_are_refused_by_the_reference_engine(
         tmp_path: Path, eagle3_head: Path, capsys: pytest.CaptureFixture) -> None:
     """Kimi-K2 checkpoints name DeepSeek-V3's architecture with model_type kimi_k2 and their own code (auto_map):
@@ -310,3 +337,48 @@ def test_laguna_with_attention_biases_is_refused_by_the_reference_engine(tmp_pat
     with pytest.raises(GenericTargetError, match=r"attention_bias true.*dense_bias=False"):
         check_generic(cfg, tmp_path, max_seq_len=64)
     check_generic({**cfg, "attention_bias": False}, tmp_path, max_seq_len=64)
+
+
+def _kimi_k25_config(vision: dict) -> dict:
+    """DeepSeek-V3's published keys as Kimi-K2.5's text_config (model_type kimi_k2, as published) and a MoonViT3d
+    vision_config of the sizes TensorRT-LLM's KimiK25VisionModel defaults to (modeling_kimi_k25.py at 010373d3: 27
+    layers of 1152, MLP 4304, 14-pixel patches, a 64 x 64 position grid, 2 x 2 merge, text hidden 7168)."""
+    text = json.loads(DEEPSEEK_V3.read_text()) | {"model_type": "kimi_k2"}
+    return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text,
+            "vision_config": vision}
+
+
+def test_kimi_k25_is_sized_as_deepseek_v3_plus_its_vision_encoder(tmp_path: Path, eagle3_head: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """Kimi-K2.5: the text model (text_config) sized as DeepSeek-V3 (MLA KV, every expert), plus the MoonViT3d encoder
+    and patch-merger projector TensorRT-LLM loads beside it, read in the published spelling (vt_*, init_pos_emb_*) or
+    transformers'; the build's memory check counts both and names the weights when they do not fit."""
+    published = {"vt_hidden_size": 1152, "vt_num_hidden_layers": 27, "vt_intermediate_size": 4304,
+                 "vt_num_attention_heads": 16, "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
+                 "init_pos_emb_time": 4, "merge_kernel_size": [2, 2], "mm_hidden_size": 1152, "text_hidden_size": 7168}
+    cfg = _kimi_k25_config(published)
+    shape = shape_of_config(cfg, "k25")
+    text = shape_of_config(json.loads(DEEPSEEK_V3.read_text()), "v3")
+    layer = 4 * (1152 * 1152 + 1152) + 2 * 1152 * 4304 + 4304 + 1152 + 4 * 1152
+    projector = 2 * 1152 + 4608 * 4608 + 4608 + 4608 * 7168 + 7168
+    vision = 3 * 14 * 14 * 1152 + 1152 + 64 * 64 * 1152 + 27 * layer + 2 * 1152 + projector
+    assert shape.params == text.params + vision and vision == 471_143_920
+    assert kv_bytes_per_token(shape, 2) == 61 * (512 + 64) * 2 and shape.num_hidden_layers == 61
+    spelled = {"hidden_size": 1152, "num_hidden_layers": 27, "intermediate_size": 4304, "num_attention_heads": 16,
+               "patch_size": 14, "pos_emb_height": 64, "pos_emb_width": 64, "merge_kernel_size": [2, 2]}
+    assert shape_of_config(_kimi_k25_config(spelled), "k25").params == shape.params
+    with pytest.raises(ShapeError, match=r"KimiK25ForConditionalGeneration: vision_config: missing key "
+                                         r"vt_num_hidden_layers \(or num_hidden_layers\)"):
+        shape_of_config(_kimi_k25_config({k: v for k, v in published.items() if k != "vt_num_hidden_layers"}), "k")
+    target = tmp_path / "Kimi-K2.5"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(cfg))
+    assert build.main([str(_cfg(tmp_path, "ok", target, eagle3_head, "pytorch", memory_budget_gib=1300)),
+                       "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no tokenizer.json or tokenizer.model" in err and "not in the architecture table" not in err, err
+    assert "GiB" not in err, err
+    assert build.main([str(_cfg(tmp_path, "small", target, eagle3_head, "pytorch", memory_budget_gib=1000)),
+                       "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"weights {weight_bytes(shape, 2) / 2**30:,.2f} GiB" in err and f"at {61 * 576 * 2:,} bytes/token" in err

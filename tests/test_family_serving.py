@@ -12,7 +12,7 @@ import pytest
 
 from clients import generate
 from core.stops import StopTokenError, generation_eos_ids, stop_token_ids
-from testkit.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, make_family_target
+from testkit.tiny_families import GENERIC_FAMILIES, RECURRENT_FAMILIES, hf_model, make_family_target
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +87,10 @@ def _build(target: Path, head: Path, out: Path, version: str, tree: dict) -> Pat
 def _hf_answers(target: Path, prompts: list[str]) -> list[str]:
     """transformers' greedy generate on the served prompt tokens (stops as generation_config.json says)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
-    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    model = hf_model(target)  # transformers' own class (Kimi-K2.5: the image-text-to-text wrapper)
     out = []
     for p in prompts:
         ids = tok.encode(p)
@@ -174,11 +174,12 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
 
 @pytest.mark.server
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna",
-                                    "glm_moe_dsa"])
+                                    "glm_moe_dsa", "kimi_k25"])
 def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
     """A Qwen3-MoE, DeepSeek-V3 (MLA), DeepSeek-V3.2 (MLA + sparse-attention indexer), Qwen3-Next (gated delta-net,
     chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers), Laguna (per-layer
-    heads, gated attention, RoPE per layer type) or GLM-5 (DeepSeek-V3.2's indexer, layers sharing a selection) target
+    heads, gated attention, RoPE per layer type), GLM-5 (DeepSeek-V3.2's indexer, layers sharing a selection) or
+    Kimi-K2.5 (DeepSeek-V3 text model of an image-text-to-text wrapper) target
     (transformers' own model class in the reference engine) with an EAGLE-3 head trained by training/train_head.py,
     built for the current line and served by the llmapi model on the real Triton server: the answers are HF
     generate's."""

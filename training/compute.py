@@ -99,9 +99,10 @@ def apply_compute(c: Compute, tf32: bool) -> None:
 
 def load_target(target: str, c: Compute) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Path]:
     """(model, tokenizer, target_dir): the HF target in c.target_dtype on c.device (or device_map="auto"), eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from core.config_input import ConfigError
+    from engines.api import load_causal_lm  # AutoModelForCausalLM, or a multimodal wrapper's text model (Kimi-K2.5)
     from sources.targets import resolve_target
 
     target_dir = resolve_target(target)
@@ -109,9 +110,9 @@ def load_target(target: str, c: Compute) -> tuple[PreTrainedModel, PreTrainedTok
     if tok.chat_template is None:
         raise ConfigError([f"target {target_dir}: its tokenizer has no chat template; EAGLE data needs one"])
     if c.device_map:
-        model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=c.target_dtype, device_map="auto")
+        model = load_causal_lm(target_dir, dtype=c.target_dtype, device_map="auto")
     else:
-        model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=c.target_dtype).to(c.device)
+        model = load_causal_lm(target_dir, dtype=c.target_dtype).to(c.device)
     return model.eval().requires_grad_(False), tok, target_dir
 
 

@@ -19,12 +19,14 @@ from builders.trtllm import architectures
 from core.families import BY_NAME, FAMILIES
 from core.shapes import ShapeError, shape_of_config
 from core.types import GenerationRequest, SamplingParams
-from testkit.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, NOT_ROW_FAMILIES,
-                                 RECURRENT_FAMILIES, TINY, make_family_target, make_mimic_eagle3_head)
+from testkit.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, CHAIN_FAMILIES, GENERIC_FAMILIES, NOT_ROW_FAMILIES,
+                                   TINY, make_family_target, make_mimic_eagle3_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 DEEPSEEK_V3 = Path(__file__).parent / "fixtures" / "configs" / "deepseek-v3.json"  # deepseek-ai/DeepSeek-V3's keys
+# deepseek-ai/DeepSeek-V4-Flash's config.json keys (compress_ratios: 43 decoder layers + 1 MTP entry)
+DEEPSEEK_V4 = Path(__file__).parent / "fixtures" / "configs" / "deepseek-v4-flash.json"
 PROMPTS = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7], [250, 3]]
 NEW = 16
 
@@ -35,7 +37,7 @@ def test_every_row_has_a_tiny_family() -> None:
         tiny = TINY[f.name]
         assert tiny == "llama" or tiny in _CLASSES
         assert (f.reference is None) == (tiny in BUILD_ONLY_FAMILIES), f.name
-        assert f.reference != "generic" or tiny in (*GENERIC_FAMILIES, *RECURRENT_FAMILIES, "qwen3_moe", "gpt_oss")
+        assert f.reference != "generic" or tiny in (*GENERIC_FAMILIES, *CHAIN_FAMILIES, "qwen3_moe", "gpt_oss")
         assert f.path.startswith("tensorrt_llm/_torch/models/modeling_") and "commit" in f.read
 
 
@@ -66,6 +68,27 @@ def test_published_deepseek_v3_is_sized_as_mla_and_moe() -> None:
     assert shape.num_hidden_layers == 61 and cfg["num_nextn_predict_layers"] == 1
     # The dense formula it replaces (2 x layers x kv_heads x hidden / heads) was 24.9x too large.
     assert round(2 * 61 * 128 * (7168 // 128) * 2 / kv_bytes_per_token(shape, 2), 1) == 24.9
+
+
+def test_published_deepseek_v4_flash_is_sized_with_its_compressed_caches() -> None:
+    """DeepSeek-V4-Flash (model card: 284B parameters): 43 decoder layers (the 44th compress_ratios entry is the MTP
+    layer), 2 sliding-only, 21 CSA, 20 HCA. KV per sequence: every layer's 128-token window of shared K=V (512) plus
+    a 512 + 128 entry per 4 tokens on CSA layers and a 512 entry per 128 tokens on HCA layers."""
+    cfg = json.loads(DEEPSEEK_V4.read_text())
+    shape = shape_of_config(cfg, str(DEEPSEEK_V4))
+    assert abs(shape.params - 284e9) <= 0.01 * 284e9, shape.params
+    assert shape.num_hidden_layers == 43 and len(cfg["compress_ratios"]) == 44 and cfg["num_nextn_predict_layers"] == 1
+    assert sorted(set(shape.compressed)) == [(4, 640), (128, 512)]
+    assert (shape.compressed.count((4, 640)), shape.compressed.count((128, 512))) == (21, 20)
+    assert shape.kv_per_token == 43 * 512 + 21 * 160 + 20 * 4
+    tokens = 1 << 20
+    assert shape.kv_elements(tokens) == 43 * 512 * 128 + 21 * 640 * (tokens // 4) + 20 * 512 * (tokens // 128)
+    assert kv_bytes_per_token(shape, 2) == 2 * (43 * 512 + 21 * 160 + 20 * 4)
+    with pytest.raises(ShapeError, match=r"has_engram true: the Engram n-gram embedding tables"):
+        shape_of_config({**cfg, "has_engram": True}, "x")
+    del cfg["compress_ratios"]
+    with pytest.raises(ShapeError, match=r"DeepseekV4ForCausalLM: missing key\(s\) layer_types \(or compress_ratios\)"):
+        shape_of_config(cfg, "x")
 
 
 def test_a_config_missing_a_key_of_its_kind_is_named(tmp_path: Path, eagle3_head: Path,
@@ -118,12 +141,12 @@ def test_deepseek_v3_target_is_accepted_and_its_kv_sized_as_mla(tmp_path: Path, 
     assert f"weights {weights:,.2f} GiB" in err and f"at {61 * 576 * 2:,} bytes/token" in err, err
 
 
-@pytest.mark.parametrize("family", RECURRENT_FAMILIES)
+@pytest.mark.parametrize("family", CHAIN_FAMILIES)
 def test_recurrent_rows_build_with_chains_and_serve_like_hf_greedy(family: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture) -> None:
-    """Qwen3-Next / Qwen3.5 / Nemotron-H: a tree with branches is refused before anything is written (a recurrent
-    layer reads a forward's tokens in order); a chain builds and serves token-identical to HF greedy, rejected drafts
-    leaving no trace in the recurrent state."""
+    """Qwen3-Next / Qwen3.5 / Nemotron-H / DeepSeek-V4: a tree with branches is refused before anything is written (a
+    recurrent layer or a compressor reads a forward's tokens in order); a chain builds and serves token-identical to
+    HF greedy, rejected drafts leaving no trace in the recurrent or compressed state."""
     target = make_family_target(tmp_path / "target", family, block_scale=0.3, layers=4)
     head = make_mimic_eagle3_head(tmp_path / "head", target)
     assert build.main([str(_cfg(tmp_path, "tree", target, head, "reference")), "--only", "checkpoint"]) == 2
@@ -217,9 +240,6 @@ def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() 
         assert f"class {name}(DecoderModelForCausalLM[" in p and commit in p and "runs EAGLE-3 one-model only" in p
         assert f"- Not a row: `{name}`" in rendered
     # one-model upstream, but what they compute is not sized or proven here
-    [p] = architectures.problems("DeepseekV4ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
-                                 where="t")
-    assert "DeepseekV4ForCausalLM(SpecDecOneEngineForCausalLM" in p and "02586bf0" in p and "hc_mult" in p
     [p] = architectures.problems("MistralLarge3ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
                                  where="t")
     assert "MistralLarge3ForCausalLM(DeepseekV3ForCausalLM)" in p and "no model for it" in p

@@ -310,6 +310,18 @@ def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def feature_source(model_type: str | None, j: int) -> tuple[str, int]:
+    """Where EAGLE-3 feature id j (TensorRT-LLM's captured layer j - 1) is read: ("input", j), the input of decoder
+    layer j (id 0: the embeddings), for every family but DeepSeek-V4, whose layers carry hc_mult residual streams
+    and whose upstream capture is a layer's MoE output, the block's output before hc_ffn's post-mapping
+    (DeepseekV4DecoderLayer.forward_MoE, modeling_deepseekv4.py at 02586bf0): ("mlp", j - 1), and ("embed", 0) for
+    id 0 (the streams' common start). The reference engine (engines/compressed.py) and the trainer's features
+    (training/features.py) read the same."""
+    if model_type == "deepseek_v4":
+        return ("embed", 0) if j == 0 else ("mlp", j - 1)
+    return "input", j
+
+
 # ---- the generic path (engines/generic.py): what transformers' own model class computes exactly ----------------
 
 

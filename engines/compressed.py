@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from core.families import feature_source
 from engines.cache import KVCache, Step
 
 _STATE = ("buffer_kv", "buffer_gate", "compressed_kv", "entry_count", "overlap_kv", "overlap_gate")
@@ -118,7 +119,8 @@ class CompressedStore:
     def _capture_hook(self, i: int, kept: dict[int, torch.Tensor], n_layers: int) -> Any:
         if not 0 <= i <= n_layers:
             raise ValueError(f"feature id {i}: a DeepSeek-V4 target has ids 0..{n_layers}")
-        module = self.model.model.embed_tokens if i == 0 else self.model.model.layers[i - 1].mlp
+        where, k = feature_source("deepseek_v4", i)
+        module = self.model.model.embed_tokens if where == "embed" else self.model.model.layers[k].mlp
 
         def hook(mod: Any, args: tuple[Any, ...], output: torch.Tensor) -> None:
             kept[i] = output

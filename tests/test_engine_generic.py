@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.cache import KVCache
 from engines.checkpoint import load_eagle3
 from engines.drafting import drafting_for
 from core.families import GenericTargetError, check_generic
@@ -271,6 +272,19 @@ def test_deepseek_v4_compressed_state_keeps_only_the_accepted_tokens(tmp_path: P
         with pytest.raises(ValueError, match=f"compressed attention.*verifies only chain drafts for it.*not {name} "
                                              "trees with branches"):
             Runtime(tgt, head, drafting_for(TREES[name], dev), tok, dev, dt, False, TPGroup(0, 1))
+    # EAGLE-3 features: the engine and the trainer read the same tensors (the embeddings, then layer j - 1's MoE
+    # output, hidden_size wide, as TensorRT-LLM captures them), not the hc_mult residual streams
+    from engines.cache import Rows
+    from training.features import FeatureSpec, forward_features
+
+    ids = torch.tensor([PROMPTS[1]])
+    n = ids.shape[1]
+    kv = KVCache.allocate(len(tgt.layers), 1, 64, tgt.kv_heads, tgt.head_dim, dt, dev)
+    step = Rows.of([0], [0], dev).step(torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril()[None])
+    hidden, feats = tgt.forward(ids, step, kv, (0, 1, 3))
+    hf = forward_features(tgt.model, ids, torch.ones_like(ids), FeatureSpec((0, 1, 3), dt))
+    assert [f.shape[-1] for f in feats] == [64] * 3 and torch.allclose(hidden, hf["hidden"], atol=1e-5)
+    assert torch.allclose(torch.cat(feats, -1), hf["aux"], atol=1e-5)
     monkeypatch.setattr(compressed.CompressedStore, "accept", lambda self, rows, lengths: self.pending.clear())
     rt = Runtime(tgt, head, drafting_for(chains[2], dev), tok, dev, dt, False, TPGroup(0, 1))
     assert [r.output_ids for r in generate(rt, reqs, speculative=True, on_tokens=None)] != want

@@ -153,7 +153,7 @@ def test_two_model_families_build_for_the_older_lines(family: str, tmp_path: Pat
 
 
 @pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss", *GENERIC_FAMILIES,
-                                    *RECURRENT_FAMILIES])
+                                    *RECURRENT_FAMILIES, "deepseek_v4"])
 def test_trainer_heads_for_other_families_load_as_published_heads(family: str, tmp_path: Path) -> None:
     """training/train_head.py on a Qwen2 / Mistral / Qwen3-MoE / gpt-oss target: the head's config is the published
     layout (Llama keys, model_type llama, none of the target's stack or expert keys), which transformers loads as a
@@ -170,14 +170,23 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
     assert cfg["num_hidden_layers"] == 1
     loaded = AutoConfig.from_pretrained(str(head))
     assert type(loaded).__name__ == "LlamaConfig" and loaded.num_hidden_layers == 1
+    if family == "deepseek_v4":  # a Llama layer of the target's width: none of its streams, compressors or MTP
+        t = json.loads((target / "config.json").read_text())
+        assert not {"hc_mult", "compress_rates", "o_groups", "index_topk", "mlp_layer_types"} & set(cfg)
+        assert (cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]) == (
+            t["hidden_size"], t["vocab_size"], t["moe_intermediate_size"])
+        assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e4}
+        assert max(cfg["eagle_aux_hidden_state_layer_ids"]) <= t["num_hidden_layers"] == 4
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna",
+                                    "deepseek_v4"])
 def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
     """A Qwen3-MoE, DeepSeek-V3 (MLA), DeepSeek-V3.2 (MLA + sparse-attention indexer), Qwen3-Next (gated delta-net,
-    chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers) or Laguna (per-layer
-    heads, gated attention, RoPE per layer type) target
+    chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers), Laguna (per-layer
+    heads, gated attention, RoPE per layer type) or DeepSeek-V4 (hyper-connections, compressed attention, chain
+    drafts) target
     (transformers' own model class in the reference engine) with an EAGLE-3 head trained by training/train_head.py,
     built for the current line and served by the llmapi model on the real Triton server: the answers are HF
     generate's."""
@@ -187,7 +196,7 @@ def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: 
 
     target = make_family_target(tmp_path / "target", family, layers=4, block_scale=0.3)
     head = _train_head(target, tmp_path)
-    tree = {"choices": "chain-3"} if family == "qwen3_next" else {"dynamic": {"top_k": 2, "depth": 3,
+    tree = {"choices": "chain-3"} if family in ("qwen3_next", "deepseek_v4") else {"dynamic": {"top_k": 2, "depth": 3,
                                                                                "total_draft_tokens": 6}}
     build = _build(target, head, tmp_path / "build", "1.4", tree)
     want = _hf_answers(target, list(PROMPTS))

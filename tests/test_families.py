@@ -141,6 +141,36 @@ def test_deepseek_v3_target_is_accepted_and_its_kv_sized_as_mla(tmp_path: Path, 
     assert f"weights {weights:,.2f} GiB" in err and f"at {61 * 576 * 2:,} bytes/token" in err, err
 
 
+def test_deepseek_v4_preflight_names_its_weights_and_cache(tmp_path: Path, eagle3_head: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """The published DeepSeek-V4-Flash config on the PyTorch backend: 530 GiB of bf16 weights and a 64-token
+    sequence's window + compressed KV fit 600 GiB (only the config-only target's missing tokenizer is reported); at
+    500 GiB the refusal names the weights and the KV bytes per token. On the reference engine a window shorter than
+    engine.max_seq_len is refused by --dry-run, naming both."""
+    target = tmp_path / "DeepSeek-V4-Flash"
+    target.mkdir()
+    (target / "config.json").write_text(DEEPSEEK_V4.read_text())
+    assert build.main([str(_cfg(tmp_path, "ok", target, eagle3_head, "pytorch", memory_budget_gib=600)),
+                       "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no tokenizer.json or tokenizer.model" in err and "GiB" not in err and "architecture table" not in err, err
+    assert build.main([str(_cfg(tmp_path, "small", target, eagle3_head, "pytorch", memory_budget_gib=500)),
+                       "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    shape = shape_of_config(json.loads(DEEPSEEK_V4.read_text()), "x")
+    assert round(weight_bytes(shape, 2) / 2**30) == 530
+    assert f"weights {weight_bytes(shape, 2) / 2**30:,.2f} GiB" in err, err
+    assert f"at {2 * (43 * 512 + 21 * 160 + 20 * 4):,} bytes/token" in err, err
+    tiny = make_family_target(tmp_path / "tiny", "deepseek_v4", sliding_window=32)
+    head = make_mimic_eagle3_head(tmp_path / "head", tiny)
+    data = yaml.safe_load(_cfg(tmp_path, "long", tiny, head, "reference").read_text())
+    data["tree"] = {"choices": "chain-3"}
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(data))
+    assert build.main([str(tmp_path / "long.yaml"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "sliding_window=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
+
+
 @pytest.mark.parametrize("family", CHAIN_FAMILIES)
 def test_recurrent_rows_build_with_chains_and_serve_like_hf_greedy(family: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture) -> None:

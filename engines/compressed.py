@@ -37,6 +37,7 @@ from engines.cache import KVCache, Step
 
 _STATE = ("buffer_kv", "buffer_gate", "compressed_kv", "entry_count", "overlap_kv", "overlap_gate")
 Forward = Callable[..., tuple[torch.Tensor, list[torch.Tensor]]]
+Snapshot = list[dict[str, dict[str, Any]] | None]  # per layer: its compressor dicts (None: a sliding-only layer)
 
 
 class CompressedStore:
@@ -58,7 +59,7 @@ class CompressedStore:
                 comp.register_forward_pre_hook(self._record(j))
         self.rows: dict[int, list[Any]] = {}
         self.layers: list[Any] = []  # the row being run: what `_SlotCache.layers` hands the compressors
-        self.pending: dict[int, tuple[list[dict[str, dict[str, Any]] | None], dict[int, tuple[Any, ...]], int]] = {}
+        self.pending: dict[int, tuple[Snapshot | None, dict[int, tuple[Any, ...]], int]] = {}
         self.recording: dict[int, tuple[Any, ...]] | None = None
         self.busy = False
 
@@ -71,14 +72,14 @@ class CompressedStore:
     def _fresh(self) -> list[Any]:
         return [self.kinds[t](self.config) if t in self.kinds else None for t in self.types]
 
-    def _snapshot(self, row: int) -> list[dict[str, dict[str, Any]] | None]:
+    def _snapshot(self, row: int) -> Snapshot:
         """The row's compressor state; its tensors are replaced, never written in place, by transformers' cache
         layers (store_compression_weights, update_compressor_states, update_overlap_state), so shallow copies of
         the dicts keep it."""
         return [None if layer is None else {a: dict(getattr(layer, a)) for a in _STATE if hasattr(layer, a)}
                 for layer in self.rows[row]]
 
-    def _restore(self, row: int, snap: list[dict[str, dict[str, Any]] | None]) -> None:
+    def _restore(self, row: int, snap: Snapshot) -> None:
         for layer, state in zip(self.rows[row], snap):
             for attr, value in (state or {}).items():
                 setattr(layer, attr, dict(value))

@@ -49,8 +49,10 @@ class _SlotCache:
     is_compileable = False  # what transformers' generation and mask helpers ask of a Cache; never a static cache
 
     def __init__(self, cache: KVCache, step: Step, view: RecurrentView | None = None,
-                 indexer_at: int | None = None) -> None:
+                 indexer_at: int | None = None, layers: list[Any] | None = None) -> None:
         self.cache, self.step, self.view, self.indexer_at = cache, step, view, indexer_at
+        if layers is not None:  # DeepSeek-V4: its compressors read cache.layers[layer_idx] (engines/compressed.py)
+            self.layers = layers
 
     def __getattr__(self, name: str) -> Any:  # the linear-attention methods (get_conv_state, ...), when there are any
         view = self.__dict__.get("view")
@@ -146,9 +148,8 @@ class GenericTarget:
             fresh = bool((step.positions[:, 0] == 0).all())
             view = RecurrentView(self.recurrent, step.rows, fresh, 0 if fresh or t == 1 else t)
             masks = {"full_attention": mask, "linear_attention": None}
-        slot_cache = _SlotCache(cache, step, view, self.indexer_at)
-        if self.compressed is not None:
-            slot_cache.layers = self.compressed.layers  # what the compressors read as cache.layers[layer_idx]
+        slot_cache = _SlotCache(cache, step, view, self.indexer_at,
+                                None if self.compressed is None else self.compressed.layers)
         try:
             out = self.model.model(input_ids=tokens, attention_mask=masks, position_ids=step.positions,
                                    use_cache=True, **{self.cache_kw: slot_cache})

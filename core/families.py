@@ -282,7 +282,7 @@ _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "nu
                 # projection, hash routing, the legacy spellings of its compression schedule
                 "hc_mult", "hc_sinkhorn_iters", "hc_eps", "compress_rates", "compress_ratios", "compress_rate_csa",
                 "compress_rate_hca", "compress_rope_theta", "o_groups", "o_lora_rank", "num_hash_layers",
-                "n_hash_layers", "has_engram")
+                "n_hash_layers", "has_engram", "expert_dtype")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -298,9 +298,15 @@ def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
     rope = out.get("rope_parameters")
     if cfg.get("model_type") == "deepseek_v4":  # transformers' attribute_map: intermediate_size is the experts' width
         out.setdefault("intermediate_size", cfg.get("moe_intermediate_size"))
-        if isinstance(rope, dict) and isinstance(rope.get("main"), dict):  # the sliding layers' plain RoPE
-            out["rope_parameters"] = {k: v for k, v in rope["main"].items() if k != "partial_rotary_factor"}
-            rope = None
+        # the head takes the sliding-only layers' plain RoPE (rope_theta, no scaling): a published config's
+        # rope_scaling (YaRN) applies to the compressed layers only (transformers' DeepseekV4Config.__post_init__,
+        # TensorRT-LLM's _deepseek_v4_pos_embd_params at 02586bf0), at compress_rope_theta
+        main = rope.get("main") if isinstance(rope, dict) else None
+        theta = main.get("rope_theta") if isinstance(main, dict) else cfg.get("rope_theta", 10000.0)
+        out.pop("rope_scaling", None)
+        out["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+        out["rope_theta"] = theta
+        rope = None
     if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
         # RoPE per layer type (Laguna): the head is one full-attention layer (their base and scaling, e.g. YaRN),
         # rotating its whole head_dim

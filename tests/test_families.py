@@ -84,6 +84,16 @@ def test_published_deepseek_v4_flash_is_sized_with_its_compressed_caches() -> No
     tokens = 1 << 20
     assert shape.kv_elements(tokens) == 43 * 512 * 128 + 21 * 640 * (tokens // 4) + 20 * 512 * (tokens // 128)
     assert kv_bytes_per_token(shape, 2) == 2 * (43 * 512 + 21 * 160 + 20 * 4)
+    # its EAGLE-3 head: a Llama layer of its width and vocabulary, the sliding layers' plain RoPE (the published
+    # rope_scaling is the compressed layers' YaRN), none of its streams, compressors, experts or MTP layer
+    from core.families import eagle3_head_config
+
+    head = eagle3_head_config(cfg)
+    assert (head["hidden_size"], head["vocab_size"], head["intermediate_size"], head["head_dim"]) == (
+        4096, 129280, 2048, 512)
+    assert head["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000} and "rope_scaling" not in head
+    assert not {"hc_mult", "compress_ratios", "compress_rope_theta", "o_groups", "index_topk", "n_routed_experts",
+                "num_hash_layers", "num_nextn_predict_layers", "qk_rope_head_dim"} & set(head)
     with pytest.raises(ShapeError, match=r"has_engram true: the Engram n-gram embedding tables"):
         shape_of_config({**cfg, "has_engram": True}, "x")
     del cfg["compress_ratios"]

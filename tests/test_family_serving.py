@@ -246,3 +246,38 @@ def test_deepseek_v3_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
     want = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                         pad_token_id=0)[0, len(p):].tolist() for p in prompts]
     assert [r.output_ids for r in res] == want
+
+
+def test_deepseek_v4_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
+    """A DeepSeek-V4-shaped target with DeepSeek's 129,280-token vocabulary, an MTP layer in its checkpoint (`mtp.0.*`
+    tensors, as published, which transformers skips) and compress_ratios listing that layer after the decoder layers:
+    the trainer maps a 32-token draft vocabulary into the full one, captures decoder layers only (the MoE outputs,
+    hidden_size wide), and the built target serves HF greedy's tokens with chain drafts."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from core.types import GenerationRequest, SamplingParams
+    from engines.api import ReferenceEngine
+
+    target = make_family_target(tmp_path / "target", "deepseek_v4", layers=4, block_scale=0.3, vocab_size=129280)
+    cfg = json.loads((target / "config.json").read_text())
+    h = cfg["hidden_size"]
+    weights = load_file(str(target / "model.safetensors"))
+    weights |= {"mtp.0.e_proj.weight": torch.zeros(h, h), "mtp.0.h_proj.weight": torch.zeros(h, h),
+                "mtp.0.enorm.weight": torch.ones(h), "mtp.0.hnorm.weight": torch.ones(h)}  # the MTP layer's own
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    (target / "config.json").write_text(json.dumps({**cfg, "compress_ratios": [0, 4, 128, 0, 0]}))
+    head = _train_head(target, tmp_path)
+    hcfg = json.loads((head / "config.json").read_text())
+    assert hcfg["draft_vocab_size"] == 32 and hcfg["vocab_size"] == 129280 and hcfg["hidden_size"] == h
+    assert max(hcfg["eagle_aux_hidden_state_layer_ids"]) < 4 and "num_nextn_predict_layers" not in hcfg
+    assert "compress_ratios" not in hcfg and "hc_mult" not in hcfg
+    build = _build(target, head, tmp_path / "build", "1.4", {"choices": "chain-3"})
+    prompts = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7]]
+    res = ReferenceEngine.from_build(build, device="cpu").generate(
+        [GenerationRequest(p, 12, SamplingParams(), []) for p in prompts])
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    want = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                        pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [r.output_ids for r in res] == want

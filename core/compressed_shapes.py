@@ -16,7 +16,14 @@ tensors TensorRT-LLM's DeepseekV4WeightLoader reads (modeling_deepseekv4.py at 0
   (upstream's DeepseekV4MoE), and per layer either the score-correction bias (top-k layers) or the frozen
   token -> experts table tid2eid (vocab x num_experts_per_tok; hash-routed layers, the first num_hash_layers);
 - the checkpoint's MTP layers (num_nextn_predict_layers; compress_ratios lists them after the decoder layers) are
-  not decoder layers and are not counted.
+  not decoder layers and are not counted;
+- Engram (has_engram, which transformers does not implement; TensorRT-LLM's modules/engram/engram.py, read at
+  6eac3ea64802a6eeb79c94a06ee894bc03c25d18, configured by DeepseekV4Model at 02586bf0): on each layer of
+  engram_layer_ids, a multi-head embedding of (engram_n_embed_per_ngram / engram_n_head_per_ngram) per row over one
+  table per head and n-gram order (2..engram_max_ngram_size), each table a prime number of rows (the next unused prime
+  after engram_vocab_size[order - 2] - 1, `_calculate_vocab_size_across_layers`), a depthwise short convolution over
+  hc_mult x hidden channels (engram_kernel_size taps) with its per-stream norm, kv_proj ((max_ngram_size - 1) x
+  n_embed_per_ngram -> (1 + hc_mult) x hidden) and the key / query norms (hc_mult x hidden each).
 
 Cache per sequence (in the cache dtype; an upper bound where upstream keeps parts in FP8): every layer keeps the
 shared K=V (head_dim) of the last sliding_window tokens; a CSA layer adds one compressed entry of head_dim plus one
@@ -84,13 +91,47 @@ def hash_layers(cfg: dict[str, Any]) -> list[bool]:
     return [j < int(k) for j in range(n)]
 
 
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    k = 2
+    while k * k <= n:
+        if n % k == 0:
+            return False
+        k += 1
+    return True
+
+
+def engram_params(cfg: dict[str, Any], h: int, hc: int) -> int:
+    """Parameters of TensorRT-LLM's Engram modules (module docstring), 0 without has_engram."""
+    if not cfg.get("has_engram"):
+        return 0
+    orders, per_order, heads, kernel = _int(cfg, "engram_max_ngram_size", "engram_n_embed_per_ngram",
+                                            "engram_n_head_per_ngram", "engram_kernel_size")
+    vocab, layers = cfg.get("engram_vocab_size"), cfg.get("engram_layer_ids")
+    if not isinstance(vocab, list) or len(vocab) != orders - 1 or not isinstance(layers, list):
+        raise CompressedShapeError(f"engram_vocab_size must list {orders - 1} sizes (n-gram orders 2..{orders}) and "
+                                   "engram_layer_ids the layers")
+    seen: set[int] = set()
+    params = 0
+    for _ in layers:
+        rows = 0
+        for size in vocab:
+            candidate = int(size) - 1
+            for _ in range(heads):  # upstream's _find_next_prime: the next prime after the last, unused so far
+                candidate += 1
+                while not _is_prime(candidate) or candidate in seen:
+                    candidate += 1
+                seen.add(candidate)
+                rows += candidate
+        params += rows * (per_order // heads) + hc * h * kernel + hc * h
+        params += (orders - 1) * per_order * (1 + hc) * h + 2 * hc * h
+    return params
+
+
 def compressed_shape(cfg: dict[str, Any]) -> dict[str, Any]:
     """params, kv_per_token, window layers and width, and the compressed caches ((rate, width) per layer) of a
     DeepSeek-V4 config.json."""
-    if cfg.get("has_engram"):
-        raise CompressedShapeError(
-            "has_engram true: the Engram n-gram embedding tables and projections TensorRT-LLM adds "
-            "(modules/engram.py) are not sized here")
     vocab, h, heads, hd, ql, groups, o_rank = _int(
         cfg, "vocab_size", "hidden_size", "num_attention_heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank")
     experts, inter, topk, hc, window = _int(cfg, "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok",
@@ -102,6 +143,7 @@ def compressed_shape(cfg: dict[str, Any]) -> dict[str, Any]:
     hyper = 2 * (mix * hc * h + mix + 3)
     moe = experts * h + 3 * experts * h * inter + 3 * h * inter * shared
     params = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2) + h + hc * hc * h + hc + 1
+    params += engram_params(cfg, h, hc)
     compressed: list[tuple[int, int]] = []
     for kind, hashed in zip(kinds, hash_layers(cfg)):
         params += attn + hyper + moe + 2 * h + (vocab * topk if hashed else experts)

@@ -94,8 +94,15 @@ def test_published_deepseek_v4_flash_is_sized_with_its_compressed_caches() -> No
     assert head["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000} and "rope_scaling" not in head
     assert not {"hc_mult", "compress_ratios", "compress_rope_theta", "o_groups", "index_topk", "n_routed_experts",
                 "num_hash_layers", "num_nextn_predict_layers", "qk_rope_head_dim"} & set(head)
-    with pytest.raises(ShapeError, match=r"has_engram true: the Engram n-gram embedding tables"):
-        shape_of_config({**cfg, "has_engram": True}, "x")
+    # Engram as TensorRT-LLM builds it: tables of 101 + 103 (2-grams) and 211 + 223 (3-grams) rows of 16 / 2, a 4-tap
+    # depthwise convolution over 4 x 4096 channels and its norm, kv_proj 2 x 16 -> 5 x 4096, key and query norms
+    engram = {"has_engram": True, "engram_max_ngram_size": 3, "engram_n_embed_per_ngram": 16,
+              "engram_n_head_per_ngram": 2, "engram_kernel_size": 4, "engram_vocab_size": [100, 200],
+              "engram_layer_ids": [1]}
+    assert shape_of_config({**cfg, **engram}, "x").params - shape.params == (
+        (101 + 103 + 211 + 223) * 8 + 4 * 4096 * 4 + 4 * 4096 + 32 * 5 * 4096 + 2 * 4 * 4096)
+    with pytest.raises(ShapeError, match=r"engram_vocab_size must list 2 sizes \(n-gram orders 2..3\)"):
+        shape_of_config({**cfg, **engram, "engram_vocab_size": [100]}, "x")
     del cfg["compress_ratios"]
     with pytest.raises(ShapeError, match=r"DeepseekV4ForCausalLM: missing key\(s\) layer_types \(or compress_ratios\)"):
         shape_of_config(cfg, "x")

@@ -9,12 +9,14 @@ V3.2 / GLM-5: MLA with q_lora_rank 192, kv_lora_rank 64, V3.2's indexer keeping 
 of 30, the others reusing a selection); Kimi-K2.5: DeepSeek-V3's shape as the text model of the multimodal wrapper,
 a one-layer vision encoder beside it (not run); Llama 4: experts every second layer, every fourth layer NoPE;
 Qwen3-Next / Qwen3.5: three gated delta-net layers per attention layer; Nemotron-H: Mamba-2 and MLP layers, one
-attention layer in seven), written by transformers. The families the table marks native
+attention layer in seven; DeepSeek-V4: one K=V head, 4 hyper-connection streams, compressed attention every 4 / 128
+tokens as published), written by transformers. The families the table marks native
 are converted (builders/convert) and run by the engine's own forward; the generic ones run through the generic
 target (transformers' own model class, engines/generic.py). For T in --ts: one forward with T new tokens after a
 200-token context plus the lm_head at the last position, the engine and HF eager (transformers, no compile,
 DynamicCache rewound after each call: attention layers drop what the call wrote; a recurrent layer's fixed-size
-state stays advanced, which does not change the next call's cost) called round-robin (measure/costs.py
+state stays advanced, which does not change the next call's cost; DeepSeek-V4's windows and compressors, on both
+sides, are put back to the context's state) called round-robin (measure/costs.py
 interleaved_ms), median of --repeats. The engine's T-token forward of a recurrent family also keeps each token's
 state (what a verification needs). Random weights: the cost of a forward does not depend on their values. Compare
 ratios within one run; absolute times depend on the machine and its load.
@@ -59,7 +61,8 @@ CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config"
            "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
            "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM"),
            "laguna": ("LagunaConfig", "LagunaForCausalLM"),
-           "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration")}
+           "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),
+           "deepseek_v4": ("DeepseekV4Config", "DeepseekV4ForCausalLM")}
 MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "decoder_sparse_step": 1,
        "norm_topk_prob": True, "mlp_only_layers": []}
 _ROUTED = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 256,
@@ -110,6 +113,14 @@ EXTRA: dict[str, dict[str, Any]] = {
                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e5,
                                                       "partial_rotary_factor": 0.5},
                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    # DeepSeek-V4: one shared K=V head of 64, 4 hyper-connection streams, two sliding-only layers then CSA (every 4
+    # tokens, the indexer keeping 64) and HCA (every 128) alternating, as published, the first 3 layers hash-routed;
+    # a 4096-token window so that the engine takes the 200-token context (published: 128)
+    "deepseek_v4": {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                    "moe_intermediate_size": 256, "num_key_value_heads": 1, "head_dim": 64, "qk_rope_head_dim": 32,
+                    "q_lora_rank": 192, "o_groups": 3, "o_lora_rank": 192, "hc_mult": 4, "index_n_heads": 8,
+                    "index_head_dim": 32, "index_topk": 64, "sliding_window": 4096, "num_hash_layers": 3,
+                    "compress_ratios": [0, 0] + [4, 128] * 14, "compress_rope_theta": 1.6e5},
     "apertus": {"hidden_act": "xielu", "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}},
 }
 EXTRA["kimi_k25"] = EXTRA["deepseek_v3"]  # Kimi-K2.5: DeepSeek-V3's text model (text_config) beside MoonViT3d
@@ -174,17 +185,37 @@ def hf_fns(model: Any, ts: list[int], context: int = 200) -> dict[int, Any]:
     with torch.inference_mode():
         model(torch.randint(0, _vocab(model), (1, context), generator=g), past_key_values=cache)
 
+    saved = _state(cache) if _compressed(cache) else None
+
     def make(t: int) -> Any:
         tokens = torch.randint(0, _vocab(model), (1, t), generator=g)
 
         @torch.inference_mode()
         def one() -> None:
             model(tokens, past_key_values=cache, logits_to_keep=1)
-            _rewind(cache, t)
+            if saved is not None:  # DeepSeek-V4: windows and compressors back to the context's state
+                for layer, state in zip(cache.layers, saved):
+                    layer.__dict__.update(_copy(state))
+            else:
+                _rewind(cache, t)
 
         return one
 
     return {t: make(t) for t in ts}
+
+
+def _compressed(cache: Any) -> bool:
+    return any(hasattr(layer, "compressed_kv") for layer in cache.layers)
+
+
+def _copy(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in state.items()}
+
+
+def _state(cache: Any) -> list[dict[str, Any]]:
+    """Every cache layer's attributes (transformers' DeepSeek-V4 cache layers replace their tensors, never write them
+    in place, so shallow copies keep a state to go back to)."""
+    return [_copy(layer.__dict__) for layer in cache.layers]
 
 
 def _vocab(model: Any) -> int:
@@ -204,6 +235,22 @@ def _rewind(cache: Any, t: int) -> None:
             DynamicLayer.crop(layer, -t)
         else:
             layer.crop(-t)
+
+
+def _kept(target: Any, fn: Any) -> Any:
+    """DeepSeek-V4 on the engine: each timed forward leaves the row's compressor state as the context left it (as
+    HF's cache is put back), by the store's own restore (engines/compressed.py)."""
+    store = getattr(target, "compressed", None)
+    if store is None:
+        return fn
+    saved = store._snapshot(0)
+
+    def one() -> None:
+        fn()
+        store._restore(0, saved)
+        store.pending.clear()
+
+    return one
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             hf_dir, work = Path(tmp) / fam, Path(tmp) / f"{fam}-ckpt"
             model = write_model(fam, hf_dir, dt)
             target = engine_target(fam, hf_dir, work, args.dtype)
-            fns = {("engine", t): f for t, f in forward_fns(target, dt, torch.device("cpu"), ts).items()}
+            fns = {("engine", t): _kept(target, f) for t, f in forward_fns(target, dt, torch.device("cpu"),
+                                                                            ts).items()}
             fns |= {("hf", t): f for t, f in hf_fns(model, ts).items()}
             ms = interleaved_ms(fns, args.repeats)
             path = reference_path(fam)

@@ -30,6 +30,12 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # the RoPE scalings the en
 TRT = "NVIDIA/TensorRT-LLM"
 ONE, TWO = "one-model", "two-model"
 DENSE, MLA, LINEAR, MAMBA = "dense", "mla", "hybrid-linear", "hybrid-mamba"  # attention kinds (core/shapes.py)
+COMPRESSED = "compressed"  # DeepSeek-V4: sliding-window K=V plus compressed entries (CSA / HCA), hc_mult streams
+# Kinds whose per-sequence state is not a slot KV cache the engine compacts: the reference engine verifies only chain
+# drafts for them (engines/recurrent.py, engines/compressed.py); the reason names what reads the tokens in order.
+CHAIN_ONLY = {LINEAR: "recurrent layers read a forward's tokens in order",
+              MAMBA: "recurrent layers read a forward's tokens in order",
+              COMPRESSED: "compressed attention pools a forward's tokens in order into its compressed entries"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class Family:
     name: str  # config.json architectures[0], as TensorRT-LLM's @register_auto_model names it
     label: str  # what users call it
     model_type: str  # config.json model_type (transformers' AutoConfig key)
-    attention: str  # DENSE | MLA | LINEAR | MAMBA: how core/shapes.py sizes its weights, KV cache and state
+    attention: str  # DENSE | MLA | LINEAR | MAMBA | COMPRESSED: how core/shapes.py sizes weights, KV cache, state
     moe: bool  # routed experts (core/shapes.py counts every expert, shared experts and the router)
     eagle3: str  # ONE | TWO: how TensorRT-LLM's PyTorch backend runs EAGLE-3 with it
     path: str  # upstream modeling file (repo TRT)
@@ -212,6 +218,20 @@ FAMILIES: tuple[Family, ...] = (
                 "MoonViT3d vision encoder and patch-merger projector beside it (sized, not run: the reference engine "
                 "loads the wrapper and serves its text model on token ids)",
            versions=CURRENT, text_model="language_model"),
+    Family("DeepseekV4ForCausalLM", "DeepSeek-V4 (Flash, Pro)", "deepseek_v4", COMPRESSED, True, ONE,
+           "tensorrt_llm/_torch/models/modeling_deepseekv4.py",
+           "@register_auto_model('DeepseekV4ForCausalLM') class DeepseekV4ForCausalLM("
+           "SpecDecOneEngineForCausalLM[DeepseekV4Model, PretrainedConfig]); EAGLE-3 features: "
+           "DeepseekV4DecoderLayer.forward_MoE spec_metadata.maybe_capture_hidden_states(layer_idx, <the MoE "
+           "output>) (the block's output before hc_ffn.post_mapping, hidden_size wide)",
+           "commit 02586bf0b0f59d29967bf4aa27d5714a0b4788f6", "generic", True,
+           note="the residual is hc_mult streams (manifold hyper-connections; an HC head collapses them before the "
+                "final norm); every layer attends to a sliding window of shared K=V plus compressed entries "
+                "(compressed sparse attention with a lightning indexer every compress rate tokens, heavily "
+                "compressed attention); hash-routed then top-k routed experts + a shared expert; EAGLE-3 features "
+                "are the MoE outputs; reference engine: chain drafts (tree.choices chain-N), sequences up to the "
+                "window, no Engram",
+           versions=CURRENT),
 )
 
 BY_NAME = {f.name: f for f in FAMILIES}
@@ -288,7 +308,12 @@ _TARGET_ONLY = ("layer_types", "max_window_layers", "moe_intermediate_size", "nu
                 "index_topk", "index_head_dim", "index_n_heads", "indexer_types",
                 # Laguna: per-layer query heads, attention output gates, its router's options
                 "num_attention_heads_per_layer", "gating", "moe_routed_scaling_factor",
-                "moe_apply_router_weight_on_input", "moe_router_logit_softcapping")
+                "moe_apply_router_weight_on_input", "moe_router_logit_softcapping",
+                # DeepSeek-V4: hyper-connection streams, compressed attention and its indexer, grouped output
+                # projection, hash routing, the legacy spellings of its compression schedule
+                "hc_mult", "hc_sinkhorn_iters", "hc_eps", "compress_rates", "compress_ratios", "compress_rate_csa",
+                "compress_rate_hca", "compress_rope_theta", "o_groups", "o_lora_rank", "num_hash_layers",
+                "n_hash_layers", "has_engram", "expert_dtype")
 
 
 def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -302,6 +327,17 @@ def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if "use_sliding_window" in out or "sliding_window" in out:
         out.update(use_sliding_window=False, sliding_window=None)
     rope = out.get("rope_parameters")
+    if cfg.get("model_type") == "deepseek_v4":  # transformers' attribute_map: intermediate_size is the experts' width
+        out.setdefault("intermediate_size", cfg.get("moe_intermediate_size"))
+        # the head takes the sliding-only layers' plain RoPE (rope_theta, no scaling): a published config's
+        # rope_scaling (YaRN) applies to the compressed layers only (transformers' DeepseekV4Config.__post_init__,
+        # TensorRT-LLM's _deepseek_v4_pos_embd_params at 02586bf0), at compress_rope_theta
+        main = rope.get("main") if isinstance(rope, dict) else None
+        theta = main.get("rope_theta") if isinstance(main, dict) else cfg.get("rope_theta", 10000.0)
+        out.pop("rope_scaling", None)
+        out["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+        out["rope_theta"] = theta
+        rope = None
     if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
         # RoPE per layer type (Laguna): the head is one full-attention layer (their base and scaling, e.g. YaRN),
         # rotating its whole head_dim
@@ -309,6 +345,18 @@ def eagle3_head_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if "rope_theta" in out:
             out["rope_theta"] = out["rope_parameters"].get("rope_theta", out["rope_theta"])
     return out
+
+
+def feature_source(model_type: str | None, j: int) -> tuple[str, int]:
+    """Where EAGLE-3 feature id j (TensorRT-LLM's captured layer j - 1) is read: ("input", j), the input of decoder
+    layer j (id 0: the embeddings), for every family but DeepSeek-V4, whose layers carry hc_mult residual streams
+    and whose upstream capture is a layer's MoE output, the block's output before hc_ffn's post-mapping
+    (DeepseekV4DecoderLayer.forward_MoE, modeling_deepseekv4.py at 02586bf0): ("mlp", j - 1), and ("embed", 0) for
+    id 0 (the streams' common start). The reference engine (engines/compressed.py) and the trainer's features
+    (training/features.py) read the same."""
+    if model_type == "deepseek_v4":
+        return ("embed", 0) if j == 0 else ("mlp", j - 1)
+    return "input", j
 
 
 # ---- the generic path (engines/generic.py): what transformers' own model class computes exactly ----------------
@@ -325,6 +373,8 @@ def sliding_window_of(hf_config: dict[str, Any]) -> int | None:
     if window is None or hf_config.get("use_sliding_window") is False:
         return None
     layer_types = hf_config.get("layer_types")
+    if hf_config.get("model_type") == "deepseek_v4":  # every DeepSeek-V4 layer attends to its window (+ compressed)
+        return int(window)
     if layer_types is not None and "sliding_attention" not in layer_types:
         return None
     return int(window)
@@ -387,9 +437,17 @@ def check_generic(hf_config: dict[str, Any], where: Path, max_seq_len: int | Non
             f"{where}: LagunaForCausalLM with attention_bias true: transformers then gives o_proj a bias, "
             "TensorRT-LLM's LagunaAttention builds o_proj without one (dense_bias=False, modeling_laguna.py at "
             "01dcc21a), so the reference engine would not compute what the served model does")
+    if row is not None and row.attention == COMPRESSED and hf_config.get("has_engram"):
+        raise GenericTargetError(
+            f"{where}: {row.name} with has_engram true: TensorRT-LLM adds Engram n-gram embeddings to the residual "
+            "at the layers engram_layer_ids names (modeling_deepseekv4.py at 02586bf0, DeepseekV4DecoderLayer."
+            "_entry_boundary), which transformers' DeepseekV4ForCausalLM does not compute, so the reference engine "
+            "would not compute what the served model does. Use engine.backend pytorch for it")
     recurrent = row is not None and row.attention in (LINEAR, MAMBA)
+    compressed = ("compressed_sparse_attention", "heavily_compressed_attention")
     kinds = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
-             *(("linear_attention",) if recurrent else ()))
+             *(("linear_attention",) if recurrent else ()),
+             *(compressed if row is not None and row.attention == COMPRESSED else ()))
     other = sorted({t for t in hf_config.get("layer_types") or () if t not in kinds})
     if other:
         raise GenericTargetError(f"{where}: layer_types {other}: only attention layers that take the engine's 4D "

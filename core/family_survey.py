@@ -86,16 +86,6 @@ def _decoder_model(name: str, module: str, model: str, conf: str, commit: str,
 
 
 NOT_ROWS.update({
-    "DeepseekV4ForCausalLM": (
-        "tensorrt_llm/_torch/models/modeling_deepseekv4.py",
-        "@register_auto_model('DeepseekV4ForCausalLM') class DeepseekV4ForCausalLM(SpecDecOneEngineForCausalLM"
-        "[DeepseekV4Model, PretrainedConfig]) (one-model upstream)",
-        "commit 02586bf0b0f59d29967bf4aa27d5714a0b4788f6",
-        "its layers carry the residual as hc_mult parallel streams (manifold hyper-connections, an HCHead before the "
-        "final norm), with compressed attention and optional Engram n-gram embeddings; the memory check (core/"
-        "shapes.py) sizes none of these and the reference engine's cache was not proven against them, so it is "
-        "refused rather than sized or served wrongly (transformers 5.25 has DeepseekV4ForCausalLM, so it can "
-        "become a row once sized and tested)"),
     "MistralLarge3ForCausalLM": (
         "tensorrt_llm/_torch/models/modeling_mistral_large3.py",
         "@register_auto_model('MistralLarge3ForCausalLM') class MistralLarge3ForCausalLM(DeepseekV3ForCausalLM) "

@@ -122,6 +122,8 @@ def llama_spec(model_dir: Path, *, require_arch: bool = True) -> LlamaSpec:
             f"({', '.join(LLAMA_ARCHITECTURES)}) "
             "can be converted (TensorRT-LLM's EagleForCausalLM subclasses LLaMAForCausalLM)"
         )
+    if cfg.get("model_type") == "deepseek_v4" and "intermediate_size" not in cfg:  # DeepseekV4Config.attribute_map:
+        cfg = {**cfg, "intermediate_size": cfg.get("moe_intermediate_size")}  # intermediate_size is the experts' width
     if "rms_norm_eps" not in cfg and "layer_norm_epsilon" in cfg:  # Nemotron-H spells its RMSNorm epsilon so
         cfg = {**cfg, "rms_norm_eps": cfg["layer_norm_epsilon"]}
     need = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.families import LINEAR, MAMBA, MLA, Family, text_config
+from core.families import COMPRESSED, LINEAR, MAMBA, MLA, Family, text_config
 from core.vision_towers import VisionShapeError, kimi_k25_vision
 
 
@@ -41,12 +41,16 @@ class TargetShape:
     window: int | None = None
     kv_per_token_per_layer: int = 0
     reference_kv_per_token: int = 0  # the reference engine's layout: K and V slots, every layer (MLA: latents)
+    compressed: tuple[tuple[int, int], ...] = ()  # DeepSeek-V4: (rate, elements) of each layer's compressed entries
 
     def kv_elements(self, tokens: int) -> int:
-        """KV elements of one sequence of `tokens` tokens: sliding-window layers hold at most their window."""
-        full = self.kv_per_token - len(self.window_layers) * self.kv_per_token_per_layer
+        """KV elements of one sequence of `tokens` tokens: sliding-window layers hold at most their window; a
+        compressed cache holds one entry per `rate` tokens (core/compressed_shapes.py)."""
+        pooled = sum(-(-w // m) for m, w in self.compressed)
+        full = self.kv_per_token - len(self.window_layers) * self.kv_per_token_per_layer - pooled
         capped = tokens if self.window is None else min(tokens, self.window)
-        return full * tokens + len(self.window_layers) * self.kv_per_token_per_layer * capped
+        return (full * tokens + len(self.window_layers) * self.kv_per_token_per_layer * capped
+                + sum(w * (tokens // m) for m, w in self.compressed))
 
 
 def _need(cfg: dict[str, Any], *keys: str) -> list[int]:
@@ -235,6 +239,8 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
     if cfg.get("num_hidden_layers") is None and fam.attention == MAMBA:  # transformers 5 derives it from the blocks
         blocks = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")
         cfg = {**cfg, "num_hidden_layers": len(blocks) if blocks else None}
+    if fam.attention == COMPRESSED:
+        return _compressed(fam, cfg)
     vocab, h, n = _need(cfg, "vocab_size", "hidden_size", "num_hidden_layers")
     if fam.attention == MLA:
         attn, kv_layer = _mla(cfg, h)
@@ -278,6 +284,21 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
     window = int(cfg["sliding_window"]) if window_layers else None
     return TargetShape(fam.name, vocab, h, n, params, kv, state, tuple(window_layers), window, kv_layer,
                        2 * n * reference_kv_width(fam, cfg))
+
+
+def _compressed(fam: Family, cfg: dict[str, Any]) -> TargetShape:
+    """DeepSeek-V4 (core/compressed_shapes.py). The reference engine keeps K and V slots of the one head_dim head
+    for every token and layer, plus the compressed entries per row (engines/compressed.py)."""
+    from core.compressed_shapes import CompressedShapeError, compressed_shape
+
+    try:
+        s = compressed_shape(cfg)
+    except CompressedShapeError as e:
+        raise ShapeError(str(e)) from None
+    pooled = sum(-(-w // m) for m, w in s["compressed"])
+    return TargetShape(fam.name, s["vocab_size"], s["hidden_size"], s["num_hidden_layers"], s["params"],
+                       s["kv_per_token"], 0, s["window_layers"], s["window"], s["kv_per_token_per_layer"],
+                       2 * s["num_hidden_layers"] * s["kv_per_token_per_layer"] + pooled, s["compressed"])
 
 
 def reference_kv_width(fam: Family, cfg: dict[str, Any]) -> int:

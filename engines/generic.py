@@ -18,6 +18,8 @@ session, the decoding loop, verify, the doctor and the trainer's features do not
   and its chunked layers take the engine's mask (exact while a sequence fits one chunk: `check_generic`);
   DeepSeek-V3.2's sparse-attention indexer keeps its keys in the engine's cache slots (`_SlotCache.update_indexer`).
 - a multimodal wrapper (Kimi-K2.5) runs its text model: engines/text_model.py loads the class the family row names.
+- DeepSeek-V4's compressed attention keeps its compressor state per row and rolls it back itself
+  (engines/compressed.py, chain drafts only); its window keys take the engine's slots.
 A model whose attention ignores the mask (or builds its own, e.g. sliding-window layers) would be computed wrongly:
 `check_generic` (core/families.py) refuses sliding windows shorter than the sequences and layer kinds that take no
 mask (a family table row without a reference path says why), and
@@ -33,9 +35,10 @@ from typing import Any
 
 import torch
 
-from core.families import MLA, attention_window_of, check_generic, family_of, text_config
+from core.families import COMPRESSED, MLA, attention_window_of, check_generic, family_of, text_config
 from core.shapes import reference_kv_width
 from engines.cache import KVCache, Step
+from engines.compressed import CompressedStore
 from engines.recurrent import RecurrentStore, RecurrentView
 from engines.text_model import load_causal_lm
 
@@ -47,8 +50,10 @@ class _SlotCache:
     is_compileable = False  # what transformers' generation and mask helpers ask of a Cache; never a static cache
 
     def __init__(self, cache: KVCache, step: Step, view: RecurrentView | None = None,
-                 indexer_at: int | None = None) -> None:
+                 indexer_at: int | None = None, layers: list[Any] | None = None) -> None:
         self.cache, self.step, self.view, self.indexer_at = cache, step, view, indexer_at
+        if layers is not None:  # DeepSeek-V4: its compressors read cache.layers[layer_idx] (engines/compressed.py)
+            self.layers = layers
 
     def __getattr__(self, name: str) -> Any:  # the linear-attention methods (get_conv_state, ...), when there are any
         view = self.__dict__.get("view")
@@ -108,16 +113,21 @@ class GenericTarget:
     layer_types: tuple[str, ...] = ()  # the config's layer_types (each kind gets the engine's mask)
     temperature: _Temperature | None = None  # Llama 4's NoPE layers: q scaled by the tokens' positions
     indexer_at: int | None = None  # DSA targets: where the indexer keys start in the value slots
+    compressed: CompressedStore | None = None  # DeepSeek-V4: compressor state per row (engines/compressed.py)
 
     def accept(self, rows: list[int], lengths: list[int]) -> None:
         """After a verification: each row's recurrent state becomes the one after its accepted path (the KV cache
         is compacted by the engine)."""
         if self.recurrent is not None:
             self.recurrent.accept(rows, lengths)
+        if self.compressed is not None:
+            self.compressed.accept(rows, lengths)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache: KVCache,
                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Same contract as engines/model.py Llama.forward: post-norm last hidden state and the captured inputs."""
+        if self.compressed is not None and not self.compressed.busy:  # one row at a time, its own compressors
+            return self.compressed.forward(self.forward, tokens, step, cache, capture)
         b, t = tokens.shape
         dtype = self.embed.dtype
         visible = step.mask if step.mask is not None else torch.ones(b, 1, t, step.kv_len, dtype=torch.bool,
@@ -139,9 +149,11 @@ class GenericTarget:
             fresh = bool((step.positions[:, 0] == 0).all())
             view = RecurrentView(self.recurrent, step.rows, fresh, 0 if fresh or t == 1 else t)
             masks = {"full_attention": mask, "linear_attention": None}
+        slot_cache = _SlotCache(cache, step, view, self.indexer_at,
+                                None if self.compressed is None else self.compressed.layers)
         try:
             out = self.model.model(input_ids=tokens, attention_mask=masks, position_ids=step.positions,
-                                   use_cache=True, **{self.cache_kw: _SlotCache(cache, step, view, self.indexer_at)})
+                                   use_cache=True, **{self.cache_kw: slot_cache})
         finally:
             for h in hooks:
                 h.remove()
@@ -220,4 +232,5 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     key, window = attention_window_of(cfg) or ("sliding_window", None)
     return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
                          layers, kv_heads, head_dim, kw, window, key, recurrent, types, _temperature(model),
-                         int(text.qk_rope_head_dim) if "indexed_attention" in types else None)
+                         int(text.qk_rope_head_dim) if "indexed_attention" in types else None,
+                         CompressedStore(model) if fam is not None and fam.attention == COMPRESSED else None)

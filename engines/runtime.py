@@ -81,9 +81,11 @@ class Runtime:
 
     def __post_init__(self) -> None:
         recurrent = isinstance(self.target, GenericTarget) and self.target.recurrent is not None
+        compressed = isinstance(self.target, GenericTarget) and self.target.compressed is not None
         chain = isinstance(self.drafting, StaticDrafting) and self.drafting.tree.is_chain()
-        if recurrent and self.drafting is not None and not chain:
-            raise ValueError("this target has recurrent layers, which read a forward's tokens in order: the "
+        if (recurrent or compressed) and self.drafting is not None and not chain:
+            what = "recurrent layers" if recurrent else "compressed attention (DeepSeek-V4)"
+            raise ValueError(f"this target has {what}, which read(s) a forward's tokens in order: the "
                              "reference engine verifies only chain drafts for it (tree.choices chain-N), not "
                              f"{type(self.drafting).__name__.removesuffix('Drafting').lower()} trees with branches")
 

@@ -25,6 +25,9 @@ FAMILIES = ("qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")  # the session 
 GENERIC_FAMILIES = ("deepseek_v3", "glm4_moe", "exaone_moe", "seed_oss", "apertus", "llama4", "deepseek_v32",
                     "laguna", "glm_moe_dsa", "kimi_k25")
 RECURRENT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
+# Rows whose caches are not slot KV caches and that the reference engine verifies with chain drafts only: the recurrent
+# ones and DeepSeek-V4 (compressed attention, engines/compressed.py).
+CHAIN_FAMILIES = (*RECURRENT_FAMILIES, "deepseek_v4")
 BUILD_ONLY_FAMILIES: tuple[str, ...] = ()
 
 _CLASSES = {
@@ -47,6 +50,7 @@ _CLASSES = {
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),
     "laguna": ("LagunaConfig", "LagunaForCausalLM"),
     "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),  # text_config + MoonViT3d, as published
+    "deepseek_v4": ("DeepseekV4Config", "DeepseekV4ForCausalLM"),
 }
 # Every row of the family table (core/families.py FAMILIES) and the tiny family that stands for it.
 TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2",
@@ -56,7 +60,7 @@ TINY = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausa
         "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "NemotronHForCausalLM": "nemotron_h",
         "Llama4ForConditionalGeneration": "llama4", "DeepseekV32ForCausalLM": "deepseek_v32",
         "LagunaForCausalLM": "laguna", "GlmMoeDsaForCausalLM": "glm_moe_dsa",
-        "KimiK25ForConditionalGeneration": "kimi_k25"}
+        "KimiK25ForConditionalGeneration": "kimi_k25", "DeepseekV4ForCausalLM": "deepseek_v4"}
 # Tiny models of architectures transformers implements that are not rows yet (core/families.py NOT_ROWS says why):
 # ready for their row, not built or served by the tests.
 NOT_ROW_FAMILIES: tuple[str, ...] = ()
@@ -116,6 +120,11 @@ def family_config(family: str, *, tie: bool = False, head_dim: int | None = None
         cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
         cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
         cfg["sliding_window"] = sliding_window or 128
+    if family == "deepseek_v4":  # sliding-only, CSA and HCA layers; hash routing first; published compress_ratios
+        cfg["compress_ratios"] = ([0, 4, 128] * layers)[:layers] + [0]  # + one entry for the MTP layer, as shipped
+        cfg["sliding_window"] = sliding_window or 128
+        for k in ("intermediate_size", "rope_scaling"):
+            cfg.pop(k, None)
     if family == "exaone_moe":
         cfg["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
         cfg["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
@@ -167,6 +176,15 @@ _NEW: dict[str, dict[str, Any]] = {
     "llama4": dict(intermediate_size_mlp=64, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
                    no_rope_layer_interval=2, attention_chunk_size=128, use_qk_norm=True, attn_temperature_tuning=True,
                    floor_scale=8, attn_scale=0.5),
+    # DeepSeek-V4: one shared K=V head of 16 with 8 rotated, q latent 24, grouped output projection (2 groups of 8),
+    # 2 hyper-connection streams, CSA every 4 tokens with a 3-key indexer, HCA every 8 (published: 4 and 128, so
+    # that the tests' sequences close several windows of each), 4 experts (top 2) + a shared one, the first layer
+    # hash-routed (published: 3 of 43)
+    "deepseek_v4": dict(num_key_value_heads=1, head_dim=16, qk_rope_head_dim=8, q_lora_rank=24, o_groups=2,
+                        o_lora_rank=8, hc_mult=2, hc_sinkhorn_iters=20, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, moe_intermediate_size=32, index_n_heads=2, index_head_dim=8, index_topk=3,
+                        compress_rate_csa=4, compress_rate_hca=8, num_hash_layers=1, rope_theta=1e4,
+                        compress_rope_theta=1.6e5, num_nextn_predict_layers=1),
     "nemotron_h": dict(mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4,
                        layer_norm_epsilon=1e-6, mlp_hidden_act="relu2"),
 }
@@ -231,7 +249,7 @@ def make_family_target(out: Path, family: str, *, seed: int = 0, tokenizer: bool
     model = _model(family, family_config(family, **options))
     _randomize(model, seed, block_scale)
     model.to(torch.float32).save_pretrained(out, safe_serialization=True)
-    if family != "laguna":  # Laguna's RoPE is per layer type (rope_parameters), which a top-level theta would blur
+    if family not in ("laguna", "deepseek_v4"):  # RoPE per layer type (rope_parameters), a top-level theta would blur
         _transformers4_keys(out / "config.json", options.get("rope_theta", 1e6), options.get("rope_scaling"),
                             _ARCH.get(family))
     if family == "nemotron_h":  # published Nemotron-H configs carry both; transformers 5 saves layers_block_type only

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.cache import KVCache
 from engines.checkpoint import load_eagle3
 from engines.drafting import drafting_for
 from core.families import GenericTargetError, check_generic
@@ -261,3 +262,58 @@ def test_kimi_k25_embeds_media_placeholder_ids_as_tensorrt_llm_does(tmp_path: Pa
     zeroed = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
                          pad_token_id=0)[0, len(prompt):].tolist()
     assert zeroed[0] != res.output_ids[0]
+
+
+def test_deepseek_v4_compressed_state_keeps_only_the_accepted_tokens(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSeek-V4 (hyper-connection streams, a sliding-only, a CSA (every 4 tokens, 3-key indexer) and an HCA
+    (every 8) layer): with chain drafts of every length, alone and in a batch, greedy decoding equals transformers'
+    greedy `generate` while most drafts are rejected. The compressors pool a verification's draft tokens, so without
+    the roll-back (engines/compressed.py `accept`) the tokens differ; trees with branches and windows shorter than
+    the sequences are refused."""
+    from engines import compressed
+
+    target = make_family_target(tmp_path / "target", "deepseek_v4", block_scale=0.3)
+    head_dir = make_mimic_eagle3_head(tmp_path / "head", target)
+    dev, dt = torch.device("cpu"), torch.float32
+    tgt = load_generic(target, dt, dev, max_seq_len=64)
+    assert tgt.compressed is not None and tgt.recurrent is None and tgt.window == 128
+    head = load_eagle3(head_dir, tgt, len(tgt.layers), dt, dev)
+    tok = load_tokenizer(target)
+    want = _hf_greedy(target)
+    reqs = [GenerationRequest(p, NEW, SamplingParams(), []) for p in PROMPTS]
+    plain = Runtime(tgt, None, None, tok, dev, dt, False, TPGroup(0, 1))
+    assert [r.output_ids for r in generate(plain, reqs, speculative=False, on_tokens=None)] == want
+    chains = {depth: DraftTree.from_choices([[0] * i for i in range(1, depth + 1)]) for depth in (1, 2, 4)}
+    for depth, chain in chains.items():
+        rt = Runtime(tgt, head, drafting_for(chain, dev), tok, dev, dt, False, TPGroup(0, 1))
+        res = generate(rt, reqs, speculative=True, on_tokens=None)
+        assert [r.output_ids for r in res] == want, depth
+        assert generate(rt, reqs[1:2], speculative=True, on_tokens=None)[0].output_ids == want[1]
+        accepted, drafted = (sum(r.stats.accepted_draft_tokens for r in res), sum(r.stats.draft_tokens for r in res))
+        assert 0 < accepted < drafted, (depth, accepted, drafted)
+    for name in ("static", "dynamic"):
+        with pytest.raises(ValueError, match=f"compressed attention.*verifies only chain drafts for it.*not {name} "
+                                             "trees with branches"):
+            Runtime(tgt, head, drafting_for(TREES[name], dev), tok, dev, dt, False, TPGroup(0, 1))
+    # EAGLE-3 features: the engine and the trainer read the same tensors (the embeddings, then layer j - 1's MoE
+    # output, hidden_size wide, as TensorRT-LLM captures them), not the hc_mult residual streams
+    from engines.cache import Rows
+    from training.features import FeatureSpec, forward_features
+
+    ids = torch.tensor([PROMPTS[1]])
+    n = ids.shape[1]
+    kv = KVCache.allocate(len(tgt.layers), 1, 64, tgt.kv_heads, tgt.head_dim, dt, dev)
+    step = Rows.of([0], [0], dev).step(torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril()[None])
+    hidden, feats = tgt.forward(ids, step, kv, (0, 1, 3))
+    hf = forward_features(tgt.model, ids, torch.ones_like(ids), FeatureSpec((0, 1, 3), dt))
+    assert [f.shape[-1] for f in feats] == [64] * 3 and torch.allclose(hidden, hf["hidden"], atol=1e-5)
+    assert torch.allclose(torch.cat(feats, -1), hf["aux"], atol=1e-5)
+    monkeypatch.setattr(compressed.CompressedStore, "accept", lambda self, rows, lengths: self.pending.clear())
+    rt = Runtime(tgt, head, drafting_for(chains[2], dev), tok, dev, dt, False, TPGroup(0, 1))
+    assert [r.output_ids for r in generate(rt, reqs, speculative=True, on_tokens=None)] != want
+    cfg = json.loads((target / "config.json").read_text())
+    with pytest.raises(GenericTargetError, match=r"sliding_window=16 but sequences may reach 64 tokens"):
+        check_generic({**cfg, "sliding_window": 16}, tmp_path, max_seq_len=64)
+    with pytest.raises(GenericTargetError, match=r"has_engram true.*Engram n-gram embeddings.*engine.backend pytorch"):
+        check_generic({**cfg, "has_engram": True}, tmp_path, max_seq_len=64)

@@ -19,12 +19,14 @@ from builders.trtllm import architectures
 from core.families import BY_NAME, FAMILIES
 from core.shapes import ShapeError, shape_of_config
 from core.types import GenerationRequest, SamplingParams
-from testkit.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, GENERIC_FAMILIES, NOT_ROW_FAMILIES,
-                                 RECURRENT_FAMILIES, TINY, hf_model, make_family_target, make_mimic_eagle3_head)
+from testkit.tiny_families import (_CLASSES, BUILD_ONLY_FAMILIES, CHAIN_FAMILIES, GENERIC_FAMILIES, NOT_ROW_FAMILIES,
+                                   TINY, hf_model, make_family_target, make_mimic_eagle3_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 DEEPSEEK_V3 = Path(__file__).parent / "fixtures" / "configs" / "deepseek-v3.json"  # deepseek-ai/DeepSeek-V3's keys
+# deepseek-ai/DeepSeek-V4-Flash's config.json keys (compress_ratios: 43 decoder layers + 1 MTP entry)
+DEEPSEEK_V4 = Path(__file__).parent / "fixtures" / "configs" / "deepseek-v4-flash.json"
 PROMPTS = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7], [250, 3]]
 NEW = 16
 
@@ -35,7 +37,7 @@ def test_every_row_has_a_tiny_family() -> None:
         tiny = TINY[f.name]
         assert tiny == "llama" or tiny in _CLASSES
         assert (f.reference is None) == (tiny in BUILD_ONLY_FAMILIES), f.name
-        assert f.reference != "generic" or tiny in (*GENERIC_FAMILIES, *RECURRENT_FAMILIES, "qwen3_moe", "gpt_oss")
+        assert f.reference != "generic" or tiny in (*GENERIC_FAMILIES, *CHAIN_FAMILIES, "qwen3_moe", "gpt_oss")
         assert f.path.startswith("tensorrt_llm/_torch/models/modeling_") and "commit" in f.read
 
 
@@ -66,6 +68,44 @@ def test_published_deepseek_v3_is_sized_as_mla_and_moe() -> None:
     assert shape.num_hidden_layers == 61 and cfg["num_nextn_predict_layers"] == 1
     # The dense formula it replaces (2 x layers x kv_heads x hidden / heads) was 24.9x too large.
     assert round(2 * 61 * 128 * (7168 // 128) * 2 / kv_bytes_per_token(shape, 2), 1) == 24.9
+
+
+def test_published_deepseek_v4_flash_is_sized_with_its_compressed_caches() -> None:
+    """DeepSeek-V4-Flash (model card: 284B parameters): 43 decoder layers (the 44th compress_ratios entry is the MTP
+    layer), 2 sliding-only, 21 CSA, 20 HCA. KV per sequence: every layer's 128-token window of shared K=V (512) plus
+    a 512 + 128 entry per 4 tokens on CSA layers and a 512 entry per 128 tokens on HCA layers."""
+    cfg = json.loads(DEEPSEEK_V4.read_text())
+    shape = shape_of_config(cfg, str(DEEPSEEK_V4))
+    assert abs(shape.params - 284e9) <= 0.01 * 284e9, shape.params
+    assert shape.num_hidden_layers == 43 and len(cfg["compress_ratios"]) == 44 and cfg["num_nextn_predict_layers"] == 1
+    assert sorted(set(shape.compressed)) == [(4, 640), (128, 512)]
+    assert (shape.compressed.count((4, 640)), shape.compressed.count((128, 512))) == (21, 20)
+    assert shape.kv_per_token == 43 * 512 + 21 * 160 + 20 * 4
+    tokens = 1 << 20
+    assert shape.kv_elements(tokens) == 43 * 512 * 128 + 21 * 640 * (tokens // 4) + 20 * 512 * (tokens // 128)
+    assert kv_bytes_per_token(shape, 2) == 2 * (43 * 512 + 21 * 160 + 20 * 4)
+    # its EAGLE-3 head: a Llama layer of its width and vocabulary, the sliding layers' plain RoPE (the published
+    # rope_scaling is the compressed layers' YaRN), none of its streams, compressors, experts or MTP layer
+    from core.families import eagle3_head_config
+
+    head = eagle3_head_config(cfg)
+    assert (head["hidden_size"], head["vocab_size"], head["intermediate_size"], head["head_dim"]) == (
+        4096, 129280, 2048, 512)
+    assert head["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000} and "rope_scaling" not in head
+    assert not {"hc_mult", "compress_ratios", "compress_rope_theta", "o_groups", "index_topk", "n_routed_experts",
+                "num_hash_layers", "num_nextn_predict_layers", "qk_rope_head_dim"} & set(head)
+    # Engram as TensorRT-LLM builds it: tables of 101 + 103 (2-grams) and 211 + 223 (3-grams) rows of 16 / 2, a 4-tap
+    # depthwise convolution over 4 x 4096 channels and its norm, kv_proj 2 x 16 -> 5 x 4096, key and query norms
+    engram = {"has_engram": True, "engram_max_ngram_size": 3, "engram_n_embed_per_ngram": 16,
+              "engram_n_head_per_ngram": 2, "engram_kernel_size": 4, "engram_vocab_size": [100, 200],
+              "engram_layer_ids": [1]}
+    assert shape_of_config({**cfg, **engram}, "x").params - shape.params == (
+        (101 + 103 + 211 + 223) * 8 + 4 * 4096 * 4 + 4 * 4096 + 32 * 5 * 4096 + 2 * 4 * 4096)
+    with pytest.raises(ShapeError, match=r"engram_vocab_size must list 2 sizes \(n-gram orders 2..3\)"):
+        shape_of_config({**cfg, **engram, "engram_vocab_size": [100]}, "x")
+    del cfg["compress_ratios"]
+    with pytest.raises(ShapeError, match=r"DeepseekV4ForCausalLM: missing key\(s\) layer_types \(or compress_ratios\)"):
+        shape_of_config(cfg, "x")
 
 
 def test_a_config_missing_a_key_of_its_kind_is_named(tmp_path: Path, eagle3_head: Path,
@@ -118,12 +158,42 @@ def test_deepseek_v3_target_is_accepted_and_its_kv_sized_as_mla(tmp_path: Path, 
     assert f"weights {weights:,.2f} GiB" in err and f"at {61 * 576 * 2:,} bytes/token" in err, err
 
 
-@pytest.mark.parametrize("family", RECURRENT_FAMILIES)
+def test_deepseek_v4_preflight_names_its_weights_and_cache(tmp_path: Path, eagle3_head: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """The published DeepSeek-V4-Flash config on the PyTorch backend: 530 GiB of bf16 weights and a 64-token
+    sequence's window + compressed KV fit 600 GiB (only the config-only target's missing tokenizer is reported); at
+    500 GiB the refusal names the weights and the KV bytes per token. On the reference engine a window shorter than
+    engine.max_seq_len is refused by --dry-run, naming both."""
+    target = tmp_path / "DeepSeek-V4-Flash"
+    target.mkdir()
+    (target / "config.json").write_text(DEEPSEEK_V4.read_text())
+    assert build.main([str(_cfg(tmp_path, "ok", target, eagle3_head, "pytorch", memory_budget_gib=600)),
+                       "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no tokenizer.json or tokenizer.model" in err and "GiB" not in err and "architecture table" not in err, err
+    assert build.main([str(_cfg(tmp_path, "small", target, eagle3_head, "pytorch", memory_budget_gib=500)),
+                       "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    shape = shape_of_config(json.loads(DEEPSEEK_V4.read_text()), "x")
+    assert round(weight_bytes(shape, 2) / 2**30) == 530
+    assert f"weights {weight_bytes(shape, 2) / 2**30:,.2f} GiB" in err, err
+    assert f"at {2 * (43 * 512 + 21 * 160 + 20 * 4):,} bytes/token" in err, err
+    tiny = make_family_target(tmp_path / "tiny", "deepseek_v4", sliding_window=32)
+    head = make_mimic_eagle3_head(tmp_path / "head", tiny)
+    data = yaml.safe_load(_cfg(tmp_path, "long", tiny, head, "reference").read_text())
+    data["tree"] = {"choices": "chain-3"}
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(data))
+    assert build.main([str(tmp_path / "long.yaml"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "sliding_window=32 but sequences may reach 64 tokens" in err and "max_seq_len <= 32" in err, err
+
+
+@pytest.mark.parametrize("family", CHAIN_FAMILIES)
 def test_recurrent_rows_build_with_chains_and_serve_like_hf_greedy(family: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture) -> None:
-    """Qwen3-Next / Qwen3.5 / Nemotron-H: a tree with branches is refused before anything is written (a recurrent
-    layer reads a forward's tokens in order); a chain builds and serves token-identical to HF greedy, rejected drafts
-    leaving no trace in the recurrent state."""
+    """Qwen3-Next / Qwen3.5 / Nemotron-H / DeepSeek-V4: a tree with branches is refused before anything is written (a
+    recurrent layer or a compressor reads a forward's tokens in order); a chain builds and serves token-identical to
+    HF greedy, rejected drafts leaving no trace in the recurrent or compressed state."""
     target = make_family_target(tmp_path / "target", family, block_scale=0.3, layers=4)
     head = make_mimic_eagle3_head(tmp_path / "head", target)
     assert build.main([str(_cfg(tmp_path, "tree", target, head, "reference")), "--only", "checkpoint"]) == 2
@@ -237,9 +307,6 @@ def test_upstream_registrations_that_are_not_rows_are_refused_with_the_reason() 
         assert f"class {name}(DecoderModelForCausalLM[" in p and commit in p and "runs EAGLE-3 one-model only" in p
         assert f"- Not a row: `{name}`" in rendered
     # one-model upstream, but what they compute is not sized or proven here
-    [p] = architectures.problems("DeepseekV4ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
-                                 where="t")
-    assert "DeepseekV4ForCausalLM(SpecDecOneEngineForCausalLM" in p and "02586bf0" in p and "hc_mult" in p
     [p] = architectures.problems("MistralLarge3ForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
                                  where="t")
     assert "MistralLarge3ForCausalLM(DeepseekV3ForCausalLM)" in p and "no model for it" in p

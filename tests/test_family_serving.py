@@ -153,7 +153,7 @@ def test_two_model_families_build_for_the_older_lines(family: str, tmp_path: Pat
 
 
 @pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3_moe", "gpt_oss", *GENERIC_FAMILIES,
-                                    *RECURRENT_FAMILIES])
+                                    *RECURRENT_FAMILIES, "deepseek_v4"])
 def test_trainer_heads_for_other_families_load_as_published_heads(family: str, tmp_path: Path) -> None:
     """training/train_head.py on a Qwen2 / Mistral / Qwen3-MoE / gpt-oss target: the head's config is the published
     layout (Llama keys, model_type llama, none of the target's stack or expert keys), which transformers loads as a
@@ -170,16 +170,24 @@ def test_trainer_heads_for_other_families_load_as_published_heads(family: str, t
     assert cfg["num_hidden_layers"] == 1
     loaded = AutoConfig.from_pretrained(str(head))
     assert type(loaded).__name__ == "LlamaConfig" and loaded.num_hidden_layers == 1
+    if family == "deepseek_v4":  # a Llama layer of the target's width: none of its streams, compressors or MTP
+        t = json.loads((target / "config.json").read_text())
+        assert not {"hc_mult", "compress_rates", "o_groups", "index_topk", "mlp_layer_types"} & set(cfg)
+        assert (cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]) == (
+            t["hidden_size"], t["vocab_size"], t["moe_intermediate_size"])
+        assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e4}
+        assert max(cfg["eagle_aux_hidden_state_layer_ids"]) <= t["num_hidden_layers"] == 4
 
 
 @pytest.mark.server
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "qwen3_next", "llama4", "deepseek_v32", "laguna",
-                                    "glm_moe_dsa", "kimi_k25"])
+                                    "glm_moe_dsa", "kimi_k25", "deepseek_v4"])
 def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: Path) -> None:
     """A Qwen3-MoE, DeepSeek-V3 (MLA), DeepSeek-V3.2 (MLA + sparse-attention indexer), Qwen3-Next (gated delta-net,
     chain drafts), Llama 4 (text_config + vision tower, interleaved MoE, chunked / NoPE layers), Laguna (per-layer
-    heads, gated attention, RoPE per layer type), GLM-5 (DeepSeek-V3.2's indexer, layers sharing a selection) or
-    Kimi-K2.5 (DeepSeek-V3 text model of an image-text-to-text wrapper) target
+    heads, gated attention, RoPE per layer type), GLM-5 (DeepSeek-V3.2's indexer, layers sharing a selection),
+    Kimi-K2.5 (DeepSeek-V3 text model of an image-text-to-text wrapper) or DeepSeek-V4 (hyper-connections,
+    compressed attention, chain drafts) target
     (transformers' own model class in the reference engine) with an EAGLE-3 head trained by training/train_head.py,
     built for the current line and served by the llmapi model on the real Triton server: the answers are HF
     generate's."""
@@ -189,7 +197,7 @@ def test_moe_target_on_the_generic_path_served_by_llmapi(family: str, tmp_path: 
 
     target = make_family_target(tmp_path / "target", family, layers=4, block_scale=0.3)
     head = _train_head(target, tmp_path)
-    tree = {"choices": "chain-3"} if family == "qwen3_next" else {"dynamic": {"top_k": 2, "depth": 3,
+    tree = {"choices": "chain-3"} if family in ("qwen3_next", "deepseek_v4") else {"dynamic": {"top_k": 2, "depth": 3,
                                                                                "total_draft_tokens": 6}}
     build = _build(target, head, tmp_path / "build", "1.4", tree)
     want = _hf_answers(target, list(PROMPTS))
@@ -236,6 +244,41 @@ def test_large_vocabulary_and_mtp_layer(family: str, vocab: int, tmp_path: Path)
     assert d2t.shape == (32,) and int((torch.arange(32) + d2t).max()) < vocab
     build = _build(target, head, tmp_path / "build", "1.4", {"dynamic": {"top_k": 2, "depth": 3,
                                                                          "total_draft_tokens": 6}})
+    prompts = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7]]
+    res = ReferenceEngine.from_build(build, device="cpu").generate(
+        [GenerationRequest(p, 12, SamplingParams(), []) for p in prompts])
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    want = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                        pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [r.output_ids for r in res] == want
+
+
+def test_deepseek_v4_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
+    """A DeepSeek-V4-shaped target with DeepSeek's 129,280-token vocabulary, an MTP layer in its checkpoint (`mtp.0.*`
+    tensors, as published, which transformers skips) and compress_ratios listing that layer after the decoder layers:
+    the trainer maps a 32-token draft vocabulary into the full one, captures decoder layers only (the MoE outputs,
+    hidden_size wide), and the built target serves HF greedy's tokens with chain drafts."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from core.types import GenerationRequest, SamplingParams
+    from engines.api import ReferenceEngine
+
+    target = make_family_target(tmp_path / "target", "deepseek_v4", layers=4, block_scale=0.3, vocab_size=129280)
+    cfg = json.loads((target / "config.json").read_text())
+    h = cfg["hidden_size"]
+    weights = load_file(str(target / "model.safetensors"))
+    weights |= {"mtp.0.e_proj.weight": torch.zeros(h, h), "mtp.0.h_proj.weight": torch.zeros(h, h),
+                "mtp.0.enorm.weight": torch.ones(h), "mtp.0.hnorm.weight": torch.ones(h)}  # the MTP layer's own
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    (target / "config.json").write_text(json.dumps({**cfg, "compress_ratios": [0, 4, 128, 0, 0]}))
+    head = _train_head(target, tmp_path)
+    hcfg = json.loads((head / "config.json").read_text())
+    assert hcfg["draft_vocab_size"] == 32 and hcfg["vocab_size"] == 129280 and hcfg["hidden_size"] == h
+    assert max(hcfg["eagle_aux_hidden_state_layer_ids"]) < 4 and "num_nextn_predict_layers" not in hcfg
+    assert "compress_ratios" not in hcfg and "hc_mult" not in hcfg
+    build = _build(target, head, tmp_path / "build", "1.4", {"choices": "chain-3"})
     prompts = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7]]
     res = ReferenceEngine.from_build(build, device="cpu").generate(
         [GenerationRequest(p, 12, SamplingParams(), []) for p in prompts])

@@ -143,7 +143,8 @@ def eagle3_head_from_target(
 ) -> Eagle3Head:
     """A fresh head (torch default init under `seed`) with the target's embedding; lm_head_init "target" starts
     lm_head at the target's rows for the draft ids and norm at the target's final norm weight."""
-    cfg = LlamaConfig(**{k: v for k, v in target_cfg.items() if k not in NON_LLAMA_KEYS}
+    # the layout the head is exported in (eagle3_config_dict): Llama keys only, none of the target's stack
+    cfg = LlamaConfig(**eagle3_head_config({k: v for k, v in target_cfg.items() if k not in NON_LLAMA_KEYS})
                       | {"attention_bias": False, "mlp_bias": False})  # upstream: no biases in the midlayer
     torch.manual_seed(seed)
     head = Eagle3Head(cfg, n_aux, draft_ids)

@@ -4,7 +4,8 @@
                     `hidden_states[-1]`): EAGLE-1/2 regresses it, EAGLE-3 takes its target distribution from it.
   aux     [T, n*H]  EAGLE-3 only: the INPUTS of the decoder layers in `layer_ids`, concatenated in that order (id j =
                     the residual stream entering layer j, 0 = the embeddings), captured by forward pre-hooks: what
-                    the reference engine captures and SafeAILab's EAGLE-3 fc fuses.
+                    the reference engine captures and SafeAILab's EAGLE-3 fc fuses (DeepSeek-V4: layer j - 1's MoE
+                    output, as upstream captures it; core/families.py `feature_source`).
   greedy  [T]       EAGLE-3 only: argmax of the target's FULL logits at each position (its greedy next token).
 
 Sequences are sorted by length and packed into right-padded batches of at most `batch_tokens` tokens (rows x
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from core.families import feature_source
 from training.shards import atomic_save, shard_path
 
 if TYPE_CHECKING:
@@ -84,9 +86,21 @@ class LayerInputs:
 
     def __enter__(self) -> LayerInputs:
         layers = self.model.model.layers
+        kind = getattr(self.model.config, "model_type", None)
         for j in self.layer_ids:
-            self.handles.append(layers[j].register_forward_pre_hook(self._grab(j), with_kwargs=True))
+            where, k = feature_source(kind, j)  # DeepSeek-V4: the embeddings / a layer's MoE output
+            if where == "input":
+                self.handles.append(layers[j].register_forward_pre_hook(self._grab(j), with_kwargs=True))
+            else:
+                module = self.model.model.embed_tokens if where == "embed" else layers[k].mlp
+                self.handles.append(module.register_forward_hook(self._output(j)))
         return self
+
+    def _output(self, j: int) -> Callable[[nn.Module, tuple[Any, ...], torch.Tensor], None]:
+        def hook(_mod: nn.Module, _args: tuple[Any, ...], output: torch.Tensor) -> None:
+            self.got[j] = output
+
+        return hook
 
     def _grab(self, j: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
         def hook(_mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

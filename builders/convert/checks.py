@@ -20,7 +20,7 @@ from builders.convert.weights import WeightFileError, WeightSource
 from sources.targets import ModelSourceError, resolve_target
 from builders.trtllm import architectures
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
-from core.families import LINEAR, MAMBA, NATIVE, family_of
+from core.families import CHAIN_ONLY, NATIVE, family_of
 
 
 def _tokenizer_fingerprint(d: Path) -> Any:
@@ -75,10 +75,10 @@ def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list
     p = families.problems(spec, reference_engine=cfg.engine.kind.reference_engine, max_seq_len=cfg.engine.max_seq_len,
                           tp=cfg.parallel.tp)
     row = family_of(spec.architecture)
-    if cfg.engine.kind.reference_engine and row is not None and row.attention in (LINEAR, MAMBA):
+    if cfg.engine.kind.reference_engine and row is not None and row.attention in CHAIN_ONLY:
         tree = cfg.static_tree()
         if tree is None or not tree.is_chain():
-            p.append(f"target.model {hf}: {spec.architecture}'s recurrent layers read a forward's tokens in order, "
+            p.append(f"target.model {hf}: {spec.architecture}: {CHAIN_ONLY[row.attention]}, "
                      "so the reference engine verifies only chain drafts for it; set tree.choices: chain-N "
                      "(e.g. chain-3), or build for engine.backend pytorch")
     return hf, spec, p

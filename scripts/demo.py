@@ -192,6 +192,18 @@ def policy_line(policy: str | None, trtllm_version: str) -> str | None:
             "1.4's speculative_config does on the current line")
 
 
+def draft_vocab_line(draft_vocab: str | None) -> str | None:
+    """The head's draft vocabulary (EAGLE-1/2, reference engine), and whose it is."""
+    if draft_vocab is None:
+        return None
+    from measure.draft_vocab import read_draft_vocab
+
+    n = len(read_draft_vocab(Path(draft_vocab)))
+    return (f"draft vocabulary: the head drafts over {n:,} tokens ({Path(draft_vocab).name}) -- ours: TensorRT-LLM's "
+            "EAGLE-1/2 heads draft over the full vocabulary; the target verifies over all of it, so outputs do not "
+            "change")
+
+
 def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None, str]:
     """(the tree to serve instead of the config's, or None; why), for the device the engine will run on."""
     import torch
@@ -246,7 +258,8 @@ def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     banner("what EAGLE buys: the same engine with and without its head (in-process)")
     speedups = eagle_speedup(build_dir, prompts, plan, None if tree is None else cfg.draft_tree)
     speedup = {**speedups["served"], "served_tree": why,
-               "policy_line": policy_line(speedups["served"]["policy"], cfg.trtllm_version)}
+               "policy_line": policy_line(speedups["served"]["policy"], cfg.trtllm_version),
+               "draft_vocab_line": draft_vocab_line(cfg.draft.draft_vocab)}
     result = {
         "build_dir": str(build_dir), "checkpoint": str(build_dir / "checkpoint"), "engine": str(build_dir / "engine"),
         "triton_repo": str(repo), "server_log": str(server.log_path), "loadtest": str(load_out),
@@ -284,6 +297,8 @@ def print_summary(r: dict) -> None:
           f"({s['eagle_tokens_per_s']:.1f} vs {s['target_only_tokens_per_s']:.1f} tokens/s, reference engine, "
           f"{s['prompts']} prompts x {s['tokens']} tokens, {s['identical']}/{s['prompts']} outputs identical)")
     print(f"    served tree: {s['tree']} ({s['served_tree']})")
+    if s.get("draft_vocab_line") is not None:
+        print(f"    {s['draft_vocab_line']}")
     for line in s["kernels"]:
         print(f"    kernels: {line}")
     c = r.get("config_tree")

@@ -104,6 +104,11 @@ def test_demo_serves_the_tree_tuned_for_the_device(tmp_path: Path) -> None:
         "load-aware speculation: no speculation above 2 sequences (tree.max_concurrency: 2) (TensorRT-LLM 1.4's "
         "speculative_config)")
     assert "-- ours: TensorRT-LLM 1.2 has no such field" in demo.policy_line("x", "1.2")
+    assert demo.draft_vocab_line(None) is None
+    shipped = str(REPO / "heads" / "smollm2-eagle" / "draft-vocab-8192.json")  # what configs/demo.yaml names
+    assert demo.draft_vocab_line(shipped) == (
+        "draft vocabulary: the head drafts over 8,192 tokens (draft-vocab-8192.json) -- ours: TensorRT-LLM's EAGLE-1/2 "
+        "heads draft over the full vocabulary; the target verifies over all of it, so outputs do not change")
     for key in (
         ("smollm2-eagle", "cuda", "float32"),
         ("smollm2-eagle", "cpu", "bfloat16"),

@@ -34,9 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__" and not __package__:  # run as the module, as every bench does (bench/__init__.py)
-    os.execv(sys.executable, [sys.executable, "-m", "bench.bench_switch", *sys.argv[1:]])
-
 POLICIES = ("target-only", "always", "batch switch", "per-sequence switch")
 
 

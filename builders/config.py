@@ -89,7 +89,8 @@ class DraftConfig(Strict):
         description="EAGLE-1/2 heads on engine.backend reference: a JSON file of target token ids, most frequent "
         "first (`python -m measure.draft_vocab` writes one). The head drafts over these tokens only (its lm_head "
         "keeps their rows: cheaper draft steps; tau may drop); the target still verifies over its full vocabulary, "
-        "so outputs do not change. None = the full vocabulary. Relative paths are relative to the config file.",
+        "so outputs do not change. Ours (the reference engine's): TensorRT-LLM's EAGLE-1/2 heads draft over the full "
+        "vocabulary. None = the full vocabulary. Relative paths are relative to the config file.",
     )
     eagle3: Eagle3Options = Field(default_factory=Eagle3Options, description="EAGLE-3 only options.")
 

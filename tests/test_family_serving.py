@@ -222,10 +222,7 @@ def test_large_vocabulary_and_mtp_layer(family: str, vocab: int, tmp_path: Path)
     layers only, and the built target serves HF greedy's tokens; the MTP tensors are not a decoder layer anywhere."""
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
 
-    from core.types import GenerationRequest, SamplingParams
-    from engines.api import ReferenceEngine
 
     target = make_family_target(tmp_path / "target", family, layers=4, block_scale=0.3, vocab_size=vocab,
                                 num_nextn_predict_layers=1)
@@ -244,13 +241,7 @@ def test_large_vocabulary_and_mtp_layer(family: str, vocab: int, tmp_path: Path)
     assert d2t.shape == (32,) and int((torch.arange(32) + d2t).max()) < vocab
     build = _build(target, head, tmp_path / "build", "1.4", {"dynamic": {"top_k": 2, "depth": 3,
                                                                          "total_draft_tokens": 6}})
-    prompts = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7]]
-    res = ReferenceEngine.from_build(build, device="cpu").generate(
-        [GenerationRequest(p, 12, SamplingParams(), []) for p in prompts])
-    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
-    want = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                        pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    assert [r.output_ids for r in res] == want
+    _assert_build_decodes_hf_greedy(build, target)
 
 
 def test_deepseek_v4_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
@@ -260,10 +251,7 @@ def test_deepseek_v4_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
     hidden_size wide), and the built target serves HF greedy's tokens with chain drafts."""
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
 
-    from core.types import GenerationRequest, SamplingParams
-    from engines.api import ReferenceEngine
 
     target = make_family_target(tmp_path / "target", "deepseek_v4", layers=4, block_scale=0.3, vocab_size=129280)
     cfg = json.loads((target / "config.json").read_text())
@@ -279,6 +267,17 @@ def test_deepseek_v4_vocabulary_and_mtp_layer(tmp_path: Path) -> None:
     assert max(hcfg["eagle_aux_hidden_state_layer_ids"]) < 4 and "num_nextn_predict_layers" not in hcfg
     assert "compress_ratios" not in hcfg and "hc_mult" not in hcfg
     build = _build(target, head, tmp_path / "build", "1.4", {"choices": "chain-3"})
+    _assert_build_decodes_hf_greedy(build, target)
+
+
+def _assert_build_decodes_hf_greedy(build: Path, target: Path) -> None:
+    """The build's reference engine decodes two prompts (12 tokens, EAGLE on) to transformers' greedy tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from core.types import GenerationRequest, SamplingParams
+    from engines.api import ReferenceEngine
+
     prompts = [[5, 17, 33, 42, 9], [11, 12, 13, 14, 15, 16, 100, 7]]
     res = ReferenceEngine.from_build(build, device="cpu").generate(
         [GenerationRequest(p, 12, SamplingParams(), []) for p in prompts])

@@ -24,6 +24,7 @@ if __name__ == "__main__" and not __package__:
 
 
 from builders import build_dir as owned
+from builders.capacity import DEFER_CAPACITY, capacity_rule
 from builders.config import BuildConfig, ConfigError, load_config
 from builders.pipeline import Stage, StageError, run_stage
 from builders.resolved import dump_resolved
@@ -48,17 +49,15 @@ def select_stages(cfg: BuildConfig, only: list[str] | None) -> list[Stage]:
 
 def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
     build_dir = Path(cfg.output_dir)
-    lim = cfg.limits()
     print(
         f"plan for {cfg.name!r} -> {build_dir}  (config hash {cfg.config_hash()}, trtllm_version {cfg.trtllm_version})"
     )
     for field, why in cfg.defaults_applied.items():
         section, key = field.split(".", 1)
         print(f"  default {field}={getattr(getattr(cfg, section), key)} ({why})")
-    print(
-        f"  tree: max_draft_len={lim.max_draft_len} num_eagle_layers={lim.num_eagle_layers} "
-        f"max_non_leaves_per_layer={lim.max_non_leaves_per_layer} max_num_tokens={lim.max_num_tokens}"
-    )
+    from builders.plan import plan_lines
+
+    print("\n".join(plan_lines(cfg)))
     for i, s in enumerate(stages, 1):
         print(f"  [{i}] {s.name}: {s.description}")
         for p in s.external_inputs(cfg):
@@ -70,6 +69,16 @@ def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
             print(f"              {o.path}: {o.what}; read by {o.read_by}")
         for argv in s.plan_commands(cfg, build_dir):
             print(f"      command {' '.join(argv)}")
+
+
+def reference_warnings(cfg: BuildConfig) -> list[str]:
+    """engine.backend reference: what TensorRT-LLM's PyTorch backend would refuse of this config (the reference
+    engine serves it; the same config built for engine.backend pytorch would not be)."""
+    from builders.trtllm.rules import tree_kind_problems
+
+    if not cfg.engine.kind.reference_engine:
+        return []
+    return [f"engine.backend pytorch would refuse this config: {p}" for p in tree_kind_problems(cfg)]
 
 
 def build_dir_problems(cfg: BuildConfig) -> list[str]:
@@ -111,21 +120,29 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        token = DEFER_CAPACITY.set(True)  # checked below with every other problem, so it hides none of them
+        try:
+            cfg = load_config(args.config, args.overrides)
+        finally:
+            DEFER_CAPACITY.reset(token)
         stages = select_stages(cfg, args.only)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    # --dry-run refuses what the real run refuses: a plan is only printed for a build that would start
-    problems = startup_problems(cfg.engine.backend, cfg.trtllm_version) + [
+    # --dry-run refuses what the real run refuses, after printing the plan (a plan needs only the target's
+    # config.json, so it can be made before the weights are downloaded)
+    problems = capacity_rule(cfg) + startup_problems(cfg.engine.backend, cfg.trtllm_version) + [
         f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)
     ]
     problems += build_dir_problems(cfg)
+    for warning in reference_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.dry_run:
+        print_plan(cfg, stages)
     if problems:
         print(f"error: {ConfigError(problems, args.config)}", file=sys.stderr)
         return EXIT_CONFIG
     if args.dry_run:
-        print_plan(cfg, stages)
         return 0
 
     build_dir = Path(cfg.output_dir)

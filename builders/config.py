@@ -13,18 +13,11 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from builders.adaptive_config import CaptureConfig, RefreshConfig, capture_rule
 from builders.monitoring_config import MonitoringConfig
+from builders.serving_config import ServingConfig, serving_problems
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
 from builders.kinds import BACKENDS, DRAFT_KINDS, Backend, DraftKind
@@ -270,6 +263,8 @@ class BuildConfig(Strict):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallelism.")
     engine: EngineConfig = Field(description="Engine backend and limits.")
     triton: TritonConfig = Field(default_factory=TritonConfig, description="Triton model repository options.")
+    serving: ServingConfig = Field(default_factory=ServingConfig, description="LLM API serving options for large "
+                                   "models (attention DP, expert parallelism, MoE backend, CUDA graphs, pass-through).")
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig,
                                          description="Acceptance baseline and alert thresholds (production metrics).")
     capture: CaptureConfig = Field(default_factory=CaptureConfig,
@@ -351,7 +346,7 @@ class BuildConfig(Strict):
 
 class DerivedLimits(BaseModel):
     model_config = ConfigDict(frozen=True)
-    max_draft_len: int
+    max_draft_len: int  # tree nodes (1.4 writes it as max_total_draft_tokens; max_draft_len there = the depth)
     num_eagle_layers: int
     max_non_leaves_per_layer: int
     max_num_tokens: int
@@ -443,7 +438,7 @@ def _rule_trtllm(cfg: BuildConfig) -> list[str]:
 
 
 CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine_limits, _rule_draft, _rule_trtllm,
-                    capacity_rule, capture_rule)
+                    capacity_rule, capture_rule, serving_problems)
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:

@@ -153,12 +153,6 @@ FAMILIES: tuple[Family, ...] = (
                 "engine keeps each token's state of a verification and keeps the accepted one, which needs chain "
                 "drafts (tree.choices chain-N)",
            versions=CURRENT),
-    Family("ExaoneMoEForCausalLM", "K-EXAONE (EXAONE MoE)", "exaone_moe", DENSE, True, ONE,
-           "tensorrt_llm/_torch/models/modeling_exaone_moe.py", _spec("ExaoneMoEForCausalLM"),
-           "commit 0d30bf1243d3086b22e75d99284a606948cab647", "generic", True,
-           note="GQA with q/k norms and sliding-window layers (reference engine: sequences up to the window), "
-                "routed + shared experts",
-           versions=CURRENT),
     Family("SeedOssForCausalLM", "Seed-OSS", "seed_oss", DENSE, False, ONE,
            "tensorrt_llm/_torch/models/modeling_seedoss.py", _spec("SeedOssForCausalLM"),
            "commit 22de8b34df71bb6653612c1f3de00c7288482eb4", "generic", True,

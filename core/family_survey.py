@@ -188,6 +188,14 @@ NOT_ROWS.update({
         "not size"),
 })
 
+NOT_EAGLE3["ExaoneMoEForCausalLM"] = (
+    "tensorrt_llm/_torch/models/modeling_exaone_moe.py",
+    "@register_auto_model('ExaoneMoEForCausalLM') class ExaoneMoEForCausalLM(SpecDecOneEngineForCausalLM) (K-EXAONE), "
+    "but ExaoneMoeModel.forward calls its decoder layers without spec_metadata and no layer calls "
+    "spec_metadata.maybe_capture_hidden_states, so the layers an EAGLE-3 head reads "
+    f"({_EAGLE3_CAPTURE}) are never written (its speculative path is MTP)",
+    "commit 0d30bf1243d3086b22e75d99284a606948cab647")
+
 NOT_EAGLE3["KimiK3ForConditionalGeneration"] = (
     _WRAPPERS + "modeling_kimi_k3_vl.py",
     "@register_auto_model('KimiK3ForConditionalGeneration') class KimiK3ForConditionalGeneration("

@@ -7,8 +7,10 @@ Per decoder layer (the checkpoint's MTP layers, `num_nextn_predict_layers`, are 
 - attention: dense GQA q/k/v/o (+ biases, q/k norms, gpt-oss sinks, Qwen3-Next's output gate doubling q_proj);
   MLA (DeepSeek-V3): q_a/q_b (or q_proj without q_lora_rank), kv_a_proj_with_mqa, kv_b_proj, o_proj and the two
   latent norms; KV per token per layer: 2 x kv_heads x head_dim (dense), kv_lora_rank + qk_rope_head_dim (MLA),
-  plus index_head_dim indexer keys where a sparse-attention indexer runs (DeepSeek-V3.2, GLM-5; counted in the
-  cache dtype, an upper bound where upstream keeps them in FP8);
+  plus, where a sparse-attention indexer runs (DeepSeek-V3.2, GLM-5 'full' layers), index_head_dim FP8 keys and a
+  float32 scale per 128 of them (index_head_dim + index_head_dim // 128 x 4), which TensorRT-LLM's
+  DSACacheManager.get_cache_size_per_token counts in the cache dtype's bytes (tensorrt_llm/_torch/attention_backend/
+  sparse/dsa.py at eaf50262; its indexer blocks are 64 tokens, as the cache's);
 - recurrent mixers keep no KV: Qwen3-Next's gated delta-net (state n_v_heads x d_k x d_v + its conv window) and
   Nemotron-H's Mamba-2 (state heads x head_dim x d_state + its conv window), per sequence;
 - MLP: gated (3 x hidden x inter), ungated (2 x, Apertus' xIELU, Nemotron-H's relu2), or MoE: every routed expert,
@@ -22,6 +24,9 @@ from typing import Any
 
 from core.families import COMPRESSED, LINEAR, MAMBA, MLA, Family, text_config
 from core.vision_towers import VisionShapeError, kimi_k25_vision
+
+
+INDEXER_QUANT_BLOCK = 128  # DSA indexer keys: one float32 scale per 128 FP8 values (dsa.py quant_block_size)
 
 
 class ShapeError(ValueError):
@@ -42,6 +47,8 @@ class TargetShape:
     kv_per_token_per_layer: int = 0
     reference_kv_per_token: int = 0  # the reference engine's layout: K and V slots, every layer (MLA: latents)
     compressed: tuple[tuple[int, int], ...] = ()  # DeepSeek-V4: (rate, elements) of each layer's compressed entries
+    expert_params: int = 0  # the routed experts' parameters (split over the ranks whatever the attention layout)
+    latent_kv: bool = False  # MLA / compressed K=V: every rank keeps each token's whole cache entry (not split by tp)
 
     def kv_elements(self, tokens: int) -> int:
         """KV elements of one sequence of `tokens` tokens: sliding-window layers hold at most their window; a
@@ -124,7 +131,7 @@ def _indexer(fam: Family, cfg: dict[str, Any], h: int, j: int) -> tuple[int, int
     if fam.model_type == "glm_moe_dsa" and _glm_indexer_types(cfg)[j] != "full":
         return 0, 0
     ql, heads, dim = _need(cfg, "q_lora_rank", "index_n_heads", "index_head_dim")
-    return ql * heads * dim + h * dim + 2 * dim + h * heads, dim
+    return ql * heads * dim + h * dim + 2 * dim + h * heads, dim + dim // INDEXER_QUANT_BLOCK * 4
 
 
 def _glm_indexer_types(cfg: dict[str, Any]) -> list[str]:
@@ -212,6 +219,15 @@ def _moe(fam: Family, cfg: dict[str, Any], h: int) -> int:
     return p
 
 
+def _routed(fam: Family, cfg: dict[str, Any], h: int) -> int:
+    """The routed experts' share of `_moe` (what expert parallelism splits; the router, shared experts stay)."""
+    experts = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+    if fam.model_type == "gpt_oss":
+        return experts * (h * 2 * inter + 2 * inter + inter * h + h)
+    return experts * (2 if fam.model_type == "nemotron_h" else 3) * h * inter
+
+
 def _is_moe_layer(fam: Family, cfg: dict[str, Any], j: int) -> bool:
     if not fam.moe:
         return False
@@ -248,6 +264,7 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
         _need(cfg, "num_attention_heads")
         attn, kv_layer = _dense_attention(fam, cfg, h)
     params, kv, state = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2) + h, 0, 0
+    routed = 0
     window_layers: list[int] = []
     for j, kind in enumerate(_layer_kinds(fam, cfg, n)):
         norms = h if fam.model_type == "nemotron_h" else 2 * h
@@ -269,9 +286,9 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
             if kind == "mlp":
                 params += _mlp(fam, cfg, h, int(cfg["intermediate_size"]))
             elif kind == "moe":
-                params += _moe(fam, cfg, h)
+                params, routed = params + _moe(fam, cfg, h), routed + _routed(fam, cfg, h)
         elif _is_moe_layer(fam, cfg, j):
-            params += _moe(fam, cfg, h)
+            params, routed = params + _moe(fam, cfg, h), routed + _routed(fam, cfg, h)
         else:
             params += _mlp(fam, cfg, h, int(cfg.get("intermediate_size_mlp") or cfg["intermediate_size"])
                            if fam.model_type == "llama4" else int(cfg["intermediate_size"]))
@@ -283,7 +300,7 @@ def target_shape(fam: Family, cfg: dict[str, Any]) -> TargetShape:
             raise ShapeError(str(e)) from None
     window = int(cfg["sliding_window"]) if window_layers else None
     return TargetShape(fam.name, vocab, h, n, params, kv, state, tuple(window_layers), window, kv_layer,
-                       2 * n * reference_kv_width(fam, cfg))
+                       2 * n * reference_kv_width(fam, cfg), expert_params=routed, latent_kv=fam.attention == MLA)
 
 
 def _compressed(fam: Family, cfg: dict[str, Any]) -> TargetShape:
@@ -298,7 +315,8 @@ def _compressed(fam: Family, cfg: dict[str, Any]) -> TargetShape:
     pooled = sum(-(-w // m) for m, w in s["compressed"])
     return TargetShape(fam.name, s["vocab_size"], s["hidden_size"], s["num_hidden_layers"], s["params"],
                        s["kv_per_token"], 0, s["window_layers"], s["window"], s["kv_per_token_per_layer"],
-                       2 * s["num_hidden_layers"] * s["kv_per_token_per_layer"] + pooled, s["compressed"])
+                       2 * s["num_hidden_layers"] * s["kv_per_token_per_layer"] + pooled, s["compressed"],
+                       latent_kv=True)
 
 
 def reference_kv_width(fam: Family, cfg: dict[str, Any]) -> int:

@@ -84,6 +84,17 @@ def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list
     return hf, spec, p
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _weights_present(hf: Path) -> list[str]:
+    """A target directory without its weights (a plan can be made from config.json alone; the build cannot)."""
+    if any((hf / n).is_file() for n in WEIGHT_FILES):
+        return []
+    return [f"target.model {hf}: no weights ({', '.join(WEIGHT_FILES)}); download the checkpoint's weight files "
+            "into it (--dry-run prints the plan from config.json alone)"]
+
+
 def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list[str]]:
     hf, spec, p = config_checks(cfg)
     if hf is None or spec is None:
@@ -92,7 +103,7 @@ def _target_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, lis
 
     p += preflight_problems(cfg, spec.architecture)
     if spec.architecture not in NATIVE:  # the generic path converts no weights: transformers reads the directory
-        return hf, spec, p
+        return hf, spec, p + _weights_present(hf)
     p += check_parallel(spec, cfg.parallel.tp, cfg.parallel.pp)
     if cfg.parallel.pp > 1:
         p.append(f"parallel.pp={cfg.parallel.pp}: EAGLE checkpoints are written with pp=1 (TensorRT-LLM's "

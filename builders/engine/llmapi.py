@@ -14,7 +14,10 @@ contract ledger (builders/ledger/llmapi.py, cited to tensorrt_llm/llmapi/llm_arg
   builds a tree (1.2's one-model worker drafts chains);
 - a dynamic tree (versions with `pytorch_dynamic_tree`, i.e. the current line): `use_dynamic_tree`,
   `dynamic_tree_max_topK`, `max_total_draft_tokens`, with max_draft_len <= max_total_draft_tokens <=
-  dynamic_tree_max_topK * max_draft_len;
+  dynamic_tree_max_topK * max_draft_len; top_k 1 is written as a chain (upstream routes it to the linear path,
+  PR #15842); targets served with chains only are refused a dynamic tree (builders/trtllm/rules.py);
+- `serving:` (builders/serving_config.py): enable_attention_dp, moe_expert_parallel_size, moe_config,
+  cuda_graph_config, and the checked pass-through `serving.extra_llm_api_options`, merged last;
 - `eagle3_layers_to_capture`: target layers whose OUTPUT is captured (upstream default {1, L//2 - 1, L - 4}); our
   config and EAGLE's code index the layer whose INPUT is fused (2, L//2, L-3), so the value is ours minus one. Written
   where the field exists; elsewhere only the default is possible and it is left out (rules.capture_problems);
@@ -36,6 +39,7 @@ from typing import Any
 import yaml
 
 from builders.config import BuildConfig
+from builders.serving_config import merged
 from builders.trtllm import architectures, registry
 from builders.trtllm.rules import capture_problems, default_capture
 from core.hfconfig import ModelConfigError, aux_layer_ids
@@ -118,7 +122,7 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
         if v.max_total_draft_tokens:
             spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["eagle_choices"] = tree.as_lists()  # the LLM API YAML value: plain lists
-    elif isinstance(tree, DynamicTree):
+    elif isinstance(tree, DynamicTree) and tree.top_k > 1:  # top_k 1 is a chain (upstream: the linear path)
         spec["max_total_draft_tokens"] = lim.max_draft_len
         spec["use_dynamic_tree"] = True
         spec["dynamic_tree_max_topK"] = tree.top_k
@@ -157,7 +161,7 @@ def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_t
         raise LlmApiError(f"engine.backend={cfg.engine.backend}: the LLM API YAML is for engine.backend=pytorch (and "
                           "the reference engine's mirror of the Triton llmapi model)")
     lim, e = cfg.limits(), cfg.engine
-    return {
+    base = {
         "tensor_parallel_size": cfg.parallel.tp,
         "pipeline_parallel_size": cfg.parallel.pp,
         "max_batch_size": e.max_batch_size,
@@ -173,7 +177,9 @@ def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_t
             "enable_block_reuse": False,
         },
         "speculative_config": speculative_config(cfg, draft_dir, capture, num_target_layers, target_arch),
+        **cfg.serving.options(),
     }
+    return merged(base, cfg.serving.extra_llm_api_options)
 
 
 def plain(value: Any) -> Any:

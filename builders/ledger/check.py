@@ -121,7 +121,9 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
     return ledger.flags_of(
         eagle=not cfg.draft.kind.eagle3, w_fp8=cfg.quantization.weights == "fp8",
         kv_fp8=cfg.quantization.kv_cache == "fp8", perf=True, tree=tree is not None and not tree.is_chain(),
-        dynamic=cfg.tree.dynamic is not None,
+        dynamic=cfg.tree.dynamic is not None and cfg.tree.dynamic.top_k > 1,  # top_k 1: written as a chain
+        attention_dp=cfg.serving.enable_attention_dp, ep=cfg.serving.moe_expert_parallel_size is not None,
+        moe_backend=cfg.serving.moe_backend is not None, cuda_graph=cfg.serving.cuda_graph_max_batch_size is not None,
         drafter_multilayer=int((conf.get("eagle_net_config") or {}).get("num_hidden_layers", 1)) > 1,
         reference=cfg.engine.kind.reference_engine, pytorch=cfg.engine.kind.llmapi_model,
         schedule=cfg.tree.draft_len_schedule is not None, max_concurrency=cfg.tree.max_concurrency is not None,

@@ -148,7 +148,40 @@ _MIRROR = rows_of("triton.llmapi.parameter", ("build_dir", "max_queue_size"), MI
                   versions=V, when=("reference",),
                   note="reference engine only (engine.backend reference); upstream's model reads no parameter")
 
-ROWS: list[Row] = _OPTIONS + _PENALTY + _LOAD_AWARE + _MODEL_YAML + _INPUTS + _OUTPUTS + _BRIDGE + _MIRROR
+# Serving fields for large models (builders/serving_config.py) and the names its pass-through may carry. Flags:
+# attention_dp / ep / moe_backend / cuda_graph = the serving field is set.
+TORCH_ARGS = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "TorchLlmArgs / BaseLlmArgs (StrictBaseModel)")
+MOE_CFG = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "MoeConfig.backend (TorchLlmArgs.moe_config)")
+GRAPH_CFG = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "CudaGraphConfig (TorchLlmArgs.cuda_graph_config)")
+_SERVING = (
+    rows_of("llmapi.option", ("enable_attention_dp",), TORCH_ARGS, type="bool (default false)", required=True,
+            versions=V, when=("attention_dp",), note="attention per rank on its own requests (DeepSeek-V3 recipe "
+            "examples/models/core/deepseek_v3/README.md); KV per rank: KVCacheManager.get_cache_size_per_token "
+            "divides GQA heads by tp only without it")
+    + rows_of("llmapi.option", ("moe_expert_parallel_size",), TORCH_ARGS, type="int (trtllm-serve --ep_size)",
+              required=True, versions=V, when=("ep",), note="divides tensor_parallel_size")
+    + rows_of("llmapi.option", ("moe_config", "moe_config.backend"), MOE_CFG,
+              type="MoeConfig / 'CUTLASS' | 'TRTLLM' | 'DEEPGEMM' | 'WIDEEP' | ...", required=True, versions=V,
+              when=("moe_backend",), note="the DeepSeek-R1 deployment guide's MoE backend support matrix")
+    + rows_of("llmapi.option", ("cuda_graph_config", "cuda_graph_config.enable_padding",
+                                "cuda_graph_config.max_batch_size"), GRAPH_CFG, type="CudaGraphConfig / bool / int",
+              required=True, versions=V, when=("cuda_graph",))
+    # pass-through only (serving.extra_llm_api_options): names upstream's DeepSeek / Kimi recipes set
+    + rows_of("llmapi.option", ("print_iter_log", "stream_interval", "trust_remote_code", "enable_chunked_prefill",
+                                "disable_overlap_scheduler", "moe_tensor_parallel_size", "enable_lm_head_tp_in_adp",
+                                "num_postprocess_workers"), TORCH_ARGS,
+              type="bool / int / bool / bool / bool / int / bool / int", versions=V,
+              note="serving.extra_llm_api_options only")
+    + rows_of("llmapi.option", ("cuda_graph_config.batch_sizes",), GRAPH_CFG, type="list[int]", versions=V,
+              note="serving.extra_llm_api_options only")
+    + rows_of("llmapi.option", ("moe_config.use_low_precision_moe_combine",), MOE_CFG, type="bool", versions=V,
+              note="serving.extra_llm_api_options only")
+    + rows_of("llmapi.option", ("kv_cache_config.max_tokens",), Source(TRT, "tensorrt_llm/llmapi/llm_args.py",
+              "KvCacheConfig.max_tokens"), type="int", versions=V, note="serving.extra_llm_api_options only")
+)
+
+ROWS: list[Row] = (_OPTIONS + _PENALTY + _LOAD_AWARE + _MODEL_YAML + _INPUTS + _OUTPUTS + _BRIDGE + _MIRROR
+                   + _SERVING)
 
 # Inputs of upstream's config.pbtxt (as read: docs/contracts.md, "Sources") that our repository does not declare, with
 # the reason; every upstream input is a row above or here (tests/test_ledger.py).

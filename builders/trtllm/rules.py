@@ -217,6 +217,29 @@ def pytorch_problems(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     return p
 
 
+def tree_kind_problems(cfg: BuildConfig) -> list[str]:
+    """A dynamic tree (top_k > 1) for a target the PyTorch backend serves chains only for (core/capabilities.py:
+    MLA, sliding-window, compressed and recurrent attention), with the alternative. top_k 1 is written as a chain."""
+    from core.capabilities import chain_only_reason
+    from core.families import family_of
+    from core.hfconfig import ModelConfigError, read_config
+    from sources.targets import ModelSourceError, resolve_target
+
+    dyn = cfg.tree.dynamic
+    if dyn is None or dyn.top_k == 1:
+        return []
+    try:
+        raw = read_config(resolve_target(cfg.target.model))
+    except (ModelSourceError, ModelConfigError, OSError):
+        return []  # the convert preflight reports an unreadable target
+    row = family_of((raw.get("architectures") or [None])[0])
+    reason = None if row is None else chain_only_reason(row, raw)
+    if reason is None:
+        return []
+    return [f"tree.dynamic (top_k {dyn.top_k}) for TensorRT-LLM's PyTorch backend: {reason}. Use a chain: "
+            f"tree.choices: chain-{dyn.depth} (or tree.dynamic.top_k: 1, written as a chain)"]
+
+
 def _load_aware(cfg: BuildConfig, v: TrtllmVersion) -> list[str]:
     """tree.draft_len_schedule / max_concurrency / acceptance_rate_*: LLM API fields of the current line only
     (DecodingBaseConfig, PR #10860); the engine flow's C++ runtime has none. The reference engine follows them on
@@ -278,7 +301,7 @@ def trtllm_problems(cfg: BuildConfig) -> list[str]:
     if backend.engine_flow:
         p += engine_flow_problems(cfg, v)
     if backend.llmapi_model:
-        p += pytorch_problems(cfg, v)
+        p += pytorch_problems(cfg, v) + tree_kind_problems(cfg)
     return p
 
 

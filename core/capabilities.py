@@ -1,0 +1,103 @@
+"""What TensorRT-LLM's PyTorch backend does with each family row (core/families.py), read from its code path, with
+the upstream line each fact was read at (torch-free). docs/contracts.md and docs/bring-your-own-model.md render these
+columns (builders/ledger/docs.py); builders/trtllm/rules.py refuses what the tree column rules out.
+
+- capture: where the row's decoder writes EAGLE-3's features (its model's forward hands spec_metadata to the layers
+  and a layer calls spec_metadata.maybe_capture_hidden_states). "" = not read in the code path at a pinned commit:
+  the row was admitted on its registration (a SpecDecOneEngineForCausalLM); `unverified_capture()` lists them.
+- trees: the draft trees served. Dynamic trees are not served for sliding-window or MLA attention (TREES_DOC);
+  compressed (DeepSeek-V4) and recurrent (gated delta-net, Mamba-2) layers read a forward's tokens in order, as the
+  reference engine does (core/families.py CHAIN_ONLY), so chains only there too. `dynamic_tree_max_topK: 1` is a chain:
+  upstream routes it to the linear path (TOPK1).
+- KV layout per rank: KVCacheManager.get_cache_size_per_token (KV_RULE), DSA's (DSA_RULE).
+- NVIDIA's support matrix (SUPPORT_MATRIX): its EAGLE-3 one-model cell, beside the code-path status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.families import COMPRESSED, LINEAR, MAMBA, MLA, Family, sliding_window_of
+
+TRT = "NVIDIA/TensorRT-LLM"
+TREES_DOC = (f"{TRT} commit 04c8822cc42ffd1f5b6270874e5b9a64a20e7a58 (PR #13081), docs/source/features/"
+             "speculative-decoding.md, 'Dynamic Tree Mode': not supported for models that use sliding window "
+             "attention or MLA")
+TOPK1 = (f"{TRT} PR #15842 (commit edf63e8185), tensorrt_llm/_torch/speculative/utils.py _is_effective_dynamic_tree: "
+         "dynamic_tree_max_topK 1 is routed to the linear EAGLE-3 one-model path")
+KV_RULE = (f"{TRT} commit d2a5560abdadfbdf496ce057696103e0509a71ed, tensorrt_llm/_torch/pyexecutor/resource_manager.py "
+           "KVCacheManager.get_cache_size_per_token")
+DSA_RULE = (f"{TRT} commit eaf502624e92146c48724b22f90735d999e5a097, tensorrt_llm/_torch/attention_backend/sparse/"
+            "dsa.py DSACacheManager.get_cache_size_per_token")
+SUPPORT_MATRIX = (f"{TRT} commit 11d6485830b79d9ec2a1f110a9f5f33a99e694b0 (PR #9893), tensorrt_llm/llmapi/"
+                  "model_support_matrix.py KEY_MODEL_MATRIX / SUPPORTED_MODELS_PYTORCH")
+
+# KEY_MODEL_MATRIX's 'EAGLE-3(One Model Engine)' cell as read; SUPPORTED_MODELS_PYTORCH lists the others named here
+# without a feature row.
+_MATRIX = {"DeepseekV3ForCausalLM": "No", "DeepseekV32ForCausalLM": "No", "Qwen3MoeForCausalLM": "Yes",
+           "Qwen3NextForCausalLM": "No", "Llama4ForConditionalGeneration": "Yes", "GptOssForCausalLM": "Yes"}
+_LISTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "NemotronHForCausalLM"}
+
+_DSV3 = ("DeepseekV3DecoderLayer.forward: spec_metadata.is_layer_capture(layer_idx) -> "
+         "spec_metadata.maybe_capture_hidden_states (read at commit 5d5bb2cb3914279edd289a25d787e05ad637073a of "
+         "michaelfeil/TensorRT-LLM, a fork of NVIDIA/TensorRT-LLM)")
+# name -> where the capture was read (the row's own citation names it)
+CAPTURE = {
+    "Qwen2ForCausalLM": "QwenDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states (commit 87b279a9)",
+    "MistralForCausalLM": "MistralDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states (commit 0dcfa87b)",
+    "DeepseekV3ForCausalLM": _DSV3, "DeepseekV32ForCausalLM": _DSV3, "GlmMoeDsaForCausalLM": _DSV3,
+    "KimiK25ForConditionalGeneration": "self.llm = DeepseekV3ForCausalLM, forward hands **kwargs (spec_metadata) to "
+                                       "it (commit 010373d3); " + _DSV3,
+    "DeepseekV4ForCausalLM": "DeepseekV4DecoderLayer.forward_MoE: spec_metadata.maybe_capture_hidden_states "
+                             "(commit 02586bf0)",
+}
+
+
+def capture_of(f: Family) -> str:
+    return CAPTURE.get(f.name, "")
+
+
+def unverified_capture(families: tuple[Family, ...]) -> list[str]:
+    """Rows whose capture was not read in the code path at a pinned commit (admitted on their registration)."""
+    return [f.name for f in families if not capture_of(f)]
+
+
+def matrix_status(f: Family) -> str:
+    if f.name in _MATRIX:
+        return f"EAGLE-3 one-model: {_MATRIX[f.name]}"
+    return "listed, no feature row" if f.name in _LISTED else "not listed"
+
+
+def chain_only_reason(f: Family, hf_config: dict[str, Any] | None = None) -> str | None:
+    """Why the PyTorch backend serves only chains for this row (and this config.json, where given), else None."""
+    if f.attention == MLA:
+        return f"{f.name} uses multi-head latent attention (MLA): {TREES_DOC}"
+    if f.attention == COMPRESSED:
+        return f"{f.name}'s compressed attention pools a forward's tokens in order (as for sliding-window attention, "\
+               f"which it also uses: {TREES_DOC})"
+    if f.attention in (LINEAR, MAMBA):
+        return f"{f.name}'s recurrent layers read a forward's tokens in order"
+    windowed = f.model_type in ("gpt_oss", "laguna") or (
+        hf_config is not None and f.sliding != "never" and sliding_window_of(hf_config) is not None)
+    if windowed:
+        return f"{f.name} uses sliding-window attention: {TREES_DOC}"
+    return None
+
+
+def trees_of(f: Family) -> str:
+    """The tree kinds the PyTorch backend serves for a row (a config with a sliding window: chains only)."""
+    if chain_only_reason(f) is not None:
+        return "chain"
+    return "chain, dynamic" + (" (chain with a sliding window)" if f.sliding != "never" else "")
+
+
+def kv_layout(f: Family) -> str:
+    if f.attention == MLA:
+        extra = " + DSA indexer keys (FP8 + a float32 scale per 128, per full layer)" if f.model_type in (
+            "deepseek_v32", "glm_moe_dsa") else ""
+        return f"kv_lora_rank + qk_rope_head_dim per layer, whole on every rank{extra}"
+    if f.attention == COMPRESSED:
+        return "window K=V + compressed entries per layer, whole on every rank"
+    if f.attention in (LINEAR, MAMBA):
+        return "2 x kv_heads x head_dim per full-attention layer / tp (whole with attention DP) + a recurrent state"
+    return "2 x kv_heads x head_dim per layer / tp (whole with attention DP)"

@@ -126,7 +126,9 @@ def _cfg(tmp_path: Path, name: str, target: Path, head: Path, backend: str, **en
     data = {"name": name, "trtllm_version": "1.4", "output_dir": str(tmp_path / name),
             "target": {"model": str(target), "dtype": "float32" if backend == "reference" else "bfloat16"},
             "draft": {"type": "eagle3", "model": str(head)},
-            "tree": {"dynamic": {"top_k": 2, "depth": 3, "total_draft_tokens": 6}},
+            # the PyTorch backend serves chains only for MLA / windowed / compressed / recurrent rows (tested below)
+            "tree": {"dynamic": {"top_k": 2, "depth": 3, "total_draft_tokens": 6}} if backend == "reference"
+            else {"choices": "chain-3"},
             "engine": {"backend": backend, "max_batch_size": 3, "max_input_len": 32, "max_seq_len": 64, **engine}}
     if backend == "reference":
         data["engine"]["device"] = "cpu"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from builders.kinds import BACKENDS, DRAFT_KINDS
 from builders.trtllm import registry
 from builders.trtllm.citation import Source
-from core import families, family_survey
+from core import capabilities, families, family_survey
 from core.families import ONE as ONE  # re-exported: the mode names the rows use
 from core.families import TRT, TWO
 
@@ -148,6 +148,22 @@ def _way_out(a: Architecture) -> str:
     return "none on TensorRT-LLM; use a listed architecture"
 
 
+def capability_table() -> list[str]:
+    """What the PyTorch backend does with each row, read in its code path (core/capabilities.py), with citations."""
+    out = ["| architecture | EAGLE-3 capture (code path read) | trees on the PyTorch backend | KV per rank | "
+           "NVIDIA support matrix |", "|---|---|---|---|---|"]
+    for f in families.FAMILIES:
+        capture = capabilities.capture_of(f) or "not read at a pinned commit (admitted on its registration)"
+        out.append(f"| `{f.name}` | {capture} | {capabilities.trees_of(f)} | {capabilities.kv_layout(f)} | "
+                   f"{capabilities.matrix_status(f)} |")
+    return out + ["", f"Trees: {capabilities.TREES_DOC}; recurrent and compressed layers read a forward's tokens in "
+                  f"order (chains only); {capabilities.TOPK1}, so `tree.dynamic.top_k: 1` is written as a chain. "
+                  f"KV per rank: {capabilities.KV_RULE} (MLA: kv_lora_rank + qk_rope_head_dim, kv_factor 1, not "
+                  f"divided by tp; GQA heads / tp, whole with enable_attention_dp); DSA indexer: "
+                  f"{capabilities.DSA_RULE}. Support matrix: {capabilities.SUPPORT_MATRIX} (its EAGLE-3 one-model "
+                  "cell; 'listed, no feature row' = in SUPPORTED_MODELS_PYTORCH only)."]
+
+
 def markdown() -> list[str]:
     """The table as docs/contracts.md renders it."""
     versions = list(registry.VERSIONS)
@@ -159,6 +175,8 @@ def markdown() -> list[str]:
         cite = f"{a.source.repo}:{a.source.path} `{a.source.symbol}` (read: {a.read})"
         out.append(f"| `{a.name}` | {a.family} | {'yes' if a.engine_flow else 'no'} | " + " | ".join(cols)
                    + f" | {a.reference or 'no'} | {'yes' if a.trainer else 'no'} | {cite} | {a.note} |")
+    out += ["", "Capabilities per row (what the PyTorch backend does with it, read in its code path):", ""]
+    out += capability_table()
     out += [""] + [f"- Not a row: `{name}` ({TRT}:{path} at {read}): {what}."
                    for name, (path, what, read) in family_survey.NOT_EAGLE3.items()]
     out += [f"- Not a row: `{name}` ({TRT}:{path} at {read}: {what}): {why}."
@@ -176,13 +194,18 @@ GUIDE_BEGIN, GUIDE_END = "<!-- architectures: generated -->", "<!-- architecture
 
 def guide_table() -> list[str]:
     """The table by architecture of docs/bring-your-own-model.md (what to set for each target)."""
-    out = ["| target architecture | family | EAGLE-1/2 heads (engine flow) | EAGLE-3 on TensorRT-LLM | "
-           "reference engine (CPU) | trainer | note |", "|---|---|---|---|---|---|---|"]
+    out = ["| target architecture | family | EAGLE-1/2 heads (engine flow) | EAGLE-3 on TensorRT-LLM | trees "
+           "(PyTorch backend) | KV per rank | NVIDIA support matrix | reference engine (CPU) | trainer | note |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for a in ARCHITECTURES:
+        f = families.BY_NAME[a.name]
         modes: dict[str, list[str]] = {}
         for v, m in a.pytorch:
             modes.setdefault(m, []).append(v)
         e3 = "; ".join(f"{m} on {', '.join(vs)}" for m, vs in modes.items()) or "no"
         out.append(f"| `{a.name}` | {a.family} | {'1.1, 1.2' if a.engine_flow else 'no'} | {e3} | "
+                   f"{capabilities.trees_of(f)} | {capabilities.kv_layout(f)} | {capabilities.matrix_status(f)} | "
                    f"{a.reference or 'no'} | {'yes' if a.trainer else 'no'} | {a.note} |")
-    return out
+    return out + ["", f"Trees: {capabilities.TREES_DOC}; {capabilities.TOPK1}. KV per rank: {capabilities.KV_RULE}; "
+                  f"{capabilities.DSA_RULE}. Support matrix: {capabilities.SUPPORT_MATRIX}. Where each row's EAGLE-3 "
+                  "capture was read: docs/contracts.md, 'Target architectures', capability table."]

@@ -159,6 +159,10 @@ EXTRA_EXAMPLES: dict[str, Any] = {
     "tree.acceptance_rate_threshold": 0.2,
     "engine.max_num_tokens": 2048,
     "engine.workers": 2,
+    "serving.moe_expert_parallel_size": 8,
+    "serving.moe_backend": "CUTLASS",
+    "serving.cuda_graph_max_batch_size": 64,
+    "serving.extra_llm_api_options": {"print_iter_log": True, "stream_interval": 10},
 }
 
 

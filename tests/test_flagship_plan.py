@@ -112,8 +112,8 @@ def _deepseek_v3_with_head(tmp: Path) -> tuple[Path, Path]:
                                         "num_hidden_layers": 1, "draft_vocab_size": 32000,
                                         "target_hidden_size": cfg["hidden_size"],
                                         "eagle_aux_hidden_state_layer_ids": [2, 30, 58]})
-    required, optional = eagle3_head_shapes(llama_spec(head, require_arch=False), llama_spec(target, require_arch=False),
-                                            "midlayer", 3, cfg["hidden_size"], 32000)
+    spec_of = lambda d: llama_spec(d, require_arch=False)  # noqa: E731
+    required, optional = eagle3_head_shapes(spec_of(head), spec_of(target), "midlayer", 3, cfg["hidden_size"], 32000)
     _sparse_safetensors(head / "model.safetensors",
                         {**required, **{k: v for k, v in optional.items() if k in ("lm_head.weight", "d2t")}})
     return target, head
@@ -145,8 +145,8 @@ def test_deepseek_v3_plan_per_gpu_with_attention_dp(tmp_path: Path, capsys: pyte
     assert f"that fit: {fit} per rank x 8 ranks = {fit * 8}" in out, out
     assert "speculative_config: max_draft_len=3 (drafting steps) (a chain)" in out, out
     assert "llm_api_options.yaml" in out and "config.resolved.yaml" in out, out
-    assert f"docker run -d --gpus 8 --shm-size 2g" in out and f"-v {tmp_path}:/build" in out, out
-    assert f"serve /build/out-dsv3" in out, out
+    assert "docker run -d --gpus 8 --shm-size 2g" in out and f"-v {tmp_path}:/build" in out, out
+    assert "serve /build/out-dsv3" in out, out
     # refused after the plan: only the missing weights (the head, the tokenizer and the capacity pass)
     assert "1 problem(s)" in err and "no weights (model.safetensors" in err, err
     # on an H200's 141 GiB the bf16 sizing does not fit: the refusal comes with every other problem, not instead

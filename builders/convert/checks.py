@@ -84,7 +84,8 @@ def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list
     return hf, spec, p
 
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def _weights_present(hf: Path) -> list[str]:

@@ -71,6 +71,17 @@ def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
             print(f"      command {' '.join(argv)}")
 
 
+def pass_through_problems(cfg: BuildConfig) -> list[str]:
+    """serving.extra_llm_api_options names the contract ledger does not know for the config's version."""
+    from builders.ledger.table import rows_for
+    from builders.serving_config import unknown_problems
+    from builders.trtllm import registry
+
+    v = registry.get(cfg.trtllm_version)
+    known = {r.name for r in rows_for("llmapi.option", v.key)}
+    return unknown_problems(cfg.serving.extra_llm_api_options, known, v.name)
+
+
 def reference_warnings(cfg: BuildConfig) -> list[str]:
     """engine.backend reference: what TensorRT-LLM's PyTorch backend would refuse of this config (the reference
     engine serves it; the same config built for engine.backend pytorch would not be)."""
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = capacity_rule(cfg) + startup_problems(cfg.engine.backend, cfg.trtllm_version) + [
         f"[{s.name}] {p}" for s in stages for p in s.preflight(cfg)
     ]
-    problems += build_dir_problems(cfg)
+    problems += build_dir_problems(cfg) + pass_through_problems(cfg)
     for warning in reference_warnings(cfg):
         print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:

@@ -41,8 +41,8 @@ def memory_lines(cfg: BuildConfig) -> list[str]:
     """Per GPU (rank) at the engine limits; a target that cannot be sized says why."""
     try:
         spec = capacity.target_shape_of(cfg)
-    except ShapeError as e:
-        return [f"  memory per GPU: cannot size the target ({e})"]
+    except ShapeError as err:
+        return [f"  memory per GPU: cannot size the target ({err})"]
     if spec is None:
         return ["  memory per GPU: target config.json unreadable or outside the family table (see the problems)"]
     m, e, tp = capacity.rank_memory(cfg, spec), cfg.engine, cfg.parallel.tp

@@ -99,9 +99,39 @@ OWNED = {
 }
 
 
+def _flat(d: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        out.append(prefix + str(k))
+        if isinstance(v, dict):
+            out += _flat(v, f"{prefix}{k}.")
+    return out
+
+
+def owned_problems(extra: dict[str, Any]) -> list[str]:
+    """Pass-through names the build writes from its own fields."""
+    p = []
+    for name in sorted(_flat(extra)):
+        owner = OWNED.get(name) or next((OWNED[o] for o in OWNED if name.startswith(o + ".")), None)
+        if owner is not None:
+            p.append(f"serving.extra_llm_api_options.{name}: the build writes it from {owner}; set that instead and "
+                     "remove it here")
+    return p
+
+
+def unknown_problems(extra: dict[str, Any], known: set[str], version_name: str) -> list[str]:
+    """Pass-through names that are not LLM API options the contract ledger knows for the version (`known`: its
+    llmapi.option rows, builders/ledger; build.py passes them, so this module does not import the ledger)."""
+    return [f"serving.extra_llm_api_options.{name}: not an LLM API option the contract ledger knows for "
+            f"{version_name} (docs/contracts.md, llmapi.option); check the name against tensorrt_llm/llmapi/"
+            "llm_args.py of your release, add its ledger row citing it, or remove it"
+            for name in sorted(_flat(extra)) if name not in OWNED and name not in known
+            and not any(k.startswith(name + ".") for k in known)]
+
+
 def serving_problems(cfg: _Cfg) -> list[str]:
-    """The serving fields this config cannot take (each names field, value and fix)."""
-    from builders.ledger.table import flat_keys, rows_for
+    """The serving fields this config cannot take (each names field, value and fix); the pass-through's names are
+    checked against the ledger by build.py (`unknown_problems`)."""
     from builders.trtllm import registry
 
     s, v = cfg.serving, registry.get(cfg.trtllm_version)
@@ -117,14 +147,5 @@ def serving_problems(cfg: _Cfg) -> list[str]:
     if ep is not None and tp % ep:
         p.append(f"serving.moe_expert_parallel_size={ep} does not divide parallel.tp={tp}: the experts' ranks are "
                  f"moe_expert_parallel_size x moe_tensor_parallel_size = tp; set a divisor of {tp}")
-    known = {r.name for r in rows_for("llmapi.option", v.key)}
-    for name in sorted(flat_keys(s.extra_llm_api_options)):
-        owner = OWNED.get(name) or next((OWNED[o] for o in OWNED if name.startswith(o + ".")), None)
-        if owner is not None:
-            p.append(f"serving.extra_llm_api_options.{name}: the build writes it from {owner}; set that instead and "
-                     "remove it here")
-        elif name not in known and not any(k.startswith(name + ".") for k in known):
-            p.append(f"serving.extra_llm_api_options.{name}: not an LLM API option the contract ledger knows for "
-                     f"{v.name} (docs/contracts.md, llmapi.option); check the name against tensorrt_llm/llmapi/"
-                     "llm_args.py of your release, add its ledger row citing it, or remove it")
+    p += owned_problems(s.extra_llm_api_options)
     return p

@@ -38,16 +38,43 @@ _MATRIX = {"DeepseekV3ForCausalLM": "No", "DeepseekV32ForCausalLM": "No", "Qwen3
            "Qwen3NextForCausalLM": "No", "Llama4ForConditionalGeneration": "Yes", "GptOssForCausalLM": "Yes"}
 _LISTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "NemotronHForCausalLM"}
 
-_DSV3 = ("DeepseekV3DecoderLayer.forward: spec_metadata.is_layer_capture(layer_idx) -> "
-         "spec_metadata.maybe_capture_hidden_states (read at commit 5d5bb2cb3914279edd289a25d787e05ad637073a of "
-         "michaelfeil/TensorRT-LLM, a fork of NVIDIA/TensorRT-LLM)")
-# name -> where the capture was read (the row's own citation names it)
+def _read(model: str, layer: str, commit: str) -> str:
+    return (f"{model}.forward hands spec_metadata to every decoder layer; {layer} calls "
+            f"spec_metadata.maybe_capture_hidden_states (commit {commit})")
+
+
+_DSV3 = _read("DeepseekV3Model", "DeepseekV3DecoderLayer.forward_MoE / forward_mlp (where is_layer_capture)",
+              "a43cf9e363d5657061b5ce0e12f3d993a08d8158")
+_NEXT = _read("Qwen3NextModel", "Qwen3NextLinearDecoderLayer.forward and Qwen3NextFullAttentionDecoderLayer.forward",
+              "00022b040996780da248347927318fecb55ae7e9")
+# name -> where the capture was read in the row's modeling file (tensorrt_llm/_torch/models/, NVIDIA/TensorRT-LLM)
 CAPTURE = {
+    "LlamaForCausalLM": _read("LlamaModel", "LlamaDecoderLayer.forward", "3a5901cd0d77bed18baaf402d1d12fab468d44a9"),
+    "Llama4ForConditionalGeneration": _read("Llama4Model", "Llama4DecoderLayer.forward",
+                                            "3a5901cd0d77bed18baaf402d1d12fab468d44a9"),
+    "Qwen3ForCausalLM": _read("Qwen3Model", "Qwen3DecoderLayer.forward", "010bb95fbad3c678792a9edf659970299a1a320b"),
+    "Qwen3MoeForCausalLM": _read("Qwen3MoEModel", "Qwen3MoEDecoderLayer.forward (where is_layer_capture)",
+                                 "03441af14b6675ec38275167cfd514595defb505"),
     "Qwen2ForCausalLM": "QwenDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states (commit 87b279a9)",
     "MistralForCausalLM": "MistralDecoderLayer.forward: spec_metadata.maybe_capture_hidden_states (commit 0dcfa87b)",
-    "DeepseekV3ForCausalLM": _DSV3, "DeepseekV32ForCausalLM": _DSV3, "GlmMoeDsaForCausalLM": _DSV3,
+    "GptOssForCausalLM": _read("Transformer", "TransformerBlock.forward_normal / forward_tp",
+                               "050b6cb92871a4ed73486c5e5a573d4198d1a6d9"),
+    "DeepseekV3ForCausalLM": _DSV3, "DeepseekV32ForCausalLM": _DSV3,
+    "GlmMoeDsaForCausalLM": _DSV3 + " (the class GLM-5's registration names)",
     "KimiK25ForConditionalGeneration": "self.llm = DeepseekV3ForCausalLM, forward hands **kwargs (spec_metadata) to "
                                        "it (commit 010373d3); " + _DSV3,
+    "Glm4MoeForCausalLM": _read("DeepseekV3Model (modeling_glm.py)", "DeepseekV3DecoderLayer.forward_MoE / "
+                                "forward_mlp", "0406f8aa75104e96d80105563defd26ea0d9009a"),
+    "Qwen3NextForCausalLM": _NEXT,
+    "Qwen3_5ForCausalLM": _NEXT + "; inherited through Qwen3NextForCausalLM (modeling_qwen3_5.py not re-read)",
+    "Qwen3_5MoeForCausalLM": _NEXT + "; inherited through Qwen3NextForCausalLM (modeling_qwen3_5.py not re-read)",
+    "NemotronHForCausalLM": _read("NemotronHModel", "NemotronHLayer.forward (where is_layer_capture)",
+                                  "00620eb025e7c24895986e1042380bd1be4426d9"),
+    "SeedOssForCausalLM": _read("SeedOssModel", "SeedOssDecoderLayer.forward",
+                                "22de8b34df71bb6653612c1f3de00c7288482eb4"),
+    "ApertusForCausalLM": _read("ApertusModel", "ApertusDecoderLayer.forward",
+                                "373783016c99f0d5c6740416511413050aba063b"),
+    "LagunaForCausalLM": _read("LagunaModel", "LagunaDecoderLayer.forward", "01dcc21a28bd9b95e15ebc1aa56b60bca128123c"),
     "DeepseekV4ForCausalLM": "DeepseekV4DecoderLayer.forward_MoE: spec_metadata.maybe_capture_hidden_states "
                              "(commit 02586bf0)",
 }

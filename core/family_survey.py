@@ -188,6 +188,15 @@ NOT_ROWS.update({
         "not size"),
 })
 
+NOT_ROWS["NemotronHPuzzleForCausalLM"] = (
+    "tensorrt_llm/_torch/models/modeling_nemotron_h.py",
+    "@register_auto_model('NemotronHPuzzleForCausalLM') @register_auto_model('NemotronHForCausalLM') class "
+    "NemotronHForCausalLM(SpecDecOneEngineForCausalLM[NemotronHModel, NemotronHConfig | NemotronHPuzzleConfig]) "
+    "(commit d513eeaf did not register it)",
+    "commit 00620eb025e7c24895986e1042380bd1be4426d9",
+    "its checkpoints configure each layer on its own (heterogeneous blocks, NemotronHPuzzleConfig), which neither the "
+    "memory check nor transformers 5.25's NemotronH reads")
+
 NOT_EAGLE3["ExaoneMoEForCausalLM"] = (
     "tensorrt_llm/_torch/models/modeling_exaone_moe.py",
     "@register_auto_model('ExaoneMoEForCausalLM') class ExaoneMoEForCausalLM(SpecDecOneEngineForCausalLM) (K-EXAONE), "
@@ -220,10 +229,6 @@ _QWEN3_5 = ("the stored modeling_qwen3_5.py (commit 2478158cfbcc84d8d74af859a47e
 NOT_ROWS.update(dict([
     _indexed("Qwen3_5ForConditionalGeneration", "modeling_qwen3_5", _QWEN3_5),
     _indexed("Qwen3_5MoeForConditionalGeneration", "modeling_qwen3_5", _QWEN3_5),
-    _indexed("NemotronHPuzzleForCausalLM", "modeling_nemotron_h",
-             "the stored modeling_nemotron_h.py (commit d513eeaf417df794bbbd59552210eae0c1ce7299) does not register "
-             "it; its checkpoints configure each layer on its own (heterogeneous blocks), which neither the memory "
-             "check nor transformers 5.25's NemotronH reads"),
     _indexed("PixtralForConditionalGeneration", "modeling_mistral",
              "modeling_mistral.py at 0dcfa87b registers only Mistral3ForConditionalGeneration and MistralForCausalLM, "
              "whose text model is not one-model"),

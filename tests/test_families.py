@@ -336,9 +336,12 @@ def test_multimodal_wrappers_that_do_not_hand_drafts_to_their_text_model_are_ref
     [p] = architectures.problems("InklingForConditionalGeneration", version="1.4", backend="pytorch",
                                  draft_type="eagle3", where="t")
     assert "InklingForCausalLM(DecoderModelForCausalLM[" in p and "581fc445" in p
-    for name in ("Qwen3_5MoeForConditionalGeneration", "NemotronHPuzzleForCausalLM", "Cosmos3ForConditionalGeneration"):
+    for name in ("Qwen3_5MoeForConditionalGeneration", "Cosmos3ForConditionalGeneration"):
         [p] = architectures.problems(name, version="1.4", backend="pytorch", draft_type="eagle3", where="t")
         assert f"MODEL_ARCH_TO_MODULE['{name}']" in p and "065ff9e9" in p and "not established" in p, p
+    [p] = architectures.problems("NemotronHPuzzleForCausalLM", version="1.4", backend="pytorch", draft_type="eagle3",
+                                 where="t")
+    assert "@register_auto_model('NemotronHPuzzleForCausalLM')" in p and "00620eb0" in p and "heterogeneous" in p, p
     assert not (set(NOT_ROWS) | set(NOT_EAGLE3)) & set(BY_NAME) and not set(NOT_ROWS) & set(NOT_EAGLE3)
 
 

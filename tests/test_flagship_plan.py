@@ -225,19 +225,29 @@ def test_serving_fields_are_written_and_every_name_is_a_ledger_row(tmp_path: Pat
     assert "required 'enable_attention_dp' is missing" in p, p
 
 
-def test_serving_refusals_are_named_all_at_once(tmp_path: Path, eagle3_head: Path) -> None:
+def test_serving_refusals_are_named_all_at_once(tmp_path: Path, eagle3_head: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
     moe = _tiny_config(tmp_path, "deepseek_v3")
-    extra = {"print_iter_log": True, "no_such_option": 1, "max_batch_size": 4, "moe_config": {"backend": "CUTLASS"}}
+    extra = {"print_iter_log": True, "max_batch_size": 4, "moe_config": {"backend": "CUTLASS"}}
     path = _yaml(tmp_path, "bad", moe, eagle3_head, CHAIN, tp=4,
                  serving={"moe_expert_parallel_size": 3, "extra_llm_api_options": extra})
     with pytest.raises(ConfigError) as e:
         load_config(path)
     text = str(e.value)
     assert "serving.moe_expert_parallel_size=3 does not divide parallel.tp=4" in text, text
-    assert "serving.extra_llm_api_options.no_such_option: not an LLM API option the contract ledger knows" in text
     assert "serving.extra_llm_api_options.max_batch_size: the build writes it from engine.max_batch_size" in text
     assert "serving.extra_llm_api_options.moe_config.backend: the build writes it from serving.moe_backend" in text
-    assert "print_iter_log" not in text and "3 problem(s)" not in text and "4 problem(s)" in text, text
+    assert "print_iter_log" not in text and "3 problem(s)" in text, text
+    # names the ledger does not know for the version: refused by the build (and --dry-run) with the fix
+    path = _yaml(tmp_path, "unknown", moe, eagle3_head, CHAIN, tp=2,
+                 serving={"extra_llm_api_options": {"print_iter_log": True, "no_such_option": 1,
+                                                    "kv_cache_config": {"no_such_key": 2}}})
+    assert build.main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    for name in ("no_such_option", "kv_cache_config.no_such_key"):
+        assert (f"serving.extra_llm_api_options.{name}: not an LLM API option the contract ledger knows for "
+                "TensorRT-LLM 1.4") in err and "add its ledger row citing it, or remove it" in err, err
+    assert "print_iter_log" not in err and "extra_llm_api_options.kv_cache_config:" not in err, err
     dense = _tiny_config(tmp_path, "qwen3")
     with pytest.raises(ConfigError) as e:
         load_config(_yaml(tmp_path, "dense", dense, eagle3_head, CHAIN, tp=2,
@@ -249,3 +259,38 @@ def test_serving_refusals_are_named_all_at_once(tmp_path: Path, eagle3_head: Pat
                           version="1.2", serving={"enable_attention_dp": True}))
     assert ("serving.enable_attention_dp: LLM API options of TensorRT-LLM's current line; engine.backend=reference "
             "with trtllm_version '1.2' writes none") in str(e.value), str(e.value)
+
+
+def test_every_row_states_its_capabilities_with_the_line_read() -> None:
+    """Each family row: where its decoder writes EAGLE-3's features (a commit), the trees the PyTorch backend serves,
+    its KV per rank and NVIDIA's support-matrix cell; the tables in docs/contracts.md and bring-your-own-model.md
+    render them (tests/test_families.py checks the committed docs are regenerated)."""
+    from builders.trtllm import architectures
+    from core import capabilities
+    from core.families import FAMILIES
+
+    assert capabilities.unverified_capture(FAMILIES) == []
+    for f in FAMILIES:
+        assert "maybe_capture_hidden_states" in capabilities.capture_of(f) and "commit" in capabilities.capture_of(f)
+        chain = f.attention in ("mla", "compressed", "hybrid-linear", "hybrid-mamba") or f.model_type in (
+            "gpt_oss", "laguna")
+        assert (capabilities.trees_of(f) == "chain") == chain, f.name
+    assert capabilities.matrix_status(BY_NAME["DeepseekV3ForCausalLM"]) == "EAGLE-3 one-model: No"
+    assert capabilities.matrix_status(BY_NAME["Qwen3MoeForCausalLM"]) == "EAGLE-3 one-model: Yes"
+    table = "\n".join(architectures.capability_table())
+    assert "PR #13081" in table and "PR #15842" in table and "PR #9893" in table and "d2a5560a" in table
+    guide = "\n".join(architectures.guide_table())
+    assert "| chain | kv_lora_rank + qk_rope_head_dim per layer, whole on every rank | EAGLE-3 one-model: No |" in guide
+
+
+def test_k_exaone_is_refused_for_eagle3_with_the_reason() -> None:
+    """ExaoneMoEForCausalLM derives from SpecDecOneEngineForCausalLM, but its model's forward never hands the layers
+    spec_metadata and no layer captures, so EAGLE-3's features would never be written."""
+    from builders.trtllm import architectures
+
+    assert "ExaoneMoEForCausalLM" not in BY_NAME
+    for backend in ("pytorch", "reference"):
+        [p] = architectures.problems("ExaoneMoEForCausalLM", version="1.4", backend=backend, draft_type="eagle3",
+                                     where="t")
+        assert "does not run EAGLE-3 there" in p and "ExaoneMoeModel.forward calls its decoder layers without " \
+            "spec_metadata" in p and "0d30bf12" in p and "its speculative path is MTP" in p, p

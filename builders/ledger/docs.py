@@ -298,6 +298,21 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 UNVERIFIED: tuple[str, ...] = (
+    "Capabilities per family row and the serving fields (docs: 'Target architectures', capability table; "
+    "llmapi.option rows enable_attention_dp, moe_expert_parallel_size, moe_config, cuda_graph_config and the "
+    "pass-through names): read at main commits, not at the v1.4.0rc4 tag: each row's EAGLE-3 capture at the commit "
+    "its cell names, KVCacheManager.get_cache_size_per_token at d2a5560a, DSACacheManager's at eaf50262, the support "
+    "matrix at 11d64858 (PR #9893), the dynamic-tree note at 04c8822c (PR #13081), _is_effective_dynamic_tree at "
+    "edf63e81 (PR #15842: whether v1.4.0rc4 has it was not established; a top_k 1 tree is written as a chain either "
+    "way), llm_args.py at fcd3f316 (enable_attention_dp, enable_lm_head_tp_in_adp, moe_expert_parallel_size, "
+    "num_postprocess_workers, MoeConfig.use_low_precision_moe_combine, CudaGraphConfig). MoeConfig.backend's values, "
+    "print_iter_log, stream_interval, trust_remote_code, enable_chunked_prefill, disable_overlap_scheduler, "
+    "moe_tensor_parallel_size and kv_cache_config.max_tokens are as upstream's DeepSeek recipes and deployment guide "
+    "set them (examples/models/core/deepseek_v3/README.md at 010892fd; the DeepSeek-R1 deployment guide), not read in "
+    "llm_args.py. Per-rank weights with attention data parallelism count every non-expert weight whole on each rank "
+    "(the dense MLP and shared experts are, modeling_glm.py / modeling_deepseekv3.py _compute_mlp_tp_size / "
+    "_compute_shared_expert_tp_size at 0406f8aa; the LM head with enable_lm_head_tp_in_adp may be split: an upper "
+    "bound). NVIDIA's published EAGLE-3 recipe for DeepSeek-V3 was not found; the serving fields follow its MTP ones.",
     "Quantized targets on the current line (hf_quant.* rows): the loader was read at 2026 main commits after "
     "v1.4.0rc4 (008e0af8, 00bbf71e), not at the tag; which of k_scale / v_scale TensorRT-LLM's FP8 KV cache applies "
     "was not established (the reference engine uses max(k_scale, v_scale), as ModelOpt's engine-flow export does). "

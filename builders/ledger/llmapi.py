@@ -150,6 +150,10 @@ _MIRROR = rows_of("triton.llmapi.parameter", ("build_dir", "max_queue_size"), MI
 
 # Serving fields for large models (builders/serving_config.py) and the names its pass-through may carry. Flags:
 # attention_dp / ep / moe_backend / cuda_graph = the serving field is set.
+# Fields read in tensorrt_llm/llmapi/llm_args.py at commit fcd3f31682808ae56118ae43c1d7864a3a945e6f (main), not at the
+# release tag: enable_attention_dp, enable_lm_head_tp_in_adp, moe_expert_parallel_size, num_postprocess_workers,
+# MoeConfig.use_low_precision_moe_combine, CudaGraphConfig {batch_sizes, max_batch_size, enable_padding}; the others
+# as upstream's DeepSeek recipes set them (docs/contracts.md, "Not verified").
 TORCH_ARGS = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "TorchLlmArgs / BaseLlmArgs (StrictBaseModel)")
 MOE_CFG = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "MoeConfig.backend (TorchLlmArgs.moe_config)")
 GRAPH_CFG = Source(TRT, "tensorrt_llm/llmapi/llm_args.py", "CudaGraphConfig (TorchLlmArgs.cuda_graph_config)")

@@ -17,6 +17,7 @@ from builders import build, capacity
 from builders.config import ConfigError, load_config
 from builders.engine import llmapi
 from builders.ledger import table as ledger
+from builders.plan import tree_terms
 from core.families import BY_NAME
 from core.shapes import shape_of_config
 from testkit.tiny_families import TINY, family_config, make_family_target, make_mimic_eagle3_head
@@ -183,8 +184,13 @@ def test_dynamic_trees_only_where_the_pytorch_backend_serves_them(family: str, t
         if "attention" in CHAIN_ONLY[family]:
             assert "PR #13081" in text, text
     else:
-        spec = llmapi.speculative_config(load_config(path), Path("head"), [0, 1, 2], 3, FAMILY[family])
+        conf = load_config(path)
+        spec = llmapi.speculative_config(conf, Path("head"), [0, 1, 2], 3, FAMILY[family])
         assert (spec["use_dynamic_tree"], spec["dynamic_tree_max_topK"], spec["max_total_draft_tokens"]) == (True, 2, 6)
+        # the plan speaks the written terms: drafting steps and the tree's size, not the engine flow's max_draft_len
+        terms = tree_terms(conf)
+        assert "max_draft_len=3 (drafting steps), max_total_draft_tokens=6, dynamic_tree_max_topK=2" in terms, terms
+        assert "num_eagle_layers" not in terms and "max_draft_len=6" not in terms, terms
     # top_k 1 is a chain on every row: accepted, written without the tree worker's keys
     data["tree"] = {"dynamic": {"top_k": 1, "depth": 3, "total_draft_tokens": 3}}
     path.write_text(yaml.safe_dump(data))

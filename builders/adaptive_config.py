@@ -107,10 +107,11 @@ class RefreshConfig(_Strict):
 
 def capture_rule(cfg: Any) -> list[str]:
     """(a BuildConfig) Capture needs a served model that records requests: the python LLM models of engine.backend
-    reference (both layouts). The C++ tensorrtllm backend and TensorRT-LLM's own llmapi model run upstream code we do
-    not change."""
-    if not cfg.capture.enabled or cfg.engine.kind.reference_engine:
+    reference (both layouts) and the current line's llmapi model of engine.backend pytorch (models/llmapi_bridge.py:
+    the prompt and the tokens returned; the refresh recomputes the features from the target). The C++ tensorrtllm
+    backend runs upstream code we do not change."""
+    if not cfg.capture.enabled or cfg.engine.kind.reference_engine or cfg.engine.kind.llmapi_model:
         return []
     return [f"capture.enabled=true with engine.backend={cfg.engine.backend!r}: the served LLM model there is "
-            "TensorRT-LLM's own (it records nothing); capture traffic on an engine.backend=reference twin of this "
-            "config, or set capture.enabled: false (docs/adaptive.md, 'On a GPU')"]
+            "TensorRT-LLM's C++ backend (it records nothing); serve the current line (trtllm_version 1.4, "
+            "engine.backend: pytorch), or set capture.enabled: false (docs/adaptive.md, 'On a GPU')"]

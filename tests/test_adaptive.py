@@ -170,10 +170,17 @@ def test_capture_config_rules(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     base = ("name: x\noutput_dir: out\ntarget: {model: t, dtype: float32}\ndraft: {type: eagle3, model: h}\n"
             "tree: {choices: chain-3}\ntrtllm_version: '1.4'\n")
-    cfg.write_text(base + "engine: {backend: pytorch}\ncapture: {enabled: true}\n")
-    with pytest.raises(ConfigError) as e:
-        load_config(cfg)
-    assert "capture.enabled=true with engine.backend='pytorch'" in str(e.value)
+    lim = "max_batch_size: 2, max_input_len: 32, max_seq_len: 64"
+    f16 = base.replace("float32", "float16")
+    cfg.write_text(f16 + f"engine: {{backend: pytorch, {lim}}}\ncapture: {{enabled: true}}\n")
+    assert load_config(cfg).capture.enabled  # the current line's llmapi model records too (models/llmapi_bridge.py)
+    for version in ("1.1", "1.2"):  # the C++ backend records nothing: refused, with what to do
+        cfg.write_text(base.replace("'1.4'", f"'{version}'").replace("float32", "float16")
+                       + f"engine: {{backend: tensorrt, {lim}}}\ncapture: {{enabled: true}}\n")
+        with pytest.raises(ConfigError) as e:
+            load_config(cfg)
+        assert "capture.enabled=true with engine.backend='tensorrt'" in str(e.value)
+        assert "engine.backend: pytorch" in str(e.value) and "capture.enabled: false" in str(e.value)
     cfg.write_text(base + "engine: {backend: reference, max_batch_size: 2, max_input_len: 32, max_seq_len: 64}\n"
                    "capture: {enabled: true, dir: store, sample_rate: 0}\n")
     with pytest.raises(ConfigError) as e:

@@ -8,6 +8,10 @@ Everything comes from the build itself (one source of truth): the resolved confi
 written by builders/build.py gives the backend and the parallel sizes; the model repository is the output
 directory of the Triton stage (its `Stage.name`).
 
+Nothing is written into BUILD_DIR: a build serves from a read-only mount (the Kubernetes manifests mount it so).
+TensorRT-LLM's own llmapi model (the current line on a GPU) is imported by the build's model from where the image
+has it (`$TRTLLM_LLMAPI_MODEL_DIR`), not copied into the build; this command only checks it is there.
+
 Inputs:  BUILD_DIR, a finished build (config.resolved.yaml, triton_repo/)
 Outputs: a running tritonserver on the given ports (exec of triton_repo/launch.py)
 Guide:   docs/deploy.md
@@ -112,6 +116,9 @@ def upstream_llmapi_problems(cfg: BuildConfig, repo: Path) -> list[str]:
 
 
 def install_upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> None:
+    """Copy upstream's files into a writable repository as `upstream_model.py` / `helpers.py` (the bridge prefers a
+    copy next to it). Serving does not need it (the bridge imports the image's files); for a repository that must
+    carry its own copy."""
     import shutil
 
     found = upstream_llmapi_model(cfg, repo)
@@ -174,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
     print(" ".join(cmd), flush=True)
     if args.print_argv:
         return 0
-    install_upstream_llmapi_model(cfg, build_dir / stage)
     os.execv(cmd[0], cmd)
     return 0  # not reached: execv replaces this process
 

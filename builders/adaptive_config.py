@@ -103,6 +103,26 @@ class RefreshConfig(_Strict):
         "current head's by at least this much (and the doctor finds it healthy and lossless).",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the split, the data order and the fine-tune.")
+    keep_versions: int = Field(
+        default=3, ge=1, le=1000,
+        description="Retention: published versions kept in the model repository besides the build's own version 1 "
+        "(the newest; rollback reaches back this far), and retired versions kept under BUILD/refresh/retired/. "
+        "Older ones are deleted at each publish.")
+    keep_runs: int = Field(
+        default=2, ge=1, le=1000,
+        description="Retention: refresh run directories kept under BUILD/refresh/ (the newest; their feature shards "
+        "are the largest files a refresh writes). Older runs are deleted when a refresh starts and at each publish; "
+        "a published head lives on in its version directory.")
+    max_group_share: float = Field(
+        default=0.1, gt=0, le=1,
+        description="Cap on one prompt group's share of the captured training requests: near-duplicate prompts "
+        "(the same normalized tokens, or most of their token 4-grams shared) form one group, which is held out or "
+        "trained on as a whole, and at most this share of the training requests (at least one) comes from a group.")
+    reference_prompts: str | None = Field(
+        default=None,
+        description="A JSONL file of prompts never captured ({\"text\": ...} or {\"prompt_ids\": [...]} per line; "
+        "relative paths are relative to the config file) the gate also scores: the candidate must not lose tau on "
+        "them. Unset: docker/prompts.jsonl, the prompts shipped with the project.")
 
 
 def capture_rule(cfg: Any) -> list[str]:

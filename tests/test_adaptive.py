@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from builders.adaptive.dataset import Captured, split
+from builders.adaptive.dataset import Captured, RefreshInputError, prompt_groups, split
 from triton_repo.models import capture as C
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,12 +156,50 @@ def test_hook_off_without_settings_and_sampled_with_them(tmp_path: Path) -> None
                                "acceptance_by_depth": [0]} and dropped == [1]
 
 
-def test_split_is_by_request_deterministic_and_disjoint() -> None:
-    recs = [Captured(f"id{i}", [1], [2, 3], True, {}) for i in range(50)]
+def _prompt(i: int, n: int = 12) -> list[int]:
+    return [1000 + (i * 37 + j * 11) % 997 for j in range(n)]  # distinct 4-grams for distinct i
+
+
+def test_split_is_by_content_deterministic_and_disjoint() -> None:
+    recs = [Captured(f"id{i}", _prompt(i), [2, 3], True, {}) for i in range(50)]
     train, held = split(recs, 0.2, seed=0)
     assert len(held) == 10 and len(train) == 40 and not {c.id for c in train} & {c.id for c in held}
     assert split(recs, 0.2, seed=0) == (train, held) and split(recs, 0.2, seed=1)[1] != held
     assert len(split(recs[:4], 0.01, 0)[1]) == 1 and len(split(recs[:4], 0.99, 0)[0]) == 1
+
+
+@pytest.mark.parametrize("variant", [
+    lambda p: list(p),  # the same prompt again
+    lambda p: p[:-1] + [7],  # its last token changed
+    lambda p: [5] + p,  # a token in front
+    lambda p: p[:6] + [8] + p[6:],  # a token inserted in the middle
+])
+def test_near_duplicate_prompts_stay_on_one_side(variant: Any) -> None:
+    """A prompt and its near-copies are one group: never both trained on and held out, whatever the seed."""
+    base = _prompt(0, 24)
+    recs = [Captured(f"d{i}", variant(base) if i % 2 else base, [2, 3], True, {}) for i in range(20)]
+    recs += [Captured(f"o{i}", _prompt(i + 1), [2, 3], True, {}) for i in range(20)]
+    assert len(prompt_groups(recs)) == 21
+    for seed in range(6):
+        train, held = split(recs, 0.3, seed)
+        sides = {"train" if c in train else "held" for c in recs if c.id.startswith("d") and c in train + held}
+        assert len(sides) == 1, (seed, sides)
+
+
+@pytest.mark.parametrize(("copies", "others", "share"), [(90, 50, 0.1), (30, 10, 0.2), (10, 40, 0.05), (5, 5, 0.5)])
+def test_one_prompt_is_capped_to_its_share_of_the_training_data(copies: int, others: int, share: float) -> None:
+    recs = [Captured(f"c{i}", _prompt(0), [2, 3], True, {}) for i in range(copies)]
+    recs += [Captured(f"o{i}", _prompt(i + 1), [2, 3], True, {}) for i in range(others)]
+    for seed in range(4):
+        train, held = split(recs, 0.2, seed, max_group_share=share)
+        dup = sum(c.id.startswith("c") for c in train)
+        assert dup <= max(1, share * len(train)) and len(train) > 0, (seed, dup, len(train))
+
+
+def test_one_prompt_only_is_refused_with_what_to_do() -> None:
+    for n in (4, 40):
+        with pytest.raises(RefreshInputError, match="near-duplicates of one prompt: nothing to hold out"):
+            split([Captured(f"x{i}", _prompt(3), [2, 3], True, {}) for i in range(n)], 0.2, 0)
 
 
 def test_capture_config_rules(tmp_path: Path) -> None:

@@ -13,17 +13,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from builders.adaptive_config import CaptureConfig, RefreshConfig, capture_rule
+from builders.deploy_config import DeployConfig
 from builders.monitoring_config import MonitoringConfig
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
@@ -276,6 +269,7 @@ class BuildConfig(Strict):
                                    description="Opt-in capture of served requests (docs/adaptive.md).")
     refresh: RefreshConfig = Field(default_factory=RefreshConfig,
                                    description="Fine-tune, gate and publish a head on captured traffic.")
+    deploy: DeployConfig = Field(default_factory=DeployConfig, description="Kubernetes manifests' values (eagle-k8s).")
     # engine fields filled by load_config (builders/defaults.py) -> why; written to config.resolved.yaml
     _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
 

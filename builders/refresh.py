@@ -85,7 +85,33 @@ def write_report(run: Path, report: dict[str, Any]) -> None:
     tmp.replace(run / REPORT)
 
 
-def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
+def engine_build(build_dir: Path, cfg: BuildConfig, twin: Path | None) -> Path:
+    """The build whose reference engine computes the features and runs the gates: the build itself
+    (engine.backend reference), or for a current-line PyTorch-backend build its reference twin, a build of the same
+    config with engine.backend reference (the served build's store, head versions and repository stay the ones
+    refreshed and published)."""
+    if not cfg.draft.kind.eagle3 or not (cfg.engine.kind.reference_engine or cfg.engine.kind.llmapi_model):
+        raise RefreshInputError(f"draft.type={cfg.draft.type}, engine.backend={cfg.engine.backend}: a refresh "
+                                "fine-tunes an EAGLE-3 head of an engine.backend=reference or pytorch build "
+                                "(docs/adaptive.md)")
+    if twin is None:
+        if cfg.engine.kind.reference_engine:
+            return build_dir
+        raise RefreshInputError(f"engine.backend={cfg.engine.backend}: give --twin TWIN, a reference build of the "
+                                "same config (python builders/build.py CONFIG --set engine.backend=reference --set "
+                                "output_dir=TWIN): the refresh computes the target's features and gates on its "
+                                "reference engine (docs/adaptive.md, 'On a GPU')")
+    tw = load_build(twin)
+    wrong = [f"{k}: {a!r} here, {b!r} in the twin" for k, a, b in (
+        ("engine.backend", "reference", tw.engine.backend), ("target.model", cfg.target.model, tw.target.model),
+        ("draft.model", cfg.draft.model, tw.draft.model), ("tree", cfg.tree, tw.tree)) if a != b]
+    if wrong:
+        raise RefreshInputError(f"--twin {twin} is not a reference build of this config ({'; '.join(wrong)}); "
+                                "build it from the same config with --set engine.backend=reference")
+    return twin
+
+
+def refresh(build_dir: Path, cfg: BuildConfig, run: Path, twin: Path | None = None) -> dict[str, Any]:
     """One refresh run (module doc); returns the report."""
     from builders import layout
     from builders.adaptive import dataset as D
@@ -99,10 +125,8 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     from training.features import FeatureSpec
 
     t0, c0, rc = time.monotonic(), time.process_time(), cfg.refresh
-    if not cfg.draft.kind.eagle3 or not cfg.engine.kind.reference_engine:
-        raise RefreshInputError(f"draft.type={cfg.draft.type}, engine.backend={cfg.engine.backend}: a refresh "
-                                "fine-tunes an EAGLE-3 head of an engine.backend=reference build (docs/adaptive.md)")
-    spec = read_spec(build_dir)
+    eng = engine_build(build_dir, cfg, twin)
+    spec = read_spec(eng)
     private(build_dir / "refresh")
     prune_runs(build_dir, rc.keep_runs, run)
     private(run)
@@ -116,7 +140,9 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     served = F.read_served(served_head(build_dir, cfg.triton.llm_model))
     compute = resolve_compute(F.compute_config(rc.threads))
     apply_compute(compute, False)
-    model, tok, target_dir = F.load_target(layout.hf_target_dir(build_dir), compute)
+    model, tok, target_dir = F.load_target(layout.hf_target_dir(eng), compute)
+    ref_file = Path(rc.reference_prompts) if rc.reference_prompts else D.REFERENCE_PROMPTS
+    ref = D.reference_records(ref_file, tok, cfg.request_limits().max_input_len)
     fspec = FeatureSpec(tuple(served.layer_ids), F.FEATURE_DTYPE)
     n_orig = round(rc.original_share * len(train))
     orig = D.original_sequences(Path(cfg.draft.model) / "recipe.yaml", tok, n_orig, rc.max_seq_len)
@@ -135,12 +161,14 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
     del model, head
     digest = head_digest(run / "head")  # what the gate measures is what --publish installs (checked there)
     if rc.gate == "replay":
-        g = replay_gate(build_dir, served.dir, run / "head", held, D.aux_of(held_s),
+        g = replay_gate(eng, served.dir, run / "head", held, D.aux_of(held_s),
                         margin=rc.gate_margin, max_new_tokens=rc.gate_max_new_tokens,
                         engine_requests=rc.gate_engine_requests)
     else:
-        g = gate(build_dir, served.dir, run / "head", [c.raw for c in held], margin=rc.gate_margin,
+        g = gate(eng, served.dir, run / "head", [c.raw for c in held], margin=rc.gate_margin,
                  max_new_tokens=rc.gate_max_new_tokens)
+    g["reference"] = reference_gate(eng, served.dir, run, rc, ref)
+    g["publishable"] = bool(g["publishable"] and g["reference"]["passed"])
     if head_digest(run / "head") != digest:
         raise RefreshInputError(f"{run / 'head'} changed while the gate measured it: rerun the refresh")
     g["head_digest"] = digest
@@ -160,10 +188,25 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
         "cpu_seconds": {"features": round(c_features, 1), "train": round(c_train, 1),
                         "gate": round(time.process_time() - c0 - c_features - c_train, 1),
                         "total": round(time.process_time() - c0, 1)},
-        "gate": g, "gate_command": f"python -m builders.doctor gate --build {build_dir} --current {served.dir} "
+        "twin": None if twin is None else str(twin),
+        "gate": g, "gate_command": f"python -m builders.doctor gate --build {eng} --current {served.dir} "
         f"--candidate {run / 'head'} --requests {run / 'held_out.jsonl'} --margin {rc.gate_margin} "
         f"--max-new-tokens {rc.gate_max_new_tokens}",
     }
+
+
+def reference_gate(build_dir: Path, current: Path, run: Path, rc: Any, ref: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both heads on prompts never captured (refresh.reference_prompts), decoded on the engine: the candidate must be
+    lossless there and lose at most refresh.reference_tolerance of tau."""
+    from builders.adaptive import dataset as D
+    from builders.doctor.gate import gate
+
+    D.write_jsonl(run / "reference.jsonl", [D.Captured(str(r["id"]), r["prompt_ids"], [], True, r) for r in ref])
+    g = gate(build_dir, current, run / "head", ref, margin=0.0, max_new_tokens=rc.gate_max_new_tokens)
+    cur, cand = g["current"]["tau"], g["candidate"]["tau"]
+    return {"prompts": len(ref), "current_tau": cur, "candidate_tau": cand, "lossless": g["lossless"],
+            "tolerance": rc.reference_tolerance,
+            "passed": bool(g["lossless"] and cand >= cur - rc.reference_tolerance)}
 
 
 def read_report(run: Path) -> dict[str, Any]:
@@ -332,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     act.add_argument("--rollback", action="store_true", help="retire the newest published version")
     act.add_argument("--purge-capture", action="store_true", help="delete every captured request of the build and "
                      "every copy the refresh runs made of them")
+    ap.add_argument("--twin", type=Path, metavar="TWIN", help="engine.backend pytorch: a reference build of the same "
+                    "config, whose engine computes the features and runs the gates")
     ap.add_argument("--server", dest="servers", action="append", default=[], metavar="HOST:PORT",
                     help="a running server's HTTP endpoint: load the change now (needs --model-control explicit and "
                     "$TRITON_ADMIN_KEY); repeat for every replica, or dns:NAME:PORT for every address of a "
@@ -352,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.rollback:
             return rollback(args.build, cfg, args.servers)
         run = run_dir_for(args.build, args.run)
-        report = refresh(args.build, cfg, run)
+        report = refresh(args.build, cfg, run, args.twin)
     except (RefreshInputError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -363,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     from builders.doctor.gate import verdict_text
 
     print(verdict_text(report["gate"]))
+    r = report["gate"]["reference"]
+    print(f"reference prompts ({r['prompts']}, never captured): tau {r['current_tau']:.3f} -> {r['candidate_tau']:.3f}"
+          f", lossless {r['lossless']}: {'passed' if r['passed'] else 'REFUSED'} (tolerance {r['tolerance']})")
     print(f"refresh {run.name}: {report['sizes']}, {report['seconds']['total']:.0f} s; report {run / REPORT}")
     if report["publishable"]:
         print(f"publish it: python builders/refresh.py --build {args.build} --publish {run}")

@@ -9,9 +9,6 @@ Guide:   docs/deploy.md
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's packages
 
 from builders.k8s.manifests import (  # noqa: F401  (re-exported for the tests that read the renderers from here)
     CACHE_DIR,

@@ -51,21 +51,25 @@ UPSTREAM_DIR = "/app/all_models/llmapi/tensorrt_llm/1"  # builders/triton/render
 
 
 def _upstream_model() -> Any:
-    """TensorRT-LLM's model.py, unmodified: the copy next to this file if there is one, else the image's (its
-    directory goes on sys.path for the `from helpers import ...` it does)."""
+    """TensorRT-LLM's model.py, unmodified: the copy next to this file if there is one, else the image's, loaded by
+    path with its helpers.py first (the `from helpers import ...` it does finds that module)."""
     here = os.path.dirname(os.path.abspath(__file__))
     if os.path.isfile(os.path.join(here, "upstream_model.py")):
         import upstream_model
 
         return upstream_model
     src = os.environ.get(UPSTREAM_ENV) or UPSTREAM_DIR
-    if src not in sys.path:
-        sys.path.insert(0, src)
-    spec = importlib.util.spec_from_file_location("upstream_model", os.path.join(src, "model.py"))
-    if spec is None or spec.loader is None:
-        raise ImportError(f"TensorRT-LLM's llmapi model.py not found in {src}; set ${UPSTREAM_ENV}")
+    return [_load(name, os.path.join(src, f"{file}.py")) for name, file in (("helpers", "helpers"),
+                                                                             ("upstream_model", "model"))][-1]
+
+
+def _load(name: str, path: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        raise ImportError(f"TensorRT-LLM's llmapi model file {path} not found; set ${UPSTREAM_ENV} to TensorRT-LLM's "
+                          "triton_backend/all_models/llmapi/tensorrt_llm/1")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["upstream_model"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 

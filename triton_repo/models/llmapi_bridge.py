@@ -41,7 +41,7 @@ import os
 import sys
 import threading
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
@@ -74,7 +74,10 @@ def _load(name: str, path: str) -> Any:
     return mod
 
 
-UpstreamModel = _upstream_model().TritonPythonModel
+if TYPE_CHECKING:  # the members the bridge uses (stubs/upstream_model.pyi)
+    from upstream_model import TritonPythonModel as UpstreamModel
+else:
+    UpstreamModel = _upstream_model().TritonPythonModel
 _CAPTURED: contextvars.ContextVar[Any] = contextvars.ContextVar("eagle_capture", default=None)
 
 POLL_S = 1.0  # how often the iteration statistics are drained (they queue up between polls)

@@ -120,9 +120,13 @@ class RefreshConfig(_Strict):
         "trained on as a whole, and at most this share of the training requests (at least one) comes from a group.")
     reference_prompts: str | None = Field(
         default=None,
-        description="A JSONL file of prompts never captured ({\"text\": ...} or {\"prompt_ids\": [...]} per line; "
-        "relative paths are relative to the config file) the gate also scores: the candidate must not lose tau on "
-        "them. Unset: docker/prompts.jsonl, the prompts shipped with the project.")
+        description="A JSONL file of prompts never captured ({\"prompt\": \"...\"} or {\"prompt_ids\": [...]} per "
+        "line; relative paths are relative to the config file) the gate also scores: the candidate must not lose "
+        "tau on them. Unset: docker/prompts.jsonl, the prompts shipped with the project.")
+    reference_tolerance: float = Field(
+        default=0.05, ge=0, le=10,
+        description="The candidate passes the reference prompts when its tau there is at least the current head's "
+        "minus this (and it is lossless there).")
 
 
 def capture_rule(cfg: Any) -> list[str]:

@@ -72,7 +72,7 @@ def test_capture_on_the_current_line_trains_a_refresh_through_its_twin(tmp_path:
     run = build / "refresh" / "r1"
     report = json.loads((run / "report.json").read_text())
     assert report["sizes"]["captured_train"] >= 1 and report["sizes"]["held_out"] >= 1
-    assert report["twin"] == str(twin) and (run / "head" / "model.safetensors").is_file()
+    assert (build / report["twin"]).resolve() == twin.resolve() and (run / "head" / "model.safetensors").is_file()
     assert report["served_head"].endswith("checkpoint/eagle3")  # the PyTorch build's own head, version 1
     if report["publishable"]:
         p = _cli("--build", str(build), "--publish", str(run))

@@ -93,8 +93,8 @@ def prompt_groups(records: list[Captured]) -> list[list[Captured]]:
             buckets.setdefault((b, tuple(sig[b:b + ROWS])), []).append(i)
     for members in buckets.values():
         for j in members[1:]:
-            a, b = shingles[members[0]], shingles[j]
-            if find(members[0]) != find(j) and len(a & b) >= NEAR * len(a | b):
+            x, y = shingles[members[0]], shingles[j]
+            if find(members[0]) != find(j) and len(x & y) >= NEAR * len(x | y):
                 parent[find(j)] = find(members[0])
     groups: dict[int, list[Captured]] = {}
     for i, c in enumerate(records):
@@ -141,6 +141,35 @@ def split(records: list[Captured], held_out_fraction: float, seed: int,
         return [c for c in records if c.id in keep]
 
     return capped(train_groups), [c for g in held_groups for c in g]
+
+
+REFERENCE_PROMPTS = Path(__file__).resolve().parents[2] / "docker" / "prompts.jsonl"  # shipped with the project
+MAX_REFERENCE = 64
+
+
+def reference_records(path: Path, tok: Any, max_input_len: int) -> list[dict[str, Any]]:
+    """The gate's prompts never captured: each line {"prompt": text} (tokenized as the served models do, special
+    tokens included) or {"prompt_ids": [...]}; at most MAX_REFERENCE, cut to max_input_len tokens."""
+    if not path.is_file():
+        raise RefreshInputError(f"refresh.reference_prompts {path} not found: give a JSONL file of prompts "
+                                '({"prompt": "..."} per line)')
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            ids = ([int(t) for t in doc["prompt_ids"]] if "prompt_ids" in doc
+                   else list(tok(str(doc["prompt"]))["input_ids"]))
+        except (ValueError, TypeError, KeyError) as e:
+            raise RefreshInputError(f"{path}:{n}: not a prompt ({type(e).__name__}: {e}); write "
+                                    '{"prompt": "..."} or {"prompt_ids": [...]} per line') from None
+        if ids:
+            out.append({"id": f"reference-{n}", "prompt_ids": ids[:max_input_len], "output_ids": [],
+                        "sampling": {"temperature": 0.0}})
+    if not out:
+        raise RefreshInputError(f"{path} holds no prompt: give at least one")
+    return out[:MAX_REFERENCE]
 
 
 def write_jsonl(path: Path, records: list[Captured]) -> None:

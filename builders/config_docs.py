@@ -159,6 +159,12 @@ EXTRA_EXAMPLES: dict[str, Any] = {
     "tree.acceptance_rate_threshold": 0.2,
     "engine.max_num_tokens": 2048,
     "engine.workers": 2,
+    "deploy.node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": "inference"},
+    "deploy.downloads": {"/models/Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B-Instruct",
+                         "/models/EAGLE3-LLaMA3.1-Instruct-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
+    "deploy.storage_class": "nfs-rwx",
+    "deploy.image": "registry.example.com/eagle-deploy:trtllm1.4.0rc4",
+    "refresh.reference_prompts": "reference-prompts.jsonl",
 }
 
 

@@ -310,3 +310,66 @@ def test_launcher_explicit_model_control_argv() -> None:
     p = subprocess.run([sys.executable, "triton_repo/launch.py", "--repo", str(ROOT), "--print-argv"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert "--model-control-mode" not in p.stdout
+
+
+@pytest.mark.parametrize(("published", "retired", "keep"), [(5, 0, 3), (3, 4, 1), (2, 2, 3), (0, 0, 2), (8, 8, 2)])
+def test_retention_keeps_version_1_and_the_newest_published(tmp_path: Path, published: int, retired: int,
+                                                            keep: int) -> None:
+    from builders.adaptive.publish import RETIRED, prune, versions
+
+    model = tmp_path / "triton_repo" / "tensorrt_llm"
+    for v in range(1, published + 2):
+        (model / str(v)).mkdir(parents=True)
+    for r in range(retired):
+        d = tmp_path / "refresh" / RETIRED / f"{r + 2}-x"
+        d.mkdir(parents=True)
+        os.utime(d, (1000 + r, 1000 + r))
+    gone = prune(tmp_path, "tensorrt_llm", keep)
+    kept = versions(model)
+    assert kept == [1, *range(max(2, published + 2 - keep), published + 2)]
+    left = sorted(p.name for p in (tmp_path / "refresh" / RETIRED).iterdir()) if retired else []
+    assert left == sorted(f"{r + 2}-x" for r in range(max(0, retired - keep), retired))
+    assert len(gone) == max(0, published - keep) + max(0, retired - keep)
+
+
+@pytest.mark.parametrize(("runs", "keep"), [(5, 2), (1, 1), (3, 3), (6, 1)])
+def test_retention_of_refresh_runs_spares_the_current_one(tmp_path: Path, runs: int, keep: int) -> None:
+    from builders.refresh import prune_runs
+
+    root = tmp_path / "refresh"
+    for i in range(runs):
+        (root / f"run-{i}").mkdir(parents=True)
+        (root / f"run-{i}" / "report.json").write_text("{}")
+        os.utime(root / f"run-{i}", (1000 + i, 1000 + i))
+    (root / "retired").mkdir()  # not a run: never pruned
+    current = root / "run-0"  # the oldest, but the one being published
+    gone = prune_runs(tmp_path, keep, current)
+    left = sorted(p.name for p in root.iterdir())
+    assert "retired" in left and "run-0" in left
+    assert {f"run-{i}" for i in range(max(0, runs - keep), runs)} <= set(left)
+    assert len(gone) == max(0, runs - keep - (1 if runs > keep else 0))
+
+
+@pytest.mark.parametrize(("given", "expect"), [
+    (["127.0.0.1:8000"], ["127.0.0.1:8000"]),
+    (["127.0.0.1:8000", "127.0.0.1:8000", "10.1.2.3:8000"], ["127.0.0.1:8000", "10.1.2.3:8000"]),  # once each
+    (["dns:localhost:8000"], ["127.0.0.1:8000"]),  # every address the name resolves to (a headless Service's pods)
+])
+def test_servers_named_and_resolved(given: list[str], expect: list[str]) -> None:
+    from builders.adaptive.servers import endpoints
+
+    got = endpoints(given)
+    assert [g for g in got if not g.startswith("[")] == expect  # localhost may also resolve to [::1]
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("no-port", "write HOST:PORT"), ("host:http", "write HOST:PORT"), (":8000", "write HOST:PORT"),
+    ("dns:svc", "write dns:NAME:PORT"), ("dns::8000", "write dns:NAME:PORT"),
+    ("dns:no-such-name.invalid:8000", "does not resolve"),
+])
+def test_a_bad_server_name_is_refused_with_what_to_write(given: str, message: str) -> None:
+    from builders.adaptive.publish import PublishError
+    from builders.adaptive.servers import endpoints
+
+    with pytest.raises(PublishError, match=message):
+        endpoints([given])

@@ -128,7 +128,6 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path, twin: Path | None = No
     eng = engine_build(build_dir, cfg, twin)
     spec = read_spec(eng)
     private(build_dir / "refresh")
-    prune_runs(build_dir, rc.keep_runs, run)
     private(run)
     if (run / "train.jsonl").is_file() and (run / "held_out.jsonl").is_file():  # a resumed run keeps its split
         train, held = D.read_jsonl(run / "train.jsonl"), D.read_jsonl(run / "held_out.jsonl")
@@ -137,6 +136,7 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path, twin: Path | None = No
                               rc.max_group_share)
         D.write_jsonl(run / "held_out.jsonl", held)
         D.write_jsonl(run / "train.jsonl", train)
+    prune_runs(build_dir, rc.keep_runs, run)  # retention, once this run has its data
     served = F.read_served(served_head(build_dir, cfg.triton.llm_model))
     compute = resolve_compute(F.compute_config(rc.threads))
     apply_compute(compute, False)

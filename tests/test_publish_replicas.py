@@ -200,7 +200,9 @@ def test_a_refused_change_changes_nothing(
         if not (build / "triton_repo" / MODEL / "2").is_dir():
             assert refresh("--build", str(build), "--publish", str(run), *args).returncode == 0
     before, history = _state(build), _history(build)
-    serving = 2 if action == "--rollback" else 1
+    from builders.adaptive.publish import versions
+
+    serving = versions(build / "triton_repo" / MODEL)[-1]  # what every replica serves before the refused change
     env = {**os.environ, "TRITON_ADMIN_KEY": KEY}
     servers = [s.http_url for s in replicas]
     extra: TritonServer | None = None

@@ -382,7 +382,14 @@ def main(argv: list[str] | None = None) -> int:
                     "$TRITON_ADMIN_KEY); repeat for every replica, or dns:NAME:PORT for every address of a "
                     "Kubernetes headless Service")
     args = ap.parse_args(argv)
-    os.umask(0o077)  # what a refresh writes holds captured prompts: private to this user (0600 / 0700)
+    umask = os.umask(0o077)  # what a refresh writes holds captured prompts: private to this user (0600 / 0700)
+    try:
+        return _run(args)
+    finally:
+        os.umask(umask)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         cfg = load_build(args.build)
         if args.purge_capture:

@@ -103,14 +103,39 @@ class RefreshConfig(_Strict):
         "current head's by at least this much (and the doctor finds it healthy and lossless).",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the split, the data order and the fine-tune.")
+    keep_versions: int = Field(
+        default=3, ge=1, le=1000,
+        description="Retention: published versions kept in the model repository besides the build's own version 1 "
+        "(the newest; rollback reaches back this far), and retired versions kept under BUILD/refresh/retired/. "
+        "Older ones are deleted at each publish.")
+    keep_runs: int = Field(
+        default=2, ge=1, le=1000,
+        description="Retention: refresh run directories kept under BUILD/refresh/ (the newest; their feature shards "
+        "are the largest files a refresh writes). Older runs are deleted when a refresh starts and at each publish; "
+        "a published head lives on in its version directory.")
+    max_group_share: float = Field(
+        default=0.1, gt=0, le=1,
+        description="Cap on one prompt group's share of the captured training requests: near-duplicate prompts "
+        "(the same normalized tokens, or most of their token 4-grams shared) form one group, which is held out or "
+        "trained on as a whole, and at most this share of the training requests (at least one) comes from a group.")
+    reference_prompts: str | None = Field(
+        default=None,
+        description="A JSONL file of prompts never captured ({\"prompt\": \"...\"} or {\"prompt_ids\": [...]} per "
+        "line; relative paths are relative to the config file) the gate also scores: the candidate must not lose "
+        "tau on them. Unset: docker/prompts.jsonl, the prompts shipped with the project.")
+    reference_tolerance: float = Field(
+        default=0.05, ge=0, le=10,
+        description="The candidate passes the reference prompts when its tau there is at least the current head's "
+        "minus this (and it is lossless there).")
 
 
 def capture_rule(cfg: Any) -> list[str]:
     """(a BuildConfig) Capture needs a served model that records requests: the python LLM models of engine.backend
-    reference (both layouts). The C++ tensorrtllm backend and TensorRT-LLM's own llmapi model run upstream code we do
-    not change."""
-    if not cfg.capture.enabled or cfg.engine.kind.reference_engine:
+    reference (both layouts) and the current line's llmapi model of engine.backend pytorch (models/llmapi_bridge.py:
+    the prompt and the tokens returned; the refresh recomputes the features from the target). The C++ tensorrtllm
+    backend runs upstream code we do not change."""
+    if not cfg.capture.enabled or cfg.engine.kind.reference_engine or cfg.engine.kind.llmapi_model:
         return []
     return [f"capture.enabled=true with engine.backend={cfg.engine.backend!r}: the served LLM model there is "
-            "TensorRT-LLM's own (it records nothing); capture traffic on an engine.backend=reference twin of this "
-            "config, or set capture.enabled: false (docs/adaptive.md, 'On a GPU')"]
+            "TensorRT-LLM's C++ backend (it records nothing); serve the current line (trtllm_version 1.4, "
+            "engine.backend: pytorch), or set capture.enabled: false (docs/adaptive.md, 'On a GPU')"]

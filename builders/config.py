@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from builders.adaptive_config import CaptureConfig, RefreshConfig, capture_rule
+from builders.deploy_config import DeployConfig
 from builders.monitoring_config import MonitoringConfig
 from builders.serving_config import ServingConfig, serving_problems
 from builders.speculation import LoadAwareFields
@@ -271,6 +272,7 @@ class BuildConfig(Strict):
                                    description="Opt-in capture of served requests (docs/adaptive.md).")
     refresh: RefreshConfig = Field(default_factory=RefreshConfig,
                                    description="Fine-tune, gate and publish a head on captured traffic.")
+    deploy: DeployConfig = Field(default_factory=DeployConfig, description="Kubernetes manifests' values (eagle-k8s).")
     # engine fields filled by load_config (builders/defaults.py) -> why; written to config.resolved.yaml
     _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
 

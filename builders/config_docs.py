@@ -163,6 +163,12 @@ EXTRA_EXAMPLES: dict[str, Any] = {
     "serving.moe_backend": "CUTLASS",
     "serving.cuda_graph_max_batch_size": 64,
     "serving.extra_llm_api_options": {"print_iter_log": True, "stream_interval": 10},
+    "deploy.node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": "inference"},
+    "deploy.downloads": {"/models/Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B-Instruct",
+                         "/models/EAGLE3-LLaMA3.1-Instruct-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
+    "deploy.storage_class": "nfs-rwx",
+    "deploy.image": "registry.example.com/eagle-deploy:trtllm1.4.0rc4",
+    "refresh.reference_prompts": "reference-prompts.jsonl",
 }
 
 

@@ -118,7 +118,8 @@ def bounded_problems(problems: list[str]) -> list[str]:
 
 
 PATH_FIELDS = (("target", "model"), ("draft", "model"), ("draft", "draft_vocab"), ("tree", "schedule_file"),
-               ("monitoring", "calibration_prompts"), ("capture", "dir"), (None, "output_dir"))
+               ("monitoring", "calibration_prompts"), ("capture", "dir"), ("refresh", "reference_prompts"),
+               (None, "output_dir"))
 
 
 def resolve_paths(data: dict[str, Any], base: Path) -> list[str]:

@@ -15,6 +15,7 @@
 #   TRITON_LOG           server log [/dev/stdout, so `docker logs` / `kubectl logs` show it]
 #   TRITON_READY_TIMEOUT seconds to wait for every model to load [1800: large engines load slowly]
 #   TRITON_ADMIN_KEY     key for Triton's admin endpoints (model repository, logging, trace, shared memory) [unset: closed]
+#   TRITON_MODEL_CONTROL none or explicit: load published head versions on request (docs/adaptive.md) [none]
 #
 # Inputs:  a build config (build), a finished build directory (serve), a served deployment (loadtest)
 # Outputs: the build under the config's output_dir (build), a running Triton server (serve), the load-test
@@ -49,7 +50,8 @@ case "$cmd" in
       --grpc-port "${TRITON_GRPC_PORT:-8001}" \
       --metrics-port "${TRITON_METRICS_PORT:-8002}" \
       --log "${TRITON_LOG:-/dev/stdout}" \
-      --timeout "${TRITON_READY_TIMEOUT:-1800}"
+      --timeout "${TRITON_READY_TIMEOUT:-1800}" \
+      --model-control "${TRITON_MODEL_CONTROL:-none}"
     ;;
   loadtest)
     [ $# -ge 1 ] || die "loadtest needs the server's gRPC address: loadtest HOST:PORT --prompts FILE --out DIR ..."

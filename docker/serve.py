@@ -8,6 +8,10 @@ Everything comes from the build itself (one source of truth): the resolved confi
 written by builders/build.py gives the backend and the parallel sizes; the model repository is the output
 directory of the Triton stage (its `Stage.name`).
 
+Nothing is written into BUILD_DIR: a build serves from a read-only mount (the Kubernetes manifests mount it so).
+TensorRT-LLM's own llmapi model (the current line on a GPU) is imported by the build's model from where the image
+has it (`$TRTLLM_LLMAPI_MODEL_DIR`), not copied into the build; this command only checks it is there.
+
 Inputs:  BUILD_DIR, a finished build (config.resolved.yaml, triton_repo/)
 Outputs: a running tritonserver on the given ports (exec of triton_repo/launch.py)
 Guide:   docs/deploy.md
@@ -112,6 +116,9 @@ def upstream_llmapi_problems(cfg: BuildConfig, repo: Path) -> list[str]:
 
 
 def install_upstream_llmapi_model(cfg: BuildConfig, repo: Path) -> None:
+    """Copy upstream's files into a writable repository as `upstream_model.py` / `helpers.py` (the bridge prefers a
+    copy next to it). Serving does not need it (the bridge imports the image's files); for a repository that must
+    carry its own copy."""
     import shutil
 
     found = upstream_llmapi_model(cfg, repo)
@@ -133,8 +140,10 @@ def serve_argv(
     metrics_port: int,
     log: str,
     timeout_s: float,
+    model_control: str = "none",
 ) -> list[str]:
-    """The launcher command (pure: computed from the build's config)."""
+    """The launcher command (pure: computed from the build's config). `model_control` explicit: the server loads
+    model versions on request (what builders/refresh.py --publish / --rollback use on every replica)."""
     return [
         python, str(REPO / "triton_repo" / "launch.py"),
         "--repo", str(build_dir / repo_stage),
@@ -143,6 +152,7 @@ def serve_argv(
         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
         "--log", log,
         "--timeout", str(timeout_s),
+        *(["--model-control", model_control] if model_control != "none" else []),
     ]
 
 
@@ -155,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=TRITON_PORTS["metrics"], help="Prometheus port (/metrics)")
     ap.add_argument("--log", default="/dev/stdout", help="tritonserver log file")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait until every model is loaded")
+    ap.add_argument("--model-control", choices=("none", "explicit"), default="none",
+                    help="explicit: load model versions on request through Triton's model-repository API (the admin "
+                    "key's endpoints), so a published head reaches this server without a restart")
     ap.add_argument("--print-argv", action="store_true", help="print the launcher command and exit")
     args = ap.parse_args(argv)
     build_dir = args.build_dir.resolve()
@@ -170,11 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     cmd = serve_argv(
         build_dir, cfg, stage, python=sys.executable, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, log=args.log, timeout_s=args.timeout,
+        model_control=args.model_control,
     )
     print(" ".join(cmd), flush=True)
     if args.print_argv:
         return 0
-    install_upstream_llmapi_model(cfg, build_dir / stage)
     os.execv(cmd[0], cmd)
     return 0  # not reached: execv replaces this process
 

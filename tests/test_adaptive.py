@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from builders.adaptive.dataset import Captured, split
+from builders.adaptive.dataset import Captured, RefreshInputError, prompt_groups, split
 from triton_repo.models import capture as C
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,12 +156,50 @@ def test_hook_off_without_settings_and_sampled_with_them(tmp_path: Path) -> None
                                "acceptance_by_depth": [0]} and dropped == [1]
 
 
-def test_split_is_by_request_deterministic_and_disjoint() -> None:
-    recs = [Captured(f"id{i}", [1], [2, 3], True, {}) for i in range(50)]
+def _prompt(i: int, n: int = 12) -> list[int]:
+    return [1000 + (i * 37 + j * 11) % 997 for j in range(n)]  # distinct 4-grams for distinct i
+
+
+def test_split_is_by_content_deterministic_and_disjoint() -> None:
+    recs = [Captured(f"id{i}", _prompt(i), [2, 3], True, {}) for i in range(50)]
     train, held = split(recs, 0.2, seed=0)
     assert len(held) == 10 and len(train) == 40 and not {c.id for c in train} & {c.id for c in held}
     assert split(recs, 0.2, seed=0) == (train, held) and split(recs, 0.2, seed=1)[1] != held
     assert len(split(recs[:4], 0.01, 0)[1]) == 1 and len(split(recs[:4], 0.99, 0)[0]) == 1
+
+
+@pytest.mark.parametrize("variant", [
+    lambda p: list(p),  # the same prompt again
+    lambda p: p[:-1] + [7],  # its last token changed
+    lambda p: [5] + p,  # a token in front
+    lambda p: p[:6] + [8] + p[6:],  # a token inserted in the middle
+])
+def test_near_duplicate_prompts_stay_on_one_side(variant: Any) -> None:
+    """A prompt and its near-copies are one group: never both trained on and held out, whatever the seed."""
+    base = _prompt(0, 24)
+    recs = [Captured(f"d{i}", variant(base) if i % 2 else base, [2, 3], True, {}) for i in range(20)]
+    recs += [Captured(f"o{i}", _prompt(i + 1), [2, 3], True, {}) for i in range(20)]
+    assert len(prompt_groups(recs)) == 21
+    for seed in range(6):
+        train, held = split(recs, 0.3, seed)
+        sides = {"train" if c in train else "held" for c in recs if c.id.startswith("d") and c in train + held}
+        assert len(sides) == 1, (seed, sides)
+
+
+@pytest.mark.parametrize(("copies", "others", "share"), [(90, 50, 0.1), (30, 10, 0.2), (10, 40, 0.05), (5, 5, 0.5)])
+def test_one_prompt_is_capped_to_its_share_of_the_training_data(copies: int, others: int, share: float) -> None:
+    recs = [Captured(f"c{i}", _prompt(0), [2, 3], True, {}) for i in range(copies)]
+    recs += [Captured(f"o{i}", _prompt(i + 1), [2, 3], True, {}) for i in range(others)]
+    for seed in range(4):
+        train, held = split(recs, 0.2, seed, max_group_share=share)
+        dup = sum(c.id.startswith("c") for c in train)
+        assert dup <= max(1, share * len(train)) and len(train) > 0, (seed, dup, len(train))
+
+
+def test_one_prompt_only_is_refused_with_what_to_do() -> None:
+    for n in (4, 40):
+        with pytest.raises(RefreshInputError, match="near-duplicates of one prompt: nothing to hold out"):
+            split([Captured(f"x{i}", _prompt(3), [2, 3], True, {}) for i in range(n)], 0.2, 0)
 
 
 def test_capture_config_rules(tmp_path: Path) -> None:
@@ -170,10 +208,17 @@ def test_capture_config_rules(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     base = ("name: x\noutput_dir: out\ntarget: {model: t, dtype: float32}\ndraft: {type: eagle3, model: h}\n"
             "tree: {choices: chain-3}\ntrtllm_version: '1.4'\n")
-    cfg.write_text(base + "engine: {backend: pytorch}\ncapture: {enabled: true}\n")
-    with pytest.raises(ConfigError) as e:
-        load_config(cfg)
-    assert "capture.enabled=true with engine.backend='pytorch'" in str(e.value)
+    lim = "max_batch_size: 2, max_input_len: 32, max_seq_len: 64"
+    f16 = base.replace("float32", "float16")
+    cfg.write_text(f16 + f"engine: {{backend: pytorch, {lim}}}\ncapture: {{enabled: true}}\n")
+    assert load_config(cfg).capture.enabled  # the current line's llmapi model records too (models/llmapi_bridge.py)
+    for version in ("1.1", "1.2"):  # the C++ backend records nothing: refused, with what to do
+        cfg.write_text(base.replace("'1.4'", f"'{version}'").replace("float32", "float16")
+                       + f"engine: {{backend: tensorrt, {lim}}}\ncapture: {{enabled: true}}\n")
+        with pytest.raises(ConfigError) as e:
+            load_config(cfg)
+        assert "capture.enabled=true with engine.backend='tensorrt'" in str(e.value)
+        assert "engine.backend: pytorch" in str(e.value) and "capture.enabled: false" in str(e.value)
     cfg.write_text(base + "engine: {backend: reference, max_batch_size: 2, max_input_len: 32, max_seq_len: 64}\n"
                    "capture: {enabled: true, dir: store, sample_rate: 0}\n")
     with pytest.raises(ConfigError) as e:
@@ -265,3 +310,66 @@ def test_launcher_explicit_model_control_argv() -> None:
     p = subprocess.run([sys.executable, "triton_repo/launch.py", "--repo", str(ROOT), "--print-argv"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert "--model-control-mode" not in p.stdout
+
+
+@pytest.mark.parametrize(("published", "retired", "keep"), [(5, 0, 3), (3, 4, 1), (2, 2, 3), (0, 0, 2), (8, 8, 2)])
+def test_retention_keeps_version_1_and_the_newest_published(tmp_path: Path, published: int, retired: int,
+                                                            keep: int) -> None:
+    from builders.adaptive.publish import RETIRED, prune, versions
+
+    model = tmp_path / "triton_repo" / "tensorrt_llm"
+    for v in range(1, published + 2):
+        (model / str(v)).mkdir(parents=True)
+    for r in range(retired):
+        d = tmp_path / "refresh" / RETIRED / f"{r + 2}-x"
+        d.mkdir(parents=True)
+        os.utime(d, (1000 + r, 1000 + r))
+    gone = prune(tmp_path, "tensorrt_llm", keep)
+    kept = versions(model)
+    assert kept == [1, *range(max(2, published + 2 - keep), published + 2)]
+    left = sorted(p.name for p in (tmp_path / "refresh" / RETIRED).iterdir()) if retired else []
+    assert left == sorted(f"{r + 2}-x" for r in range(max(0, retired - keep), retired))
+    assert len(gone) == max(0, published - keep) + max(0, retired - keep)
+
+
+@pytest.mark.parametrize(("runs", "keep"), [(5, 2), (1, 1), (3, 3), (6, 1)])
+def test_retention_of_refresh_runs_spares_the_current_one(tmp_path: Path, runs: int, keep: int) -> None:
+    from builders.refresh import prune_runs
+
+    root = tmp_path / "refresh"
+    for i in range(runs):
+        (root / f"run-{i}").mkdir(parents=True)
+        (root / f"run-{i}" / "report.json").write_text("{}")
+        os.utime(root / f"run-{i}", (1000 + i, 1000 + i))
+    (root / "retired").mkdir()  # not a run: never pruned
+    current = root / "run-0"  # the oldest, but the one being published
+    gone = prune_runs(tmp_path, keep, current)
+    left = sorted(p.name for p in root.iterdir())
+    assert "retired" in left and "run-0" in left
+    assert {f"run-{i}" for i in range(max(0, runs - keep), runs)} <= set(left)
+    assert len(gone) == max(0, runs - keep - (1 if runs > keep else 0))
+
+
+@pytest.mark.parametrize(("given", "expect"), [
+    (["127.0.0.1:8000"], ["127.0.0.1:8000"]),
+    (["127.0.0.1:8000", "127.0.0.1:8000", "10.1.2.3:8000"], ["127.0.0.1:8000", "10.1.2.3:8000"]),  # once each
+    (["dns:localhost:8000"], ["127.0.0.1:8000"]),  # every address the name resolves to (a headless Service's pods)
+])
+def test_servers_named_and_resolved(given: list[str], expect: list[str]) -> None:
+    from builders.adaptive.servers import endpoints
+
+    got = endpoints(given)
+    assert [g for g in got if not g.startswith("[")] == expect  # localhost may also resolve to [::1]
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("no-port", "write HOST:PORT"), ("host:http", "write HOST:PORT"), (":8000", "write HOST:PORT"),
+    ("dns:svc", "write dns:NAME:PORT"), ("dns::8000", "write dns:NAME:PORT"),
+    ("dns:no-such-name.invalid:8000", "does not resolve"),
+])
+def test_a_bad_server_name_is_refused_with_what_to_write(given: str, message: str) -> None:
+    from builders.adaptive.publish import PublishError
+    from builders.adaptive.servers import endpoints
+
+    with pytest.raises(PublishError, match=message):
+        endpoints([given])

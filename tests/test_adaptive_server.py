@@ -114,7 +114,16 @@ def test_capture_refresh_publish_rollback_with_requests_in_flight(
     for record in (run / "report.json", run / "head" / "recipe.yaml"):  # relative to the build or the checkout
         assert str(build) not in record.read_text(), record
     assert report["candidate"] == f"refresh/{run.name}/head" and report["build"] == "."
-    assert report["sizes"]["captured_train"] + report["sizes"]["held_out"] == 19
+    from builders.adaptive.dataset import prompt_groups, read_jsonl
+
+    train, held = read_jsonl(run / "train.jsonl"), read_jsonl(run / "held_out.jsonl")
+    assert len(train) == report["sizes"]["captured_train"] and len(held) == report["sizes"]["held_out"]
+    assert 2 <= len(train) + len(held) <= 19  # near-duplicate prompts are one group, capped in training
+    for g in prompt_groups(train + held):  # split by content: no prompt group on both sides
+        assert all(c in train for c in g) or all(c in held for c in g)
+    assert len(report["gate"]["head_digest"]) == 64 and report["gate"]["reference"]["prompts"] == 8
+    for f in [run, run / "work", *run.rglob("*")]:  # captured prompts stay private to the server's user
+        assert f.stat().st_mode & 0o077 == 0, (f, oct(f.stat().st_mode))
 
     flight = InFlight(server)
     time.sleep(1)
@@ -140,7 +149,11 @@ def test_capture_refresh_publish_rollback_with_requests_in_flight(
     assert list((build / "refresh" / "retired").glob("2-*"))
     history = json.loads((build / "refresh" / "published.json").read_text())
     assert [h["action"] for h in history] == ["publish", "rollback"]
-    assert refresh("--build", str(build), "--purge-capture").returncode == 0 and not list(C.read_records(store))
+    p = refresh("--build", str(build), "--purge-capture")
+    assert p.returncode == 0 and not list(C.read_records(store)), p.stderr
+    assert not [f for f in (build / "refresh").rglob("*") if f.name in ("train.jsonl", "held_out.jsonl",
+                                                                          "reference.jsonl", "work")]
+    assert (run / "head" / "model.safetensors").is_file()  # the candidate holds no prompt: it stays
 
 
 def test_llmapi_layout_serves_a_published_version(tmp_path: Path) -> None:

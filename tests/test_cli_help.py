@@ -27,6 +27,7 @@ ENTRY_POINTS = {
     "builders/build.py": ["builders/build.py"],
     "training/train_head.py": ["training/train_head.py"],
     "builders/refresh.py": ["builders/refresh.py"],
+    "builders/k8s/render.py": ["-m", "builders.k8s.render"],
     "measure/tune_tree.py": ["measure/tune_tree.py"],
     "sources/targets.py": ["-m", "sources.targets"],
     "builders/ledger/check.py": ["-m", "builders.ledger.check"],
@@ -122,7 +123,7 @@ def test_container_entrypoint_help() -> None:
 NOT_COMMANDS = {
     "builders/ledger/docs.py": "developer tool: regenerates docs/contracts.md",
     "docker/serve.py": "the image's `serve` command (docker/entrypoint.sh)",
-    "docker/k8s/render.py": "renders the checked-in Kubernetes manifests from a checkout",
+    "docker/k8s/render.py": "eagle-k8s (builders/k8s/render.py) run from a checkout",
     "devtools/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
     "devtools/mutation.py": "developer tool: mutation score",
 }

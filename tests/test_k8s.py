@@ -20,7 +20,12 @@ K8S_VERSION = "1.33.0"  # the Kubernetes version every manifest is validated aga
 # tp=2 across 1-GPU nodes, so the LeaderWorkerSet example really spans two pods.
 K8S_CONFIG = "configs/llama31-8b-eagle-fp8.yaml"
 K8S_SETS = ["parallel.tp=2"]
-K8S_ARGS = ["--set", "parallel.tp=2", "--gpus-per-node", "1"]
+K8S_SETS_ALL = [*K8S_SETS, "deploy.gpus_per_node=1"]
+K8S_ARGS = [x for o in K8S_SETS_ALL for x in ("--set", o)]
+RENDER = [sys.executable, "-m", "builders.k8s.render"]  # the installed command eagle-k8s
+CURRENT_ARGS = ["--set", "capture.enabled=true", "--set", "capture.dir=/capture/llama31-8b-eagle3-current", "--set",
+                'deploy.downloads={"/models/Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B-Instruct", '
+                '"/models/EAGLE3-LLaMA3.1-Instruct-8B": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}']
 
 
 # Kinds kubernetes-validate has no schema for (CRDs) and what is checked instead.
@@ -68,17 +73,21 @@ def test_validator_rejects_unknown_field() -> None:
 
 
 def test_manifests_are_a_fresh_render() -> None:
-    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--check"])
+    import shlex
+
+    proc = _run([*RENDER, K8S_CONFIG, *K8S_ARGS, "--out", str(K8S), "--check"])
     assert proc.returncode == 0, proc.stderr
     for f in K8S.glob("*.yaml"):  # every file records the command that regenerates it
         first = f.read_text().splitlines()[0]
-        assert first.endswith(" ".join(["python docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS])), f.name
+        assert first.endswith(shlex.join(["eagle-k8s", K8S_CONFIG, *K8S_ARGS])), f.name
+    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--out", str(K8S), "--check"])
+    assert proc.returncode == 0, proc.stderr  # the checkout's wrapper is the same command
 
 
 def test_current_line_manifests_are_a_fresh_render() -> None:
     """docker/k8s/current/: the Llama-3.1-8B EAGLE-3 config of the current line, on the current-line image."""
     cfg = "configs/llama31-8b-eagle3-current.yaml"
-    proc = _run([sys.executable, "docker/k8s/render.py", cfg, "--out", str(K8S / "current"), "--check"])
+    proc = _run([*RENDER, cfg, *CURRENT_ARGS, "--out", str(K8S / "current"), "--check"])
     assert proc.returncode == 0, proc.stderr
     docs = [d for f in sorted((K8S / "current").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     images = {c["image"] for doc in docs for c in _containers(doc)}
@@ -88,9 +97,9 @@ def test_current_line_manifests_are_a_fresh_render() -> None:
 def test_render_check_detects_drift(tmp_path: Path) -> None:
     """Control: --check fails when a committed file differs from the render (e.g. the config's tp changed)."""
     out = tmp_path / "k8s"
-    assert _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, *K8S_ARGS, "--out", str(out)]).returncode == 0
-    proc = _run([sys.executable, "docker/k8s/render.py", K8S_CONFIG, "--set", "parallel.tp=4", "--gpus-per-node", "1",
-                 "--out", str(out), "--check"])
+    assert _run([*RENDER, K8S_CONFIG, *K8S_ARGS, "--out", str(out)]).returncode == 0
+    proc = _run([*RENDER, K8S_CONFIG, "--set", "parallel.tp=4", "--set", "deploy.gpus_per_node=1", "--out", str(out),
+                 "--check"])
     assert proc.returncode == 1 and "deployment.yaml differs" in proc.stderr
 
 
@@ -101,8 +110,11 @@ def test_manifests_agree_with_config() -> None:
     (server,) = _containers(docs["Deployment"])
     build_dir = f"/build/{name}"
     assert server["args"] == ["serve", build_dir]
-    (builder,) = _containers(docs["Job"])
-    assert builder["args"] == ["build", f"/opt/eagle-deploy/{K8S_CONFIG}", "--set", f"output_dir={build_dir}"]
+    (builder,) = _containers(docs["Job"])  # the config shipped as a ConfigMap, with the renderer's overrides
+    sets = [x for o in K8S_SETS_ALL for x in ("--set", o)]
+    assert builder["args"] == ["build", "/etc/eagle-deploy/config.yaml", *sets, "--set", f"output_dir={build_dir}"]
+    shipped = next(d for d in _manifests() if d["metadata"]["name"] == f"{name}-config")
+    assert shipped["data"]["config.yaml"] == (REPO / K8S_CONFIG).read_text()
     for c in (server, builder):  # GPU count = tp * pp, from the config
         assert c["resources"]["limits"]["nvidia.com/gpu"] == str(cfg.parallel.tp * cfg.parallel.pp) == "2"
     assert {p["name"]: p["containerPort"] for p in server["ports"]} == serve.TRITON_PORTS
@@ -123,14 +135,17 @@ def test_monitoring_wiring() -> None:
     cfg = load_config(REPO / K8S_CONFIG, K8S_SETS)
     docs = {d["kind"]: d for d in _manifests()}
     pod_labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    svc = docs["Service"]
+    svc = next(d for d in _manifests() if d["kind"] == "Service" and d["spec"].get("clusterIP") != "None")
     assert svc["spec"]["selector"] == pod_labels
+    headless = next(d for d in _manifests() if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None")
+    assert headless["spec"]["selector"] == pod_labels  # a publish resolves every ready pod under its name
     assert docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == pod_labels
     sm = docs["ServiceMonitor"]["spec"]
     assert sm["selector"]["matchLabels"] == svc["metadata"]["labels"]
     port = sm["endpoints"][0]["port"]
     assert port == "metrics" and port in {p["name"] for p in svc["spec"]["ports"]}
-    rules = yaml.safe_load(docs["ConfigMap"]["data"]["config.yaml"])["rules"]
+    adapter = next(d for d in _manifests() if d["metadata"]["name"].endswith("-prometheus-adapter"))
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
     (rule,) = rules
     assert rule["name"]["as"] == docs["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert rule["seriesQuery"].startswith("nv_trt_llm_request_metrics{")  # tensorrt backend: the batch manager's

@@ -62,16 +62,114 @@ def load_captured(store: Path, limit: int) -> list[Captured]:
     return got
 
 
-def split(records: list[Captured], held_out_fraction: float, seed: int) -> tuple[list[Captured], list[Captured]]:
-    """(train, held-out) by request: ordered by a hash of (seed, id), the first round(n * fraction) held out (at
-    least one, and at least one left to train on). The same store and seed always give the same split."""
-    def key(c: Captured) -> str:
-        return hashlib.sha256(f"{seed}:{c.id}".encode()).hexdigest()
+NGRAM, SIGNATURE, ROWS, NEAR = 4, 32, 2, 0.5  # token 4-gram shingles, min-hash bands of 2 rows, Jaccard >= 0.5
 
-    ordered = sorted(records, key=key)
-    k = min(len(records) - 1, max(1, round(len(records) * held_out_fraction)))
-    held = {c.id for c in ordered[:k]}
-    return [c for c in records if c.id not in held], [c for c in records if c.id in held]
+
+def _shingles(ids: list[int]) -> frozenset[tuple[int, ...]]:
+    return frozenset(tuple(ids[i:i + NGRAM]) for i in range(max(1, len(ids) - NGRAM + 1)))
+
+
+def _signature(sh: frozenset[tuple[int, ...]]) -> list[int]:
+    """Min-hash over the shingles (hashes of int tuples are the same in every Python process)."""
+    return [min(hash((k, x)) for x in sh) for k in range(SIGNATURE)]
+
+
+def prompt_groups(records: list[Captured]) -> list[list[Captured]]:
+    """Near-duplicate prompts grouped: the same tokens, or at least NEAR of their token 4-grams shared (candidate
+    pairs from min-hash bands, each checked exactly). Groups in the order of their first record."""
+    parent = list(range(len(records)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    shingles = [_shingles(c.prompt_ids) for c in records]
+    buckets: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for i, sh in enumerate(shingles):
+        sig = _signature(sh)
+        for b in range(0, SIGNATURE, ROWS):
+            buckets.setdefault((b, tuple(sig[b:b + ROWS])), []).append(i)
+    for members in buckets.values():
+        for j in members[1:]:
+            x, y = shingles[members[0]], shingles[j]
+            if find(members[0]) != find(j) and len(x & y) >= NEAR * len(x | y):
+                parent[find(j)] = find(members[0])
+    groups: dict[int, list[Captured]] = {}
+    for i, c in enumerate(records):
+        groups.setdefault(find(i), []).append(c)
+    return list(groups.values())
+
+
+def group_cap(sizes: list[int], share: float) -> int:
+    """The most records one group may keep so that none is over `share` of the records kept (at least 1)."""
+    for c in range(max(sizes, default=1), 0, -1):
+        if c <= share * sum(min(n, c) for n in sizes):
+            return c
+    return 1
+
+
+def split(records: list[Captured], held_out_fraction: float, seed: int,
+          max_group_share: float = 1.0) -> tuple[list[Captured], list[Captured]]:
+    """(train, held-out) by content: near-duplicate prompts form one group (prompt_groups), which goes whole to one
+    side, so the gate never scores a prompt the candidate trained on. Groups are ordered by a hash of (seed, their
+    first id) and held out until round(n * fraction) records are (at least one group, and one left to train on);
+    in training a group keeps at most group_cap() records (its newest), so no client steers the fine-tune by
+    repeating itself. The same store and seed always give the same split."""
+    groups = prompt_groups(records)
+    if len(groups) < 2:
+        raise RefreshInputError(f"the {len(records)} captured requests are near-duplicates of one prompt: nothing "
+                                "to hold out that the candidate did not train on; serve more varied traffic first")
+
+    def key(g: list[Captured]) -> str:
+        return hashlib.sha256(f"{seed}:{g[0].id}".encode()).hexdigest()
+
+    want = min(len(records) - 1, max(1, round(len(records) * held_out_fraction)))
+    held_groups: list[list[Captured]] = []
+    ordered = sorted(groups, key=key)
+    for g in ordered[:-1]:
+        if sum(len(h) for h in held_groups) >= want:
+            break
+        held_groups.append(g)
+    held_ids = {id(g) for g in held_groups}
+    train_groups = [g for g in groups if id(g) not in held_ids]
+
+    def capped(side: list[list[Captured]]) -> list[Captured]:
+        cap = group_cap([len(g) for g in side], max_group_share)
+        keep = {c.id for g in side for c in g[-cap:]}
+        return [c for c in records if c.id in keep]
+
+    return capped(train_groups), [c for g in held_groups for c in g]
+
+
+REFERENCE_PROMPTS = Path(__file__).resolve().parents[2] / "docker" / "prompts.jsonl"  # shipped with the project
+MAX_REFERENCE = 64
+
+
+def reference_records(path: Path, tok: Any, max_input_len: int) -> list[dict[str, Any]]:
+    """The gate's prompts never captured: each line {"prompt": text} (tokenized as the served models do, special
+    tokens included) or {"prompt_ids": [...]}; at most MAX_REFERENCE, cut to max_input_len tokens."""
+    if not path.is_file():
+        raise RefreshInputError(f"refresh.reference_prompts {path} not found: give a JSONL file of prompts "
+                                '({"prompt": "..."} per line)')
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            ids = ([int(t) for t in doc["prompt_ids"]] if "prompt_ids" in doc
+                   else list(tok(str(doc["prompt"]))["input_ids"]))
+        except (ValueError, TypeError, KeyError) as e:
+            raise RefreshInputError(f"{path}:{n}: not a prompt ({type(e).__name__}: {e}); write "
+                                    '{"prompt": "..."} or {"prompt_ids": [...]} per line') from None
+        if ids:
+            out.append({"id": f"reference-{n}", "prompt_ids": ids[:max_input_len], "output_ids": [],
+                        "sampling": {"temperature": 0.0}})
+    if not out:
+        raise RefreshInputError(f"{path} holds no prompt: give at least one")
+    return out[:MAX_REFERENCE]
 
 
 def write_jsonl(path: Path, records: list[Captured]) -> None:

@@ -6,9 +6,9 @@ triton_backend/all_models/llmapi/ lays it out:
                                          + triton_config {decoupled, max_batch_size}
     <repo>/tensorrt_llm/1/model.py       engine.backend reference: the reference engine's mirror (ours);
                                          engine.backend pytorch: the metrics bridge (models/llmapi_bridge.py), a
-                                         subclass of upstream's model.py, which is copied with helpers.py from the
-                                         TensorRT-LLM image at start-up as upstream_model.py (docker/serve.py),
-                                         never written by us
+                                         subclass of upstream's model.py, which it imports with helpers.py from
+                                         the TensorRT-LLM image (never copied into the build: builds serve
+                                         read-only), never written by us
 
 The LLM API options come from builders/engine/llmapi.py, the one source for them (and through it the config's draft
 tree): the engine stage's YAML for engine.backend pytorch, computed the same way for the reference mirror.

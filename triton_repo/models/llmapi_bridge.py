@@ -1,11 +1,13 @@
 """Triton python model `tensorrt_llm` of the llmapi layout with engine.backend=pytorch: TensorRT-LLM's own llmapi
 model, unmodified, plus the speculative and request metrics of triton_repo/models/spec_metrics.py.
 
-Upstream's triton_backend/all_models/llmapi/tensorrt_llm/1/model.py is copied next to this file as
-`upstream_model.py` (docker/serve.py, from the image; byte for byte) and this model subclasses its
-`TritonPythonModel`, adding one step to its request path: a request with sampling inputs the one-model speculative
-path cannot honour is answered INVALID_ARGUMENT before upstream sees it (models/llmapi_refusals.py, shared with
-the reference engine's mirror). After upstream's initialize() has started the LLM, a thread
+Upstream's triton_backend/all_models/llmapi/tensorrt_llm/1/model.py is imported where the image has it
+(`$TRTLLM_LLMAPI_MODEL_DIR`, else /app/all_models/llmapi/tensorrt_llm/1, with its helpers.py; a copy named
+`upstream_model.py` next to this file wins), never copied into the build, so a build serves from a read-only
+mount; this model subclasses its `TritonPythonModel`, adding one step to its request path: a request with sampling
+inputs the one-model speculative path cannot honour is answered INVALID_ARGUMENT before upstream sees it
+(models/llmapi_refusals.py, shared with the reference engine's mirror). After upstream's initialize() has started
+the LLM, a thread
 polls the LLM API's iteration statistics (`LLM.get_stats(timeout)`: one dict per executor iteration, filled when the
 LLM args set `enable_iter_perf_stats`, which the rendered model.yaml does) and counts, per iteration:
 
@@ -24,18 +26,59 @@ response was sent), so the gauge moves for this decoupled model, where Triton's 
 exposes no per-position acceptance for this backend (IterationStats carries totals only), so the per-position
 families are absent; speculation is reported off for an iteration with requests that drafted nothing.
 Non-leader MPI ranks (multi-node) run no LLM and export nothing.
+
+Capture (opt-in, models/capture.py, the same store, opt-out and bounds as the reference engine's models): each
+request runs in its own asyncio task in upstream's model, so a context variable set when it starts carries its
+capture decision and its sampling parameters to the final `_create_response`, where the finished RequestOutput's
+prompt and output token ids are handed to the store (models/llmapi_capture.py).
 """
 
 from __future__ import annotations
 
+import contextvars
+import importlib.util
 import os
+import sys
 import threading
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import triton_python_backend_utils as pb_utils
 from eagle_bootstrap import project_on_path  # rendered next to this file (models/bootstrap.py)
-from upstream_model import TritonPythonModel as UpstreamModel  # TensorRT-LLM's model.py, copied unmodified
+
+UPSTREAM_ENV = "TRTLLM_LLMAPI_MODEL_DIR"  # docker/serve.py UPSTREAM_LLMAPI_ENV
+UPSTREAM_DIR = "/app/all_models/llmapi/tensorrt_llm/1"  # builders/triton/render_llmapi.py UPSTREAM_MODEL_DIR
+
+
+def _upstream_model() -> Any:
+    """TensorRT-LLM's model.py, unmodified: the copy next to this file if there is one, else the image's, loaded by
+    path with its helpers.py first (the `from helpers import ...` it does finds that module)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.isfile(os.path.join(here, "upstream_model.py")):
+        import upstream_model
+
+        return upstream_model
+    src = os.environ.get(UPSTREAM_ENV) or UPSTREAM_DIR
+    return [_load(name, os.path.join(src, f"{file}.py")) for name, file in (("helpers", "helpers"),
+                                                                             ("upstream_model", "model"))][-1]
+
+
+def _load(name: str, path: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        raise ImportError(f"TensorRT-LLM's llmapi model file {path} not found; set ${UPSTREAM_ENV} to TensorRT-LLM's "
+                          "triton_backend/all_models/llmapi/tensorrt_llm/1")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+if TYPE_CHECKING:  # the members the bridge uses (stubs/upstream_model.pyi)
+    from upstream_model import TritonPythonModel as UpstreamModel
+else:
+    UpstreamModel = _upstream_model().TritonPythonModel
+_CAPTURED: contextvars.ContextVar[Any] = contextvars.ContextVar("eagle_capture", default=None)
 
 POLL_S = 1.0  # how often the iteration statistics are drained (they queue up between polls)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -66,6 +109,38 @@ class TritonPythonModel(UpstreamModel):
                                                spec_metrics.baseline_for(args), str(args.get("model_version", "")))
         self._eagle_thread = threading.Thread(target=self._eagle_poll, daemon=True)
         self._eagle_thread.start()
+        from triton_repo.models import capture, llmapi_capture
+
+        self._eagle_capture = capture.Hook.of(pb_utils, args, "pytorch")  # opt-in store (models/capture.py)
+        self._eagle_record = llmapi_capture.record_of
+
+    # ---- capture: one context per request (upstream runs each request as its own asyncio task) ----------------
+    async def _execute_single_request(self, request: Any) -> Any:
+        hook = getattr(self, "_eagle_capture", None)
+        _CAPTURED.set({"params": None} if hook is not None and hook.wanted(request) else None)
+        return await super()._execute_single_request(request)
+
+    def _convert_request(self, request: Any) -> Any:
+        converted = super()._convert_request(request)
+        state = _CAPTURED.get()
+        if state is not None:
+            state["params"] = dict(converted[1])  # (prompt, sampling_params, streaming, output_config)
+        return converted
+
+    def _create_response(self, request_output: Any, output_config: Any) -> Any:
+        response = super()._create_response(request_output, output_config)
+        state = _CAPTURED.get()
+        if state is not None and state["params"] is not None and getattr(request_output, "finished", False):
+            _CAPTURED.set(None)  # one record per request
+            try:
+                rec = self._eagle_record(request_output, state["params"], self._eagle_capture.version)
+            except Exception:  # the store never breaks serving: a record it cannot make is a dropped one
+                rec = None
+                if self._eagle_capture.writer is not None:
+                    self._eagle_capture.writer.on_dropped(1)
+            if rec is not None and self._eagle_capture.writer is not None:
+                self._eagle_capture.writer.offer(rec)
+        return response
 
     def execute(self, requests: list[Any]) -> None:
         """Upstream's execute, over the requests that pass the request boundary (models/llmapi_refusals.py)."""
@@ -109,3 +184,5 @@ class TritonPythonModel(UpstreamModel):
     def finalize(self) -> None:
         self._eagle_stop.set()
         super().finalize()
+        if getattr(self, "_eagle_capture", None) is not None:
+            self._eagle_capture.close()

@@ -39,9 +39,16 @@ if __name__ == "__main__" and not __package__:
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.adaptive.dataset import RefreshInputError
 from builders.adaptive.publish import PublishError
 from builders.config import BuildConfig
+
+
+def _input_error(message: str) -> ValueError:
+    """The refresh's input error (builders/adaptive/dataset.py, which loads torch: imported when raised, so
+    `--help` answers at once)."""
+    from builders.adaptive.dataset import RefreshInputError
+
+    return RefreshInputError(message)
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNUSABLE = 0, 1, 2
 REPORT = "report.json"
@@ -51,7 +58,7 @@ def load_build(build_dir: Path) -> BuildConfig:
     from builders.resolved import load_resolved, resolved_file
 
     if not resolved_file(build_dir).is_file():
-        raise RefreshInputError(f"{resolved_file(build_dir)} not found: {build_dir} is not a finished build "
+        raise _input_error(f"{resolved_file(build_dir)} not found: {build_dir} is not a finished build "
                                 "(python builders/build.py CONFIG)")
     return load_resolved(build_dir)
 
@@ -90,7 +97,7 @@ def refresh(build_dir: Path, cfg: BuildConfig, run: Path) -> dict[str, Any]:
 
     t0, c0, rc = time.monotonic(), time.process_time(), cfg.refresh
     if not cfg.draft.kind.eagle3 or not cfg.engine.kind.reference_engine:
-        raise RefreshInputError(f"draft.type={cfg.draft.type}, engine.backend={cfg.engine.backend}: a refresh "
+        raise _input_error(f"draft.type={cfg.draft.type}, engine.backend={cfg.engine.backend}: a refresh "
                                 "fine-tunes an EAGLE-3 head of an engine.backend=reference build (docs/adaptive.md)")
     spec = read_spec(build_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -154,7 +161,7 @@ def publish(build_dir: Path, cfg: BuildConfig, run: Path, server: str | None) ->
 
     f = run / REPORT
     if not f.is_file():
-        raise RefreshInputError(f"{f} not found: --publish takes a finished refresh run (BUILD/refresh/<run>)")
+        raise _input_error(f"{f} not found: --publish takes a finished refresh run (BUILD/refresh/<run>)")
     report = json.loads(f.read_text())
     if not report["gate"]["publishable"]:
         print(f"refused: the gate did not pass {run.name} (tau {report['tau_before']:.3f} -> "
@@ -196,7 +203,7 @@ def rollback(build_dir: Path, cfg: BuildConfig, server: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="refresh.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="eagle-refresh", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--build", type=Path, required=True, help="the build directory (output_dir of the config)")
     ap.add_argument("--run", help="refresh run name under BUILD/refresh/ (default: resume the newest unfinished run, "
                     "else a new one)")
@@ -221,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             return rollback(args.build, cfg, args.server)
         run = run_dir_for(args.build, args.run)
         report = refresh(args.build, cfg, run)
-    except (RefreshInputError, FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # RefreshInputError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
     except PublishError as e:

@@ -1,4 +1,4 @@
-r"""Load tester for a Triton LLM deployment speaking the ensemble contract.
+r"""Load-test a served EAGLE deployment: throughput, latency, tau and acceptance per concurrency or request rate.
 
     python clients/loadtest.py --url localhost:8001 --prompts prompts.jsonl --out results/ \
         --concurrency 1,4,16 --requests 200 --max-tokens 128 --stream
@@ -12,6 +12,9 @@ Ctrl-C stops the run, ends the requests in flight on the server (through an ense
 model, then the stream drained) and writes what was measured (exit code 130). Refused connections, timeouts and
 server restarts are counted per status and the run carries on; a timed-out request is ended on the server the same
 way.
+
+Any build of this project is a target (the engine-flow ensemble and the current line's llmapi model): with --repo
+BUILD/triton_repo the model name, request schema and tokenizer come from the build's client.json.
 
 Inputs:  a served deployment (--url host:grpc_port), --prompts (JSONL)
 Outputs: --out/report.json, report.csv, requests.jsonl and PNG plots
@@ -62,10 +65,12 @@ def _numbers(text: str, kind: type[int] | type[float], flag: str) -> list[Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="loadtest.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="eagle-loadtest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--url", required=True, help="gRPC endpoint host:port (e.g. localhost:8001)")
-    ap.add_argument("--model", default="ensemble", help="model to load (default: ensemble)")
+    ap.add_argument("--model", default=None,
+                    help="model to load (default: the one the build's client.json names with --repo, else the "
+                    "server's `ensemble` or, for a current-line llmapi build, `tensorrt_llm`)")
     ap.add_argument("--repo", type=Path, default=None,
                     help="rendered repository: read the schema from its client.json (default: ask the server)")
     ap.add_argument("--prompts", required=True, type=Path, help="JSONL file: `prompt` or MT-bench `turns` per line")

@@ -313,7 +313,7 @@ def print_summary(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="demo.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="eagle-demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml", help="build config")
     ap.add_argument("--quick", action="store_true", help="short answer and load test (used by the tests)")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="the chat prompt streamed in step 4")

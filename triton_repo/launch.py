@@ -391,7 +391,7 @@ class TritonServer:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="launch.py", description="Start tritonserver on a rendered model repository.",
+        prog="eagle-launch", description="Start tritonserver on a rendered model repository.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Inputs:  --repo, a rendered model repository (<output_dir>/triton_repo)\n"
         "Outputs: a running tritonserver on --host and the given ports until SIGTERM / Ctrl-C; its log in --log\n"

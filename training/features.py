@@ -65,7 +65,11 @@ class HasInputIds(Protocol):
 
 def spec_for(cfg: TrainHeadConfig) -> FeatureSpec:
     """The FeatureSpec of a TrainHeadConfig."""
-    layer_ids = tuple(cfg.eagle3.layer_ids) if cfg.head == "eagle3" and cfg.eagle3 is not None else None
+    e3 = cfg.eagle3 if cfg.head == "eagle3" else None
+    if e3 is not None and e3.layer_ids is None:
+        raise FeatureError("eagle3.layer_ids is unset: the default needs the target's depth "
+                           "(training.config.with_layer_ids after loading the target)")
+    layer_ids = None if e3 is None or e3.layer_ids is None else tuple(e3.layer_ids)
     return FeatureSpec(layer_ids, getattr(torch, cfg.features.dtype))
 
 

@@ -40,7 +40,7 @@ if __name__ == "__main__" and not __package__:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from core.config_input import ConfigError
-from training.config import TrainHeadConfig, load_train_config
+from training.config import TrainHeadConfig, load_train_config, with_layer_ids
 
 if TYPE_CHECKING:
     from training.compute import Compute
@@ -74,6 +74,9 @@ def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist: Dist, co
     if dist.main:
         print(f"train_head: {dist.world} rank(s); {compute.describe()}", flush=True)
     model, tok, target_dir = load_target(cfg.target, compute)
+    cfg, note = with_layer_ids(cfg, len(model.model.layers))  # the default capture layers need the target's depth
+    if note is not None and dist.main:
+        print(f"train_head: {note}", flush=True)
     work, spec, cached = Path(cfg.work_dir), spec_for(cfg), cfg.features.storage == "shards"
     if dist.main:
         check_data_key(work, cfg.data, cfg.target, str(compute.target_dtype))

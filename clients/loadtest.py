@@ -47,7 +47,7 @@ from clients.client import DEFAULT_TIMEOUT_S, AsyncLLMClient, sampling_of
 from clients.load import LevelResult, LevelRunner, LevelSpec
 from clients.plots import COMPARISON_FILE, plot_speculation_comparison, write_plots
 from clients.prompts import PromptFileError, chat_template, load_prompts
-from clients.stats import CSV_COLUMNS, LevelReport, Summary, aggregate, csv_row
+from clients.stats import CSV_COLUMNS, LevelReport, Summary, acceptance_by_level, aggregate, csv_row
 from clients.tokens import TokenCounter, make_counter
 
 EXIT_INTERRUPTED = 130
@@ -124,7 +124,7 @@ def write_reports(out: Path, results: list[LevelResult], meta: dict[str, Any]) -
         aggregate(r.records, mode=r.spec.mode, level=r.spec.level, duration_s=r.duration_s, interrupted=r.interrupted)
         for r in results
     ]
-    doc = {"meta": meta, "levels": [rep.to_json() for rep in reports]}
+    doc = {"meta": meta, "levels": [rep.to_json() for rep in reports], "acceptance_by_level": acceptance_by_level(reports)}
     (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     with (out / "report.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(CSV_COLUMNS))
@@ -138,6 +138,19 @@ def write_reports(out: Path, results: list[LevelResult], meta: dict[str, Any]) -
     ttfts = [[rec.ttft for rec in r.records if rec.ok and rec.ttft is not None] for r in results]
     write_plots(reports, ttfts, out)
     return reports
+
+
+def acceptance_line(reports: list[LevelReport]) -> str | None:
+    """Acceptance per level in one line (two levels or more with speculative stats), relative to the first."""
+    rows = acceptance_by_level(reports)
+    if len(rows) < 2:
+        return None
+    parts = [f"{r['mode']}={r['level']:g} {r['acceptance_rate']:.3f}"
+             + ("" if r["tau"] is None else f" (tau {r['tau']:.2f})")
+             + ("" if i == 0 or r["vs_first_level"] is None else f" {r['vs_first_level']:.2f}x")
+             for i, r in enumerate(rows)]
+    return ("acceptance by level: " + ", ".join(parts) + " -- acceptance can fall as batches grow (NVIDIA/"
+            "TensorRT-LLM#9208): size for the level you serve at, not for one sequence")
 
 
 def _summary_line(rep: LevelReport) -> str:
@@ -207,6 +220,7 @@ async def run(args: argparse.Namespace) -> int:
     }
     results: list[LevelResult] = []
     base_results: list[LevelResult] = []
+    reports: list[LevelReport] = []
     try:
         for spec in specs:
             if stop.is_set():
@@ -232,6 +246,8 @@ async def run(args: argparse.Namespace) -> int:
         write_reports(args.out, results, meta)
         print(f"interrupted: wrote what was measured to {args.out}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if (line := acceptance_line(reports)) is not None:
+        print(line, flush=True)
     print(f"wrote {args.out}/report.json, report.csv, requests.jsonl and plots", flush=True)
     return 0
 

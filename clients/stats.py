@@ -216,3 +216,13 @@ def csv_row(rep: LevelReport) -> dict[str, Any]:
     for k in ("acceptance_rate", "tau"):
         row[k] = "" if row[k] is None else row[k]
     return row
+
+
+def acceptance_by_level(reports: Sequence[LevelReport]) -> list[dict[str, Any]]:
+    """Acceptance rate and tau per level, each also relative to the first level's (acceptance can fall as the batch
+    grows on TensorRT-LLM: NVIDIA/TensorRT-LLM issue #9208); levels without speculative stats are left out."""
+    rows = [r for r in reports if r.acceptance_rate is not None]
+    first = rows[0].acceptance_rate if rows else None
+    return [{"mode": r.mode, "level": r.level, "acceptance_rate": r.acceptance_rate, "tau": r.tau,
+             "vs_first_level": (r.acceptance_rate / first) if first and r.acceptance_rate is not None else None}
+            for r in rows]

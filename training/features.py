@@ -215,11 +215,15 @@ def build_features(
     check_layers(model, spec)
     paths = [shard_path(work_dir, KIND, i) for i in range(len(data_shards))]
     mine = my_shards(len(data_shards), rank, world)
-    for i in tqdm(mine, desc=f"feature shards (rank {rank}/{world})", unit="shard", disable=rank != 0):
+    bar = tqdm(mine, desc=f"target features (rank {rank}/{world}): {spec.kind} hidden states per shard", unit="shard",
+               disable=rank != 0)
+    for i in bar:
         if paths[i].is_file():
             check_shard(paths[i], spec)
+            bar.set_postfix_str(f"shard {i}: reused")
             continue
         data = torch.load(data_shards[i], weights_only=True)
+        bar.set_postfix_str(f"shard {i}: {len(data['input_ids'])} sequences through the target")
         rows = sequence_features(model, data["input_ids"], spec, batch_tokens)
         atomic_save(pack(rows, spec, str(data_shards[i])), paths[i])
     return paths

@@ -241,25 +241,34 @@ def step_cost(speedup: dict[str, Any]) -> float | None:
 
 
 def verdict(served: dict[str, dict[str, Any]], speedup: dict[str, Any]) -> list[str]:
-    """Whether speculation pays on this machine, and where it does not, why: from the served on/off ratios and the
-    measured cost of a step against tau (never assumed)."""
+    """Whether speculation pays on this machine, and where it does not, why: from the served on/off ratios, the
+    in-process speedup and the measured cost of a step against tau (never assumed)."""
     ratios = {level: v["ratio"] for level, v in served.items() if v["ratio"] is not None}
     one = ratios.get("c=1")
     cost, tau, ratio = step_cost(speedup), speedup["tau"], speedup["ratio"]
-    slower = [level for level, r in ratios.items() if level != "c=1" and r < 0.9]
-    if one is not None and one >= 1.0 and ratio >= 1.0 and not slower:
-        return [f"verdict: speculation pays on this machine: served {one:.2f}x at one sequence, in process "
-                f"{ratio:.2f}x (each step yields tau {tau:.2f} tokens for {cost or 0:.2f}x the cost of a plain step)"]
-    lines = ["verdict: speculation does not pay on this machine"
-             + ("" if one is None else f": served {one:.2f}x the speculation-off server at one sequence")
-             + f", in process {ratio:.2f}x target-only decoding."]
-    if cost is not None:
-        lines.append(f"  why (measured here): one EAGLE step (draft + verify the tree) costs {cost:.2f}x a "
-                     f"target-only step and yields tau {tau:.2f} tokens; it pays only when tau exceeds the step's "
-                     f"cost. On this device, verifying {speedup['tree']} costs more than its acceptance wins back.")
+    slower = {level: r for level, r in ratios.items() if level != "c=1" and r < 0.9}
+    pays_at_one = ratio >= 1.0 and (one is None or one >= 1.0)
+    measured = (f"one EAGLE step (draft + verify) costs {cost:.2f}x a target-only step and yields tau {tau:.2f} "
+                "tokens" if cost is not None else f"tau {tau:.2f}")
+    if pays_at_one and not slower:
+        return [f"verdict: speculation pays on this machine: served {one or 0:.2f}x at one sequence, in process "
+                f"{ratio:.2f}x ({measured})"]
+    lines: list[str] = []
+    if pays_at_one:
+        lines.append(f"verdict: speculation pays here at one sequence (served {one or 0:.2f}x, in process "
+                     f"{ratio:.2f}x: {measured}) but not above it: "
+                     + ", ".join(f"{level} {r:.2f}x" for level, r in slower.items()) + ".")
+    else:
+        lines.append("verdict: speculation does not pay on this machine"
+                     + ("" if one is None else f": served {one:.2f}x the speculation-off server at one sequence")
+                     + f", in process {ratio:.2f}x target-only decoding.")
+        lines.append(f"  why (measured here): {measured}; it pays only when tau exceeds the step's cost, and "
+                     f"verifying {speedup['tree']} on this device costs more than its acceptance wins back.")
     if slower:
-        lines.append(f"  above one sequence ({', '.join(slower)}) the batch already keeps the device busy, so the "
-                     "extra tokens each step verifies cost more than they save.")
+        off = ("" if speedup.get("policy") is not None else " Set tree.max_concurrency: 1 to stop drafting above one "
+               "sequence (configs/demo.yaml does; docs/tune-tree.md).")
+        lines.append(f"  above one sequence the batch already fills this device, so verifying a tree for every "
+                     f"sequence costs more than it wins.{off}")
     lines.append("  what to try: a smaller tree that verifies cheaper here (eagle-tune-tree --objective speed, "
                  "docs/tune-tree.md), or a GPU, where verifying a tree of tens of tokens costs about one step "
                  "(docs/benchmarks.md).")
@@ -337,7 +346,7 @@ def print_summary(r: dict) -> None:
     print(f"  {'head':12s} {r['head']}")
     for level, v in r["levels"].items():
         tau = "n/a" if v["tau"] is None else f"{v['tau']:.2f}"
-        print(f"  load {level}: tau {tau} tokens/step, {v['output_tokens_per_s']:.1f} output tokens/s, "
+        print(f"  load {level}: tau {tau} tokens per target forward, {v['output_tokens_per_s']:.1f} output tokens/s, "
               f"{v['requests_ok']} requests ok")
     print("  served: EAGLE server / the same server without speculation (output tokens/s, one run, "
           f"{r['load_requests']} requests of {r['load_tokens']} tokens per level):")

@@ -6,7 +6,8 @@
 --like names a Hugging Face model directory of your architecture: its config.json (and its tokenizer files, copied
 so the tiny model speaks the same vocabulary); the weights are not read. The tiny model keeps the architecture,
 the vocabulary and every other setting of that config and shrinks only the sizes: hidden size, intermediate size,
-attention heads, decoder layers (and MoE experts and per-layer lists, where the config has them). Its weights are
+attention heads, decoder layers (and MoE experts and per-layer lists, where the config has them: a list's pattern
+is repeated to the new depth). Its weights are
 random (transformers' own initialization, seeded), so a head trained on it learns little: the point is that every
 step runs for your architecture, not the acceptance.
 
@@ -27,7 +28,7 @@ from typing import Any
 # Tokenizer files a Hugging Face model directory carries (copied when present).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
-# Per-layer lists some families carry (layer kinds, sliding windows): cut to the tiny model's depth.
+# Per-layer lists some families carry (layer kinds, sliding windows): fitted to the tiny model's depth.
 PER_LAYER_KEYS = ("layer_types", "sliding_window_pattern_list", "mlp_only_layers", "no_rope_layers")
 
 
@@ -49,8 +50,8 @@ def shrink(cfg: dict[str, Any], *, layers: int, hidden: int) -> dict[str, Any]:
         if key in cfg or key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             out[key] = value
     for key in PER_LAYER_KEYS:
-        if isinstance(cfg.get(key), list):
-            out[key] = list(cfg[key])[:layers]
+        if isinstance(cfg.get(key), list) and cfg[key]:  # the pattern repeated to the new depth
+            out[key] = [cfg[key][i % len(cfg[key])] for i in range(layers)]
     out.pop("quantization_config", None)  # the tiny model is written in float32
     out["torch_dtype"] = "float32"
     return out

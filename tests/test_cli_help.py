@@ -43,6 +43,7 @@ ENTRY_POINTS = {
     "docker/serve.py": ["docker/serve.py"],
     "docker/k8s/render.py": ["docker/k8s/render.py"],
     "scripts/demo.py": ["scripts/demo.py"],
+    "scripts/tiny_model.py": ["scripts/tiny_model.py"],
     "devtools/gen_config_docs.py": ["devtools/gen_config_docs.py"],
     "bench/bench_client.py": ["bench/bench_client.py"],
     "bench/bench_convert.py": ["bench/bench_convert.py"],

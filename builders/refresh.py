@@ -203,7 +203,8 @@ def rollback(build_dir: Path, cfg: BuildConfig, server: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="eagle-refresh", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="eagle-refresh", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--build", type=Path, required=True, help="the build directory (output_dir of the config)")
     ap.add_argument("--run", help="refresh run name under BUILD/refresh/ (default: resume the newest unfinished run, "
                     "else a new one)")

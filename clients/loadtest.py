@@ -124,7 +124,8 @@ def write_reports(out: Path, results: list[LevelResult], meta: dict[str, Any]) -
         aggregate(r.records, mode=r.spec.mode, level=r.spec.level, duration_s=r.duration_s, interrupted=r.interrupted)
         for r in results
     ]
-    doc = {"meta": meta, "levels": [rep.to_json() for rep in reports], "acceptance_by_level": acceptance_by_level(reports)}
+    doc = {"meta": meta, "levels": [rep.to_json() for rep in reports],
+           "acceptance_by_level": acceptance_by_level(reports)}
     (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     with (out / "report.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(CSV_COLUMNS))

@@ -7,7 +7,8 @@ the serving side, never written by hand:
     each optional input's server-side default and description);
   * `fetch_schema(url, model)`: the first, asked from a running server over gRPC.
 
-The client speaks the ensemble contract of `triton_repo.contract` and the llmapi model's (`Dialect`): the role names below must be tensors of it
+The client speaks the ensemble contract of `triton_repo.contract` and the llmapi model's (`Dialect`): the role
+names below must be tensors of it
 (tests/test_clients_schema.py checks that), and every request is validated against the schema before sending,
 so a misspelt or unsupported input fails here with the list of inputs the model takes.
 """

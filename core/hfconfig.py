@@ -98,7 +98,8 @@ def aux_layer_ids(cfg: dict[str, Any], path: Path) -> list[int] | None:
     return None if ids is None else [int(i) for i in ids]
 
 
-# Where the default capture layers are read: `_get_eagle3_default_capture_layers` (1, L // 2 - 1, L - 4), output-indexed,
+# Where the default capture layers are read: `_get_eagle3_default_capture_layers` (1, L // 2 - 1, L - 4),
+# output-indexed,
 # which Eagle3SpecMetadata and Eagle3OneModelSpecMetadata use when layers_to_capture is None and refuse for 5 layers or
 # fewer ("Not enough hidden layers for default EAGLE3 capture").
 EAGLE3_DEFAULT_CAPTURE_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/eagle3.py at commit "

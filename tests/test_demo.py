@@ -157,8 +157,8 @@ SPEEDUP = {"ratio": 0.8, "eagle_tokens_per_s": 20.0, "target_only_tokens_per_s":
     (1.1, {}, 0.9, "verdict: speculation does not pay on this machine: served 1.10x"),
 ])
 @pytest.mark.parametrize("policy", [None, "no speculation above 1 sequence (tree.max_concurrency: 1)"])
-def test_the_verdict_says_whether_speculation_pays_here_and_why_not(c1: float, others: dict[str, float],
-                                                                   ratio: float, first: str, policy: str | None) -> None:
+def test_the_verdict_says_whether_speculation_pays_here_and_why_not(
+        c1: float, others: dict[str, float], ratio: float, first: str, policy: str | None) -> None:
     served = {"c=1": {"ratio": c1}, **{k: {"ratio": v} for k, v in others.items()}}
     lines = demo.verdict(served, {**SPEEDUP, "ratio": ratio, "policy": policy})
     assert lines[0].startswith(first)

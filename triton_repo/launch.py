@@ -389,8 +389,8 @@ class TritonServer:
 # ---- CLI ----------------------------------------------------------------------------------------------------------
 
 
-# TensorRT-LLM's own llmapi model, which a current-line PyTorch-backend repository's model.py subclasses: copied from the
-# TensorRT-LLM image at start by docker/serve.py (builders/triton/render_llmapi.py UPSTREAM_FILES).
+# TensorRT-LLM's own llmapi model, which a current-line PyTorch-backend repository's model.py subclasses: copied from
+# the TensorRT-LLM image at start by docker/serve.py (builders/triton/render_llmapi.py UPSTREAM_FILES).
 UPSTREAM_LLMAPI_MODEL = "upstream_model.py"
 
 

@@ -346,7 +346,7 @@ def reference_tau(cfg: BuildConfig, prompts: list[str], max_new_tokens: int = 32
         reqs = [GenerationRequest(prompt_ids=i, max_new_tokens=max_new_tokens, sampling=SamplingParams(),
                                   stop_token_ids=eos) for i in ids]
         results = generate_with_progress(eng, reqs, f"tau of {ckpt.name} ({len(reqs)} prompts x {max_new_tokens} "
-                                                    "tokens, reference engine)", cfg.engine.max_batch_size)
+                                                    "tokens, reference engine)", cfg.engine.max_batch_size or len(reqs))
         return ReferenceEngine.aggregate(results).tau
 
     return tau_of

@@ -100,7 +100,8 @@ def run_hf_quant(ctx: Any, hf: Path) -> Fp8Report:
     with tempfile.TemporaryDirectory(prefix="eagle-hfq-") as tmp_name:
         tmp = Path(tmp_name)
         export = ctx.out / HF_QUANTIZED if pytorch else tmp / HF_QUANTIZED
-        _log(ctx, f"step 1/4: ModelOpt {ALGO.get(weights, 'KV-only')} calibration on {len(calib)} {q.calibration.dataset} "
+        _log(ctx, f"step 1/4: ModelOpt {ALGO.get(weights, 'KV-only')} calibration on {len(calib)} "
+                  f"{q.calibration.dataset} "
                   f"prompts{' + FP8 KV cache' if kv else ''}; Hugging Face export -> {export.name}/")
         export_quantized(hf, export, weights=weights, kv_fp8=kv, dtype=cfg.target.dtype, prompts=calib,
                          max_length=q.calibration.max_length)

@@ -6,7 +6,8 @@ version, and every required row is present.
 
 reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
 problems (exit 1) or the names checked per surface and "all cited" (exit 0). It checks the build against the
-ledger's rows (each cited to the upstream source that reads the name), not against an installed TensorRT-LLM. tests/test_ledger.py runs the same functions on
+ledger's rows (each cited to the upstream source that reads the name), not against an installed TensorRT-LLM.
+tests/test_ledger.py runs the same functions on
 real builds of every backend and version. --upstream-report lists, per supported version, each row's upstream
 citation and when it was last read, oldest first (builders/ledger/report.py): where the next reading starts.
 

@@ -78,7 +78,8 @@ def test_the_recipe_runs_end_to_end_for_a_qwen3_model(tmp_path: Path) -> None:
     extra = {  # the configs name build/byom relative to the checkout: pointed at tmp_path the way a user would
         "training/train_head.py": ["--set", f"target={byom / 'target'}", "--set", f"work_dir={byom / 'train'}",
                                    "--set", f"output_dir={byom / 'head'}",
-                                   "--set", "eagle3.draft_vocab_size=64"],  # the test tokenizer: 320 tokens, ~110 in answers
+                                   # the test tokenizer: 320 tokens, about 110 of them in the answers
+                                   "--set", "eagle3.draft_vocab_size=64"],
         "builders/build.py": ["--set", f"output_dir={byom / 'build'}", "--set", f"target.model={byom / 'target'}",
                               "--set", f"draft.model={byom / 'head'}"],
     }

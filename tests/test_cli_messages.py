@@ -40,8 +40,9 @@ def test_one_request_prints_the_metrics_tau() -> None:
                                                "machine: pass --repo BUILD/triton_repo or --tokenizer DIR)")
 
 
-@pytest.mark.parametrize(("dtype", "differ", "hint"), [("torch.bfloat16", True, True), ("torch.float16", True, True),
-                                                        ("torch.float32", True, False), ("torch.bfloat16", False, False)])
+@pytest.mark.parametrize(("dtype", "differ", "hint"), [
+    ("torch.bfloat16", True, True), ("torch.float16", True, True), ("torch.float32", True, False),
+    ("torch.bfloat16", False, False)])
 def test_verify_names_16_bit_rounding_only_where_it_can_explain_a_difference(dtype: str, differ: bool,
                                                                              hint: bool) -> None:
     text = rounding_hint(dtype, differ)

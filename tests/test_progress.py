@@ -3,6 +3,7 @@ measurements of quantized builds and the acceptance baseline), and give the same
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,16 @@ def test_progress_names_the_work_and_counts_the_prompts(eagle_ckpt: Path, capsys
     err = capsys.readouterr().err
     assert f"tau of ckpt ({n} prompts x 6 tokens, reference engine): 100%" in err and f"{n}/{n}" in err
     assert [r.output_ids for r in got] == [r.output_ids for r in eng.generate(reqs, speculative=True)]
+
+
+def test_tau_progress_names_what_the_checkpoint_holds(tmp_path: Path) -> None:
+    from builders.convert.fp8 import checkpoint_label
+
+    cases = {"a": {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}},
+             "b": {"quantization": {"quant_algo": None, "kv_cache_quant_algo": None}}, "c": {}}
+    for name, cfg in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    assert checkpoint_label(tmp_path / "a") == "the FP8 target with an FP8 KV cache"
+    assert checkpoint_label(tmp_path / "b") == checkpoint_label(tmp_path / "c") == "the 16-bit target"
+    assert checkpoint_label(tmp_path / "missing") == "missing"

@@ -345,11 +345,21 @@ def reference_tau(cfg: BuildConfig, prompts: list[str], max_new_tokens: int = 32
         eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         reqs = [GenerationRequest(prompt_ids=i, max_new_tokens=max_new_tokens, sampling=SamplingParams(),
                                   stop_token_ids=eos) for i in ids]
-        results = generate_with_progress(eng, reqs, f"tau of {ckpt.name} ({len(reqs)} prompts x {max_new_tokens} "
-                                                    "tokens, reference engine)", cfg.engine.max_batch_size or len(reqs))
+        desc = f"tau on {checkpoint_label(ckpt)} ({len(reqs)} prompts x {max_new_tokens} tokens, reference engine)"
+        results = generate_with_progress(eng, reqs, desc, cfg.engine.max_batch_size or len(reqs))
         return ReferenceEngine.aggregate(results).tau
 
     return tau_of
+
+
+def checkpoint_label(ckpt: Path) -> str:
+    """What a checkpoint holds, for progress lines: its quantization (config.json `quantization.quant_algo`)."""
+    try:
+        q = json.loads((ckpt / "config.json").read_text()).get("quantization") or {}
+    except (OSError, ValueError):
+        return ckpt.name
+    algo, kv = q.get("quant_algo"), q.get("kv_cache_quant_algo")
+    return (f"the {algo} target" if algo else "the 16-bit target") + (f" with an {kv} KV cache" if kv else "")
 
 
 def generate_with_progress(eng: Any, reqs: list[Any], desc: str, batch: int) -> list[Any]:

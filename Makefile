@@ -1,4 +1,5 @@
-# Two entry points: `make demo` (the main job on the embedded demo) and `make test`.
+# Two entry points: `make demo` (the main job on the embedded demo, TensorRT-LLM's current line; the 1.1 engine flow:
+# `make demo DEMO_ARGS="--line 1.1"`) and `make test`.
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -14,8 +15,10 @@ $(STAMP): requirements.txt requirements-data.txt pyproject.toml scripts/setup_en
 
 setup: $(STAMP)
 
+DEMO_ARGS ?=
+
 demo: $(STAMP)
-	$(VPY) scripts/demo.py
+	$(VPY) scripts/demo.py $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests

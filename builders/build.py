@@ -116,7 +116,7 @@ def storage_message(e: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="build.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="eagle-build", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("config", help="YAML build config (see configs/)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. --set engine.max_batch_size=8 (repeatable)")

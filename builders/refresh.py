@@ -49,8 +49,7 @@ if __name__ == "__main__" and not __package__:
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders.adaptive.dataset import RefreshInputError
-from builders.adaptive.publish import PublishError
+from builders.adaptive.publish import PublishError, RefreshInputError
 from builders.config import BuildConfig
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNUSABLE = 0, 1, 2
@@ -366,7 +365,8 @@ def private(path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="refresh.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="eagle-refresh", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--build", type=Path, required=True, help="the build directory (output_dir of the config)")
     ap.add_argument("--run", help="refresh run name under BUILD/refresh/ (default: resume the newest unfinished run, "
                     "else a new one)")

@@ -96,7 +96,7 @@ class AsyncLLMClient:
         self._stop_model: asyncio.Future[str | None] | None = None  # resolved once, at the first cancellation
 
     @classmethod
-    async def connect(cls, url: str, model: str = "ensemble", timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncLLMClient:
+    async def connect(cls, url: str, model: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncLLMClient:
         """A client whose schema is read from the server's model config (sch.fetch_schema, off the event loop)."""
         schema = await asyncio.to_thread(sch.fetch_schema, url, model, min(timeout_s, 30.0))
         return cls(url, schema, timeout_s)

@@ -65,7 +65,7 @@ class LLMClient:
     CANCEL_TIMEOUT if it did not in time)."""
 
     def __init__(
-        self, url: str, model: str = "ensemble", schema: Schema | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+        self, url: str, model: str | None = None, schema: Schema | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s

@@ -43,12 +43,12 @@ def genai_perf_argv(schema: sch.Schema, *, grpc_url: str, http_url: str, tokeniz
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m clients.genai_perf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="eagle-genai-perf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Inputs:  a rendered triton_repo (its client.json) of a served build\n"
                "Outputs: the genai-perf command line on stdout (nothing is run)\n"
                "Guide:   docs/load-test.md")
     ap.add_argument("--repo", type=Path, required=True, help="rendered repository (its client.json)")
-    ap.add_argument("--model", default="ensemble", help="model (ensemble repositories; the llmapi one has one model)")
+    ap.add_argument("--model", default=None, help="model (default: the one the build's client.json names)")
     ap.add_argument("--grpc-url", default="localhost:8001")
     ap.add_argument("--http-url", default="localhost:8000")
     ap.add_argument("--max-tokens", type=int, default=128)

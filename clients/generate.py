@@ -4,8 +4,9 @@
     python clients/generate.py --url localhost:8001 --prompt "Hi" --chat        # apply the model's chat template
     python clients/generate.py --url localhost:8001 --prompt "Hi" --chat --thinking off   # Qwen3: no reasoning
 
-The request schema comes from the server's model config (or `--repo DIR`: the rendered repository's client.json).
-Output tokens are counted with the repository's tokenizer (or `--tokenizer DIR|whitespace`).
+The model, its request schema and its tokenizer come from the build's contract with `--repo BUILD/triton_repo` (its
+client.json), else from the server's model config (the model: `--model`, else `ensemble` or `tensorrt_llm`, the
+entry models builds name by default). Output tokens are counted with that tokenizer (or `--tokenizer DIR|whitespace`).
 
 Inputs:  a served deployment (--url host:grpc_port), --prompt
 Outputs: the answer on stdout as it arrives, then tokens, tau and acceptance
@@ -27,15 +28,18 @@ if __name__ == "__main__" and not __package__:
 from clients import schema as sch
 from clients.client import DEFAULT_TIMEOUT_S, GenerationError, GenerationStats, LLMClient, sampling_of
 from clients.prompts import chat_prompt
+from clients.stats import tau_of
 from clients.tokens import TokenCounter, make_counter
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="generate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="eagle-generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--url", default="localhost:8001", help="gRPC endpoint host:port (default localhost:8001)")
-    ap.add_argument("--model", default="ensemble", help="model to call (default: ensemble)")
+    ap.add_argument("--model", default=None,
+                    help="model to call (default: the one the build's client.json names with --repo, else the "
+                    "server's `ensemble` or, for a current-line llmapi build, `tensorrt_llm`)")
     ap.add_argument("--repo", type=Path, default=None, help="rendered repository: read the schema from its client.json")
     ap.add_argument("--prompt", required=True, help="prompt text")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
@@ -44,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--thinking", choices=("on", "off"), default=None,
                     help="with --chat: the template's thinking switch (Qwen3's enable_thinking; default: as the "
                     "template has it)")
-    ap.add_argument("--tokenizer", default=None, help="HF tokenizer dir or `whitespace` (default: the repository's)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="HF tokenizer dir or `whitespace`, to count output tokens and for --chat (default: the "
+                    "build's, with --repo; without --repo, the `tokenizer_dir` the served model config names when it "
+                    "is a path on this machine, else tokens are not counted)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: server's)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: server's)")
     ap.add_argument("--top-k", type=int, default=None, help="top-k (default: server's)")
@@ -61,7 +68,8 @@ def stats_lines(text: str, stats: GenerationStats, counter: TokenCounter | None)
     lines = [f"responses: {stats.responses}, time to first response: {ttft * 1e3:.1f} ms, total: {e2e * 1e3:.1f} ms"]
     tokens = None if counter is None else counter.count(text)
     if tokens is None or counter is None:
-        lines.append("output tokens: unknown (pass --tokenizer DIR to count them)")
+        lines.append("output tokens: not counted (the server names no tokenizer on this machine: pass --repo "
+                     "BUILD/triton_repo or --tokenizer DIR)")
     else:
         rate = tokens / e2e if e2e > 0 else 0.0
         lines.append(f"output tokens: {tokens} ({counter.name}), {rate:.1f} tokens/s")
@@ -71,8 +79,9 @@ def stats_lines(text: str, stats: GenerationStats, counter: TokenCounter | None)
         acc, drafted = stats.accepted_draft_tokens, stats.draft_tokens
         rate_txt = f"{acc / drafted:.3f}" if drafted else "n/a"
         line = f"speculative: accepted {acc} of {drafted} draft tokens (acceptance {rate_txt})"
-        if tokens is not None and tokens - acc > 0:
-            line += f", tau {tokens / (tokens - acc):.2f} tokens/step"  # stats.py: tau = tokens / (tokens - accepted)
+        tau = None if tokens is None else tau_of(tokens, acc)
+        if tau is not None:
+            line += f", tau {tau:.2f} tokens per target forward"  # stats.py: the engine's and the metrics' definition
         lines.append(line)
     return lines
 

@@ -1,4 +1,4 @@
-r"""Load tester for a Triton LLM deployment speaking the ensemble contract.
+r"""Load-test a served EAGLE deployment: throughput, latency, tau and acceptance per concurrency or request rate.
 
     python clients/loadtest.py --url localhost:8001 --prompts prompts.jsonl --out results/ \
         --concurrency 1,4,16 --requests 200 --max-tokens 128 --stream
@@ -12,6 +12,9 @@ Ctrl-C stops the run, ends the requests in flight on the server (through an ense
 model, then the stream drained) and writes what was measured (exit code 130). Refused connections, timeouts and
 server restarts are counted per status and the run carries on; a timed-out request is ended on the server the same
 way.
+
+Any build of this project is a target (the engine-flow ensemble and the current line's llmapi model): with --repo
+BUILD/triton_repo the model name, request schema and tokenizer come from the build's client.json.
 
 Inputs:  a served deployment (--url host:grpc_port), --prompts (JSONL)
 Outputs: --out/report.json, report.csv, requests.jsonl and PNG plots
@@ -44,7 +47,7 @@ from clients.client import DEFAULT_TIMEOUT_S, AsyncLLMClient, sampling_of
 from clients.load import LevelResult, LevelRunner, LevelSpec
 from clients.plots import COMPARISON_FILE, plot_speculation_comparison, write_plots
 from clients.prompts import PromptFileError, chat_template, load_prompts
-from clients.stats import CSV_COLUMNS, LevelReport, Summary, aggregate, csv_row
+from clients.stats import CSV_COLUMNS, LevelReport, Summary, acceptance_by_level, aggregate, csv_row
 from clients.tokens import TokenCounter, make_counter
 
 EXIT_INTERRUPTED = 130
@@ -62,10 +65,12 @@ def _numbers(text: str, kind: type[int] | type[float], flag: str) -> list[Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="loadtest.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="eagle-loadtest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--url", required=True, help="gRPC endpoint host:port (e.g. localhost:8001)")
-    ap.add_argument("--model", default="ensemble", help="model to load (default: ensemble)")
+    ap.add_argument("--model", default=None,
+                    help="model to load (default: the one the build's client.json names with --repo, else the "
+                    "server's `ensemble` or, for a current-line llmapi build, `tensorrt_llm`)")
     ap.add_argument("--repo", type=Path, default=None,
                     help="rendered repository: read the schema from its client.json (default: ask the server)")
     ap.add_argument("--prompts", required=True, type=Path, help="JSONL file: `prompt` or MT-bench `turns` per line")
@@ -119,7 +124,8 @@ def write_reports(out: Path, results: list[LevelResult], meta: dict[str, Any]) -
         aggregate(r.records, mode=r.spec.mode, level=r.spec.level, duration_s=r.duration_s, interrupted=r.interrupted)
         for r in results
     ]
-    doc = {"meta": meta, "levels": [rep.to_json() for rep in reports]}
+    doc = {"meta": meta, "levels": [rep.to_json() for rep in reports],
+           "acceptance_by_level": acceptance_by_level(reports)}
     (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     with (out / "report.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(CSV_COLUMNS))
@@ -133,6 +139,19 @@ def write_reports(out: Path, results: list[LevelResult], meta: dict[str, Any]) -
     ttfts = [[rec.ttft for rec in r.records if rec.ok and rec.ttft is not None] for r in results]
     write_plots(reports, ttfts, out)
     return reports
+
+
+def acceptance_line(reports: list[LevelReport]) -> str | None:
+    """Acceptance per level in one line (two levels or more with speculative stats), relative to the first."""
+    rows = acceptance_by_level(reports)
+    if len(rows) < 2:
+        return None
+    parts = [f"{r['mode']}={r['level']:g} {r['acceptance_rate']:.3f}"
+             + ("" if r["tau"] is None else f" (tau {r['tau']:.2f})")
+             + ("" if i == 0 or r["vs_first_level"] is None else f" {r['vs_first_level']:.2f}x")
+             for i, r in enumerate(rows)]
+    return ("acceptance by level: " + ", ".join(parts) + " -- acceptance can fall as batches grow (NVIDIA/"
+            "TensorRT-LLM#9208): size for the level you serve at, not for one sequence")
 
 
 def _summary_line(rep: LevelReport) -> str:
@@ -202,6 +221,7 @@ async def run(args: argparse.Namespace) -> int:
     }
     results: list[LevelResult] = []
     base_results: list[LevelResult] = []
+    reports: list[LevelReport] = []
     try:
         for spec in specs:
             if stop.is_set():
@@ -227,6 +247,8 @@ async def run(args: argparse.Namespace) -> int:
         write_reports(args.out, results, meta)
         print(f"interrupted: wrote what was measured to {args.out}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if (line := acceptance_line(reports)) is not None:
+        print(line, flush=True)
     print(f"wrote {args.out}/report.json, report.csv, requests.jsonl and plots", flush=True)
     return 0
 

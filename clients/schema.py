@@ -7,7 +7,8 @@ the serving side, never written by hand:
     each optional input's server-side default and description);
   * `fetch_schema(url, model)`: the first, asked from a running server over gRPC.
 
-The client speaks the ensemble contract of `triton_repo.contract`: the role names below must be tensors of it
+The client speaks the ensemble contract of `triton_repo.contract` and the llmapi model's (`Dialect`): the role
+names below must be tensors of it
 (tests/test_clients_schema.py checks that), and every request is validated against the schema before sending,
 so a misspelt or unsupported input fails here with the list of inputs the model takes.
 """
@@ -186,8 +187,58 @@ def from_model_config(cfg: Mapping[str, Any], source: str = "server model config
     )
 
 
-def fetch_schema(url: str, model: str, timeout_s: float = 10.0) -> Schema:
-    """Ask a running server for `model`'s config over gRPC (and its ensemble steps' configs for the tokenizer)."""
+# The entry model a build names by default (builders/config.py TritonConfig: ensemble_model, llm_model): what a
+# client calls when neither --model nor --repo says.
+DEFAULT_ENTRY_MODELS = ("ensemble", "tensorrt_llm")
+# The server's repository index is an admin endpoint (triton_repo/exposure.py): the header that opens it over gRPC
+# and the environment variable eagle-launch reads the key from.
+ADMIN_GRPC_HEADER = "triton-grpc-protocol-eagle-admin-key"
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+
+
+def loaded_models(client: Any, timeout_s: float) -> list[str] | None:
+    """The READY models of the server's repository index, or None when the index is closed to this client (it
+    answers requests carrying $TRITON_ADMIN_KEY only)."""
+    import os
+
+    from tritonclient.utils import InferenceServerException
+
+    key = os.environ.get(ADMIN_KEY_ENV)
+    headers = {ADMIN_GRPC_HEADER: key} if key else None
+    try:
+        index = client.get_model_repository_index(headers=headers, as_json=True, client_timeout=timeout_s)
+    except InferenceServerException:
+        return None
+    return sorted(m["name"] for m in index.get("models", []) if m.get("state") == "READY")
+
+
+def _absent(url: str, model: str | None, client: Any, timeout_s: float) -> SchemaError:
+    """The error for a model that is not served, naming the ones that are."""
+    asked = f"model {model!r} is not loaded" if model else f"none of {list(DEFAULT_ENTRY_MODELS)} is loaded"
+    models = loaded_models(client, timeout_s)
+    if models is not None:
+        where = f"loaded: {', '.join(models) or 'no model'}"
+    else:
+        ready = [m for m in DEFAULT_ENTRY_MODELS if _ready(client, m, timeout_s)]
+        where = (f"the server's repository index is an admin endpoint (set {ADMIN_KEY_ENV} to its key to list every "
+                 f"model); of the default entry models, ready: {', '.join(ready) or 'none'}")
+    return SchemaError(f"{asked} at {url} ({where}); pass --model NAME, or --repo BUILD/triton_repo to read the model "
+                       "name and tokenizer from the build's client.json")
+
+
+def _ready(client: Any, model: str, timeout_s: float) -> bool:
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        return bool(client.is_model_ready(model, client_timeout=timeout_s))
+    except InferenceServerException:
+        return False
+
+
+def fetch_schema(url: str, model: str | None, timeout_s: float = 10.0) -> Schema:
+    """Ask a running server for `model`'s config over gRPC (and its ensemble steps' configs for the tokenizer).
+    `model` None: the first of DEFAULT_ENTRY_MODELS that is ready. A model that is not served is an error naming
+    the loaded ones."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -200,13 +251,16 @@ def fetch_schema(url: str, model: str, timeout_s: float = 10.0) -> Schema:
             return None
 
     try:
-        cfg = client.get_model_config(model, as_json=True, client_timeout=timeout_s)["config"]
+        try:
+            client.is_server_live(client_timeout=timeout_s)
+        except InferenceServerException as e:
+            raise SchemaError(f"cannot reach a Triton server at {url}: {e.message()}; is it running "
+                              "(eagle-launch), and is --url its gRPC port?") from e
+        name = model or next((m for m in DEFAULT_ENTRY_MODELS if _ready(client, m, timeout_s)), None)
+        cfg = None if name is None else get(name)
+        if name is None or cfg is None:
+            raise _absent(url, model, client, timeout_s)
         tokenizer = find_tokenizer(cfg, get)
-    except InferenceServerException as e:
-        raise SchemaError(
-            f"cannot read the config of model {model!r} from {url}: {e.message()} (status {e.status()}); "
-            "is the server running and the model loaded (`--model`)?"
-        ) from e
     finally:
         client.close()
     return replace(from_model_config(cfg, source=f"model config served at {url}"), tokenizer=tokenizer)
@@ -262,15 +316,25 @@ def repo_config_getter(repo: Path) -> ConfigGetter:
     return get
 
 
-def from_repository(repo: Path, model: str = "ensemble") -> Schema:
-    """Schema from a model repository on disk: its `client.json` when present, else `<model>/config.pbtxt`."""
+def from_repository(repo: Path, model: str | None = None) -> Schema:
+    """Schema from a model repository on disk, or a build directory holding one (`triton_repo/`): its `client.json`
+    when present (the build's contract: model name and tokenizer), else `<model>/config.pbtxt` (model None:
+    `ensemble`). A `model` that differs from the one client.json names is an error."""
+    if not (repo / CLIENT_FILE).is_file() and (repo / "triton_repo" / CLIENT_FILE).is_file():
+        repo = repo / "triton_repo"  # a build directory
     if (repo / CLIENT_FILE).is_file():
-        return from_descriptor(repo / CLIENT_FILE)
+        schema = from_descriptor(repo / CLIENT_FILE)
+        if model is not None and model != schema.model:
+            raise SchemaError(f"--model {model}: the build at {repo} serves {schema.model!r} (its {CLIENT_FILE}); "
+                              "drop --model or pass that name")
+        return schema
     get = repo_config_getter(repo)
-    cfg = get(model)
+    name = model or DEFAULT_ENTRY_MODELS[0]
+    cfg = get(name)
     if cfg is None:
-        raise SchemaError(f"{repo} has neither {CLIENT_FILE} nor {model}/config.pbtxt; pass the rendered repository")
-    schema = from_model_config(cfg, source=f"{repo / model / 'config.pbtxt'}", repo=repo)
+        raise SchemaError(f"{repo} has neither {CLIENT_FILE} nor {name}/config.pbtxt; pass the rendered repository "
+                          "(BUILD/triton_repo) or the build directory")
+    schema = from_model_config(cfg, source=f"{repo / name / 'config.pbtxt'}", repo=repo)
     return replace(schema, tokenizer=find_tokenizer(cfg, get, repo))
 
 

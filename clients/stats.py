@@ -10,8 +10,13 @@ Definitions (the same ones genai-perf / perf_analyzer use for LLM runs, so figur
     x_floor(r)).
   * acceptance rate: sum of accepted draft tokens / sum of draft tokens, over all requests that reported them
     (a token-weighted mean, not a mean of per-request ratios).
-  * tau (mean accepted length = tokens per target forward pass): every decoding step of the target yields one
-    token of its own plus the draft tokens it accepted, so steps = tokens - accepted and tau = tokens / steps.
+  * tau (mean accepted length = tokens per target forward after the prefill), the definition the engine, the build's
+    baseline and the served metrics use (core/types.py `RequestStats.tau`, `eagle_llm_tau`): the prefill yields a
+    request's first token; every later target forward yields one token of its own plus the draft tokens it
+    accepted. So over requests, forwards = tokens - requests - accepted and tau = (tokens - requests) / forwards
+    (`tau_of`). Counting the prefill as a step would give tokens / (tokens - accepted), a little lower (48 tokens
+    with 15 accepted: 1.45 instead of 1.47). The clients count tokens by re-tokenizing the text, so a token cut by a
+    stop word or merged differently moves their tau slightly against the server's.
 """
 
 from __future__ import annotations
@@ -139,9 +144,13 @@ def speculative(records: Sequence[RequestRecord]) -> tuple[int | None, int | Non
     drafted = sum(r.draft_tokens or 0 for r in with_stats)
     tokens = sum(r.output_tokens for r in with_stats)
     rate = accepted / drafted if drafted > 0 else None
-    steps = tokens - accepted
-    tau = tokens / steps if steps > 0 else None
-    return accepted, drafted, rate, tau
+    return accepted, drafted, rate, tau_of(tokens, accepted, len(with_stats))
+
+
+def tau_of(tokens: int, accepted: int, requests: int = 1) -> float | None:
+    """Tokens per target forward after the prefill (the module docstring's definition); None without a forward."""
+    forwards = tokens - requests - accepted
+    return (tokens - requests) / forwards if forwards > 0 else None
 
 
 def aggregate(
@@ -207,3 +216,13 @@ def csv_row(rep: LevelReport) -> dict[str, Any]:
     for k in ("acceptance_rate", "tau"):
         row[k] = "" if row[k] is None else row[k]
     return row
+
+
+def acceptance_by_level(reports: Sequence[LevelReport]) -> list[dict[str, Any]]:
+    """Acceptance rate and tau per level, each also relative to the first level's (acceptance can fall as the batch
+    grows on TensorRT-LLM: NVIDIA/TensorRT-LLM issue #9208); levels without speculative stats are left out."""
+    rows = [r for r in reports if r.acceptance_rate is not None]
+    first = rows[0].acceptance_rate if rows else None
+    return [{"mode": r.mode, "level": r.level, "acceptance_rate": r.acceptance_rate, "tau": r.tau,
+             "vs_first_level": (r.acceptance_rate / first) if first and r.acceptance_rate is not None else None}
+            for r in rows]

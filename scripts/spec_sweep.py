@@ -177,7 +177,7 @@ def _positive(name: str) -> Callable[[str], int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="spec_sweep.py", description=__doc__,
+    ap = argparse.ArgumentParser(prog="eagle-spec-sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", required=True, type=Path, help="finished reference build (either layout)")
     ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts")

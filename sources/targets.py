@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(
-        prog="python -m sources.targets", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="eagle-model-source", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Resolve a target.model value to a Hugging Face directory and print it (extracting a GGUF once).",
         epilog="Inputs:  MODEL: a `.gguf` file, `pip:<distribution>` or an HF directory (default: the demo target)\n"
         "Outputs: the HF directory (config.json, model.safetensors, tokenizer), cached by content hash; its path\n"

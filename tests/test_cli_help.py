@@ -44,6 +44,7 @@ ENTRY_POINTS = {
     "docker/serve.py": ["docker/serve.py"],
     "docker/k8s/render.py": ["docker/k8s/render.py"],
     "scripts/demo.py": ["scripts/demo.py"],
+    "scripts/tiny_model.py": ["scripts/tiny_model.py"],
     "devtools/gen_config_docs.py": ["devtools/gen_config_docs.py"],
     "bench/bench_client.py": ["bench/bench_client.py"],
     "bench/bench_convert.py": ["bench/bench_convert.py"],
@@ -150,13 +151,28 @@ def test_every_user_facing_entry_point_is_an_installed_command() -> None:
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_installed_command_help(name: str) -> None:
-    """What the wrapper pip writes does: import the module, call main() with sys.argv = [command, --help]."""
+    """What the wrapper pip writes does: import the module, call main() with sys.argv = [command, --help]. The usage
+    line names the command the user typed, and the help answers without loading torch (seconds on a cold start)."""
     module, func = COMMANDS[name].split(":")
-    code = f"import sys; sys.argv = [{name!r}, '--help']; from {module} import {func}; sys.exit({func}())"
+    code = (f"import sys\nsys.argv = [{name!r}, '--help']\nfrom {module} import {func}\ntry:\n    {func}()\n"
+            "except SystemExit as e:\n    code = e.code\nprint('torch loaded' if 'torch' in sys.modules else '', "
+            "file=sys.stderr)\nsys.exit(code)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.startswith("usage: "), r.stdout[:200]
+    assert r.stdout.startswith(f"usage: {name} "), r.stdout[:200]
+    assert "torch loaded" not in r.stderr, f"{name} --help imports torch (python -X importtime shows from where)"
     _check_help(name, r.stdout)
+
+
+@pytest.mark.parametrize(("argv", "usage"), [(["gate", "--help"], "usage: eagle-doctor gate "),
+                                             (["export", "--help"], "usage: eagle-doctor export ")])
+def test_doctor_subcommands_are_listed_and_named(argv: list[str], usage: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "builders.doctor", *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0 and r.stdout.startswith(usage), r.stdout[:300] + r.stderr[-1000:]
+    top = subprocess.run([sys.executable, "-m", "builders.doctor", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=180).stdout
+    assert f"       {usage.removeprefix('usage: ')}" in top  # the top-level usage lists every subcommand
 
 
 def _python_files() -> list[Path]:

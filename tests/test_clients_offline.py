@@ -84,15 +84,15 @@ def test_aggregate_counts_tokens_and_speculative_stats() -> None:
     assert rep.error_examples["DEADLINE_EXCEEDED"] == "boom"
     assert rep.output_tokens == 15 and rep.output_tokens_per_s == pytest.approx(7.5)
     assert rep.request_throughput == pytest.approx(1.0)
-    # token-weighted acceptance 8/12; tau = tokens / (tokens - accepted) = 15 / 7
+    # token-weighted acceptance 8/12; tau = tokens after the prefills per forward after them = (15 - 2) / (15 - 2 - 8)
     assert rep.acceptance_rate == pytest.approx(8 / 12)
-    assert rep.tau == pytest.approx(15 / 7)
+    assert rep.tau == pytest.approx(13 / 5)
     # ITL = (end - first_response) / (tokens - 1): 0.8/9 and 0.8/4
     assert rep.itl_s is not None and rep.itl_s.mean == pytest.approx((0.8 / 9 + 0.8 / 4) / 2)
     assert rep.ttft_s is not None and rep.ttft_s.p50 == pytest.approx(0.2)
     assert rep.e2e_s is not None and rep.e2e_s.max == pytest.approx(1.0)
     row = csv_row(rep)
-    assert row["errors"] == "DEADLINE_EXCEEDED=1;UNAVAILABLE=1" and row["tau"] == pytest.approx(15 / 7)
+    assert row["errors"] == "DEADLINE_EXCEEDED=1;UNAVAILABLE=1" and row["tau"] == pytest.approx(13 / 5)
 
 
 def test_aggregate_without_stats_or_successes() -> None:

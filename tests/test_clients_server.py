@@ -3,7 +3,7 @@
 (cancellation through a real ensemble: test_clients_cancel.py).
 
 Echo maths: N tokens, k tokens per step -> steps = ceil(N/k), accepted = N - steps, drafted = steps*(k-1),
-tau = N/steps."""
+tau = (N - 1)/(steps - 1): the clients count a request's first token as the prefill's (clients/stats.py)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _echo_text(prompt: str, n: int) -> str:
 
 def _spec_stats(n: int) -> tuple[int, int, float]:
     steps = math.ceil(n / K)
-    return n - steps, steps * (K - 1), n / steps
+    return n - steps, steps * (K - 1), (n - 1) / (steps - 1)
 
 
 def test_sync_client_stream_and_generate(echo: TritonServer) -> None:

@@ -110,3 +110,37 @@ def test_launch_cli_serves_prints_endpoints_and_stops_on_sigterm(tmp_path: Path)
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and "tritonserver stopped (exit code 0)" in out
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "reference"])
+def test_launch_refuses_a_pytorch_backend_build_at_once(tmp_path: Path, backend: str) -> None:
+    """A current-line build for TensorRT-LLM's PyTorch backend needs TensorRT-LLM's own llmapi model.py from its
+    image: eagle-launch says so and what to run, before starting tritonserver; the reference build is served."""
+    from builders.build import main as build_main
+    from builders.versions import CURRENT_GPU_IMAGE
+    from testkit import tiny_models as tm
+
+    # 8 layers: the tiny head captures distinct layers ([2, 4, 5]), as the PyTorch backend's capture set needs
+    target = tm.make_target(tmp_path / "target", layers=8)
+    head = tm.make_eagle3_head(tmp_path / "head", target)
+    dtype = "bfloat16" if backend == "pytorch" else "float32"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"name: t\ntrtllm_version: '1.4'\noutput_dir: {tmp_path / 'b'}\n"
+                   f"target: {{model: {target}, dtype: {dtype}}}\ndraft: {{type: eagle3, model: {head}}}\n"
+                   "tree: {choices: chain-2}\n"
+                   f"engine: {{backend: {backend}, device: cpu, max_batch_size: 1, max_input_len: 64, "
+                   "max_seq_len: 128}\n")
+    assert build_main([str(cfg)]) == 0
+    repo = tmp_path / "b" / "triton_repo"
+    why = launch.upstream_model_missing(repo)
+    if backend == "reference":
+        assert why is None
+        return
+    r = subprocess.run([sys.executable, "-m", "triton_repo.launch", "--repo", str(repo), "--timeout", "5"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {why}"
+    assert why is not None and "TensorRT-LLM's own llmapi Triton model" in why
+    assert f" {CURRENT_GPU_IMAGE} serve /build/" in why and "docker/serve.py" in why  # the image the project records
+    assert "--set engine.backend=reference --set target.dtype=float32" in why
+    (repo / "tensorrt_llm" / "1" / launch.UPSTREAM_LLMAPI_MODEL).write_text("# as docker/serve.py copies it\n")
+    assert launch.upstream_model_missing(repo) is None  # in the image, after the copy: served

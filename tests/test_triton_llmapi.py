@@ -394,3 +394,31 @@ def test_a_plain_grpc_cancel_frees_the_llmapi_request_and_the_next_request_is_se
     assert metric(server, names[0], model="tensorrt_llm") == before[names[0]] + 1
     assert metric(server, names[1], model="tensorrt_llm") - before[names[1]] < 200
     assert isinstance(_stream(server.grpc_url, _llmapi_inputs([PROMPT.encode()])), str)  # served
+
+
+def test_clients_find_the_model_a_current_line_build_serves(server: Any, build: tuple[Any, Path],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --model the client calls the served entry model (here `tensorrt_llm`, not `ensemble`); a model that
+    is not loaded is an error naming the ready ones and the two ways to name it; --repo takes the build directory
+    too and reads the model name and tokenizer from its client.json."""
+    from clients import generate
+
+    from_server = sch.fetch_schema(server.grpc_url, None)
+    assert from_server.model == "tensorrt_llm" and from_server.dialect is sch.LLMAPI
+    for asked in ("ensemble", "no_such_model"):
+        with pytest.raises(sch.SchemaError) as err:
+            sch.fetch_schema(server.grpc_url, asked)
+        assert str(err.value).startswith(f"model {asked!r} is not loaded at {server.grpc_url} (")
+        assert "of the default entry models, ready: tensorrt_llm" in str(err.value)  # the index is admin-only
+        assert "pass --model NAME, or --repo BUILD/triton_repo" in str(err.value)
+    for repo in (build[1], build[1] / "triton_repo"):
+        s = sch.from_repository(repo)
+        assert (s.model, s.tokenizer) == ("tensorrt_llm", str(build[1] / "checkpoint" / "tokenizer"))
+    with pytest.raises(sch.SchemaError, match=r"--model ensemble: the build at .* serves 'tensorrt_llm'"):
+        sch.from_repository(build[1], "ensemble")
+    assert generate.main(["--url", server.grpc_url, "--repo", str(build[1]), "--prompt", PROMPT,
+                          "--max-tokens", "8"]) == 0
+    err_text = capsys.readouterr().err
+    assert "output tokens: " in err_text and "not counted" not in err_text
+    assert generate.main(["--url", server.grpc_url, "--model", "ensemble", "--prompt", PROMPT]) == 2
+    assert "of the default entry models, ready: tensorrt_llm" in capsys.readouterr().err

@@ -164,11 +164,15 @@ class Eagle3Config(Strict):
     step_decay: float = Field(
         gt=0, le=1, description="Loss weight of TTT step k is step_decay**k (SafeAILab main.py: 0.8)."
     )
-    layer_ids: list[int] = Field(
+    layer_ids: list[int] | None = Field(
+        default=None,
         min_length=1,
         description="Target layers whose INPUT hidden states the head fuses (id j = input of decoder layer j, "
-        "0 = the embeddings; SafeAILab default for L layers: [2, L//2, L-3]). Written to config.json as "
-        "eagle_aux_hidden_state_layer_ids.",
+        "0 = the embeddings). Written to config.json as eagle_aux_hidden_state_layer_ids. Default: TensorRT-LLM's "
+        "capture layers for the target's L layers, [2, L//2, L-3] from 7 layers (its (1, L//2-1, L-4) counted as "
+        "layer outputs: tensorrt_llm/_torch/speculative/eagle3.py _get_eagle3_default_capture_layers); below 7, "
+        "where upstream has no default, distinct layers spread over the depth ([1, L//2, L-1] from 4 layers, [0, 1, "
+        "2] at 3) (core/hfconfig.py eagle3_default_layer_ids).",
     )
     chain_depth: int = Field(
         ge=1, description="Depth of the held-out greedy chain acceptance estimate (eval chain_tau)."
@@ -181,7 +185,7 @@ class Eagle3Config(Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> Eagle3Config:
-        if len(set(self.layer_ids)) != len(self.layer_ids) or min(self.layer_ids) < 0:
+        if self.layer_ids is not None and (len(set(self.layer_ids)) != len(self.layer_ids) or min(self.layer_ids) < 0):
             raise ValueError(f"eagle3.layer_ids={self.layer_ids} must be distinct ids >= 0")
         return self
 
@@ -235,6 +239,21 @@ def _resolve(base: Path, p: str) -> str:
         return p
     q = Path(p)
     return str(q if q.is_absolute() else (base / q).resolve())
+
+
+def with_layer_ids(cfg: TrainHeadConfig, num_layers: int) -> tuple[TrainHeadConfig, str | None]:
+    """`cfg` with eagle3.layer_ids set to the default for a target of `num_layers` decoder layers when the config
+    leaves it out, and a line saying so (None when nothing was set)."""
+    from core.hfconfig import EAGLE3_DEFAULT_CAPTURE_SOURCE, eagle3_default_layer_ids
+
+    e3 = cfg.eagle3
+    if cfg.head != "eagle3" or e3 is None or e3.layer_ids is not None:
+        return cfg, None
+    ids = eagle3_default_layer_ids(num_layers)
+    whose = (f"TensorRT-LLM's default capture layers ({EAGLE3_DEFAULT_CAPTURE_SOURCE}), input-indexed"
+             if num_layers >= 7 else "distinct layers spread over the depth: TensorRT-LLM has no default below 7")
+    note = f"eagle3.layer_ids: {ids} for this {num_layers}-layer target ({whose})"
+    return cfg.model_copy(update={"eagle3": e3.model_copy(update={"layer_ids": ids})}), note
 
 
 def load_train_config(path: Path, overrides: list[str] | None = None) -> TrainHeadConfig:

@@ -152,7 +152,7 @@ def setup3(
     tqdm.write(json.dumps(record))
     head = eagle3_head_from_target(
         target_cfg, model.get_input_embeddings().weight.detach().float().cpu(), lm,
-        _final_norm(model).detach().float().cpu(), dv.draft_ids, len(e3.layer_ids), cfg.train.seed,
+        _final_norm(model).detach().float().cpu(), dv.draft_ids, len(e3.layer_ids or ()), cfg.train.seed,
         e3.lm_head_init,
     )
     return head, lm[dv.draft_ids].contiguous(), record
@@ -174,7 +174,7 @@ def train_and_export3(ctx: Context, samples: list[Sample]) -> Path | None:
         return None
     out = Path(cfg.output_dir)
     if ctx.dist.main:
-        config = eagle3_config_dict(ctx.target_cfg, e3.draft_vocab_size, e3.layer_ids)
+        config = eagle3_config_dict(ctx.target_cfg, e3.draft_vocab_size, list(e3.layer_ids or ()))
         export_eagle3(head, config, out, runner.recipe_files(cfg, log), embedding=cfg.export_embedding)
     ctx.dist.barrier()
     return out

@@ -65,7 +65,11 @@ class HasInputIds(Protocol):
 
 def spec_for(cfg: TrainHeadConfig) -> FeatureSpec:
     """The FeatureSpec of a TrainHeadConfig."""
-    layer_ids = tuple(cfg.eagle3.layer_ids) if cfg.head == "eagle3" and cfg.eagle3 is not None else None
+    e3 = cfg.eagle3 if cfg.head == "eagle3" else None
+    if e3 is not None and e3.layer_ids is None:
+        raise FeatureError("eagle3.layer_ids is unset: the default needs the target's depth "
+                           "(training.config.with_layer_ids after loading the target)")
+    layer_ids = None if e3 is None or e3.layer_ids is None else tuple(e3.layer_ids)
     return FeatureSpec(layer_ids, getattr(torch, cfg.features.dtype))
 
 
@@ -211,11 +215,15 @@ def build_features(
     check_layers(model, spec)
     paths = [shard_path(work_dir, KIND, i) for i in range(len(data_shards))]
     mine = my_shards(len(data_shards), rank, world)
-    for i in tqdm(mine, desc=f"feature shards (rank {rank}/{world})", unit="shard", disable=rank != 0):
+    bar = tqdm(mine, desc=f"target features (rank {rank}/{world}): {spec.kind} hidden states per shard", unit="shard",
+               disable=rank != 0)
+    for i in bar:
         if paths[i].is_file():
             check_shard(paths[i], spec)
+            bar.set_postfix_str(f"shard {i}: reused")
             continue
         data = torch.load(data_shards[i], weights_only=True)
+        bar.set_postfix_str(f"shard {i}: {len(data['input_ids'])} sequences through the target")
         rows = sequence_features(model, data["input_ids"], spec, batch_tokens)
         atomic_save(pack(rows, spec, str(data_shards[i])), paths[i])
     return paths

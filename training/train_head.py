@@ -40,12 +40,7 @@ if __name__ == "__main__" and not __package__:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from core.config_input import ConfigError
-from training.compute import ComputeError
-from training.config import TrainHeadConfig, load_train_config
-from training.data import DataError
-from training.eagle3_vocab import VocabError
-from training.features import FeatureError
-from training.runner import TrainError
+from training.config import TrainHeadConfig, load_train_config, with_layer_ids
 
 if TYPE_CHECKING:
     from training.compute import Compute
@@ -79,6 +74,9 @@ def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist: Dist, co
     if dist.main:
         print(f"train_head: {dist.world} rank(s); {compute.describe()}", flush=True)
     model, tok, target_dir = load_target(cfg.target, compute)
+    cfg, note = with_layer_ids(cfg, len(model.model.layers))  # the default capture layers need the target's depth
+    if note is not None and dist.main:
+        print(f"train_head: {note}", flush=True)
     work, spec, cached = Path(cfg.work_dir), spec_for(cfg), cfg.features.storage == "shards"
     if dist.main:
         check_data_key(work, cfg.data, cfg.target, str(compute.target_dtype))
@@ -107,7 +105,7 @@ def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist: Dist, co
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="train_head.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog="eagle-train-head", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     ap.add_argument(
         "config", type=Path, help="training YAML (see configs/train/smollm2-eagle.yaml, smollm2-eagle3.yaml)"
@@ -124,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    # torch and the training modules load only now: `--help` and a config error answer at once
+    from training.compute import ComputeError
+    from training.data import DataError
+    from training.eagle3_vocab import VocabError
+    from training.features import FeatureError
+    from training.runner import TrainError
+
     try:
         out = run(cfg, args.until, args.stop_at_step)
     except (ComputeError, DataError, FeatureError, TrainError, VocabError) as e:

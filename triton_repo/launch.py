@@ -389,9 +389,40 @@ class TritonServer:
 # ---- CLI ----------------------------------------------------------------------------------------------------------
 
 
+# TensorRT-LLM's own llmapi model, which a current-line PyTorch-backend repository's model.py subclasses: copied from
+# the TensorRT-LLM image at start by docker/serve.py (builders/triton/render_llmapi.py UPSTREAM_FILES).
+UPSTREAM_LLMAPI_MODEL = "upstream_model.py"
+
+
+def upstream_model_missing(repo: Path) -> str | None:
+    """Why this launcher cannot serve `repo` here, or None: a current-line build for TensorRT-LLM's PyTorch backend
+    (client.json: layout llmapi, backend pytorch) whose model file still needs TensorRT-LLM's llmapi model.py, which
+    only the TensorRT-LLM image carries."""
+    import json
+
+    f = repo / "client.json"
+    try:
+        desc = json.loads(f.read_text()) if f.is_file() else {}
+    except (OSError, ValueError):
+        return None  # the server reports what it cannot load
+    if desc.get("layout") != "llmapi" or desc.get("backend") != "pytorch":
+        return None
+    model_dir = repo / str(desc.get("model", "tensorrt_llm")) / "1"
+    if (model_dir / UPSTREAM_LLMAPI_MODEL).is_file():
+        return None
+    return (f"{repo} is a current-line build for TensorRT-LLM's PyTorch backend (engine.backend: pytorch): its "
+            f"{model_dir / 'model.py'} subclasses TensorRT-LLM's own llmapi Triton model, which ships in the "
+            "TensorRT-LLM image (/app/all_models/llmapi) and needs TensorRT-LLM and a GPU. Serve it in the "
+            "current-line image, which copies that model in and checks TensorRT-LLM before starting Triton: "
+            "`docker run --gpus 1 --shm-size 2g -p 127.0.0.1:8000-8002:8000-8002 -v $PWD/build:/build "
+            "-v /data/models:/models:ro eagle-deploy:trtllm1.4.0rc4 serve /build/<name>` (docker/serve.py; "
+            "docs/deploy.md). On a machine without TensorRT-LLM, build the same config with "
+            "`--set engine.backend=reference --set target.dtype=float32` and launch that repository.")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="launch.py", description="Start tritonserver on a rendered model repository.",
+        prog="eagle-launch", description="Start tritonserver on a rendered model repository.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Inputs:  --repo, a rendered model repository (<output_dir>/triton_repo)\n"
         "Outputs: a running tritonserver on --host and the given ports until SIGTERM / Ctrl-C; its log in --log\n"
@@ -424,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--drain-s {args.drain_s}: give whole seconds in [0, {MAX_DRAIN_S}]")
     if (name_problem := model_name_problem(args.llm_model, "--llm-model")) is not None:
         ap.error(name_problem)
+    if (why := upstream_model_missing(args.repo)) is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     stopping = {"flag": False}
 
     def _on_signal(signum: int, _frame: object) -> None:

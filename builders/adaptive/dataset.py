@@ -17,14 +17,11 @@ from tqdm import tqdm
 from training.features import FeatureSpec, check_shard, load_features, pack, sequence_features
 from training.runner import Sample
 from training.shards import atomic_save
+from builders.adaptive.publish import RefreshInputError
 from triton_repo.models.capture import read_records
 
 MIN_REQUESTS = 4  # fewer usable captured requests: nothing to learn from or hold out (exit 2)
 SHARD = 32  # sequences per feature shard (the unit of resume)
-
-
-class RefreshInputError(ValueError):
-    """The build, its store or its head cannot be refreshed (exit 2); the message says what to do."""
 
 
 @dataclass(frozen=True)

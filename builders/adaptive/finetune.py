@@ -67,7 +67,7 @@ def read_served(head_dir: Path) -> Served:
     cfg = json.loads((head_dir / "config.json").read_text())
     t = load_file(str(head_dir / "model.safetensors"))
     if "d2t" not in t or "lm_head.weight" not in t:
-        from builders.adaptive.dataset import RefreshInputError
+        from builders.adaptive.publish import RefreshInputError
 
         raise RefreshInputError(f"{head_dir}: an EAGLE-3 head with its own lm_head and d2t is refreshed; this one "
                                 "has none (a full-vocabulary head keeps the target's)")
@@ -163,7 +163,7 @@ def export(head: Eagle3Head, cfg: TrainHeadConfig, target_cfg: dict[str, Any], o
     from training.eagle3_train import export_eagle3
     from training.runner import recipe_files
 
-    assert cfg.eagle3 is not None
+    assert cfg.eagle3 is not None and cfg.eagle3.layer_ids is not None  # the served head's layers (finetune_config)
     config = eagle3_config_dict(target_cfg, cfg.eagle3.draft_vocab_size, cfg.eagle3.layer_ids)
     build_dir = out.parent.parent.parent  # BUILD/refresh/<run>/head
     files = recipe_files(cfg, log, "python builders/refresh.py --build BUILD", build_dir, "the build directory BUILD")

@@ -40,6 +40,10 @@ RETIRED = "retired"
 LOAD_TIMEOUT_S = 600.0
 
 
+class RefreshInputError(ValueError):
+    """The build, its store or its head cannot be refreshed (exit 2); the message says what to do."""
+
+
 class PublishError(RuntimeError):
     """The candidate cannot be published (or rolled back) as asked; the message says what to do."""
 

@@ -23,6 +23,8 @@ The EAGLE-3 flow keeps its head in checkpoint/eagle3/ (never quantized).
 
 from __future__ import annotations
 
+import sys
+
 import copy
 import json
 import os
@@ -343,9 +345,35 @@ def reference_tau(cfg: BuildConfig, prompts: list[str], max_new_tokens: int = 32
         eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         reqs = [GenerationRequest(prompt_ids=i, max_new_tokens=max_new_tokens, sampling=SamplingParams(),
                                   stop_token_ids=eos) for i in ids]
-        return ReferenceEngine.aggregate(eng.generate(reqs, speculative=True)).tau
+        desc = f"tau on {checkpoint_label(ckpt)} ({len(reqs)} prompts x {max_new_tokens} tokens, reference engine)"
+        results = generate_with_progress(eng, reqs, desc, cfg.engine.max_batch_size or len(reqs))
+        return ReferenceEngine.aggregate(results).tau
 
     return tau_of
+
+
+def checkpoint_label(ckpt: Path) -> str:
+    """What a checkpoint holds, for progress lines: its quantization (config.json `quantization.quant_algo`)."""
+    try:
+        q = json.loads((ckpt / "config.json").read_text()).get("quantization") or {}
+    except (OSError, ValueError):
+        return ckpt.name
+    algo, kv = q.get("quant_algo"), q.get("kv_cache_quant_algo")
+    return (f"the {algo} target" if algo else "the 16-bit target") + (f" with an {kv} KV cache" if kv else "")
+
+
+def generate_with_progress(eng: Any, reqs: list[Any], desc: str, batch: int) -> list[Any]:
+    """Greedy speculative decoding of `reqs` in batches of `batch` (greedy tokens do not depend on the batch), with a
+    progress bar on stderr: what is being measured and how far."""
+    from tqdm import tqdm
+
+    b = max(1, batch)
+    out: list[Any] = []
+    with tqdm(total=len(reqs), desc=desc, unit="prompt", file=sys.stderr) as bar:
+        for i in range(0, len(reqs), b):
+            out += eng.generate(reqs[i:i + b], speculative=True)
+            bar.update(len(reqs[i:i + b]))
+    return out
 
 
 TAU_PROMPTS = 8  # tau is measured on the first calibration prompts (two reference-engine runs per build)

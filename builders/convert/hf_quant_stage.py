@@ -100,7 +100,8 @@ def run_hf_quant(ctx: Any, hf: Path) -> Fp8Report:
     with tempfile.TemporaryDirectory(prefix="eagle-hfq-") as tmp_name:
         tmp = Path(tmp_name)
         export = ctx.out / HF_QUANTIZED if pytorch else tmp / HF_QUANTIZED
-        _log(ctx, f"ModelOpt {ALGO.get(weights, 'KV-only')} calibration on {len(calib)} {q.calibration.dataset} "
+        _log(ctx, f"step 1/4: ModelOpt {ALGO.get(weights, 'KV-only')} calibration on {len(calib)} "
+                  f"{q.calibration.dataset} "
                   f"prompts{' + FP8 KV cache' if kv else ''}; Hugging Face export -> {export.name}/")
         export_quantized(hf, export, weights=weights, kv_fp8=kv, dtype=cfg.target.dtype, prompts=calib,
                          max_length=q.calibration.max_length)
@@ -108,10 +109,17 @@ def run_hf_quant(ctx: Any, hf: Path) -> Fp8Report:
         if problems:
             raise Fp8Error("the ModelOpt export departs from what TensorRT-LLM's loader reads (builders/trtllm/"
                            "ledger_hf_quant.py): " + "; ".join(problems[:6]))
+        _log(ctx, f"step 2/4: the 16-bit reference checkpoint (to measure tau against the {ALGO.get(weights, 'KV')} "
+                  "one)")
         ck16 = _reference16(cfg, hf, ctx.out, tmp / "ckpt16")
         ref = ctx.out if not pytorch else tmp / "ckpt_quant"
+        _log(ctx, "step 3/4: the reference engine's mirror of the export (the weights as TensorRT-LLM's loader "
+                  "leaves them)")
         reference_checkpoint(ck16, export, ref, weights=weights, kv_fp8=kv, dtype=cfg.target.dtype)
         tau_of = reference_tau(cfg, held, TAU_NEW_TOKENS) if held and cfg.draft.kind.eagle3 else None
+        if tau_of is not None:
+            _log(ctx, f"step 4/4: tau of the head against the 16-bit and the quantized target on {len(held)} "
+                      "held-out prompts (two reference-engine runs)")
         tau16 = tau_of(ck16) if tau_of else None
         tau_q = tau_of(ref) if tau_of else None
     if pytorch:

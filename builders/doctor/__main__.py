@@ -1,8 +1,9 @@
-"""`python -m builders.doctor --target DIR --head DIR [--draft-type eagle|eagle3] [--prompts FILE]
-[--max-new-tokens N] [--engine ENGINE] [--json OUT] [--no-measure]`
-`python -m builders.doctor export --head DIR --to eagle-repo|specforge|speculators|trtllm OUT [--target DIR]
-[--verifier-name ORG/NAME]`
-`python -m builders.doctor gate --build BUILD --candidate HEAD --requests HELD_OUT.jsonl [--margin M]`
+"""eagle-doctor --target DIR --head DIR [--draft-type eagle|eagle3] [--prompts FILE] [--max-new-tokens N]
+                    [--engine ENGINE] [--json OUT] [--no-measure]
+       eagle-doctor export --head DIR --to eagle-repo|specforge|speculators|trtllm OUT [--target DIR]
+                    [--verifier-name ORG/NAME]
+       eagle-doctor gate --build BUILD --candidate HEAD --requests HELD_OUT.jsonl [--margin M]
+(also `python -m builders.doctor ...`)
 
 Says why a draft head's acceptance is low on a target, and where the head loads as it is. Static checks (all
 reported at once): the head's format and layout and the engines that load it unchanged; shapes and vocabulary
@@ -12,7 +13,8 @@ draft depth 3 on a few prompts): tau and acceptance per draft position, then exp
 acceptance is low (d2t remaps, captured layers moved by one, chat template off, the target's RoPE base).
 
 Exit status: 0 nothing wrong found; 1 problems found (each with cause, evidence and fix); 2 inputs unusable.
-Moving a head between ecosystems: `python -m builders.doctor export --help`.
+Subcommands: `export` moves a head between ecosystems (`eagle-doctor export --help`); `gate` decides whether a
+refreshed head may replace the served one (`eagle-doctor gate --help`, docs/adaptive.md).
 
 Inputs:  --target (HF directory with tokenizer), --head (EAGLE-1/2 or EAGLE-3 head directory, any known layout)
 Outputs: the report on stdout; --json OUT every finding (check, severity, message, evidence, fix) and the figures
@@ -34,7 +36,8 @@ EXPORTS = ("eagle-repo", "specforge", "speculators", "trtllm")
 
 def _check_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m builders.doctor",
+        prog="eagle-doctor",
+        usage=__doc__.split("\n\n")[0].removesuffix("\n"),
         description=__doc__.split("\n\n")[1],
         epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -56,7 +59,7 @@ def _check_parser() -> argparse.ArgumentParser:
 
 
 def _export_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m builders.doctor export",
+    ap = argparse.ArgumentParser(prog="eagle-doctor export",
                                  description="Write an EAGLE-3 head in the layout a loader reads, tensors unchanged "
                                  "(builders/doctor/export.py says which fields each loader reads). Exit 2 when the "
                                  "head cannot run there, with the reason.",

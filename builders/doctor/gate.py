@@ -167,7 +167,7 @@ def verdict_text(g: dict[str, Any]) -> str:
 def main(argv: list[str]) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m builders.doctor gate", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="eagle-doctor gate", description=__doc__.split("\n\n")[0],
                                  epilog="Guide:   docs/adaptive.md",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", type=Path, required=True, help="the build directory (engine.backend reference)")

@@ -39,9 +39,12 @@ wrong when that engine loads this head unchanged (empty = it loads as it is). So
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from builders.doctor.head import Head
 from core.hfconfig import LlamaSpec
+
+if TYPE_CHECKING:
+    from builders.doctor.head import Head  # loads torch; annotations only, so `eagle-doctor --help` answers at once
 
 ENGINES = ("reference", "trtllm-1.1", "trtllm-1.2", "trtllm-1.4", "vllm", "sglang", "eagle-repo")
 TRTLLM = ("trtllm-1.1", "trtllm-1.2", "trtllm-1.4")

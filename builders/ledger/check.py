@@ -1,11 +1,13 @@
 """Check a build directory against the contract ledger: every emitted name has a row for the config's TensorRT-LLM
 version, and every required row is present.
 
-    python -m builders.ledger.check CONFIG.yaml [--set k=v ...]
-    python -m builders.ledger.check --upstream-report [--version V]
+    eagle-ledger-check CONFIG.yaml [--set k=v ...]          (or python -m builders.ledger.check)
+    eagle-ledger-check --upstream-report [--version V]
 
 reads `<output_dir>/checkpoint`, `engine` (argv / YAML) and `triton_repo` of a finished build and prints the
-problems (exit 1) or "ledger: N names checked, all cited" (exit 0). tests/test_ledger.py runs the same functions on
+problems (exit 1) or the names checked per surface and "all cited" (exit 0). It checks the build against the
+ledger's rows (each cited to the upstream source that reads the name), not against an installed TensorRT-LLM.
+tests/test_ledger.py runs the same functions on
 real builds of every backend and version. --upstream-report lists, per supported version, each row's upstream
 citation and when it was last read, oldest first (builders/ledger/report.py): where the next reading starts.
 
@@ -26,8 +28,7 @@ import yaml
 
 from builders import layout
 from builders.config import ConfigError, load_config
-from builders.convert.head_layout import flat_config, is_speculators
-from builders.engine import llmapi, stage, trtllm_build
+from builders.engine import llmapi, trtllm_build
 from builders.trtllm import registry
 from builders.ledger import table as ledger
 
@@ -163,6 +164,8 @@ def build_names(cfg: Any, build: Path) -> Emitted:
     if (ckpt / "eagle3" / "config.json").is_file() and head_config.is_file():
         written = json.loads((ckpt / "eagle3" / "config.json").read_text())
         source = json.loads(head_config.read_text())
+        from builders.convert.head_layout import flat_config, is_speculators  # loads torch: not for --help
+
         if is_speculators(source):  # the converter read its flat form (builders/convert/head_layout.py)
             source = flat_config(source, head_config)
         out.update(eagle3_names(written, source))
@@ -182,6 +185,8 @@ def build_names(cfg: Any, build: Path) -> Emitted:
         _add(
             out, "llmapi.option", ledger.flat_keys(yaml.safe_load((build / "engine" / llmapi.OPTIONS_FILE).read_text()))
         )
+        from builders.engine import stage  # loads torch (the converters): not for --help
+
         serve = json.loads((build / "engine" / stage.SERVE_FILE).read_text())["argv"]
         _add(out, "trtllm-serve.flag", ledger.argv_flags(serve))
     t = cfg.triton
@@ -195,7 +200,7 @@ def build_names(cfg: Any, build: Path) -> Emitted:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m builders.ledger.check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="eagle-ledger-check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", help="the build config (not with --upstream-report)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -226,10 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     problems = check_emitted(emitted, cfg.trtllm_version, build_flags(cfg, build / "checkpoint"))
     for p in problems:
         print(p)
-    n = sum(len(v) for v in emitted.values())
-    print(f"ledger ({cfg.trtllm_version}): {n} names checked, "
-          + (f"{len(problems)} problem(s)" if problems else "all cited"))
+    print(summary_line(emitted, cfg.trtllm_version, build, problems))
     return 1 if problems else 0
+
+
+def summary_line(emitted: Emitted, version: str, build: Path, problems: list[str]) -> str:
+    """What was checked against what: the names the build wrote, per surface, against the ledger's rows."""
+    n = sum(len(v) for v in emitted.values())
+    surfaces = ", ".join(f"{s} {len(v)}" for s, v in sorted(emitted.items()))
+    verdict = f"{len(problems)} problem(s)" if problems else "all cited"
+    return (f"ledger ({version}): {n} names {build} writes ({surfaces}) checked against the contract ledger's rows "
+            f"for TensorRT-LLM {version} (builders/ledger/, each cited to the upstream source that reads it; "
+            f"docs/contracts.md), not against an installed TensorRT-LLM: {verdict}")
 
 
 if __name__ == "__main__":

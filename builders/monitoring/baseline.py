@@ -60,8 +60,11 @@ def measure(cfg: BuildConfig, build_dir: Path) -> dict[str, Any]:
     budget = min(m.calibration_max_new_tokens, limits.max_seq_len - limits.max_input_len)
     reqs = [GenerationRequest(tok.encode(p, add_special_tokens=True)[: limits.max_input_len], budget, SamplingParams(),
                               eos) for p in prompts]
-    b = limits.max_batch_size  # greedy tokens do not depend on the batch (engines.session)
-    results = [r for i in range(0, len(reqs), b) for r in engine.generate(reqs[i:i + b], speculative=True)]
+    from builders.convert.fp8 import generate_with_progress  # batches of max_batch_size: greedy tokens do not depend
+    # on the batch (engines.session)
+
+    results = generate_with_progress(engine, reqs, f"acceptance baseline ({len(reqs)} calibration prompts x {budget} "
+                                                   "tokens, reference engine)", limits.max_batch_size)
     agg = ReferenceEngine.aggregate(results)
     doc = summary(agg.target_forwards, agg.accepted_draft_tokens, agg.draft_tokens, agg.acceptance_by_depth)
     doc.update(prompts=str(m.calibration_prompts), num_prompts=len(prompts), max_new_tokens=budget,

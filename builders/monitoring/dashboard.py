@@ -124,7 +124,7 @@ def queries() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m builders.monitoring.dashboard", description=__doc__.split("\n\n")[0],
+        prog="eagle-dashboard", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Inputs:  none (the panels are fixed)\nOutputs: the Grafana dashboard JSON (stdout or --out)\n"
                "Guide:   docs/production-metrics.md")

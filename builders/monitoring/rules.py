@@ -103,7 +103,7 @@ def rules_yaml(m: MonitoringConfig) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m builders.monitoring.rules",
+        prog="eagle-alert-rules",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Inputs:  a build config (its `monitoring` section), or none for the defaults\n"

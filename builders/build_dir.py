@@ -113,7 +113,7 @@ def _foreign_log(build_dir: Path, stage: str) -> str | None:
     log = build_dir / LOGS / f"{stage}.log"
     if not log.exists() and not log.is_symlink():
         return None
-    if not _single_file(log):
+    if not single_file(log):
         return f"{log} exists and is not a log file this build wrote (a link, a hard link or not a file); move it away"
     if (build_dir / LOGS / LOGS_MARKER).is_file() or is_ours(build_dir / stage, stage):
         return None
@@ -139,7 +139,7 @@ def fresh_log(build_dir: Path, stage: str) -> Path:
     return log
 
 
-def _single_file(path: Path) -> bool:
+def single_file(path: Path) -> bool:
     """A regular file, not a link, with no other hard link (writing it can change nothing elsewhere)."""
     try:
         st = path.lstat()
@@ -150,7 +150,7 @@ def _single_file(path: Path) -> bool:
 
 def _looks_resolved(path: Path) -> bool:
     """A config.resolved.yaml the build wrote starts with RESOLVED_MARKER (write_resolved)."""
-    if not _single_file(path):
+    if not single_file(path):
         return False
     try:
         with path.open("rb") as f:
@@ -163,7 +163,7 @@ def _legacy_resolved(build_dir: Path, stages: list[str]) -> bool:
     """A config.resolved.yaml of a build from before the marker line: its `derived:` section, next to a stage
     directory carrying our manifest (a lone file with such a line is a user's)."""
     path = build_dir / RESOLVED
-    if not _single_file(path) or not any(is_ours(build_dir / s, s) for s in stages):
+    if not single_file(path) or not any(is_ours(build_dir / s, s) for s in stages):
         return False
     try:
         return "\nderived:\n" in f"\n{path.read_text()}"
@@ -188,7 +188,7 @@ def dead_resolved_temps(build_dir: Path) -> list[Path]:
     out = []
     for p in sorted(build_dir.iterdir()):
         m = _RESOLVED_TEMP.match(p.name)
-        if not m or pid_alive(int(m.group("pid"))) or not _single_file(p):
+        if not m or pid_alive(int(m.group("pid"))) or not single_file(p):
             continue
         try:
             with p.open("rb") as f:

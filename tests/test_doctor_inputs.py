@@ -193,3 +193,21 @@ def test_export_refuses_symlinks_its_own_input_and_a_file_as_out(tmp_path: Path,
     code, err = _export("--head", str(head), "--to", "specforge", str(tmp_path / "fine"))
     assert code == 0, err
     assert json.loads((tmp_path / "fine" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "README.md"])
+def test_export_refuses_a_file_in_out_with_another_hard_link(name: str, tmp_path: Path, eagle3_head: Path) -> None:
+    """The build's rule (builders/build_dir.py `single_file`): a file with a second name is never written through;
+    any file of OUT counts, not only the two export writes today."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.link(elsewhere, out / name)
+    code, err = _export("--head", str(eagle3_head), "--to", "specforge", str(out))
+    assert code == 2 and f"holds file(s) {name} with another hard link: export would write through them" in err, err
+    assert elsewhere.read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == [name]
+    (out / name).unlink()
+    (out / name).write_text("a plain file of its own")  # one name only: export may replace it
+    code, err = _export("--head", str(eagle3_head), "--to", "specforge", str(out))
+    assert code == 0, err

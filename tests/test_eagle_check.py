@@ -1,7 +1,7 @@
 """`eagle-check BUILD` (builders/eagle_check.py): the first check of a finished build on the machine that serves it.
 Here TensorRT-LLM is not installed, so it runs every step on the reference engine and says so; the tests run the real
-CLI on a tiny current-line build for the PyTorch backend (checked through a reference copy of it), on the SmolLM2
-current-line build (configs/smollm2-eagle3-current.yaml, its trained head) and on a 1.1 reference build; the exit 1
+CLI on a tiny current-line build for the PyTorch backend (checked through a reference copy of it) and on a 1.1
+reference build (the SmolLM2 current-line build with its trained head: tests/test_triton_llmapi.py); the exit 1
 path through an expected output that differs (speculation itself is lossless, so a build whose two runs differ cannot
 be made without breaking the engine); and unusable inputs (exit 2, a message, no traceback)."""
 
@@ -84,40 +84,35 @@ def test_a_current_line_pytorch_build_is_checked_on_the_reference_engine_and_say
     assert s["target_forwards"] > 0 and s["draft_tokens"] == 5 * s["target_forwards"]  # total_draft_tokens per step
     assert f"{s['accepted_draft_tokens']} of {s['draft_tokens']} drafted tokens accepted" in p.stdout
 
-    # the exit-1 path: the same check against an expected output that differs in one token of prompt 2
-    assert _check(str(pytorch_build), "--prompts", str(prompts), "--max-new-tokens", "8", "--expect",
-                  str(out)).returncode == 0
-    wrong = json.loads(out.read_text())
-    wrong["outputs"][1]["speculative"][3] += 1
-    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
-    p = _check(str(pytorch_build), "--prompts", str(prompts), "--max-new-tokens", "8", "--expect",
-               str(tmp_path / "wrong.json"))
-    assert p.returncode == 1, p.stdout + p.stderr
-    assert f"with speculation vs --expect {tmp_path / 'wrong.json'}: prompt 2 differs from token 3 on" in p.stdout
-    assert "1 problem(s) found" in p.stdout
 
 
-def test_the_smollm2_current_line_build_accepts_drafts_and_stays_lossless(tmp_path_factory: pytest.TempPathFactory,
-                                                                          tmp_path: Path) -> None:
-    build = tmp_path_factory.mktemp("check_smollm2") / "build"
-    sets = [f"output_dir={build}", "engine.device=cpu", "engine.max_seq_len=256", "engine.max_input_len=128"]
-    assert build_main([str(ROOT / "configs" / "smollm2-eagle3-current.yaml")]
-                      + [a for s in sets for a in ("--set", s)]) == 0
+def test_outputs_that_differ_from_the_expected_ones_exit_1(pytorch_build: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The exit-1 path: the check's comparison against an earlier check's outputs (--expect), with one token of one
+    prompt changed, and unchanged (exit 0). In-process: the CLI's main, as the installed command runs it."""
+    prompts = _prompts(tmp_path, "hello there", "the cat sat on the")
     out = tmp_path / "check.json"
-    prompts = _prompts(tmp_path, "The capital of France is", "Write a haiku about the sea.")
-    p = _check(str(build), "--prompts", str(prompts), "--max-new-tokens", "16", "--json", str(out))
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert REFERENCE_SAYS in p.stdout and "options: triton_repo/tensorrt_llm/1/model.yaml" in p.stdout
-    r = json.loads(out.read_text())
-    assert r["identical"] and r["stats"]["accepted_draft_tokens"] > 0 and r["stats"]["tau"] > 1.0, r["stats"]
+    assert main([str(pytorch_build), "--prompts", str(prompts), "--max-new-tokens", "6", "--json", str(out)]) == 0
+    assert main([str(pytorch_build), "--prompts", str(prompts), "--max-new-tokens", "6", "--expect", str(out)]) == 0
+    for prompt, at in ((1, 3), (0, 0)):
+        wrong = json.loads(out.read_text())
+        wrong["outputs"][prompt]["speculative"][at] += 1
+        (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+        capsys.readouterr()
+        assert main([str(pytorch_build), "--prompts", str(prompts), "--max-new-tokens", "6", "--expect",
+                     str(tmp_path / "wrong.json")]) == 1
+        said = capsys.readouterr().out
+        assert (f"with speculation vs --expect {tmp_path / 'wrong.json'}: prompt {prompt + 1} differs from token {at} "
+                "on") in said and "1 problem(s) found" in said and "2/2 prompts identical" in said, said
 
 
-def test_a_11_reference_build_writes_no_options_and_is_checked(engine_flow_build: Path, tmp_path: Path) -> None:
-    p = _check(str(engine_flow_build), "--prompts", str(_prompts(tmp_path, "hi")), "--max-new-tokens", "4")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "written for TensorRT-LLM 1.1.0 (trtllm_version '1.1')" in p.stdout.replace("1.1.0rc", "1.1.0")
-    assert "options: none written for TensorRT-LLM (a reference build of the ensemble layout)" in p.stdout
-    assert "with speculation = without: 1/1 prompts identical" in p.stdout
+def test_a_11_reference_build_writes_no_options_and_is_checked(engine_flow_build: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(engine_flow_build), "--prompts", str(_prompts(tmp_path, "hi")), "--max-new-tokens", "4"]) == 0
+    said = capsys.readouterr().out
+    assert "written for TensorRT-LLM 1.1.0 (trtllm_version '1.1')" in said
+    assert "options: none written for TensorRT-LLM (a reference build of the ensemble layout)" in said
+    assert "with speculation = without: 1/1 prompts identical" in said
 
 
 def _corrupt(build: Path, tmp: Path, how: str) -> Path:

@@ -19,7 +19,7 @@ Exit status: 0 all checks passed; 1 a check failed (outputs differ, options refu
 
 Inputs:  BUILD (a build's output_dir), --prompts (JSONL `prompt` or MT-bench `turns`; default: four built-in)
 Outputs: the report on stdout; --json OUT the same as data (outputs per prompt: an --expect file)
-Guide:   docs/deploy.md ("First contact on your GPU"), docs/check-before-deploy.md
+Guide:   docs/deploy.md ("First contact on your GPU")
 """
 
 from __future__ import annotations

@@ -165,8 +165,12 @@ def read_expected(path: Path, n_prompts: int) -> list[list[int]]:
     except InputFileError as e:
         raise UnusableBuild(str(e)) from None
     outs = doc.get("outputs") if isinstance(doc, dict) else None
-    ids = [o.get("speculative") for o in outs if isinstance(o, dict)] if isinstance(outs, list) else []
-    if len(ids) != n_prompts or not all(isinstance(x, list) and all(type(t) is int for t in x) for x in ids):
+    ids: list[list[int]] = []
+    for o in outs if isinstance(outs, list) else []:
+        x = o.get("speculative") if isinstance(o, dict) else None
+        if isinstance(x, list) and all(type(t) is int for t in x):
+            ids.append(x)
+    if len(ids) != n_prompts or not isinstance(outs, list) or len(outs) != n_prompts:
         raise UnusableBuild(f"--expect {path}: not the --json of an eagle-check of {n_prompts} prompt(s) (an "
                             "`outputs` list of objects with `speculative` token ids); give such a file")
     return ids

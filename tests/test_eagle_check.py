@@ -172,6 +172,7 @@ def test_unusable_arguments_exit_2_before_any_work(engine_flow_build: Path, tmp_
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad.json").write_text(json.dumps({"outputs": [{"speculative": [1, True]}]}))
+    (tmp_path / "int.json").write_text(json.dumps({"outputs": 5}))
     cases = [
         ([str(tmp_path / "gone")], "no such directory; give the output_dir of a finished build"),
         ([str(tmp_path / "a_file")], "no such directory"),
@@ -181,6 +182,8 @@ def test_unusable_arguments_exit_2_before_any_work(engine_flow_build: Path, tmp_
         ([str(engine_flow_build), "--prompts", str(tmp_path / "a_file")], "line 1: not valid JSON"),
         ([str(engine_flow_build), "--expect", str(tmp_path / "bad.json")], "not the --json of an eagle-check of 4"),
         ([str(engine_flow_build), "--expect", str(tmp_path / "a_file")], "not valid JSON"),
+        ([str(engine_flow_build), "--expect", str(tmp_path / "int.json")], "not the --json of an eagle-check of 4"),
+        ([str(engine_flow_build), "--expect", str(tmp_path)], "is a directory; give a regular file"),
     ]
     for args, says in cases:
         assert main(args) == 2, args

@@ -210,7 +210,8 @@ def check(b: Build, prompts: list[str], max_new_tokens: int, expect: Path | None
         "build": str(b.dir), "name": b.cfg.name, "trtllm_version": b.version.key, "written_for": b.version.release,
         "backend": b.cfg.engine.backend, "installed_trtllm": installed, "tensorrt_llm": line, "engine": decoded.engine,
         "options_file": None if options_file is None else str(options_file.relative_to(b.dir)),
-        "max_new_tokens": max_new_tokens, "stats": decoded.stats, "identical": not mismatches,
+        "max_new_tokens": max_new_tokens, "stats": decoded.stats,
+        "identical": decoded.speculative == decoded.plain,
         "mismatches": mismatches, "problems": problems + mismatches,
         "outputs": [{"prompt": p, "plain": a, "speculative": s}
                     for p, a, s in zip(prompts, decoded.plain, decoded.speculative)],
@@ -223,7 +224,8 @@ def text(r: dict[str, Any]) -> str:
     out = [f"build {r['build']}: {r['name']}, engine.backend {r['backend']}, written for TensorRT-LLM "
            f"{r['written_for']} (trtllm_version '{r['trtllm_version']}')", r["tensorrt_llm"],
            f"options: {r['options_file'] or 'none written for TensorRT-LLM (a reference build of the ensemble layout)'}"
-           f"{'' if r['installed_trtllm'] else ' (checked against the contract ledger only)'}",
+           + (f" (checked against the contract ledger and by TensorRT-LLM {r['installed_trtllm']}'s own classes)"
+              if r["installed_trtllm"] and r["options_file"] else " (checked against the contract ledger only)"),
            f"decoding on the {r['engine']}: {len(r['outputs'])} prompt(s), up to {r['max_new_tokens']} tokens, greedy",
            f"  with speculation = without: {ident}/{len(r['outputs'])} prompts identical",
            f"  acceptance: tau {s.get('tau', 0.0):.3f}, {s.get('accepted_draft_tokens', 0)} of "

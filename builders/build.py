@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     build_dir = Path(cfg.output_dir)
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
+        for dead in owned.dead_resolved_temps(build_dir):
+            print(f"[setup] removing {dead}: left by a build that is no longer running", flush=True)
+            dead.unlink(missing_ok=True)
         owned.write_resolved(build_dir, dump_resolved(cfg))
     except OSError as e:
         if e.errno not in STORAGE_ERRNOS:

@@ -2,11 +2,12 @@
 write.
 
 The build owns exactly: the stage directories that carry its manifest (`<stage>/manifest.json` naming that stage),
-`logs/<stage>.log` (in a logs/ directory it created: LOGS_MARKER), `config.resolved.yaml`, and its own temporary
-`.<stage>.tmp-<pid>` / `.<stage>.old-<pid>` directories. Anything else with one of those names is someone else's: the
-build refuses to start and names it (`--force` reruns stages, it does not take ownership). `output_dir` must be a
-directory (or not exist yet), must not be the project's sources, inside them or a parent of them, and must be a path the
-Triton python backend can start its stub in (triton_repo/launch.py `SHELL_UNSAFE`).
+`logs/<stage>.log` (in a logs/ directory it created: LOGS_MARKER), `config.resolved.yaml`, its own temporary
+`.<stage>.tmp-<pid>` / `.<stage>.old-<pid>` directories and `.config.resolved.yaml.tmp-<pid>` files. Anything else
+with one of those names is someone else's: the build refuses to start and names it (`--force` reruns stages, it does
+not take ownership). `output_dir` must be a directory (or not exist yet), must not be the project's sources, inside
+them or a parent of them, and must be a path the Triton python backend can start its stub in (triton_repo/launch.py
+`SHELL_UNSAFE`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from core.files import pid_alive
 from pathlib import Path
 from typing import Any
 
-from core.atomic import TEMP_MARKER, is_marked, sha256_file
+from core.atomic import TEMP_MARKER, atomic_write_text, is_marked, sha256_file
 from builders.layout import LOGS, MANIFEST
 from builders.layout import RESOLVED_CONFIG as RESOLVED
 from triton_repo.exposure import unsafe_path_problem
@@ -33,6 +34,7 @@ SOURCE_DIRS = (".git", ".ci", "bench", "builders", "clients", "configs", "core",
                "engines", "heads", "measure", "scripts", "sources", "stubs", "testkit", "tests", "training",
                "triton_repo")
 _TEMP = re.compile(r"^\.(?P<stage>[A-Za-z0-9_]+)\.(tmp|old)-(?P<pid>\d+)$")
+_RESOLVED_TEMP = re.compile(rf"^\.{re.escape(RESOLVED)}\.tmp-(?P<pid>\d+)$")
 
 
 def _is_within(p: Path, parent: Path) -> bool:
@@ -111,7 +113,7 @@ def _foreign_log(build_dir: Path, stage: str) -> str | None:
     log = build_dir / LOGS / f"{stage}.log"
     if not log.exists() and not log.is_symlink():
         return None
-    if not _single_file(log):
+    if not single_file(log):
         return f"{log} exists and is not a log file this build wrote (a link, a hard link or not a file); move it away"
     if (build_dir / LOGS / LOGS_MARKER).is_file() or is_ours(build_dir / stage, stage):
         return None
@@ -137,7 +139,7 @@ def fresh_log(build_dir: Path, stage: str) -> Path:
     return log
 
 
-def _single_file(path: Path) -> bool:
+def single_file(path: Path) -> bool:
     """A regular file, not a link, with no other hard link (writing it can change nothing elsewhere)."""
     try:
         st = path.lstat()
@@ -148,7 +150,7 @@ def _single_file(path: Path) -> bool:
 
 def _looks_resolved(path: Path) -> bool:
     """A config.resolved.yaml the build wrote starts with RESOLVED_MARKER (write_resolved)."""
-    if not _single_file(path):
+    if not single_file(path):
         return False
     try:
         with path.open("rb") as f:
@@ -161,7 +163,7 @@ def _legacy_resolved(build_dir: Path, stages: list[str]) -> bool:
     """A config.resolved.yaml of a build from before the marker line: its `derived:` section, next to a stage
     directory carrying our manifest (a lone file with such a line is a user's)."""
     path = build_dir / RESOLVED
-    if not _single_file(path) or not any(is_ours(build_dir / s, s) for s in stages):
+    if not single_file(path) or not any(is_ours(build_dir / s, s) for s in stages):
         return False
     try:
         return "\nderived:\n" in f"\n{path.read_text()}"
@@ -170,14 +172,32 @@ def _legacy_resolved(build_dir: Path, stages: list[str]) -> bool:
 
 
 def write_resolved(build_dir: Path, text: str) -> None:
-    """Write config.resolved.yaml beside itself and rename it into place (a link or a hard link there is replaced,
-    never written through)."""
-    tmp = build_dir / f".{RESOLVED}.tmp-{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{RESOLVED_MARKER}\n{text}")
-    os.replace(tmp, build_dir / RESOLVED)
+    """Write config.resolved.yaml beside itself and rename it into place (core/atomic.py `atomic_write_text`: a
+    link or a hard link there is replaced, never written through; a failed write leaves no temporary file)."""
+    atomic_write_text(build_dir / RESOLVED, f"{RESOLVED_MARKER}\n{text}")
+
+
+def dead_resolved_temps(build_dir: Path) -> list[Path]:
+    """`.config.resolved.yaml.tmp-<pid>` files of builds that are no longer running (a build killed while writing
+    leaves one; a live pid may be a concurrent build, so its file stays). Only what write_resolved writes: a regular
+    file with no other hard link whose bytes are empty or begin as RESOLVED_MARKER does (a prefix of it when the
+    write stopped early); any other file of that name is never removed."""
+    if not build_dir.is_dir():
+        return []
+    mark = RESOLVED_MARKER.encode() + b"\n"
+    out = []
+    for p in sorted(build_dir.iterdir()):
+        m = _RESOLVED_TEMP.match(p.name)
+        if not m or pid_alive(int(m.group("pid"))) or not single_file(p):
+            continue
+        try:
+            with p.open("rb") as f:
+                head = f.read(len(mark))
+        except OSError:
+            continue
+        if mark.startswith(head):
+            out.append(p)
+    return out
 
 
 def dead_temp_dirs(build_dir: Path, stages: list[str]) -> list[Path]:

@@ -17,7 +17,8 @@ import yaml
 
 from builders.config import BuildConfig
 from builders.layout import RESOLVED_CONFIG
-from core.config_input import PATH_FIELDS, resolve_paths
+from core.config_input import MAX_READ_BYTES, PATH_FIELDS, resolve_paths
+from core.files import read_text
 from core.records import record_path
 
 RECORD_ONLY = ("derived", "defaults")  # written for the reader of the file; BuildConfig derives them again
@@ -46,9 +47,13 @@ def load_resolved(build_dir: Path) -> BuildConfig:
     """The config of the finished build in `build_dir`, its paths resolved against `build_dir` (FileNotFoundError
     when the build never wrote one; callers say what to run)."""
     path = resolved_file(build_dir)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path} not found")
-    data = yaml.safe_load(path.read_text())
+    try:  # a bounded regular file (a FIFO would block the reader), YAML that parses
+        data = yaml.safe_load(read_text(path, "the build's config", MAX_READ_BYTES))
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ValueError(f"{path}: not a build's resolved config (unreadable YAML: {str(e)[:300]}); rerun the "
+                         "build") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a build's resolved config (top level is {type(data).__name__}); rerun the build")
     for record_only in RECORD_ONLY:

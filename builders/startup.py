@@ -27,12 +27,21 @@ def startup_problems(backend: str, trtllm_version: str | None = None) -> list[st
     return problems
 
 
+def same_release(got: str, want: str) -> bool:
+    """Whether an installed TensorRT-LLM `__version__` is the release `want` (major.minor.patch and pre-release;
+    a local or dev suffix does not count)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(got).release[:3] == Version(want).release[:3] and Version(got).pre == Version(want).pre
+    except InvalidVersion:
+        return False
+
+
 def trtllm_import_problems(trtllm_version: str, python: str = sys.executable) -> list[str]:
     """The container-start half of the image check (docker/serve.py runs it before Triton starts; the build half,
     builders/versions.py current_image_problems, cannot import without a GPU): `import tensorrt_llm` succeeds in a
     fresh interpreter and its `__version__` is the release the config's outputs are written for."""
-    from packaging.version import InvalidVersion, Version
-
     want = get(trtllm_version).release
     code = "import tensorrt_llm; print(tensorrt_llm.__version__)"
     try:
@@ -46,11 +55,7 @@ def trtllm_import_problems(trtllm_version: str, python: str = sys.executable) ->
         return [f"`import tensorrt_llm` fails in this image: {last}. Run the container with the GPU (--gpus / the "
                 "NVIDIA runtime), or rebuild the image (docker/Dockerfile.current checks the install)"]
     got = (proc.stdout.strip().splitlines() or [""])[-1]
-    try:
-        same = Version(got).release[:3] == Version(want).release[:3] and Version(got).pre == Version(want).pre
-    except InvalidVersion:
-        same = False
-    if not same:
+    if not same_release(got, want):
         return [f"the imported TensorRT-LLM reports {got!r}, the outputs are written for {want} "
                 f"(trtllm_version '{trtllm_version}'); rebuild the image with that release or the build with the "
                 "trtllm_version of this one"]

@@ -1,7 +1,9 @@
 """One way to write a directory: build it beside its final place, then rename it into place.
 
 A crash therefore never leaves a half-written directory that a later run would trust: readers see either the old
-complete directory or the new complete one (a rename within one filesystem is atomic).
+complete directory or the new complete one (a rename within one filesystem is atomic). A single file is written the
+same way (`atomic_write_text`): `.<name>.tmp-<pid>` beside it, renamed into place; a failed write (a full disk:
+ENOSPC, a file size limit: EFBIG, any exception) removes its temporary file before the error goes on.
 
 The temporary `.<name>.tmp-<pid>` and the replaced `.<name>.old-<pid>` carry TEMP_MARKER from the moment they
 exist, so a later build removes only directories that it wrote (builders/build_dir.py `dead_temp_dirs`); a
@@ -67,6 +69,28 @@ def atomic_dir(final: Path, *, keep: tuple[str, ...] = ()) -> Iterator[Path]:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         tmp.rename(final)
+
+
+def temp_name(final: Path) -> Path:
+    """The temporary path `atomic_write_text` writes `final` through: `.<name>.tmp-<pid>` in the same directory."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+def atomic_write_text(final: Path, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `final` through `temp_name(final)` and rename it into place: a link or a hard link at `final`
+    is replaced, never written through (O_NOFOLLOW, O_EXCL on a fresh name). On any failure the temporary file is
+    removed and `final` is left as it was."""
+    final = Path(final)
+    tmp = temp_name(final)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def sha256_file(path: Path) -> str:

@@ -9,7 +9,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from core.files import InputFileError, read_text
+
 MAX_CONFIG_BYTES = 256 << 10  # a build config is a few KB; an explicit 256-node tree is under 100 KB
+MAX_READ_BYTES = 16 << 20  # read at most this much; load_yaml then says how far over MAX_CONFIG_BYTES a file is
 MAX_NODES = 100_000  # scalars + containers after YAML alias expansion
 MAX_PROBLEMS = 50  # config errors printed
 MAX_PROBLEM_CHARS = 1600  # characters of one printed problem (the longest message we write is ~800)
@@ -63,12 +66,18 @@ def load_yaml(text: str, source: str) -> dict[str, Any]:
         data = safe_load_unique(text)
     except yaml.YAMLError as e:
         raise ConfigError([f"malformed YAML: {bounded(str(e))}"], source) from None
+    except RecursionError:
+        raise ConfigError([NESTED], source) from None
     problem = expansion_problem(data)
     if problem:
         raise ConfigError([problem], source)
     if not isinstance(data, dict):
         raise ConfigError([f"top level must be a mapping of sections, got {type(data).__name__}"], source)
     return data
+
+
+NESTED = ("YAML nested too deeply to read (lists or mappings inside each other thousands of levels deep); a build "
+          "config is a few sections of plain values")
 
 
 def expansion_problem(data: object) -> str | None:
@@ -170,6 +179,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
                 problems.append(f"--set {item!r}: {bounded(str(e.problem))}")
             except yaml.YAMLError as e:
                 problems.append(f"--set {item!r}: the value is not valid YAML ({e.__class__.__name__}); quote it")
+            except RecursionError:
+                problems.append(f"--set {bounded(item, 200)!r}: {NESTED}")
     return problems
 
 
@@ -193,10 +204,10 @@ def read_config(path: Path, overrides: list[str] | None = None) -> dict[str, Any
     """The one way a config file becomes data: read, parse bounded YAML, apply `--set` overrides, bound the result.
     Both loaders (the build's and the trainer's) start here, then validate with their own pydantic model and report
     its errors through `format_pydantic`."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError([f"cannot read config file: {e}"], str(path)) from e
+    try:  # a regular file read with its bound: a FIFO or a device would block or never end
+        text = read_text(path, "config file", MAX_READ_BYTES)
+    except InputFileError as e:
+        raise ConfigError([str(e)], str(path)) from None
     data = load_yaml(text, str(path))
     problems = apply_overrides(data, overrides or [])
     if problems:

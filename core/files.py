@@ -6,10 +6,12 @@ it into `error: ...` and its usage exit status instead of a traceback or a hang.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 MIB = 1 << 20
 
@@ -78,6 +80,19 @@ def text_lines(path: Path, what: str, max_bytes: int, max_line_bytes: int) -> It
                 yield n, raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise InputFileError(f"{what} {path}: line {n} is not UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """`text` as JSON, every way it can fail an InputFileError naming `where` (a file, or a file and line): invalid
+    JSON, and nesting deeper than the parser's recursion allows (`[[[[...` of 100,000 levels raises RecursionError,
+    not ValueError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InputFileError(f"{where}: JSON nested too deeply to read (arrays or objects inside each other "
+                             "thousands of levels deep); give the file the program wrote") from None
+    except ValueError as e:
+        raise InputFileError(f"{where}: not valid JSON ({str(e)[:200]})") from None
 
 
 def writable_file(path: Path, what: str) -> None:

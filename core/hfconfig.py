@@ -133,6 +133,9 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         raise ModelConfigError(f"{path}: missing; a model directory needs its Hugging Face config.json") from None
     except ValueError as e:
         raise ModelConfigError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ModelConfigError(f"{path}: JSON nested too deeply to read; a model's config.json is a flat object") \
+            from None
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"{path}: top level must be a JSON object")
     return cfg

@@ -32,6 +32,7 @@ ENTRY_POINTS = {
     "sources/targets.py": ["-m", "sources.targets"],
     "builders/ledger/check.py": ["-m", "builders.ledger.check"],
     "builders/doctor/__main__.py": ["-m", "builders.doctor"],
+    "builders/eagle_check.py": ["-m", "builders.eagle_check"],
     "builders/monitoring/dashboard.py": ["-m", "builders.monitoring.dashboard"],
     "builders/monitoring/rules.py": ["-m", "builders.monitoring.rules"],
     "builders/ledger/docs.py": ["-m", "builders.ledger.docs"],

@@ -6,6 +6,7 @@ bounded, and the error output bounded whatever the input."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,37 @@ def test_error_output_is_bounded(tiny_target: Path, tmp_path: Path, capsys: pyte
     err = capsys.readouterr().err
     assert "301 problem(s)" in err and "... and 251 more problem(s)" in err
     assert "more characters)" in err and len(err) < 50 * 1700
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("[" * 100_000, "YAML nested too deeply to read"),
+    ("name: tiny\ntree: {choices: " + "[" * 100_000 + "}\n", "YAML nested too deeply to read"),
+    ("{a: " * 30_000 + "1" + "}" * 30_000 + "\n", "YAML nested too deeply to read"),
+    ("- " * 100_000 + "x\n", "YAML nested too deeply to read"),
+])
+def test_yaml_nested_too_deeply_is_a_config_error(text: str, says: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    assert build.main([str(cfg), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {cfg}: 1 problem(s)") and says in err, err[:500]
+
+
+def test_set_value_nested_too_deeply_is_a_config_error(tiny_target: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    cfg = write_cfg(tmp_path / "c.yaml", tiny_target, "random", tmp_path / "out")
+    assert build.main([str(cfg), "--dry-run", "--set", "tree.choices=" + "[" * 100_000]) == 2
+    err = capsys.readouterr().err
+    assert "--set 'tree.choices=[[[[" in err and "YAML nested too deeply to read" in err and len(err) < 2000, err[:500]
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path, says in ((fifo, "is a FIFO (named pipe); give a regular file"), (tmp_path, "is a directory"),
+                       (tmp_path / "none.yaml", "no such file")):
+        assert build.main([str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert f"config file {path}: {says}" in err, err

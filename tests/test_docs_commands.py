@@ -27,7 +27,7 @@ def test_the_documented_commands_are_found() -> None:
     assert {"scripts/spec_sweep.py", "bench/bench_served.py", "builders/build.py", "clients/loadtest.py"} <= scripts
     sweep = [c for c in cs if c.script == "scripts/spec_sweep.py" and c.page == "docs/load-test.md"]
     assert sweep and sweep[0].args[:2] == ("--build", "build/demo")  # continuation lines joined
-    assert {"eagle-build", "eagle-loadtest", "eagle-verify"} <= scripts  # installed commands, next to their files
+    assert {"eagle-build", "eagle-loadtest", "eagle-verify", "eagle-check"} <= scripts  # installed commands too
 
 
 def test_every_documented_command_parses() -> None:

@@ -110,7 +110,7 @@ def _prompts(tmp: Path, name: str, data: bytes | None) -> Path:
 @pytest.mark.parametrize(("name", "data", "says"), [
     ("empty.jsonl", b"", "no prompts"),
     ("blank.jsonl", b"\n\n  \n", "no prompts"),
-    ("text.jsonl", b"hello there\n", "line 1 is not valid JSON"),
+    ("text.jsonl", b"hello there\n", "line 1: not valid JSON"),
     ("list.jsonl", b"[1, 2]\n", "line 1 has neither a non-empty string `prompt`"),
     ("number.jsonl", b'{"prompt": 7}\n', "line 1 has neither a non-empty string `prompt`"),
     ("latin1.jsonl", b'{"prompt": "caf\xe9"}\n', "line 1 is not UTF-8"),
@@ -193,3 +193,120 @@ def test_export_refuses_symlinks_its_own_input_and_a_file_as_out(tmp_path: Path,
     code, err = _export("--head", str(head), "--to", "specforge", str(tmp_path / "fine"))
     assert code == 0, err
     assert json.loads((tmp_path / "fine" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "README.md"])
+def test_export_refuses_a_file_in_out_with_another_hard_link(name: str, tmp_path: Path, eagle3_head: Path) -> None:
+    """The build's rule (builders/build_dir.py `single_file`): a file with a second name is never written through;
+    any file of OUT counts, not only the two export writes today."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.link(elsewhere, out / name)
+    code, err = _export("--head", str(eagle3_head), "--to", "specforge", str(out))
+    assert code == 2 and f"holds file(s) {name} with another hard link: export would write through them" in err, err
+    assert elsewhere.read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == [name]
+    (out / name).unlink()
+    (out / name).write_text("a plain file of its own")  # one name only: export may replace it
+    code, err = _export("--head", str(eagle3_head), "--to", "specforge", str(out))
+    assert code == 0, err
+
+
+NESTED_JSON = ["[" * 100_000, '{"hidden_size": ' + "[" * 100_000, '{"e": ' * 100_000 + "{}" + "}" * 100_000]
+
+
+@pytest.mark.parametrize("text", NESTED_JSON)
+def test_deeply_nested_json_in_any_doctor_input_exits_2(text: str, tmp_path: Path, tiny_target: Path,
+                                                        eagle3_head: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The head's config, the target's config and a prompts line: JSON too deep for the parser (RecursionError)
+    is an input error like invalid JSON, wherever it sits."""
+    head = copy_head(eagle3_head, tmp_path / "head")
+    (head / "config.json").write_text(text)
+    assert main(["--target", str(tiny_target), "--head", str(head), "--no-measure"]) == 2
+    assert f"error: --head {head / 'config.json'}: JSON nested too deeply to read" in capsys.readouterr().err
+    target = tmp_path / "target"
+    target.mkdir()
+    for f in tiny_target.iterdir():
+        if f.is_file() and f.name != "config.json":
+            (target / f.name).symlink_to(f)
+    (target / "config.json").write_text(text)
+    assert main(["--target", str(target), "--head", str(eagle3_head), "--no-measure"]) == 2
+    assert f"error: --target {target / 'config.json'}: JSON nested too deeply to read" in capsys.readouterr().err
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n' + text + "\n")
+    assert main(["--target", str(tiny_target), "--head", str(eagle3_head), "--prompts", str(prompts)]) == 2
+    assert f"error: --prompts {prompts}: line 2: JSON nested too deeply to read" in capsys.readouterr().err
+
+
+def test_nested_values_where_the_doctor_wants_a_scalar_exit_2(tmp_path: Path, tiny_target: Path, eagle3_head: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    head = copy_head(eagle3_head, tmp_path / "head", cfg={"hidden_size": [[[[64]]]]})
+    assert main(["--target", str(tiny_target), "--head", str(head), "--no-measure"]) == 2
+    assert "hidden_size is [[[[64]]]] (list)" in capsys.readouterr().err
+    prompts = tmp_path / "p.jsonl"
+    for line in ('{"turns": [[["hi"]]]}', '{"prompt": {"prompt": "hi"}}', '[[{"prompt": "hi"}]]'):
+        prompts.write_text(line + "\n")
+        assert main(["--target", str(tiny_target), "--head", str(eagle3_head), "--prompts", str(prompts)]) == 2
+        assert "line 1 has neither a non-empty string `prompt`" in capsys.readouterr().err
+
+
+GOOD = '{"prompt_ids": [1, 5, 40], "output_ids": [7, 8], "sampling": {"temperature": 0.0}}\n'
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("[1, 2]\n", "line 1 is a JSON list, not an object with prompt_ids and output_ids"),
+    (GOOD + '"text"\n', "line 2 is a JSON str, not an object"),
+    (GOOD + "[" * 100_000 + "\n", "line 2: JSON nested too deeply to read"),
+    ('{"prompt_ids": [[1, 2]], "output_ids": []}\n', "line 1 `prompt_ids` holds [1, 2]; give integers in"),
+    ('{"prompt_ids": [1, true], "output_ids": []}\n', "line 1 `prompt_ids` holds true"),
+    ('{"prompt_ids": [1, -4], "output_ids": [{"a": 1}]}\n', "`prompt_ids` holds -4; give integers in [0, 2147483647]; "
+     "`output_ids` holds {\"a\": 1}"),
+    ('{"prompt_ids": [], "output_ids": []}\n', "`prompt_ids` must be a non-empty list of token ids"),
+    ('{"prompt_ids": {"0": 1}, "output_ids": "12"}\n', "`output_ids` must be a list of token ids"),
+    ('{"prompt_ids": [1], "output_ids": [], "sampling": {"temperature": [0]}}\n', "`temperature` is a number"),
+    ('{"prompt_ids": [1], "output_ids": [], "sampling": [0.0]}\n', "`sampling` must be an object"),
+    ("{not json\n", "line 1: not valid JSON"),
+    ("\n \n", "no requests"),
+])
+def test_gate_refuses_each_bad_requests_line_by_number(text: str, says: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Read before the build is opened (the build given here does not exist: the requests are refused first)."""
+    req = tmp_path / "held.jsonl"
+    req.write_text(text)
+    assert main(["gate", "--build", str(tmp_path / "b"), "--candidate", str(tmp_path), "--requests", str(req)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --requests {req}") and says in err, err
+
+
+def test_gate_refuses_a_fifo_as_requests_without_hanging(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    code, err = _doctor("gate", "--candidate", str(tmp_path), "--requests", str(tmp_path / "fifo"), "--build",
+                        str(tmp_path))
+    assert code == 2 and f"--requests {tmp_path / 'fifo'}: is a FIFO (named pipe); give a regular file" in err, err
+
+
+def test_gate_refuses_missing_and_unusable_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A directory as --requests, a directory or FIFO as --json, a missing or unfinished --build: each exit 2 with a
+    message, before any model is loaded."""
+    req = tmp_path / "held.jsonl"
+    req.write_text(GOOD)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "not_a_build").mkdir()
+    base = ["gate", "--candidate", str(tmp_path), "--requests", str(req)]
+    cases = [
+        (["gate", "--candidate", str(tmp_path), "--requests", str(tmp_path), "--build", str(tmp_path)],
+         f"--requests {tmp_path}: is a directory; give a regular file"),
+        ([*base, "--build", str(tmp_path / "gone")], f"--build {tmp_path / 'gone'}: no such directory"),
+        ([*base, "--build", str(tmp_path / "not_a_build")], "is not a finished build with engine.backend=reference"),
+        ([*base, "--build", str(tmp_path), "--json", str(tmp_path)], f"--json {tmp_path}: is a directory"),
+        ([*base, "--build", str(tmp_path), "--json", str(tmp_path / "fifo")], "is a FIFO (named pipe); give a file"),
+        ([*base, "--build", str(tmp_path), "--json", str(tmp_path / "no" / "g.json")], "does not exist"),
+    ]
+    for args, says in cases:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err, (args, err)
+    with pytest.raises(SystemExit) as e:
+        main(["gate", "--candidate", str(tmp_path), "--requests", str(req)])
+    assert e.value.code == 2 and "the following arguments are required: --build" in capsys.readouterr().err

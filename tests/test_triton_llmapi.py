@@ -422,3 +422,25 @@ def test_clients_find_the_model_a_current_line_build_serves(server: Any, build: 
     assert "output tokens: " in err_text and "not counted" not in err_text
     assert generate.main(["--url", server.grpc_url, "--model", "ensemble", "--prompt", PROMPT]) == 2
     assert "of the default entry models, ready: tensorrt_llm" in capsys.readouterr().err
+
+
+def test_eagle_check_on_the_smollm2_build_accepts_drafts_and_stays_lossless(build: tuple[Any, Path],
+                                                                            tmp_path: Path) -> None:
+    """`eagle-check` (builders/eagle_check.py; the rest of its tests: tests/test_eagle_check.py) on this build: no
+    TensorRT-LLM here, so the reference engine runs it and says so; the trained head's drafts are accepted."""
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in (PROMPT, "Write a haiku about the sea.")))
+    out = tmp_path / "check.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO), TQDM_DISABLE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "builders.eagle_check", str(build[1]), "--prompts", str(prompts),
+                        "--max-new-tokens", "12", "--json", str(out)], capture_output=True, text=True, env=env,
+                       cwd=REPO, timeout=600)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr
+    assert "Every step below runs on the REFERENCE ENGINE" in p.stdout
+    assert "options: triton_repo/tensorrt_llm/1/model.yaml (checked against the contract ledger only)" in p.stdout
+    assert "with speculation = without: 2/2 prompts identical" in p.stdout
+    r = json.loads(out.read_text())
+    assert r["identical"] and r["stats"]["accepted_draft_tokens"] > 0 and r["stats"]["tau"] > 1.0, r["stats"]

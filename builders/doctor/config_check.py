@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from builders.doctor.findings import UnusableInput
-from core.files import MIB, InputFileError, read_text, text_lines
+from core.files import MIB, InputFileError, parse_json, read_text, text_lines
 
 MAX_CONFIG_BYTES = 16 * MIB  # a config.json (HF configs are a few KiB)
 MAX_PROMPTS_BYTES = 64 * MIB  # a prompts file
@@ -49,13 +49,9 @@ def read_json_config(directory: Path, what: str) -> dict[str, Any]:
     """`directory`/config.json: a regular file of at most MAX_CONFIG_BYTES holding a JSON object, fields checked."""
     path = Path(directory) / "config.json"
     try:
-        text = read_text(path, what, MAX_CONFIG_BYTES)
+        cfg = parse_json(read_text(path, what, MAX_CONFIG_BYTES), f"{what} {path}")
     except InputFileError as e:
         raise UnusableInput(str(e)) from None
-    try:
-        cfg = json.loads(text)
-    except ValueError as e:
-        raise UnusableInput(f"{what} {path}: not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise UnusableInput(f"{what} {path}: the top level must be a JSON object")
     check_fields(cfg, f"{what} {path}")
@@ -112,10 +108,7 @@ def read_prompts(path: Path) -> list[str]:
         for n, line in text_lines(path, "--prompts", MAX_PROMPTS_BYTES, MAX_PROMPT_LINE_BYTES):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise UnusableInput(f"--prompts {path}: line {n} is not valid JSON ({e})") from None
+            row = parse_json(line, f"--prompts {path}: line {n}")
             prompt = row.get("prompt") if isinstance(row, dict) else None
             turns = row.get("turns") if isinstance(row, dict) else None
             if isinstance(prompt, str) and prompt:

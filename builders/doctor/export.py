@@ -199,9 +199,10 @@ WRITERS = {"eagle-repo": to_eagle_repo, "specforge": to_specforge, "speculators"
 def out_problems(out: Path, inputs: list[Path]) -> list[str]:
     """Why export must not write to `out` (empty when it may): the build's output-directory rules
     (builders/build_dir.py `output_dir_problems`: a directory or nothing yet, not the project's sources), plus no
-    symbolic link as `out` or inside it (export would write through it, elsewhere) and not one of its own inputs
-    (the head or target directory), inside one or above one (it would rewrite what it reads)."""
-    from builders.build_dir import output_dir_problems
+    symbolic link as `out` or inside it and no file inside it with another hard link (the build's rule for what it
+    may write: builders/build_dir.py `single_file`; export would write through either, elsewhere) and not one of
+    its own inputs (the head or target directory), inside one or above one (it would rewrite what it reads)."""
+    from builders.build_dir import output_dir_problems, single_file
 
     if out.is_symlink():
         return [f"OUT {out} is a symbolic link (to {os.readlink(out)}); give a real directory"]
@@ -211,6 +212,10 @@ def out_problems(out: Path, inputs: list[Path]) -> list[str]:
         if links:
             problems.append(f"OUT {out} holds symbolic link(s) {', '.join(links[:5])}: export would write through "
                             "them; remove them or give an empty directory")
+        hard = sorted(p.name for p in out.iterdir() if not p.is_symlink() and p.is_file() and not single_file(p))
+        if hard:
+            problems.append(f"OUT {out} holds file(s) {', '.join(hard[:5])} with another hard link: export would "
+                            "write through them into the other name too; remove them or give an empty directory")
     resolved = out.expanduser().resolve()
     for given in inputs:
         src = given.expanduser().resolve()

@@ -28,6 +28,67 @@ from builders.doctor.findings import EXIT_FOUND, EXIT_OK, UnusableInput
 from builders.doctor.measure import COLLAPSED
 
 DEFAULT_MARGIN, DEFAULT_MAX_NEW_TOKENS = 0.05, 64
+MAX_REQUESTS_BYTES = 1 << 30  # a held-out file (token ids only: ~1 KB per request)
+MAX_RECORD_BYTES = 16 << 20  # one JSONL line: one captured request
+MAX_TOKEN_ID = (1 << 31) - 1
+
+
+def _ids_problem(value: Any, key: str, *, empty: bool) -> str | None:
+    if not isinstance(value, list) or (not empty and not value):
+        return f"`{key}` must be a {'' if empty else 'non-empty '}list of token ids"
+    bad = [t for t in value if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID]
+    if bad:
+        return f"`{key}` holds {json.dumps(bad[0])[:40]}; give integers in [0, {MAX_TOKEN_ID}]"
+    return None
+
+
+def record_problem(row: Any) -> str | None:
+    """Why a line of --requests is not a captured request the gate can decode (None when it is one): a JSON object
+    with `prompt_ids` (non-empty) and `output_ids` lists of token ids and an optional `sampling` object whose
+    `temperature` is a number, as the capture store writes them (triton_repo/models/capture.py)."""
+    if not isinstance(row, dict):
+        return f"is a JSON {type(row).__name__}, not an object with prompt_ids and output_ids"
+    problems = [p for key, empty in (("prompt_ids", False), ("output_ids", True))
+                if (p := _ids_problem(row.get(key), key, empty=empty))]
+    sampling = row.get("sampling", {})
+    temp = sampling.get("temperature", 0) if isinstance(sampling, dict) else None
+    if isinstance(temp, bool) or not isinstance(temp, (int, float)):
+        problems.append("`sampling` must be an object whose `temperature` is a number")
+    return "; ".join(problems) or None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The held-out requests: a bounded regular JSONL file (no FIFO, no directory), every line a captured request
+    (record_problem); the first bad line is refused by number (exit 2) before any model is loaded."""
+    from core.files import parse_json, text_lines
+
+    out = []
+    for n, line in text_lines(path, "--requests", MAX_REQUESTS_BYTES, MAX_RECORD_BYTES):
+        if not line.strip():
+            continue
+        row = parse_json(line, f"--requests {path}: line {n}")
+        if problem := record_problem(row):
+            raise UnusableInput(f"--requests {path}: line {n} {problem}")
+        out.append(row)
+    if not out:
+        raise UnusableInput(f"--requests {path}: no requests (one captured record per line, as held_out.jsonl)")
+    return out
+
+
+def check_inputs(build: Path, heads: dict[str, Path | None], json_out: Path | None) -> None:
+    """Every path the gate reads or writes checked before any work: --json a writable file path, --build a finished
+    reference build, each head a directory with a config.json."""
+    from core.files import writable_file
+    from core.spec import read_spec
+
+    if json_out is not None:
+        writable_file(json_out, "--json")
+    if not build.is_dir():
+        raise UnusableInput(f"--build {build}: no such directory; give the build's output_dir")
+    read_spec(build)  # FileNotFoundError naming the file and the command to run when it is not a finished build
+    for flag, head in heads.items():
+        if head is not None and not (head / "config.json").is_file():
+            raise UnusableInput(f"{flag} {head}: not a head directory (no config.json); give the head's directory")
 
 
 def normalize(head: Path, build_dir: Path, out: Path) -> Path:
@@ -183,8 +244,9 @@ def main(argv: list[str]) -> int:
     from builders.doctor.findings import EXIT_UNUSABLE
 
     try:
-        records = [json.loads(x) for x in args.requests.read_text().splitlines() if x.strip()]
+        records = read_records(args.requests)
         current = args.current or args.build / layout.CHECKPOINT / layout.EAGLE3_HEAD
+        check_inputs(args.build, {"--candidate": args.candidate, "--current": current}, args.json)
         g = gate(args.build, current, args.candidate, records, margin=args.margin,
                  max_new_tokens=args.max_new_tokens)
     except (UnusableInput, OSError, ValueError, KeyError) as e:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import torch
 from builders.convert.eagle import check_head
 from builders.convert.eagle3 import check_eagle3
 from builders.convert.weights import WeightSource
-from builders.doctor.findings import Finding
+from builders.doctor.findings import Finding, UnusableInput
 from builders.doctor.head import Head
 from builders.doctor.loaders import (
     ENGINES,
@@ -19,6 +18,7 @@ from builders.doctor.loaders import (
     compatibility,
     safeailab_default_ids,
 )
+from core.files import parse_json
 from core.hfconfig import LlamaSpec, ModelConfigError, aux_layer_ids, llama_spec
 
 D2T_SOURCE = "SafeAILab/EAGLE@cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b eagle/traineagle3/cnets.py scandata"
@@ -152,14 +152,22 @@ def position_checks(head: Head, target: LlamaSpec, max_seq_len: int | None) -> l
     return [Finding("positions", "info", f"max positions: head {head_max}, serving limit {limit}", ev)]
 
 
+def _json_object(f: Path) -> dict[str, Any]:
+    """A tokenizer file as a JSON object (exit 2 with the reason when it is not one)."""
+    data = parse_json(f.read_bytes(), str(f))
+    if not isinstance(data, dict):
+        raise UnusableInput(f"{f}: the top level must be a JSON object")
+    return data
+
+
 def _tok_files(d: Path) -> dict[str, Any] | None:
     f = d / "tokenizer.json"
     if not f.is_file():
         return None
-    data = json.loads(f.read_text())
+    data = _json_object(f)
     model = data.get("model") or {}
     cfg_path = d / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    cfg = _json_object(cfg_path) if cfg_path.is_file() else {}
     specials = {k: cfg.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     return {"vocab": model.get("vocab"), "merges": model.get("merges"),
             "added": sorted((t["id"], t["content"]) for t in data.get("added_tokens", [])), "specials": specials}
@@ -170,7 +178,7 @@ def chat_template_of(d: Path) -> str | None:
     if (d / "chat_template.jinja").is_file():
         return (d / "chat_template.jinja").read_text()
     if cfg_path.is_file():
-        t = json.loads(cfg_path.read_text()).get("chat_template")
+        t = _json_object(cfg_path).get("chat_template")
         return t if isinstance(t, str) else None
     return None
 

@@ -159,19 +159,19 @@ async def respond(bridge: EngineBridge, req: dict[str, Any], is_stopped: Callabl
     except RequestError as e:
         yield {"token_ids": [], "finish_reason": {"error": str(e)}}
         return
-    sent = 0
     try:
         async for ids, result, error in bridge.run(request, is_stopped):
             if error is not None:
                 yield {"token_ids": ids, "finish_reason": {"error": error}}
                 return
             if result is None:
-                sent += len(ids)
-                yield {"token_ids": ids}
+                if not prefill_only:  # a prefill worker answers once (the frontend reads its first response)
+                    yield {"token_ids": ids}
                 continue
             final: dict[str, Any] = {"token_ids": [], "finish_reason": FINISH.get(result.finish_reason, "stop"),
                                      "completion_usage": usage(len(request.prompt_ids), len(result.output_ids))}
             if prefill_only:
+                final["token_ids"] = list(result.output_ids)
                 final["disaggregated_params"] = handoff(request, result)
             yield final
     except RequestError as e:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from dynamo_serve import layout
+from dynamo_serve.serve import READY_ENV
 from dynamo_serve.bridge import EngineBridge, SpecCounters, check_handoff, respond
 from engines.api import ReferenceEngine
 
@@ -79,6 +80,8 @@ async def serve(args: argparse.Namespace) -> None:
                          worker_type=worker_type, needs=needs, kv_cache_block_size=card.kv_block_size,
                          runtime_config=rc)
     endpoint.metrics.register_prometheus_expfmt_callback(lambda: counters.exposition(args.role))
+    if ready := os.environ.get(READY_ENV):  # eagle-dynamo serve waits for every worker's file
+        Path(ready).touch()
     prefill_only = args.role == "prefill"
 
     async def generate(request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:

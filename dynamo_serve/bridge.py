@@ -12,6 +12,7 @@ batch at the next step and frees its slot.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[tuple[list[int], GenerationResult | None, str | None]]
     request: GenerationRequest
+    rid: str
     gone: threading.Event = field(default_factory=threading.Event)
 
     def put(self, ids: list[int], result: GenerationResult | None, error: str | None) -> None:
@@ -128,13 +130,15 @@ class EngineBridge:
         stream: Stream = job.payload
         if isinstance(job.result, GenerationResult):
             self.counters.add(job.result.stats)
+            logging.info("request %s finished: %s after %d tokens", stream.rid, job.result.finish_reason,
+                         len(job.result.output_ids))
         stream.put([], job.result, job.error or ("cancelled" if job.cancelled and job.result is None else None))
 
-    async def run(self, request: GenerationRequest, is_stopped: Callable[[], bool]) -> AsyncIterator[
+    async def run(self, request: GenerationRequest, is_stopped: Callable[[], bool], rid: str) -> AsyncIterator[
             tuple[list[int], GenerationResult | None, str | None]]:
         """Yields (new token ids, final result or None, error or None) until the final item."""
         loop = asyncio.get_running_loop()
-        stream = Stream(loop, asyncio.Queue(), request)
+        stream = Stream(loop, asyncio.Queue(), request, rid)
         job = Job(payload=stream, is_cancelled=lambda: stream.gone.is_set() or is_stopped(), streaming=True)
         if (refusal := self.batcher.admit(job)) is not None:
             raise RequestError(refusal)
@@ -152,7 +156,7 @@ class EngineBridge:
 
 
 async def respond(bridge: EngineBridge, req: dict[str, Any], is_stopped: Callable[[], bool], *,
-                  prefill_only: bool) -> AsyncIterator[dict[str, Any]]:
+                  prefill_only: bool, rid: str = "") -> AsyncIterator[dict[str, Any]]:
     """Dynamo response chunks for one preprocessed request."""
     try:
         request = request_of(req, prefill_only=prefill_only)
@@ -160,7 +164,7 @@ async def respond(bridge: EngineBridge, req: dict[str, Any], is_stopped: Callabl
         yield {"token_ids": [], "finish_reason": {"error": str(e)}}
         return
     try:
-        async for ids, result, error in bridge.run(request, is_stopped):
+        async for ids, result, error in bridge.run(request, is_stopped, rid):
             if error is not None:
                 yield {"token_ids": ids, "finish_reason": {"error": error}}
                 return

@@ -88,7 +88,10 @@ async def serve(args: argparse.Namespace) -> None:
         if args.role == "decode" and (problem := check_handoff(request)) is not None:
             yield {"token_ids": [], "finish_reason": {"error": problem}}
             return
-        async for chunk in respond(bridge, request, context.is_stopped, prefill_only=prefill_only):
+        def stopped() -> bool:
+            return bool(context.is_stopped() or context.is_killed())
+
+        async for chunk in respond(bridge, request, stopped, prefill_only=prefill_only, rid=str(context.id())):
             yield chunk
 
     logging.info("eagle reference worker (%s) serving %s", args.role, card.served_model_name)

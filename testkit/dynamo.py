@@ -54,7 +54,7 @@ def _enter(pid: int) -> None:
 class Deployment:
     """`eagle-dynamo serve BUILD ARGS` in its own loopback-only network namespace."""
 
-    def __init__(self, build: Path, log_dir: Path, *args: str, port: int = 8000, threads: int = 4) -> None:
+    def __init__(self, build: Path, log_dir: Path, *args: str, port: int = 8000, threads: int = 8) -> None:
         self.log_dir, self.port = log_dir, port
         inner = [sys.executable, "-m", "dynamo_serve.serve", "serve", str(build), "--http-port", str(port),
                  "--log-dir", str(log_dir), *args]

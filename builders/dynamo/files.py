@@ -67,7 +67,7 @@ def worker_argv(role: str, model_path: str, served_model_name: str, engine_yaml:
     """A TensorRT-LLM worker: `role` agg (prefill and decode), prefill or decode."""
     if role not in ROLES:
         raise ValueError(f"role {role!r} is not one of {ROLES}")
-    argv = ["python3", "-m", "dynamo.trtllm", "--model-path", model_path, "--served-model-name", served_model_name,
+    argv = ["python3", "-m", "dynamo.trtllm", "--model", model_path, "--served-model-name", served_model_name,
             "--extra-engine-args", engine_yaml]
     if role != "agg":
         argv += ["--disaggregation-mode", role]

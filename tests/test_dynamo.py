@@ -27,12 +27,13 @@ MODEL = "smollm2-eagle3-current"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
 QUESTIONS = ["What is the capital of France?", "Name a primary color."]
 N = 16
+SETS = ["engine.device=cpu", "engine.max_seq_len=512", "engine.max_input_len=256"]
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dynamo_build") / "build"
-    sets = [f"output_dir={out}", "engine.device=cpu", "engine.max_seq_len=512", "engine.max_input_len=256"]
+    sets = [f"output_dir={out}", *SETS]
     assert build_main([str(CONFIG)] + [a for s in sets for a in ("--set", s)]) == 0
     return out
 
@@ -88,7 +89,7 @@ def test_build_writes_the_dynamo_deployment(build: Path) -> None:
     from builders.config import load_config
     from builders.ledger import check
 
-    cfg = load_config(build / "config.resolved.yaml", [])
+    cfg = load_config(CONFIG, [f"output_dir={build}", *SETS])
     emitted = {k: v for k, v in check.build_names(cfg, build).items() if k.startswith("dynamo.")}
     assert set(emitted) == {"dynamo.engine_yaml", "dynamo.frontend.flag", "dynamo.graph", "dynamo.trtllm.flag"}
     assert check.check_emitted(emitted, "1.4", check.build_flags(cfg, build / "checkpoint")) == []

@@ -49,9 +49,9 @@ def sampling_of(req: dict[str, Any]) -> SamplingParams:
     """Dynamo's `sampling_options` (absent or null = the engine's default: greedy)."""
     s = req.get("sampling_options") or {}
     try:
+        top_p = s.get("top_p")
         return SamplingParams(temperature=float(s.get("temperature") or 0.0), top_k=int(s.get("top_k") or 0),
-                              top_p=float(s.get("top_p") if s.get("top_p") is not None else 1.0),
-                              seed=s.get("seed"))
+                              top_p=1.0 if top_p is None else float(top_p), seed=s.get("seed"))
     except ValueError as e:
         raise RequestError(str(e)) from e
 

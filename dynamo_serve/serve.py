@@ -31,6 +31,10 @@ from dynamo_serve import layout
 HOST = "127.0.0.1"
 READY_ENV = "EAGLE_DYNAMO_READY_FILE"  # a worker touches this file once it is registered (dynamo_serve/worker.py)
 REPO_ROOT = Path(__file__).resolve().parents[1]
+EPILOG = """\
+Inputs:  a build directory whose dynamo/ the build wrote (every trtllm_version '1.4' build)
+Outputs: an OpenAI-compatible endpoint at http://127.0.0.1:PORT/v1 until SIGTERM or Ctrl-C; the processes' logs
+Guide:   docs/deploy.md (section "NVIDIA Dynamo")"""
 
 
 @dataclass
@@ -76,9 +80,11 @@ def roles(workers: int, disaggregated: bool) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="eagle-dynamo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="eagle-dynamo", description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the build's Dynamo deployment (frontend + reference-engine workers)")
+    s = sub.add_parser("serve", help="run the build's Dynamo deployment (frontend + reference-engine workers)",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("build_dir", type=Path, help="a build directory with dynamo/ (trtllm_version '1.4')")
     s.add_argument("--workers", type=int, default=1, help="workers (disaggregated: prefill/decode pairs)")
     s.add_argument("--disaggregated", action="store_true", help="separate prefill and decode workers")

@@ -36,7 +36,11 @@ MAX_QUEUE_SIZE = 64
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dynamo_serve.worker", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dynamo_serve.worker", description=__doc__.split("\n\n")[0],
+                                epilog="Inputs:  a build directory with dynamo/; Dynamo's DYN_* environment\n"
+                                "Outputs: a registered Dynamo worker serving token requests until SIGTERM\n"
+                                "Guide:   docs/deploy.md (section \"NVIDIA Dynamo\")",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("build_dir", type=Path, help="a build directory with dynamo/ (written by builders/build.py)")
     p.add_argument("--role", choices=ROLES, default="aggregated",
                    help="aggregated: prefill and decode; prefill/decode: one side of a disaggregated pair")

@@ -17,7 +17,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "sources", "training", "scripts", "triton_repo",
-              "docker", "bench", "devtools", "testkit")
+              "docker", "bench", "devtools", "testkit", "dynamo_serve")
 # Where python files live outside tests/ (the sys.path check reads them all).
 CODE_DIRS = (*ENTRY_DIRS,)
 COMMANDS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -69,6 +69,8 @@ ENTRY_POINTS = {
     "bench/bench_adaptive.py": ["bench/bench_adaptive.py"],
     "bench/bench_refresh_threads.py": ["bench/bench_refresh_threads.py"],
     "bench/bench_switch.py": ["bench/bench_switch.py"],
+    "dynamo_serve/serve.py": ["-m", "dynamo_serve.serve"],
+    "dynamo_serve/worker.py": ["-m", "dynamo_serve.worker"],
 }
 
 
@@ -125,6 +127,7 @@ NOT_COMMANDS = {
     "docker/k8s/render.py": "renders the checked-in Kubernetes manifests from a checkout",
     "devtools/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
     "devtools/mutation.py": "developer tool: mutation score",
+    "dynamo_serve/worker.py": "the Dynamo worker process `eagle-dynamo serve` starts under the Dynamo venv",
 }
 
 

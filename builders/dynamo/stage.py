@@ -63,7 +63,7 @@ def run(ctx: StageContext) -> None:
     cfg, out = ctx.cfg, ctx.out
     options = options_of(cfg, ctx.build_dir)
     try:
-        yamls = files.engine_yamls(options, cfg.engine.max_input_len)
+        yamls = files.engine_yamls(options, cfg.request_limits().max_input_len)
     except files.DynamoRefusal as e:
         raise StageError(str(e)) from e
     write_card(ctx.build_dir, out / D.MODEL_DIR)

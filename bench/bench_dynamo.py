@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[3:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", type=Path, required=True, help="a current-line build directory")
-    p.add_argument("--concurrency", type=_positive, default=4)
-    p.add_argument("--requests", type=_positive, default=12, help="requests per deployment per round")
-    p.add_argument("--max-tokens", type=_positive, default=32)
-    p.add_argument("--rounds", type=_positive, default=2)
-    p.add_argument("--ttft-requests", type=_positive, default=6, help="requests for the TTFT comparison")
+    p.add_argument("--concurrency", type=_positive("--concurrency"), default=4)
+    p.add_argument("--requests", type=_positive("--requests"), default=12, help="requests per deployment per round")
+    p.add_argument("--max-tokens", type=_positive("--max-tokens"), default=32)
+    p.add_argument("--rounds", type=_positive("--rounds"), default=2)
+    p.add_argument("--ttft-requests", type=_positive("--ttft-requests"), default=6,
+                   help="requests for the TTFT comparison")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -85,8 +85,12 @@ def engine_ttft(build: Path) -> Any:
 
     def one(prompt: str, n: int) -> float:
         first: list[float] = []
-        session = eng.session(1, eng.limits.max_seq_len, speculative=eng.has_draft,
-                              on_tokens=lambda s, ids: bool(first.append(time.perf_counter()) or True))
+
+        def on_tokens(slot: int, ids: list[int]) -> bool:
+            first.append(time.perf_counter())
+            return True
+
+        session = eng.session(1, eng.limits.max_seq_len, speculative=eng.has_draft, on_tokens=on_tokens)
         t0 = time.perf_counter()
         session.add(GenerationRequest(prompt_ids=tok.encode(prompt), max_new_tokens=n,
                                       sampling=SamplingParams(temperature=0.0), stop_token_ids=[tok.eos_token_id]))

@@ -5,10 +5,10 @@ time to first token through Dynamo's frontend against the engine called directly
     python bench/bench_dynamo.py --build build/smollm2-eagle3-current --concurrency 4 --requests 12 \
         --max-tokens 32 --rounds 2 [--json OUT.json]
 
-The three deployments run at once, each in its own loopback-only network namespace (root: testkit/dynamo.py), and
+The deployments compared (--deployments) run at once, each in its own loopback-only network namespace (root: testkit/dynamo.py), and
 are measured one after the other in a rotated order each round; each request is a closed-loop completion of one of
 the prompts below, greedy, and every answer must equal the one-worker answer. TTFT: the first streamed chunk through
-the frontend (one worker) vs the first accepted token of the engine's own session in this process (one thread).
+the frontend (the first deployment) vs the first accepted token of the engine's own session in this process (one thread).
 
 Inputs:  a finished current-line build (trtllm_version '1.4') with dynamo/; the Dynamo venv (scripts/setup_dynamo.sh)
 Outputs: the table on stdout (with the load average); --json every figure
@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=_positive("--rounds"), default=2)
     p.add_argument("--ttft-requests", type=_positive("--ttft-requests"), default=6,
                    help="requests for the TTFT comparison")
+    p.add_argument("--deployments", nargs="+", choices=list(DEPLOYMENTS), default=["1 worker", "2 workers"],
+                   help="which deployments to compare (each running at once; the first is the baseline)")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -109,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     model = json.loads((a.build / "dynamo" / "deployment.json").read_text())["served_model_name"]
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-dynamo-{os.getpid()}"
     deps = {name: D.Deployment(a.build, logs / str(i), *args, port=8100 + i, threads=a.concurrency)
-            for i, (name, args) in enumerate(DEPLOYMENTS.items())}
+            for i, (name, args) in enumerate((n, DEPLOYMENTS[n]) for n in a.deployments)}
     rps: dict[str, list[float]] = {k: [] for k in deps}
-    ttft: dict[str, list[float]] = {"frontend (1 worker)": [], "engine direct": []}
+    ttft: dict[str, list[float]] = {"frontend (1 worker)": [], "engine direct": []}  # the first deployment's
     same = True
     try:
         for dep in deps.values():
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 reference = reference or answers
                 same = same and answers == reference
             for _ in range(a.ttft_requests):  # alternated, one at a time
-                ttft["frontend (1 worker)"].append(frontend_ttft(deps["1 worker"], model, a.max_tokens))
+                ttft["frontend (1 worker)"].append(frontend_ttft(deps[a.deployments[0]], model, a.max_tokens))
                 ttft["engine direct"].append(direct(PROMPTS[0], a.max_tokens))
     finally:
         for dep in deps.values():
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"concurrency {a.concurrency}, {a.requests} requests x {a.rounds} rounds, max_tokens {a.max_tokens}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     for k, v in med.items():
-        print(f"  {k:>20}: {v:.3f} req/s ({v / med['1 worker']:.2f}x one worker)")
+        print(f"  {k:>20}: {v:.3f} req/s ({v / med[a.deployments[0]]:.2f}x {a.deployments[0]})")
     print(f"  TTFT p50: frontend {t['frontend (1 worker)'] * 1e3:.1f} ms, engine direct "
           f"{t['engine direct'] * 1e3:.1f} ms ({t['frontend (1 worker)'] / t['engine direct'] - 1:+.1%})")
     print(f"  answers identical across deployments: {same}")

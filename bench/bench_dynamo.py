@@ -5,10 +5,11 @@ time to first token through Dynamo's frontend against the engine called directly
     python bench/bench_dynamo.py --build build/smollm2-eagle3-current --concurrency 4 --requests 12 \
         --max-tokens 32 --rounds 2 [--json OUT.json]
 
-The deployments compared (--deployments) run at once, each in its own loopback-only network namespace (root: testkit/dynamo.py), and
-are measured one after the other in a rotated order each round; each request is a closed-loop completion of one of
-the prompts below, greedy, and every answer must equal the one-worker answer. TTFT: the first streamed chunk through
-the frontend (the first deployment) vs the first accepted token of the engine's own session in this process (one thread).
+The deployments compared (--deployments) run at once, each in its own loopback-only network namespace (root:
+testkit/dynamo.py), and are measured one after the other in a rotated order each round; each request is a
+closed-loop completion of one of the prompts below, greedy, and every answer must equal the first deployment's.
+TTFT: the first streamed chunk through the frontend (the first deployment) vs the first accepted token of the
+engine's own session in this process (one thread).
 
 Inputs:  a finished current-line build (trtllm_version '1.4') with dynamo/; the Dynamo venv (scripts/setup_dynamo.sh)
 Outputs: the table on stdout (with the load average); --json every figure

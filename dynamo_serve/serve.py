@@ -92,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--router-mode", default="kv", choices=["kv", "round-robin", "random"],
                    help="how the frontend picks a worker")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
+    s.add_argument("--metrics-port", type=int, default=None, help="worker i serves Dynamo's /metrics (with the "
+                   "eagle_* speculative counters) on 127.0.0.1:METRICS_PORT+i (default: no metrics endpoint)")
     s.add_argument("--dynamo-python", default=None, help="the Python with ai-dynamo installed (default: "
                    "$EAGLE_DYNAMO_PYTHON, else .venv-dynamo/bin/python)")
     s.add_argument("--log-dir", type=Path, default=None, help="where the processes' logs go (default: a new "
@@ -119,13 +121,13 @@ class Deployment:
         self.state = Path(tempfile.mkdtemp(prefix="eagle-dynamo-"))
         self.logs = args.log_dir or self.state / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.env = {**os.environ, **plane_env(self.state)}
+        self.env = {k: v for k, v in os.environ.items() if k != "DYN_SYSTEM_PORT"} | plane_env(self.state)
         self.children: list[Child] = []
         self.base = f"http://{HOST}:{args.http_port}/v1"
 
-    def start(self, name: str, argv: list[str], ready: bool) -> None:
+    def start(self, name: str, argv: list[str], ready: bool, extra_env: dict[str, str] | None = None) -> None:
         ready_file = self.state / f"{name}.ready" if ready else None
-        env = dict(self.env, **({READY_ENV: str(ready_file)} if ready_file else {}))
+        env = dict(self.env, **({READY_ENV: str(ready_file)} if ready_file else {}), **(extra_env or {}))
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 (the child owns it for its lifetime)
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.children.append(Child(name, proc, ready_file))
@@ -136,7 +138,9 @@ class Deployment:
         self.start("frontend", frontend_argv(self.python, a.http_port, a.router_mode), ready=False)
         build = a.build_dir.resolve()
         for i, role in enumerate(roles(a.workers, a.disaggregated)):
-            self.start(f"{role}-{i}", worker_argv(self.python, build, role, self.card.namespace, a.threads), True)
+            metrics = {} if a.metrics_port is None else {"DYN_SYSTEM_PORT": str(a.metrics_port + i)}
+            self.start(f"{role}-{i}", worker_argv(self.python, build, role, self.card.namespace, a.threads), True,
+                       metrics)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.args.timeout

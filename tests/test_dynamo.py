@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,16 @@ def agg(build: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 def completion(dep: D.Deployment, prompt: str, n: int = N, **extra: Any) -> dict[str, Any]:
     return dep.run(D.post, f"{dep.base}/completions",
                    {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0, **extra})
+
+
+def metrics(dep: D.Deployment, port: int) -> dict[str, float]:
+    """The eagle_* samples of a worker's /metrics."""
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            return str(r.read().decode())
+
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in dep.run(get).splitlines()
+            if line.startswith("eagle_")}
 
 
 def test_build_writes_the_dynamo_deployment(build: Path) -> None:
@@ -188,7 +199,7 @@ def test_killed_worker_fails_only_its_own_requests(agg: D.Deployment, hf_greedy:
 
 
 def test_disaggregated_equals_aggregated(build: Path, hf_greedy: Any, tmp_path: Path) -> None:
-    dep = D.Deployment(build, tmp_path / "logs", "--disaggregated", port=8001).wait_ready()
+    dep = D.Deployment(build, tmp_path / "logs", "--disaggregated", "--metrics-port", "9100", port=8001).wait_ready()
     try:
         for p in PROMPTS:
             got = completion(dep, p)
@@ -198,6 +209,13 @@ def test_disaggregated_equals_aggregated(build: Path, hf_greedy: Any, tmp_path: 
             assert dep.finished("prefill-0", got["id"]) == "length after 1 tokens"
             assert dep.finished("decode-1", got["id"]).startswith(("length", "eos")), rid
         assert {p.stem for p in (tmp_path / "logs").glob("*.log")} == {"frontend", "prefill-0", "decode-1"}
+        # the speculative counters on each worker's metrics endpoint: the prefill worker generated one token per
+        # request (the readiness probe's too), the decode worker the answers
+        prefill, decode = (metrics(dep, port) for port in (9100, 9101))
+        assert prefill['eagle_requests_total{worker="prefill"}'] == len(PROMPTS) + 1
+        assert prefill['eagle_generated_tokens_total{worker="prefill"}'] == len(PROMPTS) + 1
+        assert decode['eagle_requests_total{worker="decode"}'] == len(PROMPTS) + 1
+        assert decode['eagle_accepted_draft_tokens_total{worker="decode"}'] > 0
     finally:
         lines = dep.stop()
     assert lines[-1] == "stopped"

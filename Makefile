@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo test clean
 
 $(STAMP): requirements.txt requirements-data.txt pyproject.toml scripts/setup_env.sh scripts/setup_env_speculators.sh \
-          scripts/setup_prometheus.sh
+          scripts/setup_prometheus.sh scripts/setup_dynamo.sh
 	PY=$(PY) bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
@@ -24,4 +24,4 @@ test: $(STAMP)
 	$(VPY) -m pytest -q tests
 
 clean:
-	rm -rf $(VENV) .venv-speculators build
+	rm -rf $(VENV) .venv-speculators .venv-dynamo build

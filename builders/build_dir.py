@@ -32,7 +32,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.
 SOURCE_DIRS = (".git", ".ci", "bench", "builders", "clients", "configs", "core", "devtools", "docker", "docs",
                "engines", "heads", "measure", "scripts", "sources", "stubs", "testkit", "tests", "training",
-               "triton_repo")
+               "triton_repo", "dynamo_serve")
 _TEMP = re.compile(r"^\.(?P<stage>[A-Za-z0-9_]+)\.(tmp|old)-(?P<pid>\d+)$")
 _RESOLVED_TEMP = re.compile(rf"^\.{re.escape(RESOLVED)}\.tmp-(?P<pid>\d+)$")
 

@@ -6,6 +6,7 @@
                                       hf_quantized/ (an FP8 / NVFP4 target on the current line, engine.backend pytorch)
     <build>/engine/                   engine stage: engines / LLM API options / reference.json (core/spec.py)
     <build>/triton_repo/              Triton model repository
+    <build>/dynamo/                   NVIDIA Dynamo deployment (the current line; dynamo_serve/layout.py)
     <build>/logs/<stage>.log          each stage's log
     <build>/<stage>/manifest.json     what each stage read, ran and wrote (builders/pipeline.py)
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from core.records import resolve_recorded
 from core.spec import ENGINE_DIR, SPEC_FILE
+from dynamo_serve.layout import DYNAMO_DIR
 
 CHECKPOINT = "checkpoint"
 ENGINE = ENGINE_DIR
@@ -31,7 +33,7 @@ RESOLVED_CONFIG = "config.resolved.yaml"
 TOKENIZER = "tokenizer"  # inside the checkpoint
 EAGLE3_HEAD = "eagle3"  # inside the checkpoint: the normalized EAGLE-3 head
 REFERENCE_SPEC = SPEC_FILE  # inside the engine directory
-STAGE_DIRS = (CHECKPOINT, ENGINE, TRITON_REPO)  # the only names whose temporary directories a build removes
+STAGE_DIRS = (CHECKPOINT, ENGINE, TRITON_REPO, DYNAMO_DIR)  # the only names whose temporary directories a build removes
 HF_TARGET_NOTE = "hf_target_dir"  # the convert stage's manifest note naming the resolved HF target directory
 HF_MODEL = "hf_model"  # inside the checkpoint: the target's HF directory as a transformers-4 TensorRT-LLM reads it
 HF_QUANTIZED = "hf_quantized"  # inside the checkpoint: the target quantized by ModelOpt (HF export), current line

@@ -9,6 +9,7 @@ from builders.pipeline import Stage
 def stages_for(cfg: BuildConfig) -> list[Stage]:
     from builders.convert.stage import CONVERT_STAGE
     from builders.engine.stage import ENGINE_STAGE
+    from builders.dynamo.stage import DYNAMO_STAGE, applies
     from builders.triton.stage import TRITON_STAGE
 
-    return [CONVERT_STAGE, ENGINE_STAGE, TRITON_STAGE]
+    return [CONVERT_STAGE, ENGINE_STAGE, TRITON_STAGE, *([DYNAMO_STAGE] if applies(cfg) else [])]

@@ -17,7 +17,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "sources", "training", "scripts", "triton_repo",
-              "docker", "bench", "devtools", "testkit")
+              "docker", "bench", "devtools", "testkit", "dynamo_serve")
 # Where python files live outside tests/ (the sys.path check reads them all).
 CODE_DIRS = (*ENTRY_DIRS,)
 COMMANDS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -72,6 +72,9 @@ ENTRY_POINTS = {
     "bench/bench_adaptive.py": ["bench/bench_adaptive.py"],
     "bench/bench_refresh_threads.py": ["bench/bench_refresh_threads.py"],
     "bench/bench_switch.py": ["bench/bench_switch.py"],
+    "dynamo_serve/serve.py": ["-m", "dynamo_serve.serve"],
+    "bench/bench_dynamo.py": ["bench/bench_dynamo.py"],
+    "dynamo_serve/worker.py": ["-m", "dynamo_serve.worker"],
 }
 
 
@@ -128,6 +131,7 @@ NOT_COMMANDS = {
     "docker/k8s/render.py": "eagle-k8s (builders/k8s/render.py) run from a checkout",
     "devtools/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
     "devtools/mutation.py": "developer tool: mutation score",
+    "dynamo_serve/worker.py": "the Dynamo worker process `eagle-dynamo serve` starts under the Dynamo venv",
 }
 
 

@@ -18,6 +18,7 @@ import tomllib
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "builders", "core", "engines", "measure", "sources", "training", "triton_repo", "clients", "scripts", "testkit",
+    "dynamo_serve",
 )
 LINT = Path(sys.executable).parent / "lint-imports"
 

@@ -131,6 +131,7 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         acceptance=bool(cfg.tree.acceptance_rate_window_size), penalty=cfg.tree.enable_penalty,
         w_quant=cfg.quantization.weights != "none", w_nvfp4=cfg.quantization.weights == "nvfp4",
         qk_norm=conf.get("architecture") == "Qwen3ForCausalLM",
+        disaggregated=registry.get(cfg.trtllm_version).triton_layout == "llmapi",  # dynamo/ prefill + decode YAMLs
     )
 
 
@@ -192,10 +193,42 @@ def build_names(cfg: Any, build: Path) -> Emitted:
     t = cfg.triton
     roles = {t.preprocessing_model: "preprocessing", t.postprocessing_model: "postprocessing", t.bls_model: "bls",
              t.llm_model: "llm", t.ensemble_model: "ensemble"}
+    if (build / "dynamo").is_dir():
+        for surface, names in dynamo_names(build).items():
+            _add(out, surface, names)
     if (build / "triton_repo").is_dir():
         llmapi_layout = version.triton_layout == "llmapi"
         for surface, names in triton_names(build / "triton_repo", roles, not llmapi_layout).items():
             _add(out, surface, names)
+    return out
+
+
+def dynamo_names(build: Path) -> Emitted:
+    """What a build's dynamo/ directory emitted for Dynamo and TensorRT-LLM (builders/dynamo/files.py): the worker
+    YAMLs' keys beyond the build's LLM API options, launch.sh's and the graphs' flags, the graphs' keys."""
+    from dynamo_serve import layout as dl
+
+    d = build / dl.DYNAMO_DIR
+    out: Emitted = {}
+    agg = ledger.flat_keys(yaml.safe_load((d / dl.ENGINE_DIR / "agg.yaml").read_text()))
+    _add(out, "llmapi.option", agg)
+    for role in ("prefill", "decode"):
+        _add(out, "dynamo.engine_yaml", ledger.flat_keys(yaml.safe_load((d / dl.ENGINE_DIR / f"{role}.yaml")
+                                                                        .read_text())) - agg)
+    for name in dl.GRAPHS.values():
+        doc = yaml.safe_load((d / name).read_text())
+        _add(out, "dynamo.graph", {k for k in ledger.flat_keys(doc) if not k.startswith("spec.services.")})
+        for svc in doc["spec"]["services"].values():
+            _add(out, "dynamo.graph", ledger.flat_keys(svc))
+            args = svc["extraPodSpec"]["mainContainer"].get("args", [])
+            if args:
+                _add(out, "dynamo.trtllm.flag", ledger.argv_flags(args))
+    for line in (d / dl.LAUNCH).read_text().splitlines():
+        words = line.split()
+        if "dynamo.trtllm" in words:
+            _add(out, "dynamo.trtllm.flag", ledger.argv_flags(words))
+        if "dynamo.frontend" in words:
+            _add(out, "dynamo.frontend.flag", ledger.argv_flags(words))
     return out
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from builders.trtllm import registry
+from dynamo_serve.layout import DYNAMO_VERSION
 from builders.trtllm.citation import Source  # re-exported: the rows' modules import it with Row
 
 ALL = tuple(registry.VERSIONS)  # every supported version
@@ -24,6 +25,7 @@ TRANSFORMERS_REF = {"1.1": "v4.56.0", "1.2": "v4.57.3", "1.4": "v5.3.0"}
 TRANSFORMERS4 = tuple(k for k, v in registry.VERSIONS.items() if v.transformers_major == 4)
 TRANSFORMERS5 = tuple(k for k, v in registry.VERSIONS.items() if v.transformers_major == 5)
 PROJECT = "eagle-deploy"
+DYNAMO_REF = f"v{DYNAMO_VERSION}"  # the ai-dynamo release the Dynamo deployment is written for (every current line)
 
 
 def ref_of(repo: str, version: str) -> str:
@@ -33,6 +35,8 @@ def ref_of(repo: str, version: str) -> str:
         return TRITON_RELEASE_REF
     if repo == "huggingface/transformers":
         return TRANSFORMERS_REF[version]
+    if repo == "ai-dynamo/dynamo":
+        return DYNAMO_REF
     return "this commit"
 
 

@@ -20,6 +20,7 @@ from builders.trtllm import registry
 
 from builders.ledger import build as ledger_build
 from builders.ledger import checkpoint as ledger_checkpoint
+from builders.ledger import dynamo as ledger_dynamo
 from builders.ledger import hf_quant as ledger_hf_quant
 from builders.ledger import llmapi as ledger_llmapi
 from builders.ledger import triton as ledger_triton
@@ -27,7 +28,8 @@ from builders.ledger.rows import Row
 
 
 def all_rows() -> list[Row]:
-    return ledger_checkpoint.ROWS + ledger_build.ROWS + ledger_triton.ROWS + ledger_llmapi.ROWS + ledger_hf_quant.ROWS
+    return (ledger_checkpoint.ROWS + ledger_build.ROWS + ledger_triton.ROWS + ledger_llmapi.ROWS + ledger_hf_quant.ROWS
+            + ledger_dynamo.ROWS)
 
 
 def rows_for(surface: str, version: str) -> list[Row]:

@@ -23,6 +23,8 @@ import hmac
 import json
 from typing import Any
 
+from triton_repo.models import capture
+
 STOP_KEY = "stop_key"  # request parameter: the owner's secret for this request
 MAX_ID_BYTES = 128  # UTF-8 bytes of a request id
 MIN_KEY_CHARS, MAX_KEY_CHARS = 16, 128  # a stop_key: long enough not to be guessed, short enough to hold
@@ -54,9 +56,13 @@ def id_problem(request_id: str) -> str | None:
 
 
 def problem(request: Any) -> str | None:
-    """Why `request`'s id or stop_key is refused, or None: checked first by every client-facing model."""
+    """Why `request`'s id, stop_key or capture opt-out (models/capture.py opt_out_problem) is refused, or None:
+    checked first by every client-facing model."""
     rid = request.request_id() or ""
     if found := id_problem(rid):
+        return found
+    raw = request.parameters() if hasattr(request, "parameters") else None
+    if found := capture.opt_out_problem(raw if isinstance(raw, str) else None):
         return found
     value = parameters(request).get(STOP_KEY)
     if value is None:

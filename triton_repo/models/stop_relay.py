@@ -24,10 +24,23 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from triton_repo import contract as C
 from triton_repo.models import llm_io, ownership
 
 RECENT = 1024  # (id, key) pairs relayed, remembered so the later cancelled steps of a sequence send nothing
 RELAYED_FOR_S = 2.0  # how long a relayed pair is remembered (a stopped sequence ends at its next step)
+
+
+def handle_of(pb_utils: Any, request: Any) -> str | None:
+    """The LLM model's per-request handle on this step (contract.HANDLE_INPUT), or None when it carries none."""
+    t = pb_utils.get_input_tensor_by_name(request, C.HANDLE_INPUT.name)
+    if t is None:
+        return None
+    v = t.as_numpy().reshape(-1)
+    lo, hi = ownership.MIN_KEY_CHARS, ownership.MAX_KEY_CHARS
+    if v.size != 1 or not isinstance(v[0], bytes) or not lo <= len(v[0]) <= hi:
+        return None
+    return v[0].decode("ascii", "replace")
 
 
 class StopRelay:
@@ -53,8 +66,9 @@ class StopRelay:
         return True
 
     def observe(self, request: Any) -> bool:
-        """Relay `request`'s cancellation if it is one; True when a stop was sent and answered without error."""
-        request_id, key = request.request_id(), ownership.stop_key(request)
+        """Relay `request`'s cancellation if it is one; True when a stop was sent and answered without error. The
+        stop presents the LLM model's handle for that request (handle_of), else the client's stop_key."""
+        request_id, key = request.request_id(), handle_of(self.pb_utils, request) or ownership.stop_key(request)
         if not self.should_relay(request_id, key, request.is_cancelled):
             return False
         pb = self.pb_utils

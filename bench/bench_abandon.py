@@ -47,8 +47,9 @@ def metric(url: str, name: str) -> float:
 
 def _inputs(model: str, max_tokens: int) -> list[Any]:
     if model == "tensorrt_llm":  # the llmapi layout: text in, text out as well (triton_repo/llmapi_contract.py)
-        names = [("text_input", np.array([[PROMPT.encode()]], dtype=object), "BYTES"),
-                 ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"), ("streaming", np.array([[True]]), "BOOL")]
+        names = [("text_input", np.array([PROMPT.encode()], dtype=object), "BYTES"),
+                 ("sampling_param_max_tokens", np.array([max_tokens], np.int32), "INT32"),
+                 ("streaming", np.array([True]), "BOOL")]
     else:
         names = [("text_input", np.array([[PROMPT.encode()]], dtype=object), "BYTES"),
                  ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"), ("stream", np.array([[True]]), "BOOL"),
@@ -61,8 +62,8 @@ def _inputs(model: str, max_tokens: int) -> list[Any]:
     return out
 
 
-def leave_grpc(srv: TritonServer, model: str, max_tokens: int, stop_key: bool) -> None:
-    """Open a stream, wait for its first chunk, cancel it."""
+def leave_grpc(srv: TritonServer, model: str, max_tokens: int, stop_key: bool, request_id: str | None = None) -> None:
+    """Open a stream (a fresh request id unless given), wait for its first chunk, cancel it."""
     c = grpcclient.InferenceServerClient(srv.grpc_url)
     got, errors = threading.Event(), []
 
@@ -73,7 +74,8 @@ def leave_grpc(srv: TritonServer, model: str, max_tokens: int, stop_key: bool) -
 
     c.start_stream(callback=first)
     params = {"stop_key": secrets.token_hex(16)} if stop_key else None
-    c.async_stream_infer(model, _inputs(model, max_tokens), request_id=secrets.token_hex(8), parameters=params)
+    rid = secrets.token_hex(8) if request_id is None else request_id
+    c.async_stream_infer(model, _inputs(model, max_tokens), request_id=rid, parameters=params)
     if not got.wait(120):
         raise SystemExit(f"{model}: no first chunk in 120 s")
     if errors:
@@ -117,7 +119,7 @@ def leave_http(srv: TritonServer, model: str, max_tokens: int, stop_key: bool) -
     body: dict[str, Any] = {"text_input": PROMPT, "max_tokens": max_tokens, "stream": True, "end_id": -1,
                             "id": secrets.token_hex(8)}
     if model == "tensorrt_llm":
-        body = {"text_input": PROMPT, "max_tokens": max_tokens, "streaming": True, "id": body["id"]}
+        body = {"text_input": [PROMPT], "sampling_param_max_tokens": max_tokens, "streaming": True, "id": body["id"]}
     if stop_key:
         body["stop_key"] = secrets.token_hex(16)
     data = json.dumps(body).encode()

@@ -201,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [w for w in ways if w not in ("cancel", "kill", "http")]:
         print(f"error: --ways {bad}: choose among cancel, kill, http", file=sys.stderr)
         return 2
-    if not (args.repo / "config.pbtxt").exists() and not args.repo.is_dir():
+    if not args.repo.is_dir():
         print(f"error: --repo {args.repo} is not a directory", file=sys.stderr)
         return 2
-    srv = TritonServer(args.repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                       log_path=Path(f"/tmp/bench_abandon-{free_port()}.log")).start(timeout_s=300)
+    srv = TritonServer(args.repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port()
+                       ).start(timeout_s=300)
     results = []
     try:
         for model in args.models.split(","):

@@ -8,13 +8,14 @@ sequence's next responses are such later steps: they arrive cancelled, and postp
 the same id, on the client's behalf (the ensemble gives its composing requests the client's request id).
 
 A stop reaches only the request sent with its id and its `stop_key` request parameter (models/ownership.py): the
-relay presents the key it sees on the cancelled step, the client's own (the ensemble passes its request's parameters
-to every step). A request without a key is not relayed; on the reference backend `triton.request_deadline_s`
-bounds it. The relay keys what it remembers by (id, key), so two requests sharing an id are two requests, and it
-remembers a relayed pair for RELAYED_FOR_S only: long enough that the sequence's few later cancelled steps send
-nothing, short enough that a request retried with the same id and key, abandoned again, is stopped too (a pair
-remembered forever leaked that retry's slot until the deadline). At most RECENT pairs of at most
-ownership.MAX_ID_BYTES + MAX_KEY_CHARS bytes each are held.
+relay presents the LLM model's handle for that request when the step carries one (contract.HANDLE_INPUT: the key the
+python LLM model holds for it, the client's or one it made when the client sent none), else the client's own key
+(the ensemble passes its request's parameters to every step). A request with neither (the C++ backend, no key) is
+not relayed; on the reference backend `triton.request_deadline_s` bounds it. The relay keys what it remembers by
+(id, key), so two requests sharing an id are two requests, and it remembers a relayed pair for RELAYED_FOR_S only:
+long enough that the sequence's few later cancelled steps send nothing, short enough that a request retried with the
+same id and key, abandoned again, is stopped too (a pair remembered forever leaked that retry's slot until the
+deadline). At most RECENT pairs of at most ownership.MAX_ID_BYTES + MAX_KEY_CHARS bytes each are held.
 """
 
 from __future__ import annotations

@@ -394,3 +394,27 @@ def test_a_plain_grpc_cancel_frees_the_llmapi_request_and_the_next_request_is_se
     assert metric(server, names[0], model="tensorrt_llm") == before[names[0]] + 1
     assert metric(server, names[1], model="tensorrt_llm") - before[names[1]] < 200
     assert isinstance(_stream(server.grpc_url, _llmapi_inputs([PROMPT.encode()])), str)  # served
+
+
+@pytest.mark.parametrize("way", ["kill", "http"])
+def test_a_killed_or_dropped_llmapi_client_is_cancelled(server: Any, way: str) -> None:
+    """A client killed after its first chunk (its connection drops with no goodbye) or an HTTP generate_stream
+    connection dropped, with and without a stop_key (bench/bench_abandon.py): each request is counted cancelled and
+    nothing stays in flight."""
+    import time
+
+    from bench import bench_abandon
+    from testkit.triton_servers import metric
+
+    def idle() -> float:
+        deadline = time.time() + 120
+        while metric(server, "eagle_llm_requests_in_flight", model="tensorrt_llm") > 0 and time.time() < deadline:
+            time.sleep(0.05)
+        return metric(server, "eagle_llm_requests_in_flight", model="tensorrt_llm")
+
+    assert idle() == 0
+    before = metric(server, "eagle_llm_requests_cancelled_total", model="tensorrt_llm")
+    for stop_key in (False, True):
+        bench_abandon.leave(server, "tensorrt_llm", 200, way, stop_key)
+    assert idle() == 0
+    assert metric(server, "eagle_llm_requests_cancelled_total", model="tensorrt_llm") == before + 2

@@ -37,7 +37,7 @@ import tritonclient.grpc as grpcclient
 
 from triton_repo.launch import TritonServer, free_port
 
-PROMPT = "Tell me a long story about the sea."
+PROMPT = "Count from 1 to 1000: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"  # a long answer even where no end_id can be set
 
 
 def metric(url: str, name: str) -> float:
@@ -90,12 +90,12 @@ sys.path.insert(0, {root!r})
 import threading, time
 import bench.bench_abandon as b
 c = b.grpcclient.InferenceServerClient({url!r})
-got = threading.Event()
-c.start_stream(callback=lambda result, error: got.set())
+got, errors = threading.Event(), []
+c.start_stream(callback=lambda result, error: (errors.append(error) if error is not None else None, got.set()))
 c.async_stream_infer({model!r}, b._inputs({model!r}, {max_tokens}), request_id=b.secrets.token_hex(8),
                      parameters={params!r})
 got.wait(120)
-print("got", flush=True)
+print("got" if not errors else f"error {{errors[0]}}".replace("\n", " "), flush=True)
 time.sleep(600)
 """
 
@@ -107,8 +107,9 @@ def leave_killed(srv: TritonServer, model: str, max_tokens: int, stop_key: bool)
                          max_tokens=max_tokens, params=params)
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        if p.stdout is None or p.stdout.readline().strip() != "got":
-            raise SystemExit(f"{model}: the client process got no first chunk")
+        said = "" if p.stdout is None else p.stdout.readline().strip()
+        if said != "got":
+            raise SystemExit(f"{model}: the client process got no first chunk: {said}")
     finally:
         p.kill()
         p.wait()

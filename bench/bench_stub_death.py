@@ -43,12 +43,15 @@ def one(repo: Path, model: str, wait_s: float, log: Path) -> tuple[float | None,
     http = free_port()
     p = subprocess.Popen([sys.executable, "-m", "triton_repo.launch", "--repo", str(repo), "--http-port", str(http),
                           "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--log", str(log)],
-                         cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=log.with_suffix(".launcher").open("w"), text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert p.stdout is not None
         line = p.stdout.readline()
         if not line.startswith("tritonserver ready (pid "):
-            raise SystemExit(f"the launcher did not start: {line!r}; log {log}")
+            p.wait(timeout=60)
+            said = log.with_suffix(".launcher").read_text()[-2000:]
+            raise SystemExit(f"the launcher did not start (exit code {p.returncode}): {said}")
         stubs = {s.model: pid for pid, s in supervise.stubs_of(int(line.split("pid ")[1].split(",")[0])).items()}
         if model not in stubs:
             raise SystemExit(f"no stub of model {model!r} (stubs: {sorted(stubs)})")

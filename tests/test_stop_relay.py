@@ -59,12 +59,22 @@ class _Pb:
     def Tensor(name: str, value: np.ndarray[Any, Any]) -> tuple[str, np.ndarray[Any, Any]]:
         return name, value
 
+    @staticmethod
+    def get_input_tensor_by_name(request: Any, name: str) -> Any:
+        """The step's SEQUENCE_HANDLE input (the LLM model's handle), when the request carries one."""
+        handle = getattr(request, "handle", None)
+        if name != "SEQUENCE_HANDLE" or handle is None:
+            return None
+        arr = np.array([[handle]], dtype=object)
+        return type("T", (), {"as_numpy": lambda _: arr})()
+
 
 @dataclass
 class _Request:
     rid: str
     cancelled: bool = True
     key: str | None = field(default_factory=lambda: secrets.token_hex(16))
+    handle: bytes | None = None  # the LLM model's handle for the request, on its postprocessing steps
 
     def request_id(self) -> str:
         return self.rid
@@ -206,3 +216,20 @@ def test_owns_needs_both_keys_and_equality() -> None:
     assert ownership.owns(k, k)
     assert not ownership.owns(k, secrets.token_hex(16))
     assert not ownership.owns(None, k) and not ownership.owns(k, None) and not ownership.owns(None, None)
+
+
+@pytest.mark.parametrize("key", [None, "k" * 32])
+@pytest.mark.parametrize("rid", ["", "1", uuid.uuid4().hex])
+def test_a_step_carrying_the_llm_models_handle_is_relayed_with_it_whatever_the_clients_key(rid: str,
+                                                                                          key: str | None) -> None:
+    """The handle (contract.HANDLE_INPUT) names exactly one request: the stop presents it, with or without the
+    client's own stop_key; a malformed handle (too short, too long, not bytes) is not one."""
+    pb = _Pb()
+    relay = stop_relay.StopRelay(pb, "tensorrt_llm")
+    handle = secrets.token_hex(16)
+    assert relay.observe(_Request(rid, key=key, handle=handle.encode()))
+    assert pb.sent[-1]["parameters"] == {ownership.STOP_KEY: handle} and pb.sent[-1]["request_id"] == rid
+    for bad in (b"short", b"x" * (ownership.MAX_KEY_CHARS + 1)):
+        relay2 = stop_relay.StopRelay(_Pb(), "tensorrt_llm")
+        got = relay2.observe(_Request(rid, key=key, handle=bad))
+        assert got is (key is not None)  # only the client's own key, if any, is left to present

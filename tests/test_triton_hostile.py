@@ -6,6 +6,7 @@ streams decoding meanwhile get exactly their solo output."""
 from __future__ import annotations
 
 import os
+import queue
 import secrets
 import threading
 import time
@@ -20,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.test_triton_isolation import _call, llm_inputs, solo_ids
 from tests.test_triton_server import _stop_inputs, _wait_idle
-from testkit.triton_build import MAX_INPUT
+from testkit.triton_build import MAX_INPUT, MAX_SEQ
 from testkit.triton_requests import PROMPT, infer_input, inputs, stream_call, text_of
 from testkit.triton_servers import metric
 from triton_repo.launch import TritonServer
@@ -252,36 +253,66 @@ def test_a_stop_request_never_reaches_another_clients_request(triton_server: Tri
     _wait_idle(triton_server)
 
 
+def _streaming(server: TritonServer, rid: str, key: str, n: int, results: dict[str, Any], name: str
+               ) -> tuple[threading.Thread, threading.Event]:
+    """An ensemble stream of `n` tokens under id `rid` and stop_key `key` on a thread of its own; the event is set at
+    its first chunk (the request is then running in the LLM model), its chunks land in results[name]."""
+    first = threading.Event()
+
+    def run() -> None:
+        c = tritonclient_grpc.InferenceServerClient(server.grpc_url)
+        q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        out: list[dict[str, Any]] = []
+        c.start_stream(callback=lambda result, error: q.put((result, error)))
+        try:
+            c.async_stream_infer("ensemble", inputs(PROMPT, n, end_id=(-1, "INT32"), stream=(True, "BOOL")),
+                                 request_id=rid, parameters={ownership.STOP_KEY: key}, enable_empty_final_response=True)
+            while True:
+                result, error = q.get(timeout=120)
+                if error is not None:
+                    results[name + " error"] = error
+                    return
+                resp = result.get_response()
+                if resp.outputs:
+                    out.append({o.name: result.as_numpy(o.name) for o in resp.outputs})
+                    first.set()
+                if resp.parameters["triton_final_response"].bool_param:
+                    return
+        finally:
+            results[name] = out
+            first.set()
+            c.stop_stream()
+            c.close()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, first
+
+
 def test_the_owner_stops_its_own_request_and_no_other_sharing_its_id(triton_server: TritonServer, engine: Any) -> None:
     """Two clients pick the same id; the first stops its request with its own stop_key: its request is cancelled,
-    the other request with that id gets its whole solo output."""
+    the other request with that id gets its whole solo output. The stop goes out only once both requests are
+    running (each has streamed its first chunk; the one stopped asks for the most tokens the build allows, so it is
+    still running then), whatever the machine's load: no fixed wait."""
     _wait_idle(triton_server)
     tok = engine.tokenizer
-    want = tok.decode(solo_ids(engine, tok.encode(PROMPT, add_special_tokens=True), N), skip_special_tokens=True)
+    prompt_ids = tok.encode(PROMPT, add_special_tokens=True)
+    want = tok.decode(solo_ids(engine, prompt_ids, N), skip_special_tokens=True)
+    longest = MAX_SEQ - MAX_INPUT  # within every limit, far more than N
     rid, mine, theirs = "same-id", secrets.token_hex(16), secrets.token_hex(16)
     before = metric(triton_server, "eagle_llm_requests_cancelled_total")
     results: dict[str, Any] = {}
-
-    def run(name: str, key: str, n: int) -> None:
-        c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
-        try:
-            results[name] = stream_call(c, "ensemble", inputs(PROMPT, n, end_id=(-1, "INT32"), stream=(True, "BOOL")),
-                                        request_id=rid, parameters={ownership.STOP_KEY: key})
-        finally:
-            c.close()
-
-    threads = [threading.Thread(target=run, args=("mine", mine, 300)), threading.Thread(target=run,
-                                                                                     args=("theirs", theirs, N))]
-    for t in threads:
-        t.start()
-    deadline = time.time() + 60
-    while metric(triton_server, "eagle_llm_requests_in_flight") < 2 and time.time() < deadline:
-        time.sleep(0.01)
+    t_mine, first_mine = _streaming(triton_server, rid, mine, longest, results, "mine")
+    assert first_mine.wait(120) and "mine error" not in results
+    t_theirs, first_theirs = _streaming(triton_server, rid, theirs, N, results, "theirs")
+    assert first_theirs.wait(120) and "theirs error" not in results
     c = tritonclient_grpc.InferenceServerClient(triton_server.grpc_url)
     assert stream_call(c, "tensorrt_llm", _stop_inputs(), request_id=rid, parameters={ownership.STOP_KEY: mine}) == []
     c.close()
-    for t in threads:
+    for t in (t_mine, t_theirs):
         t.join(timeout=120)
     _wait_idle(triton_server)
     assert metric(triton_server, "eagle_llm_requests_cancelled_total") == before + 1
     assert text_of(results["theirs"]) == want
+    assert len(tok.encode(text_of(results["mine"]), add_special_tokens=False)) < longest  # cut short by its stop
+

@@ -444,3 +444,27 @@ def test_eagle_check_on_the_smollm2_build_accepts_drafts_and_stays_lossless(buil
     assert "with speculation = without: 2/2 prompts identical" in p.stdout
     r = json.loads(out.read_text())
     assert r["identical"] and r["stats"]["accepted_draft_tokens"] > 0 and r["stats"]["tau"] > 1.0, r["stats"]
+
+
+@pytest.mark.parametrize("way", ["kill", "http"])
+def test_a_killed_or_dropped_llmapi_client_is_cancelled(server: Any, way: str) -> None:
+    """A client killed after its first chunk (its connection drops with no goodbye) or an HTTP generate_stream
+    connection dropped, with and without a stop_key (bench/bench_abandon.py): each request is counted cancelled and
+    nothing stays in flight."""
+    import time
+
+    from bench import bench_abandon
+    from testkit.triton_servers import metric
+
+    def idle() -> float:
+        deadline = time.time() + 120
+        while metric(server, "eagle_llm_requests_in_flight", model="tensorrt_llm") > 0 and time.time() < deadline:
+            time.sleep(0.05)
+        return metric(server, "eagle_llm_requests_in_flight", model="tensorrt_llm")
+
+    assert idle() == 0
+    before = metric(server, "eagle_llm_requests_cancelled_total", model="tensorrt_llm")
+    for stop_key in (False, True):
+        bench_abandon.leave(server, "tensorrt_llm", 200, way, stop_key)
+    assert idle() == 0
+    assert metric(server, "eagle_llm_requests_cancelled_total", model="tensorrt_llm") == before + 2

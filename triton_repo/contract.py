@@ -202,6 +202,15 @@ POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
 )
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (Tensor("OUTPUT", "TYPE_STRING", (-1,)),)
 
+# The python LLM model's per-request handle (engine.backend reference / pytorch, streaming): a secret it makes for
+# each request and writes on every response; the ensemble hands it to postprocessing only (never an ensemble
+# output), which presents it as the stop_key of the `stop` it sends for a streaming client that went away
+# (models/stop_relay.py), so a request sent without a stop_key is stopped too, and only that request.
+HANDLE_OUTPUT = Tensor("sequence_handle", "TYPE_STRING", (1,))
+HANDLE_INPUT = Tensor("SEQUENCE_HANDLE", "TYPE_STRING", (1,), True)
+LLM_HANDLE_OUTPUT_MAP = {"sequence_handle": "_SEQUENCE_HANDLE"}
+POSTPROCESSING_HANDLE_INPUT_MAP = {"SEQUENCE_HANDLE": "_SEQUENCE_HANDLE"}
+
 # ---- the ensemble wiring: (step model role, {step tensor: ensemble tensor}) ---------------------------------------
 # Internal tensors start with "_" as upstream. Roles are resolved to model names from TritonConfig by the renderer.
 
@@ -271,7 +280,7 @@ def check_wiring() -> list[str]:
     problems: list[str] = []
     ens_in, ens_out = by_name(ENSEMBLE_INPUTS), by_name(ENSEMBLE_OUTPUTS)
     internal = set(PREPROCESSING_OUTPUT_MAP.values()) | {"_TOKENS_BATCH", "_SEQUENCE_LENGTH",
-                                                        "_RETURN_PERF_METRICS", "_ARRIVAL_TIME_NS"}
+                                                        "_RETURN_PERF_METRICS", "_ARRIVAL_TIME_NS", "_SEQUENCE_HANDLE"}
     for step, ins, outs, imap, omap in (
         (
             "preprocessing",
@@ -290,6 +299,10 @@ def check_wiring() -> list[str]:
         ("bridged llm", LLM_INPUTS, LLM_OUTPUTS + CPP_EXTRA_PERF_OUTPUTS, LLM_PERF_INPUT_MAP, LLM_PERF_OUTPUT_MAP),
         ("bridged postprocessing", POSTPROCESSING_INPUTS + POSTPROCESSING_PERF_INPUTS, POSTPROCESSING_OUTPUTS,
          POSTPROCESSING_PERF_INPUT_MAP, {}),
+        # the per-request handle (builders/triton/render.py handle_wired)
+        ("handled llm", LLM_INPUTS, LLM_OUTPUTS + (HANDLE_OUTPUT,), {}, LLM_HANDLE_OUTPUT_MAP),
+        ("handled postprocessing", POSTPROCESSING_INPUTS + (HANDLE_INPUT,), POSTPROCESSING_OUTPUTS,
+         POSTPROCESSING_HANDLE_INPUT_MAP, {}),
     ):
         for k, v in imap.items():
             if k not in by_name(ins):

@@ -48,7 +48,7 @@ from types import TracebackType
 if __name__ == "__main__" and not __package__:
     os.execv(sys.executable, [sys.executable, "-m", "triton_repo.launch", *sys.argv[1:]])
 
-from triton_repo import shm
+from triton_repo import shm, supervise
 from triton_repo.server_binary import (  # `name as name`: re-exported, where launch.py's users look
     LaunchError,
     ServerBinary,
@@ -346,8 +346,12 @@ class TritonServer:
             time.sleep(READY_POLL_S)
         raise LaunchError(f"tritonserver not ready after {timeout_s:.0f}s; log {self.log_path}:\n{self.log_tail()}")
 
-    def _ready(self) -> bool:
-        url = f"http://{self.host}:{self.http_port}/v2/health/ready"
+    def model_ready(self, model: str, version: str) -> bool:
+        """Whether the server says this model version is ready (the stub watch asks: triton_repo/supervise.py)."""
+        return self._ready(f"/v2/models/{model}/versions/{version}/ready")
+
+    def _ready(self, path: str = "/v2/health/ready") -> bool:
+        url = f"http://{self.host}:{self.http_port}{path}"
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 return r.status == 200
@@ -490,14 +494,28 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    # the stubs are known before anyone hears the server is ready: one killed from then on is seen
+    watch = supervise.StubWatch(srv.pid, srv.model_ready) if srv.pid is not None else None
+    if watch is not None:
+        watch.poll()
     print(f"tritonserver ready (pid {srv.pid}, log {srv.log_path})", flush=True)
     print(f"  grpc     {srv.grpc_url}\n  http     http://{srv.http_url}\n  metrics  {srv.metrics_url}", flush=True)
-    while not stopping["flag"] and srv.is_running():
-        time.sleep(0.2)
-    died = not srv.is_running()
+    dead = _supervise(srv, watch, lambda: stopping["flag"])
+    died = dead or not srv.is_running()
     code = srv.stop()
     print(f"tritonserver stopped (exit code {code})", flush=True)
     return 1 if died and not stopping["flag"] else 0
+
+
+def _supervise(srv: TritonServer, watch: supervise.StubWatch | None, stop_requested: Callable[[], bool]) -> bool:
+    """Wait until a stop is requested, the server exits, or a model's stub dies behind a ready server (True: the
+    launcher stops the server and exits 1, triton_repo/supervise.py)."""
+    while not stop_requested() and srv.is_running():
+        if watch is not None and (dead := watch.poll()) is not None:
+            print(f"error: {dead}", file=sys.stderr, flush=True)
+            return True
+        time.sleep(supervise.POLL_S)
+    return False
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ def settings(cfg: BuildConfig, repo_final: Path) -> Settings:
     """The served models' settings; the store path relative to the repository when it lies in the build, so a build
     that moves keeps its store."""
     c = cfg.capture
-    d = store_dir(cfg).resolve()
-    rel = os.path.relpath(d, repo_final.resolve())
-    inside = d.is_relative_to(Path(cfg.output_dir).resolve())
+    d = Path(os.path.abspath(store_dir(cfg)))  # not resolve(): a link is refused (triton stage), never followed
+    rel = os.path.relpath(d, os.path.abspath(repo_final))
+    inside = d.is_relative_to(Path(os.path.abspath(cfg.output_dir)))
     return Settings(dir=rel if inside else str(d), max_bytes=c.max_bytes, sample_rate=c.sample_rate,
                     segment_records=c.segment_records, segment_seconds=c.segment_seconds, queue_size=c.queue_size)
 

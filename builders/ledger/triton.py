@@ -160,6 +160,11 @@ _BRIDGE_TENSORS = (
               "fillTritonResponse writes it with every perf output")
 )
 
+_HANDLE = Source(OURS, "triton_repo/models/stop_relay.py", "StopRelay.observe / handle_of")
+_HANDLE_ROWS = rows_of("triton.python.tensor", ("sequence_handle", "SEQUENCE_HANDLE"), _HANDLE, type="BYTES [1]",
+                       note="the python LLM model's per-request handle (output) and postprocessing's optional input, "
+                       "wired when the LLM model is a python model that streams; never an ensemble output")
+
 _GUARD = Source(OURS, "triton_repo/models/guard.py", "load_key / token_tensor / allowed")
 _GUARD_ROWS = (
     rows_of("triton.preprocessing.parameter", ("internal_guard",), _ours("preprocessing"), type="str (true / false)",
@@ -176,4 +181,4 @@ _GUARD_ROWS = (
 )
 
 ROWS: list[Row] = (_MODEL_CONFIG + only(_CPP_PARAMS + _CPP_INPUTS + _CPP_OUTPUTS, ENGINE_FLOW)
-                   + only(_PYTHON + _TENSORS + _BRIDGE_TENSORS + _GUARD_ROWS, ENSEMBLE))
+                   + only(_PYTHON + _TENSORS + _BRIDGE_TENSORS + _GUARD_ROWS + _HANDLE_ROWS, ENSEMBLE))

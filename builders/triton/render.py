@@ -68,6 +68,12 @@ TOKEN_OUT = C.Tensor(G.TOKEN, "TYPE_STRING", (1,))
 TOKEN_IN = C.Tensor(G.TOKEN, "TYPE_STRING", (1,), True)
 
 
+def handle_wired(bc: BuildConfig) -> bool:
+    """Whether the python LLM model's per-request handle goes to postprocessing (contract.HANDLE_OUTPUT): a python
+    LLM model (the C++ backend writes no such output) that streams (only then can a later response be cancelled)."""
+    return bc.triton.streaming and not bc.engine.kind.cpp_triton_model
+
+
 def internal_guard(bc: BuildConfig) -> bool:
     """Whether the python models guard the internal ones (models/guard.py). Never with engine.backend tensorrt:
     the C++ tensorrtllm backend cannot check a secret, so there the gateway must expose only the entry models."""
@@ -151,7 +157,8 @@ def preprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = False
 def postprocessing_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.ModelConfig:
     t = bc.triton
     cfg = _base(t.postprocessing_model, bc.request_limits().max_batch_size, backend="python")
-    _add_inputs(cfg, C.POSTPROCESSING_INPUTS + (C.POSTPROCESSING_PERF_INPUTS if bridged else ()))
+    _add_inputs(cfg, C.POSTPROCESSING_INPUTS + (C.POSTPROCESSING_PERF_INPUTS if bridged else ())
+                + ((C.HANDLE_INPUT,) if handle_wired(bc) else ()))
     _add_outputs(cfg, C.POSTPROCESSING_OUTPUTS)
     _params(cfg, {
         **_python_common(build_dir),
@@ -192,6 +199,9 @@ def ensemble_config(bc: BuildConfig, bridged: bool = False) -> mc.ModelConfig:
         llm_in = {**llm_in, **C.LLM_PERF_INPUT_MAP}
         llm_out = {**llm_out, **C.LLM_PERF_OUTPUT_MAP}
         post_in = {**post_in, **C.POSTPROCESSING_PERF_INPUT_MAP}
+    if handle_wired(bc):  # postprocessing stops the request of a client that went away (models/stop_relay.py)
+        llm_out = {**llm_out, **C.LLM_HANDLE_OUTPUT_MAP}
+        post_in = {**post_in, **C.POSTPROCESSING_HANDLE_INPUT_MAP}
     for model, imap, omap in (
         (t.preprocessing_model, pre_in, pre_out),
         (t.llm_model, llm_in, llm_out),
@@ -267,7 +277,8 @@ def python_llm_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -
     t = bc.triton
     cfg = _base(t.llm_model, bc.request_limits().max_batch_size, backend="python")
     _add_inputs(cfg, C.LLM_INPUTS + ((TOKEN_IN,) if internal_guard(bc) else ()))
-    _add_outputs(cfg, C.LLM_OUTPUTS + ((C.ARRIVAL_TIME_OUTPUT,) if bridged else ()))
+    _add_outputs(cfg, C.LLM_OUTPUTS + ((C.ARRIVAL_TIME_OUTPUT,) if bridged else ())
+                 + ((C.HANDLE_OUTPUT,) if handle_wired(bc) else ()))
     _decoupled(cfg, t.streaming)
     _batching(cfg, bc, queue=True)
     _instances(cfg, t.llm_instances)

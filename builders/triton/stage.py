@@ -5,6 +5,7 @@ Serve it with `python triton_repo/launch.py --repo <build>/triton_repo`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from builders.config import BuildConfig
@@ -56,8 +57,11 @@ def run(ctx: StageContext) -> None:
         raise StageError(str(e)) from e
     (ctx.out / rules.RULES_FILE).write_text(rules.rules_yaml(ctx.cfg.monitoring))  # Triton ignores plain files here
     if ctx.cfg.capture.enabled:  # the served LLM model records finished requests (docs/adaptive.md)
-        from builders.adaptive.settings import write_settings
+        from builders.adaptive.settings import store_dir, write_settings
+        from triton_repo.models.capture import dir_problem
 
+        if problem := dir_problem(Path(os.path.abspath(store_dir(ctx.cfg)))):  # never followed nor chmod'ed
+            raise StageError(problem)
         ctx.notes["capture"] = write_settings(ctx.cfg, ctx.final, ctx.out).name
     if ctx.cfg.monitoring.calibration_prompts is not None:
         ctx.notes["acceptance_baseline"] = baseline.write(ctx.cfg, ctx.build_dir, ctx.out).name

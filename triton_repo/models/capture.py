@@ -5,16 +5,28 @@ the hook does nothing.
 
 Layout of the store directory (mode 0700, every file 0600, so only the server's user reads what clients sent):
 
-    seg-<unix ns>-<pid>-<n>.jsonl     a sealed segment: one JSON record per line, complete, never rewritten
-    .open-<pid>-<n>.jsonl             the segment being written (readers skip it)
+    seg-<unix ns>-<writer>-<n>.jsonl  a sealed segment: one JSON record per line, complete, never rewritten
+    .open-<writer>-<n>.jsonl          the segment being written (readers skip it), flock()ed by its writer
 
-A segment is written to its `.open-` name and renamed into place when it holds `segment_records` records or is
-`segment_seconds` old, so a sealed segment is whole and a crash loses at most the open one (a later writer removes
-open segments whose process is gone). After each seal the oldest sealed segments are deleted until the store is within
-`max_bytes`. Serving never waits on the disk: the model hands a record to a bounded queue (`queue_size`) that one
+`<writer>` is unique to one writer, whichever host, boot and PID namespace it runs in (a store may be a volume that
+replicas share): `<host>.<boot id>.<pid>.<16 random hex>`. A segment is written to its `.open-` name, under an
+exclusive flock() its writer holds until it is sealed, and renamed into place (still locked) when it holds
+`segment_records` records or is `segment_seconds` old, so a sealed segment is whole and a crash loses at most the open
+one. A later writer removes an open segment only when it can take that lock (its writer is gone: the kernel drops a
+dead process's locks) and the file is older than OPEN_GRACE_S; no process id is ever compared. After each seal the
+oldest sealed segments are deleted until the store is within `max_bytes`. A file named like a segment whose name does
+not parse, whose time lies more than MAX_FUTURE_S ahead, or that is not a regular file is never read and is deleted
+first by that bound, so no name can keep a segment out of the bound's reach.
+
+The directory is refused (UnsafeStore) when it is a symbolic link, not a directory, another user's, or writable by
+other users (a shared 1777 directory): the store holds client prompts, so it must be a directory of its own; a new
+one is created 0700 and an existing one of ours is tightened to 0700, never a link's target or a shared directory.
+
+Serving never waits on the disk: the model hands a record to a bounded queue (`queue_size`) that one
 writer thread drains; a record that finds it full, or that the disk refuses, is dropped and counted
 (eagle_llm_capture_dropped_total). A request opts out with the request parameter `eagle_capture: false` (Triton
-forwards an ensemble request's parameters to its steps: triton-inference-server/core pull 261).
+forwards an ensemble request's parameters to its steps: triton-inference-server/core pull 261); the parameter is
+read strictly (OPT_OUT_VALUES): any other value is refused with INVALID_ARGUMENT before any work, never recorded.
 
 Nothing here imports pb_utils at module level: the arithmetic and the files run in tests without a server.
 """
@@ -22,10 +34,15 @@ Nothing here imports pb_utils at module level: the arithmetic and the files run 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import queue
 import random
+import re
+import secrets
+import socket
+import stat
 import threading
 import time
 import uuid
@@ -38,6 +55,13 @@ SETTINGS_FILE = "capture.json"  # at the repository root (written by the triton 
 OPT_OUT = "eagle_capture"  # request parameter; false = never recorded
 SEALED_PREFIX, OPEN_PREFIX, SUFFIX = "seg-", ".open-", ".jsonl"
 DIR_MODE, FILE_MODE = 0o700, 0o600
+MAX_FUTURE_S = 3600.0  # a sealed segment dated further ahead than this (clock skew between replicas) is refused
+OPEN_GRACE_S = 10.0  # an unlocked open segment younger than this may be one whose writer is about to lock it
+# seg-<20-digit ns>-<writer>-<n>.jsonl (a writer id of letters, digits and dots; older stores: the pid)
+SEALED_NAME = re.compile(r"seg-(\d{20})-([A-Za-z0-9.]{1,96})-(\d{1,12})\.jsonl")
+OPT_OUT_VALUES = {True: True, False: False, "true": True, "false": False}  # the only values of eagle_capture
+OPT_OUT_HELP = (f'send {OPT_OUT}: false (a boolean, or the string "false") to keep this request out of the capture '
+                'store, true (or "true", or no parameter) to allow it')
 
 
 @dataclass(frozen=True)
@@ -53,7 +77,7 @@ class Settings:
         return json.dumps(asdict(self), indent=2) + "\n"
 
     def store_dir(self, repo_root: Path) -> Path:
-        return (Path(repo_root) / self.dir).resolve()
+        return Path(os.path.normpath(os.path.abspath(Path(repo_root) / self.dir)))  # a link is seen, not followed
 
 
 def read_settings(repo_root: Path) -> Settings | None:
@@ -65,27 +89,99 @@ def read_settings(repo_root: Path) -> Settings | None:
 # ---- the store on disk -------------------------------------------------------------------------------------------
 
 
+class UnsafeStore(OSError):
+    """The capture directory cannot be trusted with client prompts (a link, a shared or another user's directory)."""
+
+
+def dir_problem(d: Path) -> str | None:
+    """Why `d` cannot be the store (None when it is absent or a directory of this user's that others cannot write)."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return (f"capture dir {d} is a symbolic link: a link is never followed (its target could be a shared "
+                "directory); set capture.dir to the real directory, one of this server's user's own")
+    if not stat.S_ISDIR(st.st_mode):
+        return f"capture dir {d} exists and is not a directory; set capture.dir to a directory of its own"
+    if st.st_uid != os.geteuid():
+        return (f"capture dir {d} belongs to uid {st.st_uid}, not to this server's user (uid {os.geteuid()}); give "
+                "a directory of the server's own (a new path is created with mode 0700)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH | stat.S_ISVTX):
+        return (f"capture dir {d} is shared (mode {stat.S_IMODE(st.st_mode):04o}: writable by other users); it is "
+                "not changed: give a directory only this server's user can write (a new path is created 0700)")
+    return None
+
+
 def private_dir(d: Path) -> Path:
-    """Create `d` (and parents) and make it 0700 whatever the umask; refuse a link (it could point anywhere)."""
-    d.mkdir(parents=True, exist_ok=True)
-    if d.is_symlink():
-        raise OSError(f"capture dir {d} is a symbolic link; give the real directory")
-    os.chmod(d, DIR_MODE)
+    """Create `d` (and parents) 0700 whatever the umask, or tighten our own existing `d` to 0700; raise
+    UnsafeStore for a link, a non-directory, another user's or a shared directory (dir_problem), never changing it."""
+    d = Path(os.path.abspath(d))  # not resolve(): a link must be seen, not followed
+    if problem := dir_problem(d):
+        raise UnsafeStore(problem)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(d, DIR_MODE)
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the directory checked, not one swapped in
+    try:
+        if problem := dir_problem(d):
+            raise UnsafeStore(problem)
+        os.fchmod(fd, DIR_MODE)
+    finally:
+        os.close(fd)
     return d
 
 
+def _sealed_time(p: Path, now_ns: int) -> int | None:
+    """The seal time of a well-named sealed segment no further than MAX_FUTURE_S ahead, else None."""
+    m = SEALED_NAME.fullmatch(p.name)
+    if m is None or int(m.group(1)) > now_ns + int(MAX_FUTURE_S * 1e9):
+        return None
+    return int(m.group(1))
+
+
+def _segment_like(p: Path) -> bool:
+    return p.name.startswith(SEALED_PREFIX) and p.name.endswith(SUFFIX)
+
+
+def _valid(p: Path, now_ns: int) -> int | None:
+    """The seal time of `p` when it is a sealed segment to read (a regular file, not a link, with a valid name)."""
+    t = _sealed_time(p, now_ns)
+    try:
+        return t if t is not None and stat.S_ISREG(os.lstat(p).st_mode) else None
+    except OSError:  # gone meanwhile
+        return None
+
+
 def sealed_segments(d: Path) -> list[Path]:
-    """Sealed segments, oldest first (their names start with the seal time)."""
+    """Sealed segments, oldest first (their names start with the seal time): regular files with valid names only."""
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if p.name.startswith(SEALED_PREFIX) and p.name.endswith(SUFFIX))
+    now, found = time.time_ns(), []
+    for p in d.iterdir():
+        if _segment_like(p) and (t := _valid(p, now)) is not None:
+            found.append((t, p.name, p))
+    return [p for _, _, p in sorted(found)]
+
+
+def refused_segments(d: Path) -> list[Path]:
+    """Files named like sealed segments that are not ones (a name that does not parse, a time far ahead, a link or
+    anything but a regular file): never read, deleted by enforce_bound."""
+    if not d.is_dir():
+        return []
+    now = time.time_ns()
+    return sorted(p for p in d.iterdir() if _segment_like(p) and _valid(p, now) is None and os.path.lexists(p))
 
 
 def read_records(d: Path) -> Iterator[dict[str, Any]]:
     """Every record of the sealed segments, oldest first. A line that is not a JSON object (a store written by
-    something else) is skipped; the open segments are never read."""
+    something else) is skipped; the open segments and refused names are never read, nor a link's target."""
     for seg in sealed_segments(d):
-        with seg.open() as f:
+        try:
+            fd = os.open(seg, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # bounded or purged meanwhile, or swapped for a link
+            continue
+        with os.fdopen(fd) as f:
             for line in f:
                 try:
                     rec = json.loads(line)
@@ -100,10 +196,19 @@ def store_bytes(d: Path) -> int:
 
 
 def enforce_bound(d: Path, max_bytes: int) -> int:
-    """Delete the oldest sealed segments until the store holds at most `max_bytes`; returns how many went."""
+    """Delete the refused segment names, then the oldest sealed segments until the store holds at most
+    `max_bytes`; returns how many went."""
+    gone = 0
+    for p in refused_segments(d):
+        with contextlib.suppress(OSError):
+            if p.is_dir() and not p.is_symlink():
+                p.rmdir()  # an empty one; a full directory stays, never read
+            else:
+                p.unlink(missing_ok=True)
+            gone += 1
     segs = sealed_segments(d)
     sizes = [p.stat().st_size for p in segs]
-    total, gone = sum(sizes), 0
+    total = sum(sizes)
     for p, n in zip(segs, sizes):
         if total <= max_bytes:
             break
@@ -124,25 +229,40 @@ def purge(d: Path) -> int:
     return n
 
 
-def _alive(pid: int) -> bool:
+def writer_id() -> str:
+    """`<host>.<boot id>.<pid>.<16 random hex>`: unique across hosts, boots and PID namespaces (the random part
+    alone is; the rest says where a segment came from)."""
+    host = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        boot = re.sub(r"[^0-9a-f]", "", Path("/proc/sys/kernel/random/boot_id").read_text())[:8] or "boot"
+    except OSError:
+        boot = "boot"
+    return f"{host}.{boot}.{os.getpid()}.{secrets.token_hex(8)}"
 
 
 def remove_dead_open(d: Path) -> int:
-    """Remove open segments left by processes that are gone (a crash): what they held is lost, as promised."""
+    """Remove open segments whose writer is gone (a crash): what they held is lost, as promised. Gone = its flock
+    can be taken (the kernel releases a dead writer's lock, in any PID namespace) and it is older than
+    OPEN_GRACE_S. A live writer's segment is never touched, whatever its name says."""
     n = 0
     for p in d.iterdir():
-        if p.name.startswith(OPEN_PREFIX):
-            pid = p.name[len(OPEN_PREFIX):].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+        if not p.name.startswith(OPEN_PREFIX):
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its writer holds it: alive
+            os.close(fd)
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime >= OPEN_GRACE_S:
                 p.unlink(missing_ok=True)
                 n += 1
+        finally:
+            os.close(fd)
     return n
 
 
@@ -156,7 +276,8 @@ class Writer:
         self.on_written, self.on_dropped = on_written, on_dropped
         remove_dead_open(self.dir)
         self._q: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=s.queue_size)
-        self._n = 0  # segments opened by this process
+        self.id = writer_id()
+        self._n = 0  # segments opened by this writer
         self._file: Any = None
         self._open: Path | None = None
         self._records, self._opened_at = 0, 0.0
@@ -211,8 +332,9 @@ class Writer:
 
     def _start(self) -> None:
         self._n += 1
-        self._open = self.dir / f"{OPEN_PREFIX}{os.getpid()}-{self._n}{SUFFIX}"
+        self._open = self.dir / f"{OPEN_PREFIX}{self.id}-{self._n}{SUFFIX}"
         fd = os.open(self._open, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until sealed: how other writers know this one is alive
         os.fchmod(fd, FILE_MODE)
         self._file = os.fdopen(fd, "w")
         self._records, self._opened_at = 0, time.monotonic()
@@ -224,9 +346,9 @@ class Writer:
         try:
             self._file.flush()
             os.fsync(self._file.fileno())
+            final = self.dir / f"{SEALED_PREFIX}{time.time_ns():020d}-{self.id}-{self._n}{SUFFIX}"
+            os.replace(self._open, final)  # the segment appears whole or not at all, still locked
             self._file.close()
-            final = self.dir / f"{SEALED_PREFIX}{time.time_ns():020d}-{os.getpid()}-{self._n}{SUFFIX}"
-            os.replace(self._open, final)  # the segment appears whole or not at all
             self.on_written(n)
             enforce_bound(self.dir, self.s.max_bytes)
         except OSError:  # purged under us, or the disk failed: its records are lost
@@ -247,16 +369,35 @@ class Writer:
 # ---- the hook the served models call -----------------------------------------------------------------------------
 
 
-def opted_out(parameters_json: str | None) -> bool:
-    """True when the request's parameters say `eagle_capture: false` (bool, or the strings false/0/no)."""
+def _opt_out_value(parameters_json: str | None) -> tuple[bool, Any]:
+    """(present, value) of the request's eagle_capture parameter."""
     if not parameters_json:
-        return False
+        return False, None
     try:
         params = json.loads(parameters_json)
     except ValueError:
+        return False, None
+    if not isinstance(params, dict) or OPT_OUT not in params:
+        return False, None
+    return True, params[OPT_OUT]
+
+
+def opt_out_problem(parameters_json: str | None) -> str | None:
+    """Why the request's eagle_capture value is refused (not true/false: OPT_OUT_VALUES), or None."""
+    present, v = _opt_out_value(parameters_json)
+    if not present or (type(v) in (bool, str) and v in OPT_OUT_VALUES):
+        return None
+    shown = json.dumps(v)[:40]
+    return f"parameter {OPT_OUT}={shown} is not understood; {OPT_OUT_HELP}"
+
+
+def opted_out(parameters_json: str | None) -> bool:
+    """True when the request says `eagle_capture: false` (or "false"), and for any value not understood (the models
+    refuse those first: opt_out_problem; never recorded either way)."""
+    present, v = _opt_out_value(parameters_json)
+    if not present:
         return False
-    v = params.get(OPT_OUT) if isinstance(params, dict) else None
-    return v is False or (isinstance(v, str) and v.strip().lower() in ("false", "0", "no")) or v == 0
+    return not (type(v) in (bool, str) and OPT_OUT_VALUES.get(v, False))
 
 
 def forwarded(request: Any) -> dict[str, Any]:

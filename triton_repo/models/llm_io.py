@@ -131,10 +131,20 @@ def reference_request(p: Parsed) -> Any:
     )
 
 
-def ids_tensors(pb_utils: Any, ids: list[int]) -> list[Any]:
-    """`output_ids` and `sequence_length`."""
+def ids_tensors(pb_utils: Any, ids: list[int], handle: str | None = None) -> list[Any]:
+    """`output_ids` and `sequence_length`; `sequence_handle` too when given (contract.HANDLE_OUTPUT)."""
     arr = np.asarray(ids, dtype=np.int32).reshape(1, 1, -1)
-    return [pb_utils.Tensor("output_ids", arr), pb_utils.Tensor("sequence_length", np.array([[len(ids)]], np.int32))]
+    out = [pb_utils.Tensor("output_ids", arr), pb_utils.Tensor("sequence_length", np.array([[len(ids)]], np.int32))]
+    if handle is not None:
+        out.append(pb_utils.Tensor(C.HANDLE_OUTPUT.name, np.array([[handle.encode("ascii")]], dtype=object)))
+    return out
+
+
+def declares_handle(args: dict[str, Any]) -> bool:
+    """Whether the model's config declares the per-request handle output (builders/triton/render.py handle_wired)."""
+    import json
+
+    return any(o.get("name") == C.HANDLE_OUTPUT.name for o in json.loads(args["model_config"]).get("output", []))
 
 
 def perf_tensors(pb_utils: Any, accepted: int, drafted: int, arrival_ns: int | None = None) -> list[Any]:

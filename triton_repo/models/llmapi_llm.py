@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import secrets
 import threading
 
 from typing import Any
@@ -40,6 +41,7 @@ class TritonPythonModel:
         self.C, self.common, self.io, self.ownership = contract, common, llm_io, ownership
         p = common.Params.of(args)
         self.decoupled = p.bool("decoupled")
+        self.handles = llm_io.declares_handle(args)  # postprocessing's stop relay needs it (models/stop_relay.py)
         self.guard, self.key = guard, guard.load_key(p.bool("internal_guard"), args["model_name"])
         self.refusal = guard.refusal(args["model_name"], p.str("entry_models"))
         from core.types import Limits
@@ -97,7 +99,8 @@ class TritonPythonModel:
                 msg = f"server busy: {self.limit} requests in flight (max_batch_size + max_queue_size); retry later"
                 self._reply(sender, self.common.error_response(pb_utils, msg, self.C.UNAVAILABLE), out)
                 continue
-            owner = (r.request_id(), self.ownership.stop_key(r))
+            # the client's stop_key, or one made here when the config wires the handle (models/stop_relay.py)
+            owner = (r.request_id(), self.ownership.stop_key(r) or (secrets.token_hex(16) if self.handles else None))
             self._track(owner)
             fut = asyncio.run_coroutine_threadsafe(self._run(r, owner, parsed, sender), self.loop)
             futures.append((len(out), fut))
@@ -180,7 +183,7 @@ class TritonPythonModel:
                     return self._done(sender, self._cancelled())
                 ids = list(output.outputs[0].token_ids)
                 if parsed.streaming and len(ids) > sent and sender is not None:
-                    chunk = self.io.ids_tensors(pb_utils, ids[sent:])
+                    chunk = self.io.ids_tensors(pb_utils, ids[sent:], owner[1] if self.handles else None)
                     sender.send(pb_utils.InferenceResponse(output_tensors=chunk))
                     sent = len(ids)
                 final = output

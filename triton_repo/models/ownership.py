@@ -5,8 +5,11 @@ pick the same id, and an id may be guessed. So every python LLM model of ours ke
 the `stop_key` request parameter it was sent with (a secret the client makes per request: clients/aio.py sends
 `secrets.token_hex(16)`), and a `stop` reaches only the requests whose id and key both match. A stop without a key,
 or with another key, changes nothing (the same empty answer either way: a stop tells nothing about other requests).
-A request sent without a key can still end by its own stream's cancellation, the request deadline
-(`triton.request_deadline_s`) or its length; no `stop` reaches it.
+A request sent without a key gets one the model makes, when its config wires the per-request handle
+(contract.HANDLE_OUTPUT: a streaming python LLM model in the ensemble); it is written only on the responses that go to
+postprocessing, never to an ensemble client, so only postprocessing's relay can stop that request. Otherwise a
+keyless request ends by its own stream's cancellation, the request deadline (`triton.request_deadline_s`) or its
+length.
 
 The ensemble passes its request's parameters to every step (triton-inference-server/core pull 261), so the LLM model
 and postprocessing see the client's key: postprocessing's stop relay (models/stop_relay.py) presents it on behalf
@@ -22,6 +25,8 @@ from __future__ import annotations
 import hmac
 import json
 from typing import Any
+
+from triton_repo.models import capture
 
 STOP_KEY = "stop_key"  # request parameter: the owner's secret for this request
 MAX_ID_BYTES = 128  # UTF-8 bytes of a request id
@@ -54,9 +59,13 @@ def id_problem(request_id: str) -> str | None:
 
 
 def problem(request: Any) -> str | None:
-    """Why `request`'s id or stop_key is refused, or None: checked first by every client-facing model."""
+    """Why `request`'s id, stop_key or capture opt-out (models/capture.py opt_out_problem) is refused, or None:
+    checked first by every client-facing model."""
     rid = request.request_id() or ""
     if found := id_problem(rid):
+        return found
+    raw = request.parameters() if hasattr(request, "parameters") else None
+    if found := capture.opt_out_problem(raw if isinstance(raw, str) else None):
         return found
     value = parameters(request).get(STOP_KEY)
     if value is None:

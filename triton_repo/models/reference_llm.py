@@ -14,6 +14,7 @@ names its request id (how clients cancel an ensemble request: docs/triton.md, "C
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any, TYPE_CHECKING
 
@@ -46,6 +47,8 @@ class TritonPythonModel:
         # perf outputs (running totals + arrival_time_ns) on every response, as the C++ backend writes them: the
         # repository is wired like the engine flow, postprocessing counts them (models/perf_bridge.py)
         self.perf_every_response = p.bool("perf_every_response")
+        # a secret per request on every streamed response, for postprocessing's stop relay (models/stop_relay.py)
+        self.handles = llm_io.declares_handle(args)
         self.engine = versions.engine_for(args, Path(p.path("build_dir")))  # this version's head (models/versions.py)
         # The build's limits come from the engine's own spec (reference.json), the one source; the Triton stage
         # checked at build time that config.pbtxt's max_batch_size agrees with it.
@@ -102,7 +105,9 @@ class TritonPythonModel:
             job = self.batcher_mod.Job(payload=(parsed, sender), is_cancelled=cancelled, streaming=parsed.streaming)
             if r.request_id():
                 job.request_id = r.request_id()
-            job.stop_key = self.ownership.stop_key(r)
+            # the client's stop_key, or one made here when the config wires the handle: postprocessing presents it to
+            # stop this request when its streaming client goes away (models/stop_relay.py)
+            job.stop_key = self.ownership.stop_key(r) or (secrets.token_hex(16) if self.handles else None)
             refusal = self.batcher.admit(job)
             if refusal is not None:
                 self.metrics.refused.increment(1)
@@ -143,7 +148,7 @@ class TritonPythonModel:
         if job.gone():
             return False
         if parsed.streaming and new_ids:
-            tensors = self.io.ids_tensors(pb_utils, new_ids)
+            tensors = self.io.ids_tensors(pb_utils, new_ids, job.stop_key if self.handles else None)
             if parsed.arrival_ns is not None and parsed.perf:
                 st = self.session.slot(slot).stats  # this step already counted (engines/session.py)
                 tensors += self.io.perf_tensors(pb_utils, st.accepted_draft_tokens, st.draft_tokens, parsed.arrival_ns)

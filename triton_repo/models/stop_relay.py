@@ -8,13 +8,14 @@ sequence's next responses are such later steps: they arrive cancelled, and postp
 the same id, on the client's behalf (the ensemble gives its composing requests the client's request id).
 
 A stop reaches only the request sent with its id and its `stop_key` request parameter (models/ownership.py): the
-relay presents the key it sees on the cancelled step, the client's own (the ensemble passes its request's parameters
-to every step). A request without a key is not relayed; on the reference backend `triton.request_deadline_s`
-bounds it. The relay keys what it remembers by (id, key), so two requests sharing an id are two requests, and it
-remembers a relayed pair for RELAYED_FOR_S only: long enough that the sequence's few later cancelled steps send
-nothing, short enough that a request retried with the same id and key, abandoned again, is stopped too (a pair
-remembered forever leaked that retry's slot until the deadline). At most RECENT pairs of at most
-ownership.MAX_ID_BYTES + MAX_KEY_CHARS bytes each are held.
+relay presents the LLM model's handle for that request when the step carries one (contract.HANDLE_INPUT: the key the
+python LLM model holds for it, the client's or one it made when the client sent none), else the client's own key
+(the ensemble passes its request's parameters to every step). A request with neither (the C++ backend, no key) is
+not relayed; on the reference backend `triton.request_deadline_s` bounds it. The relay keys what it remembers by
+(id, key), so two requests sharing an id are two requests, and it remembers a relayed pair for RELAYED_FOR_S only:
+long enough that the sequence's few later cancelled steps send nothing, short enough that a request retried with the
+same id and key, abandoned again, is stopped too (a pair remembered forever leaked that retry's slot until the
+deadline). At most RECENT pairs of at most ownership.MAX_ID_BYTES + MAX_KEY_CHARS bytes each are held.
 """
 
 from __future__ import annotations
@@ -24,10 +25,23 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from triton_repo import contract as C
 from triton_repo.models import llm_io, ownership
 
 RECENT = 1024  # (id, key) pairs relayed, remembered so the later cancelled steps of a sequence send nothing
 RELAYED_FOR_S = 2.0  # how long a relayed pair is remembered (a stopped sequence ends at its next step)
+
+
+def handle_of(pb_utils: Any, request: Any) -> str | None:
+    """The LLM model's per-request handle on this step (contract.HANDLE_INPUT), or None when it carries none."""
+    t = pb_utils.get_input_tensor_by_name(request, C.HANDLE_INPUT.name)
+    if t is None:
+        return None
+    v = t.as_numpy().reshape(-1)
+    lo, hi = ownership.MIN_KEY_CHARS, ownership.MAX_KEY_CHARS
+    if v.size != 1 or not isinstance(v[0], bytes) or not lo <= len(v[0]) <= hi:
+        return None
+    return v[0].decode("ascii", "replace")
 
 
 class StopRelay:
@@ -53,8 +67,9 @@ class StopRelay:
         return True
 
     def observe(self, request: Any) -> bool:
-        """Relay `request`'s cancellation if it is one; True when a stop was sent and answered without error."""
-        request_id, key = request.request_id(), ownership.stop_key(request)
+        """Relay `request`'s cancellation if it is one; True when a stop was sent and answered without error. The
+        stop presents the LLM model's handle for that request (handle_of), else the client's stop_key."""
+        request_id, key = request.request_id(), handle_of(self.pb_utils, request) or ownership.stop_key(request)
         if not self.should_relay(request_id, key, request.is_cancelled):
             return False
         pb = self.pb_utils

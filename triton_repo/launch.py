@@ -49,6 +49,8 @@ if __name__ == "__main__" and not __package__:
     os.execv(sys.executable, [sys.executable, "-m", "triton_repo.launch", *sys.argv[1:]])
 
 from triton_repo import shm, supervise
+from triton_repo.upstream_llmapi import UPSTREAM_LLMAPI_MODEL as UPSTREAM_LLMAPI_MODEL  # re-exported
+from triton_repo.upstream_llmapi import upstream_model_missing
 from triton_repo.server_binary import (  # `name as name`: re-exported, where launch.py's users look
     LaunchError,
     ServerBinary,
@@ -391,37 +393,6 @@ class TritonServer:
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------------------
-
-
-# TensorRT-LLM's own llmapi model, which a current-line PyTorch-backend repository's model.py subclasses: copied from
-# the TensorRT-LLM image at start by docker/serve.py (builders/triton/render_llmapi.py UPSTREAM_FILES).
-UPSTREAM_LLMAPI_MODEL = "upstream_model.py"
-
-
-def upstream_model_missing(repo: Path) -> str | None:
-    """Why this launcher cannot serve `repo` here, or None: a current-line build for TensorRT-LLM's PyTorch backend
-    (client.json: layout llmapi, backend pytorch) whose model file still needs TensorRT-LLM's llmapi model.py, which
-    only the TensorRT-LLM image carries."""
-    import json
-
-    f = repo / "client.json"
-    try:
-        desc = json.loads(f.read_text()) if f.is_file() else {}
-    except (OSError, ValueError):
-        return None  # the server reports what it cannot load
-    if desc.get("layout") != "llmapi" or desc.get("backend") != "pytorch":
-        return None
-    model_dir = repo / str(desc.get("model", "tensorrt_llm")) / "1"
-    if (model_dir / UPSTREAM_LLMAPI_MODEL).is_file():
-        return None
-    return (f"{repo} is a current-line build for TensorRT-LLM's PyTorch backend (engine.backend: pytorch): its "
-            f"{model_dir / 'model.py'} subclasses TensorRT-LLM's own llmapi Triton model, which ships in the "
-            "TensorRT-LLM image (/app/all_models/llmapi) and needs TensorRT-LLM and a GPU. Serve it in the "
-            "current-line image, which copies that model in and checks TensorRT-LLM before starting Triton: "
-            "`docker run --gpus 1 --shm-size 2g -p 127.0.0.1:8000-8002:8000-8002 -v $PWD/build:/build "
-            "-v /data/models:/models:ro eagle-deploy:trtllm1.4.0rc4 serve /build/<name>` (docker/serve.py; "
-            "docs/deploy.md). On a machine without TensorRT-LLM, build the same config with "
-            "`--set engine.backend=reference --set target.dtype=float32` and launch that repository.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,7 @@ def vllm_argv(python: str, model: Path, port: int, head: Path | None, draft_len:
     """vLLM's OpenAI server on loopback; with `head`, EAGLE-3 drafting `draft_len` tokens (a chain)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "m",
             "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_len),
-            "--max-num-seqs", "4", "--seed", "0", "--disable-log-requests"]
+            "--max-num-seqs", "4", "--seed", "0"]
     if head is not None:
         spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": draft_len}
         argv += ["--speculative-config", json.dumps(spec)]
@@ -220,11 +220,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1} concurrency {c}: " + ", ".join(
                     f"{s} {res[c][s]['tokens_per_s']:.1f} tok/s" for s in SYSTEMS) + f" (load {load[-1]:.1f})")
             rounds.append(res)
-        summary = summarize(rounds, levels)
+            summary = summarize(rounds, levels)  # written after every round: a cut-short run keeps its rounds
+            (out / "peer.json").write_text(json.dumps({
+                "summary": summary, "rounds": rounds, "load": load, "draft_len_vllm": draft_len,
+                "speculative_config": options, "questions": args.questions, "max_tokens": args.max_tokens}, indent=1))
         print_table(summary, load)
-        (out / "peer.json").write_text(json.dumps({
-            "summary": summary, "rounds": rounds, "load": load, "draft_len_vllm": draft_len,
-            "speculative_config": options, "questions": args.questions, "max_tokens": args.max_tokens}, indent=1))
     finally:
         for p in procs:
             p.terminate()

@@ -142,7 +142,11 @@ def report(methods: list[Method], prompts: int) -> list[dict[str, Any]]:
 
 
 def verify_costs(engine: ReferenceEngine, ts: list[int], repeats: int) -> dict[int, float]:
+    from engines.model import Llama
+
     target = engine._rt.target  # the benchmark times the engine's own target forward
+    if not isinstance(target, Llama):
+        raise ValueError("--verify-ts times the native Llama path only; give --verify-ts '' for this build")
     fns = forward_fns(target, engine.dtype, torch.device(engine.device), ts)
     ms = interleaved_ms(fns, repeats)
     print("\none target forward after a 200-token context, T new rows (a tree of T - 1 drafts), median ms: "
@@ -183,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     for m in methods:  # outputs of the last round only, once per prompt
         m.outputs = m.outputs[-len(prompts):]
     rows = report(methods, len(prompts))
-    ts = [int(x) for x in args.verify_ts.split(",")]
-    ver = verify_costs(methods[0].engine, ts, args.verify_repeats)
+    ts = [int(x) for x in args.verify_ts.split(",") if x]
+    ver = verify_costs(methods[0].engine, ts, args.verify_repeats) if ts else {}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows, "verify_ms": ver, "load": os.getloadavg()}, indent=1))

@@ -31,12 +31,14 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "smollm2-eagle3-current.yaml"
 PROMPT = "The capital of France is"
 N = 24
+DYNAMIC = ["tree.choices=null", "tree.dynamic={top_k: 2, depth: 3, total_draft_tokens: 6}", "tree.max_concurrency=null"]
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     out = tmp_path_factory.mktemp("llmapi_build") / "build"
-    sets = [f"output_dir={out}", "engine.device=cpu", "engine.max_seq_len=256", "engine.max_input_len=128"]
+    # The config's own tree is a chain served at one sequence; the dynamic tree keeps this module on the tree path.
+    sets = [f"output_dir={out}", "engine.device=cpu", "engine.max_seq_len=256", "engine.max_input_len=128", *DYNAMIC]
     assert build_main([str(CONFIG)] + [a for s in sets for a in ("--set", s)]) == 0
     return load_config(CONFIG, sets), out
 

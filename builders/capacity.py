@@ -5,7 +5,8 @@ served (a server that fails to allocate at load) are refused with the bytes name
 Bytes per rank (tp ranks split weights and KV heads; the arithmetic is exact for the tensors counted), with the
 target's shape from its family's row (core/shapes.py: MLA, MoE, hybrid recurrent layers, sliding windows):
   weights  = every parameter (all routed experts, shared experts, dense-first layers, routers; embeddings, untied
-             LM head) x weight bytes / tp   (1 byte for FP8 weights, else the target dtype's size)
+             LM head) x weight bytes / tp: the checkpoint's own quantization as TensorRT-LLM reads it, else what
+             quantization.weights exports, else the target dtype's size (core/quant.py `weight_bytes`)
   KV/token = per attention layer: 2 x kv_heads x head_dim (dense) or kv_lora_rank + qk_rope_head_dim (MLA), x KV
              bytes / tp (1 byte for an FP8 KV cache); sliding-window layers hold at most their window on TensorRT-LLM;
              recurrent layers (gated delta-net, Mamba-2) hold no KV but a state per sequence (x the target dtype;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from builders.published import target_weight_bytes
 from builders.kinds import BACKENDS
 from core import trees
 from core.families import family_of
@@ -63,7 +65,7 @@ def capacity_problems(cfg: BuildConfig, spec: TargetShape) -> list[str]:
         return []
     tp = cfg.parallel.tp
     dt = DTYPE_BYTES[cfg.target.dtype]
-    weights = weight_bytes(spec, 1 if q.weights == "fp8" else dt) // tp
+    weights = target_weight_bytes(cfg, spec, dt) // tp  # the checkpoint's own quantization or the export's
     kv_dt = 1 if q.kv_cache == "fp8" else dt
     per_token = kv_bytes_per_token(spec, kv_dt, e.backend) // tp
     reference = e.kind.reference_engine  # allocates every sequence's KV cache up front

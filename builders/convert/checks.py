@@ -15,6 +15,7 @@ from builders.convert import families
 from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
 from builders.convert.head_layout import flat_head, named_as_given
 from builders.convert.llama import check_parallel
+from builders.published import published_problems
 from builders.convert.shapes import shape_problems, target_shapes
 from builders.convert.weights import WeightFileError, WeightSource
 from sources.targets import ModelSourceError, resolve_target
@@ -74,6 +75,7 @@ def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list
         return None, None, [f"target.model: {e}"]
     p = families.problems(spec, reference_engine=cfg.engine.kind.reference_engine, max_seq_len=cfg.engine.max_seq_len,
                           tp=cfg.parallel.tp)
+    p += published_problems(cfg, hf, spec.architecture)  # a target published quantized (builders/published.py)
     row = family_of(spec.architecture)
     if cfg.engine.kind.reference_engine and row is not None and row.attention in CHAIN_ONLY:
         tree = cfg.static_tree()

@@ -13,7 +13,11 @@ in ModelOpt's unified format, the directory TensorRT-LLM's PyTorch backend loads
    project's TRT-LLM-layout checkpoint for the reference engine. FP8: q/k/v and gate/up are fused upstream, which
    requantizes each part to the largest weight_scale of the group (fp8 -> 16-bit * own scale / max scale -> fp8) and
    takes the largest input_scale (tensorrt_llm/_torch/modules/linear.py FP8QDQLinearMethod.rescale_fused_weights);
-   the reference checkpoint holds exactly those FP8 tensors and scales, and the KV cache scale max(k_scale, v_scale).
+   the reference checkpoint holds exactly those FP8 tensors and scales. The FP8 KV cache is scaled by 1.0: the
+   PyTorch backend's TrtllmAttention keeps kv_cache_scaling_factor at ones(1) and never overrides it
+   (tensorrt_llm/_torch/attention_backend/trtllm.py); the export's k_scale / v_scale are loaded
+   (FP8QDQLinearMethod.load_kv_scales) but used for an NVFP4 KV cache only (modules/linear.py, "K, V scales for NVFP4
+   KV cache"), so the reference copy stores 1.0 and the acceptance check measures the cache as served.
    NVFP4: the weights dequantized (e2m1 value x fp8 block scale x weight_scale_2) into 16-bit; activations are not
    fake-quantized (the reference engine has no NVFP4 activation path), which the report says.
 """
@@ -38,6 +42,7 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 # HF linear -> this project's TRT-LLM-layout name (builders/convert/llama.py), and the fused groups upstream loads
 TRT_NAME = {"self_attn.o_proj": "attention.dense", "mlp.gate_proj": "mlp.fc", "mlp.up_proj": "mlp.gate",
             "mlp.down_proj": "mlp.proj"}
+KV_SCALE_AS_SERVED = 1.0  # TrtllmAttention.kv_cache_scaling_factor on the PyTorch backend (ledger: hf_quant.kv_scale)
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
@@ -194,10 +199,8 @@ def reference_tensors(export: Path, ours: dict[str, torch.Tensor], *, weights: s
                 out[f"{trt}.{name}.weight"] = deq[lin]
         elif weights == "fp8":
             _fp8_layer(out, t, hf, trt, dt)
-        if kv_fp8:
-            k = t[f"{hf}.self_attn.k_proj.k_scale"].float().reshape(())
-            v = t[f"{hf}.self_attn.v_proj.v_scale"].float().reshape(())
-            out[f"{trt}.attention.kv_cache_scaling_factor"] = torch.maximum(k, v).reshape(1)
+        if kv_fp8:  # the PyTorch backend's FP8 KV cache scale: 1.0 whatever k_scale / v_scale say (KV_SCALE_AS_SERVED)
+            out[f"{trt}.attention.kv_cache_scaling_factor"] = torch.tensor([KV_SCALE_AS_SERVED])
     return out
 
 

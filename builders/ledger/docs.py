@@ -299,8 +299,10 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
 
 UNVERIFIED: tuple[str, ...] = (
     "Quantized targets on the current line (hf_quant.* rows): the loader was read at 2026 main commits after "
-    "v1.4.0rc4 (008e0af8, 00bbf71e), not at the tag; which of k_scale / v_scale TensorRT-LLM's FP8 KV cache applies "
-    "was not established (the reference engine uses max(k_scale, v_scale), as ModelOpt's engine-flow export does). "
+    "v1.4.0rc4 (008e0af8, 00bbf71e), not at the tag; the FP8 KV cache scale kept at 1.0 was read in "
+    "tensorrt_llm/_torch/attention_backend/trtllm.py TrtllmAttention.__init__ and the NVFP4-only use of k_scale / "
+    "v_scale in modules/linear.py FP8QDQLinearMethod.create_weights in stored 2026 main versions whose commits the "
+    "index did not name. "
     "No quantized checkpoint was served on a GPU by this project. The hf_quant.tensor names are the Hugging Face "
     "model's own as ModelOpt exports them; the upstream mapper that fuses q/k/v and gate/up at load was not read.",
     "The stored file versions could not be pinned to the exact tag commits (NVIDIA/TensorRT-LLM is too large to "

@@ -65,7 +65,8 @@ ROWS: list[Row] = (
               when=("w_nvfp4",))
     + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.k_proj.k_scale", f"{_LAYER}self_attn.v_proj.v_scale"),
               KV_SCALES, versions=V, type="float32 scalar", required=True, when=("kv_fp8",),
-              note="loaded as the attention's kv_scales; the reference engine applies max(k_scale, v_scale)")
+              note="loaded (load_kv_scales) but applied to an NVFP4 KV cache only; an FP8 KV cache is scaled by 1.0 "
+                   "(TrtllmAttention.kv_cache_scaling_factor), as the reference engine's copy is")
     + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.q_norm.weight", f"{_LAYER}self_attn.k_norm.weight"),
               LLAMA,
               versions=V, type="16-bit", when=("qk_norm",), required=True)

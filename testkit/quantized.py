@@ -19,7 +19,7 @@ QUANTIZATION_CONFIG = {"quant_method": "fp8", "weight_block_size": [BLOCK, BLOCK
 
 def _quantized_name(name: str, t: torch.Tensor) -> bool:
     """The decoder layers' linear weights (MLA projections, dense MLPs, experts), not norms, routers or embeddings."""
-    return (name.startswith("model.layers.") and name.endswith("_proj.weight") and t.dim() in (2, 3)
+    return (name.startswith("model.layers.") and name.endswith(".weight") and "_proj" in name and t.dim() in (2, 3)
             and "norm" not in name)
 
 

@@ -85,12 +85,45 @@ def _excluded(module: str, patterns: list[str]) -> bool:
     return any(module == p or module.startswith(p + ".") or fnmatch.fnmatch(module, p) for p in patterns)
 
 
+SCALES = ("weight_scale", "input_scale", "k_scale", "v_scale", "weight_scale_2", "weight_scale_inv",
+          "weights_scaling_factor", "activation_scaling_factor", "kv_cache_scaling_factor")
+
+
+def scale_problems(t: dict[str, torch.Tensor], where: Path) -> list[str]:
+    """Every quantization scale (HF export or TensorRT-LLM checkpoint names) finite and positive, float32 (NVFP4's
+    e4m3 block scales finite and not negative: an all-zero block has scale 0)."""
+    p = []
+    for name in sorted(t):
+        key = name.rsplit(".", 1)[-1]
+        if key not in SCALES:
+            continue
+        s = t[name]
+        block = key == "weight_scale" and s.dtype == torch.float8_e4m3fn and s.dim() == 2
+        if s.dtype != torch.float32 and not block:
+            p.append(f"{where}: {name} is {s.dtype}; a scale is float32")
+            continue
+        f = s.float()
+        bad = f[~(torch.isfinite(f) & ((f >= 0) if block else (f > 0)))]
+        if bad.numel():
+            p.append(f"{where}: {name} holds {float(bad.flatten()[0])!r}; a quantization scale is finite and "
+                     "positive (re-calibrate or re-export)")
+    return p
+
+
 def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) -> list[str]:
-    """Where the export departs from what TensorRT-LLM's PyTorch backend loads (the `hf_quant.*` ledger rows)."""
+    """Where the export departs from what TensorRT-LLM's PyTorch backend loads (the `hf_quant.*` ledger rows): the
+    hf_quant_config.json keys as TensorRT-LLM reads them (core/quant.py), the tensors, and every scale's value."""
+    from core.quant import QuantConfigError, checkpoint_quant
+
     p: list[str] = []
-    q = read_quant_config(export).get("quantization")
+    raw = read_quant_config(export)
+    try:
+        checkpoint_quant({}, raw, str(export))
+    except QuantConfigError as e:
+        p.append(str(e))
+    q = raw.get("quantization")
     if not isinstance(q, dict):
-        return [f"{export / QUANT_CONFIG}: no `quantization` section"]
+        return p or [f"{export / QUANT_CONFIG}: no `quantization` section"]
     want_algo = ALGO.get(weights)
     if q.get("quant_algo") != want_algo:
         p.append(f"{QUANT_CONFIG}: quant_algo={q.get('quant_algo')!r}, expected {want_algo!r}")
@@ -100,10 +133,11 @@ def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) ->
         p.append(f"{QUANT_CONFIG}: group_size={q.get('group_size')!r}; TensorRT-LLM's NVFP4 takes {NVFP4_GROUP}")
     exclude = q.get("exclude_modules") or []
     if not isinstance(exclude, list):
-        return p + [f"{QUANT_CONFIG}: exclude_modules is not a list"]
+        return p  # named by checkpoint_quant
     if weights != "none" and "lm_head" not in exclude:
         p.append(f"{QUANT_CONFIG}: lm_head is quantized; this builder keeps it 16-bit (exclude_modules)")
     t = _tensors(export)
+    p += scale_problems(t, export)
     for i in range(layers):
         for lin in LINEARS:
             m = f"model.layers.{i}.{lin}"

@@ -83,3 +83,26 @@ def published_problems(cfg: Any, hf_dir: Path, architecture: str) -> list[str]:
                  "fp8 and 128x128 weight blocks only (dequantized with their scales): serve it with "
                  "engine.backend pytorch")
     return p
+
+
+ISSUE_FP8_HEAD = "TensorRT-LLM issue #7842"
+
+
+def fp8_head_warning(cfg: Any, hf_dir: Path) -> str | None:
+    """The warning for an FP8 target (published so, or `quantization.weights: fp8`) served with a 16-bit EAGLE-3 head
+    by TensorRT-LLM's PyTorch backend on the current line: NVIDIA/TensorRT-LLM issue #7842 (open) reports that pair
+    failing in one-model EAGLE-3 (on 1.0.0rc6); None otherwise."""
+    from builders.trtllm import registry
+
+    if registry.get(cfg.trtllm_version).engine_flow or not cfg.draft.kind.eagle3 or not cfg.engine.kind.runs_trtllm:
+        return None
+    try:
+        quant = read_quant(hf_dir)
+    except (QuantConfigError, OSError, ValueError):
+        return None  # the preflight names it
+    quant = quant or build_quant(cfg.quantization.weights)
+    if quant is None or not quant.algo.startswith("FP8"):
+        return None
+    return (f"warning: an FP8 target ({quant.describe()}) with a 16-bit EAGLE-3 head: {ISSUE_FP8_HEAD} (open, "
+            "reported on 1.0.0rc6) has this pair failing in TensorRT-LLM's one-model EAGLE-3; check greedy outputs "
+            "with and without speculation on your GPU before deploying (docs/check-before-deploy.md)")

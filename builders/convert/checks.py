@@ -21,6 +21,7 @@ from builders.convert.weights import WeightFileError, WeightSource
 from sources.targets import ModelSourceError, resolve_target
 from builders.trtllm import architectures
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
+from core.draft_heads import mla_head_problem
 from core.families import CHAIN_ONLY, NATIVE, family_of
 
 
@@ -120,6 +121,12 @@ def _eagle_checks(cfg: BuildConfig, target: LlamaSpec, head_dir: Path) -> list[s
 
 def _eagle3_checks(cfg: BuildConfig, target: LlamaSpec, head_dir: Path) -> list[str]:
     """Any layout the doctor reads (a speculators head through its flat view: builders/convert/head_layout.py)."""
+    try:
+        mla = mla_head_problem(read_config(head_dir), f"draft.model {head_dir}")
+    except ModelConfigError as e:
+        return [f"draft.model: {e}"]
+    if mla is not None:
+        return [mla]
     try:
         with flat_head(head_dir) as flat:
             try:

@@ -205,3 +205,20 @@ def test_already_quantized_targets_are_refused_where_their_scales_would_be_dropp
         "quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}))
     assert build.main([str(_yaml(tmp_path, "generic", modelopt_generic, head, "reference")), "--dry-run"]) == 2
     assert "generic path with quant_method fp8 and 128x128 weight blocks only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
+def test_modelopt_quantization_is_refused_by_name_outside_the_dense_families(
+        family: str, fp8_deepseek: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`quantization.weights: fp8` on a 16-bit MoE / MLA target: refused at --dry-run with the architecture, why, and
+    the two ways through."""
+    from testkit.tiny_families import make_family_target
+
+    _, dequantized, head = fp8_deepseek
+    target = dequantized if family == "deepseek_v3" else make_family_target(tmp_path / family, family)
+    arch = json.loads((target / "config.json").read_text())["architectures"][0]
+    cfg = _yaml(tmp_path, "q", target, head, "pytorch", quantization__weights="fp8")
+    assert build.main([str(cfg), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"the target's architecture {arch} is not one this builder quantizes and checks" in err, err
+    assert "not MoE experts, MLA projections or recurrent layers" in err and "quantization.weights: none" in err, err

@@ -17,9 +17,9 @@ Where upstream reads it (NVIDIA/TensorRT-LLM tensorrt_llm/_torch/model_config.py
 Bytes (`weight_bytes`): the quantized parameters at the algorithm's bits per weight including its scales (FP8 per
 tensor: 8; 128x128 blocks: 8 + one float32 per 16,384 weights; NVFP4: 4 + one e4m3 per 16; MXFP4: 4 + one byte per
 32; MXFP8: 8 + one byte per 32; INT4 AWQ / GPTQ: 4 + one 16-bit scale per group of 128; INT8: 8), the embedding and
-an untied LM head at the 16-bit dtype (ModelOpt excludes them, the HF FP8 checkpoints keep them 16-bit), and with 128x128
-blocks on an MLA target the kv_b_proj that upstream excludes at 16 bits. Norms and routers (under 0.1% of a large
-target) are counted at the quantized width: the budget check stays a lower bound.
+an untied LM head at the 16-bit dtype (ModelOpt excludes them, the HF FP8 checkpoints keep them 16-bit), and with
+128x128 blocks on an MLA target the kv_b_proj that upstream excludes at 16 bits. Norms and routers (under 0.1% of a
+large target) are counted at the quantized width: the budget check stays a lower bound.
 """
 
 from __future__ import annotations
@@ -172,7 +172,8 @@ def _compressed_tensors_algo(qc: dict[str, Any], p: list[str]) -> str | None:
         p.append(f"compressed-tensors with several weight formats {sorted(map(str, kinds))}: not sized by this builder")
         return None
     bits, kind = kinds.pop()
-    table = {(8, "float"): "FP8", (4, "float"): "NVFP4", (8, "int"): "W8A16", (4, "int"): "W4A16_GPTQ"}
+    table: dict[tuple[Any, Any], str] = {(8, "float"): "FP8", (4, "float"): "NVFP4", (8, "int"): "W8A16",
+                                          (4, "int"): "W4A16_GPTQ"}
     if (bits, kind) not in table:
         p.append(f"compressed-tensors weights num_bits={bits!r} type={kind!r}: not sized by this builder")
         return None

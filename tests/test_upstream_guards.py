@@ -65,7 +65,8 @@ def test_fp8_target_with_a_16bit_eagle3_head_names_issue_7842(version: str, back
         cfg = json.loads((target / "config.json").read_text()) | {"quantization_config": target_quant}
         (target / "config.json").write_text(json.dumps(cfg))
     data = {"name": "w", "trtllm_version": version, "output_dir": str(tmp_path / "out"),
-            "target": {"model": str(target), "dtype": "bfloat16"}, "draft": {"type": "eagle3", "model": str(eagle3_head)},
+            "target": {"model": str(target), "dtype": "bfloat16"},
+            "draft": {"type": "eagle3", "model": str(eagle3_head)},
             "tree": {"choices": "chain-3"}, "engine": {"backend": backend},
             "quantization": {"weights": weights, "kv_cache": "fp8" if weights != "none" else "none"}}
     if backend == "reference":

@@ -5,7 +5,8 @@ served (a server that fails to allocate at load) are refused with the bytes name
 Bytes per rank, with the target's shape from its family's row (core/shapes.py: MLA, MoE, hybrid recurrent layers,
 sliding windows); `rank_memory` is what --dry-run prints:
   weights  = every parameter (all routed experts, shared experts, dense-first layers, routers; embeddings, untied
-             LM head) x weight bytes / tp   (1 byte for FP8 weights, else the target dtype's size); with
+             LM head) x weight bytes / tp: the checkpoint's own quantization as TensorRT-LLM reads it, else what
+             quantization.weights exports, else the target dtype's size (core/quant.py `weight_bytes`); with
              serving.enable_attention_dp the non-expert part whole on every rank, the routed experts / tp
   KV/token = per attention layer: 2 x kv_heads x head_dim / tp (dense; not divided with attention DP) or
              kv_lora_rank + qk_rope_head_dim whole on every rank (MLA), plus a DSA indexer's keys, x KV bytes (1 for an
@@ -26,6 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from builders.published import target_weight_bytes
 from builders.kinds import BACKENDS
 from core import trees
 from core.families import family_of
@@ -95,16 +97,15 @@ def attention_dp(cfg: BuildConfig) -> bool:
     return bool(serving is not None and serving.enable_attention_dp and not cfg.engine.kind.reference_engine)
 
 
-def rank_weights(cfg: BuildConfig, spec: TargetShape, nbytes: int) -> int:
+def rank_weights(cfg: BuildConfig, spec: TargetShape, dtype_bytes: int) -> int:
     """Weight bytes per rank: everything split over tp; with attention data parallelism every rank holds the whole
     non-expert part (attention, dense MLPs, shared experts, embeddings, LM head: an upper bound where upstream still
     splits some of them) and a 1/tp share of the routed experts (expert x MoE tensor parallelism = tp)."""
-    tp = cfg.parallel.tp
+    tp, total = cfg.parallel.tp, target_weight_bytes(cfg, spec, dtype_bytes)
     if not attention_dp(cfg):
-        return weight_bytes(spec, nbytes) // tp
-    experts = replace(spec, params=spec.expert_params)
-    return weight_bytes(replace(spec, params=spec.params - spec.expert_params), nbytes) + \
-        weight_bytes(experts, nbytes) // tp
+        return total // tp
+    dense = target_weight_bytes(cfg, replace(spec, params=spec.params - spec.expert_params), dtype_bytes)
+    return dense + (total - dense) // tp  # the routed experts at the checkpoint's width, split over the ranks
 
 
 def kv_ranks(cfg: BuildConfig, spec: TargetShape) -> int:
@@ -120,7 +121,7 @@ def kv_ranks(cfg: BuildConfig, spec: TargetShape) -> int:
 def rank_memory(cfg: BuildConfig, spec: TargetShape) -> RankMemory:
     e, q, tp = cfg.engine, cfg.quantization, cfg.parallel.tp
     dt = DTYPE_BYTES[cfg.target.dtype]
-    weights = rank_weights(cfg, spec, 1 if q.weights == "fp8" else dt)
+    weights = rank_weights(cfg, spec, dt)  # the checkpoint's own quantization or the export's
     kv_dt = 1 if q.kv_cache == "fp8" else dt
     ranks = kv_ranks(cfg, spec)
     per_token = kv_bytes_per_token(spec, kv_dt, e.backend) // ranks

@@ -122,6 +122,22 @@ class Loader:
     def vec(self, name: str) -> torch.Tensor:
         return self.t.get(name).to(self.dtype)
 
+    def scale(self, name: str, rows: int = 1) -> torch.Tensor:
+        """A float32 quantization scale: one value (or one per output row where `rows` allows), every one finite and
+        positive; anything else would decode garbage silently, so it is refused naming the tensor."""
+        s = self.t.get(name)
+        if not s.is_floating_point() or s.dtype == torch.float8_e4m3fn:
+            raise CheckpointError(f"{self.t.path}: {name} is {s.dtype}; a scale is float32 (re-export the checkpoint)")
+        s = s.float()
+        if s.numel() not in (1, rows):
+            raise CheckpointError(f"{self.t.path}: {name} has shape {tuple(s.shape)}; expected one value"
+                                  + (f" or one per output row ({rows})" if rows > 1 else "") + " (re-export)")
+        bad = s[~(torch.isfinite(s) & (s > 0))]
+        if bad.numel():
+            raise CheckpointError(f"{self.t.path}: {name} holds {float(bad.flatten()[0])!r}; a quantization scale is "
+                                  "finite and positive (re-calibrate or re-export the checkpoint)")
+        return s
+
     def linear(self, module: str, bias: bool = False) -> Linear:
         w = self.t.get(f"{module}.weight")
         fp8 = self.quant.fp8_weights and not self.quant.excluded(module)
@@ -132,10 +148,10 @@ class Loader:
                     f"{self.t.path}: {module}.weight is FP8 but the config's quantization says this module is not "
                     "quantized (quant_algo / exclude_modules); fix config.json"
                 )
-            scale = self.t.get(f"{module}.weights_scaling_factor").float()
+            scale = self.scale(f"{module}.weights_scaling_factor", w.shape[0])
             # Per-tensor scale (shape [] or [1]); per-output-channel scales broadcast over rows.
             w = w.float() * (scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(()))
-            act = self.t.get(f"{module}.activation_scaling_factor").float().reshape(())
+            act = self.scale(f"{module}.activation_scaling_factor").reshape(())
         elif fp8:
             raise CheckpointError(
                 f"{self.t.path}: quant_algo is FP8 but {module}.weight is {w.dtype}; add {module!r} to "
@@ -189,7 +205,7 @@ def decoder_layer(ld: Loader, pre: str, d: Dims, group: TPGroup, *, input_norm: 
             f"{ld.t.path}: {pre}.attention.qkv.weight has {qkv.weight.shape[0]} rows; expected (heads + 2 * kv_heads) "
             f"* head_size with {heads} local heads of size {d.head_dim}"
         )
-    kv_scale = ld.t.get(f"{pre}.attention.kv_cache_scaling_factor").float().reshape(()) if kv_fp8 else None
+    kv_scale = ld.scale(f"{pre}.attention.kv_cache_scaling_factor").reshape(()) if kv_fp8 else None
     qk_norm = None
     if d.traits.qk_norm:
         qk_norm = QKNorm(ld.vec(f"{pre}.attention.q_layernorm.weight"), ld.vec(f"{pre}.attention.k_layernorm.weight"),

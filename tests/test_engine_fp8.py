@@ -158,3 +158,34 @@ def test_fp8_unquantized_module_must_be_excluded(tmp_path: Path, target_ckpt: Pa
         CheckpointError, match=r"quant_algo is FP8 but lm_head\.weight is torch\.float32; add 'lm_head'"
     ):
         ReferenceEngine.from_checkpoint(tmp_path / "noexcl", tree=None, dtype="float32", device="cpu")
+
+
+@pytest.mark.parametrize("value", [0.0, float("nan"), float("inf"), float("-inf"), -1.0])
+@pytest.mark.parametrize("tensor", ["transformer.layers.0.mlp.proj.weights_scaling_factor",
+                                    "transformer.layers.1.attention.qkv.activation_scaling_factor",
+                                    "transformer.layers.0.attention.kv_cache_scaling_factor"])
+def test_fp8_scales_that_are_not_finite_and_positive_are_refused(tmp_path: Path, target_ckpt: Path, tensor: str,
+                                                                 value: float) -> None:
+    """Weight, activation and KV-cache scales of 0, NaN, +-inf or a negative value would decode garbage without an
+    error: the loader refuses each, naming the tensor and the value."""
+    quantize_checkpoint(target_ckpt, tmp_path / "bad", kv=True, exclude=["lm_head"])
+    t = load_file(str(tmp_path / "bad" / "rank0.safetensors"))
+    t[tensor] = torch.tensor([value])
+    save_file(t, str(tmp_path / "bad" / "rank0.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"{tensor.replace('.', '[.]')} holds {value!r}; a quantization scale is "
+                                              "finite and positive"):
+        ReferenceEngine.from_checkpoint(tmp_path / "bad", tree=None, dtype="float32", device="cpu")
+
+
+@pytest.mark.parametrize(("replacement", "error"), [
+    (torch.tensor([[1.0], [2.0]]), r"has shape \(2, 1\); expected one value"),
+    (torch.tensor([1], dtype=torch.int32), r"is torch.int32; a scale is float32"),
+])
+def test_fp8_scales_of_the_wrong_shape_or_dtype_are_refused(tmp_path: Path, target_ckpt: Path,
+                                                            replacement: torch.Tensor, error: str) -> None:
+    quantize_checkpoint(target_ckpt, tmp_path / "bad", kv=False, exclude=["lm_head"])
+    t = load_file(str(tmp_path / "bad" / "rank0.safetensors"))
+    t["transformer.layers.0.attention.dense.activation_scaling_factor"] = replacement
+    save_file(t, str(tmp_path / "bad" / "rank0.safetensors"))
+    with pytest.raises(CheckpointError, match=error):
+        ReferenceEngine.from_checkpoint(tmp_path / "bad", tree=None, dtype="float32", device="cpu")

@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 from builders import build
 from builders.capacity import kv_bytes_per_token, weight_bytes
+from core.quant import checkpoint_quant
+from core.quant import weight_bytes as quant_weight_bytes
 from builders.trtllm import architectures
 from core.families import BY_NAME, FAMILIES
 from core.shapes import ShapeError, shape_of_config
@@ -162,23 +164,28 @@ def test_deepseek_v3_target_is_accepted_and_its_kv_sized_as_mla(tmp_path: Path, 
 
 def test_deepseek_v4_preflight_names_its_weights_and_cache(tmp_path: Path, eagle3_head: Path,
                                                             capsys: pytest.CaptureFixture) -> None:
-    """The published DeepSeek-V4-Flash config on the PyTorch backend: 530 GiB of bf16 weights and a 64-token
-    sequence's window + compressed KV fit 600 GiB (only the config-only target's missing tokenizer is reported); at
-    500 GiB the refusal names the weights and the KV bytes per token. On the reference engine a window shorter than
-    engine.max_seq_len is refused by --dry-run, naming both."""
+    """The published DeepSeek-V4-Flash config on the PyTorch backend: its quantization_config (FP8 128x128 blocks)
+    sizes its 530 GiB of bf16-equivalent parameters at about 267 GiB, which with a 64-token sequence's window +
+    compressed KV fit 300 GiB (only the config-only target's missing tokenizer is reported); at 200 GiB the refusal
+    names the weights and the KV bytes per token. On the reference engine a window shorter than engine.max_seq_len is
+    refused by --dry-run, naming both."""
     target = tmp_path / "DeepSeek-V4-Flash"
     target.mkdir()
     (target / "config.json").write_text(DEEPSEEK_V4.read_text())
-    assert build.main([str(_cfg(tmp_path, "ok", target, eagle3_head, "pytorch", memory_budget_gib=600)),
+    assert build.main([str(_cfg(tmp_path, "ok", target, eagle3_head, "pytorch", memory_budget_gib=300)),
                        "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "no tokenizer.json or tokenizer.model" in err and "GiB" not in err and "architecture table" not in err, err
-    assert build.main([str(_cfg(tmp_path, "small", target, eagle3_head, "pytorch", memory_budget_gib=500)),
+    assert build.main([str(_cfg(tmp_path, "small", target, eagle3_head, "pytorch", memory_budget_gib=200)),
                        "--dry-run"]) == 2
     err = capsys.readouterr().err
-    shape = shape_of_config(json.loads(DEEPSEEK_V4.read_text()), "x")
+    raw = json.loads(DEEPSEEK_V4.read_text())
+    shape = shape_of_config(raw, "x")
     assert round(weight_bytes(shape, 2) / 2**30) == 530
-    assert f"weights {weight_bytes(shape, 2) / 2**30:,.2f} GiB" in err, err
+    fp8 = quant_weight_bytes(shape.params, vocab=shape.vocab_size, hidden=shape.hidden_size, tied=False,
+                             dtype_bytes=2, quant=checkpoint_quant(raw, None, "x"))
+    assert 260 < fp8 / 2**30 < 275
+    assert f"weights {fp8 / 2**30:,.2f} GiB" in err, err
     assert f"at {2 * (43 * 512 + 21 * 160 + 20 * 4):,} bytes/token" in err, err
     tiny = make_family_target(tmp_path / "tiny", "deepseek_v4", sliding_window=32)
     head = make_mimic_eagle3_head(tmp_path / "head", tiny)

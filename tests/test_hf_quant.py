@@ -8,6 +8,7 @@ with the 16-bit target's in the build report."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -95,11 +96,71 @@ def test_loader_rules_bite(pytorch_fp8: tuple[Any, Path], tmp_path: Path) -> Non
     (bad / "hf_quant_config.json").write_text(json.dumps(qc))
     assert hf_quant.loader_problems(bad, weights="fp8", kv_fp8=True, layers=4) == [
         "hf_quant_config.json: lm_head is quantized; this builder keeps it 16-bit (exclude_modules)",
+        f"{bad}: model.layers.1.self_attn.o_proj.weight_scale is torch.float16; a scale is float32",
         "model.layers.1.self_attn.o_proj.weight_scale: torch.float16, expected torch.float32",
         "model.layers.2.self_attn.v_proj.v_scale: missing or not a float32 scalar (the FP8 KV cache scale)",
     ]
     assert hf_quant.loader_problems(bad, weights="nvfp4", kv_fp8=True, layers=4)[0] == (
         "hf_quant_config.json: quant_algo='FP8', expected 'NVFP4'")
+
+
+@pytest.mark.parametrize("value", [0.0, float("nan"), float("inf"), float("-inf"), -1.0])
+def test_export_check_and_ledger_check_refuse_scales_that_are_not_finite_and_positive(
+        pytorch_fp8: tuple[Any, Path], tmp_path: Path, value: float, capsys: pytest.CaptureFixture) -> None:
+    """A weight, activation or KV-cache scale of 0, NaN, +-inf or -1 in the export: the build's export check and
+    `eagle-ledger-check` (python -m builders.ledger.check) both name the tensor and its value."""
+    cfg, build = pytorch_fp8
+    copy = tmp_path / "build"
+    shutil.copytree(build, copy, symlinks=True)
+    export = copy / "checkpoint" / "hf_quantized"
+    t = load_file(str(export / "model.safetensors"))
+    names = ["model.layers.0.mlp.down_proj.weight_scale", "model.layers.1.self_attn.q_proj.input_scale",
+             "model.layers.3.self_attn.k_proj.k_scale"]
+    for n in names:
+        t[n] = torch.tensor(value)
+    save_file(t, str(export / "model.safetensors"))
+    got = hf_quant.loader_problems(export, weights="fp8", kv_fp8=True, layers=4)
+    for n in names:
+        assert any(f"{export}: {n} holds {value!r}; a quantization scale is finite and positive" in m for m in got), got
+    yaml_path = tmp_path / "c.yaml"
+    yaml_path.write_text(yaml.safe_dump({**cfg.model_dump(mode="json", exclude_unset=True), "output_dir": str(copy)}))
+    assert ledger_check.main([str(yaml_path)]) == 1
+    out = capsys.readouterr().out
+    assert all(f"{n} holds {value!r}" in out for n in names), out
+
+
+@pytest.mark.parametrize(("edit", "error"), [
+    (lambda q: q.update(quant_algo="fp8"), "quant_algo='fp8': not one of"),
+    (lambda q: q.pop("kv_cache_quant_algo"), "quantization.kv_cache_quant_algo is missing"),
+    (lambda q: q.update(exclude_modules="lm_head"), "exclude_modules='lm_head': expected a list"),
+    (lambda q: q.update(kv_cache_quant_algo="FP16"), "kv_cache_quant_algo='FP16': not one of FP8, INT8, NVFP4"),
+    (None, "hf_quant_config.json: [Errno 2]"),
+])
+def test_export_check_and_ledger_check_refuse_bad_quant_configs(pytorch_fp8: tuple[Any, Path], tmp_path: Path,
+                                                                edit: Any, error: str,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    """hf_quant_config.json as TensorRT-LLM reads it (QuantAlgo names, kv_cache_quant_algo present, exclude_modules a
+    list) or deleted: both checks name the problem."""
+    cfg, build = pytorch_fp8
+    copy = tmp_path / "build"
+    shutil.copytree(build, copy, symlinks=True)
+    f = copy / "checkpoint" / "hf_quantized" / "hf_quant_config.json"
+    if edit is None:
+        f.unlink()
+    else:
+        qc = json.loads(f.read_text())
+        edit(qc["quantization"])
+        f.write_text(json.dumps(qc))
+    export = f.parent
+    if edit is None:
+        with pytest.raises(Exception, match=re.escape(error)):
+            hf_quant.loader_problems(export, weights="fp8", kv_fp8=True, layers=4)
+    else:
+        assert any(error in m for m in hf_quant.loader_problems(export, weights="fp8", kv_fp8=True, layers=4))
+    yaml_path = tmp_path / "c.yaml"
+    yaml_path.write_text(yaml.safe_dump({**cfg.model_dump(mode="json", exclude_unset=True), "output_dir": str(copy)}))
+    assert ledger_check.main([str(yaml_path)]) == 1
+    assert error in capsys.readouterr().out
 
 
 def test_reference_copy_holds_the_weights_as_the_pytorch_backend_loads_them(pytorch_fp8: tuple[Any, Path],
@@ -125,8 +186,9 @@ def test_reference_copy_holds_the_weights_as_the_pytorch_backend_loads_them(pyto
     assert torch.equal(got.view(torch.uint8), torch.cat(parts).view(torch.uint8))
     acts = [float(t[f"{pre}.{p}_proj.input_scale"]) for p in "qkv"]
     assert float(ref["transformer.layers.2.attention.qkv.activation_scaling_factor"]) == max(acts)
-    kv = max(float(t[f"{pre}.k_proj.k_scale"]), float(t[f"{pre}.v_proj.v_scale"]))
-    assert float(ref["transformer.layers.2.attention.kv_cache_scaling_factor"]) == kv
+    # the PyTorch backend keeps the FP8 KV cache scale at 1.0 whatever k_scale / v_scale say
+    assert float(t[f"{pre}.k_proj.k_scale"]) != 1.0
+    assert float(ref["transformer.layers.2.attention.kv_cache_scaling_factor"]) == 1.0
     down = "model.layers.0.mlp.down_proj"
     assert torch.equal(ref["transformer.layers.0.mlp.proj.weight"].view(torch.uint8),
                        t[f"{down}.weight"].view(torch.uint8))

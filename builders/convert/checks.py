@@ -15,11 +15,13 @@ from builders.convert import families
 from builders.convert.eagle3 import check_eagle3, resolve_layer_ids
 from builders.convert.head_layout import flat_head, named_as_given
 from builders.convert.llama import check_parallel
+from builders.published import published_problems
 from builders.convert.shapes import shape_problems, target_shapes
 from builders.convert.weights import WeightFileError, WeightSource
 from sources.targets import ModelSourceError, resolve_target
 from builders.trtllm import architectures
 from core.hfconfig import LlamaSpec, ModelConfigError, llama_spec, read_config
+from core.draft_heads import mla_head_problem
 from core.families import CHAIN_ONLY, NATIVE, family_of
 
 
@@ -74,6 +76,7 @@ def config_checks(cfg: BuildConfig) -> tuple[Path | None, LlamaSpec | None, list
         return None, None, [f"target.model: {e}"]
     p = families.problems(spec, reference_engine=cfg.engine.kind.reference_engine, max_seq_len=cfg.engine.max_seq_len,
                           tp=cfg.parallel.tp)
+    p += published_problems(cfg, hf, spec.architecture)  # a target published quantized (builders/published.py)
     row = family_of(spec.architecture)
     if cfg.engine.kind.reference_engine and row is not None and row.attention in CHAIN_ONLY:
         tree = cfg.static_tree()
@@ -130,6 +133,12 @@ def _eagle_checks(cfg: BuildConfig, target: LlamaSpec, head_dir: Path) -> list[s
 
 def _eagle3_checks(cfg: BuildConfig, target: LlamaSpec, head_dir: Path) -> list[str]:
     """Any layout the doctor reads (a speculators head through its flat view: builders/convert/head_layout.py)."""
+    try:
+        mla = mla_head_problem(read_config(head_dir), f"draft.model {head_dir}")
+    except ModelConfigError as e:
+        return [f"draft.model: {e}"]
+    if mla is not None:
+        return [mla]
     try:
         with flat_head(head_dir) as flat:
             try:

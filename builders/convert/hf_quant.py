@@ -13,7 +13,11 @@ in ModelOpt's unified format, the directory TensorRT-LLM's PyTorch backend loads
    project's TRT-LLM-layout checkpoint for the reference engine. FP8: q/k/v and gate/up are fused upstream, which
    requantizes each part to the largest weight_scale of the group (fp8 -> 16-bit * own scale / max scale -> fp8) and
    takes the largest input_scale (tensorrt_llm/_torch/modules/linear.py FP8QDQLinearMethod.rescale_fused_weights);
-   the reference checkpoint holds exactly those FP8 tensors and scales, and the KV cache scale max(k_scale, v_scale).
+   the reference checkpoint holds exactly those FP8 tensors and scales. The FP8 KV cache is scaled by 1.0: the
+   PyTorch backend's TrtllmAttention keeps kv_cache_scaling_factor at ones(1) and never overrides it
+   (tensorrt_llm/_torch/attention_backend/trtllm.py); the export's k_scale / v_scale are loaded
+   (FP8QDQLinearMethod.load_kv_scales) but used for an NVFP4 KV cache only (modules/linear.py, "K, V scales for NVFP4
+   KV cache"), so the reference copy stores 1.0 and the acceptance check measures the cache as served.
    NVFP4: the weights dequantized (e2m1 value x fp8 block scale x weight_scale_2) into 16-bit; activations are not
    fake-quantized (the reference engine has no NVFP4 activation path), which the report says.
 """
@@ -38,6 +42,7 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 # HF linear -> this project's TRT-LLM-layout name (builders/convert/llama.py), and the fused groups upstream loads
 TRT_NAME = {"self_attn.o_proj": "attention.dense", "mlp.gate_proj": "mlp.fc", "mlp.up_proj": "mlp.gate",
             "mlp.down_proj": "mlp.proj"}
+KV_SCALE_AS_SERVED = 1.0  # TrtllmAttention.kv_cache_scaling_factor on the PyTorch backend (ledger: hf_quant.kv_scale)
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
@@ -80,12 +85,45 @@ def _excluded(module: str, patterns: list[str]) -> bool:
     return any(module == p or module.startswith(p + ".") or fnmatch.fnmatch(module, p) for p in patterns)
 
 
+SCALES = ("weight_scale", "input_scale", "k_scale", "v_scale", "weight_scale_2", "weight_scale_inv",
+          "weights_scaling_factor", "activation_scaling_factor", "kv_cache_scaling_factor")
+
+
+def scale_problems(t: dict[str, torch.Tensor], where: Path) -> list[str]:
+    """Every quantization scale (HF export or TensorRT-LLM checkpoint names) finite and positive, float32 (NVFP4's
+    e4m3 block scales finite and not negative: an all-zero block has scale 0)."""
+    p = []
+    for name in sorted(t):
+        key = name.rsplit(".", 1)[-1]
+        if key not in SCALES:
+            continue
+        s = t[name]
+        block = key == "weight_scale" and s.dtype == torch.float8_e4m3fn and s.dim() == 2
+        if s.dtype != torch.float32 and not block:
+            p.append(f"{where}: {name} is {s.dtype}; a scale is float32")
+            continue
+        f = s.float()
+        bad = f[~(torch.isfinite(f) & ((f >= 0) if block else (f > 0)))]
+        if bad.numel():
+            p.append(f"{where}: {name} holds {float(bad.flatten()[0])!r}; a quantization scale is finite and "
+                     "positive (re-calibrate or re-export)")
+    return p
+
+
 def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) -> list[str]:
-    """Where the export departs from what TensorRT-LLM's PyTorch backend loads (the `hf_quant.*` ledger rows)."""
+    """Where the export departs from what TensorRT-LLM's PyTorch backend loads (the `hf_quant.*` ledger rows): the
+    hf_quant_config.json keys as TensorRT-LLM reads them (core/quant.py), the tensors, and every scale's value."""
+    from core.quant import QuantConfigError, checkpoint_quant
+
     p: list[str] = []
-    q = read_quant_config(export).get("quantization")
+    raw = read_quant_config(export)
+    try:
+        checkpoint_quant({}, raw, str(export))
+    except QuantConfigError as e:
+        p.append(str(e))
+    q = raw.get("quantization")
     if not isinstance(q, dict):
-        return [f"{export / QUANT_CONFIG}: no `quantization` section"]
+        return p or [f"{export / QUANT_CONFIG}: no `quantization` section"]
     want_algo = ALGO.get(weights)
     if q.get("quant_algo") != want_algo:
         p.append(f"{QUANT_CONFIG}: quant_algo={q.get('quant_algo')!r}, expected {want_algo!r}")
@@ -95,10 +133,11 @@ def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) ->
         p.append(f"{QUANT_CONFIG}: group_size={q.get('group_size')!r}; TensorRT-LLM's NVFP4 takes {NVFP4_GROUP}")
     exclude = q.get("exclude_modules") or []
     if not isinstance(exclude, list):
-        return p + [f"{QUANT_CONFIG}: exclude_modules is not a list"]
+        return p  # named by checkpoint_quant
     if weights != "none" and "lm_head" not in exclude:
         p.append(f"{QUANT_CONFIG}: lm_head is quantized; this builder keeps it 16-bit (exclude_modules)")
     t = _tensors(export)
+    p += scale_problems(t, export)
     for i in range(layers):
         for lin in LINEARS:
             m = f"model.layers.{i}.{lin}"
@@ -194,10 +233,8 @@ def reference_tensors(export: Path, ours: dict[str, torch.Tensor], *, weights: s
                 out[f"{trt}.{name}.weight"] = deq[lin]
         elif weights == "fp8":
             _fp8_layer(out, t, hf, trt, dt)
-        if kv_fp8:
-            k = t[f"{hf}.self_attn.k_proj.k_scale"].float().reshape(())
-            v = t[f"{hf}.self_attn.v_proj.v_scale"].float().reshape(())
-            out[f"{trt}.attention.kv_cache_scaling_factor"] = torch.maximum(k, v).reshape(1)
+        if kv_fp8:  # the PyTorch backend's FP8 KV cache scale: 1.0 whatever k_scale / v_scale say (KV_SCALE_AS_SERVED)
+            out[f"{trt}.attention.kv_cache_scaling_factor"] = torch.tensor([KV_SCALE_AS_SERVED])
     return out
 
 

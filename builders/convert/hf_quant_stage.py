@@ -48,7 +48,11 @@ def preflight_problems(cfg: BuildConfig, target_architecture: str) -> list[str]:
     p = []
     if target_architecture not in NATIVE:
         p.append(f"quantization on trtllm_version {cfg.trtllm_version}: the target's architecture "
-                 f"{target_architecture} is not one this builder quantizes and checks ({', '.join(NATIVE)})")
+                 f"{target_architecture} is not one this builder quantizes and checks ({', '.join(NATIVE)}): its "
+                 "export check and reference mirror read the dense decoder linears of those families only (q/k/v/o, "
+                 "gate/up/down), not MoE experts, MLA projections or recurrent layers; serve a checkpoint published "
+                 "quantized as it is (quantization.weights: none, docs/bring-your-own-model.md), or quantize with "
+                 "ModelOpt yourself and give its export as target.model")
     if cfg.engine.kind.reference_engine and cfg.parallel.tp != 1:
         p.append("quantization with engine.backend reference on the current line: the reference engine runs the "
                  "quantized target at parallel.tp 1")

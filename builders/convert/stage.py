@@ -20,6 +20,7 @@ from pathlib import Path
 
 from builders.config import BuildConfig
 from builders.convert.checks import preflight
+from builders.published import fp8_head_warning
 from builders.convert.eagle import convert_eagle
 from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.head_layout import flat_head, named_as_given
@@ -107,6 +108,10 @@ def run(ctx: StageContext) -> None:
     ctx.notes[HF_TARGET_NOTE] = str(hf)  # resolved once here; later stages and tools read this note
     ctx.notes["dtype"] = cfg.target.dtype
     _log(ctx, f"target {cfg.target.model} -> {hf}")
+    warning = fp8_head_warning(cfg, hf)  # an upstream issue users should hear of (builders/published.py)
+    if warning:
+        _log(ctx, warning)
+        ctx.notes["upstream_warning"] = warning
     random = cfg.draft.model == "random"
     if random:
         head_dir = ctx.out / RANDOM_HEAD_DIR

@@ -24,6 +24,7 @@ from builders.convert.head_layout import ARCH_FLAGS, is_speculators, speculators
 from builders.convert.weights import WeightFileError, WeightSource
 from builders.doctor.findings import UnusableInput
 from builders.doctor.config_check import read_json_config
+from core.draft_heads import mla_head_problem
 from core.hfconfig import ModelConfigError, aux_layer_ids, rope_theta_of
 
 EAGLE_CONFIG_FLAGS = {"use_aux_hidden_state": True, "norm_before_fc": False, "eh_proj_before_attn": False,
@@ -125,6 +126,9 @@ def read_head(head_dir: Path) -> Head:
     if not head_dir.is_dir():
         raise UnusableInput(f"--head {head_dir}: not a directory")
     raw = _config(head_dir)
+    mla = mla_head_problem(raw, f"--head {head_dir}")
+    if mla is not None:  # refused by kind before its tensors are read (core/draft_heads.py)
+        raise UnusableInput(mla)
     try:
         with WeightSource(head_dir) as src:
             shapes = {n: tuple(i.shape) for n, i in src.tensors.items()}

@@ -151,6 +151,32 @@ def hf_quant_names(export: Path) -> Emitted:
     return out
 
 
+def quant_input_problems(cfg: Any, build: Path) -> list[str]:
+    """The values a quantized build hands over, which names alone do not show: the current line's ModelOpt export
+    checked as the build's export check does (hf_quant_config.json keys as TensorRT-LLM reads them, tensors, scales),
+    and every scale of the checkpoint's rank files finite and positive."""
+    from safetensors import safe_open
+
+    from builders.convert import hf_quant
+    from builders.convert.fp8 import Fp8Error
+
+    q, ckpt, p = cfg.quantization, build / "checkpoint", []
+    kind = cfg.engine.kind
+    if (q.weights != "none" or q.kv_cache == "fp8") and not registry.get(cfg.trtllm_version).engine_flow \
+            and kind.loads_hf_target and not kind.reference_engine:
+        export = ckpt / layout.HF_QUANTIZED
+        try:
+            layers = int(json.loads((export / "config.json").read_text())["num_hidden_layers"])
+            p += hf_quant.loader_problems(export, weights=q.weights, kv_fp8=q.kv_cache == "fp8", layers=layers)
+        except (Fp8Error, OSError, ValueError, KeyError) as e:
+            p.append(f"{export}: {e}")
+    for f in sorted(ckpt.glob("rank*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            scales = {k: st.get_tensor(k) for k in st.keys() if k.rsplit(".", 1)[-1] in hf_quant.SCALES}  # noqa: SIM118
+        p += hf_quant.scale_problems(scales, f)
+    return p
+
+
 def check_emitted(emitted: Emitted, version: str, flags: frozenset[str]) -> list[str]:
     return [p for surface, names in sorted(emitted.items()) for p in ledger.check(surface, version, names, flags)]
 
@@ -262,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     emitted = build_names(cfg, build)
     problems = check_emitted(emitted, cfg.trtllm_version, build_flags(cfg, build / "checkpoint"))
+    problems += quant_input_problems(cfg, build)
     for p in problems:
         print(p)
     print(summary_line(emitted, cfg.trtllm_version, build, problems))

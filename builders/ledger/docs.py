@@ -289,6 +289,19 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "from_pretrained reads hf_quant_config.json first and treats it as authoritative (_build_modelopt_quant_config: "
      "quant_algo, kv_cache_quant_algo, group_size, exclude_modules); config.json's quantization_config is compared "
      "with it (warn_if_inline_diverges) and read only when the file is absent"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/model_config.py ModelConfig.load_hf_quant_config",
+     "commit 008e0af8980fc560003631ba4ac37828836a91c8 (a 2026 main after v1.4.0rc4)", "2026-12-07",
+     "config.json quantization_config: quant_method fp8 with weight_block_size (asserted (128, 128)) or "
+     "activation_scheme static -> FP8_BLOCK_SCALES, group_size 128, exclude *kv_b_proj*, *k_b_proj*, *eh_proj plus "
+     "modules_to_not_convert; mxfp4 (group 32), mxfp8 ([1, 32] asserted), nvfp4 (group_size 16 asserted), "
+     "compressed-tensors; ignored_layers / ignore excluded for every format; other methods set no quant_algo. "
+     "QuantAlgo(value) takes the upper-case names of tensorrt_llm/quantization/mode.py"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/attention_backend/trtllm.py TrtllmAttention.__init__",
+     "a stored 2026 main version (the index did not name its commit)", "2026-12-07",
+     "kv_cache_scaling_factor = ones(1); kv_scale_quant_orig / kv_scale_orig_quant derived from it; the comment: "
+     "they stay at 1.0 for the PyTorch backend, which never overrides them; modules/attention.py assigns "
+     "forward_args.kv_scale_* only for an FP4 KV cache. modules/linear.py FP8QDQLinearMethod.create_weights: "
+     "kv_scales / inv_kv_scales are 'K, V scales for NVFP4 KV cache'"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/modules/linear.py",
      "commit 00bbf71e796406ea8593a77cbfb828356182db16", "2026-12-06",
      "FP8QDQLinearMethod: float8_e4m3fn weight, scalar weight_scale and input_scale; fused q/k/v and gate/up "
@@ -314,8 +327,10 @@ UNVERIFIED: tuple[str, ...] = (
     "_compute_shared_expert_tp_size at 0406f8aa; the LM head with enable_lm_head_tp_in_adp may be split: an upper "
     "bound). NVIDIA's published EAGLE-3 recipe for DeepSeek-V3 was not found; the serving fields follow its MTP ones.",
     "Quantized targets on the current line (hf_quant.* rows): the loader was read at 2026 main commits after "
-    "v1.4.0rc4 (008e0af8, 00bbf71e), not at the tag; which of k_scale / v_scale TensorRT-LLM's FP8 KV cache applies "
-    "was not established (the reference engine uses max(k_scale, v_scale), as ModelOpt's engine-flow export does). "
+    "v1.4.0rc4 (008e0af8, 00bbf71e), not at the tag; the FP8 KV cache scale kept at 1.0 was read in "
+    "tensorrt_llm/_torch/attention_backend/trtllm.py TrtllmAttention.__init__ and the NVFP4-only use of k_scale / "
+    "v_scale in modules/linear.py FP8QDQLinearMethod.create_weights in stored 2026 main versions whose commits the "
+    "index did not name. "
     "No quantized checkpoint was served on a GPU by this project. The hf_quant.tensor names are the Hugging Face "
     "model's own as ModelOpt exports them; the upstream mapper that fuses q/k/v and gate/up at load was not read.",
     "The stored file versions could not be pinned to the exact tag commits (NVIDIA/TensorRT-LLM is too large to "

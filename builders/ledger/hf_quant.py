@@ -5,7 +5,10 @@
   (quant_algo, kv_cache_quant_algo, group_size, exclude_modules);
 - `hf_quant.inline`: config.json's `quantization_config` (ModelOpt writes it too): read only when there is no
   hf_quant_config.json, compared with the file otherwise (a warning when they differ);
-- `hf_quant.tensor`: the tensors per decoder layer (HF names; upstream fuses q/k/v and gate/up at load).
+- `hf_quant.tensor`: the tensors per decoder layer (HF names; upstream fuses q/k/v and gate/up at load);
+- `published.quantization_config`: the keys of a target's own config.json `quantization_config` (a checkpoint published
+  quantized, e.g. DeepSeek-V3's 128x128 FP8 blocks) that ModelConfig.load_hf_quant_config reads, which this builder
+  reads the same way to size and check the target (core/quant.py) and hands over unchanged.
 Flags (`when`): w_fp8 / w_nvfp4 = FP8 / NVFP4 weights, kv_fp8 = FP8 KV cache, qk_norm = a Qwen3 target.
 """
 
@@ -26,6 +29,8 @@ KV_SCALES = Source(TRT, "tensorrt_llm/_torch/modules/linear.py", "FP8QDQLinearMe
 # The Hugging Face parameter names are the model's own, as ModelOpt's export writes them; which upstream mapper fuses
 # them (q/k/v -> qkv_proj, gate/up -> gate_up_proj) was not read at a commit (docs/contracts.md, "Not verified").
 LLAMA = Source("eagle-deploy", "builders/convert/hf_quant.py", "LINEARS (the HF names ModelOpt's export keeps)")
+HF_QUANT = Source(TRT, "tensorrt_llm/_torch/model_config.py",
+                  "ModelConfig.load_hf_quant_config (quant_method fp8 / mxfp4 / mxfp8 / nvfp4 / compressed-tensors)")
 PRODUCER = Source("eagle-deploy", "builders/convert/hf_quant.py", "export_quantized (ModelOpt export_hf_checkpoint)")
 
 V = LLMAPI_LAYOUT
@@ -65,8 +70,19 @@ ROWS: list[Row] = (
               when=("w_nvfp4",))
     + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.k_proj.k_scale", f"{_LAYER}self_attn.v_proj.v_scale"),
               KV_SCALES, versions=V, type="float32 scalar", required=True, when=("kv_fp8",),
-              note="loaded as the attention's kv_scales; the reference engine applies max(k_scale, v_scale)")
+              note="loaded (load_kv_scales) but applied to an NVFP4 KV cache only; an FP8 KV cache is scaled by 1.0 "
+                   "(TrtllmAttention.kv_cache_scaling_factor), as the reference engine's copy is")
     + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.q_norm.weight", f"{_LAYER}self_attn.k_norm.weight"),
               LLAMA,
               versions=V, type="16-bit", when=("qk_norm",), required=True)
+
+    + rows_of("published.quantization_config", ("quant_method",), HF_QUANT, versions=V, required=True,
+              type="'fp8' | 'mxfp4' | 'mxfp8' | 'nvfp4' | 'compressed-tensors' (else no quant_algo is set)")
+    + rows_of("published.quantization_config", ("weight_block_size",), HF_QUANT, versions=V,
+              type="[128, 128] for fp8 (asserted; FP8_BLOCK_SCALES, group_size 128), [1, 32] for mxfp8",
+              note="fp8 without it needs activation_scheme 'static'; kv_b_proj, k_b_proj, eh_proj are excluded")
+    + rows_of("published.quantization_config", ("activation_scheme", "group_size", "config_groups"), HF_QUANT,
+              versions=V, type="'static' | 'dynamic' / int (16 for nvfp4) / compressed-tensors groups")
+    + rows_of("published.quantization_config", ("modules_to_not_convert", "ignored_layers", "ignore"), HF_QUANT,
+              versions=V, type="list[str] (merged into exclude_modules: kept 16-bit)")
 )

@@ -32,6 +32,7 @@ from builders.kinds import BACKENDS
 from core import trees
 from core.families import family_of
 from core.hfconfig import ModelConfigError, read_config
+from core.quant import QuantConfigError
 from core.shapes import ShapeError, TargetShape, shape_of_config
 
 
@@ -180,6 +181,8 @@ def capacity_rule(cfg: BuildConfig) -> list[str]:
         return [] if spec is None else capacity_problems(cfg, spec) + _moe_problems(cfg, spec)
     except ShapeError as e:  # a row's config without what its kind is sized by: said, not skipped
         return [f"target.model {e}: engine.memory_budget_gib cannot be checked against it; complete the config.json"]
+    except QuantConfigError:  # the convert preflight names it (builders/published.py `published_problems`)
+        return []
     except trees.TreeError:
         return []
 

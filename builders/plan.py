@@ -9,8 +9,10 @@ from pathlib import Path
 
 from builders import capacity
 from builders.config import BuildConfig
+from builders.published import weights_label
 from builders.trtllm import registry
 from builders.versions import CPU_IMAGE, CURRENT_GPU_IMAGE, GPU_IMAGE
+from core.quant import QuantConfigError
 from core.shapes import ShapeError
 from core.trees import DynamicTree
 
@@ -41,11 +43,14 @@ def memory_lines(cfg: BuildConfig) -> list[str]:
     """Per GPU (rank) at the engine limits; a target that cannot be sized says why."""
     try:
         spec = capacity.target_shape_of(cfg)
+        m, label = (capacity.rank_memory(cfg, spec), weights_label(cfg)) if spec is not None else (None, "")
     except ShapeError as err:
         return [f"  memory per GPU: cannot size the target ({err})"]
-    if spec is None:
+    except QuantConfigError as err:
+        return [f"  memory per GPU: cannot size the target's quantized weights ({err})"]
+    if spec is None or m is None:
         return ["  memory per GPU: target config.json unreadable or outside the family table (see the problems)"]
-    m, e, tp = capacity.rank_memory(cfg, spec), cfg.engine, cfg.parallel.tp
+    e, tp = cfg.engine, cfg.parallel.tp
     adp = capacity.attention_dp(cfg)
     layout = ("attention data parallel: non-expert weights whole on every rank, routed experts / tp, each rank's own "
               "sequences" if adp else f"tensor parallel over {tp}")
@@ -55,7 +60,7 @@ def memory_lines(cfg: BuildConfig) -> list[str]:
     total = f"{seqs} per rank x {tp} ranks = {seqs * tp}" if adp else f"{seqs}"
     out = [f"  memory per GPU ({layout}; budget engine.memory_budget_gib={e.memory_budget_gib:g} = {_gib(m.budget)}):",
            f"    weights  {_gib(m.weights)}  ({spec.params:,} parameters, {spec.expert_params:,} of them routed "
-           f"experts, {cfg.quantization.weights if cfg.quantization.weights != 'none' else cfg.target.dtype})",
+           f"experts, {label})",
            f"    KV cache {_gib(m.kv)}  ({m.kv_what}: {m.per_token:,} bytes/token per rank, "
            + ("whole on every rank" if ranks == 1 else f"split over {ranks} ranks") + ")",
            f"    state    {_gib(m.state)}",

@@ -55,6 +55,17 @@ def target_weight_bytes(cfg: Any, spec: Any, dtype_bytes: int) -> int:
                               dtype_bytes=dtype_bytes, quant=quant, kv_b_params=kv_b_params(text))
 
 
+def weights_label(cfg: Any) -> str:
+    """How the plan names the target's weight format: the checkpoint's own quantization, else the export's, else the
+    target dtype."""
+    from sources.targets import resolve_target
+
+    quant = read_quant(resolve_target(cfg.target.model))
+    if quant is not None and quant.algo != "KV_ONLY":
+        return f"as published: {quant.describe()}"
+    return cfg.quantization.weights if cfg.quantization.weights != "none" else cfg.target.dtype
+
+
 def published_problems(cfg: Any, hf_dir: Path, architecture: str) -> list[str]:
     """Why the build cannot serve this (possibly pre-quantized) target as published; empty when it can."""
     where = f"target.model {hf_dir}"

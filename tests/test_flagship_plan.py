@@ -300,3 +300,40 @@ def test_k_exaone_is_refused_for_eagle3_with_the_reason() -> None:
                                      where="t")
         assert "does not run EAGLE-3 there" in p and "ExaoneMoeModel.forward calls its decoder layers without " \
             "spec_metadata" in p and "0d30bf12" in p and "its speculative path is MTP" in p, p
+
+
+def test_published_deepseek_v3_fp8_blocks_plan_within_an_h200(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    """The published DeepSeek-V3 config.json as its authors ship it (quantization_config: fp8, 128x128 weight blocks),
+    tp 8 with attention DP on 1.4: sized at its FP8 bytes (embedding, LM head and MLA kv_b_proj at 16 bit, the rest one
+    byte per weight plus a float32 scale per 128x128 block), the plan fits an H200's 141 GiB per GPU."""
+    from core.quant import checkpoint_quant, kv_b_params
+    from core.quant import weight_bytes as quant_bytes
+
+    target, head = _deepseek_v3_with_head(tmp_path)
+    published = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    cfg = {**json.loads(DEEPSEEK_V3.read_text()), "quantization_config": published}
+    (target / "config.json").write_text(json.dumps(cfg))
+    serving = {"serving": {"enable_attention_dp": True, "moe_expert_parallel_size": 8}}
+    data = yaml.safe_load(_yaml(tmp_path, "dsv3", target, head, CHAIN, tp=8, **serving).read_text())
+    data["engine"] = {"backend": "pytorch", "max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 4096,
+                      "memory_budget_gib": 141}
+    cfg_path = tmp_path / "dsv3.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))  # the weights are there
+    assert build.main([str(cfg_path), "--dry-run"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    spec = shape_of_config(cfg, "x")
+    quant = checkpoint_quant(cfg, None, "x")
+    assert quant is not None and quant.algo == "FP8_BLOCK_SCALES"
+
+    def fp8(params: int) -> int:
+        return quant_bytes(params, vocab=spec.vocab_size, hidden=spec.hidden_size, tied=False, dtype_bytes=2,
+                           quant=quant, kv_b_params=kv_b_params(cfg))
+
+    total, dense = fp8(spec.params), fp8(spec.params - spec.expert_params)
+    weights = dense + (total - dense) // 8
+    assert spec.params <= total < spec.params * 1.02  # about one byte per weight, not two
+    assert f"weights  {weights / GIB:,.2f} GiB" in out and "as published: FP8_BLOCK_SCALES" in out, out
+    assert weights < 100 * GIB and ": fits" in out and "DOES NOT FIT" not in out, out
+    assert "70,272 bytes/token per rank, whole on every rank" in out, out

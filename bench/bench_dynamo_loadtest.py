@@ -2,7 +2,7 @@ r"""The load tester (`eagle-loadtest --openai-url`) against a build's Dynamo dep
 reference-engine workers of one thread each): one vs two aggregated workers and a disaggregated prefill/decode pair,
 per concurrency level, and the TTFT through Dynamo's frontend against the engine called directly (concurrency 1).
 
-    python bench/loadtest_dynamo.py --build BUILD --prompts PROMPTS.jsonl --out OUT --concurrency 1,4 \
+    python bench/bench_dynamo_loadtest.py --build BUILD --prompts PROMPTS.jsonl --out OUT --concurrency 1,4 \
         --requests 12 --max-tokens 32 --rounds 2
 
 The deployments run at once, each in its own loopback-only network namespace (root: testkit/dynamo.py); every round
@@ -27,23 +27,29 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_dynamo import engine_ttft
+from scripts.spec_sweep import _positive
 from testkit import dynamo as D
 
 DEPLOYMENTS = {"1 worker": ("--workers", "1"), "2 workers": ("--workers", "2"),
                "disaggregated 1+1": ("--disaggregated",)}
 
 
+def _levels(text: str) -> str:
+    """Comma-separated positive integers, as the load tester's --concurrency takes them."""
+    return ",".join(str(_positive("--concurrency")(v)) for v in text.split(","))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--build", type=Path, required=True)
-    p.add_argument("--prompts", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--concurrency", default="1,4")
-    p.add_argument("--requests", type=int, default=12)
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--ttft-requests", type=int, default=6)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", type=Path, required=True, help="a current-line build directory with dynamo/")
+    p.add_argument("--prompts", type=Path, required=True, help="JSONL, one {\"prompt\": ...} per line")
+    p.add_argument("--out", type=Path, required=True, help="where the load tester's reports and summary.json go")
+    p.add_argument("--concurrency", type=_levels, default="1,4", help="closed-loop levels, e.g. 1,4")
+    p.add_argument("--requests", type=_positive("--requests"), default=12, help="requests per run")
+    p.add_argument("--max-tokens", type=_positive("--max-tokens"), default=32)
+    p.add_argument("--rounds", type=_positive("--rounds"), default=2)
+    p.add_argument("--ttft-requests", type=_positive("--ttft-requests"), default=6,
+                   help="requests per round for the TTFT comparison with the engine called directly")
     return p.parse_args(argv)
 
 

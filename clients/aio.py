@@ -111,6 +111,10 @@ class AsyncLLMClient:
             async for chunk in chunks:
                 yield chunk
 
+    def prepare(self, prompt: str, max_tokens: int, *, stream: bool, **sampling: Any) -> Request:
+        """A ready-to-send request (the load generator builds one per prompt, clients/load.py)."""
+        return build_request(self.schema, prompt, max_tokens, stream=stream, **sampling)
+
     async def run(self, req: Request, stats: GenerationStats) -> AsyncGenerator[Chunk, None]:
         """Send `req` and yield its responses; fills `stats`. Raises GenerationError on any failure."""
         arrived: asyncio.Queue[tuple[grpcclient.InferResult, float] | None] = asyncio.Queue()

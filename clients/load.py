@@ -13,11 +13,11 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from clients.client import AsyncLLMClient, GenerationError, GenerationStats, Request, build_request, status_of
+from clients.client import GenerationError, GenerationStats, status_of
 from clients.stats import RequestRecord
 from clients.tokens import TokenCounter
 
@@ -27,6 +27,15 @@ BACKOFF_START_S = 0.05
 BACKOFF_MAX_S = 1.0
 CONNECTION_STATUSES = frozenset({"UNAVAILABLE", "CANCELLED", "UNKNOWN", "INTERNAL"})
 INTERRUPTED = "INTERRUPTED"
+
+
+class LoadClient(Protocol):
+    """What the load generator needs of a client: the gRPC one (clients/aio.py AsyncLLMClient) or the OpenAI HTTP
+    one (clients/openai_http.py OpenAIClient)."""
+
+    def prepare(self, prompt: str, max_tokens: int, *, stream: bool, **sampling: Any) -> Any: ...
+
+    async def complete(self, req: Any, stats: GenerationStats) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ class LevelRunner:
 
     def __init__(
         self,
-        client: AsyncLLMClient,
+        client: LoadClient,
         prompts: Sequence[str],
         counter: TokenCounter,
         spec: LevelSpec,
@@ -102,7 +111,7 @@ class LevelRunner:
         self.records: list[RequestRecord] = []
         self._issued = 0
         # built once per prompt (validation, numpy arrays, tritonclient inputs: client CPU per send), then resent
-        self._requests: list[Request | None] = [None] * len(prompts)
+        self._requests: list[Any] = [None] * len(prompts)
 
     async def one(self, index: int, record: bool = True) -> RequestRecord:
         """Send request `index` and wait for it; never raises (except cancellation of the run)."""
@@ -118,7 +127,7 @@ class LevelRunner:
             stats = GenerationStats(start=time.perf_counter(), streamed=self.spec.stream)
             rec.start = stats.start  # the clock starts after the (first-use) build, as a bare client's would
             rec.text = await self.client.complete(req, stats)
-            rec.output_tokens = self.counter.count(rec.text)
+            rec.output_tokens = stats.output_tokens if stats.output_tokens is not None else self.counter.count(rec.text)
         except asyncio.CancelledError as e:
             # complete() ended the request on the server before this propagates (stop + drain for an ensemble); a
             # failure to end it comes chained as the cause and belongs in the record
@@ -140,9 +149,9 @@ class LevelRunner:
                 self.on_done(rec)
         return rec
 
-    def _build(self, p: int) -> Request:
+    def _build(self, p: int) -> Any:
         s = self.spec
-        req = build_request(self.client.schema, self.prompts[p], s.max_tokens, stream=s.stream, **s.sampling)
+        req = self.client.prepare(self.prompts[p], s.max_tokens, stream=s.stream, **s.sampling)
         self._requests[p] = req
         return req
 

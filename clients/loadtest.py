@@ -14,9 +14,11 @@ server restarts are counted per status and the run carries on; a timed-out reque
 way.
 
 Any build of this project is a target (the engine-flow ensemble and the current line's llmapi model): with --repo
-BUILD/triton_repo the model name, request schema and tokenizer come from the build's client.json.
+BUILD/triton_repo the model name, request schema and tokenizer come from the build's client.json. An OpenAI-compatible
+HTTP endpoint (`eagle-dynamo serve`, trtllm-serve) is one too: --openai-url http://host:port/v1 sends streamed
+completions (chat completions with --chat) and counts output tokens from the server's usage.
 
-Inputs:  a served deployment (--url host:grpc_port), --prompts (JSONL)
+Inputs:  a served deployment (--url host:grpc_port or --openai-url base URL), --prompts (JSONL)
 Outputs: --out/report.json, report.csv, requests.jsonl and PNG plots
 Guide:   docs/load-test.md
 """
@@ -44,7 +46,8 @@ from tqdm import tqdm
 
 from clients import schema as sch
 from clients.client import DEFAULT_TIMEOUT_S, AsyncLLMClient, sampling_of
-from clients.load import LevelResult, LevelRunner, LevelSpec
+from clients.load import LevelResult, LevelRunner, LevelSpec, LoadClient
+from clients.openai_http import OpenAIClient, UsageCounter
 from clients.plots import COMPARISON_FILE, plot_speculation_comparison, write_plots
 from clients.prompts import PromptFileError, chat_template, load_prompts
 from clients.stats import CSV_COLUMNS, LevelReport, Summary, acceptance_by_level, aggregate, csv_row
@@ -67,10 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="eagle-loadtest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--url", required=True, help="gRPC endpoint host:port (e.g. localhost:8001)")
+    target = ap.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="Triton gRPC endpoint host:port (e.g. localhost:8001)")
+    target.add_argument("--openai-url", help="base URL of an OpenAI-compatible HTTP API (e.g. http://127.0.0.1:8000/v1,"
+                        " as `eagle-dynamo serve` prints): streamed /completions, /chat/completions with --chat")
     ap.add_argument("--model", default=None,
                     help="model to load (default: the one the build's client.json names with --repo, else the "
-                    "server's `ensemble` or, for a current-line llmapi build, `tensorrt_llm`)")
+                    "server's `ensemble` or, for a current-line llmapi build, `tensorrt_llm`; with --openai-url the "
+                    "one model GET /models lists)")
     ap.add_argument("--repo", type=Path, default=None,
                     help="rendered repository: read the schema from its client.json (default: ask the server)")
     ap.add_argument("--prompts", required=True, type=Path, help="JSONL file: `prompt` or MT-bench `turns` per line")
@@ -89,20 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seed of prompt order and Poisson arrivals (default 0)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-request deadline in seconds")
     ap.add_argument("--tokenizer", default=None,
-                    help="HF tokenizer dir or `whitespace` to count output tokens (default: the repository's)")
+                    help="HF tokenizer dir or `whitespace` to count output tokens (default: the repository's; with "
+                         "--openai-url the server's usage.completion_tokens)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: server's)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: server's)")
     ap.add_argument("--top-k", type=int, default=None, help="top-k (default: server's)")
     ap.add_argument("--chat", action="store_true",
                     help="send every prompt inside the model's chat template (as a chat client does; the tokenizer is "
                          "--tokenizer or the repository's): an instruct model answers a bare question briefly or not "
-                         "at all")
+                         "at all); with --openai-url: /chat/completions, the server applies its chat template")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--baseline-url", default=None,
                     help="gRPC endpoint of the same deployment with speculation off (e.g. the same build served with "
                          "the reference model's `speculative` parameter false): each level runs there too, right "
                          "after this one; its report goes to OUT/baseline/, and OUT/speculation_on_off.png plots both "
-                         "throughput curves and their ratio (OUT/comparison.json the numbers)")
+                         "throughput curves and their ratio (OUT/comparison.json the numbers); an OpenAI base URL "
+                         "with --openai-url")
     return ap
 
 
@@ -167,7 +176,7 @@ def _summary_line(rep: LevelReport) -> str:
 
 
 async def run_level(
-    client: AsyncLLMClient,
+    client: LoadClient,
     prompts: list[str],
     counter: TokenCounter,
     spec: LevelSpec,
@@ -193,26 +202,51 @@ def write_comparison(out: Path, on: list[LevelReport], off: list[LevelReport]) -
     plot_speculation_comparison(on, off, out / COMPARISON_FILE)
 
 
-async def _connect(args: argparse.Namespace, url: str) -> AsyncLLMClient:
+async def _connect(args: argparse.Namespace, url: str) -> AsyncLLMClient | OpenAIClient:
+    if args.openai_url is not None:
+        return await OpenAIClient.connect(url, args.model, chat=args.chat, timeout_s=args.timeout)
     if args.repo is not None:
         return AsyncLLMClient(url, sch.from_repository(args.repo, args.model), timeout_s=args.timeout)
     return await AsyncLLMClient.connect(url, args.model, timeout_s=args.timeout)
 
 
-async def run(args: argparse.Namespace) -> int:
-    prompts = load_prompts(args.prompts)
-    specs = level_specs(args)
-    client = await _connect(args, args.url)
-    baseline = None if args.baseline_url is None else await _connect(args, args.baseline_url)
+def _target(client: AsyncLLMClient | OpenAIClient) -> dict[str, Any]:
+    """What the report's meta says of the target."""
+    if isinstance(client, OpenAIClient):
+        api = "chat/completions" if client.chat else "completions"
+        return {"url": client.url, "model": client.model, "schema_source": f"OpenAI API: GET /models, POST /{api}"}
+    return {"url": client.url, "model": client.schema.model, "schema_source": client.schema.source}
+
+
+def _counter_and_prompts(args: argparse.Namespace, client: AsyncLLMClient | OpenAIClient,
+                         prompts: list[str]) -> tuple[TokenCounter, list[str]]:
+    """How output tokens are counted, and the prompts as sent (an OpenAI server applies the chat template)."""
+    if isinstance(client, OpenAIClient):
+        return (make_counter(args.tokenizer) if args.tokenizer else UsageCounter()), prompts
     counter = make_counter(args.tokenizer or client.schema.tokenizer)
     if args.chat:
         wrap = chat_template(args.tokenizer or client.schema.tokenizer)
         prompts = [wrap(p) for p in prompts]
+    return counter, prompts
+
+
+async def run(args: argparse.Namespace) -> int:
+    prompts = load_prompts(args.prompts)
+    specs = level_specs(args)
+    if args.openai_url is not None and args.repo is not None:
+        raise ValueError("--repo reads a Triton repository's client.json; an OpenAI endpoint (--openai-url) needs none")
+    client = await _connect(args, args.url or args.openai_url)
+    try:
+        baseline = None if args.baseline_url is None else await _connect(args, args.baseline_url)
+    except BaseException:
+        await client.close()
+        raise
+    counter, prompts = _counter_and_prompts(args, client, prompts)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     meta = {
-        "argv": sys.argv, "url": args.url, "model": client.schema.model, "schema_source": client.schema.source,
+        "argv": sys.argv, **_target(client),
         "prompts_file": str(args.prompts), "prompts": len(prompts), "chat": args.chat, "tokenizer": counter.name,
         "max_tokens": args.max_tokens, "stream": args.stream, "seed": args.seed, "warmup": args.warmup,
         "requests_per_level": args.requests, "duration_per_level_s": args.duration, "timeout_s": args.timeout,

@@ -38,6 +38,7 @@ class GenerationStats:
     draft_tokens: int | None = None
     request_id: str | None = None  # the id the request was sent with (new_request_id); set when it is sent
     stop_key: str | None = None  # the secret its stop presents (new_stop_key); set when it is sent
+    output_tokens: int | None = None  # the server's own count, where it reports one (OpenAI usage); else counted
 
     @property
     def ttft(self) -> float | None:

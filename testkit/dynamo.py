@@ -102,6 +102,10 @@ class Deployment:
         found = re.findall(rf"request {re.escape(rid)} finished: (.*)", text)
         return found[-1] if found else ""
 
+    def inside(self, *argv: str) -> list[str]:
+        """`argv` as a command that runs inside the deployment's network namespace (nsenter, root)."""
+        return ["nsenter", f"--net=/proc/{self.proc.pid}/ns/net", "--", *argv]
+
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) on a thread inside the namespace."""
         return self.pool.submit(fn, *args).result(timeout=300)

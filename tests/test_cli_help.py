@@ -74,6 +74,7 @@ ENTRY_POINTS = {
     "bench/bench_switch.py": ["bench/bench_switch.py"],
     "dynamo_serve/serve.py": ["-m", "dynamo_serve.serve"],
     "bench/bench_dynamo.py": ["bench/bench_dynamo.py"],
+    "bench/bench_dynamo_loadtest.py": ["bench/bench_dynamo_loadtest.py"],
     "dynamo_serve/worker.py": ["-m", "dynamo_serve.worker"],
 }
 

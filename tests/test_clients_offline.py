@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -336,3 +339,29 @@ def test_plots_written_and_non_empty(tmp_path: Path) -> None:
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
         assert width >= 600 and height >= 400
     assert not math.isnan(reports[0].request_throughput)
+
+
+def test_loadtest_refuses_a_server_that_is_not_openai(tmp_path: Path) -> None:
+    """A web server that is no OpenAI API (a static file server) is named as such, with what to pass."""
+    (tmp_path / "v1").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while time.monotonic() < end and socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            time.sleep(0.1)
+        prompts = tmp_path / "p.jsonl"
+        prompts.write_text('{"prompt": "hi"}\n')
+        r = subprocess.run([sys.executable, "-m", "clients.loadtest", "--openai-url", f"http://127.0.0.1:{port}/v1",
+                            "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--concurrency", "1",
+                            "--requests", "1"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert f"GET http://127.0.0.1:{port}/v1/models answered HTTP 404" in r.stderr
+    assert "not an OpenAI model list; pass the base URL of an OpenAI-compatible API" in r.stderr

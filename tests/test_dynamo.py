@@ -5,8 +5,11 @@ router and one disaggregated prefill/decode pair."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from concurrent.futures import Future
@@ -158,6 +161,59 @@ def test_client_disconnect_frees_the_slot(agg: D.Deployment) -> None:
     body = {"model": MODEL, "max_tokens": 4, "temperature": 0}
     outs = [agg.submit(D.post, f"{agg.base}/completions", dict(body, prompt=p)) for p in (PROMPTS * 3)[:8]]
     assert all(f.result(timeout=300)["choices"][0]["finish_reason"] for f in outs)
+
+
+def loadtest(dep: D.Deployment, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`eagle-loadtest --openai-url` inside the deployment's network namespace."""
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    argv = dep.inside(sys.executable, "-m", "clients.loadtest", "--prompts", str(prompts), "--no-progress", *args)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def test_loadtest_drives_the_openai_endpoint(agg: D.Deployment, hf_greedy: Any, tmp_path: Path) -> None:
+    """The load tester's OpenAI mode: streamed completions at two levels, compared with a second run (the on/off
+    comparison's path), and chat completions; answers equal HF greedy, tokens the server's usage count."""
+    out, n = tmp_path / "out", 8
+    r = loadtest(agg, tmp_path, "--openai-url", agg.base, "--out", str(out), "--concurrency", "1,2", "--requests",
+                 "3", "--max-tokens", str(n), "--temperature", "0", "--stream", "--baseline-url", agg.base + "/")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["meta"]["model"] == MODEL and doc["meta"]["tokenizer"].startswith("server usage")
+    tok = hf_greedy.tokenizer
+    for d in (out, out / "baseline"):
+        levels = json.loads((d / "report.json").read_text())["levels"]
+        assert [(lv["level"], lv["requests_ok"], lv["errors"]) for lv in levels] == [(1, 3, {}), (2, 3, {})]
+        assert all(lv["ttft_s"]["count"] == 3 and lv["itl_s"] and lv["output_tokens_per_s"] > 0 for lv in levels)
+        for rec in map(json.loads, (d / "requests.jsonl").read_text().splitlines()):
+            want = hf_greedy(tok.encode(PROMPTS[rec["prompt_index"]]), n)
+            assert rec["text"] == want and rec["output_tokens"] == len(tok.encode(want)), rec
+    assert [row["level"] for row in json.loads((out / "comparison.json").read_text())["levels"]] == [1, 2]
+    assert {p.name for p in out.glob("*.png")} >= {"speculation_on_off.png", "throughput.png"}
+    r = loadtest(agg, tmp_path, "--openai-url", agg.base, "--out", str(tmp_path / "chat"), "--chat",
+                 "--concurrency", "1", "--requests", "2", "--max-tokens", str(n), "--temperature", "0", "--stream")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rec in map(json.loads, (tmp_path / "chat" / "requests.jsonl").read_text().splitlines()):
+        msgs = [{"role": "user", "content": PROMPTS[rec["prompt_index"]]}]
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        assert rec["text"] == hf_greedy(list(ids), n), rec
+
+
+@pytest.mark.parametrize(("url", "extra", "says"), [
+    ("BASE", ["--model", "nope"], "--model 'nope': BASE serves no such model (it serves: smollm2-eagle3-current)"),
+    ("ROOT", [], "GET ROOT/models answered HTTP 404"),  # the frontend, but not its API's base URL
+    ("http://127.0.0.1:9/v1", [], "cannot reach the server"),
+    ("127.0.0.1:8000/v1", [], "expected the API's base URL, e.g. http://127.0.0.1:8000/v1"),
+    ("BASE", ["--repo", "x"], "--repo reads a Triton repository's client.json"),
+])
+def test_loadtest_refuses_what_it_cannot_drive(agg: D.Deployment, tmp_path: Path, url: str, extra: list[str],
+                                               says: str) -> None:
+    root = agg.base.removesuffix("/v1")
+    url, says = (t.replace("BASE", agg.base).replace("ROOT", root) for t in (url, says))
+    r = loadtest(agg, tmp_path, "--openai-url", url, "--out", str(tmp_path / "o"), "--concurrency", "1",
+                 "--requests", "1", *extra)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_killed_worker_fails_only_its_own_requests(agg: D.Deployment, hf_greedy: Any) -> None:

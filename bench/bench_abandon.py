@@ -85,8 +85,6 @@ def leave_grpc(srv: TritonServer, model: str, max_tokens: int, stop_key: bool, r
 
 
 KILLED = r"""
-import sys
-sys.path.insert(0, {root!r})
 import threading, time
 import bench.bench_abandon as b
 c = b.grpcclient.InferenceServerClient({url!r})
@@ -103,9 +101,10 @@ time.sleep(600)
 def leave_killed(srv: TritonServer, model: str, max_tokens: int, stop_key: bool) -> None:
     """A client process killed (SIGKILL) after its first chunk: its connection drops with no goodbye."""
     params = {"stop_key": secrets.token_hex(16)} if stop_key else None
-    code = KILLED.format(root=str(Path(__file__).resolve().parent.parent), url=srv.grpc_url, model=model,
-                         max_tokens=max_tokens, params=params)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    code = KILLED.format(url=srv.grpc_url, model=model, max_tokens=max_tokens, params=params)
+    # run from the project root: `python -c` puts the working directory first on sys.path (bench/ is not installed)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         cwd=Path(__file__).resolve().parent.parent)
     try:
         said = "" if p.stdout is None else p.stdout.readline().strip()
         if said != "got":
@@ -188,7 +187,7 @@ def line(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repo", type=Path, required=True, help="the rendered Triton repository to serve")
     ap.add_argument("--abandons", type=int, default=5, help="clients per model and way (one by one, then at once)")
     ap.add_argument("--max-tokens", type=int, default=900, help="max_tokens of each abandoned request")

@@ -84,7 +84,7 @@ def scenario(module: Path, store: Path, same_pid: bool, records: int) -> tuple[i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--records", type=int, default=10, help="records per writer (>= 4)")
     ap.add_argument("--module", type=Path, default=ROOT / "triton_repo/models/capture.py",
                     help="the capture module to run (default: this checkout's)")

@@ -76,7 +76,7 @@ def one(repo: Path, model: str, wait_s: float, log: Path) -> tuple[float | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repo", type=Path, required=True, help="the rendered Triton repository")
     ap.add_argument("--runs", type=int, default=3, help="servers started, one stub killed in each")
     ap.add_argument("--model", default="tensorrt_llm", help="the model whose stub is killed")

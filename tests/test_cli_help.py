@@ -75,6 +75,11 @@ ENTRY_POINTS = {
     "dynamo_serve/serve.py": ["-m", "dynamo_serve.serve"],
     "bench/bench_dynamo.py": ["bench/bench_dynamo.py"],
     "bench/bench_dynamo_loadtest.py": ["bench/bench_dynamo_loadtest.py"],
+    "bench/bench_abandon.py": ["bench/bench_abandon.py"],
+    "bench/bench_capture_writers.py": ["bench/bench_capture_writers.py"],
+    "bench/bench_step.py": ["bench/bench_step.py"],
+    "bench/bench_stub_death.py": ["bench/bench_stub_death.py"],
+    "bench/bench_vllm_peer.py": ["bench/bench_vllm_peer.py"],
     "dynamo_serve/worker.py": ["-m", "dynamo_serve.worker"],
 }
 

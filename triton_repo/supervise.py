@@ -90,11 +90,12 @@ class StubWatch:
 
 
 def ports_taken(host: str, ports: dict[str, int]) -> list[str]:
-    """The ports (name -> number) that cannot be listened on at `host`, each with what to do. Checked before the
-    server starts, so that a restart whose predecessor still holds a port (a server still stopping, or started by
-    someone else) says so instead of leaving the reason in the server's log. SO_REUSEADDR as the servers set it: a
-    port in TIME_WAIT after a stop is free, a port some process listens on is not."""
-    taken = []
+    """The ports (name -> number) that cannot be listened on at `host`, each with what to do; one port given twice
+    is named too. Checked before the server starts, so that a restart whose predecessor still holds a port (a
+    server still stopping, or started by someone else) says so instead of leaving the reason in the server's log.
+    SO_REUSEADDR as the servers set it: a port in TIME_WAIT after a stop is free, one a process listens on is not."""
+    taken = [f"--{name}-port {port} is also the --{other}-port; give each its own port"
+             for i, (name, port) in enumerate(ports.items()) for other, p in list(ports.items())[:i] if p == port]
     for name, port in ports.items():
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as s:

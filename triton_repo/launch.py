@@ -306,7 +306,8 @@ class TritonServer:
             raise LaunchError(f"model repository {self.repo} is not a directory; render it first (triton stage)")
         if self.is_running():
             raise LaunchError(f"server already running (pid {self.pid})")
-        problems = self.path_problems()
+        ports = {"grpc": self.grpc_port, "http": self.http_port, "metrics": self.metrics_port}
+        problems = self.path_problems() + supervise.ports_taken(self.host, ports)
         if problems:
             raise LaunchError("; ".join(problems))
         argv = self.argv()
@@ -433,14 +434,15 @@ def main(argv: list[str] | None = None) -> int:
     if (why := upstream_model_missing(args.repo)) is not None:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    stopping = {"flag": False}
+    stopping, stopped_by = {"flag": False}, {"signal": ""}
 
     def _on_signal(signum: int, _frame: object) -> None:
-        stopping["flag"] = True
+        stopping["flag"], stopped_by["signal"] = True, signal.Signals(signum).name
 
-    # Installed first: a SIGTERM at any moment (even while waiting for readiness) stops the launcher promptly.
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    # Installed first: a SIGTERM at any moment (even while waiting for readiness) stops the launcher promptly; SIGHUP
+    # (the terminal or session went away) too, so that the server is stopped and the launcher says why it ended.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
     admin_key = os.environ.get(ADMIN_KEY_ENV) or None
     try:
         restricted_api_argv(admin_key or "unset")
@@ -460,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         srv.start(args.timeout, stop_requested=lambda: stopping["flag"])
     except LaunchInterrupted:
-        print("stopped before the server was ready", flush=True)
+        print(f"stopped before the server was ready ({stopped_by['signal']} received)", flush=True)
+        print(f"launcher stopped by {stopped_by['signal']} while the server was loading", file=sys.stderr, flush=True)
         return 0
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,6 +14,7 @@ Linux only (/proc); elsewhere no stub is seen and nothing is watched.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,3 +87,23 @@ class StubWatch:
                         "the server still reports the model ready (killed by the OOM killer? see the kernel log); "
                         "stopping tritonserver so that it is restarted")
         return None
+
+
+def ports_taken(host: str, ports: dict[str, int]) -> list[str]:
+    """The ports (name -> number) that cannot be listened on at `host`, each with what to do; one port given twice
+    is named too. Checked before the server starts, so that a restart whose predecessor still holds a port (a
+    server still stopping, or started by someone else) says so instead of leaving the reason in the server's log.
+    SO_REUSEADDR as the servers set it: a port in TIME_WAIT after a stop is free, one a process listens on is not."""
+    taken = [f"--{name}-port {port} is also the --{other}-port; give each its own port"
+             for i, (name, port) in enumerate(ports.items()) for other, p in list(ports.items())[:i] if p == port]
+    for name, port in ports.items():
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                taken.append(f"{name} port {port} on {host} is not free ({e.strerror}): another process listens "
+                             f"on it (a previous tritonserver still stopping? `ss -ltnp 'sport = :{port}'` names it); "
+                             f"stop it or give another --{name}-port")
+    return taken

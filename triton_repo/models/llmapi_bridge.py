@@ -186,3 +186,6 @@ class TritonPythonModel(UpstreamModel):
         super().finalize()
         if getattr(self, "_eagle_capture", None) is not None:
             self._eagle_capture.close()
+        if getattr(self, "_eagle", None) is not None:
+            self._eagle_thread.join(timeout=2 * POLL_S)
+            self._eagle.close()  # an unloaded version stops exporting its series

@@ -224,3 +224,4 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.llm.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.metrics.close()  # an unloaded version stops exporting its series

@@ -195,3 +195,4 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.batcher.close()
         self.capture.close()
+        self.metrics.close()  # an unloaded version stops exporting its series

@@ -24,6 +24,7 @@ runs without a server.
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -165,6 +166,21 @@ class SpecMetrics:
             self.baseline_tau.set(float(baseline["tau"]))
             for m, v in zip(self.by_position["baseline_pos"], baseline["position_acceptance"]):
                 m.set(float(v))
+
+    def close(self) -> None:
+        """Remove this model version's series from the server's /metrics: the model's finalize() calls it, so a
+        version that was unloaded (a published head replaced it) stops exporting. Dropping the last reference to a
+        family makes the python backend delete each of its metrics and then the family (python_backend r24.10
+        src/metric_family.cc `MetricFamily::~MetricFamily`: `Metric::Clear` sends PYTHONSTUB_MetricRequestDelete,
+        then PYTHONSTUB_MetricFamilyRequestDelete), and the server drops a series when its last metric is deleted
+        (core r24.10 src/metric_family.cc `MetricFamily::Remove`, reference-counted per label set). It must run while
+        the stub still talks to the server, i.e. in finalize(), not at interpreter exit. The metrics of other versions
+        share the family names and are untouched (one family object per version). Idempotent."""
+        for attr, *_ in REQUEST_SPECS + SPEC_SPECS:
+            self.__dict__.pop(attr, None)
+        self.by_position.clear()
+        self.families.clear()
+        gc.collect()
 
     def counts(self, in_flight: int, queued: int) -> None:
         self.in_flight.set(in_flight)

@@ -24,9 +24,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 from builders.adaptive.publish import load
 from triton_repo.launch import TritonServer, free_port
 
@@ -77,7 +74,7 @@ def settled(srv: TritonServer, model: str, version: int, settle_s: float) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--build", type=Path, required=True, help="the build directory (its triton_repo is copied)")
     ap.add_argument("--publishes", type=int, default=10, help="new versions published one after another")
     ap.add_argument("--model", default="tensorrt_llm", help="the LLM model whose versions are published")

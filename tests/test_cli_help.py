@@ -80,6 +80,7 @@ ENTRY_POINTS = {
     "bench/bench_step.py": ["bench/bench_step.py"],
     "bench/bench_stub_death.py": ["bench/bench_stub_death.py"],
     "bench/bench_vllm_peer.py": ["bench/bench_vllm_peer.py"],
+    "bench/bench_metric_series.py": ["bench/bench_metric_series.py"],
     "dynamo_serve/worker.py": ["-m", "dynamo_serve.worker"],
 }
 

@@ -220,8 +220,12 @@ def test_resolved_config_names_no_absolute_path_and_moves_with_the_build(
     built.mkdir(parents=True, exist_ok=True)
     owned.write_resolved(built, dump_resolved(cfg))
     text = (built / "config.resolved.yaml").read_text()
-    assert str(tmp_path) not in text and "\n/" not in text and ": /" not in text
     record = yaml.safe_load(text)
+    # deploy: names the cluster's mount points (/build, /models, /capture), not this machine's paths
+    assert {k: v for k, v in record["deploy"].items() if k.endswith("_root")} == {
+        "build_root": "/build", "models_root": "/models", "capture_root": "/capture"}
+    text = yaml.safe_dump({k: v for k, v in record.items() if k != "deploy"})
+    assert str(tmp_path) not in text and "\n/" not in text and ": /" not in text
     assert record["output_dir"] == "." and not Path(record["target"]["model"]).is_absolute()
     moved = tmp_path / "volume" / "mounted"
     moved.parent.mkdir()
@@ -304,7 +308,7 @@ def test_compose_server_ports_healthcheck_shm_mounts() -> None:
         test = s["healthcheck"]["test"]
         assert test[0] == "CMD" and f"127.0.0.1:{serve.TRITON_PORTS['http']}/v2/health/ready" in test[-1]
         assert s["healthcheck"]["start_period"] == "30m" and render.READY_TIMEOUT_S == 30 * 60
-        assert s["shm_size"] == "2gb" and render.RenderOptions("x").shm_size == "2Gi"
+        assert s["shm_size"] == "2gb" and render.SHM_SIZE == "2Gi"
         assert [_expand(v) for v in s["volumes"]] == ["../build:/build"]
     # The healthcheck command itself works: run it against nothing listening -> it must fail.
     cmd = services["triton-cpu"]["healthcheck"]["test"][1:]

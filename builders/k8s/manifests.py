@@ -35,6 +35,9 @@ ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"  # triton_repo/launch.py: the key of Triton's
 GPU = "nvidia.com/gpu"
 
 
+SHM_SIZE = "2Gi"  # /dev/shm of the serving pods: the python backend's shared memory (compose: shm_size 2gb)
+
+
 @dataclass(frozen=True)
 class RenderOptions:
     image: str
@@ -106,7 +109,7 @@ def _volumes(cfg: BuildConfig, name: str, *, models: bool, config: bool = False,
              capture: bool = False) -> list[dict[str, Any]]:
     vols: list[dict[str, Any]] = [
         {"name": "builds", "persistentVolumeClaim": {"claimName": f"{name}-builds"}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},  # python backend / NCCL shm
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},  # python backend / NCCL shm
         # The root filesystem is read-only: scratch space (TensorRT-LLM, Python) and caches live here.
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},

@@ -14,6 +14,7 @@ from builders.k8s.manifests import (  # noqa: F401  (re-exported for the tests t
     CACHE_DIR,
     IMAGE_UID,
     READY_TIMEOUT_S,
+    SHM_SIZE,
     build_gpus,
     dns_name,
     gpus,

@@ -53,7 +53,10 @@ def test_current_line_pytorch_build_writes_no_target_copy(tmp_path: Path, pair: 
     assert not list(build.rglob("rank*.safetensors"))
     # the one weight file written is the head's; nothing else comes near the target's size
     assert [k for k in written if k.endswith(".safetensors")] == ["checkpoint/eagle3/model.safetensors"]
-    assert sum(written.values()) - head_bytes < target_bytes / 10, written
+    # the Dynamo model card repeats the tokenizer (a few MB for a real target, a tenth of this tiny one's weights)
+    tokenizer = {f.name for f in (build / "checkpoint" / "tokenizer").iterdir()}
+    card = sum(n for k, n in written.items() if k.startswith("dynamo/model/") and k.rsplit("/", 1)[-1] in tokenizer)
+    assert sum(written.values()) - head_bytes - card < target_bytes / 10, written
     ck = json.loads((build / "checkpoint" / "config.json").read_text())
     assert ck["eagle_deploy"]["target_weights"] is False and ck["num_hidden_layers"] == 4
     opts = yaml.safe_load((build / "engine" / "llm_api_options.yaml").read_text())

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import Future
 from pathlib import Path
@@ -247,7 +248,17 @@ def test_killed_worker_fails_only_its_own_requests(agg: D.Deployment, hf_greedy:
     assert ended[victim] != "length", ended  # the killed worker's request failed
     survivor = next(w for w in ended if w != victim)
     assert ended[survivor] == "length", ended  # the other one generated all its tokens
-    # new requests go to the survivor and decode correctly
+    # new requests go to the survivor and decode correctly, once the frontend has seen the worker go (a request
+    # routed to it before then is answered 503: bounded wait, then none may fail)
+    end = time.monotonic() + 60
+    while True:
+        try:
+            completion(agg, PROMPTS[0], 1)
+            break
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > end:
+                raise
+            time.sleep(1)
     for p in PROMPTS:
         got = completion(agg, p)
         assert agg.worker_of(got["id"]) == survivor

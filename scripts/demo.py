@@ -240,19 +240,34 @@ def step_cost(speedup: dict[str, Any]) -> float | None:
     return tau * target / eagle if eagle > 0 and tau > 0 else None
 
 
-def verdict(served: dict[str, dict[str, Any]], speedup: dict[str, Any]) -> list[str]:
+def undrafted(levels: dict[str, dict[str, Any]]) -> frozenset[str]:
+    """Levels of the load test at which the EAGLE server drafted nothing (tau 1 and no accepted draft)."""
+    return frozenset(lv for lv, v in levels.items() if v.get("tau") is not None and v["tau"] <= 1.0
+                     and not v.get("acceptance_rate"))
+
+
+def verdict(served: dict[str, dict[str, Any]], speedup: dict[str, Any],
+            undrafted: frozenset[str] = frozenset()) -> list[str]:
     """Whether speculation pays on this machine, and where it does not, why: from the served on/off ratios, the
-    in-process speedup and the measured cost of a step against tau (never assumed)."""
-    ratios = {level: v["ratio"] for level, v in served.items() if v["ratio"] is not None}
+    in-process speedup and the measured cost of a step against tau (never assumed). `undrafted`: levels at which
+    the EAGLE server drafted nothing (load-aware speculation), where both servers did the same work."""
+    same = {level: v["ratio"] for level, v in served.items() if level in undrafted and v["ratio"] is not None}
+    ratios = {level: v["ratio"] for level, v in served.items() if v["ratio"] is not None and level not in undrafted}
     one = ratios.get("c=1")
     cost, tau, ratio = step_cost(speedup), speedup["tau"], speedup["ratio"]
     slower = {level: r for level, r in ratios.items() if level != "c=1" and r < 0.9}
     pays_at_one = ratio >= 1.0 and (one is None or one >= 1.0)
     measured = (f"one EAGLE step (draft + verify) costs {cost:.2f}x a target-only step and yields tau {tau:.2f} "
                 "tokens" if cost is not None else f"tau {tau:.2f}")
+    if same:
+        noise = [f"  at {', '.join(f'{lv} ({r:.2f}x)' for lv, r in same.items())} the EAGLE server did not draft "
+                 "(tau 1.00: load-aware speculation), so both servers did the same work and the ratio is the spread "
+                 "between two identical servers in one short run, not the cost of speculation."]
+    else:
+        noise = []
     if pays_at_one and not slower:
         return [f"verdict: speculation pays on this machine: served {one or 0:.2f}x at one sequence, in process "
-                f"{ratio:.2f}x ({measured})"]
+                f"{ratio:.2f}x ({measured})", *noise]
     lines: list[str] = []
     if pays_at_one:
         lines.append(f"verdict: speculation pays here at one sequence (served {one or 0:.2f}x, in process "
@@ -269,6 +284,7 @@ def verdict(served: dict[str, dict[str, Any]], speedup: dict[str, Any]) -> list[
                "sequence (configs/demo.yaml does; docs/tune-tree.md).")
         lines.append(f"  above one sequence the batch already fills this device, so verifying a tree for every "
                      f"sequence costs more than it wins.{off}")
+    lines += noise
     lines.append("  what to try: a smaller tree that verifies cheaper here (eagle-tune-tree --objective speed, "
                  "docs/tune-tree.md), or a GPU, where verifying a tree of tens of tokens costs about one step "
                  "(docs/benchmarks.md).")
@@ -331,7 +347,7 @@ def demo(plan: DemoPlan, use_device_tree: bool = True) -> dict:
         "line": cfg.trtllm_version, "layout": "llmapi" if (repo / "client.json").is_file() and json.loads(
             (repo / "client.json").read_text()).get("layout") == "llmapi" else "ensemble",
     }
-    result["verdict"] = verdict(served, speedup)
+    result["verdict"] = verdict(served, speedup, undrafted(levels))
     (demo_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     print_summary(result)
     return result

@@ -77,33 +77,6 @@ def frontend_ttft(dep: D.Deployment, model: str, n: int) -> float:
     return float(dep.run(one, PROMPTS[0]))
 
 
-def engine_ttft(build: Path) -> Any:
-    import torch
-
-    from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-
-    torch.set_num_threads(1)
-    eng = ReferenceEngine.from_build(build, device="cpu")
-    tok = eng.tokenizer
-
-    def one(prompt: str, n: int) -> float:
-        first: list[float] = []
-
-        def on_tokens(slot: int, ids: list[int]) -> bool:
-            first.append(time.perf_counter())
-            return True
-
-        session = eng.session(1, eng.limits.max_seq_len, speculative=eng.has_draft, on_tokens=on_tokens)
-        t0 = time.perf_counter()
-        session.add(GenerationRequest(prompt_ids=tok.encode(prompt), max_new_tokens=n,
-                                      sampling=SamplingParams(temperature=0.0), stop_token_ids=[tok.eos_token_id]))
-        while not first:
-            session.step()
-        return first[0] - t0
-
-    return one
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if (why := D.unavailable()) is not None:
@@ -119,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for dep in deps.values():
             dep.wait_ready(600)
-        direct = engine_ttft(a.build)
+        direct = D.engine_ttft(a.build)
         reference: list[str] | None = None
         for r in range(a.rounds):
             names = list(deps)[r % len(deps):] + list(deps)[:r % len(deps)]

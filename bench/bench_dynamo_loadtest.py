@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_dynamo import engine_ttft
 from scripts.spec_sweep import _positive
 from testkit import dynamo as D
 
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for dep in deps.values():
             dep.wait_ready(900)
-        direct = engine_ttft(a.build)
+        direct = D.engine_ttft(a.build)
         for r in range(a.rounds):
             names = list(deps)[r % len(deps):] + list(deps)[:r % len(deps)]
             for lv in levels:

@@ -145,3 +145,32 @@ def stream(url: str, body: dict[str, Any], on_event: Callable[[dict[str, Any]], 
             yield event
             if not on_event(event):
                 return
+
+
+def engine_ttft(build: Path) -> Any:
+    """A function (prompt, n) -> seconds to the first token of the build's reference engine called directly, one
+    thread (what the Dynamo benchmarks compare the frontend against)."""
+    import torch
+
+    from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
+
+    torch.set_num_threads(1)
+    eng = ReferenceEngine.from_build(build, device="cpu")
+    tok = eng.tokenizer
+
+    def one(prompt: str, n: int) -> float:
+        first: list[float] = []
+
+        def on_tokens(slot: int, ids: list[int]) -> bool:
+            first.append(time.perf_counter())
+            return True
+
+        session = eng.session(1, eng.limits.max_seq_len, speculative=eng.has_draft, on_tokens=on_tokens)
+        t0 = time.perf_counter()
+        session.add(GenerationRequest(prompt_ids=tok.encode(prompt), max_new_tokens=n,
+                                      sampling=SamplingParams(temperature=0.0), stop_token_ids=[tok.eos_token_id]))
+        while not first:
+            session.step()
+        return first[0] - t0
+
+    return one

@@ -12,6 +12,7 @@ a load that fails on one server undoes the change on the servers that had taken 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from triton_repo.exposure import ADMIN_HEADER, ADMIN_KEY_ENV
 
 DNS_PREFIX = "dns:"
 PROBE_TIMEOUT_S = 10.0
+PROBE_MODEL = "eagle-refresh-preflight-probe"  # the server log shows this name for every preflight
 
 
 class LoadFailed(PublishError):
@@ -84,12 +86,25 @@ def preflight(servers: list[str], key: str, llm_model: str) -> list[str]:
             problems.append(f"{s}: the admin key was refused (HTTP {code} {body.strip()[:200]}); set "
                             f"${ADMIN_KEY_ENV} to the key the server was started with (header {ADMIN_HEADER})")
             continue
-        # Loading the model as the repository holds it now changes nothing; it tells whether loads are allowed.
-        code, body = post(f"http://{s}/v2/repository/models/{llm_model}/load", key, PROBE_TIMEOUT_S * 6)
-        if code != 200:
-            problems.append(f"{s}: the server does not load models on request (HTTP {code} {body.strip()[:200]}); "
-                            "start it with `triton_repo/launch.py --model-control explicit`")
+        if (p := _loads_on_request(s, key)) is not None:
+            problems.append(p)
     return problems
+
+
+def _loads_on_request(server: str, key: str) -> str | None:
+    """Whether the server takes load requests (model control explicit), asked without reloading anything: a load
+    of a name no repository holds fails as "failed to load ... failed to poll" where loads are allowed and "not
+    allowed" where they are not. Loading the served model itself would reload it whenever its files' times moved
+    (the Python backend writes __pycache__ beside model.py), and on Triton 2.51 a reload that starts while the
+    previous one's ensemble still drains streamed requests can abort the server (heap corruption)."""
+    probe = f"{PROBE_MODEL}-{secrets.token_hex(4)}"
+    code, body = post(f"http://{server}/v2/repository/models/{probe}/load", key, PROBE_TIMEOUT_S)
+    if code == 503 or "not allowed" in body:
+        return (f"{server}: the server does not load models on request (HTTP {code} {body.strip()[:200]}); "
+                "start it with `triton_repo/launch.py --model-control explicit`")
+    if code in (400, 404, 500) and probe in body:
+        return None
+    return f"{server}: a load request was answered HTTP {code} {body.strip()[:200]}; see the server log"
 
 
 def load_all(servers: list[str], key: str, llm_model: str, version: int) -> dict[str, float]:

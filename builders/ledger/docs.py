@@ -297,7 +297,8 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "compressed-tensors; ignored_layers / ignore excluded for every format; other methods set no quant_algo. "
      "QuantAlgo(value) takes the upper-case names of tensorrt_llm/quantization/mode.py"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/attention_backend/trtllm.py TrtllmAttention.__init__",
-     "a stored 2026 main version (the index did not name its commit)", "2026-12-07",
+     "commit 9144c0e6a535f6f3108d870bc1eef158853cb2ea (the comment quoted here is in a later stored main version)",
+     "2026-12-08",
      "kv_cache_scaling_factor = ones(1); kv_scale_quant_orig / kv_scale_orig_quant derived from it; the comment: "
      "they stay at 1.0 for the PyTorch backend, which never overrides them; modules/attention.py assigns "
      "forward_args.kv_scale_* only for an FP4 KV cache. modules/linear.py FP8QDQLinearMethod.create_weights: "

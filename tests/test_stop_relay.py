@@ -16,6 +16,8 @@ import pytest
 
 from triton_repo.models import ownership, stop_relay
 
+UUID_HEX = "9b1d7c4e2f6a48b0a3c5d7e9f1b2c4d6"  # a uuid4().hex-shaped id, fixed so every test run collects the same ids
+
 
 @dataclass
 class _Response:
@@ -108,7 +110,7 @@ def test_relays_a_cancelled_step_once_as_a_stop_request_with_the_requests_own_ke
     assert set(inputs) == {"input_ids", "input_lengths", "request_output_len", "stop"}
 
 
-@pytest.mark.parametrize("rid", ["", "1", "req-7", "a" * 31, uuid.uuid4().hex, "x" * 128])
+@pytest.mark.parametrize("rid", ["", "1", "req-7", "a" * 31, UUID_HEX, "x" * 128])
 def test_ids_of_any_shape_are_relayed_with_their_key_and_two_owners_of_one_id_are_two_requests(rid: str) -> None:
     """Ownership is the key, not the id: short, guessable or shared ids are relayed for each owner separately."""
     pb = _Pb()
@@ -219,7 +221,7 @@ def test_owns_needs_both_keys_and_equality() -> None:
 
 
 @pytest.mark.parametrize("key", [None, "k" * 32])
-@pytest.mark.parametrize("rid", ["", "1", uuid.uuid4().hex])
+@pytest.mark.parametrize("rid", ["", "1", UUID_HEX])
 def test_a_step_carrying_the_llm_models_handle_is_relayed_with_it_whatever_the_clients_key(rid: str,
                                                                                           key: str | None) -> None:
     """The handle (contract.HANDLE_INPUT) names exactly one request: the stop presents it, with or without the

@@ -21,8 +21,8 @@ from builders.monitoring_config import MonitoringConfig
 from builders.serving_config import ServingConfig, serving_problems
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
-from builders.kinds import BACKENDS, DRAFT_KINDS, Backend, DraftKind
-from builders.trtllm import registry
+from core.kinds import BACKENDS, DRAFT_KINDS, Backend, DraftKind
+from core import trtllm_versions
 from builders.capacity import capacity_rule
 from core.config_input import (
     ConfigError,
@@ -89,7 +89,7 @@ class DraftConfig(Strict):
     eagle3: Eagle3Options = Field(default_factory=Eagle3Options, description="EAGLE-3 only options.")
 
     @property
-    def kind(self) -> DraftKind:  # the draft kind's class, chosen by `type` (builders/kinds.py)
+    def kind(self) -> DraftKind:  # the draft kind's class, chosen by `type` (core/kinds.py)
         return DRAFT_KINDS[self.type]
 
 
@@ -192,7 +192,7 @@ class EngineConfig(Strict):
     )
 
     @property
-    def kind(self) -> Backend:  # the backend's class, chosen by `backend` (builders/kinds.py)
+    def kind(self) -> Backend:  # the backend's class, chosen by `backend` (core/kinds.py)
         return BACKENDS[self.backend]
 
 
@@ -252,9 +252,9 @@ class TritonConfig(Strict):
 class BuildConfig(Strict):
     name: str = Field(description="Name of this build (used in logs and manifests).", min_length=1)
     trtllm_version: str = Field(
-        default=registry.DEFAULT_VERSION,
+        default=trtllm_versions.DEFAULT_VERSION,
         description="The TensorRT-LLM version the outputs are written for (what they may contain and which features "
-        "exist follow from it): " + registry.supported_help() + ".",
+        "exist follow from it): " + trtllm_versions.supported_help() + ".",
     )
     output_dir: str = Field(description="Build directory; relative paths are relative to the config file.")
     target: TargetConfig = Field(description="The target model.")
@@ -285,8 +285,8 @@ class BuildConfig(Strict):
     def _known_version(cls, v: object) -> str:
         key = str(v) if isinstance(v, (int, float)) else v  # YAML reads an unquoted 1.2 as a number
         if not isinstance(key, str):
-            raise ValueError(f"trtllm_version={v!r}: give a version string such as '{registry.DEFAULT_VERSION}'")
-        registry.get(key)  # raises UnknownVersion (a ValueError) naming the supported versions
+            raise ValueError(f"trtllm_version={v!r}: give a version string such as '{trtllm_versions.DEFAULT_VERSION}'")
+        trtllm_versions.get(key)  # raises UnknownVersion (a ValueError) naming the supported versions
         return key
 
     @model_validator(mode="after")
@@ -449,7 +449,7 @@ def cross_field_problems(cfg: BuildConfig) -> list[str]:
     for rule in CROSS_FIELD_RULES:
         try:
             p.extend(rule(cfg))
-        except (AttributeError, registry.UnknownVersion):  # a section it needs failed validation (_partial_config)
+        except (AttributeError, trtllm_versions.UnknownVersion):  # a section it needs failed validation (_partial_config)
             continue
     return p
 

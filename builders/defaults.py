@@ -99,11 +99,11 @@ def fill_engine_defaults(data: dict[str, Any], eagle_max_batch_size: int) -> tup
 def fill_version_defaults(data: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """Unset engine limits -> TensorRT-LLM's defaults for the config's version (an unknown version is reported by
     the config's own field validator; the default version's limits stand in until then)."""
-    from builders.trtllm import registry
+    from core import trtllm_versions
 
-    key = data.get("trtllm_version", registry.DEFAULT_VERSION)
+    key = data.get("trtllm_version", trtllm_versions.DEFAULT_VERSION)
     try:
-        version = registry.get(str(key))
-    except registry.UnknownVersion:
-        version = registry.get(registry.DEFAULT_VERSION)  # the field validator reports the bad value
+        version = trtllm_versions.get(str(key))
+    except trtllm_versions.UnknownVersion:
+        version = trtllm_versions.get(trtllm_versions.DEFAULT_VERSION)  # the field validator reports the bad value
     return fill_engine_defaults(data, version.eagle_max_batch_size)

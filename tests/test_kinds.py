@@ -1,4 +1,4 @@
-"""builders/kinds.py: one class per draft kind and per backend, chosen by the config's own fields; every value the
+"""core/kinds.py: one class per draft kind and per backend, chosen by the config's own fields; every value the
 config accepts has its class, and the stages keyed by the class cover every backend."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import get_args
 
 import pytest
 
-from builders import kinds
+from core import kinds
 from builders.config import DraftConfig, EngineConfig, load_config
 from builders.engine.stage import STEPS
 from tests.deploy_files import _tensorrt_config

@@ -280,6 +280,10 @@ class BuildConfig(Strict):
     def defaults_applied(self) -> dict[str, str]:
         return dict(self._defaults)
 
+    @property
+    def version(self) -> trtllm_versions.TrtllmVersion:  # the entry `trtllm_version` names (checked when read)
+        return trtllm_versions.VERSIONS[self.trtllm_version]
+
     @field_validator("trtllm_version", mode="before")
     @classmethod
     def _known_version(cls, v: object) -> str:

@@ -87,7 +87,7 @@ def read_build(build: Path) -> Build:
     except (ValueError, OSError) as e:
         raise UnusableBuild(f"{resolved_file(build)}: {str(e)[:1500]}; rerun `eagle-build CONFIG`") from None
     manifests = {s: _manifest(build, s) for s in STAGES}
-    return Build(build, cfg, trtllm_versions.get(cfg.trtllm_version), manifests)
+    return Build(build, cfg, cfg.version, manifests)
 
 
 def written_options(b: Build) -> tuple[Path | None, dict[str, Any] | None]:

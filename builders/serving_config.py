@@ -132,9 +132,8 @@ def unknown_problems(extra: dict[str, Any], known: set[str], version_name: str) 
 def serving_problems(cfg: _Cfg) -> list[str]:
     """The serving fields this config cannot take (each names field, value and fix); the pass-through's names are
     checked against the ledger by build.py (`unknown_problems`)."""
-    from core import trtllm_versions
 
-    s, v = cfg.serving, trtllm_versions.get(cfg.trtllm_version)
+    s, v = cfg.serving, cfg.version
     if not s.is_set():
         return []
     kind = cfg.engine.kind

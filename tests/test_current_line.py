@@ -119,4 +119,5 @@ def test_new_configs_default_to_the_current_line() -> None:
     with pytest.raises(ValueError) as e:  # an EAGLE-1 engine-flow config must now say which line it is for
         BuildConfig.model_validate(data)
     assert "set trtllm_version: '1.2' (or '1.1', the pinned NGC image) with engine.backend tensorrt" in str(e.value)
-    assert trtllm_versions.get(trtllm_versions.PINNED_VERSION).triton_image == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    pinned = trtllm_versions.get(trtllm_versions.PINNED_VERSION)
+    assert pinned.triton_image == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"

@@ -282,7 +282,7 @@ def test_compose_current_line_profile() -> None:
     build_cmd = [_expand(a) for a in services["build-current"]["command"]]
     assert build_cmd[:2] == ["build", "configs/llama31-8b-eagle3-current.yaml"]
     cfg = load_config(REPO / build_cmd[1])
-    assert trtllm_versions.get(cfg.trtllm_version).triton_layout == "llmapi" and cfg.engine.backend == "pytorch"
+    assert cfg.version.triton_layout == "llmapi" and cfg.engine.backend == "pytorch"
     assert [_expand(a) for a in services["triton-current"]["command"]] == ["serve", "/build/llama31-8b-eagle3-current"]
     assert services["loadtest-current"]["entrypoint"][2:] == ["triton-current:8001", "--model", "tensorrt_llm"]
     text = (DOCKER / "Dockerfile.current").read_text()

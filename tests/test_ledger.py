@@ -249,7 +249,8 @@ def test_ledger_check_cli(reference_build: tuple[Any, Path], tmp_path: Path, cap
 
 def test_installed_trtllm_must_match_the_configs_version() -> None:
     assert trtllm_versions.installed_mismatch("1.1", None) == []
-    assert trtllm_versions.installed_mismatch("1.1", "1.1.0") == [] and trtllm_versions.installed_mismatch("1.2", "1.2.1") == []
+    assert trtllm_versions.installed_mismatch("1.1", "1.1.0") == []
+    assert trtllm_versions.installed_mismatch("1.2", "1.2.1") == []
     (msg,) = trtllm_versions.installed_mismatch("1.1", "1.2.1")
     assert msg == (
         "trtllm_version '1.1': the outputs are written for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM "

@@ -131,7 +131,7 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         acceptance=bool(cfg.tree.acceptance_rate_window_size), penalty=cfg.tree.enable_penalty,
         w_quant=cfg.quantization.weights != "none", w_nvfp4=cfg.quantization.weights == "nvfp4",
         qk_norm=conf.get("architecture") == "Qwen3ForCausalLM",
-        disaggregated=trtllm_versions.get(cfg.trtllm_version).triton_layout == "llmapi",  # dynamo/ prefill + decode YAMLs
+        disaggregated=cfg.version.triton_layout == "llmapi",  # dynamo/ prefill + decode YAMLs
     )
 
 
@@ -162,7 +162,7 @@ def quant_input_problems(cfg: Any, build: Path) -> list[str]:
 
     q, ckpt, p = cfg.quantization, build / "checkpoint", []
     kind = cfg.engine.kind
-    if (q.weights != "none" or q.kv_cache == "fp8") and not trtllm_versions.get(cfg.trtllm_version).engine_flow \
+    if (q.weights != "none" or q.kv_cache == "fp8") and not cfg.version.engine_flow \
             and kind.loads_hf_target and not kind.reference_engine:
         export = ckpt / layout.HF_QUANTIZED
         try:
@@ -183,7 +183,7 @@ def check_emitted(emitted: Emitted, version: str, flags: frozenset[str]) -> list
 
 def build_names(cfg: Any, build: Path) -> Emitted:
     """Everything a finished build directory emitted for TensorRT-LLM and Triton."""
-    version = trtllm_versions.get(cfg.trtllm_version)
+    version = cfg.version
     ckpt = build / "checkpoint"
     # Without the engine flow, TensorRT-LLM never reads the TRT-LLM checkpoint (only the reference engine does).
     out = checkpoint_names(ckpt) if version.engine_flow else {}

@@ -12,8 +12,8 @@ from builders.trtllm.citation import Source  # re-exported: the rows' modules im
 
 ALL = tuple(trtllm_versions.VERSIONS)  # every supported version
 ENGINE_FLOW = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.engine_flow)  # checkpoint format, trtllm-build
-ENSEMBLE = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.triton_layout == "ensemble")  # our ensemble repository
-LLMAPI_LAYOUT = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.triton_layout == "llmapi")  # upstream llmapi model
+ENSEMBLE = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.triton_layout == "ensemble")  # our repository
+LLMAPI_LAYOUT = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.triton_layout == "llmapi")  # upstream's
 
 # The ref a citation names, per repository and version (registry tags for TensorRT-LLM; the Triton release of the
 # image for Triton core/common; this repository's own files are cited at the commit that carries the ledger).

@@ -290,7 +290,7 @@ def trtllm_problems(cfg: BuildConfig) -> list[str]:
     """Every TensorRT-LLM limit this config breaks for its `trtllm_version`. engine.backend=reference has the
     reference engine's own limits, except that an EAGLE-3-only version refuses EAGLE-1/2 heads and static trees
     there too (the reference engine then serves that version's Triton layout and nothing it could not serve)."""
-    v = trtllm_versions.get(cfg.trtllm_version)
+    v = cfg.version
     backend = cfg.engine.kind
     p = _eagle3_only(cfg, v)
     if backend.engine_flow:

@@ -249,6 +249,14 @@ class TritonConfig(Strict):
         return v
 
 
+def _version_key(v: object) -> str:
+    key = str(v) if isinstance(v, (int, float)) else v  # YAML reads an unquoted 1.2 as a number
+    if not isinstance(key, str):
+        raise ValueError(f"trtllm_version={v!r}: give a version string such as '{trtllm_versions.DEFAULT_VERSION}'")
+    trtllm_versions.get(key)  # raises UnknownVersion (a ValueError) naming the supported versions
+    return key
+
+
 class BuildConfig(Strict):
     name: str = Field(description="Name of this build (used in logs and manifests).", min_length=1)
     trtllm_version: str = Field(
@@ -282,16 +290,14 @@ class BuildConfig(Strict):
 
     @property
     def version(self) -> trtllm_versions.TrtllmVersion:  # the entry `trtllm_version` names (checked when read)
+        if isinstance(self.trtllm_version, _Invalid):  # only load_config's cross-field pass builds such a config
+            raise SectionInvalid("trtllm_version")
         return trtllm_versions.VERSIONS[self.trtllm_version]
 
     @field_validator("trtllm_version", mode="before")
     @classmethod
     def _known_version(cls, v: object) -> str:
-        key = str(v) if isinstance(v, (int, float)) else v  # YAML reads an unquoted 1.2 as a number
-        if not isinstance(key, str):
-            raise ValueError(f"trtllm_version={v!r}: give a version string such as '{trtllm_versions.DEFAULT_VERSION}'")
-        trtllm_versions.get(key)  # raises UnknownVersion (a ValueError) naming the supported versions
-        return key
+        return _version_key(v)
 
     @model_validator(mode="after")
     def _cross_field(self) -> BuildConfig:
@@ -435,8 +441,6 @@ def _rule_draft(cfg: BuildConfig) -> list[str]:
     return cfg.draft.kind.draft_problems(cfg.draft) + cfg.engine.kind.draft_problems(cfg.draft)
 
 
-# Each rule reads some sections; when a section itself is invalid, the rule is skipped (its field errors are
-# reported instead), so one load reports field errors and cross-field errors together.
 def _rule_trtllm(cfg: BuildConfig) -> list[str]:
     if cfg.engine.max_batch_size is None:
         return []  # _rule_engine_limits reports the unset limits
@@ -448,31 +452,66 @@ CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:
-    """Rules between fields. Each message names field, value and fix."""
+    """Rules between fields. Each message names field, value and fix.
+
+    Each rule reads some sections; in load_config's pass over a config with field errors (_partial_config), a rule
+    that reads a section which failed validation on its own stops with SectionInvalid and is skipped (that section's
+    field errors are reported instead), so one load reports field errors and cross-field errors together. Any other
+    exception is a bug in the rule and propagates."""
     p: list[str] = []
     for rule in CROSS_FIELD_RULES:
         try:
             p.extend(rule(cfg))
-        except (AttributeError, trtllm_versions.UnknownVersion):  # a section it needs failed validation (_partial_config)
+        except SectionInvalid:
             continue
     return p
 
 
+class SectionInvalid(Exception):
+    """A cross-field rule read a required field or section that failed its own validation (or is missing)."""
+
+
+class _Invalid:
+    """Stands in, in a partial config, for a required field or section that failed its own validation: reading
+    anything from it raises SectionInvalid, so the rule reading it is skipped."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        raise SectionInvalid(f"{self._name}.{attr}")
+
+    def __format__(self, spec: str) -> str:
+        raise SectionInvalid(self._name)
+
+    def __hash__(self) -> int:  # a lookup by it (the version table's) is a read too
+        raise SectionInvalid(self._name)
+
+    def __str__(self) -> str:
+        raise SectionInvalid(self._name)
+
+
 def _partial_config(data: dict[str, Any]) -> BuildConfig:
-    """A BuildConfig holding only the sections that validate on their own (for cross-field checks after field
-    errors). Missing sections raise AttributeError when a rule reads them."""
+    """A BuildConfig holding the sections that validate on their own (for cross-field checks after field errors):
+    an optional section that does not validate keeps its default; a required one, missing or invalid, and an invalid
+    trtllm_version are _Invalid (reading them raises SectionInvalid)."""
     valid: dict[str, Any] = {}
     for name, info in BuildConfig.model_fields.items():
-        if name not in data:
-            continue
         ann = info.annotation
+        if name not in data:
+            if info.is_required():
+                valid[name] = _Invalid(name)
+            continue
         try:
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 valid[name] = ann.model_validate(data[name])
+            elif name == "trtllm_version":
+                valid[name] = _version_key(data[name])
             else:
                 valid[name] = data[name]
-        except ValidationError:
-            continue
+        except ValueError:  # ValidationError and UnknownVersion are ValueErrors
+            if info.is_required() or name == "trtllm_version":
+                valid[name] = _Invalid(name)
     return BuildConfig.model_construct(**valid)
 
 

@@ -18,6 +18,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.trtllm_versions import TrtllmVersion
+
 # moe_config.backend values the DeepSeek-R1 deployment guide's "MoE Backend Support Matrix" names
 MOE_BACKENDS = ("CUTLASS", "TRTLLM", "DEEPGEMM", "WIDEEP")
 
@@ -81,6 +83,9 @@ class _Cfg(Protocol):
     engine: Any
     parallel: Any
     serving: ServingConfig
+
+    @property
+    def version(self) -> TrtllmVersion: ...  # the entry trtllm_version names
 
 
 # Names the build writes from its own fields: a pass-through naming one is refused with the field to set instead.

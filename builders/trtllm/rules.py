@@ -38,6 +38,9 @@ class BuildConfig(Protocol):
 
     def static_tree(self) -> trees.DraftTree | None: ...
 
+    @property
+    def version(self) -> TrtllmVersion: ...  # the entry trtllm_version names
+
 
 def _needs(version: TrtllmVersion, capability: str, what: str, alternatives: str) -> str:
     """'<what> needs TensorRT-LLM >= X (trtllm_version: 'X'); <version> has no <capability>. Or: <alternatives>'."""

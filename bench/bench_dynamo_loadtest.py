@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.spec_sweep import concurrency_levels, positive_int
+from scripts.spec_sweep import positive_int
 from testkit import dynamo as D
 
 DEPLOYMENTS = {"1 worker": ("--workers", "1"), "2 workers": ("--workers", "2"),
@@ -35,7 +35,7 @@ DEPLOYMENTS = {"1 worker": ("--workers", "1"), "2 workers": ("--workers", "2"),
 
 def _levels(text: str) -> str:
     """Comma-separated positive integers, as the load tester's --concurrency takes them."""
-    return ",".join(map(str, concurrency_levels(text)))
+    return ",".join(str(positive_int("--concurrency")(v)) for v in text.split(","))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

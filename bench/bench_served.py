@@ -37,15 +37,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 # the sweep's argument rules
-from scripts.spec_sweep import check_prompts_and_build, concurrency_levels, positive_int, served_model
+from scripts.spec_sweep import (add_build_prompts_out, check_prompts_and_build, concurrency_levels, positive_int,
+                                served_model)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench_served.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", required=True, type=Path, help="finished reference build (either layout)")
-    ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts")
-    ap.add_argument("--out", required=True, type=Path, help="output directory")
+    add_build_prompts_out(ap, "output directory")
     ap.add_argument("--concurrency", type=concurrency_levels, default=[1],
                     help="sequences in flight (one level, default 1)")
     ap.add_argument("--requests", type=positive_int("--requests"), default=4, help="requests per round and side")

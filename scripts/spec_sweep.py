@@ -179,9 +179,7 @@ def positive_int(name: str) -> Callable[[str], int]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="eagle-spec-sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", required=True, type=Path, help="finished reference build (either layout)")
-    ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts")
-    ap.add_argument("--out", required=True, type=Path, help="output directory (anywhere)")
+    add_build_prompts_out(ap, "output directory (anywhere)")
     ap.add_argument("--concurrency", default=[1, 2, 4], type=concurrency_levels, help="levels, e.g. 1,2,4 (default)")
     ap.add_argument("--requests", type=positive_int("--requests"), default=8,
                     help="measured requests per level and deployment")
@@ -195,6 +193,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     check_prompts_and_build(ap, args)
     return args
+
+
+def add_build_prompts_out(ap: argparse.ArgumentParser, out_help: str) -> None:
+    """--build, --prompts and --out, as the sweep and the served benchmark take them (check_prompts_and_build)."""
+    ap.add_argument("--build", required=True, type=Path, help="finished reference build (either layout)")
+    ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts")
+    ap.add_argument("--out", required=True, type=Path, help=out_help)
 
 
 def check_prompts_and_build(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -21,6 +21,7 @@ from builders.monitoring_config import MonitoringConfig
 from builders.serving_config import ServingConfig, serving_problems
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
+from builders.partial_config import Invalid, SectionInvalid, partial_model
 from core.kinds import BACKENDS, DRAFT_KINDS, Backend, DraftKind
 from core import trtllm_versions
 from builders.capacity import capacity_rule
@@ -290,7 +291,7 @@ class BuildConfig(Strict):
 
     @property
     def version(self) -> trtllm_versions.TrtllmVersion:  # the entry `trtllm_version` names (checked when read)
-        if isinstance(self.trtllm_version, _Invalid):  # only load_config's cross-field pass builds such a config
+        if isinstance(self.trtllm_version, Invalid):  # only load_config's cross-field pass builds such a config
             raise SectionInvalid("trtllm_version")
         return trtllm_versions.VERSIONS[self.trtllm_version]
 
@@ -454,10 +455,10 @@ CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine
 def cross_field_problems(cfg: BuildConfig) -> list[str]:
     """Rules between fields. Each message names field, value and fix.
 
-    Each rule reads some sections; in load_config's pass over a config with field errors (_partial_config), a rule
-    that reads a section which failed validation on its own stops with SectionInvalid and is skipped (that section's
-    field errors are reported instead), so one load reports field errors and cross-field errors together. Any other
-    exception is a bug in the rule and propagates."""
+    Each rule reads some sections; in load_config's pass over a config with field errors (builders/partial_config.py),
+    a rule that reads a section which failed validation on its own stops with SectionInvalid and is skipped (that
+    section's field errors are reported instead), so one load reports field errors and cross-field errors together.
+    Any other exception is a bug in the rule and propagates."""
     p: list[str] = []
     for rule in CROSS_FIELD_RULES:
         try:
@@ -465,54 +466,6 @@ def cross_field_problems(cfg: BuildConfig) -> list[str]:
         except SectionInvalid:
             continue
     return p
-
-
-class SectionInvalid(Exception):
-    """A cross-field rule read a required field or section that failed its own validation (or is missing)."""
-
-
-class _Invalid:
-    """Stands in, in a partial config, for a required field or section that failed its own validation: reading
-    anything from it raises SectionInvalid, so the rule reading it is skipped."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        raise SectionInvalid(f"{self._name}.{attr}")
-
-    def __format__(self, spec: str) -> str:
-        raise SectionInvalid(self._name)
-
-    def __hash__(self) -> int:  # a lookup by it (the version table's) is a read too
-        raise SectionInvalid(self._name)
-
-    def __str__(self) -> str:
-        raise SectionInvalid(self._name)
-
-
-def _partial_config(data: dict[str, Any]) -> BuildConfig:
-    """A BuildConfig holding the sections that validate on their own (for cross-field checks after field errors):
-    an optional section that does not validate keeps its default; a required one, missing or invalid, and an invalid
-    trtllm_version are _Invalid (reading them raises SectionInvalid)."""
-    valid: dict[str, Any] = {}
-    for name, info in BuildConfig.model_fields.items():
-        ann = info.annotation
-        if name not in data:
-            if info.is_required():
-                valid[name] = _Invalid(name)
-            continue
-        try:
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                valid[name] = ann.model_validate(data[name])
-            elif name == "trtllm_version":
-                valid[name] = _version_key(data[name])
-            else:
-                valid[name] = data[name]
-        except ValueError:  # ValidationError and UnknownVersion are ValueErrors
-            if info.is_required() or name == "trtllm_version":
-                valid[name] = _Invalid(name)
-    return BuildConfig.model_construct(**valid)
 
 
 # ---- loading ------------------------------------------------------------------------------------------------------
@@ -531,7 +484,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         emptied = {x.split(":")[0] for x in problems if ": empty path " in x}
         field_problems = [x for x in format_pydantic(e) if x.split(":")[0] not in emptied]
         problems.extend(field_problems)
-        problems.extend(x for x in cross_field_problems(_partial_config(data)) if x not in problems)
+        partial = partial_model(BuildConfig, data, {"trtllm_version": _version_key})
+        problems.extend(x for x in cross_field_problems(partial) if x not in problems)
         raise ConfigError(problems, str(path)) from None
     if problems:
         raise ConfigError(problems, str(path))

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from scripts.triton_suite import ensemble_stream, grpc_inputs
 from triton_repo.launch import TritonServer, free_port
 
 PROMPT = "Count: 1, 2, 3, 4,"  # a long answer even where no end_id can be set (the llmapi model)
@@ -47,19 +48,10 @@ def metric(url: str, name: str) -> float:
 
 def _inputs(model: str, max_tokens: int) -> list[Any]:
     if model == "tensorrt_llm":  # the llmapi layout: text in, text out as well (triton_repo/llmapi_contract.py)
-        names = [("text_input", np.array([PROMPT.encode()], dtype=object), "BYTES"),
-                 ("sampling_param_max_tokens", np.array([max_tokens], np.int32), "INT32"),
-                 ("streaming", np.array([True]), "BOOL")]
-    else:
-        names = [("text_input", np.array([[PROMPT.encode()]], dtype=object), "BYTES"),
-                 ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"), ("stream", np.array([[True]]), "BOOL"),
-                 ("end_id", np.array([[-1]], np.int32), "INT32")]
-    out = []
-    for n, a, dt in names:
-        i = grpcclient.InferInput(n, list(a.shape), dt)
-        i.set_data_from_numpy(a)
-        out.append(i)
-    return out
+        return grpc_inputs([("text_input", np.array([PROMPT.encode()], dtype=object), "BYTES"),
+                            ("sampling_param_max_tokens", np.array([max_tokens], np.int32), "INT32"),
+                            ("streaming", np.array([True]), "BOOL")])
+    return ensemble_stream(PROMPT.encode(), max_tokens)
 
 
 def leave_grpc(srv: TritonServer, model: str, max_tokens: int, stop_key: bool, request_id: str | None = None) -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.spec_sweep import _positive
+from scripts.spec_sweep import positive_int
 from testkit import dynamo as D
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):",
@@ -40,11 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[3:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", type=Path, required=True, help="a current-line build directory")
-    p.add_argument("--concurrency", type=_positive("--concurrency"), default=4)
-    p.add_argument("--requests", type=_positive("--requests"), default=12, help="requests per deployment per round")
-    p.add_argument("--max-tokens", type=_positive("--max-tokens"), default=32)
-    p.add_argument("--rounds", type=_positive("--rounds"), default=2)
-    p.add_argument("--ttft-requests", type=_positive("--ttft-requests"), default=6,
+    p.add_argument("--concurrency", type=positive_int("--concurrency"), default=4)
+    p.add_argument("--requests", type=positive_int("--requests"), default=12, help="requests per deployment per round")
+    p.add_argument("--max-tokens", type=positive_int("--max-tokens"), default=32)
+    p.add_argument("--rounds", type=positive_int("--rounds"), default=2)
+    p.add_argument("--ttft-requests", type=positive_int("--ttft-requests"), default=6,
                    help="requests for the TTFT comparison")
     p.add_argument("--deployments", nargs="+", choices=list(DEPLOYMENTS), default=["1 worker", "2 workers"],
                    help="which deployments to compare (each running at once; the first is the baseline)")

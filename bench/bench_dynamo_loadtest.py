@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.spec_sweep import _positive
+from scripts.spec_sweep import positive_int
 from testkit import dynamo as D
 
 DEPLOYMENTS = {"1 worker": ("--workers", "1"), "2 workers": ("--workers", "2"),
@@ -35,7 +35,7 @@ DEPLOYMENTS = {"1 worker": ("--workers", "1"), "2 workers": ("--workers", "2"),
 
 def _levels(text: str) -> str:
     """Comma-separated positive integers, as the load tester's --concurrency takes them."""
-    return ",".join(str(_positive("--concurrency")(v)) for v in text.split(","))
+    return ",".join(str(positive_int("--concurrency")(v)) for v in text.split(","))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,10 +44,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=Path, required=True, help="JSONL, one {\"prompt\": ...} per line")
     p.add_argument("--out", type=Path, required=True, help="where the load tester's reports and summary.json go")
     p.add_argument("--concurrency", type=_levels, default="1,4", help="closed-loop levels, e.g. 1,4")
-    p.add_argument("--requests", type=_positive("--requests"), default=12, help="requests per run")
-    p.add_argument("--max-tokens", type=_positive("--max-tokens"), default=32)
-    p.add_argument("--rounds", type=_positive("--rounds"), default=2)
-    p.add_argument("--ttft-requests", type=_positive("--ttft-requests"), default=6,
+    p.add_argument("--requests", type=positive_int("--requests"), default=12, help="requests per run")
+    p.add_argument("--max-tokens", type=positive_int("--max-tokens"), default=32)
+    p.add_argument("--rounds", type=positive_int("--rounds"), default=2)
+    p.add_argument("--ttft-requests", type=positive_int("--ttft-requests"), default=6,
                    help="requests per round for the TTFT comparison with the engine called directly")
     return p.parse_args(argv)
 

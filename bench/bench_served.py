@@ -36,29 +36,25 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
-from scripts.spec_sweep import _levels, _positive, served_model  # the same argument rules
+# the sweep's argument rules
+from scripts.spec_sweep import (add_build_prompts_out, check_prompts_and_build, concurrency_levels, positive_int,
+                                served_model)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench_served.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", required=True, type=Path, help="finished reference build (either layout)")
-    ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts")
-    ap.add_argument("--out", required=True, type=Path, help="output directory")
-    ap.add_argument("--concurrency", type=_levels, default=[1], help="sequences in flight (one level, default 1)")
-    ap.add_argument("--requests", type=_positive("--requests"), default=4, help="requests per round and side")
-    ap.add_argument("--max-tokens", type=_positive("--max-tokens"), default=64, help="max_tokens per request")
-    ap.add_argument("--rounds", type=_positive("--rounds"), default=2, help="in process / served pairs (default 2)")
-    ap.add_argument("--threads", type=_positive("--threads"), default=1, help="torch / OpenMP threads (default 1)")
+    add_build_prompts_out(ap, "output directory")
+    ap.add_argument("--concurrency", type=concurrency_levels, default=[1],
+                    help="sequences in flight (one level, default 1)")
+    ap.add_argument("--requests", type=positive_int("--requests"), default=4, help="requests per round and side")
+    ap.add_argument("--max-tokens", type=positive_int("--max-tokens"), default=64, help="max_tokens per request")
+    ap.add_argument("--rounds", type=positive_int("--rounds"), default=2, help="in process / served pairs (default 2)")
+    ap.add_argument("--threads", type=positive_int("--threads"), default=1, help="torch / OpenMP threads (default 1)")
     args = ap.parse_args(argv)
     if len(args.concurrency) != 1:
         ap.error(f"--concurrency {','.join(map(str, args.concurrency))}: give one level")
-    if not args.prompts.is_file():
-        ap.error(f"--prompts {args.prompts}: no such file")
-    try:
-        served_model(args.build / "triton_repo")
-    except ValueError as e:
-        ap.error(f"--build {args.build}: {e}")
+    check_prompts_and_build(ap, args)
     return args
 
 

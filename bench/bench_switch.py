@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.spec_sweep import _positive  # the same argument rules as the sweep
+from scripts.spec_sweep import positive_int  # the same argument rules as the sweep
 
 POLICIES = ("target-only", "always", "batch switch", "per-sequence switch")
 
@@ -45,14 +45,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--build", required=True, type=Path, help="finished build with engine.backend reference")
     ap.add_argument("--high", required=True, type=Path, help="JSONL prompts the head drafts well")
     ap.add_argument("--low", required=True, type=Path, help="JSONL prompts the head drafts badly")
-    ap.add_argument("--concurrency", type=_positive("--concurrency"), default=2,
+    ap.add_argument("--concurrency", type=positive_int("--concurrency"), default=2,
                     help="sequences in flight (closed loop)")
-    ap.add_argument("--requests", type=_positive("--requests"), default=16,
+    ap.add_argument("--requests", type=positive_int("--requests"), default=16,
                     help="requests per policy and round (alternating kinds)")
-    ap.add_argument("--max-tokens", type=_positive("--max-tokens"), default=64)
-    ap.add_argument("--window", type=_positive("--window"), default=8, help="acceptance_rate_window_size")
+    ap.add_argument("--max-tokens", type=positive_int("--max-tokens"), default=64)
+    ap.add_argument("--window", type=positive_int("--window"), default=8, help="acceptance_rate_window_size")
     ap.add_argument("--threshold", type=float, default=0.12, help="acceptance_rate_threshold")
-    ap.add_argument("--rounds", type=_positive("--rounds"), default=2)
+    ap.add_argument("--rounds", type=positive_int("--rounds"), default=2)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if not 0.0 <= args.threshold <= 1.0:

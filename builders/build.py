@@ -75,9 +75,8 @@ def pass_through_problems(cfg: BuildConfig) -> list[str]:
     """serving.extra_llm_api_options names the contract ledger does not know for the config's version."""
     from builders.ledger.table import rows_for
     from builders.serving_config import unknown_problems
-    from builders.trtllm import registry
 
-    v = registry.get(cfg.trtllm_version)
+    v = cfg.version
     known = {r.name for r in rows_for("llmapi.option", v.key)}
     return unknown_problems(cfg.serving.extra_llm_api_options, known, v.name)
 

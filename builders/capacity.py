@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from builders.published import target_weight_bytes
-from builders.kinds import BACKENDS
+from core.kinds import BACKENDS
 from core import trees
 from core.families import family_of
 from core.hfconfig import ModelConfigError, read_config

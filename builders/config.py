@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -21,8 +21,9 @@ from builders.monitoring_config import MonitoringConfig
 from builders.serving_config import ServingConfig, serving_problems
 from builders.speculation import LoadAwareFields
 from builders.defaults import fill_version_defaults
-from builders.kinds import BACKENDS, DRAFT_KINDS, Backend, DraftKind
-from builders.trtllm import registry
+from builders.partial_config import Invalid, SectionInvalid, partial_model
+from core.kinds import BACKENDS, DRAFT_KINDS, Backend, DraftKind
+from core import trtllm_versions
 from builders.capacity import capacity_rule
 from core.config_input import (
     ConfigError,
@@ -89,7 +90,7 @@ class DraftConfig(Strict):
     eagle3: Eagle3Options = Field(default_factory=Eagle3Options, description="EAGLE-3 only options.")
 
     @property
-    def kind(self) -> DraftKind:  # the draft kind's class, chosen by `type` (builders/kinds.py)
+    def kind(self) -> DraftKind:  # the draft kind's class, chosen by `type` (core/kinds.py)
         return DRAFT_KINDS[self.type]
 
 
@@ -192,7 +193,7 @@ class EngineConfig(Strict):
     )
 
     @property
-    def kind(self) -> Backend:  # the backend's class, chosen by `backend` (builders/kinds.py)
+    def kind(self) -> Backend:  # the backend's class, chosen by `backend` (core/kinds.py)
         return BACKENDS[self.backend]
 
 
@@ -249,12 +250,20 @@ class TritonConfig(Strict):
         return v
 
 
+def _version_key(v: object) -> str:
+    key = str(v) if isinstance(v, (int, float)) else v  # YAML reads an unquoted 1.2 as a number
+    if not isinstance(key, str):
+        raise ValueError(f"trtllm_version={v!r}: give a version string such as '{trtllm_versions.DEFAULT_VERSION}'")
+    trtllm_versions.get(key)  # raises UnknownVersion (a ValueError) naming the supported versions
+    return key
+
+
 class BuildConfig(Strict):
     name: str = Field(description="Name of this build (used in logs and manifests).", min_length=1)
     trtllm_version: str = Field(
-        default=registry.DEFAULT_VERSION,
+        default=trtllm_versions.DEFAULT_VERSION,
         description="The TensorRT-LLM version the outputs are written for (what they may contain and which features "
-        "exist follow from it): " + registry.supported_help() + ".",
+        "exist follow from it): " + trtllm_versions.supported_help() + ".",
     )
     output_dir: str = Field(description="Build directory; relative paths are relative to the config file.")
     target: TargetConfig = Field(description="The target model.")
@@ -280,14 +289,16 @@ class BuildConfig(Strict):
     def defaults_applied(self) -> dict[str, str]:
         return dict(self._defaults)
 
+    @property
+    def version(self) -> trtllm_versions.TrtllmVersion:  # the entry `trtllm_version` names (checked when read)
+        if isinstance(self.trtllm_version, Invalid):  # only load_config's cross-field pass builds such a config
+            raise SectionInvalid("trtllm_version")
+        return trtllm_versions.VERSIONS[self.trtllm_version]
+
     @field_validator("trtllm_version", mode="before")
     @classmethod
     def _known_version(cls, v: object) -> str:
-        key = str(v) if isinstance(v, (int, float)) else v  # YAML reads an unquoted 1.2 as a number
-        if not isinstance(key, str):
-            raise ValueError(f"trtllm_version={v!r}: give a version string such as '{registry.DEFAULT_VERSION}'")
-        registry.get(key)  # raises UnknownVersion (a ValueError) naming the supported versions
-        return key
+        return _version_key(v)
 
     @model_validator(mode="after")
     def _cross_field(self) -> BuildConfig:
@@ -431,8 +442,6 @@ def _rule_draft(cfg: BuildConfig) -> list[str]:
     return cfg.draft.kind.draft_problems(cfg.draft) + cfg.engine.kind.draft_problems(cfg.draft)
 
 
-# Each rule reads some sections; when a section itself is invalid, the rule is skipped (its field errors are
-# reported instead), so one load reports field errors and cross-field errors together.
 def _rule_trtllm(cfg: BuildConfig) -> list[str]:
     if cfg.engine.max_batch_size is None:
         return []  # _rule_engine_limits reports the unset limits
@@ -444,32 +453,19 @@ CROSS_FIELD_RULES = (_rule_tree, _rule_speculation, _rule_parallel, _rule_engine
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[str]:
-    """Rules between fields. Each message names field, value and fix."""
+    """Rules between fields. Each message names field, value and fix.
+
+    Each rule reads some sections; in load_config's pass over a config with field errors (builders/partial_config.py),
+    a rule that reads a section which failed validation on its own stops with SectionInvalid and is skipped (that
+    section's field errors are reported instead), so one load reports field errors and cross-field errors together.
+    Any other exception is a bug in the rule and propagates."""
     p: list[str] = []
     for rule in CROSS_FIELD_RULES:
         try:
             p.extend(rule(cfg))
-        except (AttributeError, registry.UnknownVersion):  # a section it needs failed validation (_partial_config)
+        except SectionInvalid:
             continue
     return p
-
-
-def _partial_config(data: dict[str, Any]) -> BuildConfig:
-    """A BuildConfig holding only the sections that validate on their own (for cross-field checks after field
-    errors). Missing sections raise AttributeError when a rule reads them."""
-    valid: dict[str, Any] = {}
-    for name, info in BuildConfig.model_fields.items():
-        if name not in data:
-            continue
-        ann = info.annotation
-        try:
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                valid[name] = ann.model_validate(data[name])
-            else:
-                valid[name] = data[name]
-        except ValidationError:
-            continue
-    return BuildConfig.model_construct(**valid)
 
 
 # ---- loading ------------------------------------------------------------------------------------------------------
@@ -488,7 +484,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         emptied = {x.split(":")[0] for x in problems if ": empty path " in x}
         field_problems = [x for x in format_pydantic(e) if x.split(":")[0] not in emptied]
         problems.extend(field_problems)
-        problems.extend(x for x in cross_field_problems(_partial_config(data)) if x not in problems)
+        partial = partial_model(BuildConfig, data, {"trtllm_version": _version_key})
+        problems.extend(x for x in cross_field_problems(partial) if x not in problems)
         raise ConfigError(problems, str(path)) from None
     if problems:
         raise ConfigError(problems, str(path))

@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from core.kinds import BACKENDS, Backend
+
 TRTLLM_MAX_BATCH_SIZE = 2048
 TRTLLM_MAX_INPUT_LEN = 1024
 TRTLLM_FALLBACK_MAX_SEQ_LEN = 2048
@@ -47,12 +49,12 @@ def model_max_seq_len(model_dir: Path) -> tuple[int, str]:
     return value, why
 
 
-def engine_defaults(backend: str, eagle_max_batch_size: int, model_dir: Path | None) -> dict[str, tuple[int, str]]:
+def engine_defaults(backend: Backend, eagle_max_batch_size: int, model_dir: Path | None) -> dict[str, tuple[int, str]]:
     """{field: (value, reason)} for max_batch_size, max_seq_len and max_input_len. `model_dir` None (unreadable
     target) raises DefaultsError for max_seq_len."""
-    if backend == "reference":
+    if backend.reference_engine:
         batch = (REFERENCE_MAX_BATCH_SIZE, "reference engine default (KV cache allocated up front)")
-    elif backend == "tensorrt":
+    elif backend.engine_flow:
         batch = (
             min(TRTLLM_MAX_BATCH_SIZE, eagle_max_batch_size),
             f"trtllm-build default {TRTLLM_MAX_BATCH_SIZE}, capped at the EAGLE engine limit {eagle_max_batch_size}",
@@ -62,7 +64,7 @@ def engine_defaults(backend: str, eagle_max_batch_size: int, model_dir: Path | N
     if model_dir is None:
         raise DefaultsError("target.model cannot be read")
     seq, why = model_max_seq_len(model_dir)
-    if backend == "reference" and seq > REFERENCE_MAX_SEQ_LEN:
+    if backend.reference_engine and seq > REFERENCE_MAX_SEQ_LEN:
         seq, why = REFERENCE_MAX_SEQ_LEN, f"{why}, capped at the reference engine's {REFERENCE_MAX_SEQ_LEN}"
     return {"max_batch_size": batch, "max_seq_len": (seq, why),
             "max_input_len": (min(TRTLLM_MAX_INPUT_LEN, seq - 1),
@@ -75,7 +77,9 @@ def fill_engine_defaults(data: dict[str, Any], eagle_max_batch_size: int) -> tup
     from core.hfconfig import ModelConfigError
 
     engine, target = data.get("engine"), data.get("target")
-    if not isinstance(engine, dict) or engine.get("backend") not in ("tensorrt", "pytorch", "reference"):
+    name = engine.get("backend") if isinstance(engine, dict) else None
+    backend = BACKENDS.get(name) if isinstance(name, str) else None
+    if not isinstance(engine, dict) or backend is None:
         return [], {}  # the schema reports a missing or invalid engine section
     unset = [k for k in ("max_batch_size", "max_input_len", "max_seq_len") if engine.get(k) is None]
     if not unset:
@@ -83,7 +87,7 @@ def fill_engine_defaults(data: dict[str, Any], eagle_max_batch_size: int) -> tup
     model = target.get("model") if isinstance(target, dict) else None
     try:
         model_dir = resolve_target(model) if isinstance(model, str) else None
-        values = engine_defaults(engine["backend"], eagle_max_batch_size, model_dir)
+        values = engine_defaults(backend, eagle_max_batch_size, model_dir)
     except (ModelSourceError, ModelConfigError, DefaultsError, OSError) as e:
         return [f"engine.{k}: not set, and the default cannot be derived from target.model ({e}); set engine.{k}"
                 for k in unset], {}
@@ -99,11 +103,11 @@ def fill_engine_defaults(data: dict[str, Any], eagle_max_batch_size: int) -> tup
 def fill_version_defaults(data: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """Unset engine limits -> TensorRT-LLM's defaults for the config's version (an unknown version is reported by
     the config's own field validator; the default version's limits stand in until then)."""
-    from builders.trtllm import registry
+    from core import trtllm_versions
 
-    key = data.get("trtllm_version", registry.DEFAULT_VERSION)
+    key = data.get("trtllm_version", trtllm_versions.DEFAULT_VERSION)
     try:
-        version = registry.get(str(key))
-    except registry.UnknownVersion:
-        version = registry.get(registry.DEFAULT_VERSION)  # the field validator reports the bad value
+        version = trtllm_versions.get(str(key))
+    except trtllm_versions.UnknownVersion:
+        version = trtllm_versions.get(trtllm_versions.DEFAULT_VERSION)  # the field validator reports the bad value
     return fill_engine_defaults(data, version.eagle_max_batch_size)

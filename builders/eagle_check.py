@@ -3,7 +3,7 @@
 First contact with a finished build on the machine that will serve it. In order:
   1. the build: its validated config (config.resolved.yaml) and the manifests of its checkpoint and engine stages;
   2. TensorRT-LLM: imported if installed, and whether its version is the release the build was written for
-     (trtllm_version, builders/trtllm/registry.py);
+     (trtllm_version, core/trtllm_versions.py);
   3. the written options (the LLM API YAML of the current line; the engine's config.json of the 1.1 / 1.2 engine
      flow): checked against the contract ledger and, with TensorRT-LLM installed, by that release's own classes
      (TorchLlmArgs / Eagle3DecodingConfig, EngineConfig: builders/eagle_check_run.py cites them);
@@ -36,7 +36,7 @@ import yaml
 
 from builders import layout
 from builders.config import BuildConfig
-from builders.trtllm import registry
+from core import trtllm_versions
 from core.files import InputFileError, MIB, parse_json, read_text, writable_file
 
 EXIT_OK, EXIT_MISMATCH, EXIT_UNUSABLE = 0, 1, 2
@@ -53,7 +53,7 @@ class UnusableBuild(ValueError):
 class Build:
     dir: Path
     cfg: BuildConfig
-    version: registry.TrtllmVersion
+    version: trtllm_versions.TrtllmVersion
     manifests: dict[str, dict[str, Any]]
 
 
@@ -87,7 +87,7 @@ def read_build(build: Path) -> Build:
     except (ValueError, OSError) as e:
         raise UnusableBuild(f"{resolved_file(build)}: {str(e)[:1500]}; rerun `eagle-build CONFIG`") from None
     manifests = {s: _manifest(build, s) for s in STAGES}
-    return Build(build, cfg, registry.get(cfg.trtllm_version), manifests)
+    return Build(build, cfg, cfg.version, manifests)
 
 
 def written_options(b: Build) -> tuple[Path | None, dict[str, Any] | None]:

@@ -10,7 +10,6 @@ from pathlib import Path
 from builders import capacity
 from builders.config import BuildConfig
 from builders.published import weights_label
-from builders.trtllm import registry
 from builders.versions import CPU_IMAGE, CURRENT_GPU_IMAGE, GPU_IMAGE
 from core.quant import QuantConfigError
 from core.shapes import ShapeError
@@ -19,7 +18,7 @@ from core.trees import DynamicTree
 
 def tree_terms(cfg: BuildConfig) -> str:
     """The tree limits as the chosen line and backend write them."""
-    lim, v, e = cfg.limits(), registry.get(cfg.trtllm_version), cfg.engine.kind
+    lim, v, e = cfg.limits(), cfg.version, cfg.engine.kind
     tree = cfg.draft_tree
     if e.llmapi_model or (e.reference_engine and v.triton_layout == "llmapi"):
         head = f"speculative_config: max_draft_len={lim.num_eagle_layers} (drafting steps)"
@@ -76,7 +75,7 @@ def memory_lines(cfg: BuildConfig) -> list[str]:
 def container_command(cfg: BuildConfig) -> list[str]:
     """`docker run` serving this build with the image docker/ builds for its line (docs/deploy.md) (pure)."""
     build = Path(cfg.output_dir)
-    e, v = cfg.engine.kind, registry.get(cfg.trtllm_version)
+    e, v = cfg.engine.kind, cfg.version
     if e.reference_engine and cfg.engine.device == "cpu":
         image, gpus = CPU_IMAGE, []
     else:
@@ -87,7 +86,7 @@ def container_command(cfg: BuildConfig) -> list[str]:
 
 
 def plan_lines(cfg: BuildConfig) -> list[str]:
-    out = [f"  tree ({registry.get(cfg.trtllm_version).name}): {tree_terms(cfg)}"]
+    out = [f"  tree ({cfg.version.name}): {tree_terms(cfg)}"]
     out += memory_lines(cfg)
     out.append(f"  writes   {Path(cfg.output_dir) / 'config.resolved.yaml'} and the stage outputs below")
     out.append(f"  serve    {' '.join(container_command(cfg))}")

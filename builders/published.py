@@ -103,9 +103,8 @@ def fp8_head_warning(cfg: Any, hf_dir: Path) -> str | None:
     """The warning for an FP8 target (published so, or `quantization.weights: fp8`) served with a 16-bit EAGLE-3 head
     by TensorRT-LLM's PyTorch backend on the current line: NVIDIA/TensorRT-LLM issue #7842 (open) reports that pair
     failing in one-model EAGLE-3 (on 1.0.0rc6); None otherwise."""
-    from builders.trtllm import registry
 
-    if registry.get(cfg.trtllm_version).engine_flow or not cfg.draft.kind.eagle3 or not cfg.engine.kind.runs_trtllm:
+    if cfg.version.engine_flow or not cfg.draft.kind.eagle3 or not cfg.engine.kind.runs_trtllm:
         return None
     try:
         quant = read_quant(hf_dir)

@@ -18,6 +18,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.trtllm_versions import TrtllmVersion
+
 # moe_config.backend values the DeepSeek-R1 deployment guide's "MoE Backend Support Matrix" names
 MOE_BACKENDS = ("CUTLASS", "TRTLLM", "DEEPGEMM", "WIDEEP")
 
@@ -82,6 +84,9 @@ class _Cfg(Protocol):
     parallel: Any
     serving: ServingConfig
 
+    @property
+    def version(self) -> TrtllmVersion: ...  # the entry trtllm_version names
+
 
 # Names the build writes from its own fields: a pass-through naming one is refused with the field to set instead.
 OWNED = {
@@ -132,9 +137,8 @@ def unknown_problems(extra: dict[str, Any], known: set[str], version_name: str) 
 def serving_problems(cfg: _Cfg) -> list[str]:
     """The serving fields this config cannot take (each names field, value and fix); the pass-through's names are
     checked against the ledger by build.py (`unknown_problems`)."""
-    from builders.trtllm import registry
 
-    s, v = cfg.serving, registry.get(cfg.trtllm_version)
+    s, v = cfg.serving, cfg.version
     if not s.is_set():
         return []
     kind = cfg.engine.kind

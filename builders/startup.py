@@ -1,8 +1,8 @@
 """The start-up check build.py and docker/serve.py run before anything is written or started.
 
 It joins the container pin (builders/versions.py: the engine flow exists in the installed TensorRT-LLM) and the
-version registry (builders/trtllm/registry.py: the installed series is the one the config's outputs are written for);
-living above both keeps the registry free to read the pin without the pin reading the registry back.
+version registry (core/trtllm_versions.py: the installed series is the one the config's outputs are written for);
+living above both keeps the pin's checks and the version table apart.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 from builders import versions
-from builders.kinds import BACKENDS
-from builders.trtllm.registry import get, installed_mismatch
+from core.kinds import BACKENDS
+from core.trtllm_versions import get, installed_mismatch
 
 IMPORT_TIMEOUT_S = 600.0  # importing TensorRT-LLM loads CUDA, TensorRT and its kernels: slow on a cold start
 

@@ -24,10 +24,11 @@ from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
+from core.trtllm_versions import TRITON_IMAGE, TRITON_RELEASE, TRTLLM_VERSION
+
 # ---- the pin ------------------------------------------------------------------------------------------------------
-TRITON_RELEASE = "25.12"  # NGC release (yy.mm) of nvcr.io/nvidia/tritonserver:<release>-trtllm-python-py3
-TRTLLM_VERSION = "1.1.0"  # TensorRT-LLM inside that image (compatibility matrix above)
-TRITON_IMAGE = f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-trtllm-python-py3"
+# TRITON_RELEASE, TRTLLM_VERSION (compatibility matrix above), TRITON_IMAGE: core/trtllm_versions.py, where the
+# version table reads them
 
 # Names of the images docker/ builds (compose, Kubernetes manifests and docs use these; tests check they agree).
 GPU_IMAGE = f"eagle-deploy:triton{TRITON_RELEASE}-trtllm{TRTLLM_VERSION}"
@@ -37,7 +38,7 @@ CPU_IMAGE = "eagle-deploy:cpu"
 # No NGC tritonserver image carries TensorRT-LLM >= 1.3 (the compatibility matrix stops at 26.07 -> 1.2.1), so
 # docker/Dockerfile.current installs the wheel into a Triton image and adds TensorRT-LLM's llmapi Triton model from
 # the same tag, where tensorrtllm_backend's Dockerfile puts it (/app/all_models/llmapi). Not built on a GPU here.
-CURRENT_TRTLLM_VERSION = "1.4.0rc4"  # builders/trtllm/registry.py VERSIONS["1.4"].release
+CURRENT_TRTLLM_VERSION = "1.4.0rc4"  # core/trtllm_versions.py VERSIONS["1.4"].release
 CURRENT_TRTLLM_TAG = "v1.4.0rc4"
 CURRENT_TRITON_BASE = "nvcr.io/nvidia/tritonserver:26.07-py3"  # the newest Triton in the matrix (CUDA 13.1)
 CURRENT_GPU_IMAGE = f"eagle-deploy:trtllm{CURRENT_TRTLLM_VERSION}"
@@ -100,7 +101,7 @@ def engine_flow_problems(backend: str, installed: InstalledTrtllm | None) -> lis
     Only `engine.backend: tensorrt` depends on the engine flow. A missing TensorRT-LLM is not reported here: the
     engine stage's own preflight names the missing `trtllm-build` / GPU (and --dry-run still prints the plan).
     """
-    from builders.kinds import BACKENDS
+    from core.kinds import BACKENDS
 
     if not BACKENDS[backend].engine_flow or installed is None:
         return []

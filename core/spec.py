@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from core.kinds import DRAFT_KINDS, DraftKind
 from core.speculation import SpeculationPolicy
 from core.trees import DraftTree, Tree
 
@@ -54,6 +55,10 @@ class ReferenceSpec(BaseModel):
     acceptance_switch_per_sequence: bool = Field(
         default=False, description="Ours: the acceptance window and threshold apply to each sequence on its own."
     )
+
+    @property
+    def kind(self) -> DraftKind:  # the head's kind (core/kinds.py), as `draft_type` names it
+        return DRAFT_KINDS[self.draft_type]
 
     def policy(self) -> SpeculationPolicy | None:
         p = SpeculationPolicy(self.draft_len_schedule, self.max_concurrency, self.acceptance_rate_window_size,

@@ -197,11 +197,11 @@ def eagle_speedup(build_dir: Path, prompts: Path, plan: DemoPlan, other_tree: An
 
 def policy_line(policy: str | None, trtllm_version: str) -> str | None:
     """The build's load-aware speculation, and whose it is on the build's TensorRT-LLM line."""
-    from builders.trtllm import registry
+    from core import trtllm_versions
 
     if policy is None:
         return None
-    if registry.get(trtllm_version).load_aware_speculation:
+    if trtllm_versions.get(trtllm_version).load_aware_speculation:
         return f"load-aware speculation: {policy} (TensorRT-LLM {trtllm_version}'s speculative_config)"
     return (f"load-aware speculation: {policy} -- ours: TensorRT-LLM {trtllm_version} has no such field (its engine "
             "flow drafts the whole tree at every batch size); the reference engine follows it, as TensorRT-LLM "

@@ -95,8 +95,8 @@ def trained_head_flag(args: argparse.Namespace, trained: bool = True) -> list[st
         return []
     from training.config import load_train_config
 
-    kind = load_train_config(args.recipe).head
-    return ["--eagle3-head" if kind == "eagle3" else "--eagle-head", str(args.out / "head")]
+    eagle3 = load_train_config(args.recipe).kind.eagle3
+    return ["--eagle3-head" if eagle3 else "--eagle-head", str(args.out / "head")]
 
 
 def engine_argv(args: argparse.Namespace, trained: bool = True) -> list[str]:
@@ -117,7 +117,7 @@ def train_sets(args: argparse.Namespace) -> list[str]:
         return [f"data.path={args.data}", f"work_dir={args.work}", f"output_dir={args.out / 'head'}"]
     from training.config import load_train_config
 
-    eagle3 = TINY_EAGLE3 if load_train_config(args.recipe).head == "eagle3" else []
+    eagle3 = TINY_EAGLE3 if load_train_config(args.recipe).kind.eagle3 else []
     return [f"data.path={args.data}", f"work_dir={args.work}", f"output_dir={args.out / 'head'}", *TINY_TRAIN,
             *eagle3]
 

@@ -25,8 +25,6 @@ Guide:   docs/deploy.md
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import queue
 import re
 import secrets
@@ -39,10 +37,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import tritonclient.grpc as grpcclient
 
+from scripts.triton_suite import chosen_runs, ensemble_stream, llm_stop, run_suite
 from triton_repo.launch import DRAIN_S, TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,27 +64,6 @@ def rss_mb(pid: int) -> dict[str, float]:
     out = {k: round(v) for k, v in out.items()}
     out["total"] = sum(out.values())
     return out
-
-
-def _inputs(pairs: list[tuple[str, np.ndarray, str]]) -> list[Any]:
-    out = []
-    for name, arr, dt in pairs:
-        i = grpcclient.InferInput(name, list(arr.shape), dt)
-        i.set_data_from_numpy(arr)
-        out.append(i)
-    return out
-
-
-def _ensemble(max_tokens: int) -> list[Any]:
-    return _inputs([("text_input", np.array([[PROMPT]], dtype=object), "BYTES"),
-                    ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
-                    ("end_id", np.array([[-1]], np.int32), "INT32"), ("stream", np.array([[True]]), "BOOL")])
-
-
-def _llm_stop() -> list[Any]:
-    one = np.ones((1, 1), np.int32)
-    return _inputs([("input_ids", one, "INT32"), ("input_lengths", one, "INT32"), ("request_output_len", one, "INT32"),
-                    ("stop", np.ones((1, 1), bool), "BOOL")])
 
 
 def _stream(url: str, model: str, ins: list[Any], rid: str = "", key: str | None = None,
@@ -134,16 +111,18 @@ def ownership(srv: TritonServer, args: argparse.Namespace) -> dict[str, Any]:
     def attack() -> None:
         while not done.is_set():
             for rid, key in stops:
-                err = _stream(srv.grpc_url, "tensorrt_llm", _llm_stop(), rid, key)[1]
+                err = _stream(srv.grpc_url, "tensorrt_llm", llm_stop(), rid, key)[1]
                 k = "empty answer" if err is None else err.split(";")[0][:60]
                 answers[k] = answers.get(k, 0) + 1
 
     tokens0, cancelled0 = metric(srv, "eagle_llm_generated_tokens_total"), metric(
         srv, "eagle_llm_requests_cancelled_total")
     got: dict[int, tuple[int, str | None, float]] = {}
-    threads = [threading.Thread(target=lambda i=i, v=v: got.update({i: _stream(srv.grpc_url, "ensemble",
-                                                                               _ensemble(args.max_tokens), *v)}))
-               for i, v in enumerate(victims)]
+
+    def victim(i: int, v: tuple[str, str]) -> None:
+        got[i] = _stream(srv.grpc_url, "ensemble", ensemble_stream(PROMPT, args.max_tokens), *v)
+
+    threads = [threading.Thread(target=victim, args=(i, v)) for i, v in enumerate(victims)]
     attacker = threading.Thread(target=attack, daemon=True)
     attacker.start()
     for t in threads:
@@ -171,7 +150,7 @@ def retries(srv: TritonServer, args: argparse.Namespace) -> dict[str, Any]:
     for mode in ("fresh key", "same key"):
         key, left, cancelled0 = secrets.token_hex(16), [], metric(srv, "eagle_llm_requests_cancelled_total")
         for _ in range(3):
-            _stream(srv.grpc_url, "ensemble", _ensemble(1000), rid,
+            _stream(srv.grpc_url, "ensemble", ensemble_stream(PROMPT, 1000), rid,
                     secrets.token_hex(16) if mode == "fresh key" else key, abandon=True)
             waited = _idle(srv, 30)
             left.append((metric(srv, "eagle_llm_requests_in_flight"), round(waited, 1)))
@@ -194,8 +173,8 @@ def long_ids(srv: TritonServer, args: argparse.Namespace) -> dict[str, Any]:
     for _round in range(2):
         for i in range(args.long_ids):
             rid = f"{i}-" + "x" * (8 << 20)
-            _chunks, err, first = _stream(srv.grpc_url, "ensemble", _ensemble(512), rid, secrets.token_hex(16),
-                                          abandon=True)
+            _chunks, err, first = _stream(srv.grpc_url, "ensemble", ensemble_stream(PROMPT, 512), rid,
+                                          secrets.token_hex(16), abandon=True)
             seconds.append(first)
             k = "served" if err is None else re.sub(r"\d+ bytes", "N bytes", err.split(";")[0])[-70:]
             answers[k] = answers.get(k, 0) + 1
@@ -218,7 +197,7 @@ def _sigterm_once(repo: Path, drain_s: int, out: Path) -> float:
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().startswith("tritonserver ready")
-        _stream(f"127.0.0.1:{ports[0]}", "ensemble", _ensemble(1000), abandon=True)
+        _stream(f"127.0.0.1:{ports[0]}", "ensemble", ensemble_stream(PROMPT, 1000), abandon=True)
         t0 = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=drain_s + 120)
@@ -249,26 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain-s", type=int, default=DRAIN_S,
                     help=f"the launcher's --drain-s in the sigterm run (default {DRAIN_S}, the launcher's)")
     args = ap.parse_args(argv)
-    if not set(args.runs.split(",")) <= set(RUNS):
-        ap.error(f"--runs {args.runs}: choose from {', '.join(RUNS)}")
+    runs = chosen_runs(ap, args.runs, RUNS)
     if args.max_tokens < 1 or args.long_ids < 1 or args.drain_s < 0:
         ap.error("--max-tokens and --long-ids must be >= 1, --drain-s >= 0")
-    args.out.mkdir(parents=True, exist_ok=True)
-    srv = TritonServer(args.repo.resolve(), grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                       log_path=args.out / "tritonserver.log")
-    srv.start(timeout_s=600)
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                               "load_average": os.getloadavg(), "cpus": os.cpu_count()}
-    try:
-        for name in args.runs.split(","):
-            results[name] = RUNS[name](srv, args)
-    finally:
-        results["load_average_end"] = os.getloadavg()
-        srv.stop(timeout_s=10)
-        (args.out / "hardening.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"load average {results['load_average'][0]:.1f} at start, {results['load_average_end'][0]:.1f} at end "
-          f"({results['cpus']} CPUs); {args.out / 'hardening.json'}")
-    return 0
+    return run_suite(args.repo, args.out, runs, lambda srv, name: RUNS[name](srv, args), "hardening.json")
 
 
 if __name__ == "__main__":

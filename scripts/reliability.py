@@ -49,7 +49,8 @@ import numpy as np
 import psutil
 import tritonclient.grpc as grpcclient
 
-from triton_repo.launch import TritonServer, free_port
+from scripts.triton_suite import chosen_runs, ensemble_stream, grpc_inputs, llm_stop, run_suite
+from triton_repo.launch import TritonServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["Explain speculative decoding in two sentences.", "Write a haiku about the sea.",
@@ -141,21 +142,6 @@ def sigstop(srv: TritonServer, out: Path, prompts: Path, args: argparse.Namespac
             "server_successes": served}
 
 
-def _ensemble_inputs(text: str, max_tokens: int) -> list[Any]:
-    ins = []
-    for name, value, dt in (
-        ("text_input", text, "BYTES"),
-        ("max_tokens", max_tokens, "INT32"),
-        ("stream", True, "BOOL"),
-        ("end_id", -1, "INT32"),
-    ):
-        arr = np.array([[value]], dtype={"BYTES": object, "INT32": np.int32, "BOOL": bool}[dt])
-        i = grpcclient.InferInput(name, list(arr.shape), dt)
-        i.set_data_from_numpy(arr)
-        ins.append(i)
-    return ins
-
-
 def _first_token_s(url: str, text: str, max_tokens: int, abandon: bool, request_id: str = "") -> float:
     """Seconds to the first chunk of one ensemble stream; abandon=True closes the client right after it. A stream
     with a request id also carries a stop_key (what postprocessing presents to stop it: models/ownership.py)."""
@@ -163,7 +149,7 @@ def _first_token_s(url: str, text: str, max_tokens: int, abandon: bool, request_
     q: queue.Queue[Any] = queue.Queue()
     c.start_stream(callback=lambda result, error: q.put((result, error)))
     t0 = time.perf_counter()
-    c.async_stream_infer("ensemble", _ensemble_inputs(text, max_tokens), request_id=request_id,
+    c.async_stream_infer("ensemble", ensemble_stream(text, max_tokens), request_id=request_id,
                          enable_empty_final_response=True,
                          parameters={"stop_key": uuid.uuid4().hex} if request_id else None)
     result, error = q.get(timeout=1200)
@@ -263,36 +249,21 @@ def _stream_text(url: str, model: str, ins: list[Any], request_id: str = "") -> 
         c.close()
 
 
-def _inputs(pairs: list[tuple[str, np.ndarray, str]]) -> list[Any]:
-    out = []
-    for name, arr, dt in pairs:
-        i = grpcclient.InferInput(name, list(arr.shape), dt)
-        i.set_data_from_numpy(arr)
-        out.append(i)
-    return out
-
-
 def _good(text: str, max_tokens: int) -> list[Any]:
-    return _inputs([("text_input", np.array([[text]], dtype=object), "BYTES"),
+    return grpc_inputs([("text_input", np.array([[text]], dtype=object), "BYTES"),
                     ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
                     ("stream", np.array([[True]]), "BOOL")])
 
 
 def _stop_flood_inputs(n: int) -> list[Any]:
-    return _good(PROMPTS[0], 8) + _inputs([("stop_words", np.array([[b"w%d" % i for i in range(n)]], dtype=object),
+    return _good(PROMPTS[0], 8) + grpc_inputs([("stop_words", np.array([[b"w%d" % i for i in range(n)]], dtype=object),
                                             "BYTES")])
-
-
-def _llm_stop() -> list[Any]:
-    one = np.ones((1, 1), np.int32)
-    return _inputs([("input_ids", one, "INT32"), ("input_lengths", one, "INT32"), ("request_output_len", one, "INT32"),
-                    ("stop", np.ones((1, 1), bool), "BOOL")])
 
 
 def _llm_direct(url: str) -> str | None:
     """A client's direct generate request to the tensorrt_llm model (8 ids, 8 tokens): its error, None if served."""
     ids = np.arange(100, 108, dtype=np.int32).reshape(1, -1)
-    ins = _inputs([("input_ids", ids, "INT32"), ("input_lengths", np.array([[8]], np.int32), "INT32"),
+    ins = grpc_inputs([("input_ids", ids, "INT32"), ("input_lengths", np.array([[8]], np.int32), "INT32"),
                    ("request_output_len", np.array([[8]], np.int32), "INT32")])
     c = grpcclient.InferenceServerClient(url)
     q: queue.Queue[Any] = queue.Queue()
@@ -336,7 +307,7 @@ def hostile(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.Namesp
     each was answered."""
     solo = {p: _stream_text(srv.grpc_url, "ensemble", _good(p, args.max_tokens)) for p in PROMPTS}
     guesses = [str(i) for i in range(1, 9)] + [f"bls-{i}" for i in range(1, 9)]
-    stopper = _Repeat(lambda: [_stream_text(srv.grpc_url, "tensorrt_llm", _llm_stop(), rid)[2] for rid in guesses])
+    stopper = _Repeat(lambda: [_stream_text(srv.grpc_url, "tensorrt_llm", llm_stop(), rid)[2] for rid in guesses])
     flooder = _Repeat(lambda: [_stream_text(srv.grpc_url, "ensemble", _stop_flood_inputs(200_000))[2]])
     direct = _Repeat(lambda: [_llm_direct(srv.grpc_url)])
     results: dict[str, tuple[str, float, str | None]] = {}
@@ -408,7 +379,7 @@ def llmapi_prompt(srv: TritonServer, _out: Path, _prompts: Path, args: argparse.
     """On an llmapi-layout repository: first-token time of a stream, idle and while another client sends a 5 MB
     prompt; how long the 5 MB prompt took to be refused, and with what."""
     def ins(text: bytes, n: int) -> list[Any]:
-        return _inputs(
+        return grpc_inputs(
             [
                 ("text_input", np.array([text], dtype=object), "BYTES"),
                 ("streaming", np.array([True]), "BOOL"),
@@ -458,26 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default=default, help=f"which runs, in this order (default {default}; llmapi_prompt "
                     "needs an llmapi-layout repository)")
     args = ap.parse_args(argv)
-    if not set(args.runs.split(",")) <= set(RUNS):
-        ap.error(f"--runs {args.runs}: choose from {', '.join(RUNS)}")
+    runs = chosen_runs(ap, args.runs, RUNS)
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = args.out / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    srv = TritonServer(args.repo.resolve(), grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                       log_path=args.out / "tritonserver.log")
-    srv.start(timeout_s=600)
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                               "load_average": os.getloadavg(), "cpus": os.cpu_count()}
-    try:
-        for name in args.runs.split(","):
-            results[name] = RUNS[name](srv, args.out, prompts, args)
-    finally:
-        results["load_average_end"] = os.getloadavg()
-        srv.stop(timeout_s=10)
-        (args.out / "reliability.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"load average {results['load_average'][0]:.1f} at start, {results['load_average_end'][0]:.1f} at end "
-          f"({results['cpus']} CPUs); {args.out / 'reliability.json'}")
-    return 0
+    return run_suite(args.repo, args.out, runs, lambda srv, name: RUNS[name](srv, args.out, prompts, args),
+                     "reliability.json")
 
 
 if __name__ == "__main__":

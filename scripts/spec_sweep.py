@@ -154,7 +154,7 @@ def summarize(rounds: list[Path]) -> dict[str, Any]:
             "levels": out}
 
 
-def _levels(text: str) -> list[int]:
+def concurrency_levels(text: str) -> list[int]:
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -164,7 +164,7 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def _positive(name: str) -> Callable[[str], int]:
+def positive_int(name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -179,28 +179,38 @@ def _positive(name: str) -> Callable[[str], int]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="eagle-spec-sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", required=True, type=Path, help="finished reference build (either layout)")
-    ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts")
-    ap.add_argument("--out", required=True, type=Path, help="output directory (anywhere)")
-    ap.add_argument("--concurrency", default=[1, 2, 4], type=_levels, help="levels, e.g. 1,2,4 (default)")
-    ap.add_argument("--requests", type=_positive("--requests"), default=8,
+    add_build_prompts_out(ap, "output directory (anywhere)")
+    ap.add_argument("--concurrency", default=[1, 2, 4], type=concurrency_levels, help="levels, e.g. 1,2,4 (default)")
+    ap.add_argument("--requests", type=positive_int("--requests"), default=8,
                     help="measured requests per level and deployment")
-    ap.add_argument("--max-tokens", type=_positive("--max-tokens"), default=64, help="max_tokens per request")
-    ap.add_argument("--rounds", type=_positive("--rounds"), default=1,
+    ap.add_argument("--max-tokens", type=positive_int("--max-tokens"), default=64, help="max_tokens per request")
+    ap.add_argument("--rounds", type=positive_int("--rounds"), default=1,
                     help="repeat the whole sweep on the same two servers (default 1); ratios per round in sweep.json")
-    ap.add_argument("--threads", type=_positive("--threads"), default=None,
+    ap.add_argument("--threads", type=positive_int("--threads"), default=None,
                     help="OMP_NUM_THREADS for the servers and the client")
     ap.add_argument("--chat", action="store_true",
                     help="send the prompts inside the model's chat template (loadtest.py --chat), as chat clients do")
     args = ap.parse_args(argv)
-    # everything that can be checked is checked before a server loads anything
+    check_prompts_and_build(ap, args)
+    return args
+
+
+def add_build_prompts_out(ap: argparse.ArgumentParser, out_help: str) -> None:
+    """--build, --prompts and --out, as the sweep and the served benchmark take them (check_prompts_and_build)."""
+    ap.add_argument("--build", required=True, type=Path, help="finished reference build (either layout)")
+    ap.add_argument("--prompts", required=True, type=Path, help="JSONL prompts")
+    ap.add_argument("--out", required=True, type=Path, help=out_help)
+
+
+def check_prompts_and_build(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--prompts is a file and --build holds a rendered repository of either layout: checked before a server loads
+    anything (the parser's usage error otherwise)."""
     if not args.prompts.is_file():
         ap.error(f"--prompts {args.prompts}: no such file")
     try:
         layout_of(args.build / "triton_repo")
     except ValueError as e:
         ap.error(f"--build {args.build}: {e}")
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:

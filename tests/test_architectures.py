@@ -13,7 +13,7 @@ import pytest
 from builders import build
 from builders.engine import llmapi
 from builders.trtllm import architectures as A
-from builders.trtllm import registry
+from core import trtllm_versions
 from builders.ledger import docs as ledger_docs
 from core import families
 from tests.engine_cases import make_cfg
@@ -30,10 +30,10 @@ def test_rows_are_well_formed_and_cited() -> None:
         assert a.source.path.startswith("tensorrt_llm/_torch/models/modeling_") and a.source.path.endswith(".py")
         assert f"register_auto_model('{a.name}')" in a.source.symbol and a.read
         for version, mode in a.pytorch:
-            assert version in registry.VERSIONS and mode in (A.ONE, A.TWO)
+            assert version in trtllm_versions.VERSIONS and mode in (A.ONE, A.TWO)
             # One-model needs a SpecDecOneEngineForCausalLM; two-model needs the eagle3_one_model field to exist.
             assert (mode == A.ONE) == ("SpecDecOneEngineForCausalLM" in a.source.symbol)
-            assert mode == A.ONE or registry.get(version).eagle3_one_model_field
+            assert mode == A.ONE or trtllm_versions.get(version).eagle3_one_model_field
         assert a.engine_flow == (a.name == "LlamaForCausalLM"), "EagleForCausalLM subclasses LLaMAForCausalLM"
     native = tuple(a.name for a in A.ARCHITECTURES if a.reference == "native")
     assert sorted(native) == sorted(families.NATIVE)
@@ -114,7 +114,7 @@ def test_unlisted_architectures_are_refused(family_targets: dict[str, Path], tin
 def test_problems_cover_every_row_and_path() -> None:
     """The refusal is a function of the table alone: a path is refused exactly when the row does not list it."""
     for a in A.ARCHITECTURES:
-        for v in registry.VERSIONS:
+        for v in trtllm_versions.VERSIONS:
             for backend in ("tensorrt", "pytorch", "reference"):
                 for draft in ("eagle", "eagle3"):
                     p = A.problems(a.name, version=v, backend=backend, draft_type=draft, where="t")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from builders.engine import llmapi
-from builders.trtllm import registry
+from core import trtllm_versions
 from builders.ledger import table as ledger
 from tests.engine_cases import make_cfg
 
@@ -24,10 +24,10 @@ def _spec(*ov: str) -> dict:
 
 
 def test_registry_entry() -> None:
-    v = registry.get("1.4")
+    v = trtllm_versions.get("1.4")
     assert (v.engine_flow, v.eagle12_heads, v.static_trees, v.pytorch_dynamic_tree, v.triton_layout) == (
         False, False, False, True, "llmapi")
-    assert registry.for_installed("1.4.0rc4") is v and registry.for_installed("1.3.0rc27") is None
+    assert trtllm_versions.for_installed("1.4.0rc4") is v and trtllm_versions.for_installed("1.3.0rc27") is None
 
 
 def test_dynamic_tree_writes_exactly_eagle3_fields() -> None:
@@ -103,7 +103,7 @@ def test_the_older_lines_still_take_what_the_current_one_refuses() -> None:
 
 
 def test_serve_argv_leaves_out_the_removed_backend_flag() -> None:
-    argv = llmapi.trtllm_serve_argv(Path("/t"), Path("/o.yaml"), backend_flag=registry.get("1.4").engine_flow)
+    argv = llmapi.trtllm_serve_argv(Path("/t"), Path("/o.yaml"), backend_flag=trtllm_versions.get("1.4").engine_flow)
     assert "--backend" not in argv and argv[-2:] == ["--extra_llm_api_options", "/o.yaml"]
     assert ledger.check("trtllm-serve.flag", "1.4", ledger.argv_flags(argv)) == []
 
@@ -115,8 +115,9 @@ def test_new_configs_default_to_the_current_line() -> None:
     data = {k: v for k, v in BASE.items() if k != "trtllm_version"}
     e3 = BuildConfig.model_validate({**data, "draft": {"type": "eagle3", "model": "/m"}, "tree": {"choices": "chain-3"},
                                      "engine": {**data["engine"], "backend": "pytorch"}})
-    assert e3.trtllm_version == registry.DEFAULT_VERSION == "1.4"
+    assert e3.trtllm_version == trtllm_versions.DEFAULT_VERSION == "1.4"
     with pytest.raises(ValueError) as e:  # an EAGLE-1 engine-flow config must now say which line it is for
         BuildConfig.model_validate(data)
     assert "set trtllm_version: '1.2' (or '1.1', the pinned NGC image) with engine.backend tensorrt" in str(e.value)
-    assert registry.get(registry.PINNED_VERSION).triton_image == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    pinned = trtllm_versions.get(trtllm_versions.PINNED_VERSION)
+    assert pinned.triton_image == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"

@@ -25,7 +25,7 @@ import yaml
 
 from builders import versions
 from builders.config import load_config
-from builders.trtllm import registry
+from core import trtllm_versions
 from tests.deploy_files import (
     DOCKER,
     REPO,
@@ -282,7 +282,7 @@ def test_compose_current_line_profile() -> None:
     build_cmd = [_expand(a) for a in services["build-current"]["command"]]
     assert build_cmd[:2] == ["build", "configs/llama31-8b-eagle3-current.yaml"]
     cfg = load_config(REPO / build_cmd[1])
-    assert registry.get(cfg.trtllm_version).triton_layout == "llmapi" and cfg.engine.backend == "pytorch"
+    assert cfg.version.triton_layout == "llmapi" and cfg.engine.backend == "pytorch"
     assert [_expand(a) for a in services["triton-current"]["command"]] == ["serve", "/build/llama31-8b-eagle3-current"]
     assert services["loadtest-current"]["entrypoint"][2:] == ["triton-current:8001", "--model", "tensorrt_llm"]
     text = (DOCKER / "Dockerfile.current").read_text()
@@ -292,7 +292,7 @@ def test_compose_current_line_profile() -> None:
         and f"ARG TRTLLM_TAG={versions.CURRENT_TRTLLM_TAG}" in text
     )
     assert "current_image_problems" in text and f"-t {versions.CURRENT_GPU_IMAGE} ." in text
-    assert registry.get("1.4").release == versions.CURRENT_TRTLLM_VERSION
+    assert trtllm_versions.get("1.4").release == versions.CURRENT_TRTLLM_VERSION
     assert versions.CURRENT_GPU_IMAGE in (REPO / "docs" / "deploy.md").read_text()
 
 

@@ -107,9 +107,10 @@ def test_valid_configs_have_no_trtllm_problems() -> None:
 
 
 def test_engine_limits_come_from_the_version_registry() -> None:
-    from builders.trtllm import registry
+    from core import trtllm_versions
 
-    for v in registry.VERSIONS.values():  # tensorrt_llm/builder.py build(): EAGLE asserts (both supported series)
+    # tensorrt_llm/builder.py build(): EAGLE asserts (both supported series)
+    for v in trtllm_versions.VERSIONS.values():
         assert (v.eagle_max_batch_size, v.max_draft_len_limit) == (512, 256)
 
 

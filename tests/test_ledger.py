@@ -19,12 +19,12 @@ from builders.build import main as build_main
 from builders.config import load_config
 from builders.engine import crosscheck
 from builders.ledger import check as ledger_check
-from builders.trtllm import registry
+from core import trtllm_versions
 from builders.ledger import table as ledger, docs as ledger_docs, rows as ledger_rows
 from testkit import tiny_models as tm
 from tests.engine_cases import make_cfg, write_build_yaml
 
-VERSIONS = tuple(registry.VERSIONS)
+VERSIONS = tuple(trtllm_versions.VERSIONS)
 
 
 def _config(root: Path, version: str, target: Path, head: Path, draft: str, backend: str, tree: str,
@@ -220,7 +220,7 @@ def test_every_row_is_well_formed() -> None:
     rows = ledger.all_rows()
     assert len({(r.surface, r.name, r.versions) for r in rows}) == len(rows), "duplicate rows"
     for r in rows:
-        assert set(r.versions) <= set(registry.VERSIONS) and r.versions, r
+        assert set(r.versions) <= set(trtllm_versions.VERSIONS) and r.versions, r
         assert r.source.repo and r.source.path and r.source.symbol, r
         for v in r.versions:
             assert "@" in r.cite(v) and r.source.path in r.cite(v)
@@ -248,14 +248,15 @@ def test_ledger_check_cli(reference_build: tuple[Any, Path], tmp_path: Path, cap
 
 
 def test_installed_trtllm_must_match_the_configs_version() -> None:
-    assert registry.installed_mismatch("1.1", None) == []
-    assert registry.installed_mismatch("1.1", "1.1.0") == [] and registry.installed_mismatch("1.2", "1.2.1") == []
-    (msg,) = registry.installed_mismatch("1.1", "1.2.1")
+    assert trtllm_versions.installed_mismatch("1.1", None) == []
+    assert trtllm_versions.installed_mismatch("1.1", "1.1.0") == []
+    assert trtllm_versions.installed_mismatch("1.2", "1.2.1") == []
+    (msg,) = trtllm_versions.installed_mismatch("1.1", "1.2.1")
     assert msg == (
         "trtllm_version '1.1': the outputs are written for TensorRT-LLM 1.1.0, but the installed TensorRT-LLM "
         "is 1.2.1; set trtllm_version: '1.2' and rebuild, or install TensorRT-LLM 1.1.0"
     )
-    (new,) = registry.installed_mismatch("1.2", "1.3.0rc1")
+    (new,) = trtllm_versions.installed_mismatch("1.2", "1.3.0rc1")
     assert "installed TensorRT-LLM is 1.3.0rc1; run in the pinned image" in new and "Checking a new" in new
 
 
@@ -288,7 +289,7 @@ def test_upstream_report_lists_every_citation_with_its_last_reading(capsys: pyte
 
     assert ledger_check.main(["--upstream-report"]) == 0
     out = capsys.readouterr().out
-    for key, v in registry.VERSIONS.items():
+    for key, v in trtllm_versions.VERSIONS.items():
         assert f"{v.name} (trtllm_version '{key}', tag {v.tag})" in out
         cs = ledger_report.citations(key)
         assert sum(len(c.names) for c in cs) == len([r for r in ledger.all_rows() if key in r.versions])

@@ -1,7 +1,7 @@
 """LLM API options YAML + trtllm-serve argv (engine.backend: pytorch), per TensorRT-LLM version, golden files.
 
 Which keys exist per version is the ledger's (builders/ledger/llmapi.py; tensorrt_llm/llmapi/llm_args.py);
-what each version allows is the registry's (builders/trtllm/registry.py). tests/test_ledger.py checks every emitted
+what each version allows is the registry's (core/trtllm_versions.py). tests/test_ledger.py checks every emitted
 key against the ledger; here: the values, the version differences and the refusals.
 """
 
@@ -16,7 +16,7 @@ import yaml
 
 from builders.engine import llmapi, stage
 from builders.pipeline import StageError, run_stage
-from builders.trtllm import registry
+from core import trtllm_versions
 from tests.engine_cases import check_golden, make_cfg
 
 E3 = ["engine.backend=pytorch", "draft.type=eagle3", "draft.model=/models/eagle3", "tree.choices=chain-3"]
@@ -101,8 +101,8 @@ def test_eagle1_head_on_pytorch_is_refused() -> None:
 def test_a_new_version_is_a_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Adding a version = one registry entry (+ its ledger rows): a version with dynamic trees on the PyTorch
     backend gets the dynamic-tree fields, with no other code change."""
-    dyn = dataclasses.replace(registry.VERSIONS["1.2"], key="dyn", pytorch_dynamic_tree=True)
-    monkeypatch.setitem(registry.VERSIONS, "dyn", dyn)
+    dyn = dataclasses.replace(trtllm_versions.VERSIONS["1.2"], key="dyn", pytorch_dynamic_tree=True)
+    monkeypatch.setitem(trtllm_versions.VERSIONS, "dyn", dyn)
     cfg = make_cfg(*E3, "trtllm_version=dyn", "tree.choices=null", "parallel.tp=2", "target.dtype=bfloat16",
                    "tree.dynamic={top_k: 4, depth: 5, total_draft_tokens: 16}", "engine.max_num_tokens=null")
     opts = llmapi.llm_api_options(cfg, HEAD_DIR, DEFAULT_CAPTURE, L)

@@ -10,7 +10,7 @@ import pytest
 
 from builders.config import ConfigError, load_config
 from builders.engine import llmapi
-from builders.trtllm import registry
+from core import trtllm_versions
 from builders.ledger import table as ledger, rows as ledger_rows
 from builders.trtllm.rules import PYTORCH_FLOAT32, trtllm_problems
 from tests.engine_cases import make_cfg
@@ -28,7 +28,7 @@ def _eagle3(version: str, *ov: str) -> list[str]:
 # ---- float32 never reaches TensorRT-LLM's PyTorch backend ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", list(registry.VERSIONS))
+@pytest.mark.parametrize("version", list(trtllm_versions.VERSIONS))
 def test_pytorch_backend_refuses_float32_with_the_fix(version: str) -> None:
     with pytest.raises(ValueError) as e:
         make_cfg(*_eagle3(version, "target.dtype=float32"))
@@ -80,9 +80,9 @@ def test_1_2_tree_without_the_two_model_switch_is_a_ledger_problem() -> None:
 
 def test_1_4_reads_with_transformers_5_and_the_rows_cite_it() -> None:
     """TensorRT-LLM PR #12829 moved to transformers 5 before the 1.4 line."""
-    assert registry.get("1.4").transformers_major == 5
-    assert (registry.get("1.1").transformers_major, registry.get("1.2").transformers_major) == (4, 4)
-    for key, v in registry.VERSIONS.items():
+    assert trtllm_versions.get("1.4").transformers_major == 5
+    assert (trtllm_versions.get("1.1").transformers_major, trtllm_versions.get("1.2").transformers_major) == (4, 4)
+    for key, v in trtllm_versions.VERSIONS.items():
         assert ledger_rows.TRANSFORMERS_REF[key].startswith(f"v{v.transformers_major}."), key
         for r in ledger.all_rows():
             if key in r.versions and r.source.repo == "huggingface/transformers":
@@ -154,7 +154,7 @@ def _handed_to_trtllm(build: Path) -> dict[str, Path]:
     return dirs
 
 
-@pytest.mark.parametrize("version", list(registry.VERSIONS))
+@pytest.mark.parametrize("version", list(trtllm_versions.VERSIONS))
 def test_every_directory_handed_to_trtllm_is_readable_by_its_transformers(version: str, tmp_path: Path) -> None:
     import json
 
@@ -173,7 +173,7 @@ def test_every_directory_handed_to_trtllm_is_readable_by_its_transformers(versio
     build = tmp_path / "build"
     dirs = _handed_to_trtllm(build)
     assert len(dirs) >= 4, dirs
-    if registry.get(version).transformers_major == 4:
+    if trtllm_versions.get(version).transformers_major == 4:
         problems = [p for d in dirs.values() for p in transformers4_problems(d)]
         assert problems == [], dirs
         model = build / "checkpoint" / "hf_model"

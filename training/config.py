@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.config_input import ConfigError, format_pydantic, read_config
+from core.kinds import DRAFT_KINDS, DraftKind
 
 
 class Strict(BaseModel):
@@ -215,18 +216,23 @@ class TrainHeadConfig(Strict):
         default=None, description="EAGLE-3 settings; required when head is eagle3, not allowed otherwise."
     )
 
+    @property
+    def kind(self) -> DraftKind:  # the head's kind (core/kinds.py), as `head` names it
+        return DRAFT_KINDS[self.head]
+
     @model_validator(mode="after")
     def _head_rules(self) -> TrainHeadConfig:
         p = []
-        if self.head == "eagle3" and self.eagle3 is None:
+        eagle3 = self.kind.eagle3
+        if eagle3 and self.eagle3 is None:
             p.append("head=eagle3 needs an `eagle3:` section (draft_vocab_size, ttt_steps, step_decay, layer_ids, "
                      "chain_depth, lm_head_init)")
-        if self.head == "eagle" and self.eagle3 is not None:
+        if not eagle3 and self.eagle3 is not None:
             p.append("an `eagle3:` section is only used with head=eagle3; remove it or set head: eagle3")
-        if self.head == "eagle3" and self.train.v_weight != 0:
+        if eagle3 and self.train.v_weight != 0:
             p.append(f"train.v_weight={self.train.v_weight}: EAGLE-3 has no feature-regression loss (SafeAILab "
                      "traineagle3 trains on the token loss only); set train.v_weight: 0")
-        if self.head == "eagle3" and self.train.noise_std != 0:
+        if eagle3 and self.train.noise_std != 0:
             p.append(f"train.noise_std={self.train.noise_std}: EAGLE-3 adds no feature noise (training-time test "
                      "replaces it in SafeAILab traineagle3); set train.noise_std: 0")
         if p:
@@ -247,7 +253,7 @@ def with_layer_ids(cfg: TrainHeadConfig, num_layers: int) -> tuple[TrainHeadConf
     from core.hfconfig import EAGLE3_DEFAULT_CAPTURE_SOURCE, eagle3_default_layer_ids
 
     e3 = cfg.eagle3
-    if cfg.head != "eagle3" or e3 is None or e3.layer_ids is not None:
+    if not cfg.kind.eagle3 or e3 is None or e3.layer_ids is not None:
         return cfg, None
     ids = eagle3_default_layer_ids(num_layers)
     whose = (f"TensorRT-LLM's default capture layers ({EAGLE3_DEFAULT_CAPTURE_SOURCE}), input-indexed"

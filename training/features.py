@@ -65,7 +65,7 @@ class HasInputIds(Protocol):
 
 def spec_for(cfg: TrainHeadConfig) -> FeatureSpec:
     """The FeatureSpec of a TrainHeadConfig."""
-    e3 = cfg.eagle3 if cfg.head == "eagle3" else None
+    e3 = cfg.eagle3 if cfg.kind.eagle3 else None
     if e3 is not None and e3.layer_ids is None:
         raise FeatureError("eagle3.layer_ids is unset: the default needs the target's depth "
                            "(training.config.with_layer_ids after loading the target)")

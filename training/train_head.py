@@ -94,7 +94,7 @@ def _steps(cfg: TrainHeadConfig, until: str, stop_at: int | None, dist: Dist, co
     features = cached_features if cached else online_features(model, spec, cfg.features.batch_tokens)
     ctx = Context(cfg, model, target_dir, dist, compute, features, stop_at)
     samples = make_samples(data_shards, feat_shards, spec)
-    if cfg.head == "eagle3":
+    if cfg.kind.eagle3:
         from training.eagle3_train import train_and_export3
 
         return train_and_export3(ctx, samples)

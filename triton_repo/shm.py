@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from core.files import pid_alive
+
 SHM_DIR = Path("/dev/shm")
 REGION = re.compile(r"eagle(?P<pid>\d+)_(?P<port>\d+)_rank\d+_.+")
 
@@ -23,16 +25,6 @@ def prefix(tag: str, rank: int) -> str:
 def own_regions(tag: str, shm_dir: Path = SHM_DIR) -> list[Path]:
     """The regions of the server launched with `tag` (all its ranks)."""
     return sorted(p for p in shm_dir.glob(f"eagle{tag}_rank*_*") if REGION.fullmatch(p.name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _in_use(shm_dir: Path) -> set[str]:
@@ -58,7 +50,7 @@ def _in_use(shm_dir: Path) -> set[str]:
 
 def stale_regions(shm_dir: Path = SHM_DIR) -> list[Path]:
     """Regions of launchers that are gone, which no process maps or holds open."""
-    mine = [p for p in shm_dir.iterdir() if (m := REGION.fullmatch(p.name)) and not _alive(int(m.group("pid")))] \
+    mine = [p for p in shm_dir.iterdir() if (m := REGION.fullmatch(p.name)) and not pid_alive(int(m.group("pid")))] \
         if shm_dir.is_dir() else []
     if not mine:
         return []

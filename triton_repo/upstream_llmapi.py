@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from core.kinds import BACKENDS
+
 # TensorRT-LLM's own llmapi model, which a current-line PyTorch-backend repository's model.py subclasses, found where
 # triton_repo/models/llmapi_bridge.py `_upstream_model` looks: a copy next to the model file, else
 # $TRTLLM_LLMAPI_MODEL_DIR, else the TensorRT-LLM image's directory (the bridge's UPSTREAM_ENV / UPSTREAM_DIR).
@@ -25,7 +27,8 @@ def upstream_model_missing(repo: Path) -> str | None:
         desc = json.loads(f.read_text()) if f.is_file() else {}
     except (OSError, ValueError):
         return None  # the server reports what it cannot load
-    if desc.get("layout") != "llmapi" or desc.get("backend") != "pytorch":
+    backend = BACKENDS.get(str(desc.get("backend")))
+    if desc.get("layout") != "llmapi" or backend is None or not backend.llmapi_model:
         return None
     model_dir = repo / str(desc.get("model", "tensorrt_llm")) / "1"
     if (model_dir / UPSTREAM_LLMAPI_MODEL).is_file():

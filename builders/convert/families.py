@@ -69,7 +69,7 @@ def config_keys(spec: LlamaSpec) -> dict[str, Any]:
 
 def problems(spec: LlamaSpec, *, reference_engine: bool, max_seq_len: int | None, tp: int) -> list[str]:
     """Configs of the family that the reference engine would compute wrongly, refused before anything is written
-    (`reference_engine`: the build's backend is it, builders/kinds.py)."""
+    (`reference_engine`: the build's backend is it, core/kinds.py)."""
     raw, where = spec.raw, spec.path
     p: list[str] = []
     if spec.architecture not in NATIVE:  # the generic path (engines/generic.py)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builders.convert.tokenizer import TRANSFORMERS5_ONLY_CLASSES, write_tokenizer_files
-from builders.trtllm import registry
 from core.hfconfig import llama_spec, read_config
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ CONFIG = "config.json"
 def needs_transformers4_copy(cfg: BuildConfig) -> bool:
     """TensorRT-LLM loads the target's HF directory itself only on the PyTorch backend (trtllm-serve, the LLM API);
     a version pinning transformers 4 then gets the copy."""
-    return cfg.engine.kind.loads_hf_target and registry.get(cfg.trtllm_version).transformers_major == 4
+    return cfg.engine.kind.loads_hf_target and cfg.version.transformers_major == 4
 
 
 def transformers4_config(cfg: dict[str, Any], *, rope_theta: float, rope_scaling: dict[str, Any] | None,

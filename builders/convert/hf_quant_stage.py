@@ -24,7 +24,6 @@ from builders import layout
 from builders.config import BuildConfig
 from builders.convert.fp8 import Fp8Error, Fp8Report, prompt_format, reference_tau
 from builders.convert.hf_quant import ALGO, export_quantized, loader_problems, reference_checkpoint
-from builders.trtllm import registry
 from core.families import NATIVE
 from core.hfconfig import llama_spec
 
@@ -35,7 +34,7 @@ TAU_NEW_TOKENS = 32
 
 def current_line(cfg: BuildConfig) -> bool:
     """The versions without the engine flow load quantized targets as ModelOpt's HF export (the current line)."""
-    return not registry.get(cfg.trtllm_version).engine_flow
+    return not cfg.version.engine_flow
 
 
 def quantizes(cfg: BuildConfig) -> bool:

@@ -52,7 +52,7 @@ LLAMA_LAYER_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidde
 
 def canonical(head: Head) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(flat config without layout-specific keys, tensors with `midlayer.*` names)."""
-    if head.draft_type != "eagle3":
+    if not head.kind.eagle3:
         raise UnusableInput(f"{head.dir} is an EAGLE-1/2 head; export writes EAGLE-3 heads (EAGLE-1/2 heads have one "
                             "layout, SafeAILab's, which every loader reads)")
     with WeightSource(head.dir) as src:

@@ -123,7 +123,7 @@ def engine_with(build_dir: Path, head: Path) -> Any:
     from engines.api import ReferenceEngine
 
     spec = read_spec(build_dir)
-    if spec.draft_type != "eagle3":
+    if not spec.kind.eagle3:
         raise UnusableInput(f"{build_dir} serves an {spec.draft_type} head; the gate compares EAGLE-3 heads")
     return ReferenceEngine.from_build(build_dir, eagle3_head_dir=head)
 

@@ -25,6 +25,7 @@ from builders.convert.weights import WeightFileError, WeightSource
 from builders.doctor.findings import UnusableInput
 from builders.doctor.config_check import read_json_config
 from core.draft_heads import mla_head_problem
+from core.kinds import DRAFT_KINDS, DraftKind
 from core.hfconfig import ModelConfigError, aux_layer_ids, rope_theta_of
 
 EAGLE_CONFIG_FLAGS = {"use_aux_hidden_state": True, "norm_before_fc": False, "eh_proj_before_attn": False,
@@ -44,9 +45,13 @@ class Head:
     raw: dict[str, Any]  # config.json as written
     shapes: dict[str, tuple[int, ...]]
     dtypes: dict[str, torch.dtype]
-    draft_type: str  # "eagle" (EAGLE-1/2) or "eagle3"
+    kind: DraftKind  # EAGLE-1/2 or EAGLE-3 (core/kinds.py), detected from the tensors
     layout: str
     markers: list[str]
+
+    @property
+    def draft_type(self) -> str:  # how the reports and --draft-type name the kind
+        return self.kind.name
 
     @property
     def mid(self) -> str:
@@ -94,31 +99,32 @@ def _config(head_dir: Path) -> dict[str, Any]:
     return read_json_config(head_dir, "--head")
 
 
-def detect(raw: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> tuple[str, str, list[str]]:
-    """(draft type, layout, markers seen)."""
+def detect(raw: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> tuple[DraftKind, str, list[str]]:
+    """(draft kind, layout, markers seen)."""
+    eagle12, eagle3 = DRAFT_KINDS["eagle"], DRAFT_KINDS["eagle3"]
     if is_speculators(raw):
-        kind = str(raw["speculators_model_type"])
-        if kind != "eagle3":
-            raise UnusableInput(f"speculators_model_type={kind!r}: only eagle3 speculators heads are EAGLE heads")
-        return "eagle3", "speculators", ["speculators_model_type=eagle3", "transformer_layer_config"]
+        declared = str(raw["speculators_model_type"])
+        if DRAFT_KINDS.get(declared) is not eagle3:
+            raise UnusableInput(f"speculators_model_type={declared!r}: only eagle3 speculators heads are EAGLE heads")
+        return eagle3, "speculators", ["speculators_model_type=eagle3", "transformer_layer_config"]
     eagle3_marks = [n for n in ("midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight",
                                 "layers.0.hidden_norm.weight", "d2t") if n in shapes]
     if "fc.weight" not in shapes:
         raise UnusableInput("no fc.weight tensor: not an EAGLE head (EAGLE-1/2 and EAGLE-3 heads all have fc)")
     if not eagle3_marks and "lm_head.weight" not in shapes:
-        return "eagle", "eagle-repo", ["fc.weight [H, 2H]", "layers.*", "no lm_head (the target's is used)"]
+        return eagle12, "eagle-repo", ["fc.weight [H, 2H]", "layers.*", "no lm_head (the target's is used)"]
     marks = eagle3_marks + (["lm_head.weight"] if "lm_head.weight" in shapes else [])
     block = raw.get("eagle_config")
     if isinstance(block, dict):
         opt = [k for k in MODELOPT_KEYS if k in block]
         if opt:
-            return "eagle3", "modelopt", marks + [f"eagle_config.{k}" for k in opt]
-        return "eagle3", "specforge", marks + ["eagle_config block"]
+            return eagle3, "modelopt", marks + [f"eagle_config.{k}" for k in opt]
+        return eagle3, "specforge", marks + ["eagle_config block"]
     if isinstance(raw.get("eagle_deploy"), dict):
-        return "eagle3", "trtllm", marks + ["eagle_deploy block (normalized by this project's converter)"]
+        return eagle3, "trtllm", marks + ["eagle_deploy block (normalized by this project's converter)"]
     if raw.get("eagle_aux_hidden_state_layer_ids") is not None:
-        return "eagle3", "eagle-deploy", marks + ["top-level eagle_aux_hidden_state_layer_ids"]
-    return "eagle3", "eagle-repo", marks + ["no captured layer ids in the config"]
+        return eagle3, "eagle-deploy", marks + ["top-level eagle_aux_hidden_state_layer_ids"]
+    return eagle3, "eagle-repo", marks + ["no captured layer ids in the config"]
 
 
 def read_head(head_dir: Path) -> Head:
@@ -135,6 +141,6 @@ def read_head(head_dir: Path) -> Head:
             dtypes = {n: i.dtype for n, i in src.tensors.items()}
     except (WeightFileError, ModelConfigError) as e:
         raise UnusableInput(str(e)) from None
-    draft_type, layout, markers = detect(raw, shapes)
+    kind, layout, markers = detect(raw, shapes)
     cfg = speculators_flat(raw) if layout == "speculators" else raw
-    return Head(head_dir, cfg, raw, shapes, dtypes, draft_type, layout, markers)
+    return Head(head_dir, cfg, raw, shapes, dtypes, kind, layout, markers)

@@ -158,7 +158,7 @@ def _reference(head: Head, target: LlamaSpec) -> list[str]:
         return _switches(head, ())
     # A speculators head needs nothing here: the build's convert stage reads it through its flat view
     # (builders/convert/head_layout.py), like every other layout the doctor reads.
-    if head.draft_type == "eagle3" and head.layer_ids is None:
+    if head.kind.eagle3 and head.layer_ids is None:
         return ["no captured layer ids: set draft.eagle3.layers_to_capture in the build config"]
     return []
 
@@ -183,7 +183,7 @@ RULES: dict[str, Callable[[Head, LlamaSpec], list[str]]] = {
 
 
 def problems(head: Head, target: LlamaSpec, engine: str) -> list[str]:
-    if head.draft_type == "eagle":
+    if not head.kind.eagle3:
         return _eagle1(head, target, engine)
     return RULES[engine](head, target)
 

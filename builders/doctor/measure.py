@@ -220,7 +220,7 @@ def _convert(head: Head, target_dir: Path, target: LlamaSpec, work: Path, depth:
     from builders.convert.llama import Provenance
 
     prov = Provenance(random_head=False, target_source=str(target_dir), head_source=str(head.dir))
-    if head.draft_type == "eagle":
+    if not head.kind.eagle3:
         ckpt = work / "ckpt_eagle"
         convert_eagle(target_dir, head.dir, ckpt, dtype="float32", max_draft_len=depth, num_eagle_layers=1,
                       max_non_leaves_per_layer=1, provenance=prov)

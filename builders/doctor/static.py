@@ -36,7 +36,7 @@ def shape_checks(head: Head, target: LlamaSpec, head_dir: Path) -> list[Finding]
     """The converter's own preflight (builders/convert), as findings."""
     try:
         with WeightSource(head_dir) as src:
-            if head.draft_type == "eagle":
+            if not head.kind.eagle3:
                 msgs = check_head(llama_spec(head_dir, require_arch=False), target, src)
             else:
                 ids = head.layer_ids or safeailab_default_ids(target.num_hidden_layers)
@@ -74,7 +74,7 @@ def d2t_checks(head: Head, target: LlamaSpec) -> list[Finding]:
 
 
 def layer_checks(head: Head, target: LlamaSpec) -> list[Finding]:
-    if head.draft_type != "eagle3":
+    if not head.kind.eagle3:
         return []
     L = target.num_hidden_layers
     ids = head.layer_ids
@@ -126,7 +126,7 @@ def rope_checks(head: Head, target: LlamaSpec) -> list[Finding]:
           "head_rope_scaling": scaling, "target_rope_scaling": target.rope_scaling}
     out = []
     reads = ("the drafter's RoPE comes from the head's config in SafeAILab, vLLM, SGLang and TensorRT-LLM's EAGLE-3 "
-             "loader" if head.draft_type == "eagle3" else
+             "loader" if head.kind.eagle3 else
              "TensorRT-LLM's EAGLE-1 checkpoint takes the target's (so does this project's converter); the EAGLE "
              "repository's cnets1.py takes the head's")
     if theta != target.rope_theta:
@@ -134,7 +134,7 @@ def rope_checks(head: Head, target: LlamaSpec) -> list[Finding]:
                            f"{target.rope_theta:g} ({reads})", ev,
                            f"set rope_theta={target.rope_theta:g} in the head's config.json if the head was trained "
                            "with the target's base (the measured rope experiment tells)"))
-    if (scaling or None) != (target.rope_scaling or None) and head.draft_type == "eagle3":
+    if (scaling or None) != (target.rope_scaling or None) and head.kind.eagle3:
         out.append(Finding("rope", "warning", f"the head's RoPE scaling {scaling} differs from the target's "
                            f"{target.rope_scaling}", ev, "copy the target's rope_scaling into the head's config"))
     return out
@@ -260,7 +260,7 @@ def loader_checks(head: Head, target: LlamaSpec, engine: str) -> tuple[list[Find
                    f"python -m builders.doctor export --head {head.dir} --to "
                    f"{'eagle-repo' if engine == 'eagle-repo' else 'specforge' if engine == 'sglang' else 'trtllm'} OUT")
            for m in table[engine]]
-    if head.draft_type == "eagle3" and head.layer_ids is not None and engine in ENGINES[1:4]:
+    if head.kind.eagle3 and head.layer_ids is not None and engine in ENGINES[1:4]:
         out.append(Finding("loader:trtllm", "info", "TensorRT-LLM takes the captured layers from the LLM API "
                            f"option eagle3_layers_to_capture={[i - 1 for i in head.layer_ids]} (output-indexed), not "
                            f"from the head [{SOURCES['trtllm']}]"))
@@ -282,7 +282,7 @@ def layer_shape_checks(head: Head) -> list[Finding]:
     except ModelConfigError as e:
         return [Finding("shapes", "error", str(e))]
     h, i, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
-    if head.draft_type == "eagle3":
+    if head.kind.eagle3:
         prefixes, qkv_in = [head.mid], 2 * h  # attention over concat[embedding, feature]
         extra = {
             f"{head.mid}.hidden_norm.weight": (h,),
@@ -315,7 +315,7 @@ def layer_shape_checks(head: Head) -> list[Finding]:
 def bias_checks(head: Head) -> list[Finding]:
     """EAGLE-1/2: the converter's rule (builders/convert/eagle.py `head_bias`); EAGLE-3: a bias only TensorRT-LLM
     builds, and only when the config says so."""
-    if head.draft_type == "eagle":
+    if not head.kind.eagle3:
         from builders.convert.eagle import head_bias
 
         try:

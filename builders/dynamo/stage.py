@@ -18,7 +18,6 @@ from builders.config import BuildConfig
 from builders.dynamo import files
 from builders.engine.llmapi import OPTIONS_FILE, LlmApiError, dump_options
 from builders.pipeline import Output, Stage, StageContext, StageError
-from builders.trtllm import registry
 from dynamo_serve import layout as D
 
 STAGE_NAME = D.DYNAMO_DIR
@@ -27,7 +26,7 @@ CARD_FILES = ("config.json", "generation_config.json")  # from the HF target; th
 
 def applies(cfg: BuildConfig) -> bool:
     """Every build of the current line writes a Dynamo deployment."""
-    return registry.get(cfg.trtllm_version).triton_layout == "llmapi"
+    return cfg.version.triton_layout == "llmapi"
 
 
 def options_of(cfg: BuildConfig, build_dir: Path) -> dict:

@@ -1,6 +1,6 @@
 """`engine.backend: pytorch`: the TensorRT-LLM LLM API options YAML and the `trtllm-serve` command.
 
-What may be written depends on the config's `trtllm_version` (builders/trtllm/registry.py); every key is a row of the
+What may be written depends on the config's `trtllm_version` (core/trtllm_versions.py); every key is a row of the
 contract ledger (builders/ledger/llmapi.py, cited to tensorrt_llm/llmapi/llm_args.py of each version):
 - `speculative_config.decoding_type` selects the EAGLE-3 worker on the PyTorch backend: `Eagle` on 1.1/1.2
   (EagleDecodingConfig.spec_dec_mode -> EAGLE3 / EAGLE3_ONE_MODEL), `Eagle3` on the current line
@@ -40,7 +40,7 @@ import yaml
 
 from builders.config import BuildConfig
 from builders.serving_config import merged
-from builders.trtllm import architectures, registry
+from builders.trtllm import architectures
 from builders.trtllm.rules import capture_problems, default_capture
 from core.hfconfig import ModelConfigError, aux_layer_ids
 from core.trees import DraftTree, DynamicTree
@@ -92,7 +92,7 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path, capture: list[int], nu
                        target_arch: str = "LlamaForCausalLM") -> dict[str, Any]:
     """`speculative_config` for the config's TensorRT-LLM version (pure); `target_arch` picks one- or two-model
     EAGLE-3 from the architecture table (builders/trtllm/architectures.py)."""
-    v = registry.get(cfg.trtllm_version)
+    v = cfg.version
     row = architectures.get(target_arch)
     mode = None if row is None else row.pytorch_mode(v.key)
     if mode is None:  # the convert stage's preflight refuses it; a BuildConfig made by hand may still hold one
@@ -138,7 +138,7 @@ def load_aware_fields(cfg: BuildConfig) -> dict[str, Any]:
     t, out = cfg.tree, dict[str, Any]()
     schedule = cfg.draft_len_schedule()
     if schedule is not None or t.max_concurrency is not None or t.acceptance_rate_window_size:
-        v = registry.get(cfg.trtllm_version)
+        v = cfg.version
         if not v.load_aware_speculation:
             raise LlmApiError(f"{v.name} has no draft_len_schedule / max_concurrency / acceptance_rate_* fields; "
                               "set trtllm_version: '1.4' or remove them")
@@ -156,7 +156,7 @@ def llm_api_options(cfg: BuildConfig, draft_dir: Path, capture: list[int], num_t
                     target_arch: str = "LlamaForCausalLM") -> dict[str, Any]:
     """The whole options mapping (pure). The config was validated against its TensorRT-LLM version when loaded
     (builders/trtllm/rules.py); a capture set that version cannot express raises LlmApiError."""
-    llmapi_layout = registry.get(cfg.trtllm_version).triton_layout == "llmapi"
+    llmapi_layout = cfg.version.triton_layout == "llmapi"
     if not cfg.engine.kind.llmapi_model and not (cfg.engine.kind.reference_engine and llmapi_layout):
         raise LlmApiError(f"engine.backend={cfg.engine.backend}: the LLM API YAML is for engine.backend=pytorch (and "
                           "the reference engine's mirror of the Triton llmapi model)")

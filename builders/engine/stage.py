@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from builders import kinds, layout
+from builders import layout
+from core import kinds
 from builders.config import BuildConfig
 from builders.convert.hf_compat import needs_transformers4_copy
 from builders.engine import crosscheck, llmapi, reference, trtllm_build
 from builders.pipeline import Output, Stage, StageContext, StageError
-from builders.trtllm import registry
 from core.spec import write_spec
 
 SERVE_FILE = "trtllm_serve.json"
@@ -121,7 +121,7 @@ def run_pytorch(ctx: StageContext) -> None:
     except llmapi.LlmApiError as e:
         raise StageError(str(e)) from e
     (ctx.out / llmapi.OPTIONS_FILE).write_text(llmapi.dump_options(options))
-    version = registry.get(cfg.trtllm_version)
+    version = cfg.version
     argv = llmapi.trtllm_serve_argv(_target_dir(ctx, for_trtllm=True), ctx.final / llmapi.OPTIONS_FILE,
                                     backend_flag=version.engine_flow)
     serve = {
@@ -163,7 +163,7 @@ def pytorch_commands(cfg: BuildConfig, build_dir: Path) -> list[list[str]]:
     if needs_transformers4_copy(cfg):  # the convert stage's copy for TensorRT-LLM's transformers 4
         target = build_dir / layout.CHECKPOINT / layout.HF_MODEL
     return [llmapi.trtllm_serve_argv(Path(str(target)), build_dir / layout.ENGINE / llmapi.OPTIONS_FILE,
-                                     backend_flag=registry.get(cfg.trtllm_version).engine_flow)]
+                                     backend_flag=cfg.version.engine_flow)]
 
 
 def preflight(cfg: BuildConfig) -> list[str]:

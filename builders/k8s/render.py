@@ -62,11 +62,10 @@ def header(config: str, args: list[str]) -> str:
 
 def default_image(cfg: BuildConfig) -> str:
     """deploy.image, else the image that serves the config's TensorRT-LLM line."""
-    from builders.trtllm import registry
 
     if cfg.deploy.image:
         return cfg.deploy.image
-    return CURRENT_GPU_IMAGE if registry.get(cfg.trtllm_version).triton_layout == "llmapi" else GPU_IMAGE
+    return CURRENT_GPU_IMAGE if cfg.version.triton_layout == "llmapi" else GPU_IMAGE
 
 
 def _relocated(config: Path, models_dir: Path) -> Path:

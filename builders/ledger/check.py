@@ -29,7 +29,7 @@ import yaml
 from builders import layout
 from builders.config import ConfigError, load_config
 from builders.engine import llmapi, trtllm_build
-from builders.trtllm import registry
+from core import trtllm_versions
 from builders.ledger import table as ledger
 
 Emitted = dict[str, set[str]]
@@ -131,7 +131,7 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         acceptance=bool(cfg.tree.acceptance_rate_window_size), penalty=cfg.tree.enable_penalty,
         w_quant=cfg.quantization.weights != "none", w_nvfp4=cfg.quantization.weights == "nvfp4",
         qk_norm=conf.get("architecture") == "Qwen3ForCausalLM",
-        disaggregated=registry.get(cfg.trtllm_version).triton_layout == "llmapi",  # dynamo/ prefill + decode YAMLs
+        disaggregated=cfg.version.triton_layout == "llmapi",  # dynamo/ prefill + decode YAMLs
     )
 
 
@@ -162,7 +162,7 @@ def quant_input_problems(cfg: Any, build: Path) -> list[str]:
 
     q, ckpt, p = cfg.quantization, build / "checkpoint", []
     kind = cfg.engine.kind
-    if (q.weights != "none" or q.kv_cache == "fp8") and not registry.get(cfg.trtllm_version).engine_flow \
+    if (q.weights != "none" or q.kv_cache == "fp8") and not cfg.version.engine_flow \
             and kind.loads_hf_target and not kind.reference_engine:
         export = ckpt / layout.HF_QUANTIZED
         try:
@@ -183,7 +183,7 @@ def check_emitted(emitted: Emitted, version: str, flags: frozenset[str]) -> list
 
 def build_names(cfg: Any, build: Path) -> Emitted:
     """Everything a finished build directory emitted for TensorRT-LLM and Triton."""
-    version = registry.get(cfg.trtllm_version)
+    version = cfg.version
     ckpt = build / "checkpoint"
     # Without the engine flow, TensorRT-LLM never reads the TRT-LLM checkpoint (only the reference engine does).
     out = checkpoint_names(ckpt) if version.engine_flow else {}
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--upstream-report", action="store_true",
                     help="per version, every row's upstream citation and when it was last read, oldest first")
-    ap.add_argument("--version", action="append", choices=list(registry.VERSIONS),
+    ap.add_argument("--version", action="append", choices=list(trtllm_versions.VERSIONS),
                     help="with --upstream-report: only this trtllm_version (repeatable)")
     args = ap.parse_args(argv)
     if args.upstream_report:

@@ -19,7 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from builders.trtllm import architectures, registry
+from builders.trtllm import architectures
+from core import trtllm_versions
 
 from builders.ledger import table as ledger, llmapi as ledger_llmapi, rows as ledger_rows
 
@@ -387,7 +388,7 @@ def render() -> str:
            "PyTorch dynamic tree | eagle3_layers_to_capture | Triton layout | image |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     yes = {True: "yes", False: "no"}
-    for v in registry.VERSIONS.values():
+    for v in trtllm_versions.VERSIONS.values():
         out.append(f"| {v.key} | {v.release} ({v.tag}) | {yes[v.engine_flow]} | {yes[v.eagle12_heads]} | "
                    f"{yes[v.pytorch_eagle3]} | {yes[v.pytorch_static_tree]} | {yes[v.pytorch_dynamic_tree]} | "
                    f"{yes[v.eagle3_layers_to_capture]} | {v.triton_layout} | {v.triton_image or '-'} |")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builders.trtllm import registry
+from core import trtllm_versions
 
 from builders.ledger import table as ledger, docs as ledger_docs, rows as ledger_rows
 
@@ -63,8 +63,8 @@ def citations(version: str) -> list[Citation]:
 
 def render(versions: list[str] | None = None) -> str:
     lines: list[str] = []
-    for key in versions or list(registry.VERSIONS):
-        v = registry.get(key)
+    for key in versions or list(trtllm_versions.VERSIONS):
+        v = trtllm_versions.get(key)
         cs = citations(key)
         lines.append(f"{v.name} (trtllm_version '{key}', tag {v.tag}): {sum(len(c.names) for c in cs)} rows, "
                      f"{len(cs)} citations, oldest reading first")

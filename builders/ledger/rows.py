@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from builders.trtllm import registry
+from core import trtllm_versions
 from dynamo_serve.layout import DYNAMO_VERSION
 from builders.trtllm.citation import Source  # re-exported: the rows' modules import it with Row
 
-ALL = tuple(registry.VERSIONS)  # every supported version
-ENGINE_FLOW = tuple(k for k, v in registry.VERSIONS.items() if v.engine_flow)  # checkpoint format, trtllm-build
-ENSEMBLE = tuple(k for k, v in registry.VERSIONS.items() if v.triton_layout == "ensemble")  # our ensemble repository
-LLMAPI_LAYOUT = tuple(k for k, v in registry.VERSIONS.items() if v.triton_layout == "llmapi")  # upstream llmapi model
+ALL = tuple(trtllm_versions.VERSIONS)  # every supported version
+ENGINE_FLOW = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.engine_flow)  # checkpoint format, trtllm-build
+ENSEMBLE = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.triton_layout == "ensemble")  # our repository
+LLMAPI_LAYOUT = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.triton_layout == "llmapi")  # upstream's
 
 # The ref a citation names, per repository and version (registry tags for TensorRT-LLM; the Triton release of the
 # image for Triton core/common; this repository's own files are cited at the commit that carries the ledger).
@@ -22,15 +22,15 @@ TRITON_RELEASE_REF = "r25.12"
 # 5.x pin of TensorRT-LLM PR #12829 (the exact pin at v1.4.0rc4 was not read: docs/contracts.md, "Not verified").
 # Its major is the registry's `transformers_major` (tests/test_ledger.py checks they agree).
 TRANSFORMERS_REF = {"1.1": "v4.56.0", "1.2": "v4.57.3", "1.4": "v5.3.0"}
-TRANSFORMERS4 = tuple(k for k, v in registry.VERSIONS.items() if v.transformers_major == 4)
-TRANSFORMERS5 = tuple(k for k, v in registry.VERSIONS.items() if v.transformers_major == 5)
+TRANSFORMERS4 = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.transformers_major == 4)
+TRANSFORMERS5 = tuple(k for k, v in trtllm_versions.VERSIONS.items() if v.transformers_major == 5)
 PROJECT = "eagle-deploy"
 DYNAMO_REF = f"v{DYNAMO_VERSION}"  # the ai-dynamo release the Dynamo deployment is written for (every current line)
 
 
 def ref_of(repo: str, version: str) -> str:
     if repo == "NVIDIA/TensorRT-LLM":
-        return registry.get(version).tag
+        return trtllm_versions.get(version).tag
     if repo.startswith("triton-inference-server/"):
         return TRITON_RELEASE_REF
     if repo == "huggingface/transformers":

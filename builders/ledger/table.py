@@ -8,7 +8,7 @@ ref (the tag of the row's version), path and symbol; docs/contracts.md is render
 (`python -m builders.ledger.docs`), and tests/test_ledger.py checks every emitted artifact against them both
 ways: nothing emitted that the ledger lacks, nothing required missing.
 
-Adding a TensorRT-LLM version: a registry entry (builders/trtllm/registry.py), then, surface by surface, read the
+Adding a TensorRT-LLM version: a registry entry (core/trtllm_versions.py), then, surface by surface, read the
 consumer of each row at the new tag and add the version to the rows that still hold (new rows for what changed).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from builders.trtllm import registry
+from core import trtllm_versions
 
 from builders.ledger import build as ledger_build
 from builders.ledger import checkpoint as ledger_checkpoint
@@ -84,7 +84,7 @@ def check(surface: str, version: str, emitted: set[str], flags: frozenset[str] =
     if not rows:
         return [f"ledger has no rows for surface {surface!r} of TensorRT-LLM version {version!r}"]
     known = {r.name for r in rows}
-    name = registry.get(version).name
+    name = trtllm_versions.get(version).name
     p = [f"{surface}: {n!r} is emitted but has no ledger row for {name} (cite its upstream consumer or stop writing it)"
          for n in sorted(emitted - known)]
     for r in rows:

@@ -384,10 +384,9 @@ def config_problems(bc: BuildConfig) -> list[str]:
 
 
 def layout(bc: BuildConfig) -> str:
-    """'ensemble' (TensorRT-LLM 1.1/1.2) or 'llmapi' (the current line), from the version registry."""
-    from builders.trtllm import registry
+    """'ensemble' (TensorRT-LLM 1.1/1.2) or 'llmapi' (the current line), from the version table."""
 
-    return registry.get(bc.trtllm_version).triton_layout
+    return bc.version.triton_layout
 
 
 def render_llmapi(bc: BuildConfig, build_dir: Path, out: Path) -> list[Path]:

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builders.kinds import BACKENDS, DRAFT_KINDS
-from builders.trtllm import registry
+from core.kinds import BACKENDS, DRAFT_KINDS
+from core import trtllm_versions
 from builders.trtllm.citation import Source
 from core import capabilities, families, family_survey
 from core.families import ONE as ONE  # re-exported: the mode names the rows use
@@ -52,7 +52,7 @@ class Architecture:
     def pytorch_mode(self, version: str) -> str | None:
         """ONE / TWO where `version` runs this target with an EAGLE-3 head on its PyTorch backend, else None: a
         one-model class runs wherever EAGLE-3 does, a two-model one only where `eagle3_one_model` can be false."""
-        v = registry.get(version)
+        v = trtllm_versions.get(version)
         if not v.pytorch_eagle3 or (self.eagle3 == TWO and not v.eagle3_one_model_field):
             return None
         if self.versions is not None and v.key not in self.versions:
@@ -62,7 +62,7 @@ class Architecture:
     @property
     def pytorch(self) -> tuple[tuple[str, str], ...]:
         """(trtllm_version, mode) for every version that serves it."""
-        return tuple((k, m) for k in registry.VERSIONS if (m := self.pytorch_mode(k)) is not None)
+        return tuple((k, m) for k in trtllm_versions.VERSIONS if (m := self.pytorch_mode(k)) is not None)
 
     def supports(self) -> str:
         """What this architecture can do, for error messages."""
@@ -103,7 +103,7 @@ def _listing() -> str:
 
 def problems(arch: str | None, *, version: str, backend: str, draft_type: str, where: str) -> list[str]:
     """Why this target architecture cannot take this path (empty = it can). `where` names the target."""
-    v = registry.get(version)
+    v = trtllm_versions.get(version)
     a = BY_NAME.get(arch or "")
     if a is None and (arch or "") in family_survey.NOT_EAGLE3:
         path, what, read = family_survey.NOT_EAGLE3[arch or ""]
@@ -166,7 +166,7 @@ def capability_table() -> list[str]:
 
 def markdown() -> list[str]:
     """The table as docs/contracts.md renders it."""
-    versions = list(registry.VERSIONS)
+    versions = list(trtllm_versions.VERSIONS)
     out = ["| architecture | family | engine flow (EAGLE-1/2) | " + " | ".join(f"PyTorch EAGLE-3 {v}" for v in versions)
            + " | reference engine | trainer | established by | note |",
            "|---|---|---|" + "---|" * len(versions) + "---|---|---|---|"]

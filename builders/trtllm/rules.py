@@ -2,7 +2,7 @@
 so that a config its TensorRT-LLM version cannot run is refused before anything is written.
 
 Each message names the field, the value, the version and the fix. What a version allows comes from the registry
-(builders/trtllm/registry.py); the bounds are upstream's (cited in docs/contracts.md):
+(core/trtllm_versions.py); the bounds are upstream's (cited in docs/contracts.md):
 - tensorrt_llm/builder.py build(): EAGLE asserts max_batch_size <= 512 and max_draft_len <= 256, and raises
   max_num_tokens to max_batch_size * (max_draft_len + 1);
 - examples/eagle/README.md: EAGLE engines need the paged KV cache and have no chunked context and no pipeline
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from builders.trtllm import registry
-from builders.trtllm.registry import TrtllmVersion
+from core import trtllm_versions
+from core.trtllm_versions import TrtllmVersion
 from core import trees
 
 
@@ -38,10 +38,13 @@ class BuildConfig(Protocol):
 
     def static_tree(self) -> trees.DraftTree | None: ...
 
+    @property
+    def version(self) -> TrtllmVersion: ...  # the entry trtllm_version names
+
 
 def _needs(version: TrtllmVersion, capability: str, what: str, alternatives: str) -> str:
     """'<what> needs TensorRT-LLM >= X (trtllm_version: 'X'); <version> has no <capability>. Or: <alternatives>'."""
-    first = registry.lowest(capability)
+    first = trtllm_versions.lowest(capability)
     where = f"{version.name} (trtllm_version '{version.key}')"
     if first is None:
         return f"{what} is not supported by {where} nor by any supported TensorRT-LLM version; {alternatives}"
@@ -290,7 +293,7 @@ def trtllm_problems(cfg: BuildConfig) -> list[str]:
     """Every TensorRT-LLM limit this config breaks for its `trtllm_version`. engine.backend=reference has the
     reference engine's own limits, except that an EAGLE-3-only version refuses EAGLE-1/2 heads and static trees
     there too (the reference engine then serves that version's Triton layout and nothing it could not serve)."""
-    v = registry.get(cfg.trtllm_version)
+    v = cfg.version
     backend = cfg.engine.kind
     p = _eagle3_only(cfg, v)
     if backend.engine_flow:
@@ -321,7 +324,7 @@ def capture_problems(version_key: str, capture: list[int], num_target_layers: in
     """EAGLE-3 on the PyTorch backend: `capture` (TensorRT-LLM's output-indexed `eagle3_layers_to_capture`) must be
     upstream's default {1, L//2 - 1, L - 4} on a version where the field is not proven to exist, because the YAML
     then cannot carry it."""
-    v = registry.get(version_key)
+    v = trtllm_versions.get(version_key)
     default = default_capture(num_target_layers)
     if v.eagle3_layers_to_capture or sorted(capture) == default:
         return []

@@ -69,7 +69,7 @@ def _load(args: dict[str, Any], build_dir: Path) -> ReferenceEngine:
         check_llmapi_yaml(yaml.safe_load(options.read_text()) or {}, head,
                           str(Path(args["model_repository"]).resolve().parent))
     spec = read_spec(build_dir)
-    if spec.draft_type != "eagle3":
+    if not spec.kind.eagle3:
         raise ValueError(f"{head}: a published head version needs an EAGLE-3 build (this build's head is "
                          f"{spec.draft_type}); remove the version directory")
     return ReferenceEngine.from_build(build_dir, eagle3_head_dir=head)

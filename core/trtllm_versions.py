@@ -1,4 +1,8 @@
-"""The TensorRT-LLM versions this toolkit writes for, as a table of capabilities.
+"""The TensorRT-LLM versions this toolkit writes for, as a table of capabilities, and the container they are pinned
+to (builders/versions.py holds the rest of that record and the checks against it).
+
+A config's `trtllm_version` is checked against this table once, when the config is read; from then on code asks the
+entry (`cfg.version`), never the string. This module imports nothing of the project, so every layer may read it.
 
 Adding a version = one `TrtllmVersion` entry here + its rows in the ledger (builders/ledger/*.py). Every
 rule that depends on the version (builders/trtllm/rules.py) and every output that differs by version (LLM API YAML,
@@ -12,7 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builders import versions
+# ---- the pin (builders/versions.py: the images built from it; tests/test_docker.py: every file naming it) ---------
+TRITON_RELEASE = "25.12"  # NGC release (yy.mm) of nvcr.io/nvidia/tritonserver:<release>-trtllm-python-py3
+TRTLLM_VERSION = "1.1.0"  # TensorRT-LLM inside that image (builders/versions.py: the compatibility matrix)
+TRITON_IMAGE = f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-trtllm-python-py3"
+
 
 
 @dataclass(frozen=True)
@@ -53,9 +61,9 @@ VERSIONS: dict[str, TrtllmVersion] = {
     "1.1": TrtllmVersion(
         key="1.1",
         series=(1, 1),
-        release=versions.TRTLLM_VERSION,
+        release=TRTLLM_VERSION,
         tag="v1.1.0",
-        triton_image=versions.TRITON_IMAGE,
+        triton_image=TRITON_IMAGE,
         transformers_major=4,
         engine_flow=True,
         pytorch_eagle3=True,
@@ -133,7 +141,7 @@ VERSIONS: dict[str, TrtllmVersion] = {
 }
 
 DEFAULT_VERSION = "1.4"  # new configs target the current line (EAGLE-3, LLM API, Triton's llmapi model)
-PINNED_VERSION = "1.1"  # the pinned NGC image's TensorRT-LLM (builders/versions.py): engine flow, EAGLE-1/2
+PINNED_VERSION = "1.1"  # the pinned NGC image's TensorRT-LLM (the pin above): engine flow, EAGLE-1/2
 
 
 class UnknownVersion(ValueError):

@@ -3,9 +3,10 @@
 run on, what their stages write and who reads it, which Triton model serves them, and the config fields they refuse.
 
 The config file and its error messages are unchanged (the fields stay strings, validated as literals); code asks the
-kind instead of comparing the string. This module imports nothing of the project at run time, so every layer of
-builders/ may ask it; behaviour that needs a stage's code stays with that stage, keyed by the class (the engine
-stage's EngineSteps, builders/trtllm/rules.py for TensorRT-LLM's limits).
+kind instead of comparing the string. This module imports nothing of the project at run time, so every layer asks it:
+the build config, the reference spec (`spec.kind`), the trainer config (`cfg.kind`), the doctor's head detection and
+the Triton models. Behaviour that needs a stage's code stays with that stage, keyed by the class (the engine stage's
+EngineSteps, builders/trtllm/rules.py for TensorRT-LLM's limits).
 """
 
 from __future__ import annotations

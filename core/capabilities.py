@@ -142,11 +142,12 @@ DENSE_FP8 = "the native mirror (builders/convert/hf_quant.py: FP8QDQLinearMethod
 # export's weights as the loader leaves them, builders/convert/hf_quant_generic.py). Every other row: the reason.
 _MODELOPT_OK = {"LlamaForCausalLM": "native", "MistralForCausalLM": "native", "Qwen2ForCausalLM": "native",
                 "Qwen3ForCausalLM": "native", "Qwen3MoeForCausalLM": "generic"}
-_MLA_FP8 = ("ModelOpt's FP8 export quantizes the MLA projections per tensor, kv_b_proj included; TensorRT-LLM's "
-            "DeepSeek-V3 loader splits kv_b_proj into k_b_proj_trans / v_b_proj reading only 128x128 block scales "
-            "(weight_scale_inv: load_kv_b_proj_and_k_b_proj_trans in tensorrt_llm/_torch/models/"
-            "modeling_deepseekv3.py at a43cf9e3), so a per-tensor FP8 kv_b_proj is not what it reads. Serve the "
-            "checkpoint published in FP8 128x128 blocks as it is (quantization.weights: none)")
+_MLA_FP8 = ("ModelOpt's FP8 export quantizes the MLA projections per tensor (weight_scale, input_scale); "
+            "TensorRT-LLM's DeepSeek-V3 loader reads them as 128x128 blocks only: q_a_proj and kv_a_proj_with_mqa are "
+            "concatenated into fused_a with their weight_scale_inv, kv_b_proj is split into k_b_proj_trans / "
+            "v_b_proj with weight_scale_inv per 128 (DeepseekV3ForCausalLM.load_weights, tensorrt_llm/_torch/models/"
+            "modeling_deepseekv3.py at 000561df), so two per-tensor scales fused into one weight are not what it "
+            "reads. Serve the checkpoint published in FP8 128x128 blocks as it is (quantization.weights: none)")
 _NOT_MIRRORED = ("ModelOpt's export of it completes, but this builder neither checks it against TensorRT-LLM's "
                  "loader nor mirrors it on the reference engine")
 _HYBRID = ("ModelOpt's export quantizes the gated delta-net projections (linear_attn.in_proj_qkvz, out_proj) and the "

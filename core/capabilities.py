@@ -136,12 +136,20 @@ MODELOPT = "nvidia-modelopt 0.47.0 (modelopt/torch/export/unified_export_hf.py e
 MOE_FP8 = (f"{TRT} commit 002366a4074cacd4f7be481727bea2e1eb9136a5, tensorrt_llm/_torch/modules/fused_moe/"
            "quantization.py FP8QDQFusedMoEMethod (load_activation_scales_fp8_qdq, "
            "requantize_expert_w3_w1_weight_fp8_qdq, process_weights_after_loading)")
+MOE_NAMES = {  # where the row's loader hands ModelOpt's per-expert names to the fused MoE (w1 / w3 / w2)
+    "Qwen3MoeForCausalLM": f"{TRT} commit 7a1198904a380af40fc09862bb5fd6b1131c3f7e, tensorrt_llm/_torch/models/"
+                           "checkpoints/hf/qwen2_moe_weight_mapper.py Qwen2MoeHfWeightMapper."
+                           "handle_special_instance_module (Qwen3MoeHfWeightMapper derives from it)",
+    "Glm4MoeForCausalLM": f"{TRT} commit 0406f8aa75104e96d80105563defd26ea0d9009a, tensorrt_llm/_torch/models/"
+                          "modeling_glm.py Glm4MoeForCausalLM.load_weights (params_map: experts' gate/up/down_proj -> "
+                          "w1/w3/w2, shared_experts left to the fused gate_up GatedMLP)",
+}
 DENSE_FP8 = "the native mirror (builders/convert/hf_quant.py: FP8QDQLinearMethod's fused q/k/v and gate/up)"
 # Rows quantized with ModelOpt FP8 (weights and/or KV cache) and how the reference engine mirrors them: "native"
 # (converted TRT-LLM-layout checkpoint, builders/convert/hf_quant.py) or "generic" (transformers' model with the
 # export's weights as the loader leaves them, builders/convert/hf_quant_generic.py). Every other row: the reason.
 _MODELOPT_OK = {"LlamaForCausalLM": "native", "MistralForCausalLM": "native", "Qwen2ForCausalLM": "native",
-                "Qwen3ForCausalLM": "native", "Qwen3MoeForCausalLM": "generic"}
+                "Qwen3ForCausalLM": "native", "Qwen3MoeForCausalLM": "generic", "Glm4MoeForCausalLM": "generic"}
 _MLA_FP8 = ("ModelOpt's FP8 export quantizes the MLA projections per tensor (weight_scale, input_scale); "
             "TensorRT-LLM's DeepSeek-V3 loader reads them as 128x128 blocks only: q_a_proj and kv_a_proj_with_mqa are "
             "concatenated into fused_a with their weight_scale_inv, kv_b_proj is split into k_b_proj_trans / "
@@ -163,7 +171,6 @@ MODELOPT_REFUSED = {
     "DeepseekV3ForCausalLM": _MLA_FP8, "DeepseekV32ForCausalLM": _MLA_FP8, "GlmMoeDsaForCausalLM": _MLA_FP8,
     "KimiK25ForConditionalGeneration": "calibration loads the target with AutoModelForCausalLM, which has no class "
                                        "for Kimi-K2.5's wrapper config; and " + _MLA_FP8,
-    "Glm4MoeForCausalLM": _NOT_MIRRORED + " (GLM-4.5's loader, modeling_glm.py, is not covered)" + _INSTEAD,
     "SeedOssForCausalLM": _NOT_MIRRORED + " (which of its linears TensorRT-LLM fuses is not covered)" + _INSTEAD,
     "ApertusForCausalLM": _NOT_MIRRORED + " (its xIELU MLP without a gate is not covered)" + _INSTEAD,
     "LagunaForCausalLM": _NOT_MIRRORED + " (its per-head output gates g_proj and per-layer heads are not covered)"
@@ -202,5 +209,6 @@ def modelopt_cell(f: Family) -> str:
     if how == "native":
         return "yes (dense linears, " + DENSE_FP8 + ")"
     if how == "generic":
-        return "yes (dense attention + per-expert linears: " + MOE_FP8 + ")"
+        return ("yes (dense attention, dense and shared-expert MLPs, per-expert linears: " + MOE_FP8 + "; the "
+                "experts' names as " + MOE_NAMES.get(f.name, "") + ")")
     return "no: " + modelopt_refusal(f)

@@ -29,12 +29,10 @@ PROMPTS = ["The quick brown fox", "Hello world, this is", "Once upon a time"]
 LAYERS, EXPERTS = 4, 4
 
 
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def _target(root: Path, family: str) -> tuple[Path, Path]:
     from testkit.tiny_families import make_family_target
 
-    root = tmp_path_factory.mktemp("hfq_moe")
-    target = make_family_target(root / "target", "qwen3_moe", layers=LAYERS)
+    target = make_family_target(root / "target", family, layers=LAYERS)
     head = tm.make_eagle3_head(root / "eagle3", target)
     cfg = json.loads((head / "config.json").read_text())
     cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # TensorRT-LLM needs three distinct layers
@@ -43,11 +41,24 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def export(tmp_path_factory: pytest.TempPathFactory, moe: tuple[Path, Path]) -> Path:
-    out = tmp_path_factory.mktemp("hfq_moe_export") / "export"
-    hf_quant.export_quantized(moe[0], out, weights="fp8", kv_fp8=True, dtype="float16", prompts=PROMPTS,
+def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Qwen3-MoE: routed experts in every layer."""
+    return _target(tmp_path_factory.mktemp("hfq_moe"), "qwen3_moe")
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "glm4_moe"])
+def export(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, moe: tuple[Path, Path]) -> Path:
+    """ModelOpt's FP8 + FP8 KV export of each MoE row covered: Qwen3-MoE, and GLM-4.5 (a dense first layer, routed +
+    shared experts, q/k/v biases, a router correction bias)."""
+    root = tmp_path_factory.mktemp(f"hfq_{request.param}_export")
+    target = moe[0] if request.param == "qwen3_moe" else _target(root, request.param)[0]
+    hf_quant.export_quantized(target, root / "export", weights="fp8", kv_fp8=True, dtype="float16", prompts=PROMPTS,
                               max_length=32)
-    return out
+    return root / "export"
+
+
+def _experts(t: dict[str, torch.Tensor]) -> list[str]:
+    return sorted({k.split(".experts.")[0] + ".experts" for k in t if ".experts." in k})
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +74,19 @@ def reference_build(tmp_path_factory: pytest.TempPathFactory, moe: tuple[Path, P
 def test_export_is_what_the_loader_reads(export: Path) -> None:
     q = json.loads((export / "hf_quant_config.json").read_text())["quantization"]
     assert (q["quant_algo"], q["kv_cache_quant_algo"]) == ("FP8", "FP8")
-    assert {"lm_head", "model.embed_tokens"} | {f"model.layers.{i}.mlp.gate" for i in range(LAYERS)} <= set(
+    t = load_file(str(export / "model.safetensors"))
+    moes = _experts(t)
+    assert len(moes) >= LAYERS - 1  # GLM-4.5's first layer is dense
+    assert {"lm_head", "model.embed_tokens"} | {m.replace(".experts", ".gate") for m in moes} <= set(
         q["exclude_modules"])
     assert hf_quant_generic.loader_problems(export, weights="fp8", kv_fp8=True) == []
-    t = load_file(str(export / "model.safetensors"))
-    for i in range(LAYERS):
+    for moe in moes:
         for e in range(EXPERTS):
             for lin in ("gate_proj", "up_proj", "down_proj"):
-                m = f"model.layers.{i}.mlp.experts.{e}.{lin}"
+                m = f"{moe}.{e}.{lin}"
                 assert t[f"{m}.weight"].dtype == torch.float8_e4m3fn
                 assert t[f"{m}.weight_scale"].numel() == t[f"{m}.input_scale"].numel() == 1
-        assert t[f"model.layers.{i}.mlp.gate.weight"].dtype == torch.float16
+        assert t[moe.replace(".experts", ".gate.weight")].dtype == torch.float16
     # the names against the ledger rows (the flags a Qwen3-MoE build with FP8 weights and KV cache sets)
     flags = ledger.flags_of(w_fp8=True, kv_fp8=True, w_quant=True, qk_norm=True, moe=True)
     emitted = ledger_check.hf_quant_names(export)
@@ -82,8 +95,9 @@ def test_export_is_what_the_loader_reads(export: Path) -> None:
     no_experts = {**emitted, "hf_quant.tensor": {n for n in emitted["hf_quant.tensor"] if ".experts." not in n}}
     missing = ledger_check.check_emitted(no_experts, "1.4", flags)
     assert len(missing) == 9 and all(".mlp.experts.{e}." in p and "is missing" in p for p in missing), missing
-    dense = ledger_check.check_emitted(emitted, "1.4", flags - {"moe"} | {"dense_mlp"})
-    assert any("required 'model.layers.{i}.mlp.gate_proj.weight' is missing" in p for p in dense), dense
+    if "model.layers.{i}.mlp.gate_proj.weight" not in emitted["hf_quant.tensor"]:  # experts in every layer
+        dense = ledger_check.check_emitted(emitted, "1.4", flags - {"moe"} | {"dense_mlp"})
+        assert any("required 'model.layers.{i}.mlp.gate_proj.weight' is missing" in p for p in dense), dense
 
 
 def test_export_check_bites(export: Path, tmp_path: Path) -> None:
@@ -91,16 +105,16 @@ def test_export_check_bites(export: Path, tmp_path: Path) -> None:
     shutil.copytree(export, bad)
     t = load_file(str(bad / "model.safetensors"))
     del t["model.layers.1.mlp.experts.2.up_proj.input_scale"]
-    t["model.layers.0.mlp.gate.weight"] = t["model.layers.0.mlp.gate.weight"].to(torch.float8_e4m3fn)
-    t["model.layers.3.mlp.experts.0.down_proj.weight_scale"] = torch.tensor([1.0, 2.0])
+    t["model.layers.3.mlp.gate.weight"] = t["model.layers.3.mlp.gate.weight"].to(torch.float8_e4m3fn)
+    t["model.layers.2.mlp.experts.0.down_proj.weight_scale"] = torch.tensor([1.0, 2.0])
     del t["model.layers.2.self_attn.k_proj.k_scale"]
     save_file(t, str(bad / "model.safetensors"))
     assert hf_quant_generic.loader_problems(bad, weights="fp8", kv_fp8=True) == [
-        "model.layers.0.mlp.gate.weight is torch.float8_e4m3fn; a module TensorRT-LLM loads unquantized "
-        "(exclude_modules) is 16-bit",
         "model.layers.1.mlp.experts.2.up_proj.input_scale: missing, expected torch.float32",
-        "model.layers.3.mlp.experts.0.down_proj: FP8 weight_scale / input_scale must be per-tensor scalars "
+        "model.layers.2.mlp.experts.0.down_proj: FP8 weight_scale / input_scale must be per-tensor scalars "
         "(FP8QDQLinearMethod, FP8QDQFusedMoEMethod)",
+        "model.layers.3.mlp.gate.weight is torch.float8_e4m3fn; a module TensorRT-LLM loads unquantized "
+        "(exclude_modules) is 16-bit",
         "model.layers.2.self_attn.k_proj.k_scale: missing or not a float32 scalar (the FP8 KV cache scale)",
     ]
 
@@ -116,8 +130,7 @@ def test_mirror_holds_the_weights_and_input_scales_as_the_fused_moe_loads_them(e
     t = load_file(str(export / "model.safetensors"))
     mirror, scales = hf_quant_generic.mirror_tensors(t, "float16")
     sc = {k: float(v.float().reshape(())) for k, v in t.items() if k.endswith(("weight_scale", "input_scale"))}
-    for i in range(LAYERS):
-        moe = f"model.layers.{i}.mlp.experts"
+    for moe in _experts(t):
         for e in range(EXPERTS):
             g, u, d = (f"{moe}.{e}.{x}" for x in ("gate_proj", "up_proj", "down_proj"))
             smax = max(sc[f"{g}.weight_scale"], sc[f"{u}.weight_scale"])
@@ -129,9 +142,19 @@ def test_mirror_holds_the_weights_and_input_scales_as_the_fused_moe_loads_them(e
         assert scales["experts"][moe] == {
             "gate_up": max(sc[f"{moe}.{e}.{x}_proj.input_scale"] for e in range(EXPERTS) for x in ("gate", "up")),
             "down": max(sc[f"{moe}.{e}.down_proj.input_scale"] for e in range(EXPERTS))}
+    for i in range(LAYERS):
         attn = f"model.layers.{i}.self_attn"
         qkv = max(sc[f"{attn}.{x}_proj.input_scale"] for x in "qkv")
         assert [scales["linears"][f"{attn}.{x}_proj"] for x in "qkvo"] == [qkv] * 3 + [sc[f"{attn}.o_proj.input_scale"]]
+    for mlp in sorted({k.rsplit(".", 2)[0] for k in t if k.endswith("gate_proj.weight") and ".experts." not in k}):
+        # a dense or shared-expert MLP: gate/up fused (the larger weight and input scale), down alone
+        gs, us = sc[f"{mlp}.gate_proj.weight_scale"], sc[f"{mlp}.up_proj.weight_scale"]
+        assert torch.equal(mirror[f"{mlp}.up_proj.weight"], _fp8_rescaled(t[f"{mlp}.up_proj.weight"], us, max(gs, us)))
+        assert scales["linears"][f"{mlp}.gate_proj"] == max(sc[f"{mlp}.{x}_proj.input_scale"] for x in ("gate", "up"))
+    if "model.layers.1.self_attn.q_proj.bias" in t:  # GLM-4.5: biases and the router's correction bias kept as they are
+        assert torch.equal(mirror["model.layers.1.self_attn.q_proj.bias"], t["model.layers.1.self_attn.q_proj.bias"])
+        assert torch.equal(mirror["model.layers.1.mlp.gate.e_score_correction_bias"],
+                           t["model.layers.1.mlp.gate.e_score_correction_bias"])
     assert not any(k.endswith(("_scale", "k_scale")) for k in mirror)
 
 

@@ -1,5 +1,5 @@
 """ModelOpt's FP8 export of a target the reference engine runs through transformers' own model class (the family rows
-core/capabilities.py marks "generic": Qwen3-MoE), checked against TensorRT-LLM's loader and mirrored for the
+core/capabilities.py marks "generic": Qwen3-MoE, GLM-4.5), checked against TensorRT-LLM's loader and mirrored for the
 reference engine.
 
 What the export holds (nvidia-modelopt 0.47 `export_hf_checkpoint`, read from its output): every linear of the decoder

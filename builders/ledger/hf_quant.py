@@ -10,7 +10,7 @@
   quantized, e.g. DeepSeek-V3's 128x128 FP8 blocks) that ModelConfig.load_hf_quant_config reads, which this builder
   reads the same way to size and check the target (core/quant.py) and hands over unchanged.
 Flags (`when`): w_fp8 / w_nvfp4 = FP8 / NVFP4 weights, kv_fp8 = FP8 KV cache, qk_norm = a Qwen3 target (dense or
-MoE), dense_mlp = a dense MLP per layer (the native rows), moe = routed experts per layer (Qwen3-MoE).
+MoE), dense_mlp = a dense MLP per layer (the native rows), moe = routed experts per layer (Qwen3-MoE, GLM-4.5).
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ MOE_LOADER = Source(TRT, "tensorrt_llm/_torch/models/checkpoints/hf/qwen2_moe_we
 MOE_FP8 = Source(TRT, "tensorrt_llm/_torch/modules/fused_moe/quantization.py",
                  "FP8QDQFusedMoEMethod (load_quant_scales, load_activation_scales_fp8_qdq, "
                  "requantize_expert_w3_w1_weight_fp8_qdq, process_weights_after_loading)")
+GLM_LOADER = Source(TRT, "tensorrt_llm/_torch/models/modeling_glm.py",
+                    "Glm4MoeForCausalLM.load_weights (_load_weights_impl; experts renamed w1/w3/w2, shared_experts a "
+                    "GatedMLP with fused gate_up; GLM4Attention: q/k/v biases; DeepseekV3Gate e_score_correction_bias)")
+_SHARED = tuple(f"mlp.shared_experts.{x}" for x in ("gate_proj", "up_proj", "down_proj"))
 _NOTE_MOE = ("each expert's w1/w3 requantized to its larger weight_scale; one input scale per MoE layer for each GEMM: "
              "the largest of all experts' (the reference engine's mirror does the same)")
 _NOTE_FUSED = ("q/k/v and gate/up are fused at load: each part is requantized to the group's largest weight_scale, "
@@ -91,6 +95,13 @@ ROWS: list[Row] = (
               MOE_FP8, versions=V, type="float32 scalar", required=True, when=("w_quant", "moe"), note=_NOTE_MOE)
     + rows_of("hf_quant.tensor", (f"{_LAYER}mlp.gate.weight",), MOE_LOADER, versions=V, type="16-bit (excluded)",
               required=True, when=("moe",), note="the router: ModelOpt lists it in exclude_modules")
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight" for m in _SHARED), GLM_LOADER, versions=V,
+              type="float8_e4m3fn (FP8) / 16-bit (KV cache only)", note="GLM-4.5's shared experts (fused gate/up)")
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.{s}" for m in _SHARED for s in ("weight_scale", "input_scale")),
+              FP8_LINEAR, versions=V, type="float32 scalar", note=_NOTE_FUSED)
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}self_attn.{x}_proj.bias" for x in "qkv")
+              + (f"{_LAYER}mlp.gate.e_score_correction_bias",), GLM_LOADER, versions=V, type="16-bit / float32",
+              note="GLM-4.5: q/k/v biases (attention_bias), the router's correction bias")
     + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.k_proj.k_scale", f"{_LAYER}self_attn.v_proj.v_scale"),
               KV_SCALES, versions=V, type="float32 scalar", required=True, when=("kv_fp8",),
               note="loaded (load_kv_scales) but applied to an NVFP4 KV cache only; an FP8 KV cache is scaled by 1.0 "

@@ -319,6 +319,11 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "weight_scale_inv per 128 (or dequantized with weight_scale_inv when excluded); kv_a_proj_with_mqa: q_a_proj "
      "and kv_a_proj_with_mqa concatenated into fused_a, their weight_scale_inv concatenated: no per-tensor "
      "weight_scale / input_scale is read for them"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_glm.py Glm4MoeForCausalLM.load_weights",
+     "commit 0406f8aa75104e96d80105563defd26ea0d9009a", "2026-12-08",
+     "_load_weights_impl with params_map renaming the routed experts' (not shared_experts') gate_proj / up_proj / "
+     "down_proj to w1 / w3 / w2 for the fused MoE; shared_experts a GatedMLP (fused gate_up); GLM4Attention with "
+     "q/k/v biases (attention_bias) and no o_proj bias; DeepseekV3Gate loads weight and e_score_correction_bias"),
     ("nvidia-modelopt 0.47.0 (PyPI): modelopt/torch/export/unified_export_hf.py export_hf_checkpoint",
      "the installed package", "2026-12-08",
      "run on every tiny family row (FP8_DEFAULT_CFG + FP8_KV_CFG): dense and per-expert linears FP8 with scalar "

@@ -210,7 +210,7 @@ def test_already_quantized_targets_are_refused_where_their_scales_would_be_dropp
 
 # A word of each row's reason: what ModelOpt's export or TensorRT-LLM's loader does that the build cannot follow
 REFUSED = {"deepseek_v3": "kv_b_proj", "gpt_oss": "fused 3-D FP8 tensors", "qwen3_next": "gated delta-net",
-           "nemotron_h": "pt_name_sentinel", "glm4_moe": "modeling_glm.py", "deepseek_v4": "wo_a",
+           "nemotron_h": "pt_name_sentinel", "laguna": "g_proj", "deepseek_v4": "wo_a",
            "seed_oss": "which of its linears", "llama4": "is_multimodal_model"}
 
 
@@ -232,3 +232,22 @@ def test_modelopt_quantization_is_refused_by_name_where_the_row_is_not_covered(
     assert f"this builder does not quantize {arch} ({BY_NAME[arch].label}) with ModelOpt: " in err, err
     assert " ".join(modelopt_refusal(BY_NAME[arch]).split()) in err and REFUSED[family] in err, err
     assert "quantization.weights: none" in err, err
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe"])
+def test_moe_rows_quantize_fp8_and_refuse_nvfp4_by_name(family: str, eagle3_head: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """The MoE rows ModelOpt's FP8 export covers pass the quantization preflight with FP8 weights; NVFP4 (no
+    reference path for their experts) is refused naming the row and the way through."""
+    from testkit.tiny_families import make_family_target
+
+    target = make_family_target(tmp_path / family, family)
+    arch = json.loads((target / "config.json").read_text())["architectures"][0]
+    for weights, rc in (("fp8", 0), ("nvfp4", 2)):
+        cfg = _yaml(tmp_path, weights, target, eagle3_head, "pytorch", quantization__weights=weights)
+        code = build.main([str(cfg), "--dry-run"])
+        err = " ".join(capsys.readouterr().err.split())
+        assert "with ModelOpt" not in err, err
+        assert (f"quantization.weights=nvfp4 on {arch}: this builder quantizes that row with FP8 weights" in err) == (
+            weights == "nvfp4"), err
+        assert code == rc, err

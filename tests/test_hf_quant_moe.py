@@ -188,23 +188,30 @@ def test_quantized_moe_builds_measures_tau_and_decodes_losslessly(reference_buil
     with torch.no_grad():
         diff = (q(ids).logits - f16(ids).logits).abs().max().item()
     assert 0 < diff < 5.0, diff
+
+
+def test_pytorch_build_hands_the_export_to_tensorrt_llm_and_measures_tau(moe: tuple[Path, Path],
+                                                                         tmp_path: Path) -> None:
+    """engine.backend pytorch: the export is the model the options name, checked by `eagle-ledger-check` with the MoE
+    rules (a broken expert scale named); the mirror tau is measured on is temporary."""
+    cfg_path = write_build_yaml(tmp_path / "c.yaml", output_dir=tmp_path / "build", target=moe[0], head=moe[1],
+                                draft="eagle3", backend="pytorch", tree="chain-3", name="pt", version="1.4",
+                                quantization=QUANT)
+    assert build_main([str(cfg_path)]) == 0
+    cfg, out = load_config(cfg_path), tmp_path / "build"
+    export = out / "checkpoint" / "hf_quantized"
+    notes = json.loads((out / "checkpoint" / "manifest.json").read_text())["notes"]
+    assert notes["trtllm_model_dir"] == "checkpoint/hf_quantized" and notes["quantization"]["held_out_prompts"] == 8
+    assert not (out / "checkpoint" / "fp8_reference").exists()
+    emitted = {k: v for k, v in ledger_check.build_names(cfg, out).items() if k.startswith("hf_quant.")}
     flags = ledger_check.build_flags(cfg, out / "checkpoint")
     assert {"moe", "w_quant", "kv_fp8"} <= flags and "dense_mlp" not in flags
-
-
-def test_ledger_check_reads_a_pytorch_build_of_it_with_the_moe_rules(export: Path, moe: tuple[Path, Path],
-                                                                     tmp_path: Path) -> None:
-    """`eagle-ledger-check` on a PyTorch-backend build's export of a MoE row checks it with the generic rules (not the
-    dense per-layer MLP ones), and names a broken expert scale."""
-    cfg = load_config(write_build_yaml(tmp_path / "c.yaml", output_dir=tmp_path / "build", target=moe[0],
-                                       head=moe[1], draft="eagle3", backend="pytorch", tree="chain-3", name="pt",
-                                       version="1.4", quantization=QUANT))
-    shutil.copytree(export, tmp_path / "build" / "checkpoint" / "hf_quantized")
-    assert ledger_check.quant_input_problems(cfg, tmp_path / "build") == []
-    f = tmp_path / "build" / "checkpoint" / "hf_quantized" / "model.safetensors"
+    assert ledger_check.check_emitted(emitted, "1.4", flags) == []
+    assert ledger_check.quant_input_problems(cfg, out) == []
+    f = export / "model.safetensors"
     t = load_file(str(f))
     t["model.layers.2.mlp.experts.1.gate_proj.input_scale"] = torch.tensor(float("nan"))
     save_file(t, str(f))
-    assert ledger_check.quant_input_problems(cfg, tmp_path / "build") == [
-        f"{f.parent}: model.layers.2.mlp.experts.1.gate_proj.input_scale holds nan; a quantization scale is finite "
+    assert ledger_check.quant_input_problems(cfg, out) == [
+        f"{export}: model.layers.2.mlp.experts.1.gate_proj.input_scale holds nan; a quantization scale is finite "
         "and positive (re-calibrate or re-export)"]

@@ -215,3 +215,25 @@ def test_pytorch_build_hands_the_export_to_tensorrt_llm_and_measures_tau(moe: tu
     assert ledger_check.quant_input_problems(cfg, out) == [
         f"{export}: model.layers.2.mlp.experts.1.gate_proj.input_scale holds nan; a quantization scale is finite "
         "and positive (re-calibrate or re-export)"]
+
+
+def test_kv_cache_only_export_is_checked_and_mirrored(moe: tuple[Path, Path], tmp_path: Path) -> None:
+    """`quantization.kv_cache: fp8` with 16-bit weights: ModelOpt's export writes no exclude_modules (TensorRT-LLM
+    reads it with .get), the check accepts that only without quantized weights, and the mirror keeps the weights
+    16-bit with the KV cache at the scale the PyTorch backend serves (1.0)."""
+    from core.quant import QuantConfigError, checkpoint_quant
+
+    export = tmp_path / "kv"
+    hf_quant.export_quantized(moe[0], export, weights="none", kv_fp8=True, dtype="float16", prompts=PROMPTS,
+                              max_length=32)
+    q = json.loads((export / "hf_quant_config.json").read_text())
+    assert q["quantization"]["quant_algo"] is None and "exclude_modules" not in q["quantization"]
+    assert hf_quant_generic.loader_problems(export, weights="none", kv_fp8=True) == []
+    assert checkpoint_quant({}, q, "kv").algo == "KV_ONLY"
+    with pytest.raises(QuantConfigError, match="quantization.exclude_modules is missing"):
+        checkpoint_quant({}, {"quantization": {**q["quantization"], "quant_algo": "FP8"}}, "w")
+    hf_quant_generic.write_mirror(moe[0], export, tmp_path / "mirror", weights="none", kv_fp8=True, dtype="float16")
+    scales = json.loads((tmp_path / "mirror" / hf_quant_generic.MIRROR_SCALES).read_text())
+    assert (scales["linears"], scales["experts"], scales["kv_cache_scale"]) == ({}, {}, 1.0)
+    t = load_file(str(tmp_path / "mirror" / "model.safetensors"))
+    assert all(v.dtype == torch.float16 for v in t.values()) and not any(k.endswith("_scale") for k in t)

@@ -62,6 +62,10 @@ ROWS: list[Row] = (
     + rows_of("hf_quant.config", ("quantization.exclude_modules",), FROM_PRETRAINED, versions=V,
               type="list[str] (module names / fnmatch patterns kept 16-bit)",
               note="ModelOpt lists lm_head and model.embed_tokens")
+    + rows_of("hf_quant.config", ("quantization.quantized_layers",), FROM_PRETRAINED, versions=V,
+              type="dict (per-layer algorithms; ModelOpt writes {} for a KV-cache-only export)",
+              note="read for quant_algo MIXED_PRECISION only (and, quant_algo null with it present, as DeepSeek-V4's "
+                   "layer-only config); this builder writes no MIXED_PRECISION export")
     + rows_of("hf_quant.config", ("quantization.group_size",), FROM_PRETRAINED, versions=V, type="int (16 for NVFP4)",
               when=("w_nvfp4",), required=True)
     + rows_of("hf_quant.config", ("producer", "producer.name", "producer.version"), PRODUCER, versions=V,

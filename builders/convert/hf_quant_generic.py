@@ -36,8 +36,8 @@ import torch
 from builders.convert.fp8 import DTYPES, Fp8Error
 from builders.convert.hf_quant import (KV_SCALE_AS_SERVED, QUANT_CONFIG, _excluded, _rescaled, _tensors,
                                        read_quant_config, scale_problems)
+from engines.api import FP8_SCALES_FILE as MIRROR_SCALES  # the activation and KV scales the reference engine applies
 
-MIRROR_SCALES = "eagle_deploy_fp8.json"  # in the mirror: the activation and KV scales engines/fp8_generic.py applies
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # fused upstream (one weight and input scale)
 _EXPERT = re.compile(r"^(?P<moe>.+\.experts)\.(?P<e>\d+)\.(?P<lin>gate_proj|up_proj|down_proj)$")
 _FP8_KEYS = {"weight": torch.float8_e4m3fn, "weight_scale": torch.float32, "input_scale": torch.float32}

@@ -6,6 +6,11 @@
   16-bit and the quantized target live in a temporary directory, for the acceptance check only.
 - engine.backend reference: the export lives in a temporary directory and `checkpoint/rank0.safetensors` becomes the
   weights as the PyTorch backend loads them, so the CPU mirror serves what the GPU would.
+Which family rows are quantized, and how the reference engine mirrors each, is a capability of the row
+(core/capabilities.py `modelopt_mirror`): the dense rows through the converted checkpoint
+(builders/convert/hf_quant.py), the MoE rows through transformers' own model holding the export as the loader leaves it
+(builders/convert/hf_quant_generic.py, `checkpoint/fp8_reference/` on engine.backend reference); every other row is
+refused at preflight with its reason (`modelopt_refusal`).
 Both report tau of the EAGLE-3 head against the 16-bit and the quantized target on held-out prompts (prompts of the
 calibration dataset that follow the calibration ones), with the reference engine, in the manifest's `quantization`
 note and the stage log.

@@ -37,6 +37,7 @@ STAGE_DIRS = (CHECKPOINT, ENGINE, TRITON_REPO, DYNAMO_DIR)  # the only names who
 HF_TARGET_NOTE = "hf_target_dir"  # the convert stage's manifest note naming the resolved HF target directory
 HF_MODEL = "hf_model"  # inside the checkpoint: the target's HF directory as a transformers-4 TensorRT-LLM reads it
 HF_QUANTIZED = "hf_quantized"  # inside the checkpoint: the target quantized by ModelOpt (HF export), current line
+FP8_REFERENCE = "fp8_reference"  # inside the checkpoint: a generic row's FP8 export as the reference engine runs it
 TRTLLM_MODEL_NOTE = "trtllm_model_dir"  # the convert stage's note: the HF directory handed to TensorRT-LLM
 
 

@@ -128,3 +128,87 @@ def kv_layout(f: Family) -> str:
     if f.attention in (LINEAR, MAMBA):
         return "2 x kv_heads x head_dim per full-attention layer / tp (whole with attention DP) + a recurrent state"
     return "2 x kv_heads x head_dim per layer / tp (whole with attention DP)"
+
+
+# ---- ModelOpt FP8 on the current line: which rows the build quantizes (builders/convert/hf_quant_stage.py) ---------
+
+MODELOPT = "nvidia-modelopt 0.47.0 (modelopt/torch/export/unified_export_hf.py export_hf_checkpoint)"
+MOE_FP8 = (f"{TRT} commit 002366a4074cacd4f7be481727bea2e1eb9136a5, tensorrt_llm/_torch/modules/fused_moe/"
+           "quantization.py FP8QDQFusedMoEMethod (load_activation_scales_fp8_qdq, "
+           "requantize_expert_w3_w1_weight_fp8_qdq, process_weights_after_loading)")
+MOE_NAMES = {  # where the row's loader hands ModelOpt's per-expert names to the fused MoE (w1 / w3 / w2)
+    "Qwen3MoeForCausalLM": f"{TRT} commit 7a1198904a380af40fc09862bb5fd6b1131c3f7e, tensorrt_llm/_torch/models/"
+                           "checkpoints/hf/qwen2_moe_weight_mapper.py Qwen2MoeHfWeightMapper."
+                           "handle_special_instance_module (Qwen3MoeHfWeightMapper derives from it)",
+    "Glm4MoeForCausalLM": f"{TRT} commit 0406f8aa75104e96d80105563defd26ea0d9009a, tensorrt_llm/_torch/models/"
+                          "modeling_glm.py Glm4MoeForCausalLM.load_weights (params_map: experts' gate/up/down_proj -> "
+                          "w1/w3/w2, shared_experts left to the fused gate_up GatedMLP)",
+}
+DENSE_FP8 = "the native mirror (builders/convert/hf_quant.py: FP8QDQLinearMethod's fused q/k/v and gate/up)"
+# Rows quantized with ModelOpt FP8 (weights and/or KV cache) and how the reference engine mirrors them: "native"
+# (converted TRT-LLM-layout checkpoint, builders/convert/hf_quant.py) or "generic" (transformers' model with the
+# export's weights as the loader leaves them, builders/convert/hf_quant_generic.py). Every other row: the reason.
+_MODELOPT_OK = {"LlamaForCausalLM": "native", "MistralForCausalLM": "native", "Qwen2ForCausalLM": "native",
+                "Qwen3ForCausalLM": "native", "Qwen3MoeForCausalLM": "generic", "Glm4MoeForCausalLM": "generic"}
+_MLA_FP8 = ("ModelOpt's FP8 export quantizes the MLA projections per tensor (weight_scale, input_scale); "
+            "TensorRT-LLM's DeepSeek-V3 loader reads them as 128x128 blocks only: q_a_proj and kv_a_proj_with_mqa are "
+            "concatenated into fused_a with their weight_scale_inv, kv_b_proj is split into k_b_proj_trans / "
+            "v_b_proj with weight_scale_inv per 128 (DeepseekV3ForCausalLM.load_weights, tensorrt_llm/_torch/models/"
+            "modeling_deepseekv3.py at 000561df), so two per-tensor scales fused into one weight are not what it "
+            "reads. Serve the checkpoint published in FP8 128x128 blocks as it is (quantization.weights: none)")
+_NOT_MIRRORED = ("ModelOpt's export of it completes, but this builder neither checks it against TensorRT-LLM's "
+                 "loader nor mirrors it on the reference engine")
+_HYBRID = ("ModelOpt's export quantizes the gated delta-net projections (linear_attn.in_proj_qkvz, out_proj) and the "
+           "experts; the reference engine has no FP8 path for linear-attention layers, so the build could neither "
+           "check nor measure the quantized target")
+_INSTEAD = ("; quantize it with ModelOpt yourself and give the export as target.model with engine.backend pytorch "
+            "(quantization.weights: none), or keep it 16-bit")
+MODELOPT_REFUSED = {
+    "GptOssForCausalLM": "ModelOpt's export writes gpt-oss's experts as fused 3-D FP8 tensors "
+                         "(mlp.experts.gate_up_proj / down_proj, no per-expert linears), which this builder neither "
+                         "checks nor mirrors; gpt-oss is published in MXFP4: serve that checkpoint as it is "
+                         "(quantization.weights: none)",
+    "DeepseekV3ForCausalLM": _MLA_FP8, "DeepseekV32ForCausalLM": _MLA_FP8, "GlmMoeDsaForCausalLM": _MLA_FP8,
+    "KimiK25ForConditionalGeneration": "calibration loads the target with AutoModelForCausalLM, which has no class "
+                                       "for Kimi-K2.5's wrapper config; and " + _MLA_FP8,
+    "SeedOssForCausalLM": _NOT_MIRRORED + " (which of its linears TensorRT-LLM fuses is not covered)" + _INSTEAD,
+    "ApertusForCausalLM": _NOT_MIRRORED + " (its xIELU MLP without a gate is not covered)" + _INSTEAD,
+    "LagunaForCausalLM": _NOT_MIRRORED + " (its per-head output gates g_proj and per-layer heads are not covered)"
+                         + _INSTEAD,
+    "Qwen3NextForCausalLM": _HYBRID + _INSTEAD, "Qwen3_5ForCausalLM": _HYBRID + _INSTEAD,
+    "Qwen3_5MoeForCausalLM": _HYBRID + _INSTEAD,
+    "NemotronHForCausalLM": "ModelOpt's export writes exclude_modules names with a sentinel appended "
+                            "('lm_head.\\x00backbone.pt_name_sentinel'), which match no module TensorRT-LLM loads"
+                            + _INSTEAD,
+    "Llama4ForConditionalGeneration": "ModelOpt's export fails on it (modelopt/torch/export/model_utils.py "
+                                      "is_multimodal_model: TypeError on the text model's config, whose "
+                                      "architectures is None)" + _INSTEAD,
+    "DeepseekV4ForCausalLM": "ModelOpt's export leaves attn.wo_a 16-bit without naming it in exclude_modules and "
+                             "names the LM head `head` while excluding `lm_head`, so TensorRT-LLM would read "
+                             "16-bit weights as FP8; DeepSeek-V4 is published quantized: serve that checkpoint as "
+                             "it is (quantization.weights: none)",
+}
+
+
+def modelopt_mirror(f: Family) -> str | None:
+    """"native" / "generic": the row is quantized with ModelOpt FP8 and mirrored so on the reference engine; None:
+    refused (`modelopt_refusal`)."""
+    return _MODELOPT_OK.get(f.name)
+
+
+def modelopt_refusal(f: Family) -> str:
+    """Why a row is not quantized with ModelOpt by this builder, and what to do instead ("" where it is)."""
+    if f.name in _MODELOPT_OK:
+        return ""
+    return MODELOPT_REFUSED.get(f.name, f"{f.name}: not covered by this builder's ModelOpt export check" + _INSTEAD)
+
+
+def modelopt_cell(f: Family) -> str:
+    """The docs cell: yes (how it is mirrored) or no (why)."""
+    how = _MODELOPT_OK.get(f.name)
+    if how == "native":
+        return "yes (dense linears, " + DENSE_FP8 + ")"
+    if how == "generic":
+        return ("yes (dense attention, dense and shared-expert MLPs, per-expert linears: " + MOE_FP8 + "; the "
+                "experts' names as " + MOE_NAMES.get(f.name, "") + ")")
+    return "no: " + modelopt_refusal(f)

@@ -93,7 +93,9 @@ def _modelopt(q: Any, source: str) -> CheckpointQuant | None:
     if not isinstance(q, dict):
         raise QuantConfigError(f"{source}: no `quantization` object (ModelOpt writes quant_algo, "
                                "kv_cache_quant_algo and exclude_modules there); re-export the checkpoint")
-    for key in ("quant_algo", "kv_cache_quant_algo", "exclude_modules"):
+    # _build_modelopt_quant_config reads each with .get (None when absent); ModelOpt writes all three when it
+    # quantizes weights, and no exclude_modules for a KV-cache-only export
+    for key in ("quant_algo", "kv_cache_quant_algo") + (("exclude_modules",) if q.get("quant_algo") else ()):
         if key not in q:
             p.append(f"quantization.{key} is missing (ModelOpt writes it, null when unused)")
     if q.get("quant_algo") == "MIXED_PRECISION":

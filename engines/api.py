@@ -30,11 +30,13 @@ from core.types import (
     aggregate_stats,
     stats_dict,
 )
+from engines.fp8_generic import SCALES_FILE as FP8_SCALES_FILE
 from engines.runtime import Runtime, load_tokenizer, runtime_from_spec
 from engines.session import Session, generate, open_session
 from engines.text_model import load_causal_lm, text_model_of
 
 __all__ = [
+    "FP8_SCALES_FILE",
     "FinishReason",
     "GenerationRequest",
     "GenerationResult",

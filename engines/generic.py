@@ -39,6 +39,8 @@ from core.families import COMPRESSED, MLA, attention_window_of, check_generic, f
 from core.shapes import reference_kv_width
 from engines.cache import KVCache, Step
 from engines.compressed import CompressedStore
+from engines.fp8_generic import apply_scales, read_scales
+from engines.linear import fake_quant_fp8
 from engines.recurrent import RecurrentStore, RecurrentView
 from engines.text_model import load_causal_lm
 
@@ -50,8 +52,10 @@ class _SlotCache:
     is_compileable = False  # what transformers' generation and mask helpers ask of a Cache; never a static cache
 
     def __init__(self, cache: KVCache, step: Step, view: RecurrentView | None = None,
-                 indexer_at: int | None = None, layers: list[Any] | None = None) -> None:
+                 indexer_at: int | None = None, layers: list[Any] | None = None,
+                 kv_scale: torch.Tensor | None = None) -> None:
         self.cache, self.step, self.view, self.indexer_at = cache, step, view, indexer_at
+        self.kv_scale = kv_scale  # an FP8 KV cache: keys and values stored as fp8(x / s) * s
         if layers is not None:  # DeepSeek-V4: its compressors read cache.layers[layer_idx] (engines/compressed.py)
             self.layers = layers
 
@@ -68,6 +72,9 @@ class _SlotCache:
         # transformers: (B, kv_heads, T, D); the engine's cache rows: (slots, kv_heads, D). Keys and values may be
         # narrower than the slots (MLA: qk_nope + qk_rope keys, v_head_dim values): each fills its leading part.
         kd, vd = key_states.shape[-1], value_states.shape[-1]
+        if self.kv_scale is not None:
+            key_states, value_states = fake_quant_fp8(key_states, self.kv_scale), fake_quant_fp8(value_states,
+                                                                                                  self.kv_scale)
         k_cache[s.rows[:, None], s.slots, :, :kd] = key_states.transpose(1, 2).to(k_cache.dtype)
         v_cache[s.rows[:, None], s.slots, :, :vd] = value_states.transpose(1, 2).to(v_cache.dtype)
         return s.gather(k_cache)[..., :kd].transpose(1, 2), s.gather(v_cache)[..., :vd].transpose(1, 2)
@@ -114,6 +121,7 @@ class GenericTarget:
     temperature: _Temperature | None = None  # Llama 4's NoPE layers: q scaled by the tokens' positions
     indexer_at: int | None = None  # DSA targets: where the indexer keys start in the value slots
     compressed: CompressedStore | None = None  # DeepSeek-V4: compressor state per row (engines/compressed.py)
+    kv_scale: torch.Tensor | None = None  # an FP8 KV cache's scale (a mirrored FP8 export, engines/fp8_generic.py)
 
     def accept(self, rows: list[int], lengths: list[int]) -> None:
         """After a verification: each row's recurrent state becomes the one after its accepted path (the KV cache
@@ -150,7 +158,7 @@ class GenericTarget:
             view = RecurrentView(self.recurrent, step.rows, fresh, 0 if fresh or t == 1 else t)
             masks = {"full_attention": mask, "linear_attention": None}
         slot_cache = _SlotCache(cache, step, view, self.indexer_at,
-                                None if self.compressed is None else self.compressed.layers)
+                                None if self.compressed is None else self.compressed.layers, self.kv_scale)
         try:
             out = self.model.model(input_ids=tokens, attention_mask=masks, position_ids=step.positions,
                                    use_cache=True, **{self.cache_kw: slot_cache})
@@ -217,6 +225,8 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     # AutoModelForCausalLM, or a multimodal wrapper's text model where the row names it (engines/text_model.py)
     model = load_causal_lm(hf_dir, dtype=dtype, attn_implementation="eager")
     model.to(device).eval()
+    scales = read_scales(hf_dir)  # a mirrored FP8 export (builders/convert/hf_quant_generic.py)
+    kv_scale = None if scales is None else apply_scales(model, scales, hf_dir)
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     fam = family_of((cfg.get("architectures") or [None])[0])
     heads = int(text.num_attention_heads)
@@ -233,4 +243,5 @@ def load_generic(hf_dir: Path, dtype: torch.dtype, device: torch.device,
     return GenericTarget(model, model.get_input_embeddings().weight, GenericLMHead(model.lm_head, int(text.vocab_size)),
                          layers, kv_heads, head_dim, kw, window, key, recurrent, types, _temperature(model),
                          int(text.qk_rope_head_dim) if "indexed_attention" in types else None,
-                         CompressedStore(model) if fam is not None and fam.attention == COMPRESSED else None)
+                         CompressedStore(model) if fam is not None and fam.attention == COMPRESSED else None,
+                         None if kv_scale is None else kv_scale.to(device))

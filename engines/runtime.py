@@ -177,7 +177,8 @@ def _target(cfg: dict[str, Any], ckpt: Path, group: TPGroup, dev: torch.device,
         return load_target(ld, cfg, ckpt, group, dev), tensors, ld
     if group.size != 1:
         raise CheckpointError(f"{ckpt}/config.json: tp_size={group.size}; a generic target runs at tp=1 only")
-    return load_generic(Path(generic), DTYPES[dtype], dev), None, None
+    path = Path(generic)  # absolute (the HF target), or inside the checkpoint (a mirrored FP8 export)
+    return load_generic(path if path.is_absolute() else ckpt / path, DTYPES[dtype], dev), None, None
 
 
 def restrict_draft_vocab(drafter: Drafter | None, ids: list[int]) -> Eagle1Drafter:

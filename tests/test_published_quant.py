@@ -208,11 +208,19 @@ def test_already_quantized_targets_are_refused_where_their_scales_would_be_dropp
     assert "generic path with quant_method fp8 and 128x128 weight blocks only" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
-def test_modelopt_quantization_is_refused_by_name_outside_the_dense_families(
+# A word of each row's reason: what ModelOpt's export or TensorRT-LLM's loader does that the build cannot follow
+REFUSED = {"deepseek_v3": "kv_b_proj", "gpt_oss": "fused 3-D FP8 tensors", "qwen3_next": "gated delta-net",
+           "nemotron_h": "pt_name_sentinel", "laguna": "g_proj", "deepseek_v4": "wo_a",
+           "seed_oss": "which of its linears", "llama4": "is_multimodal_model"}
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED))
+def test_modelopt_quantization_is_refused_by_name_where_the_row_is_not_covered(
         family: str, fp8_deepseek: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """`quantization.weights: fp8` on a 16-bit MoE / MLA target: refused at --dry-run with the architecture, why, and
-    the two ways through."""
+    """`quantization.weights: fp8` on a 16-bit target of a row ModelOpt's export or the mirror does not cover: refused
+    at --dry-run naming the architecture, the row's reason (core/capabilities.py) and what to do instead."""
+    from core.capabilities import modelopt_refusal
+    from core.families import BY_NAME
     from testkit.tiny_families import make_family_target
 
     _, dequantized, head = fp8_deepseek
@@ -220,6 +228,26 @@ def test_modelopt_quantization_is_refused_by_name_outside_the_dense_families(
     arch = json.loads((target / "config.json").read_text())["architectures"][0]
     cfg = _yaml(tmp_path, "q", target, head, "pytorch", quantization__weights="fp8")
     assert build.main([str(cfg), "--dry-run"]) == 2
-    err = capsys.readouterr().err
-    assert f"the target's architecture {arch} is not one this builder quantizes and checks" in err, err
-    assert "not MoE experts, MLA projections or recurrent layers" in err and "quantization.weights: none" in err, err
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"this builder does not quantize {arch} ({BY_NAME[arch].label}) with ModelOpt: " in err, err
+    assert " ".join(modelopt_refusal(BY_NAME[arch]).split()) in err and REFUSED[family] in err, err
+    assert "quantization.weights: none" in err, err
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe"])
+def test_moe_rows_quantize_fp8_and_refuse_nvfp4_by_name(family: str, eagle3_head: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """The MoE rows ModelOpt's FP8 export covers pass the quantization preflight with FP8 weights; NVFP4 (no
+    reference path for their experts) is refused naming the row and the way through."""
+    from testkit.tiny_families import make_family_target
+
+    target = make_family_target(tmp_path / family, family)
+    arch = json.loads((target / "config.json").read_text())["architectures"][0]
+    for weights, rc in (("fp8", 0), ("nvfp4", 2)):
+        cfg = _yaml(tmp_path, weights, target, eagle3_head, "pytorch", quantization__weights=weights)
+        code = build.main([str(cfg), "--dry-run"])
+        err = " ".join(capsys.readouterr().err.split())
+        assert "with ModelOpt" not in err, err
+        assert (f"quantization.weights=nvfp4 on {arch}: this builder quantizes that row with FP8 weights" in err) == (
+            weights == "nvfp4"), err
+        assert code == rc, err

@@ -6,6 +6,11 @@
   16-bit and the quantized target live in a temporary directory, for the acceptance check only.
 - engine.backend reference: the export lives in a temporary directory and `checkpoint/rank0.safetensors` becomes the
   weights as the PyTorch backend loads them, so the CPU mirror serves what the GPU would.
+Which family rows are quantized, and how the reference engine mirrors each, is a capability of the row
+(core/capabilities.py `modelopt_mirror`): the dense rows through the converted checkpoint
+(builders/convert/hf_quant.py), the MoE rows through transformers' own model holding the export as the loader leaves it
+(builders/convert/hf_quant_generic.py, `checkpoint/fp8_reference/` on engine.backend reference); every other row is
+refused at preflight with its reason (`modelopt_refusal`).
 Both report tau of the EAGLE-3 head against the 16-bit and the quantized target on held-out prompts (prompts of the
 calibration dataset that follow the calibration ones), with the reference engine, in the manifest's `quantization`
 note and the stage log.
@@ -24,10 +29,13 @@ from builders import layout
 from builders.config import BuildConfig
 from builders.convert.fp8 import Fp8Error, Fp8Report, prompt_format, reference_tau
 from builders.convert.hf_quant import ALGO, export_quantized, loader_problems, reference_checkpoint
-from core.families import NATIVE
+from builders.convert import hf_quant_generic
+from core.capabilities import modelopt_mirror, modelopt_refusal
+from core.families import family_of
 from core.hfconfig import llama_spec
 
 HF_QUANTIZED = layout.HF_QUANTIZED
+FP8_REFERENCE = layout.FP8_REFERENCE
 TAU_PROMPTS = 8  # held-out prompts tau is measured on (after the calibration prompts of the same dataset)
 TAU_NEW_TOKENS = 32
 
@@ -45,17 +53,31 @@ def preflight_problems(cfg: BuildConfig, target_architecture: str) -> list[str]:
     if not (quantizes(cfg) and current_line(cfg)):
         return []
     p = []
-    if target_architecture not in NATIVE:
+    row = family_of(target_architecture)
+    mirror = None if row is None else modelopt_mirror(row)
+    if row is None:
         p.append(f"quantization on trtllm_version {cfg.trtllm_version}: the target's architecture "
-                 f"{target_architecture} is not one this builder quantizes and checks ({', '.join(NATIVE)}): its "
-                 "export check and reference mirror read the dense decoder linears of those families only (q/k/v/o, "
-                 "gate/up/down), not MoE experts, MLA projections or recurrent layers; serve a checkpoint published "
-                 "quantized as it is (quantization.weights: none, docs/bring-your-own-model.md), or quantize with "
-                 "ModelOpt yourself and give its export as target.model")
+                 f"{target_architecture} is not a row of the family table (docs/bring-your-own-model.md)")
+    elif mirror is None:
+        p.append(f"quantization on trtllm_version {cfg.trtllm_version}: this builder does not quantize "
+                 f"{target_architecture} ({row.label}) with ModelOpt: {modelopt_refusal(row)}")
+    elif mirror == "generic" and cfg.quantization.weights not in ("none", "fp8"):
+        p.append(f"quantization.weights={cfg.quantization.weights} on {target_architecture}: this builder quantizes "
+                 "that row with FP8 weights (and/or an FP8 KV cache) only; the reference engine has no NVFP4 path "
+                 "for its experts. Use quantization.weights: fp8")
     if cfg.engine.kind.reference_engine and cfg.parallel.tp != 1:
         p.append("quantization with engine.backend reference on the current line: the reference engine runs the "
                  "quantized target at parallel.tp 1")
     return p
+
+
+def generic_row(hf: Path) -> bool:
+    """The target is quantized and mirrored on the reference engine's generic path (core/capabilities.py)."""
+    import json
+
+    arch = (json.loads((hf / "config.json").read_text()).get("architectures") or [None])[0]
+    row = family_of(arch)
+    return row is not None and modelopt_mirror(row) == "generic"
 
 
 def prompt_sets(cfg: BuildConfig) -> tuple[list[str], list[str]]:
@@ -86,6 +108,28 @@ def _reference16(cfg: BuildConfig, hf: Path, ckpt: Path, out: Path) -> Path:
     return out
 
 
+def _generic16(ckpt: Path, out: Path) -> Path:
+    """The checkpoint of a generic row (config.json naming the HF target, tokenizer, EAGLE-3 head), without the
+    export: the 16-bit target as the reference engine runs it."""
+    shutil.copytree(ckpt, out, symlinks=True, ignore=shutil.ignore_patterns(HF_QUANTIZED, FP8_REFERENCE))
+    return out
+
+
+def generic_reference(hf: Path, export: Path, ckpt: Path, *, weights: str, kv_fp8: bool, dtype: str) -> None:
+    """`ckpt` (a generic row's checkpoint) runs the mirror of the export, written to `ckpt/FP8_REFERENCE`."""
+    import json
+
+    hf_quant_generic.check_weights(weights)
+    hf_quant_generic.write_mirror(hf, export, ckpt / FP8_REFERENCE, weights=weights, kv_fp8=kv_fp8, dtype=dtype)
+    conf = json.loads((ckpt / "config.json").read_text())
+    conf["generic_target"] = FP8_REFERENCE  # relative: inside the checkpoint (engines/runtime.py)
+    exclude = (hf_quant_generic.read_quant_config(export).get("quantization") or {}).get("exclude_modules")
+    conf["quantization"] = {"quant_algo": "FP8" if weights == "fp8" else None,
+                            "kv_cache_quant_algo": "FP8" if kv_fp8 else None, "exclude_modules": exclude}
+    conf.setdefault("eagle_deploy", {})["hf_quantized"] = {"quant_algo": ALGO.get(weights), "kv_fp8": kv_fp8}
+    (ckpt / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
+
+
 def _log(ctx: Any, msg: str) -> None:
     with ctx.log_path.open("a") as f:
         f.write(msg + "\n")
@@ -108,17 +152,24 @@ def run_hf_quant(ctx: Any, hf: Path) -> Fp8Report:
                   f"prompts{' + FP8 KV cache' if kv else ''}; Hugging Face export -> {export.name}/")
         export_quantized(hf, export, weights=weights, kv_fp8=kv, dtype=cfg.target.dtype, prompts=calib,
                          max_length=q.calibration.max_length)
-        problems = loader_problems(export, weights=weights, kv_fp8=kv, layers=layers)
+        generic = generic_row(hf)
+        problems = (hf_quant_generic.loader_problems(export, weights=weights, kv_fp8=kv) if generic
+                    else loader_problems(export, weights=weights, kv_fp8=kv, layers=layers))
         if problems:
             raise Fp8Error("the ModelOpt export departs from what TensorRT-LLM's loader reads (builders/trtllm/"
                            "ledger_hf_quant.py): " + "; ".join(problems[:6]))
         _log(ctx, f"step 2/4: the 16-bit reference checkpoint (to measure tau against the {ALGO.get(weights, 'KV')} "
                   "one)")
-        ck16 = _reference16(cfg, hf, ctx.out, tmp / "ckpt16")
+        ck16 = _reference16(cfg, hf, ctx.out, tmp / "ckpt16") if not generic else _generic16(ctx.out, tmp / "ckpt16")
         ref = ctx.out if not pytorch else tmp / "ckpt_quant"
         _log(ctx, "step 3/4: the reference engine's mirror of the export (the weights as TensorRT-LLM's loader "
                   "leaves them)")
-        reference_checkpoint(ck16, export, ref, weights=weights, kv_fp8=kv, dtype=cfg.target.dtype)
+        if generic:
+            if pytorch:
+                shutil.copytree(ck16, ref, symlinks=True)
+            generic_reference(hf, export, ref, weights=weights, kv_fp8=kv, dtype=cfg.target.dtype)
+        else:
+            reference_checkpoint(ck16, export, ref, weights=weights, kv_fp8=kv, dtype=cfg.target.dtype)
         tau_of = reference_tau(cfg, held, TAU_NEW_TOKENS) if held and cfg.draft.kind.eagle3 else None
         if tau_of is not None:
             _log(ctx, f"step 4/4: tau of the head against the 16-bit and the quantized target on {len(held)} "

@@ -24,7 +24,8 @@ from builders.published import fp8_head_warning
 from builders.convert.eagle import convert_eagle
 from builders.convert.eagle3 import EAGLE3_DIR, convert_eagle3
 from builders.convert.head_layout import flat_head, named_as_given
-from builders.convert.hf_quant_stage import HF_QUANTIZED, current_line, quantizes, run_hf_quant
+from builders.convert.hf_quant_stage import (FP8_REFERENCE, HF_QUANTIZED, current_line, generic_row, quantizes,
+                                             run_hf_quant)
 from builders.convert.llama import Provenance
 from builders.convert.random_head import RANDOM_LABEL, write_random_head
 from sources.targets import ModelSourceError, resolve_target
@@ -87,10 +88,21 @@ def plan_outputs(cfg: BuildConfig) -> list[Output]:
         out.append(Output(f"{HF_QUANTIZED}/", f"the target quantized by ModelOpt ({cfg.quantization.weights} weights, "
                           f"{cfg.quantization.kv_cache} KV cache): Hugging Face unified format + tokenizer",
                           "trtllm-serve, the Triton llmapi model (model.yaml)"))
+    if backend.reference_engine and current_line(cfg) and quantizes(cfg) and _generic_quantized(cfg):
+        out.append(Output(f"{FP8_REFERENCE}/", "the ModelOpt export as TensorRT-LLM's loader leaves it (dequantized "
+                          "weights + the FP8 activation and KV scales): a Hugging Face directory",
+                          "the reference engine (config.json generic_target)"))
     if cfg.draft.model == "random":
         out.append(Output(f"{RANDOM_HEAD_DIR}/", f"{RANDOM_LABEL} EAGLE-1 head, seed {cfg.draft.seed}: acceptance ~0",
                           "this stage (converted into the checkpoint)"))
     return out
+
+
+def _generic_quantized(cfg: BuildConfig) -> bool:
+    try:
+        return generic_row(resolve_target(cfg.target.model))
+    except (ModelSourceError, OSError, ValueError):
+        return False  # the preflight names the target
 
 
 def _trtllm_model_dir(ctx: StageContext, hf: Path) -> Path:

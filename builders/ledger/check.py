@@ -130,9 +130,19 @@ def build_flags(cfg: Any, ckpt: Path) -> frozenset[str]:
         schedule=cfg.tree.draft_len_schedule is not None, max_concurrency=cfg.tree.max_concurrency is not None,
         acceptance=bool(cfg.tree.acceptance_rate_window_size), penalty=cfg.tree.enable_penalty,
         w_quant=cfg.quantization.weights != "none", w_nvfp4=cfg.quantization.weights == "nvfp4",
-        qk_norm=conf.get("architecture") == "Qwen3ForCausalLM",
+        qk_norm=conf.get("architecture") in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+        dense_mlp=_mirror(conf) == "native", moe=_mirror(conf) == "generic",
         disaggregated=cfg.version.triton_layout == "llmapi",  # dynamo/ prefill + decode YAMLs
     )
+
+
+def _mirror(conf: dict[str, Any]) -> str | None:
+    """How the checkpoint's target row is quantized with ModelOpt (core/capabilities.py), None when it is not."""
+    from core.capabilities import modelopt_mirror
+    from core.families import family_of
+
+    row = family_of(conf.get("architecture"))
+    return None if row is None else modelopt_mirror(row)
 
 
 def hf_quant_names(export: Path) -> Emitted:
@@ -166,8 +176,14 @@ def quant_input_problems(cfg: Any, build: Path) -> list[str]:
             and kind.loads_hf_target and not kind.reference_engine:
         export = ckpt / layout.HF_QUANTIZED
         try:
-            layers = int(json.loads((export / "config.json").read_text())["num_hidden_layers"])
-            p += hf_quant.loader_problems(export, weights=q.weights, kv_fp8=q.kv_cache == "fp8", layers=layers)
+            conf = json.loads((export / "config.json").read_text())
+            if _mirror({"architecture": (conf.get("architectures") or [None])[0]}) == "generic":
+                from builders.convert import hf_quant_generic
+
+                p += hf_quant_generic.loader_problems(export, weights=q.weights, kv_fp8=q.kv_cache == "fp8")
+            else:
+                p += hf_quant.loader_problems(export, weights=q.weights, kv_fp8=q.kv_cache == "fp8",
+                                              layers=int(conf["num_hidden_layers"]))
         except (Fp8Error, OSError, ValueError, KeyError) as e:
             p.append(f"{export}: {e}")
     for f in sorted(ckpt.glob("rank*.safetensors")):

@@ -65,7 +65,8 @@ _CONFIG = (
               type="int (defaults 1 / 63 / 10)", when=("eagle",))
     + rows_of("checkpoint.config", ("qkv_bias", "qk_norm", "sliding_window"), OURS_FAMILIES,
               type="bool / bool / int | null", note=_FAMILY_NOTE)
-    + rows_of("checkpoint.config", ("generic_target",), OURS_GENERIC, type="path (the HF target directory)",
+    + rows_of("checkpoint.config", ("generic_target",), OURS_GENERIC,
+              type="path (the HF target directory; relative: inside the checkpoint, a mirrored FP8 export)",
               note="a target of the generic families (no converted weights); TensorRT-LLM never reads this checkpoint")
     + _llama_config("checkpoint.eagle_net_config")
     + rows_of("checkpoint.eagle_net_config", ("head_dim",), PRETRAINED, type="int (attribute)", note=_KWARGS_NOTE)

@@ -304,6 +304,33 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
      "they stay at 1.0 for the PyTorch backend, which never overrides them; modules/attention.py assigns "
      "forward_args.kv_scale_* only for an FP4 KV cache. modules/linear.py FP8QDQLinearMethod.create_weights: "
      "kv_scales / inv_kv_scales are 'K, V scales for NVFP4 KV cache'"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/modules/fused_moe/quantization.py",
+     "commit 002366a4074cacd4f7be481727bea2e1eb9136a5", "2026-12-08",
+     "FP8QDQFusedMoEMethod: per expert {e}.w1/w3/w2 weight, weight_scale, input_scale (VANILLA); "
+     "requantize_expert_w3_w1_weight_fp8_qdq requantizes an expert's w1 and w3 to their larger weight_scale; "
+     "load_activation_scales_fp8_qdq + process_weights_after_loading: one fc31 input scale (the largest w1/w3 "
+     "input_scale of all experts) and one fc2 input scale (the largest w2 input_scale) per MoE layer"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/checkpoints/hf/qwen2_moe_weight_mapper.py",
+     "commit 7a1198904a380af40fc09862bb5fd6b1131c3f7e", "2026-12-08",
+     "Qwen2MoeHfWeightMapper.handle_special_instance_module: an MoE module's weights renamed gate_proj -> w1, "
+     "up_proj -> w3, down_proj -> w2 and handed to MoE.load_weights (Qwen3MoeHfWeightMapper derives from it)"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_deepseekv3.py DeepseekV3ForCausalLM.load_weights",
+     "commit 000561df0bd751d793257102bbe59cb4a64b2fd5", "2026-12-08",
+     "kv_b_proj: load_kv_b_proj_and_k_b_proj_trans splits it into k_b_proj_trans / v_b_proj, its scale read as "
+     "weight_scale_inv per 128 (or dequantized with weight_scale_inv when excluded); kv_a_proj_with_mqa: q_a_proj "
+     "and kv_a_proj_with_mqa concatenated into fused_a, their weight_scale_inv concatenated: no per-tensor "
+     "weight_scale / input_scale is read for them"),
+    ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/models/modeling_glm.py Glm4MoeForCausalLM.load_weights",
+     "commit 0406f8aa75104e96d80105563defd26ea0d9009a", "2026-12-08",
+     "_load_weights_impl with params_map renaming the routed experts' (not shared_experts') gate_proj / up_proj / "
+     "down_proj to w1 / w3 / w2 for the fused MoE; shared_experts a GatedMLP (fused gate_up); GLM4Attention with "
+     "q/k/v biases (attention_bias) and no o_proj bias; DeepseekV3Gate loads weight and e_score_correction_bias"),
+    ("nvidia-modelopt 0.47.0 (PyPI): modelopt/torch/export/unified_export_hf.py export_hf_checkpoint",
+     "the installed package", "2026-12-08",
+     "run on every tiny family row (FP8_DEFAULT_CFG + FP8_KV_CFG): dense and per-expert linears FP8 with scalar "
+     "weight_scale / input_scale, routers and embeddings excluded; gpt-oss experts written fused (3-D); Nemotron-H's "
+     "exclude_modules carry a sentinel suffix; DeepSeek-V4's wo_a left 16-bit unlisted; Llama 4 fails in "
+     "model_utils.is_multimodal_model"),
     ("NVIDIA/TensorRT-LLM:tensorrt_llm/_torch/modules/linear.py",
      "commit 00bbf71e796406ea8593a77cbfb828356182db16", "2026-12-06",
      "FP8QDQLinearMethod: float8_e4m3fn weight, scalar weight_scale and input_scale; fused q/k/v and gate/up "
@@ -313,6 +340,12 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 UNVERIFIED: tuple[str, ...] = (
+    "ModelOpt quantization per family row (core/capabilities.py, docs: 'Target architectures'): the routed experts' "
+    "FP8 loading (FP8QDQFusedMoEMethod, fused_moe/quantization.py) was read at 002366a4, Qwen2MoeHfWeightMapper "
+    "(the w1/w3/w2 renaming Qwen3-MoE inherits) at 7a119890, DeepSeek-V3's MLA weight loading at 000561df: main "
+    "commits, not the v1.4.0rc4 tag. What ModelOpt's export writes per row was measured with nvidia-modelopt 0.47.0 "
+    "and transformers 5.25 on the tiny random models of testkit/tiny_families.py, not on published checkpoints; no "
+    "quantized MoE target was served on a GPU by this project.",
     "Capabilities per family row and the serving fields (docs: 'Target architectures', capability table; "
     "llmapi.option rows enable_attention_dp, moe_expert_parallel_size, moe_config, cuda_graph_config and the "
     "pass-through names): read at main commits, not at the v1.4.0rc4 tag: each row's EAGLE-3 capture at the commit "

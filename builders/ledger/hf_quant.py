@@ -9,7 +9,8 @@
 - `published.quantization_config`: the keys of a target's own config.json `quantization_config` (a checkpoint published
   quantized, e.g. DeepSeek-V3's 128x128 FP8 blocks) that ModelConfig.load_hf_quant_config reads, which this builder
   reads the same way to size and check the target (core/quant.py) and hands over unchanged.
-Flags (`when`): w_fp8 / w_nvfp4 = FP8 / NVFP4 weights, kv_fp8 = FP8 KV cache, qk_norm = a Qwen3 target.
+Flags (`when`): w_fp8 / w_nvfp4 = FP8 / NVFP4 weights, kv_fp8 = FP8 KV cache, qk_norm = a Qwen3 target (dense or
+MoE), dense_mlp = a dense MLP per layer (the native rows), moe = routed experts per layer (Qwen3-MoE, GLM-4.5).
 """
 
 from __future__ import annotations
@@ -35,8 +36,21 @@ PRODUCER = Source("eagle-deploy", "builders/convert/hf_quant.py", "export_quanti
 
 V = LLMAPI_LAYOUT
 _LAYER = "model.layers.{i}."
-_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-            "mlp.up_proj", "mlp.down_proj")
+_ATTN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+_MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # dense rows (flag dense_mlp)
+_EXPERTS = tuple(f"mlp.experts.{{e}}.{x}" for x in ("gate_proj", "up_proj", "down_proj"))  # MoE rows (flag moe)
+MOE_LOADER = Source(TRT, "tensorrt_llm/_torch/models/checkpoints/hf/qwen2_moe_weight_mapper.py",
+                    "Qwen2MoeHfWeightMapper.handle_special_instance_module (gate_proj/up_proj/down_proj -> w1/w3/w2, "
+                    "MoE.load_weights; Qwen3MoeHfWeightMapper derives from it)")
+MOE_FP8 = Source(TRT, "tensorrt_llm/_torch/modules/fused_moe/quantization.py",
+                 "FP8QDQFusedMoEMethod (load_quant_scales, load_activation_scales_fp8_qdq, "
+                 "requantize_expert_w3_w1_weight_fp8_qdq, process_weights_after_loading)")
+GLM_LOADER = Source(TRT, "tensorrt_llm/_torch/models/modeling_glm.py",
+                    "Glm4MoeForCausalLM.load_weights (_load_weights_impl; experts renamed w1/w3/w2, shared_experts a "
+                    "GatedMLP with fused gate_up; GLM4Attention: q/k/v biases; DeepseekV3Gate e_score_correction_bias)")
+_SHARED = tuple(f"mlp.shared_experts.{x}" for x in ("gate_proj", "up_proj", "down_proj"))
+_NOTE_MOE = ("each expert's w1/w3 requantized to its larger weight_scale; one input scale per MoE layer for each GEMM: "
+             "the largest of all experts' (the reference engine's mirror does the same)")
 _NOTE_FUSED = ("q/k/v and gate/up are fused at load: each part is requantized to the group's largest weight_scale, "
                "the group's largest input_scale is used (the reference engine's copy does the same)")
 
@@ -48,6 +62,10 @@ ROWS: list[Row] = (
     + rows_of("hf_quant.config", ("quantization.exclude_modules",), FROM_PRETRAINED, versions=V,
               type="list[str] (module names / fnmatch patterns kept 16-bit)",
               note="ModelOpt lists lm_head and model.embed_tokens")
+    + rows_of("hf_quant.config", ("quantization.quantized_layers",), FROM_PRETRAINED, versions=V,
+              type="dict (per-layer algorithms; ModelOpt writes {} for a KV-cache-only export)",
+              note="read for quant_algo MIXED_PRECISION only (and, quant_algo null with it present, as DeepSeek-V4's "
+                   "layer-only config); this builder writes no MIXED_PRECISION export")
     + rows_of("hf_quant.config", ("quantization.group_size",), FROM_PRETRAINED, versions=V, type="int (16 for NVFP4)",
               when=("w_nvfp4",), required=True)
     + rows_of("hf_quant.config", ("producer", "producer.name", "producer.version"), PRODUCER, versions=V,
@@ -60,14 +78,34 @@ ROWS: list[Row] = (
               LLAMA, versions=V, type="16-bit", required=True)
     + rows_of("hf_quant.tensor", ("lm_head.weight",), LLAMA, versions=V, type="16-bit",
               note="absent with tie_word_embeddings (the embedding is used)")
-    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight" for m in _LINEARS), LLAMA, versions=V,
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight" for m in _ATTN), LLAMA, versions=V,
               type="float8_e4m3fn (FP8) / uint8, two e2m1 per byte (NVFP4) / 16-bit (excluded)", required=True)
-    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.{s}" for m in _LINEARS for s in ("weight_scale", "input_scale")),
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight" for m in _MLP), LLAMA, versions=V,
+              type="float8_e4m3fn (FP8) / uint8, two e2m1 per byte (NVFP4) / 16-bit (excluded)", required=True,
+              when=("dense_mlp",))
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.{s}" for m in _ATTN for s in ("weight_scale", "input_scale")),
               FP8_LINEAR, versions=V, type="float32 scalar (FP8) / float8_e4m3fn [out, in/16] weight_scale (NVFP4)",
               required=True, when=("w_quant",), note=_NOTE_FUSED)
-    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight_scale_2" for m in _LINEARS), NVFP4_LINEAR, versions=V,
-              type="float32 scalar (global weight scale, equal across a fused group)", required=True,
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.{s}" for m in _MLP for s in ("weight_scale", "input_scale")),
+              FP8_LINEAR, versions=V, type="float32 scalar (FP8) / float8_e4m3fn [out, in/16] weight_scale (NVFP4)",
+              required=True, when=("w_quant", "dense_mlp"), note=_NOTE_FUSED)
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight_scale_2" for m in _ATTN + _MLP), NVFP4_LINEAR,
+              versions=V, type="float32 scalar (global weight scale, equal across a fused group)", required=True,
               when=("w_nvfp4",))
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight" for m in _EXPERTS), MOE_LOADER, versions=V,
+              type="float8_e4m3fn (FP8) / 16-bit (KV cache only)", required=True, when=("moe",),
+              note="a routed expert's linears, one per expert (ModelOpt's export unfuses transformers' 3-D experts)")
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.{s}" for m in _EXPERTS for s in ("weight_scale", "input_scale")),
+              MOE_FP8, versions=V, type="float32 scalar", required=True, when=("w_quant", "moe"), note=_NOTE_MOE)
+    + rows_of("hf_quant.tensor", (f"{_LAYER}mlp.gate.weight",), MOE_LOADER, versions=V, type="16-bit (excluded)",
+              required=True, when=("moe",), note="the router: ModelOpt lists it in exclude_modules")
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.weight" for m in _SHARED), GLM_LOADER, versions=V,
+              type="float8_e4m3fn (FP8) / 16-bit (KV cache only)", note="GLM-4.5's shared experts (fused gate/up)")
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}{m}.{s}" for m in _SHARED for s in ("weight_scale", "input_scale")),
+              FP8_LINEAR, versions=V, type="float32 scalar", note=_NOTE_FUSED)
+    + rows_of("hf_quant.tensor", tuple(f"{_LAYER}self_attn.{x}_proj.bias" for x in "qkv")
+              + (f"{_LAYER}mlp.gate.e_score_correction_bias",), GLM_LOADER, versions=V, type="16-bit / float32",
+              note="GLM-4.5: q/k/v biases (attention_bias), the router's correction bias")
     + rows_of("hf_quant.tensor", (f"{_LAYER}self_attn.k_proj.k_scale", f"{_LAYER}self_attn.v_proj.v_scale"),
               KV_SCALES, versions=V, type="float32 scalar", required=True, when=("kv_fp8",),
               note="loaded (load_kv_scales) but applied to an NVFP4 KV cache only; an FP8 KV cache is scaled by 1.0 "

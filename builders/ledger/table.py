@@ -43,6 +43,7 @@ _INDEX_PATTERNS = (
     (re.compile(r"^eagle_nets\.\d+\."), "eagle_nets.{k}."),
     (re.compile(r"\.drafter\.layers\.\d+\."), ".drafter.layers.{j}."),
     (re.compile(r"^model\.layers\.\d+\."), "model.layers.{i}."),  # Hugging Face names (hf_quantized/)
+    (re.compile(r"\.experts\.\d+\."), ".experts.{e}."),  # routed experts, one per expert (hf_quantized/)
 )
 
 

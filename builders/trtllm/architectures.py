@@ -161,7 +161,7 @@ def capability_table() -> list[str]:
                   f"KV per rank: {capabilities.KV_RULE} (MLA: kv_lora_rank + qk_rope_head_dim, kv_factor 1, not "
                   f"divided by tp; GQA heads / tp, whole with enable_attention_dp); DSA indexer: "
                   f"{capabilities.DSA_RULE}. Support matrix: {capabilities.SUPPORT_MATRIX} (its EAGLE-3 one-model "
-                  "cell; 'listed, no feature row' = in SUPPORTED_MODELS_PYTORCH only)."]
+                  "cell; 'listed, no feature row' = in SUPPORTED_MODELS_PYTORCH only)."] + modelopt_list()
 
 
 def markdown() -> list[str]:
@@ -195,8 +195,9 @@ GUIDE_BEGIN, GUIDE_END = "<!-- architectures: generated -->", "<!-- architecture
 def guide_table() -> list[str]:
     """The table by architecture of docs/bring-your-own-model.md (what to set for each target)."""
     out = ["| target architecture | family | EAGLE-1/2 heads (engine flow) | EAGLE-3 on TensorRT-LLM | trees "
-           "(PyTorch backend) | KV per rank | NVIDIA support matrix | reference engine (CPU) | trainer | note |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "(PyTorch backend) | KV per rank | NVIDIA support matrix | reference engine (CPU) | trainer | "
+           "ModelOpt FP8 (current line) | note |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for a in ARCHITECTURES:
         f = families.BY_NAME[a.name]
         modes: dict[str, list[str]] = {}
@@ -205,7 +206,16 @@ def guide_table() -> list[str]:
         e3 = "; ".join(f"{m} on {', '.join(vs)}" for m, vs in modes.items()) or "no"
         out.append(f"| `{a.name}` | {a.family} | {'1.1, 1.2' if a.engine_flow else 'no'} | {e3} | "
                    f"{capabilities.trees_of(f)} | {capabilities.kv_layout(f)} | {capabilities.matrix_status(f)} | "
-                   f"{a.reference or 'no'} | {'yes' if a.trainer else 'no'} | {a.note} |")
+                   f"{a.reference or 'no'} | {'yes' if a.trainer else 'no'} | "
+                   f"{'yes' if capabilities.modelopt_mirror(f) else 'no'} | {a.note} |")
     return out + ["", f"Trees: {capabilities.TREES_DOC}; {capabilities.TOPK1}. KV per rank: {capabilities.KV_RULE}; "
                   f"{capabilities.DSA_RULE}. Support matrix: {capabilities.SUPPORT_MATRIX}. Where each row's EAGLE-3 "
-                  "capture was read: docs/contracts.md, 'Target architectures', capability table."]
+                  "capture was read: docs/contracts.md, 'Target architectures', capability table."] + modelopt_list()
+
+
+def modelopt_list() -> list[str]:
+    """Per row: whether `quantization.weights: fp8` / `kv_cache: fp8` quantizes it with ModelOpt on the current line,
+    how the reference engine mirrors it, or why not and what to do instead (core/capabilities.py)."""
+    return ["", "ModelOpt FP8 on the current line (`quantization.weights: fp8` and/or `quantization.kv_cache: fp8`; "
+            f"NVFP4 on the dense rows only), per row (what the export writes: {capabilities.MODELOPT}):", ""] + [
+        f"- `{f.name}`: {capabilities.modelopt_cell(f)}" for f in families.FAMILIES]

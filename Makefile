@@ -20,8 +20,12 @@ DEMO_ARGS ?=
 demo: $(STAMP)
 	$(VPY) scripts/demo.py $(DEMO_ARGS)
 
+# pytest-xdist workers: one per core of a CI runner; each test file stays on one worker (its module fixtures are
+# built once). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) .venv-speculators .venv-dynamo build

@@ -58,8 +58,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30)
 
 
-def _ready(port: int, deadline: float) -> bool:
-    while time.monotonic() < deadline:
+def _ready(port: int, deadline: float, proc: subprocess.Popen[bytes] | None = None) -> bool:
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):  # an exited server is never ready
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
@@ -91,7 +91,7 @@ def test_a_current_line_build_serves_from_a_read_only_mount(tmp_path: Path) -> N
              "--timeout", "240"]
     proc = _serve_read_only(build, serve, tmp_path / "serve.out")
     try:
-        assert _ready(http, time.monotonic() + 240), (tmp_path / "serve.out").read_text()[-3000:] + (
+        assert _ready(http, time.monotonic() + 240, proc), (tmp_path / "serve.out").read_text()[-3000:] + (
             (tmp_path / "triton.log").read_text()[-3000:] if (tmp_path / "triton.log").is_file() else "")
         for text in ("hello world", "the quick brown fox"):
             body = json.dumps({"text_input": text, "sampling_param_max_tokens": 6}).encode()
@@ -133,7 +133,7 @@ def test_the_pytorch_backend_bridge_imports_upstream_from_the_image_into_a_read_
            "--log", str(tmp_path / "triton.log"), "--timeout", "240"]
     proc = _serve_read_only(build, cmd, tmp_path / "serve.out", env)
     try:
-        assert _ready(http, time.monotonic() + 240), (tmp_path / "serve.out").read_text()[-3000:]
+        assert _ready(http, time.monotonic() + 240, proc), (tmp_path / "serve.out").read_text()[-3000:]
         body = json.dumps({"text_input": "hello world"}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/tensorrt_llm/generate", data=body,
                                      headers={"Content-Type": "application/json"})

@@ -26,6 +26,7 @@ from safetensors import safe_open
 
 from core.hfconfig import llama_spec
 from core.families import Traits, traits
+from engines.errors import CheckpointError
 from engines.heads import Eagle1Drafter, Eagle3Drafter
 from engines.layers import Attention, DecoderLayer, LMHead, MLP, QKNorm, Rope, RopeConfig
 from engines.linear import Linear
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint the engine cannot run; the message names the file, key or tensor and the fix."""
 
 
 @dataclass(frozen=True)

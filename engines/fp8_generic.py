@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engines.checkpoint import CheckpointError
+from engines.errors import CheckpointError
 from engines.linear import fake_quant_fp8
 
 SCALES_FILE = "eagle_deploy_fp8.json"

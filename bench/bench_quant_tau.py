@@ -13,7 +13,7 @@ calibration ones (calibration dataset mtbench, the first num_samples questions).
 change against 16-bit are printed; identical greedy outputs are counted too (a quantized target decodes other tokens).
 
 Inputs:  CONFIG, its target and EAGLE-3 head
-Outputs: DIR/<variant>/ builds; a table on stdout (--json FILE: the figures)
+Outputs: DIR/<variant>/ builds; a table on stdout; DIR/tau.json (the figures)
 Guide:   docs/fp8.md
 """
 

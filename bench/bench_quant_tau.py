@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
+    args.out = args.out.resolve()  # output_dir relative to the config file would land in configs/
 
     from builders.config import load_config
     from builders.convert.fp8 import encode_prompts

@@ -255,9 +255,10 @@ def test_bench_quant_tau_script(tmp_path: Path, pair: tuple[Path, Path]) -> None
                            draft="eagle3", backend="pytorch", tree="chain-3", name="tau", version="1.4",
                            quantization=QUANT)
     script = Path(__file__).resolve().parent.parent / "bench" / "bench_quant_tau.py"
-    proc = subprocess.run([sys.executable, str(script), str(cfg), "--out", str(tmp_path / "out"), "--prompts", "2",
+    # --out relative to where it runs (as docs/fp8.md writes it), not to the config file
+    proc = subprocess.run([sys.executable, str(script), str(cfg), "--out", "out", "--prompts", "2",
                            "--max-new-tokens", "4", "--set", "engine.device=cpu", "--set", "engine.max_batch_size=2"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 held-out MT-bench prompts (questions 5..6)" in proc.stdout and "| fp8 | " in proc.stdout
     taus = json.loads((tmp_path / "out" / "tau.json").read_text())["tau"]

@@ -64,7 +64,7 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     # the EAGLE-3 oracle on one family (the captured target layers go through verify and commit_drafter only there)
     # and the profiler's test (the laps' names, the walk's two lm_head paths)
     "decode": (
-        ["engines/decode.py"],
+        ["engines/decode.py", "engines/step.py"],
         [
             "tests/test_engine_oracle.py",
             "tests/test_sampling_units.py",
@@ -127,31 +127,26 @@ EQUIVALENT: dict[str, str] = {
     "wrote mapping_json(tp, 1)",
     "builders.engine.llmapi.x_speculative_config__mutmut_22": '"XX; XX".join of capture_problems: that list has at '
     "most one problem (builders/trtllm/rules.py), so the separator never appears",
-    # engines/decode.py as rewritten (decode loop without a god object); the names are those of its current text
-    "engines.decode.x_rows_of__mutmut_3": "Rows.of(..., None): the CPU default device (see DEVICE_ONLY)",
+    # engines/decode.py and engines/step.py (the speculative step); the names are those of the functions' text when
+    # they were triaged (the step's moved there unchanged, except speculate, whose parts speculative_step now runs,
+    # and commit_drafter, which takes the step's parts as arguments: their survivors are triaged again on the next run)
+    "engines.step.x_rows_of__mutmut_3": "Rows.of(..., None): the CPU default device (see DEVICE_ONLY)",
     "engines.decode.x_prefill__mutmut_1": "dev = None: every tensor of the prefill on the default device, the CPU the "
     "tests run on (see DEVICE_ONLY)",
     "engines.decode.x_prefill__mutmut_11": "Rows.of(..., None): as x_rows_of__mutmut_3",
-    "engines.decode.x_prefill__mutmut_41": "_causal(b, p, None): the mask on the default device (see DEVICE_ONLY)",
+    "engines.decode.x_prefill__mutmut_41": "causal(b, p, None): the mask on the default device (see DEVICE_ONLY)",
     "engines.decode.x_target_step__mutmut_1": "dev = None: as x_prefill__mutmut_1",
     "engines.decode.x_target_step__mutmut_4": "rows_of(slots, None): as x_rows_of__mutmut_3",
     "engines.decode.x_target_step__mutmut_18": "a (B, 2, 1) visibility table: make_step gathers it with a (B, 1, S) "
     "index for the step's one new token, so only its first row (all True, as in (B, 1, 1)) is read",
     "engines.decode.x_target_step__mutmut_36": "argmax(+1) of the 2-D (batch, vocab) logits is argmax(-1)",
-    "engines.decode.x_speculate__mutmut_3": "rows_of(slots, None): as x_rows_of__mutmut_3",
-    "engines.decode.x_speculate__mutmut_54": "forwards=1 dropped: Accepted.forwards defaults to 1 (engines/slots.py)",
-    "engines.decode.x_walk__mutmut_47": "argmax(+1) of the 2-D (walking, vocab) logits is argmax(-1)",
-    "engines.decode.x_compact__mutmut_1": "dev = None: as x_prefill__mutmut_1",
-    "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_prefill__mutmut_1",
-    "engines.decode.x_commit_drafter__mutmut_36": "pad token 1 instead of 0 for the shorter sequences: the pads come "
-    "after a sequence's last real pair (causal: no real pair sees them), past its new committed length, and a later "
-    "step reads a slot there only after writing it (its own scratch); the state kept is the last real pair's",
-    "engines.decode.x_commit_drafter__mutmut_49": "shape[+1] of a sequence's 2-D (path, hidden) features is shape[-1]",
-    "engines.decode.x_commit_drafter__mutmut_65": "rows_of(slots, None): as x_rows_of__mutmut_3",
-    "engines.decode.x_update_drafter__mutmut_2": "dev = None: as x_prefill__mutmut_1",
-    "engines.decode.x_update_drafter__mutmut_24": "_causal(b, length, None): as x_prefill__mutmut_41",
-    "engines.decode.x_update_drafter__mutmut_51": "shape[+1] of the 2-D (batch, hidden) drafter output is shape[-1]",
-    "engines.decode.x_update_drafter__mutmut_57": "shape[+1] of the 2-D (batch, draft vocab) logits is shape[-1]",
+    "engines.step.x_walk__mutmut_47": "argmax(+1) of the 2-D (walking, vocab) logits is argmax(-1)",
+    "engines.step.x_compact__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.step.x_commit_drafter__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.step.x_update_drafter__mutmut_2": "dev = None: as x_prefill__mutmut_1",
+    "engines.step.x_update_drafter__mutmut_24": "causal(b, length, None): as x_prefill__mutmut_41",
+    "engines.step.x_update_drafter__mutmut_51": "shape[+1] of the 2-D (batch, hidden) drafter output is shape[-1]",
+    "engines.step.x_update_drafter__mutmut_57": "shape[+1] of the 2-D (batch, draft vocab) logits is shape[-1]",
     "core.trees.x_preset__mutmut_40": "the topk preset's size guard (k >= 1 and depth >= 1) made always true: with "
     "k = 0 every term 0**d (d >= 1) is 0 and with depth 0 the sum is empty, so the size is 0 either way",
     "core.trees.x_preset__mutmut_50": "`or` in that guard: as mutmut_40, the sum it guards is 0 whenever the guard is "
@@ -202,9 +197,9 @@ EQUIVALENT: dict[str, str] = {
     "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",
     "engines.sampling.x_target_probs__mutmut_28": 'float("-INF") == float("-inf") (Python parses it case-blind)',
     "engines.sampling.x_target_probs__mutmut_43": "torch.sort's default dim is -1",
-    "engines.sampling.x_sampling_node__mutmut_10": "mass >= 0 instead of > 0: with mass 0 every p is 0 and "
+    "engines.step.x_sampling_node__mutmut_10": "mass >= 0 instead of > 0: with mass 0 every p is 0 and "
     "rand * 0 < p[x] = 0 is false either way",
-    "engines.sampling.x_sampling_node__mutmut_18": "rand * mass <= p[x] instead of <: differs only when the uniform "
+    "engines.step.x_sampling_node__mutmut_18": "rand * mass <= p[x] instead of <: differs only when the uniform "
     "draw times the mass equals p[x] exactly, i.e. p[x] = 0 and torch.rand returned exactly 0.0 (probability 2^-24 "
     "per draw); no seeded test can reach it",
 }

@@ -1,19 +1,8 @@
-"""Token choice and draft verification.
+"""The target's token distribution and token choice: temperature, top-k, top-p, a categorical draw.
 
-Verification walks each sequence's tree from the root, one node at a time (the engine computes the target's logits
-only at the nodes the walk reaches, see engines/decode.py `walk`).
-
-Greedy (EAGLE eagle/model/utils.py `evaluate_posterior`, TRT-LLM EagleSampleAndAcceptDraftTokens with
-greedy_sampling): a draft node is correct when its token equals the target's argmax at its parent; the walk moves to
-the child drafted with the argmax until no child was, and appends the target's argmax there (the bonus token). That
-node is the deepest node whose whole path is correct, and the output equals target-only greedy decoding.
-
-Sampling (drafts are the deterministic top-k of the drafter; EAGLE-2/3 `evaluate_posterior` with sampling): at the
-current node with target distribution p, try its children in rank order; accept child x with probability
-p(x) / sum(p); on rejection set p(x) = 0 and renormalize; if every child is rejected (or the node is a leaf),
-sample the next token from what is left of p. Each step therefore outputs x with probability exactly p(x)
-(the rejections remove x only from the mass that a later draw can still hit), so the output distribution equals
-target-only sampling with the same temperature / top-k / top-p.
+The prefill and target-only steps choose a token with `choose` (engines/decode.py); the speculative step's
+acceptance rules (engines/step.py `greedy_node`, `sampling_node`) test draft tokens against `target_probs` and draw
+with `draw`, so speculative sampling and target-only sampling share one definition of the distribution.
 """
 
 from __future__ import annotations
@@ -49,25 +38,3 @@ def choose(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator) -> in
     if sp.greedy:
         return int(torch.argmax(logits))
     return draw(target_probs(logits, sp), gen)
-
-
-def greedy_node(top: int, kids: list[int], tokens: list[int]) -> int | None:
-    """Greedy verification at one node where the target's argmax is `top`: the child drafted with it (None when no
-    child was; siblings carry distinct tokens, so at most one matches)."""
-    return next((c for c in kids if tokens[c] == top), None)
-
-
-def sampling_node(
-    logits: torch.Tensor, kids: list[int], tokens: list[int], sp: SamplingParams, gen: torch.Generator
-) -> tuple[int | None, int | None]:
-    """Sibling rejection at one node: try the children in rank order against the target distribution p there.
-    Returns (accepted child, None), or (None, token drawn from what is left of p) when every child is rejected
-    or the node is a leaf."""
-    p = target_probs(logits, sp).cpu()
-    for child in kids:
-        x = tokens[child]
-        mass = float(p.sum())
-        if mass > 0 and float(torch.rand((), generator=gen)) * mass < float(p[x]):
-            return child, None
-        p[x] = 0.0  # rejected: x cannot be the token at this position; renormalize over the rest
-    return None, draw(p, gen)

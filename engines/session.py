@@ -14,7 +14,7 @@ from core.laps import NO_LAPS, Laps
 from core.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
 from engines import decode, schedule, step
 from engines.cache import KVCache
-from engines.draft import DraftState
+from engines.drafting import DraftState
 from engines.runtime import Runtime
 from engines.slots import Accepted, Slot
 from engines.step import DraftBatch, TargetBatch

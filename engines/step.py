@@ -29,7 +29,7 @@ from core.laps import Laps
 from core.types import SamplingParams
 from engines import skinny
 from engines.cache import KVCache, Rows, Step
-from engines.draft import DraftState
+from engines.drafting import DraftState
 from engines.drafting import Drafting
 from engines.heads import Drafter
 from engines.sampling import draw, target_probs

@@ -9,8 +9,9 @@ and a batch of sequences).
     commit_drafter(path tokens[1:] + [next], target features on the path)   # commit, drafter: its state at the end
 
 `speculative_step` is exactly these lines; the functions below it are the parts, in that order. The step delegates
-only to the models (`Target` below, the drafter of engines/heads.py), their caches (engines/cache.py), the drafting
-strategy that grows the tree (engines/drafting.py) and the filtered target distribution (engines/sampling.py).
+only to the models (the `Target` protocol below, the drafter of engines/heads.py), their caches (engines/cache.py),
+the `Drafting` protocol that grows the tree (engines/drafting.py) and the filtered target distribution
+(engines/sampling.py).
 The prefill and the target-only steps are engines/decode.py; the session (engines/session.py) picks the step.
 
 Host-side bookkeeping (tokens, paths, cache lengths) is kept in Python lists so that a step reads the device back
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -29,8 +30,7 @@ from core.laps import Laps
 from core.types import SamplingParams
 from engines import skinny
 from engines.cache import KVCache, Rows, Step
-from engines.drafting import DraftState
-from engines.drafting import Drafting
+from engines.drafting import Drafting, DraftState
 from engines.heads import Drafter
 from engines.sampling import draw, target_probs
 from engines.slots import Accepted, Slot
@@ -42,19 +42,8 @@ EAGER_LM_HEAD_ROWS = skinny.ROWS_PER_PASS
 
 
 class Target(Protocol):
-    """What a step asks of the target (engines/model.py `Llama`, engines/generic.py `GenericTarget`)."""
-
-    @property
-    def embed(self) -> torch.Tensor: ...  # (vocab, hidden): its rows bound the token ids
-
-    @property
-    def layers(self) -> list[Any]: ...  # one KV cache layer each
-
-    @property
-    def kv_heads(self) -> int: ...
-
-    @property
-    def head_dim(self) -> int: ...
+    """What a step asks of the target (engines/model.py `Llama`, engines/generic.py `GenericTarget`): a forward over
+    its KV cache, the lm_head, and `accept` for what it keeps besides the cache."""
 
     @property
     def lm_head(self) -> Callable[[torch.Tensor], torch.Tensor]: ...  # hidden (..., H) -> float32 logits (..., V)

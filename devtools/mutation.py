@@ -59,7 +59,13 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["tests/test_tree_tensors.py", *ORACLE_DRAFT, PROFILE_CYCLE],
         [],
     ),
-    "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py"], []),
+    # the target distribution, the token choice and the acceptance rules (engines/step.py, engines/decode.py)
+    "sampling": (
+        ["engines/step.py", "engines/decode.py"],
+        ["tests/test_sampling_units.py"],
+        [f"engines.{m}.x_{f}__mutmut_*" for m, f in (("step", "target_probs"), ("step", "draw"), ("decode", "choose"),
+                                                     ("step", "greedy_node"), ("step", "sampling_node"))],
+    ),
     # the decode loop in full (prefill, target-only and speculative steps, verify, walk, compact, drafter commit);
     # the EAGLE-3 oracle on one family (the captured target layers go through verify and commit_drafter only there)
     # and the profiler's test (the laps' names, the walk's two lm_head paths)
@@ -194,11 +200,11 @@ EQUIVALENT: dict[str, str] = {
     _D + "draft_static__mutmut_56": "d <= max_depth: expand[max_depth] is empty, so the extra level is "
     "skipped by the size test",
     _D + "draft_static__mutmut_57": "numel() >= 0: below max_depth expand[d] is never empty (see mutmut_55)",
-    "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
+    "engines.step.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
-    "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",
-    "engines.sampling.x_target_probs__mutmut_28": 'float("-INF") == float("-inf") (Python parses it case-blind)',
-    "engines.sampling.x_target_probs__mutmut_43": "torch.sort's default dim is -1",
+    "engines.step.x_target_probs__mutmut_15": "torch.topk's default dim is -1",
+    "engines.step.x_target_probs__mutmut_28": 'float("-INF") == float("-inf") (Python parses it case-blind)',
+    "engines.step.x_target_probs__mutmut_43": "torch.sort's default dim is -1",
     "engines.step.x_sampling_node__mutmut_10": "mass >= 0 instead of > 0: with mass 0 every p is 0 and "
     "rand * 0 < p[x] = 0 is false either way",
     "engines.step.x_sampling_node__mutmut_18": "rand * mass <= p[x] instead of <: differs only when the uniform "

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from core.types import SamplingParams
 from engines.cache import Rows
-from engines.sampling import choose
 from engines.slots import Accepted, Slot
-from engines.step import DraftBatch, TargetBatch, causal, rows_of, update_drafter
+from engines.step import DraftBatch, TargetBatch, causal, draw, rows_of, target_probs, update_drafter
 
 
 def prefill(t: TargetBatch, d: DraftBatch | None, group: list[Slot], defer: bool = False) -> list[Accepted]:
@@ -72,3 +72,11 @@ def _target_step(t: TargetBatch, slots: list[Slot], capture: tuple[int, ...]
         t.root[s.index] = tok
         accepted.append(Accepted(s.index, [tok]))
     return accepted, hidden, captured
+
+
+def choose(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator) -> int:
+    """Target-only next token from a 1-D logits row: the argmax, or a draw from the target distribution that the
+    speculative step's acceptance rule also reads (engines/step.py `target_probs`)."""
+    if sp.greedy:
+        return int(torch.argmax(logits))
+    return draw(target_probs(logits, sp), gen)

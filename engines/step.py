@@ -9,9 +9,8 @@ and a batch of sequences).
     commit_drafter(path tokens[1:] + [next], target features on the path)   # commit, drafter: its state at the end
 
 `speculative_step` is exactly these lines; the functions below it are the parts, in that order. The step delegates
-only to the models (the `Target` protocol below, the drafter of engines/heads.py), their caches (engines/cache.py),
-the `Drafting` protocol that grows the tree (engines/drafting.py) and the filtered target distribution
-(engines/sampling.py).
+only to the models (the `Target` protocol below, the drafter of engines/heads.py), their caches (engines/cache.py)
+and the `Drafting` protocol that grows the tree (engines/drafting.py).
 The prefill and the target-only steps are engines/decode.py; the session (engines/session.py) picks the step.
 
 Host-side bookkeeping (tokens, paths, cache lengths) is kept in Python lists so that a step reads the device back
@@ -32,7 +31,6 @@ from engines import skinny
 from engines.cache import KVCache, Rows, Step
 from engines.drafting import Drafting, DraftState
 from engines.heads import Drafter
-from engines.sampling import draw, target_probs
 from engines.slots import Accepted, Slot
 from engines.tree import TreeBatch, root_only_rows
 
@@ -242,6 +240,29 @@ def sampling_node(
             return child, None
         p[x] = 0.0  # rejected: x cannot be the token at this position; renormalize over the rest
     return None, draw(p, gen)
+
+
+def target_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """The target distribution p that sampling reads (target-only sampling too: engines/decode.py `choose`): float32
+    probabilities of softmax(logits / temperature) over the top_k tokens, then the smallest set of most likely tokens
+    whose mass reaches top_p, renormalized (last dim = vocab). Not for greedy requests."""
+    x = logits.float() / sp.temperature
+    if sp.top_k > 0 and sp.top_k < x.shape[-1]:
+        kth = torch.topk(x, sp.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    p = torch.softmax(x, dim=-1)
+    if sp.top_p < 1.0:
+        sp_sorted, idx = torch.sort(p, dim=-1, descending=True)
+        before = torch.cumsum(sp_sorted, dim=-1) - sp_sorted  # mass of strictly more likely tokens
+        drop = before >= sp.top_p  # keep the smallest prefix reaching top_p (always >= 1 token)
+        p = p.scatter(-1, idx, sp_sorted.masked_fill(drop, 0.0))
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+def draw(p: torch.Tensor, gen: torch.Generator) -> int:
+    """One categorical draw from a 1-D probability vector with the request's generator (on CPU)."""
+    return int(torch.multinomial(p.cpu(), 1, generator=gen))
 
 
 # ---- 4. commit to the target -------------------------------------------------------------------------------------

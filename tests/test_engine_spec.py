@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from core.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.sampling import draw, target_probs
+from engines.step import draw, target_probs
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 NEW = [30, 17, 24]  # different lengths: sequences finish at different steps

@@ -1,5 +1,5 @@
-"""engines/sampling.py and the acceptance rules of engines/step.py in seconds, against definitions written here: the
-filtered target distribution (temperature, top-k, top-p as TensorRT-LLM / HF apply them), greedy verification, and
+"""The token choice and acceptance rules of engines/step.py and decode.py in seconds, against definitions written here:
+the filtered target distribution (temperature, top-k, top-p as TensorRT-LLM / HF apply them), greedy verification, and
 sibling rejection's exact law: child i of a node is accepted with probability prod_{j<i} (1 - p_j / m_j) * p_i / m_i
 (m = the mass left after the earlier rejections), and the token the node emits is distributed as p.
 tests/test_engine_sampling.py checks the same law end to end with a chi-square test on a model (minutes); these run
@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 
-from engines.sampling import choose, draw, target_probs
-from engines.step import greedy_node, sampling_node
+from engines.decode import choose
+from engines.step import draw, greedy_node, sampling_node, target_probs
 from core.types import SamplingParams
 
 

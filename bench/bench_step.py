@@ -12,7 +12,7 @@ template, greedy. Every method decodes a prompt before the next prompt starts, i
 change of load reaches every method alike. Printed per method: tokens/s, ratio to the same build's target-only
 decoding, tau, outputs identical to target-only decoding, and the speculative step's parts in ms per step (drafting
 per level, the dynamic tree's selection, drafter catch-up, verification, the walk over the reached rows, KV
-compaction, output, drafter update: engines/draft.py, decode.py and session.py mark them). Then the cost of one
+compaction, output, drafter update: engines/drafting.py and step.py mark them). Then the cost of one
 target forward at T rows (verification of a tree of T - 1 drafts) against T = 1, interleaved.
 
 Inputs:  --build NAME=DIR (repeatable); MT-bench questions (sources/data.py)

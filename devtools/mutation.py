@@ -55,16 +55,22 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
     # the drafter's tree growth: the oracle head accepts to full depth, so a wrong token, parent or mask shows; the
     # profiler's cycle test reads the drafting laps' names
     "draft": (
-        ["engines/draft.py"],
+        ["engines/drafting.py"],
         ["tests/test_tree_tensors.py", *ORACLE_DRAFT, PROFILE_CYCLE],
         [],
     ),
-    "sampling": (["engines/sampling.py"], ["tests/test_sampling_units.py"], []),
+    # the target distribution, the token choice and the acceptance rules (engines/step.py, engines/decode.py)
+    "sampling": (
+        ["engines/step.py", "engines/decode.py"],
+        ["tests/test_sampling_units.py"],
+        [f"engines.{m}.x_{f}__mutmut_*" for m, f in (("step", "target_probs"), ("step", "draw"), ("decode", "choose"),
+                                                     ("step", "greedy_node"), ("step", "sampling_node"))],
+    ),
     # the decode loop in full (prefill, target-only and speculative steps, verify, walk, compact, drafter commit);
     # the EAGLE-3 oracle on one family (the captured target layers go through verify and commit_drafter only there)
     # and the profiler's test (the laps' names, the walk's two lm_head paths)
     "decode": (
-        ["engines/decode.py"],
+        ["engines/decode.py", "engines/step.py"],
         [
             "tests/test_engine_oracle.py",
             "tests/test_sampling_units.py",
@@ -117,6 +123,8 @@ GROUPS: dict[str, tuple[list[str], list[str], list[str]]] = {
 SELECT_GUARD = ("the internal guard (raise when a kept node lost its parent) cannot fire: the stable sort by score "
                 "keeps every kept node's parent (see x__select__mutmut_30)")
 
+_D = "engines.drafting.x_"  # the drafter's tree growth (its keys were triaged as engines/draft.py, same text)
+
 # Survivors triaged as equivalent: mutant name -> why no test can tell it from the original.
 EQUIVALENT: dict[str, str] = {
     "builders.convert.eagle.x_eagle_net_config__mutmut_12": "pp=2 for the head's llama_config_json: pp only feeds "
@@ -127,84 +135,79 @@ EQUIVALENT: dict[str, str] = {
     "wrote mapping_json(tp, 1)",
     "builders.engine.llmapi.x_speculative_config__mutmut_22": '"XX; XX".join of capture_problems: that list has at '
     "most one problem (builders/trtllm/rules.py), so the separator never appears",
-    # engines/decode.py as rewritten (decode loop without a god object); the names are those of its current text
-    "engines.decode.x_rows_of__mutmut_3": "Rows.of(..., None): the CPU default device (see DEVICE_ONLY)",
+    # engines/decode.py and engines/step.py (the speculative step); the names are those of the functions' text when
+    # they were triaged (the step's moved there unchanged, except speculate, whose parts speculative_step now runs,
+    # and commit_drafter, which takes the step's parts as arguments: their survivors are triaged again on the next run)
+    "engines.step.x_rows_of__mutmut_3": "Rows.of(..., None): the CPU default device (see DEVICE_ONLY)",
     "engines.decode.x_prefill__mutmut_1": "dev = None: every tensor of the prefill on the default device, the CPU the "
     "tests run on (see DEVICE_ONLY)",
     "engines.decode.x_prefill__mutmut_11": "Rows.of(..., None): as x_rows_of__mutmut_3",
-    "engines.decode.x_prefill__mutmut_41": "_causal(b, p, None): the mask on the default device (see DEVICE_ONLY)",
+    "engines.decode.x_prefill__mutmut_41": "causal(b, p, None): the mask on the default device (see DEVICE_ONLY)",
     "engines.decode.x_target_step__mutmut_1": "dev = None: as x_prefill__mutmut_1",
     "engines.decode.x_target_step__mutmut_4": "rows_of(slots, None): as x_rows_of__mutmut_3",
     "engines.decode.x_target_step__mutmut_18": "a (B, 2, 1) visibility table: make_step gathers it with a (B, 1, S) "
     "index for the step's one new token, so only its first row (all True, as in (B, 1, 1)) is read",
     "engines.decode.x_target_step__mutmut_36": "argmax(+1) of the 2-D (batch, vocab) logits is argmax(-1)",
-    "engines.decode.x_speculate__mutmut_3": "rows_of(slots, None): as x_rows_of__mutmut_3",
-    "engines.decode.x_speculate__mutmut_54": "forwards=1 dropped: Accepted.forwards defaults to 1 (engines/slots.py)",
-    "engines.decode.x_walk__mutmut_47": "argmax(+1) of the 2-D (walking, vocab) logits is argmax(-1)",
-    "engines.decode.x_compact__mutmut_1": "dev = None: as x_prefill__mutmut_1",
-    "engines.decode.x_commit_drafter__mutmut_1": "dev = None: as x_prefill__mutmut_1",
-    "engines.decode.x_commit_drafter__mutmut_36": "pad token 1 instead of 0 for the shorter sequences: the pads come "
-    "after a sequence's last real pair (causal: no real pair sees them), past its new committed length, and a later "
-    "step reads a slot there only after writing it (its own scratch); the state kept is the last real pair's",
-    "engines.decode.x_commit_drafter__mutmut_49": "shape[+1] of a sequence's 2-D (path, hidden) features is shape[-1]",
-    "engines.decode.x_commit_drafter__mutmut_65": "rows_of(slots, None): as x_rows_of__mutmut_3",
-    "engines.decode.x_update_drafter__mutmut_2": "dev = None: as x_prefill__mutmut_1",
-    "engines.decode.x_update_drafter__mutmut_24": "_causal(b, length, None): as x_prefill__mutmut_41",
-    "engines.decode.x_update_drafter__mutmut_51": "shape[+1] of the 2-D (batch, hidden) drafter output is shape[-1]",
-    "engines.decode.x_update_drafter__mutmut_57": "shape[+1] of the 2-D (batch, draft vocab) logits is shape[-1]",
+    "engines.step.x_walk__mutmut_47": "argmax(+1) of the 2-D (walking, vocab) logits is argmax(-1)",
+    "engines.step.x_compact__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.step.x_commit_drafter__mutmut_1": "dev = None: as x_prefill__mutmut_1",
+    "engines.step.x_update_drafter__mutmut_2": "dev = None: as x_prefill__mutmut_1",
+    "engines.step.x_update_drafter__mutmut_24": "causal(b, length, None): as x_prefill__mutmut_41",
+    "engines.step.x_update_drafter__mutmut_51": "shape[+1] of the 2-D (batch, hidden) drafter output is shape[-1]",
+    "engines.step.x_update_drafter__mutmut_57": "shape[+1] of the 2-D (batch, draft vocab) logits is shape[-1]",
     "core.trees.x_preset__mutmut_40": "the topk preset's size guard (k >= 1 and depth >= 1) made always true: with "
     "k = 0 every term 0**d (d >= 1) is 0 and with depth 0 the sum is empty, so the size is 0 either way",
     "core.trees.x_preset__mutmut_50": "`or` in that guard: as mutmut_40, the sum it guards is 0 whenever the guard is "
     "false",
     "engines.slots.x__hit_stop_string__mutmut_6": "a tail of L+9 tokens instead of L+8: the check runs after every "
     "appended token, so a stop string the wider tail finds was already found when its last token arrived",
-    "engines.draft.x_draft_dynamic__mutmut_7": "torch.topk's default dim is -1",
-    "engines.draft.x_draft_dynamic__mutmut_12": "log_softmax(+1) of the 2-D (batch, vocab) logits is log_softmax(-1)",
-    "engines.draft.x_draft_dynamic__mutmut_14": "topk(dim=+1) of the 2-D (batch, vocab) log-probs is topk(dim=-1)",
-    "engines.draft.x_draft_dynamic__mutmut_27": "the depth-1 candidates' parent -2 instead of -1: _select maps every "
+    _D + "draft_dynamic__mutmut_7": "torch.topk's default dim is -1",
+    _D + "draft_dynamic__mutmut_12": "log_softmax(+1) of the 2-D (batch, vocab) logits is log_softmax(-1)",
+    _D + "draft_dynamic__mutmut_14": "topk(dim=+1) of the 2-D (batch, vocab) log-probs is topk(dim=-1)",
+    _D + "draft_dynamic__mutmut_27": "the depth-1 candidates' parent -2 instead of -1: _select maps every "
     "negative parent to the root (`par_cand >= 0`), nothing else reads it",
-    "engines.draft.x_draft_dynamic__mutmut_60": "the depth-1 frontier's run parent -2 instead of -1: clamped to 0 for "
+    _D + "draft_dynamic__mutmut_60": "the depth-1 frontier's run parent -2 instead of -1: clamped to 0 for "
     "the gather and masked out by `f_run_parent >= 0`, as -1 is",
-    "engines.draft.x_draft_dynamic__mutmut_77": "the visibility table gets max(runs, 2) rows: with runs >= 2 the same "
+    _D + "draft_dynamic__mutmut_77": "the visibility table gets max(runs, 2) rows: with runs >= 2 the same "
     "table; with runs 1 the extra row is never gathered (run parents are slots < runs), with 0 it is never read",
-    "engines.draft.x_draft_dynamic__mutmut_158": "torch.topk's default dim is -1",
+    _D + "draft_dynamic__mutmut_158": "torch.topk's default dim is -1",
     "triton_repo.models.llm_io.x_sampling_from__mutmut_29": "temperature=0.0 dropped from the greedy "
     "SamplingParams: 0.0 is its default",
-    "engines.draft.x_draft_dynamic__mutmut_82": "the visibility table gets max(runs, 2) columns: with runs >= 2 the "
+    _D + "draft_dynamic__mutmut_82": "the visibility table gets max(runs, 2) columns: with runs >= 2 the "
     "same table; with runs 1 the extra column (a scratch slot the step does not have) is never set True",
-    "engines.draft.x_draft_dynamic__mutmut_198": "torch.full with an int fill value and no dtype makes int64 "
+    _D + "draft_dynamic__mutmut_198": "torch.full with an int fill value and no dtype makes int64 "
     "(torch.long) already",
-    "engines.draft.x_draft_dynamic__mutmut_202": "as mutmut_198: dtype dropped, the int fill gives torch.long",
-    "engines.draft.x_draft_dynamic__mutmut_217": "torch.topk's default dim is -1",
-    "engines.draft.x_draft_dynamic__mutmut_218": "topk(dim=+1) of the 2-D (batch, k*k) cumulative scores is dim -1",
-    "engines.draft.x__select__mutmut_9": "torch.sort's default dim is -1, dim 1 of the 2-D (batch, candidates) scores",
-    "engines.draft.x__select__mutmut_19": "torch.sort's default dim is -1, dim 1 of the 2-D (batch, n) order",
-    "engines.draft.x__select__mutmut_24": "torch.full with an int fill value and no dtype makes torch.long already",
-    "engines.draft.x__select__mutmut_28": "as mutmut_24",
-    "engines.draft.x__select__mutmut_30": "node_of's fill +1 instead of -1: only unselected candidates keep the fill, "
+    _D + "draft_dynamic__mutmut_202": "as mutmut_198: dtype dropped, the int fill gives torch.long",
+    _D + "draft_dynamic__mutmut_217": "torch.topk's default dim is -1",
+    _D + "draft_dynamic__mutmut_218": "topk(dim=+1) of the 2-D (batch, k*k) cumulative scores is dim -1",
+    _D + "_select__mutmut_9": "torch.sort's default dim is -1, dim 1 of the 2-D (batch, candidates) scores",
+    _D + "_select__mutmut_19": "torch.sort's default dim is -1, dim 1 of the 2-D (batch, n) order",
+    _D + "_select__mutmut_24": "torch.full with an int fill value and no dtype makes torch.long already",
+    _D + "_select__mutmut_28": "as mutmut_24",
+    _D + "_select__mutmut_30": "node_of's fill +1 instead of -1: only unselected candidates keep the fill, "
     "and a kept node's parent is always kept (stable sort, a child never scores above its parent), so it is read "
     "only by the internal guard that raises on a broken selection",
-    "engines.draft.x__select__mutmut_31": "node_of's fill -2 instead of -1: as mutmut_30, and still < 0 for the guard",
-    "engines.draft.x__topk_ids__mutmut_7": "torch.topk's default dim is -1",
-    "engines.draft.x__select__mutmut_79": SELECT_GUARD,
-    "engines.draft.x__select__mutmut_82": SELECT_GUARD,
-    "engines.draft.x__select__mutmut_83": SELECT_GUARD,
-    "engines.draft.x__select__mutmut_84": SELECT_GUARD,
-    "engines.draft.x__select__mutmut_85": SELECT_GUARD,
-    "engines.draft.x_draft_static__mutmut_41": "state.h is 2-D (batch, hidden): shape[+1] is shape[-1]",
-    "engines.draft.x_draft_static__mutmut_55": "`or` instead of `and`: expand[d] is empty exactly at d = max_depth (a "
+    _D + "_select__mutmut_31": "node_of's fill -2 instead of -1: as mutmut_30, and still < 0 for the guard",
+    _D + "_topk_ids__mutmut_7": "torch.topk's default dim is -1",
+    _D + "_select__mutmut_79": SELECT_GUARD,
+    _D + "_select__mutmut_82": SELECT_GUARD,
+    _D + "_select__mutmut_83": SELECT_GUARD,
+    _D + "_select__mutmut_84": SELECT_GUARD,
+    _D + "_select__mutmut_85": SELECT_GUARD,
+    _D + "draft_static__mutmut_41": "state.h is 2-D (batch, hidden): shape[+1] is shape[-1]",
+    _D + "draft_static__mutmut_55": "`or` instead of `and`: expand[d] is empty exactly at d = max_depth (a "
     "level above the deepest has a node with children), so both conditions agree",
-    "engines.draft.x_draft_static__mutmut_56": "d <= max_depth: expand[max_depth] is empty, so the extra level is "
+    _D + "draft_static__mutmut_56": "d <= max_depth: expand[max_depth] is empty, so the extra level is "
     "skipped by the size test",
-    "engines.draft.x_draft_static__mutmut_57": "numel() >= 0: below max_depth expand[d] is never empty (see mutmut_55)",
-    "engines.sampling.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
+    _D + "draft_static__mutmut_57": "numel() >= 0: below max_depth expand[d] is never empty (see mutmut_55)",
+    "engines.step.x_target_probs__mutmut_6": "top_k == vocab: topk of every token keeps all of them, as skipping "
     "the filter does",
-    "engines.sampling.x_target_probs__mutmut_15": "torch.topk's default dim is -1",
-    "engines.sampling.x_target_probs__mutmut_28": 'float("-INF") == float("-inf") (Python parses it case-blind)',
-    "engines.sampling.x_target_probs__mutmut_43": "torch.sort's default dim is -1",
-    "engines.sampling.x_sampling_node__mutmut_10": "mass >= 0 instead of > 0: with mass 0 every p is 0 and "
+    "engines.step.x_target_probs__mutmut_15": "torch.topk's default dim is -1",
+    "engines.step.x_target_probs__mutmut_28": 'float("-INF") == float("-inf") (Python parses it case-blind)',
+    "engines.step.x_target_probs__mutmut_43": "torch.sort's default dim is -1",
+    "engines.step.x_sampling_node__mutmut_10": "mass >= 0 instead of > 0: with mass 0 every p is 0 and "
     "rand * 0 < p[x] = 0 is false either way",
-    "engines.sampling.x_sampling_node__mutmut_18": "rand * mass <= p[x] instead of <: differs only when the uniform "
+    "engines.step.x_sampling_node__mutmut_18": "rand * mass <= p[x] instead of <: differs only when the uniform "
     "draw times the mass equals p[x] exactly, i.e. p[x] = 0 and torch.rand returned exactly 0.0 (probability 2^-24 "
     "per draw); no seeded test can reach it",
 }
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "build" / "mutation", help="report directory")
     ap.add_argument("--report-only", action="store_true", help="re-read the results of an earlier run in --out")
     ap.add_argument("--mutants", nargs="+", metavar="GLOB",
-                    help="run (or report) only these mutants of the group, e.g. 'engines.draft.x__run__mutmut_*'")
+                    help="run (or report) only these mutants of the group, e.g. 'engines.drafting.x__run__mutmut_*'")
     args = ap.parse_args(argv)
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:

@@ -55,7 +55,7 @@ __all__ = [
 
 class ReferenceEngine:
     """PyTorch EAGLE engine over a TRT-LLM checkpoint (loading: engines/runtime.py; the batch: engines/session.py;
-    the math: engines/decode.py)."""
+    the step: engines/step.py)."""
 
     def __init__(self, runtime: Runtime) -> None:
         if not isinstance(runtime, Runtime):

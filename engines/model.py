@@ -27,6 +27,10 @@ class Llama:
     kv_heads: int  # local
     head_dim: int
 
+    def accept(self, rows: list[int], lengths: list[int]) -> None:
+        """After a verification: nothing besides the KV cache follows the accepted path (engines/step.py compacts
+        the cache)."""
+
     def forward(
         self, tokens: torch.Tensor, step: Step, cache: KVCache, capture: tuple[int, ...] = ()
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:

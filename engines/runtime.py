@@ -1,10 +1,11 @@
 """Loading an engine: checkpoint, head, tree, tokenizer and limits, with the weight layouts of its device.
 
 A `Runtime` is the loaded weights and what decoding needs to know about them; it decodes nothing itself. The
-decoding math is engines/decode.py; engines/session.py holds the batch as slots (one cache row each): `add` a
-request at any time, `step` prefills the new ones or advances every active sequence by one step, finished or
-cancelled sequences leave (`pop`). Its `generate` is a session holding exactly its requests, stepped until all are
-done; Triton's reference model keeps one session for its lifetime (in-flight batching).
+speculative step is engines/step.py (the prefill and target-only steps engines/decode.py); engines/session.py holds
+the batch as slots (one cache row each): `add` a request at any time, `step` prefills the new ones or advances every
+active sequence by one step, finished or cancelled sequences leave (`pop`). Its `generate` is a session holding
+exactly its requests, stepped until all are done; Triton's reference model keeps one session for its lifetime
+(in-flight batching).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ cited per version in builders/ledger/llmapi.py), so the reference engine behaves
 A draft length d < the tree's depth keeps the tree's first d levels (for a chain: its first d nodes; for EAGLE-2
 dynamic trees: depth d and at most top_k * d tokens). Length 0 is a plain target step: no drafter forward, no tree;
 each sequence keeps the drafter's input of that step (token, target feature) in a backlog that one batched drafter
-pass feeds when it drafts again (engines/decode.py catch_up), so the drafter's cache is then complete; a request
+pass feeds when it drafts again (engines/step.py catch_up), so the drafter's cache is then complete; a request
 that joins a batch which will not draft keeps its prompt's pairs in that backlog too (no drafter pass at prefill).
 Every variant is the target's choice (verification of a draft, or a target step), so outputs are the target's
 whatever the schedule does.
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import torch
 
 from core.speculation import SpeculationPolicy, draft_len_for, truncate
-from engines.decode import DraftBatch
 from engines.drafting import Drafting, drafting_for
 from engines.slots import Accepted, Slot
+from engines.step import DraftBatch
 
 __all__ = ["PolicyState", "SpeculationPolicy", "draft_len_for", "truncate"]
 

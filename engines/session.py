@@ -1,5 +1,5 @@
-"""A batch of sequence slots decoded together (in-flight batching); the decoding math is engines/decode.py, each
-slot's bookkeeping engines/slots.py."""
+"""A batch of sequence slots decoded together (in-flight batching); the speculative step is engines/step.py, the
+prefill and target-only steps engines/decode.py, each slot's bookkeeping engines/slots.py."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import torch
 
 from core.laps import NO_LAPS, Laps
 from core.types import GenerationRequest, GenerationResult, OnTokens, RequestStats
-from engines import decode, schedule
-from engines.decode import DraftBatch, TargetBatch
-from engines.draft import DraftState
+from engines import decode, schedule, step
 from engines.cache import KVCache
+from engines.drafting import DraftState
 from engines.runtime import Runtime
 from engines.slots import Accepted, Slot
+from engines.step import DraftBatch, TargetBatch
 
 
 class Session:
@@ -199,27 +199,23 @@ class Session:
         self._output(decode.target_step(self.target, [self.slot(i) for i in active]))
 
     def _speculative_step(self, d: DraftBatch, active: list[int]) -> None:
-        """draft, verify, accept (decode.speculate) -> output -> commit to the drafter the sequences still going.
-        When the schedule or the acceptance switch leaves no sequence drafting, the step is a plain target step
-        (`_plain_step`); a sequence switched off alone verifies its root in the others' forward."""
+        """A speculative step of the active sequences (engines/step.py: draft, verify, accept, commit; `_output`
+        applies its tokens). When the schedule or the acceptance switch leaves no sequence drafting, the step is a
+        plain target step (`_plain_step`); a sequence switched off alone verifies its root in the others' forward."""
         ps = self.policy_state  # a shorter draft (or none) for this batch size; the drafter state stays in `d`
         slots = [self.slot(i) for i in active]
         on = [True] * len(slots) if ps is None else ps.drafting_now(slots)
         if not any(on):
             self._plain_step(d, slots)
             return
-        step = decode.speculate(self.target, d if ps is None else ps.for_step(d, len(active)), slots, self.laps,
-                                None if all(on) else on)
-        going = self._output(step.accepted)
-        self.laps.lap("output")
-        decode.commit_drafter(self.target, d, step, going)
-        self.laps.lap("drafter update")
+        accepted = step.speculative_step(self.target, d, slots, self._output, self.laps, None if all(on) else on,
+                                         None if ps is None else ps.for_step(d, len(active)).drafting)
         if ps is not None:
-            ps.after_step(len(active), step.accepted, slots)
+            ps.after_step(len(active), accepted, slots)
 
     def _plain_step(self, d: DraftBatch, slots: list[Slot]) -> None:
         """A target-only step (no drafter forward, no tree); each sequence still going keeps its drafter pair in
-        its backlog, fed in one batched pass when it drafts again (decode.catch_up)."""
+        its backlog, fed in one batched pass when it drafts again (step.catch_up)."""
         self.laps.start()
         accepted, feats = decode.plain_step(self.target, d, slots)
         self.laps.lap("target step")

@@ -1,8 +1,9 @@
 """One sequence slot of a session: its request and everything kept for it on the host.
 
-The decoding math (engines/decode.py) reads a slot's request, sampling generator and committed length, and moves the
-length when it commits cache entries; the session (engines/session.py) applies what a step accepted: output, stop
-conditions, statistics. A slot's host state is small, so a failing step is undone by restoring a `snapshot`.
+The steps (engines/step.py, engines/decode.py) read a slot's request, sampling generator and committed length, and
+move the length when they commit cache entries; the session (engines/session.py) applies what a step accepted:
+output, stop conditions, statistics. A slot's host state is small, so a failing step is undone by restoring a
+`snapshot`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Slot:
     error: str | None = None
     # Drafter backlog: the (token, target feature) pairs of the steps this sequence took without drafting, in
     # position order, not yet fed to the drafter (its cache holds `length - len(behind)` entries); fed in one batched
-    # pass when the sequence drafts again (engines/decode.py catch_up).
+    # pass when the sequence drafts again (engines/step.py catch_up).
     behind: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     # The per-sequence acceptance switch (engines/schedule.py): this sequence's recent acceptance rates, and whether
     # it stopped drafting for good.

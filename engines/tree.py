@@ -48,6 +48,25 @@ class TreeBatch:
         return out
 
 
+def root_only_rows(tree: TreeBatch, sub: list[int], roots: torch.Tensor) -> TreeBatch:
+    """The trees of the rows `sub` in a batch of len(roots) rows whose other rows verify their root alone: their
+    other nodes are their own parents (no walk reaches them) and see only themselves."""
+    b, n = roots.shape[0], tree.size
+    dev = roots.device
+    idx = torch.tensor(sub, device=dev)
+    tokens = torch.zeros(b, n, dtype=tree.tokens.dtype, device=dev)
+    tokens[:, 0] = roots
+    tokens[idx] = tree.tokens
+    parent = torch.arange(n, device=dev).expand(b, n).clone()
+    parent[:, 0] = 0
+    parent[idx] = tree.parent
+    depth = torch.zeros(b, n, dtype=tree.depth.dtype, device=dev)
+    depth[idx] = tree.depth
+    anc = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n).clone()
+    anc[idx] = tree.anc
+    return TreeBatch(tokens, parent, depth, anc)
+
+
 @dataclass(frozen=True)
 class StaticTree:
     """Tensors of a `core.trees.DraftTree`, computed once per engine."""

@@ -4,8 +4,8 @@ A captured greedy request's output IS the target's greedy continuation of its pr
 computed the target's features of every captured sequence (one forward each). That is all a speculative decode
 needs besides the head: at each step the build's own drafting strategy (engines/drafting.py, the same tree) grows a
 draft tree from the drafter's state at the root, the target's verification is the captured output (a tree node is
-accepted when its token is the next output token, exactly what the greedy walk of engines/decode.py accepts), and
-the drafter is fed the accepted pairs (token, target feature) as engines/decode.py commit_drafter feeds them. The
+accepted when its token is the next output token, exactly what the greedy walk of engines/step.py accepts), and
+the drafter is fed the accepted pairs (token, target feature) as engines/step.py commit_drafter feeds them. The
 counters are the session's (engines/slots.py Slot.count), so the figures are the doctor's gate figures
 (builders/doctor/gate.py) without running the target: the same numbers when the features are computed in the
 engine's dtype (tests/test_adaptive_replay.py checks equality on a tiny model), an estimate within the features'
@@ -23,12 +23,11 @@ from pathlib import Path
 import torch
 
 from core.types import GenerationRequest, RequestStats, SamplingParams
-from engines.decode import DraftBatch, update_drafter
 from engines.cache import KVCache, Rows
 from engines.heads import Eagle3Drafter
 from engines.runtime import Runtime
-from engines.sampling import greedy_node
 from engines.slots import Accepted, Slot
+from engines.step import DraftBatch, greedy_node, update_drafter
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ def replay_one(rt: Runtime, r: Replayable, max_new_tokens: int, eos: list[int]) 
         for c, par in enumerate(parents[1:], start=1):
             kids[par].append(c)
         path = [0]
-        # the greedy walk (engines/decode.py walk): the target's token after the path's end is seq[length + len(path)]
+        # the greedy walk (engines/step.py walk): the target's token after the path's end is seq[length + len(path)]
         while length + len(path) < len(seq) and (child := greedy_node(seq[length + len(path)], kids[path[-1]],
                                                                        tokens)) is not None:
             path.append(child)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from core.trees import DraftTree, DynamicTree, preset
-from engines import decode
+from engines import step
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
 from measure.draft_vocab import DraftVocabError, count_tokens, ranked, read_draft_vocab, write_draft_vocab
 
@@ -53,17 +53,17 @@ def test_ranking_counts_and_file_round_trip(tmp_path: Path, tiny_target: Path) -
 def _drafted_tokens(engine: ReferenceEngine, requests: list[GenerationRequest]) -> tuple[list, set[int]]:
     """Outputs, and every token the head proposed (the non-root nodes of every verified tree)."""
     seen: set[int] = set()
-    verify = decode.verify
+    verify = step.verify
 
     def recording(s, rows, tree):
         seen.update(tree.tokens[:, 1:].flatten().tolist())
         return verify(s, rows, tree)
 
-    decode.verify = recording
+    step.verify = recording
     try:
         return engine.generate(requests), seen
     finally:
-        decode.verify = verify
+        step.verify = verify
 
 
 @pytest.mark.parametrize(

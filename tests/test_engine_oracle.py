@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engines.api import GenerationRequest, GenerationResult, ReferenceEngine, SamplingParams
 from core.trees import DraftTree, DynamicTree, preset
-from engines.draft import DraftState, Lap, draft_static
+from engines.drafting import DraftState, Lap, draft_static
 from engines.drafting import DynamicDrafting, StaticDrafting
 from engines.cache import KVCache, Rows
 from engines.heads import Drafter
@@ -267,7 +267,7 @@ def test_dynamic_drafts_the_tokens_of_the_static_tree_of_its_shape(
 
 @dataclasses.dataclass(frozen=True)
 class ChainCheckedStatic(_Checked):
-    """Static drafting of a chain checked against the definition of drafting (engines/draft.py): the depth-d node is
+    """Static drafting of a chain checked against the definition of drafting (engines/drafting.py): the depth-d node is
     fed to the drafter as (its token, its parent's drafter output) at position n + d - 1 into scratch slot d - 1,
     seeing the committed cache and its ancestors' slots. Here each node is fed alone, in that order, into a copy of
     the drafter cache: every node's keys and values (rotated by its position) and its child token must be the

@@ -140,7 +140,7 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
     """Host syncs on CUDA are device -> host read-backs (.tolist(), .item(), int(), bool(), float() of a tensor). A
     greedy speculative step with a static tree does two (the tree's tokens and parents) plus one per level the walk
     goes down (the argmax of every sequence still walking), however many sequences, drafter levels or forwards."""
-    from engines import decode
+    from engines import step
 
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset("eagle-default")),
                                              dtype="float32", device="cpu")
@@ -149,20 +149,20 @@ def test_a_speculative_step_reads_the_device_back_once_per_walk_level(mimic_ckpt
         session.add(GenerationRequest([5 + i, 17, 33, 101, 7], 40, SamplingParams(), []))
     session.step()  # prefill
     levels: list[int] = []
-    walk = decode.walk
+    walk = step.walk
 
     def walk_levels(s, active, tree, hidden):
         walked = walk(s, active, tree, hidden)
         levels.append(max(len(path) for path, _ in walked))  # root .. deepest accepted node: one level per node
         return walked
 
-    decode.walk = walk_levels
+    step.walk = walk_levels
     try:
         while not session.done:
             reads = step_reading_back(session)
             assert len(reads) == 2 + levels[-1], reads
     finally:
-        decode.walk = walk
+        step.walk = walk
     assert len(levels) > 5 and max(levels) > 1  # several steps, some accepting drafts
 
 
@@ -185,9 +185,9 @@ def test_a_target_only_step_reads_the_device_back_once(mimic_ckpt: Path) -> None
 @pytest.mark.parametrize("tree", ["chain-3", "topk-2-3"])
 def test_the_walk_gives_the_same_tokens_and_counts_with_the_lm_head_at_every_node_or_level_by_level(
         mimic_ckpt: Path, tree: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """engines/decode.py `walk`: one lm_head product over every node (small trees) or one per level (large ones)
+    """engines/step.py `walk`: one lm_head product over every node (small trees) or one per level (large ones)
     is the same rule on the same logits: same tokens, same acceptance, in a batch of 3 with a sampled request."""
-    from engines import decode
+    from engines import step
 
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset(tree)), dtype="float32",
                                              device="cpu")
@@ -195,7 +195,7 @@ def test_the_walk_gives_the_same_tokens_and_counts_with_the_lm_head_at_every_nod
     requests.append(GenerationRequest([9, 17, 3], 20, SamplingParams(temperature=0.8, seed=3), []))
     runs = []
     for rows in (0, 10**6):
-        monkeypatch.setattr(decode, "EAGER_LM_HEAD_ROWS", rows)
+        monkeypatch.setattr(step, "EAGER_LM_HEAD_ROWS", rows)
         runs.append(engine.generate(requests))
     lazy, eager = runs
     assert [r.output_ids for r in lazy] == [r.output_ids for r in eager]
@@ -209,16 +209,16 @@ def test_the_walk_gives_the_same_tokens_and_counts_with_the_lm_head_at_every_nod
 )
 def test_the_walk_multiplies_the_lm_head_once_over_small_trees_and_once_per_level_over_large_ones(
         mimic_ckpt: Path, tree: str, batch: int, sizes: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """engines/decode.py `walk`: when the batch's tree nodes (B * N rows) are at most EAGER_LM_HEAD_ROWS, ONE lm_head
+    """engines/step.py `walk`: when the batch's tree nodes (B * N rows) are at most EAGER_LM_HEAD_ROWS, ONE lm_head
     product covers every node, at the boundary too; above it, one product per level the walk reaches, over the
     sequences still walking. Chains of 2 and 4 nodes at batch 1 and 2, a 15-node tree: both sides of the boundary."""
-    from engines import decode
+    from engines import step
     from engines.slots import Slot
     from engines.tree import TreeBatch
 
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=DraftTree.from_choices(preset(tree)), dtype="float32",
                                              device="cpu")
-    assert decode.EAGER_LM_HEAD_ROWS == 4  # the sizes above sit on both sides of it
+    assert step.EAGER_LM_HEAD_ROWS == 4  # the sizes above sit on both sides of it
     target = engine._rt.target
     lm_head = target.lm_head
     products: list[tuple[int, ...]] = []
@@ -229,11 +229,11 @@ def test_the_walk_multiplies_the_lm_head_once_over_small_trees_and_once_per_leve
             products.append(tuple(h.shape[:-1]))
         return lm_head(h)
 
-    walk = decode.walk
+    walk = step.walk
     steps: list[tuple[int, int, int, list[tuple[int, ...]]]] = []  # (B, N, deepest path, products)
 
-    def watched(t: decode.TargetBatch, slots: list[Slot], tree_batch: TreeBatch, hidden: torch.Tensor
-                ) -> list[decode.Walked]:
+    def watched(t: step.TargetBatch, slots: list[Slot], tree_batch: TreeBatch, hidden: torch.Tensor
+                ) -> list[step.Walked]:
         products.clear()
         walking[0] = True
         try:
@@ -245,12 +245,12 @@ def test_the_walk_multiplies_the_lm_head_once_over_small_trees_and_once_per_leve
         return walked
 
     monkeypatch.setattr(target, "lm_head", counting)
-    monkeypatch.setattr(decode, "walk", watched)
+    monkeypatch.setattr(step, "walk", watched)
     reqs = [GenerationRequest([5 + i, 17, 33, 101, 7], 16 + 3 * i, SamplingParams(), []) for i in range(batch)]
     engine.generate(reqs)
     assert steps and any(deepest > 1 for _, _, deepest, _ in steps)  # some steps accept drafts
     for b, n, deepest, got in steps:
-        if b * n <= decode.EAGER_LM_HEAD_ROWS:
+        if b * n <= step.EAGER_LM_HEAD_ROWS:
             assert got == [(b, n)], f"B={b} N={n}: one product over every node"
         else:
             assert len(got) == deepest and got[0] == (b,), f"B={b} N={n}: one product per level reached {got}"

@@ -1,5 +1,5 @@
 """Speculative SAMPLING preserves the target distribution (EAGLE's sibling-rejection scheme, docs in
-engines/sampling.py; SafeAILab eagle/model/utils.py `evaluate_posterior`).
+engines/step.py; SafeAILab eagle/model/utils.py `evaluate_posterior`).
 
 On a 6-token-vocabulary target with a head that drafts its likely tokens, we sample 3 tokens for thousands of seeds
 with EAGLE and compare the joint distribution of (x1, x2, x3) — x2 and x3 come from one speculative step, so they
@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from core.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.sampling import target_probs
+from engines.step import target_probs
 
 PROMPT = [1, 2, 3, 4]
 N = 3000

@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from core.trees import DraftTree, DynamicTree, preset
 from engines.api import GenerationRequest, ReferenceEngine, SamplingParams
-from engines.sampling import draw, target_probs
+from engines.step import draw, target_probs
 
 PROMPTS = [[5, 17, 33, 101, 7], [9, 8, 7], [100, 200, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 NEW = [30, 17, 24]  # different lengths: sequences finish at different steps
@@ -97,7 +97,7 @@ def test_head_that_predicts_the_target_accepts(mimic_ckpt: Path, tree: DraftTree
 
 
 def test_verification_computes_target_logits_only_along_the_walked_path(mimic_ckpt: Path) -> None:
-    """engines/decode.py `walk`: the 49k-wide lm_head runs on the accepted path + the node where the walk stops
+    """engines/step.py `walk`: the 49k-wide lm_head runs on the accepted path + the node where the walk stops
     (accepted + 1 rows per sequence and forward), never on the rest of the tree; batches share one call per level."""
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("trtllm-default"), dtype="float32", device="cpu")
     target = engine._rt.target
@@ -214,16 +214,16 @@ def test_target_only_sampling_draws_each_token_from_the_targets_law_with_the_req
 
 
 def test_a_speculative_step_before_any_prefill_is_refused(mimic_ckpt: Path) -> None:
-    """engines/decode.py `draft`: the drafter has no state until a prefill has run; drafting before one says so."""
+    """engines/step.py `draft`: the drafter has no state until a prefill has run; drafting before one says so."""
     from core.laps import NO_LAPS
-    from engines import decode
+    from engines import step
     from engines.cache import Rows
 
     engine = ReferenceEngine.from_checkpoint(mimic_ckpt, tree=static("chain-3"), dtype="float32", device="cpu")
     session = engine.session(capacity=1, max_len=16)
     assert session.draft is not None and session.draft.state is None
     with pytest.raises(RuntimeError) as e:
-        decode.draft(session.target, session.draft, Rows.of([0], [0], torch.device("cpu")), NO_LAPS)
+        step.draft(session.target, session.draft, Rows.of([0], [0], torch.device("cpu")), NO_LAPS)
     assert str(e.value) == "a speculative step before any prefill: the drafter has no state yet"
 
 

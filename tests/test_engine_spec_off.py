@@ -1,4 +1,4 @@
-"""Speculation off costs nothing (engines/session.py `_plain_step`, engines/decode.py `catch_up`): a step the schedule
+"""Speculation off costs nothing (engines/session.py `_plain_step`, engines/step.py `catch_up`): a step the schedule
 or the acceptance switch leaves without drafting is a plain target step (the drafter is not called), the drafter
 catches up on the positions it missed in one batched pass when drafting resumes (its cache and state then equal a
 drafter fed the whole sequence), and outputs stay the target's; the acceptance switch per sequence (ours) stops one

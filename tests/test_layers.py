@@ -45,7 +45,7 @@ def test_the_tree_keeps_every_contract() -> None:
     ("module", "line", "broken"),
     [
         ("engines/session.py", "import builders.config", "engines/ (the reference engine's runtime) imports nothing"),
-        ("engines/sampling.py", "import measure.costs", "engines/ (the reference engine's runtime) imports nothing"),
+        ("engines/step.py", "import measure.costs", "engines/ (the reference engine's runtime) imports nothing"),
         ("core/trees.py", "import engines.api", "core/ imports nothing else of ours"),
         ("core/types.py", "import torch", "core/ imports nothing else of ours, and neither torch"),
         ("core/hfconfig.py", "import numpy", "core/ imports nothing else of ours, and neither torch"),

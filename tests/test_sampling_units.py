@@ -1,8 +1,9 @@
-"""engines/sampling.py in seconds, against definitions written here: the filtered target distribution (temperature,
-top-k, top-p as TensorRT-LLM / HF apply them), greedy verification, and sibling rejection's exact law: child i of a
-node is accepted with probability prod_{j<i} (1 - p_j / m_j) * p_i / m_i (m = the mass left after the earlier
-rejections), and the token the node emits is distributed as p. tests/test_engine_sampling.py checks the same law end
-to end with a chi-square test on a model (minutes); these run the function itself many times (fixed seeds)."""
+"""The token choice and acceptance rules of engines/step.py and decode.py in seconds, against definitions written here:
+the filtered target distribution (temperature, top-k, top-p as TensorRT-LLM / HF apply them), greedy verification, and
+sibling rejection's exact law: child i of a node is accepted with probability prod_{j<i} (1 - p_j / m_j) * p_i / m_i
+(m = the mass left after the earlier rejections), and the token the node emits is distributed as p.
+tests/test_engine_sampling.py checks the same law end to end with a chi-square test on a model (minutes); these run
+the function itself many times (fixed seeds)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import random
 import pytest
 import torch
 
-from engines.sampling import choose, draw, greedy_node, sampling_node, target_probs
+from engines.decode import choose
+from engines.step import draw, greedy_node, sampling_node, target_probs
 from core.types import SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""Tree tensors (engines/tree.py, engines/draft.py `_select`, engines/cache.py `make_step`) against independent
+"""Tree tensors (engines/tree.py, engines/drafting.py `_select`, engines/cache.py `make_step`) against independent
 definitions written from the paths alone: node j is an ancestor-or-self of node i iff j's path is a prefix of i's;
 a node's depth is its path length and its RoPE position is committed length + depth; the retrieval path of a node
 is the indices of its path's prefixes; the drafter's scratch slots follow the expanded nodes level by level.
@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from engines.draft import _select
+from engines.drafting import _select
 from engines.cache import make_step
 from engines.tree import StaticTree, TreeBatch, ancestor_mask
 from core.trees import DraftTree, DynamicTree, preset

@@ -8,7 +8,7 @@
    problem: the held-out problems are served with the capture opt-out, before (version 1) and after the publish, for
    tau (the server's own per-version counters), tokens/s and the greedy outputs (must be identical);
 3. the training problems, with several instructions each (at most 200 requests), are served and captured;
-4. `python builders/refresh.py --build B` (timed), then `--publish` while clients keep sending requests (every
+4. `python adaptive/refresh.py --build B` (timed), then `--publish` while clients keep sending requests (every
    failure counted), then the held-out measurement again on the new version, then `--rollback` under the same load.
 Prints one JSON document with every figure. Greedy decoding throughout: the outputs do not depend on the head.
 
@@ -167,7 +167,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--held-out-requests", type=Path, metavar="JSONL",
                     help="only write the held-out problems as request records (prompt token ids by the --out build's "
-                    "tokenizer, as the server encodes them) for python -m builders.doctor gate --requests, and exit")
+                    "tokenizer, as the server encodes them) for python -m doctor gate --requests, and exit")
     args = ap.parse_args()
     py, out = sys.executable, args.out.resolve()
     probs = problems()
@@ -196,7 +196,7 @@ def main() -> int:
         print(f"captured {len(train)} requests in {res['capture_traffic_s']} s", flush=True)
         time.sleep(7)  # the writer seals its open segment after capture.segment_seconds
         t = time.monotonic()
-        refresh = subprocess.run([py, "builders/refresh.py", "--build", str(out)], cwd=ROOT, env=env)
+        refresh = subprocess.run([py, "adaptive/refresh.py", "--build", str(out)], cwd=ROOT, env=env)
         res["refresh_wall_s"], res["refresh_exit"] = round(time.monotonic() - t, 1), refresh.returncode
         run = sorted((out / "refresh").glob("run-*"))[-1]
         report = json.loads((run / "report.json").read_text())
@@ -205,10 +205,10 @@ def main() -> int:
         if refresh.returncode != 0:
             res["publish"] = "not attempted: the gate refused the candidate"
         else:
-            res["publish"] = under_load(srv, held, [py, "builders/refresh.py", "--build", str(out), "--publish",
+            res["publish"] = under_load(srv, held, [py, "adaptive/refresh.py", "--build", str(out), "--publish",
                                                     str(run), "--server", srv.http_url], env, 5, args.max_tokens)
             after = held_out_pass(srv, held, args, "2")
-            res["rollback"] = under_load(srv, held, [py, "builders/refresh.py", "--build", str(out), "--rollback",
+            res["rollback"] = under_load(srv, held, [py, "adaptive/refresh.py", "--build", str(out), "--rollback",
                                                      "--server", srv.http_url], env, 5, args.max_tokens)
             res["after"] = {k: v for k, v in after.items() if k != "outputs"}
             res["outputs_identical"] = sum(a == b for a, b in zip(before["outputs"], after["outputs"]))

@@ -4,7 +4,7 @@ r"""The LLM model's metric series on /metrics across published versions: do unlo
 
 Starts a server (explicit model control) on a scratch copy of --build's model repository (the rest of the build is
 linked, not copied; the build itself is not changed), sends one request, then publishes --publishes new versions the
-way builders/refresh.py --publish serves them (the newest version's files as version N+1, then the server's load
+way adaptive/refresh.py --publish serves them (the newest version's files as version N+1, then the server's load
 API: version policy latest 1 loads N+1 and unloads N), one request after each. After each publish it counts the
 eagle_* series of --model on /metrics once the unload has settled (or after --settle-s).
 
@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from builders.adaptive.publish import load
+from adaptive.publish import load
 from triton_repo.launch import TritonServer, free_port
 
 SERIES = re.compile(r'^(eagle_[a-z_]+)\{([^}]*)\} \S+$')

@@ -7,7 +7,7 @@ The steps train the served head on the run's held-out samples (their cached feat
 written); the features are recomputed for 4 held-out sequences. Prints one JSON document: per round and thread
 count, seconds per step and per sequence, with the load average before and after.
 
-Inputs:  a refresh run with its feature shards (python builders/refresh.py --build BUILD)
+Inputs:  a refresh run with its feature shards (python adaptive/refresh.py --build BUILD)
 Outputs: JSON on stdout
 Guide:   docs/adaptive.md
 """
@@ -35,10 +35,10 @@ def main() -> int:
     import torch
 
     from builders import layout
-    from builders.adaptive import dataset as D
-    from builders.adaptive import finetune as F
-    from builders.adaptive.publish import served_head
-    from builders.refresh import load_build
+    from adaptive import dataset as D
+    from adaptive import finetune as F
+    from adaptive.publish import served_head
+    from adaptive.refresh import load_build
     from training import runner
     from training.compute import resolve_compute
     from training.eagle3_loop import collate3, eagle3_loss, plan3

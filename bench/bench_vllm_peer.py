@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     draft_len = args.vllm_draft_len or int(options["max_draft_len"])
     hf = Path(str(spec.hf_target_dir))
     head = out / "head-speculators"
-    subprocess.run([sys.executable, "-m", "builders.doctor", "export", "--head", str(spec.path(build, str(
+    subprocess.run([sys.executable, "-m", "doctor", "export", "--head", str(spec.path(build, str(
         spec.eagle3_head_dir))), "--to", "speculators", "--target", str(hf), str(head)], check=True, cwd=REPO)
     tok = AutoTokenizer.from_pretrained(spec.path(build, spec.tokenizer_dir))
     wrap = chat_template(str(spec.path(build, spec.tokenizer_dir)))

@@ -1,7 +1,7 @@
 """The `capture` and `refresh` sections of the build config: the adaptive loop (docs/adaptive.md). Capture makes the
 served LLM model record the requests it finished into a bounded store (triton_repo/models/capture.py); refresh
-fine-tunes a candidate head on them, gates it and publishes it as the next model version (builders/refresh.py). Its
-own module so builders.adaptive can import the sections without a cycle through builders.config."""
+fine-tunes a candidate head on them, gates it and publishes it as the next model version (adaptive/refresh.py). Its
+own module: builders/config.py composes the sections, adaptive/ reads them."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class CaptureConfig(_Strict):
 class RefreshConfig(_Strict):
     max_requests: int = Field(
         default=200, ge=4, le=1 << 20,
-        description="builders/refresh.py uses at most this many captured requests (the newest), train and held-out "
+        description="adaptive/refresh.py uses at most this many captured requests (the newest), train and held-out "
         "together.")
     held_out_fraction: float = Field(
         default=0.2, gt=0, lt=1, description="Share of the captured requests held out (split by request) for early "
@@ -91,7 +91,7 @@ class RefreshConfig(_Strict):
         "draft tree's accepted length is known without running the target; the same figures as engine when the "
         "features are computed in the engine's dtype), plus gate_engine_requests requests decoded on the engine "
         "(candidate head vs the target alone) for losslessness. engine: every held-out request decoded on the "
-        "reference engine with each head and with the target alone (python -m builders.doctor gate; slower).",
+        "reference engine with each head and with the target alone (python -m doctor gate; slower).",
     )
     gate_engine_requests: int = Field(
         default=4, ge=1, le=1 << 20,

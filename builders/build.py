@@ -73,7 +73,7 @@ def print_plan(cfg: BuildConfig, stages: list[Stage]) -> None:
 
 def pass_through_problems(cfg: BuildConfig) -> list[str]:
     """serving.extra_llm_api_options names the contract ledger does not know for the config's version."""
-    from builders.ledger.table import rows_for
+    from ledger.table import rows_for
     from builders.serving_config import unknown_problems
 
     v = cfg.version

@@ -30,9 +30,9 @@ RESOLVED_MARKER = "# eagle-deploy: the validated config of this build (builders/
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project's own sources: an output_dir equal to, inside or above any of these is refused (a stage rerun swaps
 # whole directories). Other folders of a clone (build/, a user's scratch dir) are fine.
-SOURCE_DIRS = (".git", ".ci", "bench", "builders", "clients", "configs", "core", "devtools", "docker", "docs",
-               "engines", "heads", "measure", "scripts", "sources", "stubs", "testkit", "tests", "training",
-               "triton_repo", "dynamo_serve")
+SOURCE_DIRS = (".git", ".ci", "adaptive", "bench", "builders", "clients", "configs", "core", "devtools", "docker",
+               "docs", "doctor", "engines", "heads", "ledger", "measure", "scripts", "sources", "stubs", "testkit",
+               "tests", "training", "triton_repo", "dynamo_serve")
 _TEMP = re.compile(r"^\.(?P<stage>[A-Za-z0-9_]+)\.(tmp|old)-(?P<pid>\d+)$")
 _RESOLVED_TEMP = re.compile(rf"^\.{re.escape(RESOLVED)}\.tmp-(?P<pid>\d+)$")
 

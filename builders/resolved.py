@@ -1,5 +1,5 @@
 """`<build>/config.resolved.yaml`: the validated config a build was made with, written by the build and read back by
-the tools that work on a finished build (docker/serve.py, builders/refresh.py).
+the tools that work on a finished build (docker/serve.py, adaptive/refresh.py).
 
 Its paths are recorded relative to the build directory (`output_dir: .`), so the record names no directory of the
 machine that ran the build, and a build read from another place (a moved or mounted volume) is read where it is:

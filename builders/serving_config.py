@@ -1,7 +1,7 @@
 """`serving:` of the build config: how TensorRT-LLM's LLM API serves a large model (attention data parallelism, MoE
 expert parallelism, the MoE backend, CUDA graphs) and a checked pass-through for further LLM API options.
 
-Every option written is a row of the contract ledger (builders/ledger/llmapi.py, cited to tensorrt_llm/llmapi/
+Every option written is a row of the contract ledger (ledger/llmapi.py, cited to tensorrt_llm/llmapi/
 llm_args.py); the pass-through takes only names the ledger knows for the config's trtllm_version, and never one the
 build writes itself (that value has its own field). builders/capacity.py sizes weights and KV per rank with these
 fields; builders/engine/llmapi.py writes them (`serving_options`).
@@ -126,7 +126,7 @@ def owned_problems(extra: dict[str, Any]) -> list[str]:
 
 def unknown_problems(extra: dict[str, Any], known: set[str], version_name: str) -> list[str]:
     """Pass-through names that are not LLM API options the contract ledger knows for the version (`known`: its
-    llmapi.option rows, builders/ledger; build.py passes them, so this module does not import the ledger)."""
+    llmapi.option rows, ledger; build.py passes them, so this module does not import the ledger)."""
     return [f"serving.extra_llm_api_options.{name}: not an LLM API option the contract ledger knows for "
             f"{version_name} (docs/contracts.md, llmapi.option); check the name against tensorrt_llm/llmapi/"
             "llm_args.py of your release, add its ledger row citing it, or remove it"

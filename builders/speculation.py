@@ -2,7 +2,7 @@
 acceptance-rate switch; their rules, the measured schedule file of `auto`, and the LLM API keys they become.
 
 The fields are TensorRT-LLM's DecodingBaseConfig fields (tensorrt_llm/llmapi/llm_args.py; the Eagle3DecodingConfig
-API reference of each release; PR #10860), cited per version in builders/ledger/llmapi.py. Their runtime
+API reference of each release; PR #10860), cited per version in ledger/llmapi.py. Their runtime
 semantics live in engines/schedule.py, which the reference engine follows step by step.
 """
 

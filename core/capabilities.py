@@ -1,6 +1,6 @@
 """What TensorRT-LLM's PyTorch backend does with each family row (core/families.py), read from its code path, with
 the upstream line each fact was read at (torch-free). docs/contracts.md and docs/bring-your-own-model.md render these
-columns (builders/ledger/docs.py); builders/trtllm/rules.py refuses what the tree column rules out.
+columns (ledger/docs.py); builders/trtllm/rules.py refuses what the tree column rules out.
 
 - capture: where the row's decoder writes EAGLE-3's features (its model's forward hands spec_metadata to the layers
   and a layer calls spec_metadata.maybe_capture_hidden_states). "" = not read in the code path at a pinned commit:

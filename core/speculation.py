@@ -1,7 +1,7 @@
 """Load-aware speculation, the rule (torch-free): how many draft levels a decoding step of B sequences uses.
 
 The semantics are TensorRT-LLM's `speculative_config` fields (DecodingBaseConfig, tensorrt_llm/llmapi/llm_args.py;
-cited per version in builders/ledger/llmapi.py):
+cited per version in ledger/llmapi.py):
 - `draft_len_schedule` {batch threshold: draft length}: a step of B sequences drafts the length of the smallest
   threshold >= B; above the largest threshold it drafts nothing (speculation off);
 - `max_concurrency` N: full length up to N sequences, nothing above (upstream turns it into {N: max_draft_len});

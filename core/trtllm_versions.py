@@ -4,7 +4,7 @@ to (builders/versions.py holds the rest of that record and the checks against it
 A config's `trtllm_version` is checked against this table once, when the config is read; from then on code asks the
 entry (`cfg.version`), never the string. This module imports nothing of the project, so every layer may read it.
 
-Adding a version = one `TrtllmVersion` entry here + its rows in the ledger (builders/ledger/*.py). Every
+Adding a version = one `TrtllmVersion` entry here + its rows in the ledger (ledger/*.py). Every
 rule that depends on the version (builders/trtllm/rules.py) and every output that differs by version (LLM API YAML,
 Triton model repository) reads these fields, never a version number.
 

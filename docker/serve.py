@@ -143,7 +143,7 @@ def serve_argv(
     model_control: str = "none",
 ) -> list[str]:
     """The launcher command (pure: computed from the build's config). `model_control` explicit: the server loads
-    model versions on request (what builders/refresh.py --publish / --rollback use on every replica)."""
+    model versions on request (what adaptive/refresh.py --publish / --rollback use on every replica)."""
     return [
         python, str(REPO / "triton_repo" / "launch.py"),
         "--repo", str(build_dir / repo_stage),

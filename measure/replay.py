@@ -7,7 +7,7 @@ draft tree from the drafter's state at the root, the target's verification is th
 accepted when its token is the next output token, exactly what the greedy walk of engines/step.py accepts), and
 the drafter is fed the accepted pairs (token, target feature) as engines/step.py commit_drafter feeds them. The
 counters are the session's (engines/slots.py Slot.count), so the figures are the doctor's gate figures
-(builders/doctor/gate.py) without running the target: the same numbers when the features are computed in the
+(doctor/gate.py) without running the target: the same numbers when the features are computed in the
 engine's dtype (tests/test_adaptive_replay.py checks equality on a tiny model), an estimate within the features'
 rounding otherwise (a refresh computes them in bf16 on a CPU that has it).
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SCRIPT = re.compile(r"^(?:scripts|bench|devtools|builders|clients|measure|training|triton_repo)/[A-Za-z0-9_/]+\.py$")
+SCRIPT = re.compile(r"^(?:scripts|bench|devtools|adaptive|doctor|ledger|builders|clients|measure|training|triton_repo)/"
+                    r"[A-Za-z0-9_/]+\.py$")
 COMMANDS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 FENCE = re.compile(r"^```.*?$(.*?)^```", re.S | re.M)
 SHELL_ENDS = {"&&", "||", "|", ";", ">", ">>", "2>&1", "&"}

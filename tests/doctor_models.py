@@ -46,7 +46,7 @@ def copy_head(src: Path, dst: Path, *, cfg: dict | None = None, drop_cfg: tuple[
 
 def _last_tokens(tok_dir: Path) -> tuple[int, list[int], int]:
     """(last token of every chat-templated doctor prompt, last tokens of the raw ones, eos id)."""
-    from builders.doctor.measure import PROMPTS
+    from doctor.measure import PROMPTS
     from sources.data import chat_ids
     from engines.runtime import load_tokenizer
 

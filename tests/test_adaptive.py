@@ -1,5 +1,5 @@
 """The adaptive loop without a server (docs/adaptive.md): the capture store's bounds, privacy and crash safety, the
-opt-out, the config rules, the refresh split, and the gate refusing a worse head (python -m builders.doctor gate)."""
+opt-out, the config rules, the refresh split, and the gate refusing a worse head (python -m doctor gate)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from builders.adaptive.dataset import Captured, RefreshInputError, prompt_groups, split
+from adaptive.dataset import Captured, RefreshInputError, prompt_groups, split
 from triton_repo.models import capture as C
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,7 +227,7 @@ def test_capture_config_rules(tmp_path: Path) -> None:
     assert "capture.sample_rate" in str(e.value)
     cfg.write_text(base + "engine: {backend: reference, max_batch_size: 2, max_input_len: 32, max_seq_len: 64}\n"
                    "capture: {enabled: true}\n")
-    from builders.adaptive.settings import settings as capture_settings
+    from builders.capture_settings import settings as capture_settings
 
     c = load_config(cfg)
     s = capture_settings(c, Path(c.output_dir) / "triton_repo")
@@ -270,7 +270,7 @@ def held_out(build: Path, n: int) -> Path:
 
 
 def gate_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builders.doctor", "gate", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "doctor", "gate", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "TQDM_DISABLE": "1"})
 
 
@@ -295,7 +295,7 @@ def test_gate_refuses_a_worse_head_and_passes_an_equal_one_without_margin(mimic3
 
 
 def test_refresh_exit_2_on_unusable_input(mimic3_build: Path, tmp_path: Path) -> None:
-    from builders.refresh import main
+    from adaptive.refresh import main
 
     assert main(["--build", str(tmp_path)]) == 2  # not a build
     assert main(["--build", str(mimic3_build), "--purge-capture"]) == 0
@@ -316,7 +316,7 @@ def test_launcher_explicit_model_control_argv() -> None:
 @pytest.mark.parametrize(("published", "retired", "keep"), [(5, 0, 3), (3, 4, 1), (2, 2, 3), (0, 0, 2), (8, 8, 2)])
 def test_retention_keeps_version_1_and_the_newest_published(tmp_path: Path, published: int, retired: int,
                                                             keep: int) -> None:
-    from builders.adaptive.publish import RETIRED, prune, versions
+    from adaptive.publish import RETIRED, prune, versions
 
     model = tmp_path / "triton_repo" / "tensorrt_llm"
     for v in range(1, published + 2):
@@ -335,7 +335,7 @@ def test_retention_keeps_version_1_and_the_newest_published(tmp_path: Path, publ
 
 @pytest.mark.parametrize(("runs", "keep"), [(5, 2), (1, 1), (3, 3), (6, 1)])
 def test_retention_of_refresh_runs_spares_the_current_one(tmp_path: Path, runs: int, keep: int) -> None:
-    from builders.refresh import prune_runs
+    from adaptive.refresh import prune_runs
 
     root = tmp_path / "refresh"
     for i in range(runs):
@@ -357,7 +357,7 @@ def test_retention_of_refresh_runs_spares_the_current_one(tmp_path: Path, runs: 
     (["dns:localhost:8000"], ["127.0.0.1:8000"]),  # every address the name resolves to (a headless Service's pods)
 ])
 def test_servers_named_and_resolved(given: list[str], expect: list[str]) -> None:
-    from builders.adaptive.servers import endpoints
+    from adaptive.servers import endpoints
 
     got = endpoints(given)
     assert [g for g in got if not g.startswith("[")] == expect  # localhost may also resolve to [::1]
@@ -369,8 +369,8 @@ def test_servers_named_and_resolved(given: list[str], expect: list[str]) -> None
     ("dns:no-such-name.invalid:8000", "does not resolve"),
 ])
 def test_a_bad_server_name_is_refused_with_what_to_write(given: str, message: str) -> None:
-    from builders.adaptive.publish import PublishError
-    from builders.adaptive.servers import endpoints
+    from adaptive.publish import PublishError
+    from adaptive.servers import endpoints
 
     with pytest.raises(PublishError, match=message):
         endpoints([given])

@@ -1,4 +1,4 @@
-"""The refresh's offline gate (measure/replay.py, builders/adaptive/replay.py): a head's tau replayed from the
+"""The refresh's offline gate (measure/replay.py, adaptive/replay.py): a head's tau replayed from the
 target's features of the captured requests equals what the doctor's gate measures by decoding them on the reference
 engine, on a tiny model (features in the engine's dtype), for the build's static tree and for a dynamic (EAGLE-2)
 tree; and the refresh's time budget, resume and replayed gate."""
@@ -21,7 +21,7 @@ def replay_inputs(build: Path, records_file: Path) -> tuple[list, list[torch.Ten
     from transformers import AutoModelForCausalLM
 
     from builders import layout
-    from builders.adaptive.dataset import read_jsonl
+    from adaptive.dataset import read_jsonl
     from core.hfconfig import read_config
     from training.features import FeatureSpec, sequence_features
 
@@ -36,9 +36,9 @@ def replay_inputs(build: Path, records_file: Path) -> tuple[list, list[torch.Ten
 
 @pytest.mark.parametrize("tree", ["build", "dynamic"])
 def test_replayed_tau_equals_the_engines(mimic3_build: Path, tree: str) -> None:  # noqa: F811
-    from builders.adaptive.replay import replay_figures, replayable
+    from adaptive.replay import replay_figures, replayable
     from measure.replay import runtime_for
-    from builders.doctor.gate import decode, figures
+    from doctor.gate import decode, figures
     from core.trees import DynamicTree
     from engines.api import ReferenceEngine
 
@@ -56,7 +56,7 @@ def test_replayed_tau_equals_the_engines(mimic3_build: Path, tree: str) -> None:
 
 
 def set_refresh(build: Path, **kw: object) -> None:
-    """Change the refresh section of a finished build's config (what builders/refresh.py reads)."""
+    """Change the refresh section of a finished build's config (what adaptive/refresh.py reads)."""
     import yaml
 
     f = build / "config.resolved.yaml"
@@ -66,7 +66,7 @@ def set_refresh(build: Path, **kw: object) -> None:
 
 
 def test_refresh_stops_at_its_budget_resumes_and_gates_by_replay(mimic3_build: Path) -> None:  # noqa: F811
-    from builders.refresh import main
+    from adaptive.refresh import main
     from triton_repo.models import capture as C
 
     build = mimic3_build

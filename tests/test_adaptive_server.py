@@ -1,5 +1,5 @@
 """The adaptive loop on the real CPU Triton server (docs/adaptive.md): capture through the ensemble and the BLS model
-with the opt-out honoured, `builders/refresh.py` on the captured store, `--publish` while requests are in flight (none
+with the opt-out honoured, `adaptive/refresh.py` on the captured store, `--publish` while requests are in flight (none
 fails, outputs unchanged, live acceptance and the baseline labelled by version), `--rollback` in one command; and a
 published version of the llmapi layout (model.yaml naming the new speculative model directory) served by the
 reference mirror."""
@@ -54,7 +54,7 @@ def ask(srv: TritonServer, text: str, model: str = "ensemble", capture: bool = T
 
 def refresh(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TRITON_ADMIN_KEY": KEY, "TQDM_DISABLE": "1"}
-    return subprocess.run([sys.executable, "builders/refresh.py", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "adaptive/refresh.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env=env)
 
 
@@ -114,7 +114,7 @@ def test_capture_refresh_publish_rollback_with_requests_in_flight(
     for record in (run / "report.json", run / "head" / "recipe.yaml"):  # relative to the build or the checkout
         assert str(build) not in record.read_text(), record
     assert report["candidate"] == f"refresh/{run.name}/head" and report["build"] == "."
-    from builders.adaptive.dataset import prompt_groups, read_jsonl
+    from adaptive.dataset import prompt_groups, read_jsonl
 
     train, held = read_jsonl(run / "train.jsonl"), read_jsonl(run / "held_out.jsonl")
     assert len(train) == report["sizes"]["captured_train"] and len(held) == report["sizes"]["held_out"]
@@ -161,7 +161,7 @@ def test_llmapi_layout_serves_a_published_version(tmp_path: Path) -> None:
     head; a model.yaml naming another head is refused at load."""
     import yaml
 
-    from builders.adaptive import publish as P
+    from adaptive import publish as P
     from builders.build import main as build_main
     from testkit import tiny_models as tm
 

@@ -14,7 +14,7 @@ from builders import build
 from builders.engine import llmapi
 from builders.trtllm import architectures as A
 from core import trtllm_versions
-from builders.ledger import docs as ledger_docs
+from ledger import docs as ledger_docs
 from core import families
 from tests.engine_cases import make_cfg
 from tests.test_config_cli import write_cfg
@@ -44,7 +44,7 @@ def test_rows_are_well_formed_and_cited() -> None:
 
 def test_docs_render_every_row() -> None:
     doc = ledger_docs.DOC.read_text()
-    assert doc == ledger_docs.render(), "run: python -m builders.ledger.docs"
+    assert doc == ledger_docs.render(), "run: python -m ledger.docs"
     for a in A.ARCHITECTURES:
         assert f"| `{a.name}` |" in doc and a.source.path in doc
 
@@ -143,7 +143,7 @@ def test_llmapi_writes_the_rows_mode(arch: str, version: str, one_model: bool) -
 
 def test_guide_table_is_rendered_from_the_table() -> None:
     guide = ledger_docs.GUIDE.read_text()
-    assert ledger_docs.render_guide(guide) == guide, "run: python -m builders.ledger.docs"
+    assert ledger_docs.render_guide(guide) == guide, "run: python -m ledger.docs"
     for a in A.ARCHITECTURES:
         assert f"| `{a.name}` | {a.family} |" in guide
     with pytest.raises(ValueError, match="markers"):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from builders.adaptive.dataset import usable
+from adaptive.dataset import usable
 from triton_repo.models.llmapi_capture import record_of
 
 

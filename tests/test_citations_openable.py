@@ -13,7 +13,7 @@ import pytest
 
 from builders.trtllm import architectures
 
-from builders.ledger import docs as ledger_docs
+from ledger import docs as ledger_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 UNOPENABLE = re.compile(r"index (id|ids|copies|commits?|versions?)\b|issues corpus", re.IGNORECASE)

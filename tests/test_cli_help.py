@@ -16,8 +16,8 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY_DIRS = ("builders", "clients", "core", "engines", "measure", "sources", "training", "scripts", "triton_repo",
-              "docker", "bench", "devtools", "testkit", "dynamo_serve")
+ENTRY_DIRS = ("adaptive", "doctor", "ledger", "builders", "clients", "core", "engines", "measure", "sources",
+              "training", "scripts", "triton_repo", "docker", "bench", "devtools", "testkit", "dynamo_serve")
 # Where python files live outside tests/ (the sys.path check reads them all).
 CODE_DIRS = (*ENTRY_DIRS,)
 COMMANDS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -26,16 +26,16 @@ COMMANDS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())[
 ENTRY_POINTS = {
     "builders/build.py": ["builders/build.py"],
     "training/train_head.py": ["training/train_head.py"],
-    "builders/refresh.py": ["builders/refresh.py"],
+    "adaptive/refresh.py": ["adaptive/refresh.py"],
     "builders/k8s/render.py": ["-m", "builders.k8s.render"],
     "measure/tune_tree.py": ["measure/tune_tree.py"],
     "sources/targets.py": ["-m", "sources.targets"],
-    "builders/ledger/check.py": ["-m", "builders.ledger.check"],
-    "builders/doctor/__main__.py": ["-m", "builders.doctor"],
-    "builders/eagle_check.py": ["-m", "builders.eagle_check"],
+    "ledger/check.py": ["-m", "ledger.check"],
+    "doctor/__main__.py": ["-m", "doctor"],
+    "doctor/eagle_check.py": ["-m", "doctor.eagle_check"],
     "builders/monitoring/dashboard.py": ["-m", "builders.monitoring.dashboard"],
     "builders/monitoring/rules.py": ["-m", "builders.monitoring.rules"],
-    "builders/ledger/docs.py": ["-m", "builders.ledger.docs"],
+    "ledger/docs.py": ["-m", "ledger.docs"],
     "clients/generate.py": ["clients/generate.py"],
     "clients/loadtest.py": ["clients/loadtest.py"],
     "clients/genai_perf.py": ["-m", "clients.genai_perf"],
@@ -133,7 +133,7 @@ def test_container_entrypoint_help() -> None:
 # Entry points that are not installed commands, and why: benchmarks (bench/, `bench_*.py`) and developer tools
 # (devtools/) run from a checkout; the container's own programs run inside the image (docker/entrypoint.sh).
 NOT_COMMANDS = {
-    "builders/ledger/docs.py": "developer tool: regenerates docs/contracts.md",
+    "ledger/docs.py": "developer tool: regenerates docs/contracts.md",
     "docker/serve.py": "the image's `serve` command (docker/entrypoint.sh)",
     "docker/k8s/render.py": "eagle-k8s (builders/k8s/render.py) run from a checkout",
     "devtools/gen_config_docs.py": "developer tool: regenerates docs/config.md and the schemas",
@@ -179,10 +179,10 @@ def test_installed_command_help(name: str) -> None:
 @pytest.mark.parametrize(("argv", "usage"), [(["gate", "--help"], "usage: eagle-doctor gate "),
                                              (["export", "--help"], "usage: eagle-doctor export ")])
 def test_doctor_subcommands_are_listed_and_named(argv: list[str], usage: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "builders.doctor", *argv], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "doctor", *argv], cwd=ROOT, capture_output=True, text=True,
                        timeout=180)
     assert r.returncode == 0 and r.stdout.startswith(usage), r.stdout[:300] + r.stderr[-1000:]
-    top = subprocess.run([sys.executable, "-m", "builders.doctor", "--help"], cwd=ROOT, capture_output=True,
+    top = subprocess.run([sys.executable, "-m", "doctor", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=180).stdout
     assert f"       {usage.removeprefix('usage: ')}" in top  # the top-level usage lists every subcommand
 

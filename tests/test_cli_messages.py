@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.ledger.check import summary_line
+from ledger.check import summary_line
 from clients.client import GenerationStats
 from clients.generate import stats_lines
 from clients.stats import tau_of

@@ -1,6 +1,6 @@
 """The current TensorRT-LLM line (trtllm_version '1.4'): EAGLE-3 heads only, one-model, chains or dynamic trees with
 exactly Eagle3DecodingConfig's fields; EAGLE-1/2 heads, static trees and the engine flow are refused at config
-validation with the reason and the alternatives. The ledger rows are builders/ledger/llmapi.py."""
+validation with the reason and the alternatives. The ledger rows are ledger/llmapi.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from builders.engine import llmapi
 from core import trtllm_versions
-from builders.ledger import table as ledger
+from ledger import table as ledger
 from tests.engine_cases import make_cfg
 
 HEAD = Path("/builds/golden/checkpoint/eagle3")

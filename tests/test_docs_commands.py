@@ -24,7 +24,8 @@ def _check(commands: list[Command]) -> list[str]:
 def test_the_documented_commands_are_found() -> None:
     cs = documented_commands()
     scripts = {c.script for c in cs}
-    assert {"scripts/spec_sweep.py", "bench/bench_served.py", "builders/build.py", "clients/loadtest.py"} <= scripts
+    assert {"scripts/spec_sweep.py", "bench/bench_served.py", "builders/build.py", "clients/loadtest.py",
+            "adaptive/refresh.py"} <= scripts
     sweep = [c for c in cs if c.script == "scripts/spec_sweep.py" and c.page == "docs/load-test.md"]
     assert sweep and sweep[0].args[:2] == ("--build", "build/demo")  # continuation lines joined
     assert {"eagle-build", "eagle-loadtest", "eagle-verify", "eagle-check"} <= scripts  # installed commands too

@@ -1,4 +1,4 @@
-"""`python -m builders.doctor`: static checks on tiny heads, healthy and broken in ways that still load.
+"""`python -m doctor`: static checks on tiny heads, healthy and broken in ways that still load.
 
 Each broken class must exit 1 with the right check named; healthy heads exit 0; unreadable inputs exit 2.
 """
@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from builders.doctor.__main__ import main
+from doctor.__main__ import main
 from testkit import tiny_models as tm
 from tests.doctor_models import copy_head, make_mimic3
 

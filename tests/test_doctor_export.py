@@ -1,4 +1,4 @@
-"""`python -m builders.doctor export`: each layout is read back by the doctor, loads in the real `speculators`
+"""`python -m doctor export`: each layout is read back by the doctor, loads in the real `speculators`
 package (its own venv, .venv-speculators, created by scripts/setup_env_speculators.sh, which `make setup` runs), and
 round-trips to identical tensors. For the EAGLE authors' loader (not installable here) the test asserts the fields it
 reads: SafeAILab/EAGLE@cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b eagle/model/ea_model.py `EaModel.__init__` /
@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from builders.doctor.__main__ import main
+from doctor.__main__ import main
 from core.records import resolve_recorded
 from testkit import tiny_models as tm
 
@@ -190,7 +190,7 @@ def test_build_converts_a_speculators_head_like_its_flat_twin(tmp_path: Path, pa
     assert not list(Path(tempfile.gettempdir()).glob("eagle3-flat-*")), "the flat view is removed"
     rep = doctor(target, tmp_path / "spec", "reference", tmp_path)
     assert rep["layout"] == "speculators" and rep["compatibility"]["reference"] == "loads as it is"
-    from builders.ledger import check as ledger_check  # every key the converter wrote for it is cited
+    from ledger import check as ledger_check  # every key the converter wrote for it is cited
 
     assert ledger_check.main([str(tmp_path / "spec.yaml")]) == 0
 

@@ -1,7 +1,7 @@
-"""`python -m builders.doctor` and `doctor export` check their inputs before any work: non-regular files
+"""`python -m doctor` and `doctor export` check their inputs before any work: non-regular files
 (directories, FIFOs), oversized files and lines, config counts of the wrong type or out of range, bad limits and
 output paths each exit 2 with a message naming the input, fast and without a traceback
-(builders/doctor/config_check.py, core/files.py, builders/doctor/export.py `out_problems`)."""
+(doctor/config_check.py, core/files.py, doctor/export.py `out_problems`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.doctor.__main__ import main
+from doctor.__main__ import main
 from tests.doctor_models import copy_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _doctor(*args: str) -> tuple[int, str]:
     """The doctor as users run it (a subprocess: a FIFO must not hang it, a traceback would show on stderr)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-m", "builders.doctor", *args], capture_output=True, text=True, env=env,
+    p = subprocess.run([sys.executable, "-m", "doctor", *args], capture_output=True, text=True, env=env,
                        timeout=300, cwd=ROOT)
     assert "Traceback" not in p.stderr, p.stderr
     return p.returncode, p.stderr

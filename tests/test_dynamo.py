@@ -100,9 +100,9 @@ def test_build_writes_the_dynamo_deployment(build: Path) -> None:
         assert doc["cache_transceiver_config"] == {"backend": "UCX", "max_tokens_in_buffer": 256}
         assert doc["disable_overlap_scheduler"] is True
         assert doc["speculative_config"] == agg_yaml["speculative_config"]
-    # every key and flag of dynamo/ is cited, nothing required is missing (builders/ledger/dynamo.py)
+    # every key and flag of dynamo/ is cited, nothing required is missing (ledger/dynamo.py)
     from builders.config import load_config
-    from builders.ledger import check
+    from ledger import check
 
     cfg = load_config(CONFIG, [f"output_dir={build}", *SETS])
     emitted = {k: v for k, v in check.build_names(cfg, build).items() if k.startswith("dynamo.")}

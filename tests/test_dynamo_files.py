@@ -1,4 +1,4 @@
-"""The Dynamo deployment's files (builders/dynamo/files.py) against the contract ledger (builders/ledger/dynamo.py),
+"""The Dynamo deployment's files (builders/dynamo/files.py) against the contract ledger (ledger/dynamo.py),
 without Dynamo: the worker YAMLs keep the build's LLM API options and add the cache transceiver, the commands and the
 DynamoGraphDeployments use only cited flags and keys. tests/test_dynamo.py runs the real Dynamo."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from builders.dynamo import files
-from builders.ledger import table as ledger
+from ledger import table as ledger
 
 OPTIONS = {"tensor_parallel_size": 1, "max_batch_size": 8, "max_seq_len": 4096, "max_input_len": 3000,
            "kv_cache_config": {"enable_block_reuse": False},

@@ -1,4 +1,4 @@
-"""`eagle-check BUILD` (builders/eagle_check.py): the first check of a finished build on the machine that serves it.
+"""`eagle-check BUILD` (doctor/eagle_check.py): the first check of a finished build on the machine that serves it.
 Here TensorRT-LLM is not installed, so it runs every step on the reference engine and says so; the tests run the real
 CLI on a tiny current-line build for the PyTorch backend (checked through a reference copy of it) and on a 1.1
 reference build (the SmolLM2 current-line build with its trained head: tests/test_triton_llmapi.py); the exit 1
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from builders.build import main as build_main
-from builders.eagle_check import main, read_build, version_line
+from doctor.eagle_check import main, read_build, version_line
 from tests.test_config_cli import write_cfg
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,7 +29,7 @@ REFERENCE_SAYS = ("TensorRT-LLM: not installed in this Python. Every step below 
 
 def _check(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TQDM_DISABLE="1", HF_HUB_OFFLINE="1")
-    p = subprocess.run([sys.executable, "-m", "builders.eagle_check", *args], capture_output=True, text=True, env=env,
+    p = subprocess.run([sys.executable, "-m", "doctor.eagle_check", *args], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=600)
     assert "Traceback" not in p.stderr, p.stderr
     return p

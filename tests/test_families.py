@@ -244,9 +244,9 @@ def _serves_like_hf(target: Path, cfg: Path, out: Path, family: str) -> None:
 
 def test_the_guides_regeneration_command_writes_what_is_committed(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/bring-your-own-model.md, 'Adding a family': `python -m builders.ledger.docs` renders the tables
+    """docs/bring-your-own-model.md, 'Adding a family': `python -m ledger.docs` renders the tables
     from the family table; run on copies, it writes exactly the committed files."""
-    from builders.ledger import docs as ledger_docs
+    from ledger import docs as ledger_docs
 
     doc, guide = tmp_path / "contracts.md", tmp_path / "bring-your-own-model.md"
     doc.write_text("stale\n")

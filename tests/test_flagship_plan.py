@@ -16,7 +16,7 @@ import yaml
 from builders import build, capacity
 from builders.config import ConfigError, load_config
 from builders.engine import llmapi
-from builders.ledger import table as ledger
+from ledger import table as ledger
 from builders.plan import tree_terms
 from core.families import BY_NAME
 from core.shapes import shape_of_config

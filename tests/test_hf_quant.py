@@ -1,5 +1,5 @@
 """FP8 / NVFP4 targets on the current line (trtllm_version 1.4): ModelOpt's Hugging Face export of a tiny random
-target, checked against the loader rules cited in the ledger (builders/ledger/hf_quant.py: hf_quant_config.json
+target, checked against the loader rules cited in the ledger (ledger/hf_quant.py: hf_quant_config.json
 keys, tensor names and dtypes, excluded modules, K/V scales), pointed at by the LLM API options and the llmapi model;
 the reference backend's copy holds the weights exactly as the PyTorch backend's loader leaves them (fused q/k/v and
 gate/up requantized to the largest scale), is served through the real Triton server, and its acceptance is compared
@@ -18,7 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from builders.ledger import check as ledger_check
+from ledger import check as ledger_check
 from builders.build import main as build_main
 from builders.config import load_config
 from builders.convert import hf_quant
@@ -108,7 +108,7 @@ def test_loader_rules_bite(pytorch_fp8: tuple[Any, Path], tmp_path: Path) -> Non
 def test_export_check_and_ledger_check_refuse_scales_that_are_not_finite_and_positive(
         pytorch_fp8: tuple[Any, Path], tmp_path: Path, value: float, capsys: pytest.CaptureFixture) -> None:
     """A weight, activation or KV-cache scale of 0, NaN, +-inf or -1 in the export: the build's export check and
-    `eagle-ledger-check` (python -m builders.ledger.check) both name the tensor and its value."""
+    `eagle-ledger-check` (python -m ledger.check) both name the tensor and its value."""
     cfg, build = pytorch_fp8
     copy = tmp_path / "build"
     shutil.copytree(build, copy, symlinks=True)

@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from builders.build import main as build_main
 from builders.config import load_config
 from builders.convert import hf_quant, hf_quant_generic
-from builders.ledger import check as ledger_check
-from builders.ledger import table as ledger
+from ledger import check as ledger_check
+from ledger import table as ledger
 from testkit import tiny_models as tm
 from tests.engine_cases import write_build_yaml
 

@@ -8,7 +8,8 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("builders", "core", "engines", "measure", "training", "triton_repo", "clients")
+PACKAGES = ("adaptive", "doctor", "ledger", "builders", "core", "engines", "measure", "training", "triton_repo",
+            "clients")
 
 
 def _modules(root: Path) -> dict[str, Path]:

@@ -50,8 +50,8 @@ class _Par:
 # ---- the vocabulary is asked, never spelled again ------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent
-PRODUCT = ("builders", "core", "engines", "measure", "sources", "training", "triton_repo", "clients", "dynamo_serve",
-           "scripts")
+PRODUCT = ("adaptive", "doctor", "ledger", "builders", "core", "engines", "measure", "sources", "training",
+           "triton_repo", "clients", "dynamo_serve", "scripts")
 NAMES = set(kinds.BACKENDS) | set(kinds.DRAFT_KINDS)
 
 

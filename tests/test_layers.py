@@ -17,10 +17,13 @@ import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = (
-    "builders", "core", "engines", "measure", "sources", "training", "triton_repo", "clients", "scripts", "testkit",
-    "dynamo_serve",
+    "adaptive", "doctor", "ledger", "builders", "core", "engines", "measure", "sources", "training", "triton_repo",
+    "clients", "scripts", "testkit", "dynamo_serve",
 )
 LINT = Path(sys.executable).parent / "lint-imports"
+# The layers contract's name, as lint-imports reports it: the packages above the build, and the build's own layers.
+ABOVE = "the refresh, the doctor, the ledger above the build"
+LAYERS = "above the build; builders; the trainer; measure, serve-time"
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
@@ -51,11 +54,11 @@ def test_the_tree_keeps_every_contract() -> None:
         ("core/hfconfig.py", "import numpy", "core/ imports nothing else of ours, and neither torch"),
         ("clients/prompts.py", "import core.types", "clients/ imports nothing else of ours"),
         ("clients/prompts.py", "import engines.api", "clients/ imports nothing else of ours"),
-        ("triton_repo/contract.py", "import builders.layout", "builders on top; the trainer; measure, serve-time"),
-        ("triton_repo/contract.py", "import measure.costs", "builders on top; the trainer; measure, serve-time"),
-        ("training/model.py", "import builders.config", "builders on top; the trainer; measure, serve-time"),
-        ("sources/data.py", "import training.config", "builders on top; the trainer; measure, serve-time"),
-        ("sources/targets.py", "import measure.verify", "builders on top; the trainer; measure, serve-time"),
+        ("triton_repo/contract.py", "import builders.layout", LAYERS),
+        ("triton_repo/contract.py", "import measure.costs", LAYERS),
+        ("training/model.py", "import builders.config", LAYERS),
+        ("sources/data.py", "import training.config", LAYERS),
+        ("sources/targets.py", "import measure.verify", LAYERS),
         ("sources/data.py", "import engines.api", "sources/ (data sets and target models) imports nothing else"),
         ("sources/data.py", "import torch", "sources/ (data sets and target models) imports nothing else"),
         ("builders/layout.py", "import testkit.tiny_models", "no product module imports testkit/"),
@@ -70,7 +73,11 @@ def test_the_tree_keeps_every_contract() -> None:
         ("core/trees.py", "import core.spec", "no import cycle between the modules"),
         ("measure/lossless.py", "import measure.verify", "no import cycle between the modules"),
         ("builders/trtllm/citation.py", "import builders.trtllm.architectures", "no import cycle between the modules"),
-        ("builders/ledger/rows.py", "import builders.ledger.table", "no import cycle between the modules"),
+        ("ledger/rows.py", "import ledger.table", "no import cycle between the modules"),
+        ("builders/pipeline.py", "import doctor.findings", ABOVE),
+        ("builders/config.py", "import adaptive.publish", ABOVE),
+        ("builders/layout.py", "import ledger.rows", ABOVE),
+        ("ledger/check.py", "import doctor.findings", ABOVE),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(tmp_path: Path, module: str, line: str, broken: str) -> None:

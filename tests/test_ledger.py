@@ -1,4 +1,4 @@
-"""The contract ledger (builders/ledger/*.py) against real outputs, both ways: every name a build emits for
+"""The contract ledger (ledger/*.py) against real outputs, both ways: every name a build emits for
 TensorRT-LLM or Triton has a row for its TensorRT-LLM version, and every required row is present.
 
 Builds on the tiny models: engine flow (checkpoint, trtllm-build argv, C++ Triton repository), FP8 engine flow
@@ -18,9 +18,9 @@ import yaml
 from builders.build import main as build_main
 from builders.config import load_config
 from builders.engine import crosscheck
-from builders.ledger import check as ledger_check
+from ledger import check as ledger_check
 from core import trtllm_versions
-from builders.ledger import table as ledger, docs as ledger_docs, rows as ledger_rows
+from ledger import table as ledger, docs as ledger_docs, rows as ledger_rows
 from testkit import tiny_models as tm
 from tests.engine_cases import make_cfg, write_build_yaml
 
@@ -234,7 +234,7 @@ def test_every_row_is_well_formed() -> None:
 
 
 def test_docs_are_a_fresh_render() -> None:
-    assert ledger_docs.DOC.read_text() == ledger_docs.render(), "run: python -m builders.ledger.docs"
+    assert ledger_docs.DOC.read_text() == ledger_docs.render(), "run: python -m ledger.docs"
 
 
 def test_ledger_check_cli(reference_build: tuple[Any, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -266,7 +266,7 @@ def test_every_upstream_llmapi_input_is_declared_or_refused_with_the_reason(curr
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from builders.ledger import llmapi as ledger_llmapi
+    from ledger import llmapi as ledger_llmapi
 
     rows = {r.name for r in ledger.rows_for("triton.llmapi.input", "1.4")}
     refused = {n for entry, _, _ in ledger_llmapi.NOT_DECLARED for n in entry.split(" (")[0].split(" / ")}
@@ -285,7 +285,7 @@ def test_every_upstream_llmapi_input_is_declared_or_refused_with_the_reason(curr
 
 
 def test_upstream_report_lists_every_citation_with_its_last_reading(capsys: pytest.CaptureFixture) -> None:
-    from builders.ledger import report as ledger_report
+    from ledger import report as ledger_report
 
     assert ledger_check.main(["--upstream-report"]) == 0
     out = capsys.readouterr().out

@@ -1,6 +1,6 @@
 """LLM API options YAML + trtllm-serve argv (engine.backend: pytorch), per TensorRT-LLM version, golden files.
 
-Which keys exist per version is the ledger's (builders/ledger/llmapi.py; tensorrt_llm/llmapi/llm_args.py);
+Which keys exist per version is the ledger's (ledger/llmapi.py; tensorrt_llm/llmapi/llm_args.py);
 what each version allows is the registry's (core/trtllm_versions.py). tests/test_ledger.py checks every emitted
 key against the ledger; here: the values, the version differences and the refusals.
 """

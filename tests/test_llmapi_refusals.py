@@ -138,7 +138,7 @@ def test_upstreams_model_under_the_bridge_refuses_or_serves_penalties(repos: dic
 
 def test_both_builds_pass_the_ledger_check(repos: dict[str, Path]) -> None:
     """speculative_config.enable_penalty is a cited row, required when tree.enable_penalty is set."""
-    from builders.ledger import check as ledger_check
+    from ledger import check as ledger_check
 
     for repo in repos.values():
         assert ledger_check.main([str(repo.parent.parent / f"{repo.parent.name}.yaml")]) == 0

@@ -14,7 +14,7 @@ import yaml
 from builders.config import ConfigError, load_config
 from builders.engine import llmapi
 from builders.engine.reference import reference_spec
-from builders.ledger import table as ledger
+from ledger import table as ledger
 from tests.engine_cases import make_cfg
 
 HEAD = Path("/builds/golden/checkpoint/eagle3")

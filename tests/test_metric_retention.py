@@ -1,5 +1,5 @@
 """Retention of metric series (docs/deploy.md "Model versions and their metric series"): a model version that the
-server unloads (a published head replaced it: version policy latest 1, builders/adaptive/publish.py) stops
+server unloads (a published head replaced it: version policy latest 1, adaptive/publish.py) stops
 exporting its eagle_* series at once (its finalize() deletes them, triton_repo/models/spec_metrics.py
 `SpecMetrics.close`); /metrics holds the series of the loaded version only, however many versions came and went, and a
 version loaded again (a rollback) exports afresh. Real tritonserver (explicit model control) on a copy of the shared
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc")
 
-from builders.adaptive.publish import load
+from adaptive.publish import load
 from testkit.triton_requests import inputs, stream_call
 from testkit.triton_servers import STOP_TIMEOUT_S
 from triton_repo.launch import TritonServer, free_port
@@ -91,7 +91,7 @@ def test_unloaded_versions_stop_exporting_their_series(served: tuple[TritonServe
         now = series(srv)
         assert len(now) == per_version, sorted(now)
         assert {f for f, _ in now} == {f for f, _ in first}
-    # a rollback (builders/refresh.py --rollback): the newest version goes, the previous one is loaded again
+    # a rollback (adaptive/refresh.py --rollback): the newest version goes, the previous one is loaded again
     shutil.rmtree(model_dir / "5")
     load(srv.http_url, KEY, MODEL, 4)
     assert versions_exported(srv, "4") == {"4"} and len(series(srv)) == per_version

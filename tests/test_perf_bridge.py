@@ -15,9 +15,9 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
 from builders.build import main as build_main
 from builders.config import load_config
-from builders.ledger.check import check_emitted, triton_names
+from ledger.check import check_emitted, triton_names
 from builders.triton.render import RenderError, draft_tokens_per_step, render
-from builders.ledger import table as ledger
+from ledger import table as ledger
 from tests.test_production_metrics import scrape
 from testkit.triton_requests import inputs, stream_call, text_of
 from testkit.triton_servers import STOP_TIMEOUT_S, server_on

@@ -1,5 +1,5 @@
 """Publishing a head reaches every replica, rollback likewise, no request lost; and publish / rollback are
-transactions (builders/refresh.py, builders/adaptive/servers.py): two CPU Triton servers on one build stand for two
+transactions (adaptive/refresh.py, adaptive/servers.py): two CPU Triton servers on one build stand for two
 replicas on a shared volume. Every precondition is checked before anything changes (the report, the head's digest,
 every server's reachability, admin key and model control); a refused change leaves the repository and the servers
 as they were."""
@@ -49,7 +49,7 @@ def replicas(mimic3_build: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 def _gated_run(build: Path, name: str) -> Path:
     """A run as a passing refresh leaves it: the candidate (here the build's own head) and its report, with the
     digest of the candidate's files as the gate records it."""
-    from builders.adaptive.publish import head_digest
+    from adaptive.publish import head_digest
 
     run = build / "refresh" / name
     shutil.rmtree(run, ignore_errors=True)
@@ -200,7 +200,7 @@ def test_a_refused_change_changes_nothing(
         if not (build / "triton_repo" / MODEL / "2").is_dir():
             assert refresh("--build", str(build), "--publish", str(run), *args).returncode == 0
     before, history = _state(build), _history(build)
-    from builders.adaptive.publish import versions
+    from adaptive.publish import versions
 
     serving = versions(build / "triton_repo" / MODEL)[-1]  # what every replica serves before the refused change
     env = {**os.environ, "TRITON_ADMIN_KEY": KEY}
@@ -224,7 +224,7 @@ def test_a_refused_change_changes_nothing(
     import sys
 
     try:
-        p = subprocess.run([sys.executable, "builders/refresh.py", "--build", str(build), action, *target,
+        p = subprocess.run([sys.executable, "adaptive/refresh.py", "--build", str(build), action, *target,
                             *[x for s in servers for x in ("--server", s)]], cwd=Path(__file__).parent.parent,
                            capture_output=True, text=True, timeout=600, env={**env, "TQDM_DISABLE": "1"})
     finally:

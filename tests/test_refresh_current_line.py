@@ -30,7 +30,7 @@ WORDS = ["alpha", "river", "stone", "cloud", "green", "market", "violin", "orbit
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "builders/refresh.py", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "adaptive/refresh.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "TQDM_DISABLE": "1"})
 
 

@@ -135,7 +135,7 @@ def test_raw_wire_is_upstreams(server: Any) -> None:
 def test_upstreams_lora_inputs_are_refused_by_name_and_image_url_by_triton(server: Any) -> None:
     """Upstream's config.pbtxt declares lora_* and image_url: the reference engine serves neither. lora_* are declared
     here to be refused naming them (INVALID_ARGUMENT, models/llmapi_refusals.py); image_url is not declared
-    (builders/ledger/llmapi.py NOT_DECLARED), so Triton refuses it, as the named logits post-processor input
+    (ledger/llmapi.py NOT_DECLARED), so Triton refuses it, as the named logits post-processor input
     of newer upstream helpers. Either way no text comes back."""
     import queue
 
@@ -428,7 +428,7 @@ def test_clients_find_the_model_a_current_line_build_serves(server: Any, build: 
 
 def test_eagle_check_on_the_smollm2_build_accepts_drafts_and_stays_lossless(build: tuple[Any, Path],
                                                                             tmp_path: Path) -> None:
-    """`eagle-check` (builders/eagle_check.py; the rest of its tests: tests/test_eagle_check.py) on this build: no
+    """`eagle-check` (doctor/eagle_check.py; the rest of its tests: tests/test_eagle_check.py) on this build: no
     TensorRT-LLM here, so the reference engine runs it and says so; the trained head's drafts are accepted."""
     import subprocess
     import sys
@@ -437,7 +437,7 @@ def test_eagle_check_on_the_smollm2_build_accepts_drafts_and_stays_lossless(buil
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in (PROMPT, "Write a haiku about the sea.")))
     out = tmp_path / "check.json"
     env = dict(os.environ, PYTHONPATH=str(REPO), TQDM_DISABLE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-m", "builders.eagle_check", str(build[1]), "--prompts", str(prompts),
+    p = subprocess.run([sys.executable, "-m", "doctor.eagle_check", str(build[1]), "--prompts", str(prompts),
                         "--max-new-tokens", "12", "--json", str(out)], capture_output=True, text=True, env=env,
                        cwd=REPO, timeout=600)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr

@@ -11,7 +11,7 @@ import pytest
 from builders.config import ConfigError, load_config
 from builders.engine import llmapi
 from core import trtllm_versions
-from builders.ledger import table as ledger, rows as ledger_rows
+from ledger import table as ledger, rows as ledger_rows
 from builders.trtllm.rules import PYTORCH_FLOAT32, trtllm_problems
 from tests.engine_cases import make_cfg
 
@@ -158,7 +158,7 @@ def _handed_to_trtllm(build: Path) -> dict[str, Path]:
 def test_every_directory_handed_to_trtllm_is_readable_by_its_transformers(version: str, tmp_path: Path) -> None:
     import json
 
-    from builders.ledger import check as ledger_check
+    from ledger import check as ledger_check
     from builders.build import main as build_main
     from builders.convert.hf_compat import transformers4_problems
     from testkit import tiny_models as tm

@@ -13,7 +13,7 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from builders import build
-from builders.doctor.__main__ import main as doctor
+from doctor.__main__ import main as doctor
 from builders.published import fp8_head_warning
 from tests.doctor_models import copy_head
 

@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"models before it exits anyway (default {DRAIN_S}, at most {MAX_DRAIN_S}); it is killed "
                     f"{STOP_GRACE_S:g} s after that if still running")
     ap.add_argument("--model-control", choices=("none", "explicit"), default="none",
-                    help="explicit: accept model load requests (the admin API), so `builders/refresh.py --publish` "
+                    help="explicit: accept model load requests (the admin API), so `adaptive/refresh.py --publish` "
                     "can serve a new head version without a restart (docs/adaptive.md)")
     args = ap.parse_args(argv)
     if args.world_size < 1:

@@ -1,5 +1,5 @@
 """The `llmapi` layout's one model, `tensorrt_llm`: the inputs and outputs of TensorRT-LLM's
-triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt (cited row by row in builders/ledger/llmapi.py).
+triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt (cited row by row in ledger/llmapi.py).
 
 Text in, text out; the model tokenizes itself. No `max_batch_size` (0: one prompt per request, shapes without a
 batch dimension). Served by upstream's model.py on a GPU (engine.backend pytorch) and by the reference engine's
@@ -45,7 +45,7 @@ INPUTS: tuple[Tensor, ...] = (
 # honour them, so its repository declares them only to refuse them by name with INVALID_ARGUMENT
 # (models/llmapi_refusals.py) instead of Triton's "unexpected inference input". engine.backend pytorch does not
 # declare them: our model.yaml writes no `lora_config`, so TensorRT-LLM's LLM has no LoRA; Triton refuses the input.
-# `image_url` is declared nowhere (builders/ledger/llmapi.py NOT_DECLARED says why).
+# `image_url` is declared nowhere (ledger/llmapi.py NOT_DECLARED says why).
 LORA_INPUTS: tuple[Tensor, ...] = (
     Tensor("lora_id", "TYPE_UINT64", (1,), True, None, "Refused: no LoRA adapters here."),
     Tensor("lora_name", "TYPE_STRING", (1,), True, None, "Refused: no LoRA adapters here."),

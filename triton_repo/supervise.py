@@ -6,7 +6,7 @@ model's ready endpoint while every request to that model fails. So the launcher 
 stubs of its server every POLL_S: a stub that is gone (or a zombie) while the server still says its model version is
 ready means a dead model behind a ready server; the launcher then stops the server (it turns unready at once) and
 exits 1, so whatever runs it (Kubernetes, systemd, docker --restart) restarts it. A stub that ends because its model
-was unloaded (an explicit-mode unload or a new version replacing it: builders/refresh.py --publish) is not a death:
+was unloaded (an explicit-mode unload or a new version replacing it: adaptive/refresh.py --publish) is not a death:
 its model version is no longer ready by then.
 
 Linux only (/proc); elsewhere no stub is seen and nothing is watched.

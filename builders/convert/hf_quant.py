@@ -7,7 +7,7 @@ in ModelOpt's unified format, the directory TensorRT-LLM's PyTorch backend loads
    an inline `quantization_config`), `hf_quant_config.json`, `model*.safetensors`; the target's tokenizer files are
    copied next to them (trtllm-serve --tokenizer and the Triton llmapi model read that directory).
 2. `loader_problems`: the export checked against what TensorRT-LLM's loader reads (the ledger rows `hf_quant.*`,
-   builders/ledger/hf_quant.py): hf_quant_config.json keys, tensor names and dtypes per quantized linear,
+   ledger/hf_quant.py): hf_quant_config.json keys, tensor names and dtypes per quantized linear,
    unquantized (excluded) modules kept 16-bit, the K/V scales of an FP8 KV cache.
 3. `reference_checkpoint`: the same weights as TensorRT-LLM's PyTorch backend holds them after loading, as this
    project's TRT-LLM-layout checkpoint for the reference engine. FP8: q/k/v and gate/up are fused upstream, which

@@ -75,7 +75,7 @@ def plan_outputs(cfg: BuildConfig) -> list[Output]:
     else:
         out = [Output("config.json", f"the target's shape ({arch}); no weights: TensorRT-LLM's PyTorch backend loads "
                       "the Hugging Face target", "the engine stage (architecture, layer count for "
-                      "eagle3_layers_to_capture), python -m builders.ledger.check")]
+                      "eagle3_layers_to_capture), python -m ledger.check")]
     tok_reader = backend.tokenizer_reader
     out.append(Output("tokenizer/", "the target's tokenizer", tok_reader))
     if cfg.draft.kind.eagle3:

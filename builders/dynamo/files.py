@@ -8,7 +8,7 @@
   #4327) and the overlap scheduler off.
 - The launch commands for `dynamo.frontend` and `dynamo.trtllm` on a GPU machine, aggregated and disaggregated.
 - A DynamoGraphDeployment (the Dynamo Kubernetes operator's resource, nvidia.com/v1alpha1) for the same.
-Every key and flag is a row of the contract ledger (builders/ledger/dynamo.py).
+Every key and flag is a row of the contract ledger (ledger/dynamo.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`engine.backend: pytorch`: the TensorRT-LLM LLM API options YAML and the `trtllm-serve` command.
 
 What may be written depends on the config's `trtllm_version` (core/trtllm_versions.py); every key is a row of the
-contract ledger (builders/ledger/llmapi.py, cited to tensorrt_llm/llmapi/llm_args.py of each version):
+contract ledger (ledger/llmapi.py, cited to tensorrt_llm/llmapi/llm_args.py of each version):
 - `speculative_config.decoding_type` selects the EAGLE-3 worker on the PyTorch backend: `Eagle` on 1.1/1.2
   (EagleDecodingConfig.spec_dec_mode -> EAGLE3 / EAGLE3_ONE_MODEL), `Eagle3` on the current line
   (Eagle3DecodingConfig); `speculative_model_dir` (1.1/1.2) or `speculative_model` (current line) names the head;

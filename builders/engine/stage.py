@@ -187,7 +187,7 @@ def tensorrt_outputs(cfg: BuildConfig) -> list[Output]:
 def pytorch_outputs(cfg: BuildConfig) -> list[Output]:
     return [Output(llmapi.OPTIONS_FILE, "the LLM API options", "trtllm-serve --extra_llm_api_options; the Triton "
                    "stage (model.yaml)"),
-            Output(SERVE_FILE, "the trtllm-serve command line", "users (docs/build.md); builders/ledger/check.py")]
+            Output(SERVE_FILE, "the trtllm-serve command line", "users (docs/build.md); ledger/check.py")]
 
 
 def reference_outputs(cfg: BuildConfig) -> list[Output]:

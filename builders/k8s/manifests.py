@@ -266,7 +266,7 @@ def models_job(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifes
 
 
 def refresh_job(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manifest]:
-    """capture.enabled: refresh the head on the capture volume (builders/refresh.py), then publish the candidate if
+    """capture.enabled: refresh the head on the capture volume (adaptive/refresh.py), then publish the candidate if
     the gate passed it to every ready replica through the headless Service (model control on each pod)."""
     if not cfg.capture.enabled:
         return []
@@ -280,7 +280,7 @@ def refresh_job(cfg: BuildConfig, opts: RenderOptions, name: str) -> list[Manife
         prefix = shlex.join(["python3", "-m", "builders.build", f"{CONFIG_MOUNT}/{CONFIG_KEY}", *sets]) + " && "
     else:
         prefix = ""
-    script = (f'{prefix}python3 -m builders.refresh --build {b}{twin} --run "$RUN" && python3 -m builders.refresh '
+    script = (f'{prefix}python3 -m adaptive.refresh --build {b}{twin} --run "$RUN" && python3 -m adaptive.refresh '
               f'--build {b} --publish {b}/refresh/"$RUN" --server dns:{name}-replicas:{http}')
     container = {
         "name": "refresh",

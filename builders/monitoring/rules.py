@@ -25,7 +25,7 @@ import yaml
 from builders.monitoring_config import MonitoringConfig
 
 GROUP = "eagle-speculative-decoding"
-BY = "instance, model, version"  # version: a published head (builders/refresh.py) is judged by its own baseline
+BY = "instance, model, version"  # version: a published head (adaptive/refresh.py) is judged by its own baseline
 RULES_FILE = "prometheus-rules.yml"  # in the Triton repository, next to acceptance_baseline.json
 DOCS = "docs/production-metrics.md"
 

@@ -238,7 +238,7 @@ def bls_config(bc: BuildConfig, build_dir: Path, bridged: bool = False) -> mc.Mo
 
 def tensorrt_llm_config(bc: BuildConfig, build_dir: Path) -> mc.ModelConfig:
     """C++ tensorrtllm backend. Every parameter, input attribute and output is a ledger row
-    (builders/ledger/triton.py), cited to triton_backend/inflight_batcher_llm/src of the version."""
+    (ledger/triton.py), cited to triton_backend/inflight_batcher_llm/src of the version."""
     tree = bc.static_tree()
     if tree is None:
         raise RenderError(

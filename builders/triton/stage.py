@@ -57,7 +57,7 @@ def run(ctx: StageContext) -> None:
         raise StageError(str(e)) from e
     (ctx.out / rules.RULES_FILE).write_text(rules.rules_yaml(ctx.cfg.monitoring))  # Triton ignores plain files here
     if ctx.cfg.capture.enabled:  # the served LLM model records finished requests (docs/adaptive.md)
-        from builders.adaptive.settings import store_dir, write_settings
+        from builders.capture_settings import store_dir, write_settings
         from triton_repo.models.capture import dir_problem
 
         if problem := dir_problem(Path(os.path.abspath(store_dir(ctx.cfg)))):  # never followed nor chmod'ed

@@ -4,7 +4,7 @@ which target architectures (a Hugging Face config.json's `architectures[0]`) eac
 
 - the convert stage's preflight refuses a target outside it before anything is written (`problems`), naming the
   architecture, what it supports and the way out;
-- docs/contracts.md renders it ("Target architectures", builders/ledger/docs.py);
+- docs/contracts.md renders it ("Target architectures", ledger/docs.py);
 - tests/test_ledger.py checks every row (citations well formed, each version's claim backed by a source, the
   reference engine's families match core/families.py).
 

@@ -80,7 +80,7 @@ ck = json.loads((b / "checkpoint" / "manifest.json").read_text())["notes"]
 if "fp8" in ck:
     print("FP8 tau report:", json.dumps(ck["fp8"]))
 PY
-python3 -m builders.ledger.check configs/demo.yaml "${sets[@]}"   # every name written is cited upstream
+python3 -m ledger.check configs/demo.yaml "${sets[@]}"   # every name written is cited upstream
 [ $serve = 1 ] || exit 0
 
 echo "== 4/5 serve (Triton on $out; logs in $out/tritonserver.log)"

@@ -1,5 +1,5 @@
 """The capture store: the served LLM model records each finished request (prompt and output token ids, sampling
-parameters, per-request acceptance, model version) for builders/refresh.py (docs/adaptive.md). Opt-in: the build
+parameters, per-request acceptance, model version) for adaptive/refresh.py (docs/adaptive.md). Opt-in: the build
 writes `capture.json` at the repository root only when `capture.enabled` (builders/adaptive_config.py); without it
 the hook does nothing.
 

@@ -5,7 +5,7 @@ sampling parameters upstream's helpers.py read from the request (`get_sampling_p
 top_k, top_p, seed, max_tokens; absent = not given). The store, the opt-out, the sample rate and the bounds are
 models/capture.py's, as for the reference engine's models. Upstream reports no per-request acceptance for this
 backend, so the record's `acceptance` is null: the refresh recomputes the target's features from the tokens
-(builders/adaptive/dataset.py) and needs neither.
+(adaptive/dataset.py) and needs neither.
 
 Pure functions of plain objects: tested without a server (tests/test_capture_llmapi.py)."""
 

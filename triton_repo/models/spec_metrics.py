@@ -4,7 +4,7 @@ The families are registered through the python backend's `pb_utils.MetricFamily`
 src/metric_family.cc, exposed as `triton_python_backend_utils.MetricFamily`), so they appear on the server's
 `/metrics` next to Triton's own `nv_inference_*` families. Every sample carries `model` (the Triton model name) and
 `backend` (`reference` = this project's engine, `pytorch` = TensorRT-LLM's LLM API) and `version` (the Triton model
-version: a head published by builders/refresh.py is a new version); the per-position families add `position`
+version: a head published by adaptive/refresh.py is a new version); the per-position families add `position`
 (1-based draft depth). Names follow Prometheus' conventions: counters end in `_total`, ratios in
 `_ratio`, and no family repeats another's label in its name. docs/production-metrics.md documents each one.
 

@@ -1,5 +1,5 @@
 """Head versions of the served LLM model (docs/adaptive.md). The build renders version 1, which serves the build's own
-head. `builders/refresh.py --publish` adds version N as a directory beside it:
+head. `adaptive/refresh.py --publish` adds version N as a directory beside it:
 
     <repo>/<llm_model>/<N>/model.py, eagle_bootstrap.py, ...   the same files as the version it follows
     <repo>/<llm_model>/<N>/draft_head/                         the published EAGLE-3 head, normalized (the
@@ -40,7 +40,7 @@ def check_llmapi_yaml(options: dict[str, Any], head: Path, repository: str) -> N
     named = spec.get("speculative_model_dir") or spec.get("speculative_model")
     if not isinstance(named, str) or Path(os.path.normpath(os.path.join(repository, named))).resolve() != head:
         raise ValueError(f"model.yaml speculative_model_dir {named!r} is not this version's head {head}; publish the "
-                         "version again (builders/refresh.py --publish)")
+                         "version again (adaptive/refresh.py --publish)")
 
 
 def engine_for(args: dict[str, Any], build_dir: Path) -> ReferenceEngine:

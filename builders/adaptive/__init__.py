@@ -1,1 +1,0 @@
-"""The adaptive loop: capture settings, refresh data, fine-tune, publish (docs/adaptive.md; CLI builders/refresh.py)."""

@@ -1,1 +1,0 @@
-"""The draft <-> target doctor: why acceptance is low, and where a head loads as it is (`python -m builders.doctor`)."""

@@ -1,7 +1,7 @@
 """Load-aware speculation: how many draft levels a decoding step uses, from the live batch size and acceptance.
 
 The semantics are TensorRT-LLM's `speculative_config` fields (DecodingBaseConfig, tensorrt_llm/llmapi/llm_args.py;
-cited per version in builders/ledger/llmapi.py), so the reference engine behaves like the server it mirrors:
+cited per version in ledger/llmapi.py), so the reference engine behaves like the server it mirrors:
 - `draft_len_schedule` {batch threshold: draft length}: a step of B sequences drafts the length of the smallest
   threshold >= B; above the largest threshold it drafts nothing (speculation off);
 - `max_concurrency` N: full length up to N sequences, nothing above (upstream turns it into {N: max_draft_len});

@@ -110,9 +110,9 @@ def scale_problems(t: dict[str, torch.Tensor], where: Path) -> list[str]:
     return p
 
 
-def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) -> list[str]:
-    """Where the export departs from what TensorRT-LLM's PyTorch backend loads (the `hf_quant.*` ledger rows): the
-    hf_quant_config.json keys as TensorRT-LLM reads them (core/quant.py), the tensors, and every scale's value."""
+def quant_section(export: Path) -> tuple[list[str], dict[str, Any] | None]:
+    """The problems TensorRT-LLM's reading of hf_quant_config.json finds (core/quant.py), and its `quantization`
+    section (None when there is none: the problems then say so)."""
     from core.quant import QuantConfigError, checkpoint_quant
 
     p: list[str] = []
@@ -123,7 +123,16 @@ def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) ->
         p.append(str(e))
     q = raw.get("quantization")
     if not isinstance(q, dict):
-        return p or [f"{export / QUANT_CONFIG}: no `quantization` section"]
+        return p or [f"{export / QUANT_CONFIG}: no `quantization` section"], None
+    return p, q
+
+
+def loader_problems(export: Path, *, weights: str, kv_fp8: bool, layers: int) -> list[str]:
+    """Where the export departs from what TensorRT-LLM's PyTorch backend loads (the `hf_quant.*` ledger rows): the
+    hf_quant_config.json keys as TensorRT-LLM reads them (core/quant.py), the tensors, and every scale's value."""
+    p, q = quant_section(export)
+    if q is None:
+        return p
     want_algo = ALGO.get(weights)
     if q.get("quant_algo") != want_algo:
         p.append(f"{QUANT_CONFIG}: quant_algo={q.get('quant_algo')!r}, expected {want_algo!r}")

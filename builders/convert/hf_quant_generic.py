@@ -35,7 +35,7 @@ import torch
 
 from builders.convert.fp8 import DTYPES, Fp8Error
 from builders.convert.hf_quant import (KV_SCALE_AS_SERVED, QUANT_CONFIG, _excluded, _rescaled, _tensors,
-                                       read_quant_config, scale_problems)
+                                       quant_section, read_quant_config, scale_problems)
 from engines.api import FP8_SCALES_FILE as MIRROR_SCALES  # the activation and KV scales the reference engine applies
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # fused upstream (one weight and input scale)
@@ -50,17 +50,9 @@ def _linears(t: dict[str, torch.Tensor]) -> list[str]:
 
 def loader_problems(export: Path, *, weights: str, kv_fp8: bool) -> list[str]:
     """Where the export departs from what TensorRT-LLM's PyTorch backend loads for a generic row."""
-    from core.quant import QuantConfigError, checkpoint_quant
-
-    p: list[str] = []
-    raw = read_quant_config(export)
-    try:
-        checkpoint_quant({}, raw, str(export))
-    except QuantConfigError as e:
-        p.append(str(e))
-    q = raw.get("quantization")
-    if not isinstance(q, dict):
-        return p or [f"{export / QUANT_CONFIG}: no `quantization` section"]
+    p, q = quant_section(export)
+    if q is None:
+        return p
     want = "FP8" if weights == "fp8" else None
     if q.get("quant_algo") != want:
         p.append(f"{QUANT_CONFIG}: quant_algo={q.get('quant_algo')!r}, expected {want!r}")
